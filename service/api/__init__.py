@@ -1,0 +1,1 @@
+"""HTTP routers: they translate HTTP to domain calls and back, and hold no SQL."""

@@ -1,0 +1,54 @@
+"""Liveness and readiness for the orchestrator."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Final
+
+from fastapi import APIRouter
+from pydantic import BaseModel
+from sqlalchemy import text
+
+from service.api.deps import RuntimeDep
+from service.api.problems import ProblemDetails
+from service.db.engine import is_unavailable
+from service.errors import Problem
+
+READY_CHECK_TIMEOUT_SECONDS: Final = 2.0
+
+router = APIRouter(tags=["health"])
+
+
+class Health(BaseModel):
+    """A healthy answer."""
+
+    status: str
+    schema_revision: str | None = None
+
+
+@router.get("/healthz", operation_id="healthz", response_model=Health)
+async def healthz() -> Health:
+    """Liveness: the process answers. Never touches the database."""
+    return Health(status="ok")
+
+
+@router.get("/readyz", operation_id="readyz", response_model=Health,
+            responses={503: {"model": ProblemDetails, "description": "not ready"}})
+async def readyz(runtime: RuntimeDep) -> Health:
+    """Readiness: the database answers and its schema is at this build's head revision."""
+    try:
+        async with asyncio.timeout(READY_CHECK_TIMEOUT_SECONDS):
+            async with runtime.engine.connect() as conn:
+                revision = (await conn.execute(
+                    text("SELECT version_num FROM alembic_version"))).scalar_one_or_none()
+    except Exception as exc:
+        if isinstance(exc, TimeoutError) or is_unavailable(exc):
+            raise Problem(503, "database-unavailable", "Not ready",
+                          "the database does not answer", headers={"Retry-After": "5"}) from None
+        # e.g. alembic_version does not exist yet: not migrated
+        revision = None
+    if revision != runtime.schema_head:
+        raise Problem(503, "schema-not-at-head", "Not ready",
+                      f"database schema is at {revision or 'nothing'}, this build needs "
+                      f"{runtime.schema_head}", headers={"Retry-After": "5"})
+    return Health(status="ready", schema_revision=revision)

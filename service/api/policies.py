@@ -1,0 +1,49 @@
+"""Operators read the loaded policies (never the secrets the file names)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from pydantic import BaseModel
+
+from service.api.deps import OperatorDep, RuntimeDep
+from service.api.problems import ProblemDetails
+
+router = APIRouter(prefix="/v1", tags=["policies"],
+                   responses={401: {"model": ProblemDetails, "description": "no valid token"}})
+
+
+class PolicyView(BaseModel):
+    """A policy as loaded from the policies file."""
+
+    name: str
+    version: int
+    upstream: str
+    method: str
+    path: str
+    scope: str
+    rate_per_second: float
+    burst: int
+    lease_seconds: int
+    max_attempts: int
+    absent_means_deleted: bool
+
+
+class PolicyList(BaseModel):
+    """All loaded policies and where they came from."""
+
+    source: str
+    policies: list[PolicyView]
+
+
+@router.get("/policies", operation_id="listPolicies", response_model=PolicyList)
+async def list_policies(runtime: RuntimeDep, _actor: OperatorDep) -> PolicyList:
+    """The policies this process enforces, sorted by name."""
+    views = []
+    for name in sorted(runtime.policies.policies):
+        cfg = runtime.policies.policies[name].config
+        views.append(PolicyView(
+            name=name, version=cfg.version, upstream=cfg.upstream, method=cfg.method,
+            path=cfg.path, scope=cfg.scope, rate_per_second=cfg.rate.per_second,
+            burst=cfg.rate.burst, lease_seconds=cfg.lease_seconds,
+            max_attempts=cfg.max_attempts, absent_means_deleted=cfg.absent_means_deleted))
+    return PolicyList(source=runtime.policies.source, policies=views)

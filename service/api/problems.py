@@ -1,0 +1,130 @@
+"""RFC 9457 problem+json answers for every error, with a stable `type` per kind.
+
+FastAPI's default 422 echoes the offending input back; ours names the location and the
+rule that failed, never the value (it may be a secret or customer data).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
+from starlette.exceptions import HTTPException
+
+from service.db.engine import is_unavailable
+from service.errors import DatabaseUnavailable, Problem
+
+log = logging.getLogger(__name__)
+
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+DATABASE_RETRY_AFTER_SECONDS = 5
+
+_HTTP_SLUGS = {
+    400: "bad-request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not-found",
+    405: "method-not-allowed",
+    406: "not-acceptable",
+    413: "payload-too-large",
+    415: "unsupported-media-type",
+}
+
+
+class ProblemDetails(BaseModel):
+    """The error document every non-2xx answer carries (RFC 9457)."""
+
+    type: str = Field(examples=["urn:sweeper:problem:validation-error"])
+    title: str
+    status: int
+    detail: str | None = None
+    instance: str | None = None
+    errors: list[dict[str, Any]] | None = Field(
+        default=None, description="for validation errors: where and which rule, never the value")
+
+
+def problem_response(problem: Problem, request: Request | None = None) -> JSONResponse:
+    """Render a Problem with its headers."""
+    instance = request.url.path if request is not None else None
+    return JSONResponse(problem.body(instance), status_code=problem.status,
+                        headers=problem.headers, media_type=PROBLEM_MEDIA_TYPE)
+
+
+def validation_problem(errors: list[dict[str, Any]], status: int = 422) -> Problem:
+    """A 422 naming each failing location and rule without echoing input values."""
+    return Problem(status, "validation-error", "Request is not valid",
+                   f"{len(errors)} problem(s) in the request", errors=errors)
+
+
+def _clean_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
+    cleaned = []
+    for err in exc.errors():
+        cleaned.append({"loc": [str(p) for p in err.get("loc", ())],
+                        "message": str(err.get("msg", "")),
+                        "type": str(err.get("type", ""))})
+    return cleaned
+
+
+async def _on_problem(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, Problem)
+    return problem_response(exc, request)
+
+
+async def _on_validation(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = _clean_errors(exc)
+    if any(e["type"] == "json_invalid" for e in errors):
+        problem = Problem(400, "malformed-json", "Request body is not valid JSON",
+                          "the body could not be parsed as JSON")
+        return problem_response(problem, request)
+    return problem_response(validation_problem(errors), request)
+
+
+async def _on_http(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)
+    slug = _HTTP_SLUGS.get(exc.status_code, f"http-{exc.status_code}")
+    title = {404: "Not found", 405: "Method not allowed"}.get(exc.status_code, slug)
+    detail = exc.detail if isinstance(exc.detail, str) else None
+    problem = Problem(exc.status_code, slug, title, detail, headers=dict(exc.headers or {}))
+    return problem_response(problem, request)
+
+
+def database_unavailable() -> Problem:
+    """The 503 answer while PostgreSQL is unreachable or the pool is exhausted."""
+    return Problem(503, "database-unavailable", "Database unavailable",
+                   "the ledger database cannot be reached right now; retry later",
+                   headers={"Retry-After": str(DATABASE_RETRY_AFTER_SECONDS)})
+
+
+async def _on_database(request: Request, exc: Exception) -> JSONResponse:
+    if isinstance(exc, DatabaseUnavailable | PoolTimeoutError) or is_unavailable(exc):
+        log.warning("database unavailable", extra={"path": request.url.path,
+                                                   "error": type(exc).__name__})
+        return problem_response(database_unavailable(), request)
+    return await _on_unexpected(request, exc)
+
+
+async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    log.error("unhandled error", extra={"path": request.url.path},
+              exc_info=(type(exc), exc, exc.__traceback__))
+    problem = Problem(500, "internal-error", "Internal error",
+                      "the request failed unexpectedly; it has been logged")
+    return problem_response(problem, request)
+
+
+def install_problem_handlers(app: FastAPI) -> None:
+    """Make every error answer problem+json."""
+    app.add_exception_handler(Problem, _on_problem)
+    app.add_exception_handler(RequestValidationError, _on_validation)
+    app.add_exception_handler(HTTPException, _on_http)
+    app.add_exception_handler(DBAPIError, _on_database)
+    app.add_exception_handler(PoolTimeoutError, _on_database)
+    app.add_exception_handler(DatabaseUnavailable, _on_database)
+    app.add_exception_handler(OSError, _on_database)
+    app.add_exception_handler(Exception, _on_unexpected)

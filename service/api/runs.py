@@ -1,0 +1,110 @@
+"""Cron triggers and run status."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Header, Path, Query, Response
+from pydantic import AwareDatetime, BaseModel, Field
+
+from service import runs
+from service.api.deps import OperatorDep, RuntimeDep
+from service.api.problems import ProblemDetails
+from service.errors import Problem
+
+MAX_BIGINT = 2**63 - 1
+
+router = APIRouter(prefix="/v1", tags=["runs"], responses={
+    401: {"model": ProblemDetails, "description": "no valid token"}})
+
+
+class RunIn(BaseModel):
+    """A trigger: which policy (all when absent), an optional tenant for rollouts, the cutoff
+    (default: the database's now()), report-only, and a cap on items released."""
+
+    policy: str | None = Field(default=None, examples=["cart-retention"])
+    tenant_id: str | None = None
+    cutoff: AwareDatetime | None = None
+    dry_run: bool = False
+    max_items: int | None = Field(default=None, ge=1, le=100_000_000)
+
+
+class RunOut(BaseModel):
+    """A run and its progress."""
+
+    id: int
+    trigger_key: str | None
+    policy: str | None
+    tenant_id: str | None
+    cutoff: datetime
+    dry_run: bool
+    max_items: int | None
+    state: str
+    candidates: int
+    released: int
+    batches: int
+    remaining: int
+    oldest_due_at: datetime | None
+    newest_due_at: datetime | None
+    report: dict[str, Any]
+    created_at: datetime
+    published_at: datetime | None
+    items: dict[str, int] = Field(default_factory=dict, description="items by status")
+    attempts: dict[str, int] = Field(default_factory=dict, description="attempts by outcome")
+    oldest_remaining_due_at: datetime | None = None
+
+
+class RunPage(BaseModel):
+    """Newest first; pass `next_before` as `before` for the next page."""
+
+    runs: list[RunOut]
+    next_before: int | None
+
+
+@router.post("/runs", operation_id="createRun", status_code=202, response_model=RunOut,
+             responses={200: {"model": RunOut, "description": "the run this key already started"},
+                        409: {"model": ProblemDetails, "description": "key reused with a "
+                              "different request"},
+                        422: {"model": ProblemDetails, "description": "invalid request"}})
+async def create_run(runtime: RuntimeDep, _actor: OperatorDep, response: Response,
+                     body: Annotated[RunIn | None, Body()] = None,
+                     idempotency_key: Annotated[str | None, Header(max_length=512)] = None,
+                     ) -> RunOut:
+    """Record a run and start publication; answers at once whatever the backlog."""
+    request = body or RunIn()
+    if request.policy is not None and runtime.policies.policy(request.policy) is None:
+        raise Problem(422, "unknown-policy", "Unknown policy",
+                      f"no policy named {request.policy!r} in the policies file")
+    run_id, created = await runs.create_run(
+        runtime.engine, runs.RunRequest(request.policy, request.tenant_id, request.cutoff,
+                                        request.dry_run, request.max_items),
+        idempotency_key or None)
+    if not created:
+        response.status_code = 200
+    runtime.wake_publisher()
+    status = await runs.run_status(runtime.engine, run_id)
+    assert status is not None
+    return RunOut.model_validate(status)
+
+
+@router.get("/runs", operation_id="listRuns", response_model=RunPage)
+async def list_runs(runtime: RuntimeDep, _actor: OperatorDep,
+                    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+                    before: Annotated[int | None, Query(ge=1, le=MAX_BIGINT)] = None
+                    ) -> RunPage:
+    """Runs, newest first."""
+    rows = await runs.list_runs(runtime.engine, limit=limit, before=before)
+    return RunPage(runs=[RunOut.model_validate(r) for r in rows],
+                   next_before=rows[-1]["id"] if len(rows) == limit else None)
+
+
+@router.get("/runs/{run_id}", operation_id="getRun", response_model=RunOut,
+            responses={404: {"model": ProblemDetails, "description": "no such run"}})
+async def get_run(runtime: RuntimeDep, _actor: OperatorDep,
+                  run_id: Annotated[int, Path(ge=1, le=MAX_BIGINT)]) -> RunOut:
+    """A run with counts by item status, attempts by outcome and the oldest remaining item."""
+    status = await runs.run_status(runtime.engine, run_id)
+    if status is None:
+        raise Problem(404, "run-not-found", "Run not found", f"no run {run_id}")
+    return RunOut.model_validate(status)

@@ -1,0 +1,138 @@
+"""The FastAPI application: routers, problem handlers, and a lifespan that owns the engine
+(and, from the pipeline on, the worker pool)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TypedDict
+
+from fastapi import FastAPI
+from sqlalchemy.engine import URL
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+import service
+from service import runs
+from service.api import health, items
+from service.api import policies as policies_api
+from service.api import runs as runs_routes
+from service.api.problems import install_problem_handlers
+from service.db.engine import is_unavailable, make_engine
+from service.db.migrate import head_revision
+from service.policies import Policies
+from service.runtime import Runtime, TokenSet
+from service.settings import Settings
+from service.upstream import Upstreams
+from service.worker import WorkerPool, listen_url_of
+
+log = logging.getLogger("service.http")
+
+PUBLISHER_POLL_S = 1.0
+
+
+class State(TypedDict):
+    """Lifespan state, available to every request as `request.state`."""
+
+    runtime: Runtime
+
+
+class RequestLog:
+    """One log line per request: method, path (no query string), status, duration. Never
+    headers or bodies."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+        request_id = uuid.uuid4().hex[:16]
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message.setdefault("headers", []).append((b"x-request-id", request_id.encode()))
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            level = logging.WARNING if status >= 500 else logging.INFO
+            if scope["path"] not in ("/healthz", "/readyz", "/metrics") or status >= 500:
+                log.log(level, "request", extra={
+                    "method": scope["method"], "path": scope["path"], "status": status,
+                    "duration_ms": round((time.perf_counter() - started) * 1000, 2),
+                    "request_id": request_id})
+
+
+async def _publisher(runtime: Runtime) -> None:
+    """Publish runs left in state `publishing` (new ones, or ones a crash interrupted)."""
+    while True:
+        try:
+            await runs.publish_pending(runtime.engine, batch_size=runtime.settings.batch_size)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if is_unavailable(exc):
+                log.warning("publisher: database unavailable")
+            else:
+                log.exception("publisher failed")
+        runtime.publisher_wake.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(PUBLISHER_POLL_S):
+                await runtime.publisher_wake.wait()
+
+
+def create_app(
+    settings: Settings, policies: Policies, database_url: URL, *, run_workers: bool = True
+) -> FastAPI:
+    """Build the application; nothing connects until the lifespan starts."""
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[State]:
+        engine = make_engine(database_url, settings)
+        runtime = Runtime(settings=settings, policies=policies, engine=engine,
+                          tokens=TokenSet.from_settings(settings), schema_head=head_revision())
+        tasks = [asyncio.create_task(_publisher(runtime), name="publisher")]
+        pool = upstreams = None
+        if run_workers and settings.workers > 0:
+            upstreams = Upstreams(policies.upstreams)
+            pool = WorkerPool(engine, policies, upstreams, concurrency=settings.workers,
+                              listen_url=listen_url_of(database_url))
+            tasks.append(asyncio.create_task(pool.run(), name="workers"))
+        if not settings.api_tokens:
+            log.warning("no API tokens configured: every /v1 request will answer 401 "
+                        "(set SWEEPER_API_TOKENS)")
+        try:
+            yield {"runtime": runtime}
+        finally:
+            if pool is not None:
+                pool.stop()
+            tasks[0].cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if upstreams is not None:
+                await upstreams.aclose()
+            await engine.dispose()
+
+    app = FastAPI(
+        title="Sweeper",
+        version=service.__version__,
+        summary="Scheduled, rate-limited, crash-safe data cleanup",
+        lifespan=lifespan,
+    )
+    install_problem_handlers(app)
+    app.include_router(health.router)
+    app.include_router(policies_api.router)
+    app.include_router(items.router)
+    app.include_router(runs_routes.router)
+    app.add_middleware(RequestLog)
+    return app

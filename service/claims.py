@@ -1,0 +1,215 @@
+"""Leases: the claim statement, fenced completion, and hand-back of unstarted leases.
+
+Only this module (and the limiter) holds hand-written hot SQL. Times come from the
+database clock; `now` parameters exist so tests can pin the clock without sleeping.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+NOTIFY_CHANNEL = "sweeper_released"
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A claimed item: what the worker needs to call the upstream and to complete."""
+
+    item_id: int
+    tenant_id: str
+    object_id: str
+    policy: str
+    policy_version: int
+    operation_key: str
+    scope: str
+    lease_token: uuid.UUID
+    attempt: int
+    lease_expires_at: datetime
+
+
+# The claim, in one statement:
+#  1. `ready`: released pending items whose next attempt is due, in batch order (webhook
+#     releases first), via the partial index items_ready; SKIP LOCKED so concurrent
+#     claimers take disjoint rows; the LIMIT inside the CTE bounds the rows locked.
+#  2. `expired`: leased items whose lease ran out (their worker died or stalled) via the
+#     partial index items_leased; same locking.
+#  3. the UPDATE gives each a fresh lease token and an expiry from the database clock
+#     (lease length per policy), counts the attempt, and returns what the worker needs.
+_CLAIM = text("""
+    WITH clock AS (SELECT coalesce(CAST(:now AS timestamptz), now()) AS now),
+    ready AS (
+        SELECT i.id FROM items i, clock
+        WHERE i.status = 'pending' AND i.released_at IS NOT NULL
+          AND i.next_attempt_at <= clock.now
+        ORDER BY i.batch_id NULLS FIRST, i.id
+        LIMIT :limit
+        FOR UPDATE OF i SKIP LOCKED
+    ),
+    expired AS (
+        SELECT i.id FROM items i, clock
+        WHERE i.status = 'leased' AND i.lease_expires_at <= clock.now
+        ORDER BY i.lease_expires_at
+        LIMIT :limit
+        FOR UPDATE OF i SKIP LOCKED
+    ),
+    picked AS (
+        SELECT id FROM expired UNION ALL SELECT id FROM ready LIMIT :limit
+    ),
+    lease_lengths AS (
+        SELECT * FROM unnest(CAST(:policy_names AS text[]),
+                             CAST(:lease_seconds AS integer[])) AS l(policy, seconds)
+    )
+    UPDATE items i
+    SET status = 'leased',
+        lease_owner = :owner,
+        lease_token = gen_random_uuid(),
+        lease_expires_at = clock.now + make_interval(secs => coalesce(
+            (SELECT l.seconds FROM lease_lengths l WHERE l.policy = i.policy), :default_lease)),
+        attempts = i.attempts + 1,
+        updated_at = clock.now
+    FROM picked, clock
+    WHERE i.id = picked.id
+    RETURNING i.id, i.tenant_id, i.object_id, i.policy, i.policy_version, i.operation_key,
+              i.scope, i.lease_token, i.attempts, i.lease_expires_at,
+              EXISTS (SELECT 1 FROM expired WHERE expired.id = i.id) AS reclaimed
+""")
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """The leases of one claim, and how many of them were expired leases taken over."""
+
+    leases: list[Lease]
+    reclaimed: int
+
+
+async def claim(engine: AsyncEngine, *, owner: str, limit: int,
+                lease_seconds: Mapping[str, int], default_lease_seconds: int = 60,
+                now: datetime | None = None) -> Claimed:
+    """Lease up to `limit` items for `owner`; commits before returning (no transaction is
+    held while the caller talks to the upstream)."""
+    params = {"now": now, "limit": limit, "owner": owner,
+              "policy_names": list(lease_seconds), "lease_seconds": list(lease_seconds.values()),
+              "default_lease": default_lease_seconds}
+    async with engine.begin() as conn:
+        rows = (await conn.execute(_CLAIM, params)).all()
+    leases = [Lease(item_id=r.id, tenant_id=r.tenant_id, object_id=r.object_id,
+                    policy=r.policy, policy_version=r.policy_version,
+                    operation_key=r.operation_key, scope=r.scope, lease_token=r.lease_token,
+                    attempt=r.attempts, lease_expires_at=r.lease_expires_at) for r in rows]
+    return Claimed(leases=leases, reclaimed=sum(1 for r in rows if r.reclaimed))
+
+
+@dataclass(frozen=True)
+class Completion:
+    """The outcome of one attempt, as the ledger applies it.
+
+    `status` is the item's next status (pending, succeeded, dead); `retry_in_seconds` sets
+    next_attempt_at from the database clock for pending; `refund_attempt` gives the attempt
+    back (throttled, unauthorized: not the item's fault)."""
+
+    lease: Lease
+    worker: str
+    outcome: str
+    status: str
+    reason: str
+    http_status: int | None
+    retry_after_seconds: float | None
+    retry_in_seconds: float
+    refund_attempt: bool
+    started_at: datetime
+    finished_at: datetime
+    latency_ms: float
+
+
+# Fenced completion, for a whole set of attempts in one statement:
+#  1. `done`: the outcomes as rows.
+#  2. `applied`: update only items still leased under the same token. A worker whose lease
+#     expired and was re-claimed elsewhere matches nothing here: it changes nothing.
+#  3. every attempt is appended to the audit trail, fenced ones flagged as such.
+_COMPLETE = text("""
+    WITH done AS (
+        SELECT * FROM unnest(
+            CAST(:ids AS bigint[]), CAST(:tokens AS uuid[]), CAST(:statuses AS text[]),
+            CAST(:outcomes AS text[]), CAST(:reasons AS text[]), CAST(:http AS smallint[]),
+            CAST(:retry_after AS double precision[]), CAST(:retry_in AS double precision[]),
+            CAST(:refund AS boolean[]), CAST(:attempt_nos AS integer[]),
+            CAST(:workers AS text[]), CAST(:started AS timestamptz[]),
+            CAST(:finished AS timestamptz[]), CAST(:latency AS double precision[]))
+        AS d(id, token, status, outcome, reason, http, retry_after, retry_in, refund,
+             attempt_no, worker, started_at, finished_at, latency_ms)
+    ),
+    applied AS (
+        UPDATE items i
+        SET status = d.status,
+            lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+            attempts = CASE WHEN d.refund THEN greatest(i.attempts - 1, 0) ELSE i.attempts END,
+            next_attempt_at = CASE WHEN d.status = 'pending'
+                                   THEN now() + make_interval(secs => d.retry_in)
+                                   ELSE i.next_attempt_at END,
+            last_outcome = d.outcome,
+            last_status_code = d.http,
+            last_error = CASE WHEN d.outcome = 'succeeded' THEN NULL ELSE d.reason END,
+            dead_reason = CASE WHEN d.status = 'dead' THEN d.reason END,
+            completed_at = CASE WHEN d.status IN ('succeeded', 'dead') THEN now() END,
+            updated_at = now()
+        FROM done d
+        WHERE i.id = d.id AND i.lease_token = d.token AND i.status = 'leased'
+        RETURNING i.id
+    )
+    INSERT INTO attempts (item_id, attempt_no, worker, lease_token, started_at, finished_at,
+                          outcome, http_status, retry_after_seconds, latency_ms, error_code,
+                          fenced)
+    SELECT d.id, d.attempt_no, d.worker, d.token, d.started_at,
+           greatest(d.finished_at, d.started_at), d.outcome, d.http, d.retry_after,
+           d.latency_ms, CASE WHEN d.outcome = 'succeeded' THEN NULL ELSE d.reason END,
+           d.id NOT IN (SELECT id FROM applied)
+    FROM done d
+    RETURNING item_id, fenced
+""")
+
+
+async def complete(engine: AsyncEngine, completions: Sequence[Completion]) -> list[int]:
+    """Apply outcomes and append attempts in one transaction; returns the ids that were
+    fenced out (their lease had moved on)."""
+    if not completions:
+        return []
+    c = completions
+    params = {
+        "ids": [x.lease.item_id for x in c], "tokens": [x.lease.lease_token for x in c],
+        "statuses": [x.status for x in c], "outcomes": [x.outcome for x in c],
+        "reasons": [x.reason for x in c], "http": [x.http_status for x in c],
+        "retry_after": [x.retry_after_seconds for x in c],
+        "retry_in": [x.retry_in_seconds for x in c], "refund": [x.refund_attempt for x in c],
+        "attempt_nos": [x.lease.attempt for x in c], "workers": [x.worker for x in c],
+        "started": [x.started_at for x in c], "finished": [x.finished_at for x in c],
+        "latency": [x.latency_ms for x in c],
+    }
+    async with engine.begin() as conn:
+        rows = (await conn.execute(_COMPLETE, params)).all()
+    return [r.item_id for r in rows if r.fenced]
+
+
+# Hand leases back that were claimed but never called (shutdown): the attempt is refunded
+# and the item is immediately claimable again. Fenced on the token like a completion.
+_RELEASE = text("""
+    UPDATE items i
+    SET status = 'pending', lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+        attempts = greatest(i.attempts - 1, 0), updated_at = now()
+    FROM unnest(CAST(:ids AS bigint[]), CAST(:tokens AS uuid[])) AS r(id, token)
+    WHERE i.id = r.id AND i.lease_token = r.token AND i.status = 'leased'
+""")
+
+
+async def release(engine: AsyncEngine, leases: Sequence[Lease]) -> None:
+    """Return unstarted leases without counting an attempt."""
+    if leases:
+        async with engine.begin() as conn:
+            await conn.execute(_RELEASE, {"ids": [x.item_id for x in leases],
+                                          "tokens": [x.lease_token for x in leases]})

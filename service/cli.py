@@ -1,0 +1,219 @@
+"""The `sweeper` command: serve, worker, migrate, check-config, openapi.
+
+Exit codes: 0 success, 2 configuration refused, 3 database unreachable. Expected failures
+print one line to stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from types import FrameType
+
+from pydantic import ValidationError
+from sqlalchemy.engine import URL
+
+from service.db.engine import is_unavailable, make_engine
+from service.errors import ConfigError, DatabaseUnavailable
+from service.logs import configure_logging
+from service.policies import Policies, load_policies
+from service.settings import Settings, async_url
+
+log = logging.getLogger("service.cli")
+
+EXIT_CONFIG = 2
+EXIT_DATABASE = 3
+
+
+def load_settings() -> Settings:
+    """Settings from the environment, with pydantic's errors turned into one message."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        err = exc.errors(include_input=False, include_url=False)[0]
+        field = ".".join(str(p) for p in err["loc"])
+        name = f"SWEEPER_{field.upper()}" if field else "settings"
+        raise ConfigError(f"{name}: {err['msg']}") from None
+
+
+def load_config() -> tuple[Settings, Policies]:
+    """Settings and the policies file they name, both validated."""
+    settings = load_settings()
+    return settings, load_policies(settings.policies_file)
+
+
+@contextmanager
+def database(settings: Settings) -> Iterator[URL]:
+    """The configured database URL, or an embedded server for as long as the block runs."""
+    url = settings.sqlalchemy_url()
+    if url is not None:
+        yield url
+        return
+    from service.db.embedded import EmbeddedPostgres
+
+    embedded = EmbeddedPostgres(settings.data_dir)
+    try:
+        yield async_url(embedded.start())
+    finally:
+        embedded.stop()
+
+
+async def migrate_database(url: URL, settings: Settings, target: str = "head") -> None:
+    """Run migrations, mapping 'cannot connect' to DatabaseUnavailable with a clear message."""
+    from service.db import migrate
+
+    engine = make_engine(url, settings)
+    try:
+        await migrate.upgrade(engine, target)
+    except Exception as exc:
+        if is_unavailable(exc):
+            where = url.set(drivername="postgresql").render_as_string(hide_password=True)
+            reason = str(getattr(exc, "orig", None) or exc) or type(exc).__name__
+            raise DatabaseUnavailable(f"cannot reach PostgreSQL at {where}: {reason}") from None
+        raise
+    finally:
+        await engine.dispose()
+
+
+def cmd_check_config(_args: argparse.Namespace) -> int:
+    settings, policies = load_config()
+    print(f"ok: {len(policies.upstreams)} upstream(s), {len(policies.policies)} policy(ies), "
+          f"{len(policies.webhooks)} webhook source(s) from {policies.source}; "
+          f"database: {'configured' if settings.database_url else 'embedded'}")
+    return 0
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    settings, _ = load_config()
+    configure_logging(settings)
+    with database(settings) as url:
+        asyncio.run(migrate_database(url, settings, args.revision))
+    print(f"schema at {args.revision}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from service.app import create_app
+
+    settings, policies = load_config()
+    configure_logging(settings)
+    with database(settings) as url:
+        if settings.migrate_on_start:
+            asyncio.run(migrate_database(url, settings))
+        app = create_app(settings, policies, url, run_workers=not args.api_only)
+        host = args.host or settings.host
+        port = settings.port if args.port is None else args.port
+        log.info("serving", extra={"host": host, "port": port, "workers": settings.workers})
+        config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False,
+                                proxy_headers=True, server_header=False,
+                                timeout_graceful_shutdown=int(settings.shutdown_grace_seconds))
+        server = _graceful_server_class()(config)
+        server.run()
+    return 0
+
+
+def _graceful_server_class() -> type:
+    import uvicorn
+
+    class GracefulServer(uvicorn.Server):
+        """uvicorn re-raises SIGTERM after its graceful shutdown, which would kill the process
+        before the embedded database is stopped; a requested shutdown is a clean exit here."""
+
+        def capture_signals(self) -> AbstractContextManager[None]:  # type: ignore[override]
+            return _signals_to(self.handle_exit)
+
+    return GracefulServer
+
+
+@contextmanager
+def _signals_to(handler: Callable[[int, FrameType | None], None]) -> Iterator[None]:
+    import signal
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def cmd_worker(_args: argparse.Namespace) -> int:
+    from service.worker import run_worker_process
+
+    settings, policies = load_config()
+    configure_logging(settings)
+    if settings.workers < 1:
+        raise ConfigError("SWEEPER_WORKERS: must be at least 1 for `sweeper worker`")
+    with database(settings) as url:
+        if settings.migrate_on_start:
+            asyncio.run(migrate_database(url, settings))
+        asyncio.run(run_worker_process(settings, policies, url))
+    return 0
+
+
+def cmd_openapi(args: argparse.Namespace) -> int:
+    from service.openapi import render_openapi
+
+    document = render_openapi()
+    out: Path = args.output
+    if args.check:
+        current = out.read_text(encoding="utf-8") if out.exists() else ""
+        if current != document:
+            print(f"{out} is out of date; run `sweeper openapi`", file=sys.stderr)
+            return 1
+        print(f"{out} is up to date")
+        return 0
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(document, encoding="utf-8")
+    print(f"wrote {out}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sweeper", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run the HTTP API and the worker pool")
+    serve.add_argument("--host", default=None, help="bind address (default SWEEPER_HOST)")
+    serve.add_argument("--port", type=int, default=None, help="port (default SWEEPER_PORT)")
+    serve.add_argument("--api-only", action="store_true", help="do not start workers")
+    serve.set_defaults(func=cmd_serve)
+
+    worker = sub.add_parser("worker", help="run only the worker pool (no HTTP API)")
+    worker.set_defaults(func=cmd_worker)
+
+    migrate = sub.add_parser("migrate", help="bring the database schema to a revision")
+    migrate.add_argument("--revision", default="head", help="target revision (default head)")
+    migrate.set_defaults(func=cmd_migrate)
+
+    check = sub.add_parser("check-config", help="validate settings and the policies file")
+    check.set_defaults(func=cmd_check_config)
+
+    openapi = sub.add_parser("openapi", help="write the OpenAPI document")
+    openapi.add_argument("--output", type=Path, default=Path("openapi/openapi.json"))
+    openapi.add_argument("--check", action="store_true", help="fail if the file is stale")
+    openapi.set_defaults(func=cmd_openapi)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `sweeper` console script."""
+    args = build_parser().parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except ConfigError as exc:
+        print(f"sweeper: configuration error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except DatabaseUnavailable as exc:
+        print(f"sweeper: database unavailable: {exc}", file=sys.stderr)
+        return EXIT_DATABASE
+    except KeyboardInterrupt:
+        return 130

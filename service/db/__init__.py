@@ -1,0 +1,1 @@
+"""Database access: the async engine, the embedded server, migrations, table definitions."""

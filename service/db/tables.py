@@ -1,0 +1,165 @@
+"""SQLAlchemy Core tables mirroring the migrations (the migrations are the source of truth;
+tests/integration/test_schema.py fails if the two drift apart)."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    ARRAY,
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    MetaData,
+    SmallInteger,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects.postgresql import JSONB, UUID
+
+metadata = MetaData()
+
+
+def _ts(name: str, nullable: bool = False) -> Column[object]:
+    return Column(name, DateTime(timezone=True), nullable=nullable)
+
+
+scopes = Table(
+    "scopes",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("rate_per_second", Float, nullable=False),
+    Column("burst", Integer, nullable=False),
+    Column("tokens", Float, nullable=False),
+    _ts("refilled_at"),
+    _ts("closed_until", nullable=True),
+    Column("backoff_level", Integer, nullable=False),
+    Column("paused", Boolean, nullable=False),
+    Column("paused_reason", Text),
+    Column("weight", Integer, nullable=False),
+    Column("budget_from_policy", Boolean, nullable=False),
+    _ts("created_at"),
+    _ts("updated_at"),
+)
+
+runs = Table(
+    "runs",
+    metadata,
+    Column("id", BigInteger, primary_key=True),
+    Column("trigger_key", Text, unique=True),
+    Column("request_digest", Text, nullable=False),
+    Column("policy", Text),
+    Column("tenant_id", Text),
+    _ts("cutoff"),
+    Column("dry_run", Boolean, nullable=False),
+    Column("max_items", BigInteger),
+    Column("state", Text, nullable=False),
+    Column("candidates", BigInteger, nullable=False),
+    Column("released", BigInteger, nullable=False),
+    Column("batches", Integer, nullable=False),
+    Column("remaining", BigInteger, nullable=False),
+    _ts("oldest_due_at", nullable=True),
+    _ts("newest_due_at", nullable=True),
+    Column("report", JSONB, nullable=False),
+    Column("error", Text),
+    _ts("created_at"),
+    _ts("published_at", nullable=True),
+)
+
+batches = Table(
+    "batches",
+    metadata,
+    Column("id", BigInteger, primary_key=True),
+    Column("run_id", BigInteger, ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+    Column("seq", Integer, nullable=False),
+    Column("digest", Text, nullable=False, unique=True),
+    Column("policy", Text, nullable=False),
+    Column("policy_version", Integer, nullable=False),
+    Column("item_count", Integer, nullable=False),
+    _ts("created_at"),
+    UniqueConstraint("run_id", "seq"),
+)
+
+items = Table(
+    "items",
+    metadata,
+    Column("id", BigInteger, primary_key=True),
+    Column("tenant_id", Text, nullable=False),
+    Column("object_id", Text, nullable=False),
+    Column("policy", Text, nullable=False),
+    Column("policy_version", Integer, nullable=False),
+    Column("operation_key", Text, nullable=False, unique=True),
+    Column("scope", Text, nullable=False),
+    Column("status", Text, nullable=False),
+    _ts("due_at"),
+    _ts("next_attempt_at"),
+    Column("attempts", Integer, nullable=False),
+    _ts("released_at", nullable=True),
+    Column("batch_id", BigInteger, ForeignKey("batches.id", ondelete="SET NULL")),
+    Column("lease_owner", Text),
+    Column("lease_token", UUID(as_uuid=True)),
+    _ts("lease_expires_at", nullable=True),
+    Column("last_outcome", Text),
+    Column("last_status_code", SmallInteger),
+    Column("last_error", Text),
+    Column("dead_reason", Text),
+    _ts("created_at"),
+    _ts("updated_at"),
+    _ts("completed_at", nullable=True),
+    UniqueConstraint("tenant_id", "object_id", "policy", "policy_version",
+                     name="items_obligation"),
+)
+
+attempts = Table(
+    "attempts",
+    metadata,
+    Column("id", BigInteger, primary_key=True),
+    Column("item_id", BigInteger, ForeignKey("items.id", ondelete="CASCADE"), nullable=False),
+    Column("attempt_no", Integer, nullable=False),
+    Column("worker", Text, nullable=False),
+    Column("lease_token", UUID(as_uuid=True), nullable=False),
+    _ts("started_at"),
+    _ts("finished_at"),
+    Column("outcome", Text, nullable=False),
+    Column("http_status", SmallInteger),
+    Column("retry_after_seconds", Float),
+    Column("latency_ms", Float, nullable=False),
+    Column("error_code", Text),
+    Column("fenced", Boolean, nullable=False),
+)
+
+webhook_receipts = Table(
+    "webhook_receipts",
+    metadata,
+    Column("id", BigInteger, primary_key=True),
+    Column("source", Text, nullable=False),
+    Column("webhook_id", Text, nullable=False),
+    Column("event_type", Text),
+    Column("result", Text, nullable=False),
+    Column("item_ids", ARRAY(BigInteger), nullable=False),
+    _ts("received_at"),
+    UniqueConstraint("source", "webhook_id", name="webhook_receipts_once"),
+)
+
+operator_actions = Table(
+    "operator_actions",
+    metadata,
+    Column("id", BigInteger, primary_key=True),
+    _ts("at"),
+    Column("actor", Text, nullable=False),
+    Column("action", Text, nullable=False),
+    Column("reason", Text),
+    Column("details", JSONB, nullable=False),
+)
+
+control = Table(
+    "control",
+    metadata,
+    Column("singleton", Boolean, primary_key=True),
+    Column("workers_paused", Boolean, nullable=False),
+    Column("paused_reason", Text),
+    _ts("updated_at"),
+)

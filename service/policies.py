@@ -1,0 +1,313 @@
+"""The TOML policies file: upstreams, retention policies and webhook sources.
+
+Parsed with stdlib ``tomllib`` and validated with pydantic (unknown keys are refused, so a
+typo never silently falls back to a default). Secrets are never written in the file: it
+names environment variables, which are resolved here, and a missing one is an error.
+Any problem raises :class:`ConfigError` with one message naming the file, the key and what
+is wrong.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import string
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from service.errors import ConfigError
+
+SCOPE_FIELDS = frozenset({"tenant_id", "upstream", "policy"})
+PATH_FIELDS = frozenset({"object_id", "tenant_id"})
+NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
+
+_DURATION = re.compile(
+    r"^P(?:(?P<weeks>\d+)W)?(?:(?P<days>\d+)D)?"
+    r"(?:T(?:(?P<hours>\d+)H)?(?:(?P<minutes>\d+)M)?(?:(?P<seconds>\d+(?:\.\d+)?)S)?)?$"
+)
+
+
+def parse_duration(text: str) -> timedelta:
+    """Parse an ISO 8601 duration of weeks, days, hours, minutes and seconds (``P1DT2H``).
+
+    Years and months are refused: their length depends on the calendar.
+    """
+    match = _DURATION.match(text)
+    if match is None or text in {"P", "PT"} or text.endswith("T"):
+        raise ValueError(f"{text!r} is not an ISO 8601 duration such as 'PT15M' or 'P1D'")
+    parts = {k: float(v) for k, v in match.groupdict().items() if v is not None}
+    return timedelta(**parts)
+
+
+def template_fields(template: str) -> set[str]:
+    """The ``{name}`` placeholders of a str.format template (refuses positional ones)."""
+    names: set[str] = set()
+    for _, name, spec, conversion in string.Formatter().parse(template):
+        if name is None:
+            continue
+        if not name or spec or conversion:
+            raise ValueError(f"placeholder {{{name}}} must be a plain name like {{tenant_id}}")
+        names.add(name)
+    return names
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class UpstreamConfig(_Strict):
+    """An HTTP deletion API and how to reach it."""
+
+    base_url: Annotated[str, Field(pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$")]
+    headers_from_env: dict[str, str] = Field(default_factory=dict)
+    timeout_seconds: float = Field(default=10.0, gt=0, le=300)
+    max_connections: int = Field(default=100, ge=1, le=10_000)
+
+    @field_validator("base_url")
+    @classmethod
+    def _strip_slash(cls, value: str) -> str:
+        return value.rstrip("/")
+
+
+class RateConfig(_Strict):
+    """The shared token bucket of a scope: sustained rate and burst."""
+
+    per_second: float = Field(gt=0, le=100_000)
+    burst: int = Field(default=1, ge=1, le=100_000)
+
+
+class BackoffConfig(_Strict):
+    """Exponential backoff with full jitter for transient failures and 429s without a date."""
+
+    base_seconds: float = Field(default=1.0, gt=0, le=3600)
+    max_seconds: float = Field(default=900.0, gt=0, le=86_400)
+
+
+class PolicyConfig(_Strict):
+    """A versioned retention rule: what to call, how fast, and how to read the answer."""
+
+    version: int = Field(ge=1)
+    upstream: str
+    method: Literal["DELETE", "POST", "PUT", "PATCH"] = "DELETE"
+    path: str
+    scope: str = "credential:{upstream}"
+    rate: RateConfig
+    lease_seconds: int = Field(default=60, ge=5, le=86_400)
+    max_attempts: int = Field(default=8, ge=1, le=1000)
+    absent_means_deleted: bool = False
+    backoff: BackoffConfig = Field(default_factory=BackoffConfig)
+    retry_after_max_seconds: float = Field(default=3600.0, gt=0, le=86_400)
+
+    @field_validator("path")
+    @classmethod
+    def _path_template(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError("must start with '/'")
+        unknown = template_fields(value) - PATH_FIELDS
+        if unknown:
+            raise ValueError(f"unknown placeholder(s) {sorted(unknown)}; allowed: "
+                             f"{sorted(PATH_FIELDS)}")
+        if "{object_id}" not in value:
+            raise ValueError("must contain {object_id}")
+        return value
+
+    @field_validator("scope")
+    @classmethod
+    def _scope_template(cls, value: str) -> str:
+        unknown = template_fields(value) - SCOPE_FIELDS
+        if unknown:
+            raise ValueError(f"unknown placeholder(s) {sorted(unknown)}; allowed: "
+                             f"{sorted(SCOPE_FIELDS)}")
+        return value
+
+
+Extractor = Annotated[str, Field(pattern=r"^(header:[A-Za-z0-9-]+|body:[A-Za-z0-9_.\-\[\]]+)$")]
+
+
+class WebhookRule(_Strict):
+    """Maps one event type to an item hint."""
+
+    topic: str = Field(min_length=1)
+    policy: str
+    tenant: Extractor
+    object_id: Extractor
+    due: str = "now"
+
+    @field_validator("due")
+    @classmethod
+    def _due(cls, value: str) -> str:
+        if value != "now":
+            parse_duration(value)
+        return value
+
+
+class WebhookSourceConfig(_Strict):
+    """A storefront that sends signed hints."""
+
+    scheme: Literal["standard", "shopify", "hmac-sha256"]
+    secret_env: str | None = None
+    secrets_env: list[str] = Field(default_factory=list)
+    signature_header: str | None = None
+    tolerance_seconds: int = Field(default=300, ge=1, le=86_400)
+    max_body_bytes: int = Field(default=256 * 1024, ge=1024, le=16 * 1024 * 1024)
+    rules: list[WebhookRule] = Field(default_factory=list)
+
+
+class PoliciesFile(_Strict):
+    """The whole file as written."""
+
+    upstreams: dict[str, UpstreamConfig] = Field(default_factory=dict)
+    policies: dict[str, PolicyConfig] = Field(default_factory=dict)
+    webhooks: dict[str, WebhookSourceConfig] = Field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """A resolved upstream: its config plus header values read from the environment."""
+
+    name: str
+    config: UpstreamConfig
+    headers: Mapping[str, str] = field(repr=False)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A resolved policy, ready for the worker and the publisher."""
+
+    name: str
+    config: PolicyConfig
+
+    @property
+    def version(self) -> int:
+        return self.config.version
+
+    def scope_for(self, tenant_id: str) -> str:
+        """The limiter scope an item of this policy and tenant draws budget from."""
+        return self.config.scope.format(
+            tenant_id=tenant_id, upstream=self.config.upstream, policy=self.name
+        )
+
+
+@dataclass(frozen=True)
+class WebhookSource:
+    """A resolved webhook source with its secrets (several during rotation)."""
+
+    name: str
+    config: WebhookSourceConfig
+    secrets: tuple[str, ...] = field(repr=False)
+
+
+@dataclass(frozen=True)
+class Policies:
+    """Everything the policies file declares, validated and with secrets resolved."""
+
+    upstreams: Mapping[str, Upstream]
+    policies: Mapping[str, Policy]
+    webhooks: Mapping[str, WebhookSource]
+    source: str = "<none>"
+
+    @classmethod
+    def empty(cls) -> Policies:
+        return cls(upstreams={}, policies={}, webhooks={}, source="<none>")
+
+    def policy(self, name: str) -> Policy | None:
+        return self.policies.get(name)
+
+
+def load_policies(path: Path | None, environ: Mapping[str, str] | None = None) -> Policies:
+    """Read, validate and resolve the policies file; no file means no policies."""
+    if path is None:
+        return Policies.empty()
+    env = os.environ if environ is None else environ
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"policies file {path}: not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"policies file {path}: cannot be read ({exc})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"policies file {path}: not valid TOML: {exc}") from None
+    return resolve_policies(raw, env, source=str(path))
+
+
+def resolve_policies(raw: Mapping[str, Any], env: Mapping[str, str], *, source: str) -> Policies:
+    """Validate a parsed file, resolve names and secrets; ConfigError on the first fault."""
+    try:
+        parsed = PoliciesFile.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(f"policies file {source}: {_first_error(exc)}") from None
+
+    def fail(key: str, message: str) -> ConfigError:
+        return ConfigError(f"policies file {source}: {key}: {message}")
+
+    for section in ("upstreams", "policies", "webhooks"):
+        for name in getattr(parsed, section):
+            if not re.match(NAME_PATTERN, name):
+                raise fail(f"{section}.{name}", "names are lower-case letters, digits, '-', '_' "
+                                                "or '.', at most 63 characters")
+
+    upstreams: dict[str, Upstream] = {}
+    for name, up in parsed.upstreams.items():
+        headers = {}
+        for header, var in up.headers_from_env.items():
+            headers[header] = _secret(env, var, fail, f"upstreams.{name}.headers_from_env.{header}")
+        upstreams[name] = Upstream(name=name, config=up, headers=headers)
+
+    policies: dict[str, Policy] = {}
+    for name, pol in parsed.policies.items():
+        key = f"policies.{name}"
+        upstream = upstreams.get(pol.upstream)
+        if upstream is None:
+            raise fail(f"{key}.upstream", f"unknown upstream {pol.upstream!r}; declared: "
+                                          f"{sorted(upstreams) or 'none'}")
+        # The call's deadline must end before the lease does, or a slow upstream would let a
+        # second worker reclaim an item whose first call is still in flight.
+        if upstream.config.timeout_seconds >= pol.lease_seconds:
+            raise fail(f"{key}.lease_seconds", f"must be longer than upstream "
+                       f"{pol.upstream!r} timeout_seconds ({upstream.config.timeout_seconds})")
+        if pol.backoff.max_seconds < pol.backoff.base_seconds:
+            raise fail(f"{key}.backoff.max_seconds", "must be at least base_seconds")
+        policies[name] = Policy(name=name, config=pol)
+
+    webhooks: dict[str, WebhookSource] = {}
+    for name, src in parsed.webhooks.items():
+        key = f"webhooks.{name}"
+        names = ([src.secret_env] if src.secret_env else []) + list(src.secrets_env)
+        if not names:
+            raise fail(key, "set secret_env (or secrets_env for rotation)")
+        secrets = tuple(_secret(env, var, fail, f"{key}.secret_env") for var in names)
+        if src.scheme == "hmac-sha256" and not src.signature_header:
+            raise fail(f"{key}.signature_header", "required for scheme 'hmac-sha256'")
+        for i, rule in enumerate(src.rules):
+            if rule.policy not in policies:
+                raise fail(f"{key}.rules[{i}].policy", f"unknown policy {rule.policy!r}")
+        webhooks[name] = WebhookSource(name=name, config=src, secrets=secrets)
+
+    return Policies(upstreams=upstreams, policies=policies, webhooks=webhooks, source=source)
+
+
+def _secret(env: Mapping[str, str], var: str, fail: Any, key: str) -> str:
+    value = env.get(var)
+    if not value:
+        raise fail(key, f"environment variable {var} is not set")
+    return str(value)
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors(include_input=False, include_url=False)[0]
+    key = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in err["loc"])
+    key = key.replace(".[", "[")
+    message = err["msg"]
+    if err["type"] == "extra_forbidden":
+        message = "unknown key (check the spelling; see the README's policies reference)"
+    elif err["type"] == "missing":
+        message = "required key is missing"
+    more = len(exc.errors()) - 1
+    suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
+    return f"{key}: {message}{suffix}"

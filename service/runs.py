@@ -1,0 +1,236 @@
+"""Runs: a cron trigger records a cutoff; publication releases due items into batches.
+
+Publication is driven from the run row in bounded chunks, each one short transaction that
+releases at most `batch_size` items of one policy version as one batch. A crash between
+chunks loses nothing and duplicates nothing: released items no longer match the predicate,
+and the next publisher (any replica) resumes from the run row.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from service.claims import NOTIFY_CHANNEL
+from service.errors import Problem
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What a trigger asks for."""
+
+    policy: str | None
+    tenant_id: str | None
+    cutoff: datetime | None
+    dry_run: bool
+    max_items: int | None
+
+    def digest(self) -> str:
+        doc = {"policy": self.policy, "tenant_id": self.tenant_id, "dry_run": self.dry_run,
+               "cutoff": self.cutoff.isoformat() if self.cutoff else None,
+               "max_items": self.max_items}
+        return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+_INSERT_RUN = text("""
+    INSERT INTO runs (trigger_key, request_digest, policy, tenant_id, cutoff, dry_run, max_items)
+    VALUES (:key, :digest, :policy, :tenant, coalesce(CAST(:cutoff AS timestamptz), now()),
+            :dry_run, :max_items)
+    ON CONFLICT (trigger_key) DO NOTHING
+    RETURNING id
+""")
+
+
+async def create_run(engine: AsyncEngine, request: RunRequest, trigger_key: str | None
+                     ) -> tuple[int, bool]:
+    """Record a run; returns (run id, created). The same trigger key returns the same run;
+    the same key with a different request is a 409."""
+    digest = request.digest()
+    params = {"key": trigger_key, "digest": digest, "policy": request.policy,
+              "tenant": request.tenant_id, "cutoff": request.cutoff,
+              "dry_run": request.dry_run, "max_items": request.max_items}
+    async with engine.begin() as conn:
+        run_id = (await conn.execute(_INSERT_RUN, params)).scalar()
+        if run_id is not None:
+            await conn.execute(text(f"NOTIFY {NOTIFY_CHANNEL}_runs"))
+            return int(run_id), True
+        row = (await conn.execute(text("SELECT id, request_digest FROM runs "
+                                       "WHERE trigger_key = :key"), {"key": trigger_key})).one()
+    if row.request_digest != digest:
+        raise Problem(409, "idempotency-key-reused", "Idempotency-Key already used",
+                      "this key started a run with a different request", run_id=row.id)
+    return int(row.id), False
+
+
+# Candidate figures for the run's exact predicate, per policy (dry runs report only these).
+_CANDIDATES = text("""
+    SELECT policy, count(*) AS n, min(due_at) AS oldest, max(due_at) AS newest
+    FROM items
+    WHERE status = 'pending' AND released_at IS NULL AND due_at <= :cutoff
+      AND (CAST(:policy AS text) IS NULL OR policy = :policy)
+      AND (CAST(:tenant AS text) IS NULL OR tenant_id = :tenant)
+    GROUP BY policy ORDER BY policy
+""")
+
+# One chunk: lock the next unreleased due items of one policy version (SKIP LOCKED: two
+# publishers never take the same rows), oldest first.
+_PICK = text("""
+    SELECT id, policy, policy_version FROM items
+    WHERE status = 'pending' AND released_at IS NULL AND due_at <= :cutoff
+      AND (CAST(:policy AS text) IS NULL OR policy = :policy)
+      AND (CAST(:tenant AS text) IS NULL OR tenant_id = :tenant)
+      AND (policy, policy_version) = (
+          SELECT policy, policy_version FROM items
+          WHERE status = 'pending' AND released_at IS NULL AND due_at <= :cutoff
+            AND (CAST(:policy AS text) IS NULL OR policy = :policy)
+            AND (CAST(:tenant AS text) IS NULL OR tenant_id = :tenant)
+          ORDER BY policy, due_at LIMIT 1)
+    ORDER BY due_at, id
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+""")
+
+
+def batch_digest(policy: str, version: int, cutoff: datetime, item_ids: list[int]) -> str:
+    """A batch's durable identity: policy, version, cutoff and the sorted item ids."""
+    h = hashlib.sha256(f"{policy}\x00{version}\x00{cutoff.isoformat()}\x00".encode())
+    h.update(",".join(str(i) for i in sorted(item_ids)).encode())
+    return h.hexdigest()
+
+
+async def publish(engine: AsyncEngine, run_id: int, *, batch_size: int) -> bool:
+    """Publish one run to completion (chunk by chunk). False when another publisher holds it."""
+    while True:
+        async with engine.begin() as conn:
+            run = (await conn.execute(text(
+                "SELECT * FROM runs WHERE id = :id AND state = 'publishing' "
+                "FOR UPDATE SKIP LOCKED"), {"id": run_id})).mappings().one_or_none()
+            if run is None:
+                return False
+            if not run["report"]:
+                await _record_candidates(conn, run)
+                continue
+            if run["dry_run"] or await _release_chunk(conn, run, batch_size) == 0:
+                await _finish(conn, run)
+                return True
+
+
+def _filters(run: Any) -> dict[str, Any]:
+    return {"cutoff": run["cutoff"], "policy": run["policy"], "tenant": run["tenant_id"]}
+
+
+async def _record_candidates(conn: AsyncConnection, run: Any) -> None:
+    rows = (await conn.execute(_CANDIDATES, _filters(run))).all()
+    per_policy = {r.policy: {"candidates": r.n, "oldest_due_at": r.oldest.isoformat(),
+                             "newest_due_at": r.newest.isoformat()} for r in rows}
+    report: dict[str, Any] = {"policies": per_policy}
+    if run["dry_run"]:
+        previous = (await conn.execute(text(
+            "SELECT id, candidates FROM runs WHERE dry_run AND state = 'published' "
+            "AND id < :id AND policy IS NOT DISTINCT FROM :policy "
+            "AND tenant_id IS NOT DISTINCT FROM :tenant ORDER BY id DESC LIMIT 1"),
+            {"id": run["id"], "policy": run["policy"], "tenant": run["tenant_id"]})).first()
+        total = sum(r.n for r in rows)
+        report["previous_dry_run"] = (
+            {"run_id": previous.id, "candidates": previous.candidates,
+             "difference": total - previous.candidates} if previous else None)
+    await conn.execute(text(
+        "UPDATE runs SET report = CAST(:report AS jsonb), candidates = :n, "
+        "oldest_due_at = :oldest, newest_due_at = :newest WHERE id = :id"),
+        {"report": json.dumps(report), "n": sum(r.n for r in rows),
+         "oldest": min((r.oldest for r in rows), default=None),
+         "newest": max((r.newest for r in rows), default=None), "id": run["id"]})
+
+
+async def _release_chunk(conn: AsyncConnection, run: Any, batch_size: int) -> int:
+    limit = batch_size
+    if run["max_items"] is not None:
+        limit = min(limit, run["max_items"] - run["released"])
+        if limit <= 0:
+            return 0
+    rows = (await conn.execute(_PICK, {**_filters(run), "limit": limit})).all()
+    if not rows:
+        return 0
+    ids = [r.id for r in rows]
+    policy, version = rows[0].policy, rows[0].policy_version
+    batch_id = (await conn.execute(text(
+        "INSERT INTO batches (run_id, seq, digest, policy, policy_version, item_count) "
+        "VALUES (:run, :seq, :digest, :policy, :version, :n) RETURNING id"),
+        {"run": run["id"], "seq": run["batches"], "policy": policy, "version": version,
+         "digest": batch_digest(policy, version, run["cutoff"], ids), "n": len(ids)})).scalar()
+    await conn.execute(text(
+        "UPDATE items SET released_at = now(), batch_id = :batch, updated_at = now() "
+        "WHERE id = ANY(CAST(:ids AS bigint[]))"), {"batch": batch_id, "ids": ids})
+    await conn.execute(text(
+        "UPDATE runs SET released = released + :n, batches = batches + 1 WHERE id = :id"),
+        {"n": len(ids), "id": run["id"]})
+    await conn.execute(text(f"NOTIFY {NOTIFY_CHANNEL}"))
+    return len(ids)
+
+
+async def _finish(conn: AsyncConnection, run: Any) -> None:
+    remaining = 0
+    if not run["dry_run"]:
+        remaining = (await conn.execute(text(
+            "SELECT count(*) FROM items WHERE status = 'pending' AND released_at IS NULL "
+            "AND due_at <= :cutoff AND (CAST(:policy AS text) IS NULL OR policy = :policy) "
+            "AND (CAST(:tenant AS text) IS NULL OR tenant_id = :tenant)"),
+            _filters(run))).scalar_one()
+    await conn.execute(text(
+        "UPDATE runs SET state = 'published', published_at = clock_timestamp(), "
+        "remaining = :remaining WHERE id = :id"), {"remaining": remaining, "id": run["id"]})
+    log.info("run published", extra={"run_id": run["id"], "dry_run": run["dry_run"],
+                                     "remaining": remaining})
+
+
+async def publish_pending(engine: AsyncEngine, *, batch_size: int) -> int:
+    """Publish every run still in state `publishing` (new, or left by a crash)."""
+    async with engine.connect() as conn:
+        ids = (await conn.execute(text(
+            "SELECT id FROM runs WHERE state = 'publishing' ORDER BY id"))).scalars().all()
+    done = 0
+    for run_id in ids:
+        if await publish(engine, run_id, batch_size=batch_size):
+            done += 1
+    return done
+
+
+async def run_status(engine: AsyncEngine, run_id: int) -> dict[str, Any] | None:
+    """A run with its progress: items by status, attempts by outcome, oldest remaining."""
+    async with engine.connect() as conn:
+        run = (await conn.execute(text("SELECT * FROM runs WHERE id = :id"),
+                                  {"id": run_id})).mappings().one_or_none()
+        if run is None:
+            return None
+        by_status: dict[str, int] = dict((await conn.execute(text(
+            "SELECT i.status, count(*) FROM items i JOIN batches b ON b.id = i.batch_id "
+            "WHERE b.run_id = :id GROUP BY i.status"), {"id": run_id})).all())
+        by_outcome: dict[str, int] = dict((await conn.execute(text(
+            "SELECT a.outcome, count(*) FROM attempts a JOIN items i ON i.id = a.item_id "
+            "JOIN batches b ON b.id = i.batch_id WHERE b.run_id = :id GROUP BY a.outcome"),
+            {"id": run_id})).all())
+        oldest = (await conn.execute(text(
+            "SELECT min(i.due_at) FROM items i JOIN batches b ON b.id = i.batch_id "
+            "WHERE b.run_id = :id AND i.status IN ('pending', 'leased')"),
+            {"id": run_id})).scalar()
+    return {**dict(run), "items": by_status, "attempts": by_outcome,
+            "oldest_remaining_due_at": oldest}
+
+
+async def list_runs(engine: AsyncEngine, *, limit: int, before: int | None
+                    ) -> list[dict[str, Any]]:
+    """Newest first; `before` is the keyset cursor (a run id)."""
+    async with engine.connect() as conn:
+        rows = (await conn.execute(text(
+            "SELECT * FROM runs WHERE (CAST(:before AS bigint) IS NULL OR id < :before) "
+            "ORDER BY id DESC LIMIT :limit"), {"before": before, "limit": limit})).mappings()
+        return [dict(r) for r in rows]

@@ -1,0 +1,54 @@
+"""What a running process holds: settings, policies, the engine. Built by the lifespan."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+from dataclasses import dataclass, field
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.policies import Policies
+from service.settings import Settings
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8")).digest()
+
+
+@dataclass(frozen=True)
+class TokenSet:
+    """Bearer tokens accepted on /v1 (two at once during rotation), held as digests."""
+
+    digests: tuple[bytes, ...] = field(repr=False)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> TokenSet:
+        return cls(tuple(_digest(t.get_secret_value()) for t in settings.api_tokens))
+
+    def match(self, presented: str) -> str | None:
+        """The actor name of a valid token, else None. Constant time: every configured
+        token is compared, on equal-length digests, whatever matches first."""
+        candidate = _digest(presented)
+        actor = None
+        for digest in self.digests:
+            if hmac.compare_digest(candidate, digest):
+                actor = "token:" + digest.hex()[:8]
+        return actor
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Process state shared by requests and workers."""
+
+    settings: Settings
+    policies: Policies
+    engine: AsyncEngine
+    tokens: TokenSet
+    schema_head: str
+    publisher_wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def wake_publisher(self) -> None:
+        """Ask this process's publisher to look for runs now rather than at its next poll."""
+        self.publisher_wake.set()

@@ -1,0 +1,116 @@
+"""Process settings: one pydantic-settings object, built once in main and passed down.
+
+Every field reads from an environment variable with the ``SWEEPER_`` prefix, e.g.
+``SWEEPER_DATABASE_URL``. The README's configuration reference mirrors this class.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
+
+
+class Environment(StrEnum):
+    """Where the process runs; production refuses the conveniences of development."""
+
+    DEVELOPMENT = "development"
+    PRODUCTION = "production"
+
+
+class LogFormat(StrEnum):
+    """`auto` writes JSON unless stderr is a terminal."""
+
+    AUTO = "auto"
+    JSON = "json"
+    CONSOLE = "console"
+
+
+class Settings(BaseSettings):
+    """All process-level configuration. Policies live in the TOML file it names."""
+
+    model_config = SettingsConfigDict(env_prefix="SWEEPER_", extra="ignore", frozen=True)
+
+    environment: Environment = Environment.DEVELOPMENT
+    database_url: SecretStr | None = Field(
+        default=None,
+        description="PostgreSQL URL; unset = start an embedded server under data_dir",
+    )
+    data_dir: Path = Field(default=Path(".sweeper"), description="embedded database and state")
+    policies_file: Path | None = Field(default=None, description="TOML upstreams and policies")
+    api_tokens: Annotated[list[SecretStr], NoDecode] = Field(
+        default_factory=list, description="comma-separated bearer tokens accepted on /v1"
+    )
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    workers: int = Field(default=4, ge=0, le=1024, description="concurrent claims per replica")
+    batch_size: int = Field(default=500, ge=1, le=10_000, description="items per batch")
+    db_pool_size: int = Field(default=10, ge=1, le=200)
+    db_pool_timeout_seconds: float = Field(default=5.0, gt=0, le=120)
+    db_statement_timeout_ms: int = Field(default=30_000, ge=100)
+    migrate_on_start: bool = True
+    shutdown_grace_seconds: float = Field(default=20.0, ge=0, le=600)
+    log_level: str = "INFO"
+    log_format: LogFormat = LogFormat.AUTO
+
+    @field_validator("api_tokens", mode="before")
+    @classmethod
+    def _split_tokens(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [t.strip() for t in value.split(",") if t.strip()]
+        return value
+
+    @field_validator("api_tokens")
+    @classmethod
+    def _tokens_long_enough(cls, tokens: list[SecretStr]) -> list[SecretStr]:
+        for token in tokens:
+            if len(token.get_secret_value()) < 16:
+                raise ValueError("each API token must be at least 16 characters long")
+        return tokens
+
+    @field_validator("database_url")
+    @classmethod
+    def _parseable_url(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None or not value.get_secret_value():
+            return None
+        try:
+            url = make_url(value.get_secret_value())
+        except ArgumentError:
+            raise ValueError("not a URL like postgresql://user@host:5432/db") from None
+        if url.get_backend_name() != "postgresql":
+            raise ValueError("only postgresql:// URLs are supported")
+        return value
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_level(cls, value: str) -> str:
+        level = value.upper()
+        if level not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
+            raise ValueError("log_level must be DEBUG, INFO, WARNING or ERROR")
+        return level
+
+    @model_validator(mode="after")
+    def _safe_in_production(self) -> Settings:
+        if self.environment is Environment.PRODUCTION:
+            if not self.api_tokens:
+                raise ValueError("SWEEPER_API_TOKENS must be set in production")
+            if self.database_url is None:
+                raise ValueError("SWEEPER_DATABASE_URL must be set in production "
+                                 "(the embedded database is for development)")
+        return self
+
+    def sqlalchemy_url(self) -> URL | None:
+        """The configured URL with the asyncpg driver, or None for the embedded server."""
+        if self.database_url is None:
+            return None
+        return async_url(self.database_url.get_secret_value())
+
+
+def async_url(raw: str) -> URL:
+    """Normalise any postgresql URL to the asyncpg driver SQLAlchemy needs."""
+    return make_url(raw).set(drivername="postgresql+asyncpg")

@@ -1,0 +1,131 @@
+"""The HTTP client of an upstream deletion API: one pooled httpx.AsyncClient per upstream.
+
+Transport errors are mapped here, once, to :class:`service.outcomes.Failure`:
+
+    httpx.TransportError
+    ├── ConnectError, ConnectTimeout, PoolTimeout  -> CONNECT / TIMEOUT_BEFORE_SEND (not sent)
+    ├── WriteTimeout, WriteError                   -> TIMEOUT_AFTER_SEND (may have been read)
+    ├── ReadTimeout, overall deadline              -> TIMEOUT_AFTER_SEND
+    ├── ReadError, RemoteProtocolError             -> RESET_AFTER_SEND
+    └── other protocol errors                      -> PROTOCOL
+
+Ids are percent-encoded into their own path segment, so `/`, `..`, `?`, `#` or unicode in
+an id can never reach another path. Response bodies are read up to a small cap and dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+from urllib.parse import quote
+
+import httpx
+
+from service.outcomes import Answer, Failure
+from service.policies import Policy, Upstream
+
+BODY_CAP_BYTES: Final = 4096
+USER_AGENT: Final = "sweeper/0.1"
+
+
+def render_path(template: str, *, tenant_id: str, object_id: str) -> str:
+    """Fill a path template; every value becomes exactly one percent-encoded segment."""
+    if object_id in (".", "..") or tenant_id in (".", ".."):
+        raise ValueError("dot segments cannot be an id")
+    return template.format(object_id=quote(object_id, safe=""),
+                           tenant_id=quote(tenant_id, safe=""))
+
+
+@dataclass(frozen=True)
+class CallResult:
+    """What happened on the wire, and how long it took."""
+
+    answer: Answer
+    latency_ms: float
+
+
+class UpstreamClient:
+    """Calls one upstream with an overall deadline per call (httpx's read timeout is per
+    chunk: a dripping upstream must not hold a lease forever)."""
+
+    def __init__(self, upstream: Upstream, transport: httpx.AsyncBaseTransport | None = None
+                 ) -> None:
+        cfg = upstream.config
+        self.deadline_seconds = cfg.timeout_seconds
+        self._client = httpx.AsyncClient(
+            base_url=cfg.base_url,
+            headers={"User-Agent": USER_AGENT, **upstream.headers},
+            timeout=httpx.Timeout(cfg.timeout_seconds, connect=min(5.0, cfg.timeout_seconds)),
+            limits=httpx.Limits(max_connections=cfg.max_connections,
+                                max_keepalive_connections=cfg.max_connections),
+            transport=transport,
+            follow_redirects=False,
+        )
+
+    async def delete(self, policy: Policy, *, tenant_id: str, object_id: str,
+                     operation_key: str) -> CallResult:
+        """One deletion call carrying the operation key as Idempotency-Key."""
+        started = time.perf_counter()
+        answer = await self._call(policy, tenant_id, object_id, operation_key)
+        return CallResult(answer, (time.perf_counter() - started) * 1000)
+
+    async def _call(self, policy: Policy, tenant_id: str, object_id: str,
+                    operation_key: str) -> Answer:
+        try:
+            path = render_path(policy.config.path, tenant_id=tenant_id, object_id=object_id)
+        except (ValueError, KeyError):
+            return Answer(failure=Failure.INVALID_REQUEST)
+        request = self._client.build_request(
+            policy.config.method, path, headers={"Idempotency-Key": operation_key})
+        sent = False
+        try:
+            async with asyncio.timeout(self.deadline_seconds):
+                response = await self._client.send(request, stream=True)
+                sent = True
+                try:
+                    await _drain_capped(response)
+                finally:
+                    await response.aclose()
+        except TimeoutError:
+            return Answer(failure=Failure.TIMEOUT_AFTER_SEND)
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout):
+            return Answer(failure=Failure.TIMEOUT_BEFORE_SEND if not sent else
+                          Failure.TIMEOUT_AFTER_SEND)
+        except (httpx.WriteTimeout, httpx.WriteError, httpx.ReadTimeout):
+            return Answer(failure=Failure.TIMEOUT_AFTER_SEND)
+        except (httpx.ReadError, httpx.RemoteProtocolError):
+            return Answer(failure=Failure.RESET_AFTER_SEND)
+        except httpx.TransportError:
+            return Answer(failure=Failure.PROTOCOL)
+        return Answer(status=response.status_code,
+                      retry_after=response.headers.get("retry-after"))
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+async def _drain_capped(response: httpx.Response) -> None:
+    """Read at most BODY_CAP_BYTES of the body so the connection can be reused, no more."""
+    seen = 0
+    async for chunk in response.aiter_raw():
+        seen += len(chunk)
+        if seen >= BODY_CAP_BYTES:
+            break
+
+
+class Upstreams:
+    """One client per upstream, built from the policies file, closed together."""
+
+    def __init__(self, upstreams: Mapping[str, Upstream],
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self._clients = {name: UpstreamClient(up, transport) for name, up in upstreams.items()}
+
+    def for_policy(self, policy: Policy) -> UpstreamClient:
+        return self._clients[policy.config.upstream]
+
+    async def aclose(self) -> None:
+        for client in self._clients.values():
+            await client.aclose()

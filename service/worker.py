@@ -1,0 +1,293 @@
+"""The worker pool: claim -> call -> classify -> complete, with bounded concurrency.
+
+One pool per process. Claims are committed before any call starts, no transaction is open
+during a call, and outcomes are committed in small groups (one statement per group). Idle
+pools wake on LISTEN/NOTIFY when items are released and otherwise poll with backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import socket
+import uuid
+from datetime import UTC, datetime
+from typing import Any, Final
+
+import asyncpg
+from sqlalchemy import text
+from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service import claims
+from service.claims import Completion, Lease
+from service.db.engine import is_unavailable, make_engine
+from service.outcomes import Answer, Failure, Outcome, classify, plan
+from service.policies import Policies, Policy
+from service.settings import Settings
+from service.upstream import CallResult, Upstreams
+
+log = logging.getLogger(__name__)
+
+IDLE_POLL_MIN_S: Final = 0.05
+IDLE_POLL_MAX_S: Final = 2.0
+FLUSH_INTERVAL_S: Final = 0.02
+FLUSH_MAX_ITEMS: Final = 200
+ERROR_BACKOFF_MAX_S: Final = 5.0
+LISTEN_PROBE_INTERVAL_S: Final = 10.0
+
+
+def worker_name() -> str:
+    """A name unique to this process, recorded as lease owner and in attempts."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+class WorkerPool:
+    """Runs up to `concurrency` upstream calls at once. `run_once()` does one claim round
+    (tests drive it directly); `run()` loops until `stop()`."""
+
+    def __init__(self, engine: AsyncEngine, policies: Policies, upstreams: Upstreams, *,
+                 concurrency: int, listen_url: str | None = None,
+                 name: str | None = None, rng: random.Random | None = None) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.engine = engine
+        self.policies = policies
+        self.upstreams = upstreams
+        self.concurrency = concurrency
+        self.name = name or worker_name()
+        self.listen_url = listen_url
+        self._rng = rng or random.Random()
+        self._slots = asyncio.Semaphore(concurrency)
+        self._in_flight: set[asyncio.Task[None]] = set()
+        self._done: list[Completion] = []
+        self._wake = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._lease_seconds = {n: p.config.lease_seconds for n, p in policies.policies.items()}
+        self.completed = 0
+        self.fenced = 0
+        self.reclaimed = 0
+
+    # -- one round -------------------------------------------------------------------
+
+    async def run_once(self) -> int:
+        """Claim as many items as there are free slots and start their calls; returns how
+        many were claimed."""
+        free = self.concurrency - len(self._in_flight)
+        if free <= 0 or await self._workers_paused():
+            return 0
+        claimed = await claims.claim(self.engine, owner=self.name, limit=free,
+                                     lease_seconds=self._lease_seconds)
+        self.reclaimed += claimed.reclaimed
+        for lease in claimed.leases:
+            await self._slots.acquire()
+            task = asyncio.create_task(self._attempt(lease))
+            self._in_flight.add(task)
+            task.add_done_callback(self._in_flight.discard)
+        return len(claimed.leases)
+
+    async def drain(self) -> None:
+        """Wait for every call in flight and commit their outcomes."""
+        if self._in_flight:
+            await asyncio.gather(*list(self._in_flight), return_exceptions=True)
+        await self.flush()
+
+    async def flush(self) -> None:
+        """Commit the outcomes gathered so far."""
+        batch, self._done = self._done, []
+        if not batch:
+            return
+        try:
+            fenced = await claims.complete(self.engine, batch)
+        except Exception:
+            self._done = batch + self._done  # keep them; the next flush retries
+            raise
+        self.completed += len(batch) - len(fenced)
+        self.fenced += len(fenced)
+        for item_id in fenced:
+            log.warning("late completion fenced out", extra={"item_id": item_id})
+
+    # -- one attempt -----------------------------------------------------------------
+
+    async def _attempt(self, lease: Lease) -> None:
+        try:
+            policy = self.policies.policy(lease.policy)
+            started = datetime.now(UTC)
+            if policy is None or policy.version != lease.policy_version:
+                result = CallResult(Answer(failure=Failure.INVALID_REQUEST), 0.0)
+                reason_override = "unknown_policy_version"
+            else:
+                result = await self.upstreams.for_policy(policy).delete(
+                    policy, tenant_id=lease.tenant_id, object_id=lease.object_id,
+                    operation_key=lease.operation_key)
+                reason_override = None
+            self._done.append(self._completion(lease, policy, result, started, reason_override))
+        finally:
+            self._slots.release()
+
+    def _completion(self, lease: Lease, policy: Policy | None, result: CallResult,
+                    started: datetime, reason_override: str | None) -> Completion:
+        finished = datetime.now(UTC)
+        cfg = policy.config if policy is not None else None
+        verdict = classify(result.answer, now=finished,
+                           absent_means_deleted=bool(cfg and cfg.absent_means_deleted))
+        if cfg is None or reason_override is not None:
+            next_step = plan(verdict, attempt=lease.attempt, max_attempts=1, backoff_base_s=1,
+                             backoff_max_s=1, retry_after_max_s=1, jitter=0)
+        else:
+            next_step = plan(verdict, attempt=lease.attempt, max_attempts=cfg.max_attempts,
+                             backoff_base_s=cfg.backoff.base_seconds,
+                             backoff_max_s=cfg.backoff.max_seconds,
+                             retry_after_max_s=cfg.retry_after_max_seconds,
+                             jitter=self._rng.random())
+        log.info("attempt", extra={"item_id": lease.item_id, "operation_key": lease.operation_key,
+                                   "scope": lease.scope, "outcome": verdict.outcome.value,
+                                   "http_status": result.answer.status,
+                                   "attempt": lease.attempt})
+        return Completion(
+            lease=lease, worker=self.name, outcome=verdict.outcome.value,
+            status=next_step.status, reason=reason_override or next_step.reason,
+            http_status=result.answer.status,
+            retry_after_seconds=(verdict.retry_after_seconds
+                                 if verdict.outcome is Outcome.THROTTLED else None),
+            retry_in_seconds=next_step.retry_in_seconds, refund_attempt=next_step.refund_attempt,
+            started_at=started, finished_at=finished, latency_ms=result.latency_ms)
+
+    # -- the loop --------------------------------------------------------------------
+
+    async def _workers_paused(self) -> bool:
+        async with self.engine.connect() as conn:
+            paused = (await conn.execute(text("SELECT workers_paused FROM control"))).scalar()
+        return bool(paused)
+
+    async def run(self) -> None:
+        """Claim, call and complete until stop(); survives database outages."""
+        listener = asyncio.create_task(self._listen()) if self.listen_url else None
+        flusher = asyncio.create_task(self._flush_loop())
+        idle = IDLE_POLL_MIN_S
+        error_backoff = 0.1
+        try:
+            while not self._stopping.is_set():
+                try:
+                    claimed = await self.run_once()
+                    error_backoff = 0.1
+                except Exception as exc:
+                    if not is_unavailable(exc):
+                        log.exception("claim failed")
+                    else:
+                        log.warning("database unavailable; claims paused",
+                                    extra={"retry_in_s": error_backoff})
+                    await self._sleep(error_backoff)
+                    error_backoff = min(ERROR_BACKOFF_MAX_S, error_backoff * 2)
+                    continue
+                if claimed:
+                    idle = IDLE_POLL_MIN_S
+                    if len(self._in_flight) >= self.concurrency:
+                        await self._wait_for_slot()
+                    continue
+                await self._sleep(idle)
+                idle = min(IDLE_POLL_MAX_S, idle * 2)
+        finally:
+            await self._finish(flusher, listener)
+
+    async def _finish(self, flusher: asyncio.Task[None], listener: asyncio.Task[None] | None
+                      ) -> None:
+        if self._in_flight:
+            await asyncio.wait(list(self._in_flight))
+        flusher.cancel()
+        if listener is not None:
+            listener.cancel()
+        for task in (flusher, listener):
+            if task is not None:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        for _ in range(50):
+            try:
+                await self.flush()
+                return
+            except Exception as exc:
+                if not is_unavailable(exc):
+                    raise
+                await asyncio.sleep(0.2)
+
+    async def _wait_for_slot(self) -> None:
+        if self._in_flight:
+            await asyncio.wait(list(self._in_flight), return_when=asyncio.FIRST_COMPLETED)
+
+    async def _sleep(self, seconds: float) -> None:
+        self._wake.clear()
+        if self._stopping.is_set():
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._wake.wait()
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await asyncio.sleep(FLUSH_INTERVAL_S)
+            try:
+                await self.flush()
+            except Exception as exc:
+                if not is_unavailable(exc):
+                    log.exception("completion failed")
+                await asyncio.sleep(0.5)
+
+    async def _listen(self) -> None:
+        """LISTEN for releases; reconnects after outages. Polling covers any gap."""
+        assert self.listen_url is not None
+
+        def wake(*_args: Any) -> None:
+            self._wake.set()
+
+        while True:
+            try:
+                conn = await asyncpg.connect(self.listen_url, timeout=5)
+                closed = asyncio.Event()
+                conn.add_termination_listener(lambda _c, ev=closed: ev.set())
+                try:
+                    await conn.add_listener(claims.NOTIFY_CHANNEL, wake)
+                    while not closed.is_set():
+                        # a silent network loss is only seen on use: probe now and then
+                        with contextlib.suppress(TimeoutError):
+                            async with asyncio.timeout(LISTEN_PROBE_INTERVAL_S):
+                                await closed.wait()
+                        await conn.execute("SELECT 1", timeout=5)
+                finally:
+                    await conn.close(timeout=1)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                await asyncio.sleep(1)
+
+    def stop(self) -> None:
+        """Stop claiming; calls in flight finish and their outcomes are committed."""
+        self._stopping.set()
+        self._wake.set()
+
+
+def listen_url_of(url: URL) -> str:
+    """A plain postgresql:// URL for asyncpg's LISTEN connection."""
+    return url.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+async def run_worker_process(settings: Settings, policies: Policies, url: URL) -> None:
+    """`sweeper worker`: the pool alone, until SIGTERM or SIGINT."""
+    import signal
+
+    engine = make_engine(url, settings)
+    upstreams = Upstreams(policies.upstreams)
+    pool = WorkerPool(engine, policies, upstreams, concurrency=settings.workers,
+                      listen_url=listen_url_of(url))
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, pool.stop)
+    log.info("worker started", extra={"worker": pool.name, "concurrency": settings.workers})
+    try:
+        await pool.run()
+    finally:
+        await upstreams.aclose()
+        await engine.dispose()
+        log.info("worker stopped", extra={"worker": pool.name, "completed": pool.completed})

@@ -1,0 +1,69 @@
+"""Health, readiness, auth and error shape over real HTTP against a real database."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from service.db import migrate
+from service.db.engine import make_engine
+from service.policies import Policies
+from service.settings import async_url
+from tests.conftest import TOKEN_A, TOKEN_B, LiveServer, test_settings
+
+
+async def test_healthz_and_readyz(api: httpx.AsyncClient) -> None:
+    assert (await api.get("/healthz")).json() == {"status": "ok", "schema_revision": None}
+    ready = await api.get("/readyz")
+    assert ready.status_code == 200
+    assert ready.json()["schema_revision"] == migrate.head_revision()
+
+
+async def test_readyz_is_503_until_the_schema_is_at_head(empty_db_url: str) -> None:
+    async with LiveServer(test_settings(empty_db_url), Policies.empty(), empty_db_url) as live:
+        async with httpx.AsyncClient(base_url=live.base_url) as client:
+            response = await client.get("/readyz")
+            assert response.status_code == 503
+            assert response.headers["content-type"] == "application/problem+json"
+            assert response.json()["type"] == "urn:sweeper:problem:schema-not-at-head"
+            assert "Retry-After" in response.headers
+            engine = make_engine(async_url(empty_db_url), test_settings(empty_db_url))
+            await migrate.upgrade(engine)
+            await engine.dispose()
+            assert (await client.get("/readyz")).status_code == 200
+
+
+async def test_readyz_is_503_when_the_database_is_unreachable() -> None:
+    url = "postgresql://postgres@127.0.0.1:1/nowhere"
+    async with LiveServer(test_settings(url), Policies.empty(), url) as live:
+        async with httpx.AsyncClient(base_url=live.base_url) as client:
+            response = await client.get("/readyz")
+            assert response.status_code == 503
+            assert response.json()["type"] == "urn:sweeper:problem:database-unavailable"
+            assert (await client.get("/healthz")).status_code == 200
+
+
+@pytest.mark.parametrize("header", [None, "Bearer wrong-token-xxxxxxxxxx", f"Basic {TOKEN_A}",
+                                    "Bearer", f"bearer{TOKEN_A}"])
+async def test_v1_requires_a_valid_bearer_token(api: httpx.AsyncClient, header: str | None
+                                                ) -> None:
+    headers = {"Authorization": header} if header else {}
+    async with httpx.AsyncClient(base_url=str(api.base_url), headers=headers) as anon:
+        response = await anon.get("/v1/policies")
+    assert response.status_code == 401
+    assert response.headers["www-authenticate"].startswith("Bearer")
+    assert response.json()["type"] == "urn:sweeper:problem:unauthorized"
+
+
+@pytest.mark.parametrize("token", [TOKEN_A, TOKEN_B])
+async def test_either_rotation_token_is_accepted(api: httpx.AsyncClient, token: str) -> None:
+    response = await api.get("/v1/policies", headers={"Authorization": f"Bearer {token}"})
+    assert response.status_code == 200
+    assert response.json() == {"source": "<none>", "policies": []}
+
+
+async def test_unknown_path_is_a_problem(api: httpx.AsyncClient) -> None:
+    response = await api.get("/v1/nothing-here")
+    assert response.status_code == 404
+    assert response.headers["content-type"] == "application/problem+json"
+    assert response.headers["x-request-id"]

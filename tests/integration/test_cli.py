@@ -1,0 +1,138 @@
+"""The `sweeper` command as a user runs it: clear one-line failures, a real embedded start."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import REPO_ROOT, free_port
+
+EXAMPLE = REPO_ROOT / "policies.example.toml"
+GOOD_ENV = {"STOREFRONT_API_AUTH": "Bearer x", "SHOPIFY_WEBHOOK_SECRET": "s"}
+
+
+def sweeper(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
+            timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_")}
+    base.update(env or {})
+    return subprocess.run([sys.executable, "-m", "service", *args], env=base, cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def assert_one_clean_line(result: subprocess.CompletedProcess[str], code: int, *words: str
+                          ) -> None:
+    assert result.returncode == code, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    for word in words:
+        assert word in lines[0]
+
+
+def test_check_config_accepts_the_example() -> None:
+    result = sweeper("check-config", env={"SWEEPER_POLICIES_FILE": str(EXAMPLE), **GOOD_ENV})
+    assert result.returncode == 0, result.stderr
+    assert "2 policy(ies)" in result.stdout
+
+
+def test_malformed_policies_file(tmp_path: Path) -> None:
+    bad = tmp_path / "policies.toml"
+    bad.write_text(EXAMPLE.read_text().replace("max_attempts = 8", "max_attempts = 'eight'"))
+    result = sweeper("check-config", env={"SWEEPER_POLICIES_FILE": str(bad), **GOOD_ENV})
+    assert_one_clean_line(result, 2, str(bad), "policies.cart-retention.max_attempts")
+
+
+def test_missing_secret_env_var() -> None:
+    result = sweeper("check-config", env={"SWEEPER_POLICIES_FILE": str(EXAMPLE),
+                                          "SHOPIFY_WEBHOOK_SECRET": "s"})
+    assert_one_clean_line(result, 2, "STOREFRONT_API_AUTH", "is not set")
+
+
+def test_bad_setting_is_named() -> None:
+    result = sweeper("check-config", env={"SWEEPER_WORKERS": "many"})
+    assert_one_clean_line(result, 2, "SWEEPER_WORKERS")
+
+
+def test_unreachable_database_url() -> None:
+    result = sweeper("migrate", env={"SWEEPER_DATABASE_URL":
+                                     "postgresql://postgres:hunter2@127.0.0.1:1/sweeper"})
+    assert_one_clean_line(result, 3, "cannot reach PostgreSQL", "127.0.0.1:1")
+    assert "hunter2" not in result.stderr
+
+
+def test_unresolvable_database_host() -> None:
+    result = sweeper("serve", env={"SWEEPER_DATABASE_URL":
+                                   "postgresql://postgres@no-such-host.invalid/sweeper"})
+    assert_one_clean_line(result, 3, "cannot reach PostgreSQL")
+
+
+def test_migrate_against_a_real_database(empty_db_url: str) -> None:
+    result = sweeper("migrate", env={"SWEEPER_DATABASE_URL": empty_db_url})
+    assert result.returncode == 0, result.stderr
+    assert "schema at head" in result.stdout
+
+
+def test_openapi_file_is_current() -> None:
+    result = sweeper("openapi", "--check", cwd=REPO_ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _wait_ready(url: str, proc: subprocess.Popen[str], deadline_s: float) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < deadline_s:
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return time.monotonic() - started
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"{url} not ready within {deadline_s} s")
+
+
+def _serve(data_dir: Path, port: int) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_")}
+    env.update({"SWEEPER_DATA_DIR": str(data_dir), "SWEEPER_PORT": str(port),
+                "SWEEPER_WORKERS": "1"})
+    return subprocess.Popen([sys.executable, "-m", "service", "serve"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+
+
+@pytest.mark.slow
+def test_serve_on_embedded_database_then_reuse_its_data(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    port = free_port()
+    proc = _serve(data_dir, port)
+    try:
+        first = _wait_ready(f"http://127.0.0.1:{port}/readyz", proc, 60)
+    finally:
+        _stop(proc)
+    assert proc.returncode == 0
+    pg_version = data_dir / "postgres" / "PG_VERSION"
+    created = pg_version.stat().st_mtime
+    # the server stopped with the process
+    assert not (data_dir / "postgres" / "postmaster.pid").exists()
+
+    proc = _serve(data_dir, port)
+    try:
+        second = _wait_ready(f"http://127.0.0.1:{port}/readyz", proc, 60)
+    finally:
+        _stop(proc)
+    assert pg_version.stat().st_mtime == created  # no second initdb: the data was reused
+    assert first < 60 and second < 60

@@ -1,0 +1,337 @@
+"""The pipeline end to end on a real database and the fake upstream over loopback:
+register -> run -> publish -> claim -> call -> classify -> fenced completion."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service import claims, ledger, runs
+from service.policies import Policies
+from service.upstream import Upstreams
+from service.worker import WorkerPool
+from tests.conftest import TOKEN_A, LiveServer, policies_from, test_settings
+from tests.fakes.upstream import FakeUpstream, Fault
+
+PAST = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def make_policies(base_url: str, **policy: Any) -> Policies:
+    cfg: dict[str, Any] = {"version": 1, "upstream": "shop", "path": "/carts/{object_id}",
+                           "scope": "tenant:{tenant_id}", "rate": {"per_second": 1000,
+                                                                   "burst": 1000},
+                           "lease_seconds": 30, "max_attempts": 3,
+                           "backoff": {"base_seconds": 0.01, "max_seconds": 0.05}}
+    cfg.update(policy)
+    return policies_from({"upstreams": {"shop": {"base_url": base_url, "timeout_seconds": 2}},
+                          "policies": {"carts": cfg}})
+
+
+async def register(engine: AsyncEngine, policies: Policies, n: int, tenant: str = "acme",
+                   due: datetime = PAST) -> None:
+    pol = policies.policies["carts"]
+    await ledger.register(engine, [ledger.Registration(tenant, f"cart-{i}", pol, due)
+                                   for i in range(n)])
+
+
+async def release_all(engine: AsyncEngine) -> int:
+    run_id, _ = await runs.create_run(engine, runs.RunRequest(None, None, None, False, None),
+                                      None)
+    assert await runs.publish(engine, run_id, batch_size=50)
+    return run_id
+
+
+async def statuses(engine: AsyncEngine) -> dict[str, int]:
+    async with engine.connect() as conn:
+        return dict((await conn.execute(text(
+            "SELECT status, count(*) FROM items GROUP BY status"))).all())
+
+
+async def drain(pool: WorkerPool, engine: AsyncEngine, rounds: int = 200) -> None:
+    for _ in range(rounds):
+        await pool.run_once()
+        await pool.drain()
+        s = await statuses(engine)
+        if not s.get("pending") and not s.get("leased"):
+            return
+        await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+async def upstream() -> Any:
+    async with FakeUpstream() as up:
+        yield up
+
+
+async def test_register_run_drain_each_item_once(engine: AsyncEngine, upstream: FakeUpstream
+                                                 ) -> None:
+    policies = make_policies(upstream.base_url)
+    await register(engine, policies, 120)
+    run_id = await release_all(engine)
+    ups = Upstreams(policies.upstreams)
+    pool = WorkerPool(engine, policies, ups, concurrency=8)
+    await drain(pool, engine)
+    await ups.aclose()
+    assert await statuses(engine) == {"succeeded": 120}
+    keys = [c.idempotency_key for c in upstream.calls()]
+    assert len(keys) == 120 and len(set(keys)) == 120
+    assert set(keys) == {ledger.operation_key("acme", f"cart-{i}", "carts", 1)
+                         for i in range(120)}
+    status = await runs.run_status(engine, run_id)
+    assert status is not None
+    assert status["released"] == 120 and status["batches"] == 3  # batch_size 50
+    assert status["items"] == {"succeeded": 120}
+    assert status["attempts"] == {"succeeded": 120}
+
+
+async def test_ids_stay_in_their_path_segment(engine: AsyncEngine, upstream: FakeUpstream
+                                              ) -> None:
+    policies = make_policies(upstream.base_url)
+    pol = policies.policies["carts"]
+    ids = ["a/b", "../../admin", "x?y=1", "frag#1", "ünï", "%2F", "' OR 1=1 --"]
+    await ledger.register(engine, [ledger.Registration("acme", i, pol, PAST) for i in ids])
+    await release_all(engine)
+    ups = Upstreams(policies.upstreams)
+    await drain(WorkerPool(engine, policies, ups, concurrency=4), engine)
+    await ups.aclose()
+    paths = sorted(c.path for c in upstream.calls())
+    assert all(p.startswith("/carts/") and p.count("/") == 2 for p in paths), paths
+    assert "/carts/a%2Fb" in paths and "/carts/..%2F..%2Fadmin" in paths
+
+
+async def test_concurrent_claimers_never_share_an_item(engine: AsyncEngine) -> None:
+    policies = make_policies("http://127.0.0.1:9")
+    await register(engine, policies, 400)
+    await release_all(engine)
+
+    async def claimer(n: int) -> list[int]:
+        got: list[int] = []
+        while True:
+            batch = await claims.claim(engine, owner=f"w{n}", limit=7, lease_seconds={})
+            if not batch.leases:
+                return got
+            got += [lease.item_id for lease in batch.leases]
+
+    results = await asyncio.gather(*(claimer(n) for n in range(8)))
+    flat = [i for r in results for i in r]
+    assert len(flat) == 400 and len(set(flat)) == 400
+
+
+async def test_expired_lease_is_reclaimed_unexpired_never(engine: AsyncEngine) -> None:
+    policies = make_policies("http://127.0.0.1:9")
+    await register(engine, policies, 1)
+    await release_all(engine)
+    async with engine.connect() as conn:
+        db_now = (await conn.execute(text("SELECT now()"))).scalar_one()
+    first = await claims.claim(engine, owner="a", limit=5, lease_seconds={"carts": 30},
+                               now=db_now)
+    assert len(first.leases) == 1
+    lease = first.leases[0]
+    # just before expiry: nothing to take
+    early = await claims.claim(engine, owner="b", limit=5, lease_seconds={},
+                               now=lease.lease_expires_at - timedelta(microseconds=1))
+    assert early.leases == []
+    late = await claims.claim(engine, owner="b", limit=5, lease_seconds={},
+                              now=lease.lease_expires_at)
+    assert [x.item_id for x in late.leases] == [lease.item_id]
+    assert late.reclaimed == 1 and late.leases[0].lease_token != lease.lease_token
+    assert late.leases[0].attempt == 2
+
+
+async def test_late_completion_is_fenced(engine: AsyncEngine, upstream: FakeUpstream) -> None:
+    policies = make_policies(upstream.base_url)
+    await register(engine, policies, 1)
+    await release_all(engine)
+    async with engine.connect() as conn:
+        db_now = (await conn.execute(text("SELECT now()"))).scalar_one()
+    stale = (await claims.claim(engine, owner="stale", limit=1, lease_seconds={},
+                                now=db_now)).leases[0]
+    fresh = (await claims.claim(engine, owner="fresh", limit=1, lease_seconds={},
+                                now=stale.lease_expires_at)).leases[0]
+
+    def done(lease: claims.Lease, outcome: str, status: str) -> claims.Completion:
+        now = datetime.now(UTC)
+        return claims.Completion(lease=lease, worker=lease.scope, outcome=outcome,
+                                 status=status, reason="test", http_status=None,
+                                 retry_after_seconds=None, retry_in_seconds=0,
+                                 refund_attempt=False, started_at=now, finished_at=now,
+                                 latency_ms=1)
+
+    assert await claims.complete(engine, [done(fresh, "succeeded", "succeeded")]) == []
+    # the stalled worker wakes up with a permanent failure: it must change nothing
+    assert await claims.complete(engine, [done(stale, "permanent", "dead")]) == [stale.item_id]
+    assert await statuses(engine) == {"succeeded": 1}
+    async with engine.connect() as conn:
+        rows = (await conn.execute(text(
+            "SELECT outcome, fenced FROM attempts ORDER BY id"))).all()
+    assert [tuple(r) for r in rows] == [("succeeded", False), ("permanent", True)]
+
+
+async def test_permanent_is_dead_at_once(engine: AsyncEngine, upstream: FakeUpstream) -> None:
+    policies = make_policies(upstream.base_url)
+    await register(engine, policies, 1)
+    await release_all(engine)
+    upstream.inject(Fault.STATUS, status=422)
+    ups = Upstreams(policies.upstreams)
+    await drain(WorkerPool(engine, policies, ups, concurrency=1), engine)
+    await ups.aclose()
+    async with engine.connect() as conn:
+        row = (await conn.execute(text("SELECT status, attempts, dead_reason FROM items"))).one()
+    assert tuple(row) == ("dead", 1, "http_422")
+    assert len(upstream.calls()) == 1
+
+
+async def test_transient_backs_off_then_dies_with_the_same_key(engine: AsyncEngine,
+                                                               upstream: FakeUpstream) -> None:
+    policies = make_policies(upstream.base_url, max_attempts=3)
+    await register(engine, policies, 1)
+    await release_all(engine)
+    upstream.inject(Fault.STATUS, times=None, status=503)
+    ups = Upstreams(policies.upstreams)
+    await drain(WorkerPool(engine, policies, ups, concurrency=1, rng=random.Random(1)),
+                engine)
+    await ups.aclose()
+    async with engine.connect() as conn:
+        row = (await conn.execute(text("SELECT status, attempts, dead_reason FROM items"))).one()
+    assert tuple(row) == ("dead", 3, "max_attempts:http_503")
+    calls = upstream.calls()
+    assert len(calls) == 3 and len({c.idempotency_key for c in calls}) == 1
+
+
+async def test_reset_after_send_is_unknown_and_retried_with_same_key(
+        engine: AsyncEngine, upstream: FakeUpstream) -> None:
+    policies = make_policies(upstream.base_url)
+    await register(engine, policies, 1)
+    await release_all(engine)
+    upstream.inject(Fault.RESET)
+    ups = Upstreams(policies.upstreams)
+    await drain(WorkerPool(engine, policies, ups, concurrency=1), engine)
+    await ups.aclose()
+    async with engine.connect() as conn:
+        outcomes = (await conn.execute(text(
+            "SELECT outcome FROM attempts ORDER BY id"))).scalars().all()
+    assert outcomes == ["unknown", "succeeded"]
+    assert len({c.idempotency_key for c in upstream.calls()}) == 1
+
+
+async def test_429_refunds_the_attempt(engine: AsyncEngine, upstream: FakeUpstream) -> None:
+    policies = make_policies(upstream.base_url, max_attempts=1)
+    await register(engine, policies, 1)
+    await release_all(engine)
+    upstream.inject(Fault.STATUS, times=3, status=429, headers={"Retry-After": "0"})
+    ups = Upstreams(policies.upstreams)
+    await drain(WorkerPool(engine, policies, ups, concurrency=1), engine)
+    await ups.aclose()
+    async with engine.connect() as conn:
+        row = (await conn.execute(text("SELECT status, attempts FROM items"))).one()
+    # three throttles did not use up the single allowed attempt
+    assert tuple(row) == ("succeeded", 1)
+
+
+async def test_crash_mid_publication_resumes_without_duplicates(engine: AsyncEngine) -> None:
+    policies = make_policies("http://127.0.0.1:9")
+    await register(engine, policies, 130)
+    run_id, _ = await runs.create_run(engine, runs.RunRequest(None, None, None, False, None),
+                                      None)
+    # publish two chunks, then "crash" (stop between transactions)
+    original = runs._release_chunk
+    calls = 0
+
+    async def two_chunks(conn: Any, run: Any, batch_size: int) -> int:
+        nonlocal calls
+        calls += 1
+        if calls > 2:
+            raise RuntimeError("crash")
+        return await original(conn, run, batch_size)
+
+    runs._release_chunk = two_chunks  # type: ignore[assignment]
+    try:
+        with pytest.raises(RuntimeError):
+            await runs.publish(engine, run_id, batch_size=50)
+    finally:
+        runs._release_chunk = original  # type: ignore[assignment]
+    assert await runs.publish_pending(engine, batch_size=50) == 1
+    async with engine.connect() as conn:
+        released = (await conn.execute(text(
+            "SELECT count(*), count(DISTINCT batch_id) FROM items WHERE released_at IS NOT NULL"
+        ))).one()
+        run = (await conn.execute(text("SELECT released, batches, state FROM runs"))).one()
+    assert tuple(released) == (130, 3)
+    assert tuple(run) == (130, 3, "published")
+
+
+async def test_api_register_trigger_and_drain(db_url: str, upstream: FakeUpstream) -> None:
+    policies = make_policies(upstream.base_url)
+    settings = test_settings(db_url, workers=4)
+    async with LiveServer(settings, policies, db_url) as live:
+        async with httpx.AsyncClient(base_url=live.base_url, timeout=10, headers={
+                "Authorization": f"Bearer {TOKEN_A}"}) as api:
+            items = [{"tenant_id": "acme", "object_id": f"c{i}", "policy": "carts",
+                      "due_at": "2026-01-01T00:00:00Z"} for i in range(30)]
+            first = await api.post("/v1/items", json={"items": items + items[:5]})
+            assert first.status_code == 200, first.text
+            assert first.json() == {"inserted": 30, "advanced": 0, "unchanged": 5}
+            again = await api.post("/v1/items", json={"items": items})
+            assert again.json() == {"inserted": 0, "advanced": 0, "unchanged": 30}
+
+            dry = await api.post("/v1/runs", json={"dry_run": True})
+            assert dry.status_code == 202
+            trigger = await api.post("/v1/runs", json={}, headers={"Idempotency-Key": "slot-1"})
+            assert trigger.status_code == 202, trigger.text
+            dup = await api.post("/v1/runs", json={}, headers={"Idempotency-Key": "slot-1"})
+            assert dup.status_code == 200 and dup.json()["id"] == trigger.json()["id"]
+            conflict = await api.post("/v1/runs", json={"dry_run": True},
+                                      headers={"Idempotency-Key": "slot-1"})
+            assert conflict.status_code == 409
+
+            run_url = f"/v1/runs/{trigger.json()['id']}"
+            for _ in range(200):
+                run = (await api.get(run_url)).json()
+                if run["items"].get("succeeded") == 30:
+                    break
+                await asyncio.sleep(0.05)
+            assert run["state"] == "published" and run["items"] == {"succeeded": 30}
+            dry_run = (await api.get(f"/v1/runs/{dry.json()['id']}")).json()
+            assert dry_run["state"] == "published" and dry_run["released"] == 0
+            assert dry_run["candidates"] == 30
+            listing = (await api.get("/v1/runs", params={"limit": 1})).json()
+            assert len(listing["runs"]) == 1 and listing["next_before"] is not None
+    assert len(upstream.calls()) == 30
+
+
+@pytest.mark.parametrize(
+    ("item", "field"),
+    [({"object_id": ""}, "object_id"), ({"object_id": "x" * 513}, "object_id"),
+     ({"tenant_id": "a\x01b"}, "tenant_id"), ({"policy": "nope"}, "policy")],
+)
+async def test_bad_items_are_named_and_nothing_is_written(db_url: str, item: dict[str, str],
+                                                          field: str) -> None:
+    policies = make_policies("http://127.0.0.1:9")
+    async with LiveServer(test_settings(db_url), policies, db_url) as live:
+        async with httpx.AsyncClient(base_url=live.base_url, headers={
+                "Authorization": f"Bearer {TOKEN_A}"}) as api:
+            good = {"tenant_id": "acme", "object_id": "ok", "policy": "carts",
+                    "due_at": "2026-01-01T00:00:00Z"}
+            response = await api.post("/v1/items", json={"items": [good, {**good, **item}]})
+            assert response.status_code == 422, response.text
+            assert response.json()["errors"][0]["loc"] == ["body", "items", "1", field]
+            big = await api.post("/v1/items", json={"items": [good] * 10_001})
+            assert big.status_code == 422
+            naive = await api.post("/v1/items", json={"items": [{**good,
+                                                                 "due_at": "2026-01-01T00:00"}]})
+            assert naive.status_code == 422
+            huge_id = await api.get("/v1/runs/99999999999999999999999")
+            assert huge_id.status_code == 422
+    engine_settings = test_settings(db_url)
+    from service.db.engine import make_engine
+    from service.settings import async_url
+    eng = make_engine(async_url(db_url), engine_settings)
+    assert await statuses(eng) == {}
+    await eng.dispose()

@@ -1,0 +1,258 @@
+"""The ledger's invariants live in PostgreSQL: each constraint rejects what it should."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from datetime import datetime
+
+import asyncpg
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.db import migrate
+from service.db.engine import make_engine
+from service.db.tables import metadata
+from service.settings import async_url
+from tests.conftest import test_settings
+
+KEY = hashlib.sha256(b"k").hexdigest()
+
+
+@pytest.fixture
+async def conn(db_url: str) -> asyncpg.Connection:
+    connection = await asyncpg.connect(db_url)
+    yield connection
+    await connection.close()
+
+
+async def insert_item(conn: asyncpg.Connection, **overrides: object) -> int:
+    row: dict[str, object] = {
+        "tenant_id": "acme", "object_id": "cart-1", "policy": "cart-retention",
+        "policy_version": 1, "operation_key": KEY, "scope": "tenant:acme",
+        "due_at": "2026-01-01T00:00:00Z",
+    }
+    row.update(overrides)
+    cols = ", ".join(row)
+    params = ", ".join(f"${i}" for i in range(1, len(row) + 1))
+    values = [datetime.fromisoformat(v) if k.endswith("_at") and isinstance(v, str) else v
+              for k, v in row.items()]
+    return int(await conn.fetchval(f"INSERT INTO items ({cols}) VALUES ({params}) RETURNING id",
+                                   *values))
+
+
+async def test_a_valid_item_is_accepted(conn: asyncpg.Connection) -> None:
+    item_id = await insert_item(conn)
+    row = await conn.fetchrow("SELECT status, attempts, next_attempt_at FROM items WHERE id=$1",
+                              item_id)
+    assert row["status"] == "pending" and row["attempts"] == 0
+
+
+async def test_obligation_is_unique(conn: asyncpg.Connection) -> None:
+    await insert_item(conn)
+    with pytest.raises(asyncpg.UniqueViolationError, match="items_obligation"):
+        await insert_item(conn, operation_key=hashlib.sha256(b"other").hexdigest())
+    # another policy version is another obligation
+    await insert_item(conn, policy_version=2, operation_key=hashlib.sha256(b"v2").hexdigest())
+
+
+async def test_operation_key_is_unique(conn: asyncpg.Connection) -> None:
+    await insert_item(conn)
+    with pytest.raises(asyncpg.UniqueViolationError):
+        await insert_item(conn, object_id="cart-2")
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"status": "finished"},
+        {"object_id": ""},
+        {"object_id": "x" * 513},
+        {"object_id": "bad\nid"},
+        {"tenant_id": "t\x00"[:1] + "\x07"},
+        {"policy": "Cart Retention"},
+        {"policy_version": 0},
+        {"operation_key": "not-a-digest"},
+        {"attempts": -1},
+        {"last_outcome": "maybe"},
+        {"last_status_code": 600},
+        # leased without a lease
+        {"status": "leased", "released_at": "2026-01-01T00:00:00Z"},
+        # dead without a reason
+        {"status": "dead", "completed_at": "2026-01-01T00:00:00Z"},
+        # succeeded without completed_at
+        {"status": "succeeded"},
+        # a completed_at on a pending item
+        {"completed_at": "2026-01-01T00:00:00Z"},
+        # a lease on an unreleased item
+        {"status": "leased", "lease_owner": "w", "lease_token": uuid.uuid4(),
+         "lease_expires_at": "2026-01-01T00:00:00Z"},
+        # lease columns on a pending item
+        {"lease_owner": "w"},
+    ],
+)
+async def test_item_check_constraints(conn: asyncpg.Connection, overrides: dict[str, object]
+                                      ) -> None:
+    with pytest.raises(asyncpg.CheckViolationError):
+        await insert_item(conn, **overrides)
+
+
+async def test_item_batch_foreign_key(conn: asyncpg.Connection) -> None:
+    with pytest.raises(asyncpg.ForeignKeyViolationError):
+        await insert_item(conn, batch_id=999)
+
+
+async def test_run_trigger_key_is_unique(conn: asyncpg.Connection) -> None:
+    insert = ("INSERT INTO runs (trigger_key, request_digest, cutoff) "
+              "VALUES ($1, 'd', now()) RETURNING id")
+    await conn.fetchval(insert, "cron-2026-11-29T00:00")
+    with pytest.raises(asyncpg.UniqueViolationError):
+        await conn.fetchval(insert, "cron-2026-11-29T00:00")
+    await conn.fetchval(insert, None)
+    await conn.fetchval(insert, None)  # runs without a key are not de-duplicated
+
+
+async def test_run_state_rules(conn: asyncpg.Connection) -> None:
+    with pytest.raises(asyncpg.CheckViolationError):
+        await conn.execute("INSERT INTO runs (request_digest, cutoff, state) "
+                           "VALUES ('d', now(), 'exploded')")
+    with pytest.raises(asyncpg.CheckViolationError):
+        await conn.execute("INSERT INTO runs (request_digest, cutoff, state) "
+                           "VALUES ('d', now(), 'published')")  # no published_at
+    with pytest.raises(asyncpg.CheckViolationError):
+        await conn.execute("INSERT INTO runs (request_digest, cutoff, max_items) "
+                           "VALUES ('d', now(), 0)")
+
+
+async def test_batches_reference_runs_and_are_unique(conn: asyncpg.Connection) -> None:
+    with pytest.raises(asyncpg.ForeignKeyViolationError):
+        await conn.execute("INSERT INTO batches (run_id, seq, digest, policy, policy_version, "
+                           "item_count) VALUES (1, 0, $1, 'p', 1, 1)", KEY)
+    run_id = await conn.fetchval("INSERT INTO runs (request_digest, cutoff) VALUES ('d', now()) "
+                                 "RETURNING id")
+    insert = ("INSERT INTO batches (run_id, seq, digest, policy, policy_version, item_count) "
+              "VALUES ($1, $2, $3, 'p', 1, 1)")
+    await conn.execute(insert, run_id, 0, KEY)
+    with pytest.raises(asyncpg.UniqueViolationError):
+        await conn.execute(insert, run_id, 1, KEY)  # same digest
+    with pytest.raises(asyncpg.UniqueViolationError):
+        await conn.execute(insert, run_id, 0, hashlib.sha256(b"x").hexdigest())  # same seq
+    with pytest.raises(asyncpg.CheckViolationError):
+        await conn.execute(insert, run_id, 2, "short")
+
+
+async def test_attempt_rules(conn: asyncpg.Connection) -> None:
+    item_id = await insert_item(conn)
+    insert = ("INSERT INTO attempts (item_id, attempt_no, worker, lease_token, started_at, "
+              "finished_at, outcome, latency_ms, http_status) "
+              "VALUES ($1, $2, 'w', $3, now(), now() + make_interval(secs => $4), $5, 1.5, $6)")
+    token = uuid.uuid4()
+    await conn.execute(insert, item_id, 1, token, 1.0, "succeeded", 204)
+    for args in [(item_id, 0, token, 1.0, "succeeded", 204),
+                 (item_id, 1, token, -1.0, "succeeded", 204),
+                 (item_id, 1, token, 1.0, "fine", 204),
+                 (item_id, 1, token, 1.0, "succeeded", 99)]:
+        with pytest.raises(asyncpg.CheckViolationError):
+            await conn.execute(insert, *args)
+    with pytest.raises(asyncpg.ForeignKeyViolationError):
+        await conn.execute(insert, item_id + 100, 1, token, 1.0, "succeeded", 204)
+    # attempts go with their item (self-retention prunes both)
+    await conn.execute("DELETE FROM items WHERE id = $1", item_id)
+    assert await conn.fetchval("SELECT count(*) FROM attempts") == 0
+
+
+async def test_scope_rules(conn: asyncpg.Connection) -> None:
+    insert = ("INSERT INTO scopes (name, rate_per_second, burst, tokens, paused, paused_reason) "
+              "VALUES ($1, $2, $3, $4, $5, $6)")
+    await conn.execute(insert, "tenant:acme", 5.0, 5, 5.0, False, None)
+    bad = [("tenant:b", 0.0, 5, 1.0, False, None),      # no rate
+           ("tenant:c", 5.0, 0, 0.0, False, None),      # no burst
+           ("tenant:d", 5.0, 5, 6.0, False, None),      # more tokens than burst
+           ("tenant:e", 5.0, 5, -1.0, False, None),     # negative tokens
+           ("tenant:f", 5.0, 5, 1.0, True, None),       # paused without a reason
+           ("tenant:g", 5.0, 5, 1.0, False, "why")]     # a reason while running
+    for args in bad:
+        with pytest.raises(asyncpg.CheckViolationError):
+            await conn.execute(insert, *args)
+    with pytest.raises(asyncpg.UniqueViolationError):
+        await conn.execute(insert, "tenant:acme", 5.0, 5, 5.0, False, None)
+
+
+async def test_webhook_id_is_unique_per_source(conn: asyncpg.Connection) -> None:
+    insert = "INSERT INTO webhook_receipts (source, webhook_id, result) VALUES ($1, $2, $3)"
+    await conn.execute(insert, "shopify", "wh-1", "applied")
+    await conn.execute(insert, "standard", "wh-1", "applied")
+    with pytest.raises(asyncpg.UniqueViolationError):
+        await conn.execute(insert, "shopify", "wh-1", "ignored")
+    with pytest.raises(asyncpg.CheckViolationError):
+        await conn.execute(insert, "shopify", "wh-2", "maybe")
+
+
+async def test_control_is_a_single_row(conn: asyncpg.Connection) -> None:
+    assert await conn.fetchval("SELECT count(*) FROM control") == 1
+    with pytest.raises(asyncpg.CheckViolationError):
+        await conn.execute("INSERT INTO control (singleton) VALUES (false)")
+    with pytest.raises(asyncpg.UniqueViolationError):
+        await conn.execute("INSERT INTO control (singleton) VALUES (true)")
+
+
+async def test_claim_indexes_are_partial(conn: asyncpg.Connection) -> None:
+    defs = dict(await conn.fetch("SELECT indexname, indexdef FROM pg_indexes "
+                                 "WHERE tablename = 'items'"))
+    assert "WHERE ((status = 'pending'::text) AND (released_at IS NOT NULL))" in defs[
+        "items_ready"]
+    assert "WHERE (status = 'leased'::text)" in defs["items_leased"]
+
+
+async def test_tables_module_matches_the_migrations(engine: AsyncEngine) -> None:
+    def diff(sync_conn):  # type: ignore[no-untyped-def]
+        ctx = MigrationContext.configure(sync_conn, opts={"compare_type": True})
+        return compare_metadata(ctx, metadata)
+
+    async with engine.connect() as c:
+        changes = await c.run_sync(diff)
+    # indexes and check constraints are the migration's business; columns, types,
+    # nullability, keys and uniques must agree
+    relevant = [ch for ch in changes
+                if not (isinstance(ch, tuple) and ch[0] in ("add_index", "remove_index"))
+                and not (isinstance(ch, tuple) and ch[0] == "remove_table"
+                         and ch[1].name == "alembic_version")]
+    assert relevant == []
+
+
+async def test_upgrade_downgrade_upgrade(empty_db_url: str) -> None:
+    engine = make_engine(async_url(empty_db_url), test_settings(empty_db_url))
+    try:
+        assert await migrate.current_revision(engine) is None
+        await migrate.upgrade(engine)
+        assert await migrate.current_revision(engine) == migrate.head_revision()
+        await migrate.upgrade(engine)  # idempotent
+        await migrate.downgrade(engine, "base")
+        assert await migrate.current_revision(engine) is None
+        conn = await asyncpg.connect(empty_db_url)
+        try:
+            tables = await conn.fetchval("SELECT count(*) FROM pg_tables "
+                                         "WHERE schemaname = 'public' AND tablename <> "
+                                         "'alembic_version'")
+            assert tables == 0
+        finally:
+            await conn.close()
+        await migrate.upgrade(engine)
+        assert await migrate.current_revision(engine) == migrate.head_revision()
+    finally:
+        await engine.dispose()
+
+
+async def test_concurrent_upgrades_take_turns(empty_db_url: str) -> None:
+    import asyncio
+
+    engines = [make_engine(async_url(empty_db_url), test_settings(empty_db_url))
+               for _ in range(3)]
+    try:
+        await asyncio.gather(*(migrate.upgrade(e) for e in engines))
+        assert await migrate.current_revision(engines[0]) == migrate.head_revision()
+    finally:
+        for e in engines:
+            await e.dispose()

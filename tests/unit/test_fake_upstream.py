@@ -1,0 +1,386 @@
+"""Tests of the FakeUpstream test double itself, over real loopback HTTP (no database)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.fakes.upstream import Call, FakeUpstream, Fault
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+async def up() -> AsyncIterator[FakeUpstream]:
+    async with FakeUpstream() as fake:
+        yield fake
+
+
+@pytest.fixture
+async def client(up: FakeUpstream) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=up.base_url, timeout=5.0) as c:
+        yield c
+
+
+async def _wait_for_calls(up: FakeUpstream, n: int, timeout: float = 2.0) -> None:
+    deadline = time.monotonic() + timeout
+    while len(up.calls()) < n:
+        assert time.monotonic() < deadline, f"expected {n} calls, saw {up.calls()}"
+        await asyncio.sleep(0.01)
+
+
+async def _raw(up: FakeUpstream, payload: bytes) -> bytes:
+    """Send raw bytes and read until the server closes the connection."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", up.port)
+    try:
+        writer.write(payload)
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(-1), 2.0)
+    finally:
+        writer.close()
+
+
+async def test_success_is_204_and_the_call_is_recorded(
+    up: FakeUpstream, client: httpx.AsyncClient
+) -> None:
+    r = await client.delete("/carts/a%2Fb", params={"dry": "1"},
+                            headers={"Idempotency-Key": "k-1", "X-Scope": "tenant:acme"})
+    assert r.status_code == 204
+    assert r.content == b""
+    [call] = up.calls()
+    assert (call.method, call.path, call.query) == ("DELETE", "/carts/a%2Fb", "dry=1")
+    assert call.idempotency_key == "k-1"
+    assert call.scope == "tenant:acme"
+    assert call.outcome == "ok"
+    assert call.headers["idempotency-key"] == "k-1"
+    assert all(name == name.lower() for name in call.headers)
+    assert call.received_at <= time.monotonic()
+    assert abs(call.wall_time - time.time()) < 5
+    r = await client.post("/other", content=b"{}")
+    assert r.status_code == 204
+    assert up.calls()[1].idempotency_key is None
+    assert up.calls()[1].scope == "default"
+    assert up.calls_for_key("k-1") == [call]
+
+
+async def test_rate_limit_answers_429_with_integer_retry_after(
+    up: FakeUpstream, client: httpx.AsyncClient
+) -> None:
+    up.limit("s", 5, burst=1)
+    statuses: list[int] = []
+    retry_afters: list[str] = []
+    for _ in range(20):
+        r = await client.delete("/x", headers={"X-Scope": "s"})
+        statuses.append(r.status_code)
+        if r.status_code == 429:
+            retry_afters.append(r.headers["retry-after"])
+    throttled = statuses.count(429)
+    assert statuses[0] == 204
+    assert set(statuses) == {204, 429}
+    assert throttled >= 10
+    assert up.throttled_count("s") == throttled == up.throttled_count()
+    assert [c.outcome for c in up.calls()].count("throttled") == throttled
+    assert all(ra.isdigit() and int(ra) >= 1 for ra in retry_afters)
+    # Other scopes have their own (here: no) limit.
+    assert (await client.delete("/x", headers={"X-Scope": "other"})).status_code == 204
+    assert up.throttled_count("other") == 0
+    await asyncio.sleep(int(retry_afters[-1]))
+    assert (await client.delete("/x", headers={"X-Scope": "s"})).status_code == 204
+
+
+async def test_retry_after_is_the_ceiling_of_the_time_to_the_next_token(
+    up: FakeUpstream, client: httpx.AsyncClient
+) -> None:
+    up.limit("default", 0.5)
+    assert (await client.delete("/a")).status_code == 204
+    r = await client.delete("/a")
+    assert r.status_code == 429
+    assert r.headers["retry-after"] == "2"
+    up.limit("default", None)
+    assert (await client.delete("/a")).status_code == 204
+
+
+async def test_default_limit_and_custom_scope_fn() -> None:
+    def by_tenant(method: str, path: str, headers: Mapping[str, str]) -> str:
+        return path.split("/")[2]
+
+    async with FakeUpstream(default_limit=0.5, scope_fn=by_tenant) as fake:
+        async with httpx.AsyncClient(base_url=fake.base_url) as c:
+            codes = [(await c.delete(p)).status_code
+                     for p in ("/t/acme/1", "/t/acme/2", "/t/globex/1")]
+            # A scope_fn that raises kills only that connection, not the server.
+            with pytest.raises(httpx.RemoteProtocolError):
+                await c.delete("/boom")
+            assert (await c.delete("/t/initech/1")).status_code == 204
+        assert codes == [204, 429, 204]
+        assert [call.scope for call in fake.calls()] == ["acme", "acme", "globex", "initech"]
+        assert fake.throttled_count("acme") == 1
+
+
+async def test_status_fault_with_headers_and_body(
+    up: FakeUpstream, client: httpx.AsyncClient
+) -> None:
+    up.inject("status", status=503, headers={"Retry-After": "7"}, body=b"busy")
+    r = await client.delete("/a")
+    assert (r.status_code, r.headers["retry-after"], r.content) == (503, "7", b"busy")
+    assert (await client.delete("/a")).status_code == 204
+    assert [c.outcome for c in up.calls()] == ["status", "ok"]
+
+
+async def test_hang_leads_to_a_read_timeout_and_is_recorded(
+    up: FakeUpstream, client: httpx.AsyncClient
+) -> None:
+    up.inject(Fault.HANG)
+    with pytest.raises(httpx.ReadTimeout):
+        await client.delete("/a", headers={"Idempotency-Key": "h"}, timeout=0.3)
+    assert [(c.idempotency_key, c.outcome) for c in up.calls()] == [("h", "hang")]
+    assert (await client.delete("/a")).status_code == 204
+
+
+async def test_drip_sends_headers_then_starves_the_body_read(
+    up: FakeUpstream, client: httpx.AsyncClient
+) -> None:
+    up.inject("drip", interval=0.5, seconds=5)
+    async with client.stream("DELETE", "/a", timeout=0.3) as r:
+        assert r.status_code == 200
+        assert int(r.headers["content-length"]) > 1_000_000
+        chunks = r.aiter_raw()
+        assert await anext(chunks) == b"x"
+        with pytest.raises(httpx.ReadTimeout):
+            await anext(chunks)
+    assert up.calls()[0].outcome == "drip"
+
+
+async def test_reset_aborts_without_response(up: FakeUpstream, client: httpx.AsyncClient) -> None:
+    up.inject("reset")
+    with pytest.raises((httpx.RemoteProtocolError, httpx.ReadError)):
+        await client.delete("/a")
+    assert up.calls()[0].outcome == "reset"
+    assert (await client.delete("/a")).status_code == 204
+
+
+async def test_reset_is_a_tcp_rst_and_close_is_a_clean_fin(up: FakeUpstream) -> None:
+    request = b"DELETE /a HTTP/1.1\r\nHost: x\r\n\r\n"
+    up.inject("reset")
+    with pytest.raises(ConnectionResetError):
+        await _raw(up, request)
+    up.inject("close")
+    assert await _raw(up, request) == b""
+    assert [c.outcome for c in up.calls()] == ["reset", "close"]
+
+
+async def test_garbage_is_a_correctly_framed_non_utf8_body(
+    up: FakeUpstream, client: httpx.AsyncClient
+) -> None:
+    size = 3 * 1024 * 1024 + 7
+    up.inject("garbage", size=size)
+    r = await client.delete("/a")
+    assert r.status_code == 200
+    assert int(r.headers["content-length"]) == len(r.content) == size
+    with pytest.raises(UnicodeDecodeError):
+        r.content.decode("utf-8")
+    # The connection stays usable: the framing was correct.
+    assert (await client.delete("/a")).status_code == 204
+
+
+async def test_close_ends_the_connection_without_answer(
+    up: FakeUpstream, client: httpx.AsyncClient
+) -> None:
+    up.inject("close")
+    with pytest.raises(httpx.RemoteProtocolError):
+        await client.delete("/a")
+    assert up.calls()[0].outcome == "close"
+
+
+async def test_times_match_and_fifo_semantics(
+    up: FakeUpstream, client: httpx.AsyncClient
+) -> None:
+    up.inject("status", status=500, times=2, match="/orders/")
+    codes = [(await client.delete(p)).status_code
+             for p in ("/carts/1", "/orders/1", "/orders/2", "/orders/3")]
+    assert codes == [204, 500, 500, 204]
+
+    def key_is_k2(call: Call) -> bool:
+        return call.idempotency_key == "k2"
+
+    up.inject("status", status=410, match=key_is_k2)
+    up.inject("status", status=500)
+    up.inject("status", status=502)
+    assert (await client.delete("/a", headers={"Idempotency-Key": "k1"})).status_code == 500
+    assert (await client.delete("/a", headers={"Idempotency-Key": "k2"})).status_code == 410
+    assert (await client.delete("/a")).status_code == 502
+    assert (await client.delete("/a")).status_code == 204
+
+    up.inject("status", status=401, times=None)
+    assert [(await client.delete("/a")).status_code for _ in range(4)] == [401] * 4
+    up.clear_faults()
+    assert (await client.delete("/a")).status_code == 204
+
+    up.fail_next(2)
+    assert [(await client.delete("/a")).status_code for _ in range(3)] == [503, 503, 204]
+    with pytest.raises(ValueError, match="bad parameters"):
+        up.inject("hang", status=500)
+    with pytest.raises(ValueError, match="not a valid Fault"):
+        up.inject("explode")
+
+
+async def test_control_api_over_http(up: FakeUpstream, client: httpx.AsyncClient) -> None:
+    r = await client.post("/_control/faults", json={
+        "fault": "status", "status": 409, "times": None, "path_contains": "/x/",
+        "headers": {"X-Why": "conflict"}, "body_b64": base64.b64encode(b"\xffno").decode()})
+    assert r.status_code == 201
+    assert (await client.delete("/y", headers={"Idempotency-Key": "k"})).status_code == 204
+    for _ in range(2):
+        r = await client.delete("/x/1")
+        assert (r.status_code, r.headers["x-why"], r.content) == (409, "conflict", b"\xffno")
+
+    r = await client.get("/_control/calls")
+    assert r.status_code == 200
+    calls = r.json()
+    assert [(c["path"], c["outcome"]) for c in calls] == [
+        ("/y", "ok"), ("/x/1", "status"), ("/x/1", "status")]
+    assert calls[0]["idempotency_key"] == "k"
+    assert isinstance(calls[0]["received_at"], float)
+    assert set(calls[0]) == {f.name for f in Call.__dataclass_fields__.values()}
+    assert len((await client.get("/_control/calls", params={"since": 2})).json()) == 1
+
+    assert (await client.delete("/_control/faults")).status_code == 200
+    assert (await client.delete("/x/1")).status_code == 204
+
+    r = await client.post("/_control/faults", json={"fault": "status", "status": 500,
+                                                     "scope": "s1"})
+    assert r.status_code == 201
+    assert (await client.delete("/a", headers={"X-Scope": "s2"})).status_code == 204
+    assert (await client.delete("/a", headers={"X-Scope": "s1"})).status_code == 500
+
+    r = await client.post("/_control/limits", json={"scope": "lim", "per_second": 0.5})
+    assert r.status_code == 200
+    codes = [(await client.delete("/a", headers={"X-Scope": "lim"})).status_code
+             for _ in range(2)]
+    assert codes == [204, 429]
+    stats = (await client.get("/_control/stats")).json()
+    assert stats["throttled"] == {"lim": 1}
+    assert stats["calls"] == len(up.calls()) == 8
+
+    assert (await client.post("/_control/reset")).status_code == 200
+    assert up.calls() == []
+    assert up.throttled_count() == 0
+    assert (await client.delete("/a", headers={"X-Scope": "lim"})).status_code == 204
+    assert (await client.post("/_control/faults", json={"fault": "nope"})).status_code == 400
+    assert (await client.post("/_control/faults", content=b"[1]")).status_code == 400
+    assert (await client.get("/_control/nothing")).status_code == 404
+    # Control requests are never recorded as deletion calls.
+    assert [c.path for c in up.calls()] == ["/a"]
+
+
+def test_thread_mode_with_a_sync_client() -> None:
+    with FakeUpstream() as fake, httpx.Client(base_url=fake.base_url, timeout=5.0) as c:
+        fake.fail_next(1, status=502)
+        assert c.delete("/a", headers={"Idempotency-Key": "t"}).status_code == 502
+        assert c.delete("/a", headers={"Idempotency-Key": "t"}).status_code == 204
+        assert [call.outcome for call in fake.calls_for_key("t")] == ["status", "ok"]
+        fake.inject("hang")
+        with pytest.raises(httpx.ReadTimeout):
+            c.delete("/b", timeout=0.3)
+        base_url = fake.base_url
+    # stop_thread() closed the listener.
+    with pytest.raises(httpx.ConnectError):
+        httpx.delete(base_url + "/a", timeout=1.0)
+
+
+async def test_max_in_flight_per_key_and_overall(
+    up: FakeUpstream, client: httpx.AsyncClient
+) -> None:
+    up.inject("hang", times=2, match=lambda c: c.idempotency_key == "a", seconds=0.3)
+    results = await asyncio.gather(
+        *(client.delete("/a", headers={"Idempotency-Key": "a"}) for _ in range(2)),
+        return_exceptions=True)
+    assert all(isinstance(r, httpx.RemoteProtocolError) for r in results), results
+    for _ in range(3):
+        assert (await client.delete("/b", headers={"Idempotency-Key": "b"})).status_code == 204
+    assert up.max_in_flight("a") == 2
+    assert up.max_in_flight("b") == 1
+    assert up.max_in_flight() == 2
+    assert up.max_in_flight("never") == 0
+
+
+async def test_close_ends_hanging_and_dripping_connections_quickly() -> None:
+    fake = FakeUpstream()
+    await fake.start()
+    fake.inject("hang", match="/hang")
+    fake.inject("drip", match="/drip", interval=0.05, seconds=3600)
+    async with httpx.AsyncClient(base_url=fake.base_url, timeout=30.0) as c:
+
+        async def drip() -> None:
+            async with c.stream("DELETE", "/drip") as r:
+                async for _ in r.aiter_raw():
+                    pass
+
+        tasks = [asyncio.create_task(c.delete("/hang")), asyncio.create_task(drip())]
+        await _wait_for_calls(fake, 2)
+        started = time.monotonic()
+        await fake.close()
+        results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 2.0)
+        elapsed = time.monotonic() - started
+    assert elapsed < 2.0
+    assert all(isinstance(r, httpx.TransportError) for r in results), results
+
+
+async def test_malformed_and_oversized_requests(up: FakeUpstream) -> None:
+    assert (await _raw(up, b"NONSENSE\r\n\r\n")).startswith(b"HTTP/1.1 400 ")
+    assert (await _raw(up, b"GET / HTTP/1.1\r\nbad header\r\n\r\n")).startswith(b"HTTP/1.1 400 ")
+    big = b"DELETE /a HTTP/1.1\r\nHost: x\r\nContent-Length: 2000000\r\n\r\n"
+    assert (await _raw(up, big)).startswith(b"HTTP/1.1 413 ")
+    assert up.calls() == []
+    # A failing connection handler does not take the server down.
+    ok = await _raw(up, b"DELETE /a HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert ok.startswith(b"HTTP/1.1 204 ")
+
+
+async def test_keep_alive_and_connection_close(up: FakeUpstream) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", up.port)
+    body = b'{"why": "gdpr"}'
+    writer.write(b"DELETE /a HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 2.0)
+    assert head.startswith(b"HTTP/1.1 204 ")
+    writer.write(b"DELETE /b HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    rest = await asyncio.wait_for(reader.read(-1), 2.0)  # returns only at EOF
+    writer.close()
+    assert rest.startswith(b"HTTP/1.1 204 ")
+    assert b"Connection: close" in rest
+    assert [c.path for c in up.calls()] == ["/a", "/b"]
+
+
+def test_module_entry_point_runs_until_sigterm(tmp_path: Path) -> None:
+    ready = tmp_path / "url"
+    with subprocess.Popen(
+        [sys.executable, "-m", "tests.fakes.upstream", "--port", "0", "--default-limit", "20",
+         "--ready-file", str(ready)],
+        cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    ) as proc:
+        try:
+            deadline = time.monotonic() + 10
+            while not ready.exists():
+                assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+                assert time.monotonic() < deadline, "ready file never appeared"
+                time.sleep(0.02)
+            base_url = ready.read_text()
+            assert base_url.startswith("http://127.0.0.1:")
+            with httpx.Client(base_url=base_url, timeout=5.0) as c:
+                assert c.delete("/a", headers={"Idempotency-Key": "p"}).status_code == 204
+                calls = c.get("/_control/calls").json()
+            assert [(x["path"], x["idempotency_key"]) for x in calls] == [("/a", "p")]
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=5) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()

@@ -1,0 +1,73 @@
+"""Settings from the environment, tokens, and log hygiene."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+from pydantic import ValidationError
+
+from service.logs import ConsoleFormatter, JsonFormatter
+from service.runtime import TokenSet
+from service.settings import Environment, Settings
+
+
+def test_tokens_are_comma_separated(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SWEEPER_API_TOKENS", " aaaaaaaaaaaaaaaa , bbbbbbbbbbbbbbbb,")
+    settings = Settings()
+    assert [t.get_secret_value() for t in settings.api_tokens] == [
+        "aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb"]
+    assert "aaaa" not in repr(settings)
+
+
+def test_short_token_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SWEEPER_API_TOKENS", "short")
+    with pytest.raises(ValidationError, match="at least 16"):
+        Settings()
+
+
+def test_production_refuses_development_defaults() -> None:
+    with pytest.raises(ValidationError, match="SWEEPER_API_TOKENS must be set"):
+        Settings(environment=Environment.PRODUCTION)
+    with pytest.raises(ValidationError, match="SWEEPER_DATABASE_URL must be set"):
+        Settings(environment=Environment.PRODUCTION,
+                 api_tokens="x" * 20)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("url", ["mysql://x/y", "not a url at all"])
+def test_database_url_must_be_postgres(url: str) -> None:
+    with pytest.raises(ValidationError):
+        Settings(database_url=url)  # type: ignore[arg-type]
+
+
+def test_sqlalchemy_url_uses_asyncpg() -> None:
+    settings = Settings(database_url="postgresql://u:pw@db:5432/sweeper")  # type: ignore[arg-type]
+    url = settings.sqlalchemy_url()
+    assert url is not None and url.drivername == "postgresql+asyncpg"
+    assert Settings().sqlalchemy_url() is None
+
+
+def test_token_set_matches_any_configured_token() -> None:
+    settings = Settings(api_tokens="a" * 16 + "," + "b" * 16)  # type: ignore[arg-type]
+    tokens = TokenSet.from_settings(settings)
+    assert tokens.match("a" * 16) is not None
+    assert tokens.match("b" * 16) is not None
+    assert tokens.match("a" * 16) != tokens.match("b" * 16)
+    assert tokens.match("c" * 16) is None
+    assert tokens.match("") is None
+    assert TokenSet.from_settings(Settings()).match("a" * 16) is None
+
+
+@pytest.mark.parametrize("formatter", [JsonFormatter(), ConsoleFormatter()])
+def test_log_formatters_drop_secret_looking_fields(formatter: logging.Formatter) -> None:
+    record = logging.LogRecord("x", logging.INFO, "f", 1, "claimed", (), None)
+    record.item_id = 42
+    record.api_token = "tok-SECRET"
+    record.request_body = "card=4111"
+    record.signature = "sig-SECRET"
+    line = formatter.format(record)
+    assert "42" in line
+    assert "SECRET" not in line and "4111" not in line
+    if isinstance(formatter, JsonFormatter):
+        assert json.loads(line)["event"] == "claimed"
