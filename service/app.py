@@ -107,7 +107,8 @@ def create_app(
         if run_workers and settings.workers > 0:
             upstreams = Upstreams(policies.upstreams)
             pool = WorkerPool(engine, policies, upstreams, concurrency=settings.workers,
-                              listen_url=listen_url_of(database_url))
+                              listen_url=listen_url_of(database_url),
+                              grace_seconds=settings.shutdown_grace_seconds)
             tasks.append(asyncio.create_task(pool.run(), name="workers"))
         if not settings.api_tokens:
             log.warning("no API tokens configured: every /v1 request will answer 401 "

@@ -7,10 +7,11 @@ every attempt, from any worker, after any crash, sends the same key.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+import json
+from dataclasses import asdict, dataclass
 from datetime import datetime
 
-from sqlalchemy import text
+from sqlalchemy import TextClause, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.policies import Policy
@@ -100,3 +101,107 @@ async def register(engine: AsyncEngine, registrations: list[Registration]) -> Re
     advanced = len(changed) - inserted
     return RegistrationResult(inserted=inserted, advanced=advanced,
                               unchanged=len(registrations) - inserted - advanced)
+
+
+@dataclass(frozen=True)
+class ItemFilter:
+    """Which items an operator means: explicit ids, or a filter over one status."""
+
+    ids: list[int] | None = None
+    operation_keys: list[str] | None = None
+    policy: str | None = None
+    tenant_id: str | None = None
+    reason: str | None = None
+
+
+_FILTER_SQL = """
+      -- explicit ids and identities add up; the other fields narrow
+      AND ((CAST(:ids AS bigint[]) IS NULL AND CAST(:keys AS text[]) IS NULL)
+           OR id = ANY(CAST(:ids AS bigint[]))
+           OR operation_key = ANY(CAST(:keys AS text[])))
+      AND (CAST(:policy AS text) IS NULL OR policy = :policy)
+      AND (CAST(:tenant AS text) IS NULL OR tenant_id = :tenant)
+      AND (CAST(:reason AS text) IS NULL OR dead_reason = :reason OR last_error = :reason)
+"""
+
+
+def _filter_params(f: ItemFilter) -> dict[str, object]:
+    return {"ids": f.ids, "keys": f.operation_keys, "policy": f.policy,
+            "tenant": f.tenant_id, "reason": f.reason}
+
+
+ITEM_COLUMNS = ("id, tenant_id, object_id, policy, policy_version, operation_key, scope, "
+                "status, due_at, next_attempt_at, attempts, released_at, batch_id, "
+                "last_outcome, last_status_code, last_error, dead_reason, created_at, "
+                "updated_at, completed_at")
+
+
+async def list_items(engine: AsyncEngine, *, status: str | None, item_filter: ItemFilter,
+                     after: int | None, limit: int) -> list[dict[str, object]]:
+    """Items by id (keyset pagination: pass the last id seen as `after`)."""
+    sql = text(f"""
+        SELECT {ITEM_COLUMNS} FROM items
+        WHERE (CAST(:status AS text) IS NULL OR status = :status)
+          AND (CAST(:after AS bigint) IS NULL OR id > :after)
+          {_FILTER_SQL}
+        ORDER BY id LIMIT :limit
+    """)  # noqa: S608 - only constant fragments are interpolated
+    params = {"status": status, "after": after, "limit": limit, **_filter_params(item_filter)}
+    async with engine.connect() as conn:
+        return [dict(r) for r in (await conn.execute(sql, params)).mappings()]
+
+
+# Operator changes: bounded by :limit, each in one transaction together with its audit row.
+_REDRIVE = text(f"""
+    WITH chosen AS (
+        SELECT id FROM items WHERE status = 'dead' {_FILTER_SQL}
+        ORDER BY id LIMIT :limit FOR UPDATE SKIP LOCKED
+    )
+    UPDATE items i
+    SET status = 'pending', attempts = 0, dead_reason = NULL, completed_at = NULL,
+        next_attempt_at = now(), updated_at = now()
+    FROM chosen WHERE i.id = chosen.id
+    RETURNING i.id
+""")  # noqa: S608 - only constant fragments are interpolated
+
+_CANCEL = text(f"""
+    WITH chosen AS (
+        SELECT id FROM items WHERE status = 'pending' {_FILTER_SQL}
+        ORDER BY id LIMIT :limit FOR UPDATE SKIP LOCKED
+    )
+    UPDATE items i
+    SET status = 'cancelled', completed_at = now(), updated_at = now()
+    FROM chosen WHERE i.id = chosen.id
+    RETURNING i.id
+""")  # noqa: S608 - only constant fragments are interpolated
+
+_AUDIT = text("""
+    INSERT INTO operator_actions (actor, action, reason, details)
+    VALUES (:actor, :action, :reason, CAST(:details AS jsonb))
+""")
+
+
+async def redrive(engine: AsyncEngine, item_filter: ItemFilter, *, actor: str, reason: str,
+                  limit: int) -> list[int]:
+    """Dead items back to pending with their attempts reset (released items stay released,
+    so workers take them at once); the audit trail records who and why."""
+    return await _operator_change(engine, _REDRIVE, "redrive", item_filter, actor, reason, limit)
+
+
+async def cancel(engine: AsyncEngine, item_filter: ItemFilter, *, actor: str, reason: str,
+                 limit: int) -> list[int]:
+    """Withdraw pending items (leased ones are in flight and cannot be withdrawn)."""
+    return await _operator_change(engine, _CANCEL, "cancel", item_filter, actor, reason, limit)
+
+
+async def _operator_change(engine: AsyncEngine, statement: TextClause, action: str,
+                           item_filter: ItemFilter, actor: str, reason: str, limit: int
+                           ) -> list[int]:
+    async with engine.begin() as conn:
+        ids = [int(r.id) for r in await conn.execute(
+            statement, {**_filter_params(item_filter), "limit": limit})]
+        details = {"filter": {k: v for k, v in asdict(item_filter).items() if v is not None},
+                   "count": len(ids), "item_ids": ids[:1000]}
+        await conn.execute(_AUDIT, {"actor": actor, "action": action, "reason": reason,
+                                    "details": json.dumps(details)})
+    return ids

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -234,3 +235,25 @@ async def list_runs(engine: AsyncEngine, *, limit: int, before: int | None
             "SELECT * FROM runs WHERE (CAST(:before AS bigint) IS NULL OR id < :before) "
             "ORDER BY id DESC LIMIT :limit"), {"before": before, "limit": limit})).mappings()
         return [dict(r) for r in rows]
+
+
+# Deletion evidence: the run's succeeded items with their proof, streamed in id order.
+_EVIDENCE = text("""
+    SELECT i.id, i.tenant_id, i.object_id, i.policy, i.policy_version, i.operation_key,
+           i.last_outcome AS outcome, i.last_status_code AS upstream_status, i.attempts,
+           i.completed_at
+    FROM items i JOIN batches b ON b.id = i.batch_id
+    WHERE b.run_id = :id AND i.status = 'succeeded'
+    ORDER BY i.id
+""")
+
+
+async def evidence(engine: AsyncEngine, run_id: int) -> AsyncIterator[dict[str, Any]]:
+    """Yield one evidence record per succeeded item of the run, with a server-side cursor so
+    memory stays flat whatever the run's size."""
+    async with engine.connect() as conn:
+        result = await conn.stream(_EVIDENCE, {"id": run_id})
+        async for row in result.mappings():
+            record = dict(row)
+            record["item_id"] = record.pop("id")
+            yield record

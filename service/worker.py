@@ -50,7 +50,7 @@ class WorkerPool:
     (tests drive it directly); `run()` loops until `stop()`."""
 
     def __init__(self, engine: AsyncEngine, policies: Policies, upstreams: Upstreams, *,
-                 concurrency: int, listen_url: str | None = None,
+                 concurrency: int, listen_url: str | None = None, grace_seconds: float = 20.0,
                  name: str | None = None, rng: random.Random | None = None) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -60,6 +60,7 @@ class WorkerPool:
         self.concurrency = concurrency
         self.name = name or worker_name()
         self.listen_url = listen_url
+        self.grace_seconds = grace_seconds
         self._rng = rng or random.Random()
         self._slots = asyncio.Semaphore(concurrency)
         self._in_flight: set[asyncio.Task[None]] = set()
@@ -82,6 +83,11 @@ class WorkerPool:
         claimed = await claims.claim(self.engine, owner=self.name, limit=free,
                                      lease_seconds=self._lease_seconds)
         self.reclaimed += claimed.reclaimed
+        if self._stopping.is_set():
+            # stop() arrived while the claim was committing: nothing was called yet, so the
+            # leases go straight back without counting an attempt
+            await claims.release(self.engine, claimed.leases)
+            return 0
         for lease in claimed.leases:
             await self._slots.acquire()
             task = asyncio.create_task(self._attempt(lease))
@@ -196,14 +202,21 @@ class WorkerPool:
     async def _finish(self, flusher: asyncio.Task[None], listener: asyncio.Task[None] | None
                       ) -> None:
         if self._in_flight:
-            await asyncio.wait(list(self._in_flight))
+            _, late = await asyncio.wait(list(self._in_flight), timeout=self.grace_seconds)
+            # Calls still running after the grace period may have reached the upstream, so
+            # their leases are not handed back: they expire and are retried with the same key.
+            for pending_call in late:
+                pending_call.cancel()
+            if late:
+                log.warning("calls abandoned at shutdown", extra={"count": len(late)})
+                await asyncio.wait(late)
         flusher.cancel()
         if listener is not None:
             listener.cancel()
-        for task in (flusher, listener):
-            if task is not None:
+        for helper in (flusher, listener):
+            if helper is not None:
                 with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                    await helper
         for _ in range(50):
             try:
                 await self.flush()
@@ -280,7 +293,8 @@ async def run_worker_process(settings: Settings, policies: Policies, url: URL) -
     engine = make_engine(url, settings)
     upstreams = Upstreams(policies.upstreams)
     pool = WorkerPool(engine, policies, upstreams, concurrency=settings.workers,
-                      listen_url=listen_url_of(url))
+                      listen_url=listen_url_of(url),
+                      grace_seconds=settings.shutdown_grace_seconds)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, pool.stop)

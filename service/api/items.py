@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from datetime import datetime
+from typing import Annotated, Literal
 
-from fastapi import APIRouter, Body
+from fastapi import APIRouter, Body, Query
 from pydantic import AwareDatetime, BaseModel, Field
 
 from service import ledger
 from service.api.deps import OperatorDep, RuntimeDep
 from service.api.problems import ProblemDetails, validation_problem
+from service.errors import Problem
 
 MAX_ITEMS_PER_REQUEST = 10_000
 
@@ -65,3 +67,125 @@ async def register_items(runtime: RuntimeDep, _actor: OperatorDep,
     result = await ledger.register(runtime.engine, registrations)
     return RegistrationOut(inserted=result.inserted, advanced=result.advanced,
                            unchanged=result.unchanged)
+
+
+MAX_BIGINT = 2**63 - 1
+MAX_CHANGE = 10_000
+ItemStatus = Literal["pending", "leased", "succeeded", "dead", "cancelled"]
+
+
+class ItemOut(BaseModel):
+    """An item as the ledger holds it: identifiers and classified outcomes, no payload."""
+
+    id: int
+    tenant_id: str
+    object_id: str
+    policy: str
+    policy_version: int
+    operation_key: str
+    scope: str
+    status: str
+    due_at: datetime
+    next_attempt_at: datetime
+    attempts: int
+    released_at: datetime | None
+    batch_id: int | None
+    last_outcome: str | None
+    last_status_code: int | None
+    last_error: str | None
+    dead_reason: str | None
+    created_at: datetime
+    updated_at: datetime
+    completed_at: datetime | None
+
+
+class ItemPage(BaseModel):
+    """Items by id; pass `next_after` as `after` for the next page."""
+
+    items: list[ItemOut]
+    next_after: int | None
+
+
+@router.get("/items", operation_id="listItems", response_model=ItemPage)
+async def list_items(
+    runtime: RuntimeDep, _actor: OperatorDep,
+    status: ItemStatus | None = None,
+    policy: Annotated[str | None, Query(max_length=63)] = None,
+    tenant_id: Annotated[str | None, Query(max_length=512)] = None,
+    reason: Annotated[str | None, Query(max_length=200)] = None,
+    after: Annotated[int | None, Query(ge=0, le=MAX_BIGINT)] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> ItemPage:
+    """Inspect items, e.g. `status=dead&policy=cart-retention&reason=http_422`."""
+    rows = await ledger.list_items(
+        runtime.engine, status=status, after=after, limit=limit,
+        item_filter=ledger.ItemFilter(policy=policy, tenant_id=tenant_id, reason=reason))
+    return ItemPage(items=[ItemOut.model_validate(r) for r in rows],
+                    next_after=int(str(rows[-1]["id"])) if len(rows) == limit else None)
+
+
+class ItemRef(BaseModel):
+    """An item by identity, under the policy's current version."""
+
+    tenant_id: str = Field(min_length=1, max_length=512)
+    object_id: str = Field(min_length=1, max_length=512)
+    policy: str
+
+
+class ItemSelection(BaseModel):
+    """Which items to change: ids, identities, and/or a filter (at least one), and why."""
+
+    ids: list[Annotated[int, Field(ge=1, le=MAX_BIGINT)]] | None = Field(
+        default=None, max_length=MAX_CHANGE)
+    items: list[ItemRef] | None = Field(default=None, max_length=MAX_CHANGE)
+    policy: str | None = None
+    tenant_id: str | None = Field(default=None, max_length=512)
+    reason: str | None = Field(default=None, max_length=200,
+                               description="match the dead reason / last error code")
+    why: str = Field(min_length=1, max_length=1000, description="recorded in the audit trail",
+                     examples=["upstream credential rotated; re-driving 401 failures"])
+    limit: int = Field(default=MAX_CHANGE, ge=1, le=MAX_CHANGE)
+
+
+class ChangeOut(BaseModel):
+    """The items the change applied to."""
+
+    count: int
+    item_ids: list[int]
+
+
+def _selection(runtime: RuntimeDep, body: ItemSelection) -> ledger.ItemFilter:
+    if not (body.ids or body.items or body.policy or body.tenant_id or body.reason):
+        raise Problem(422, "empty-selection", "Nothing selected",
+                      "give ids, items, or a filter (policy, tenant_id, reason)")
+    keys = None
+    if body.items:
+        keys = []
+        for i, ref in enumerate(body.items):
+            policy = runtime.policies.policy(ref.policy)
+            if policy is None:
+                raise validation_problem([{"loc": ["body", "items", str(i), "policy"],
+                                           "type": "unknown_policy",
+                                           "message": "no such policy in the policies file"}])
+            keys.append(ledger.operation_key(ref.tenant_id, ref.object_id, policy.name,
+                                             policy.version))
+    return ledger.ItemFilter(ids=body.ids, operation_keys=keys, policy=body.policy,
+                             tenant_id=body.tenant_id, reason=body.reason)
+
+
+@router.post("/items/redrive", operation_id="redriveItems", response_model=ChangeOut)
+async def redrive_items(runtime: RuntimeDep, actor: OperatorDep,
+                        body: Annotated[ItemSelection, Body()]) -> ChangeOut:
+    """Put dead items back to pending with attempts reset, after the cause is fixed."""
+    ids = await ledger.redrive(runtime.engine, _selection(runtime, body), actor=actor,
+                               reason=body.why, limit=body.limit)
+    return ChangeOut(count=len(ids), item_ids=ids)
+
+
+@router.post("/items/cancel", operation_id="cancelItems", response_model=ChangeOut)
+async def cancel_items(runtime: RuntimeDep, actor: OperatorDep,
+                       body: Annotated[ItemSelection, Body()]) -> ChangeOut:
+    """Withdraw pending items before they run (leased items are in flight and stay)."""
+    ids = await ledger.cancel(runtime.engine, _selection(runtime, body), actor=actor,
+                              reason=body.why, limit=body.limit)
+    return ChangeOut(count=len(ids), item_ids=ids)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Header, Path, Query, Response
+from fastapi.responses import StreamingResponse
 from pydantic import AwareDatetime, BaseModel, Field
 
 from service import runs
@@ -108,3 +111,29 @@ async def get_run(runtime: RuntimeDep, _actor: OperatorDep,
     if status is None:
         raise Problem(404, "run-not-found", "Run not found", f"no run {run_id}")
     return RunOut.model_validate(status)
+
+
+@router.get("/runs/{run_id}/evidence", operation_id="getRunEvidence",
+            response_class=StreamingResponse,
+            responses={200: {"content": {"application/x-ndjson": {}},
+                             "description": "one JSON object per line per succeeded item"},
+                       404: {"model": ProblemDetails, "description": "no such run"}})
+async def get_run_evidence(runtime: RuntimeDep, _actor: OperatorDep,
+                           run_id: Annotated[int, Path(ge=1, le=MAX_BIGINT)]
+                           ) -> StreamingResponse:
+    """Deletion evidence, streamed as JSON lines: object, policy version, operation key,
+    outcome, upstream status, attempts, completed_at. No payloads."""
+    if await runs.run_status(runtime.engine, run_id) is None:
+        raise Problem(404, "run-not-found", "Run not found", f"no run {run_id}")
+
+    async def lines() -> AsyncIterator[bytes]:
+        async for record in runs.evidence(runtime.engine, run_id):
+            yield (json.dumps(record, default=_iso, separators=(",", ":")) + "\n").encode()
+
+    return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+
+def _iso(value: object) -> str:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(type(value).__name__)
