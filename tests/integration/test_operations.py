@@ -14,7 +14,7 @@ import pytest
 
 from service import ledger
 from tests.conftest import TOKEN_A, LiveServer, test_settings
-from tests.fakes.upstream import Fault, FakeUpstream
+from tests.fakes.upstream import FakeUpstream, Fault
 from tests.integration.test_pipeline import make_policies
 
 DUE = "2026-01-01T00:00:00Z"
