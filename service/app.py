@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TypedDict
 
+import httpx
 from fastapi import FastAPI
 from sqlalchemy.engine import URL
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -93,7 +94,12 @@ async def _publisher(runtime: Runtime) -> None:
 
 
 def create_app(
-    settings: Settings, policies: Policies, database_url: URL, *, run_workers: bool = True
+    settings: Settings,
+    policies: Policies,
+    database_url: URL,
+    *,
+    run_workers: bool = True,
+    upstream_transport: httpx.AsyncBaseTransport | None = None,
 ) -> FastAPI:
     """Build the application; nothing connects until the lifespan starts."""
 
@@ -105,7 +111,7 @@ def create_app(
         tasks = [asyncio.create_task(_publisher(runtime), name="publisher")]
         pool = upstreams = None
         if run_workers and settings.workers > 0:
-            upstreams = Upstreams(policies.upstreams)
+            upstreams = Upstreams(policies.upstreams, upstream_transport)
             pool = WorkerPool(engine, policies, upstreams, concurrency=settings.workers,
                               listen_url=listen_url_of(database_url),
                               grace_seconds=settings.shutdown_grace_seconds)

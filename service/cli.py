@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -20,6 +21,7 @@ from sqlalchemy.engine import URL
 
 from service.db.engine import is_unavailable, make_engine
 from service.errors import ConfigError, DatabaseUnavailable
+from service.follow import RunFailed
 from service.logs import configure_logging
 from service.policies import Policies, load_policies
 from service.settings import Settings, async_url
@@ -158,6 +160,22 @@ def cmd_worker(_args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    from service.follow import run_command
+
+    body = {k: v for k, v in {"policy": args.policy, "tenant_id": args.tenant,
+                              "dry_run": args.dry_run, "max_items": args.max_items}.items()
+            if v not in (None, False)}
+    token = args.token or os.environ.get("SWEEPER_TOKEN")
+    return asyncio.run(run_command(args.url, token, body, args.idempotency_key, args.follow))
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from service.demo import run_demo
+
+    return run_demo(args.items, args.tenants, args.workers, args.keep)
+
+
 def cmd_openapi(args: argparse.Namespace) -> int:
     from service.openapi import render_openapi
 
@@ -196,6 +214,26 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check-config", help="validate settings and the policies file")
     check.set_defaults(func=cmd_check_config)
 
+    run = sub.add_parser("run", help="trigger a run on a server (and follow it)")
+    run.add_argument("--url", default=os.environ.get("SWEEPER_URL", "http://127.0.0.1:8080"),
+                     help="server base URL (default SWEEPER_URL or http://127.0.0.1:8080)")
+    run.add_argument("--token", default=None, help="bearer token (default SWEEPER_TOKEN)")
+    run.add_argument("--policy", default=None)
+    run.add_argument("--tenant", default=None, help="only this tenant (rollouts)")
+    run.add_argument("--dry-run", action="store_true", help="report only; release nothing")
+    run.add_argument("--max-items", type=int, default=None)
+    run.add_argument("--idempotency-key", default=None)
+    run.add_argument("--follow", action="store_true", help="show progress until it drains")
+    run.set_defaults(func=cmd_run)
+
+    demo = sub.add_parser("demo", help="run everything locally against a simulated store")
+    demo.add_argument("--items", type=int, default=3000)
+    demo.add_argument("--tenants", type=int, default=6)
+    demo.add_argument("--workers", type=int, default=32)
+    demo.add_argument("--keep", type=Path, default=None,
+                      help="keep the demo database in this folder")
+    demo.set_defaults(func=cmd_demo)
+
     openapi = sub.add_parser("openapi", help="write the OpenAPI document")
     openapi.add_argument("--output", type=Path, default=Path("openapi/openapi.json"))
     openapi.add_argument("--check", action="store_true", help="fail if the file is stale")
@@ -215,5 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     except DatabaseUnavailable as exc:
         print(f"sweeper: database unavailable: {exc}", file=sys.stderr)
         return EXIT_DATABASE
+    except RunFailed as exc:
+        print(f"sweeper: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130

@@ -109,6 +109,8 @@ class UpstreamClient:
 
 async def _drain_capped(response: httpx.Response) -> None:
     """Read at most BODY_CAP_BYTES of the body so the connection can be reused, no more."""
+    if response.is_stream_consumed:  # an in-memory response (tests, the demo store)
+        return
     seen = 0
     async for chunk in response.aiter_raw():
         seen += len(chunk)

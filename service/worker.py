@@ -126,10 +126,16 @@ class WorkerPool:
                 result = CallResult(Answer(failure=Failure.INVALID_REQUEST), 0.0)
                 reason_override = "unknown_policy_version"
             else:
-                result = await self.upstreams.for_policy(policy).delete(
-                    policy, tenant_id=lease.tenant_id, object_id=lease.object_id,
-                    operation_key=lease.operation_key)
                 reason_override = None
+                try:
+                    result = await self.upstreams.for_policy(policy).delete(
+                        policy, tenant_id=lease.tenant_id, object_id=lease.object_id,
+                        operation_key=lease.operation_key)
+                except Exception:
+                    # A bug or an unforeseen client error must still end in an outcome; the
+                    # request may have been sent, so it is `unknown` (same key next time).
+                    log.exception("upstream call crashed", extra={"item_id": lease.item_id})
+                    result = CallResult(Answer(failure=Failure.PROTOCOL), 0.0)
             self._done.append(self._completion(lease, policy, result, started, reason_override))
         finally:
             self._slots.release()

@@ -12,6 +12,7 @@ from sqlalchemy import text
 from service.api.deps import RuntimeDep
 from service.api.problems import ProblemDetails
 from service.db.engine import is_unavailable
+from service.db.migrate import is_known
 from service.errors import Problem
 
 READY_CHECK_TIMEOUT_SECONDS: Final = 2.0
@@ -35,7 +36,9 @@ async def healthz() -> Health:
 @router.get("/readyz", operation_id="readyz", response_model=Health,
             responses={503: {"model": ProblemDetails, "description": "not ready"}})
 async def readyz(runtime: RuntimeDep) -> Health:
-    """Readiness: the database answers and its schema is at this build's head revision."""
+    """Readiness: the database answers and its schema is at this build's head revision, or
+    at a revision this build does not know: a newer one, applied by the next release's
+    pre-upgrade migration (migrations only expand), so old pods stay ready while it rolls."""
     try:
         async with asyncio.timeout(READY_CHECK_TIMEOUT_SECONDS):
             async with runtime.engine.connect() as conn:
@@ -47,7 +50,7 @@ async def readyz(runtime: RuntimeDep) -> Health:
                           "the database does not answer", headers={"Retry-After": "5"}) from None
         # e.g. alembic_version does not exist yet: not migrated
         revision = None
-    if revision != runtime.schema_head:
+    if revision != runtime.schema_head and (revision is None or is_known(revision)):
         raise Problem(503, "schema-not-at-head", "Not ready",
                       f"database schema is at {revision or 'nothing'}, this build needs "
                       f"{runtime.schema_head}", headers={"Retry-After": "5"})

@@ -49,6 +49,14 @@ def head_revision() -> str:
     return head
 
 
+def is_known(revision: str) -> bool:
+    """True when this build ships `revision` (so a database at it is behind or at head)."""
+    try:
+        return ScriptDirectory.from_config(alembic_config()).get_revision(revision) is not None
+    except Exception:  # alembic raises several types for unknown ids
+        return False
+
+
 def _upgrade(connection: Connection, target: str) -> None:
     cfg = alembic_config()
     cfg.attributes["connection"] = connection

@@ -67,3 +67,19 @@ async def test_unknown_path_is_a_problem(api: httpx.AsyncClient) -> None:
     assert response.status_code == 404
     assert response.headers["content-type"] == "application/problem+json"
     assert response.headers["x-request-id"]
+
+
+async def test_readyz_stays_ready_on_a_newer_schema(db_url: str) -> None:
+    """During a rolling upgrade the new release migrates first; old pods must stay ready."""
+    import asyncpg
+
+    conn = await asyncpg.connect(db_url)
+    try:
+        await conn.execute("UPDATE alembic_version SET version_num = '9999_from_the_future'")
+    finally:
+        await conn.close()
+    async with LiveServer(test_settings(db_url), Policies.empty(), db_url) as live:
+        async with httpx.AsyncClient(base_url=live.base_url) as client:
+            response = await client.get("/readyz")
+    assert response.status_code == 200
+    assert response.json()["schema_revision"] == "9999_from_the_future"

@@ -1,0 +1,720 @@
+"""Drain throughput: how fast ONE WorkerPool takes N released items to `succeeded`.
+
+Every repetition gets a fresh database (CREATE DATABASE, migrate to head), seeds N items of
+one policy over a few tenants (bulk `ledger.register` in chunks of 10,000), publishes them
+with one run (batch_size 500), runs VACUUM (ANALYZE) on items so each repetition starts from
+the same statistics, and only then starts the clock: `WorkerPool.run()` in a task until
+`pool.completed` reaches N (every outcome committed), then `stop()`. The database is checked
+afterwards: exactly N items `succeeded`, N attempts.
+
+Upstream modes:
+  mock      in-process `httpx.MockTransport` answering 204: the cost of Sweeper alone.
+  loopback  the fake upstream (tests/fakes/upstream.py, no rate limit) over loopback TCP, in
+            its own process by default (`--fake-upstream inline` runs it in this event loop).
+
+Also, unless switched off: the same mock drain under cProfile ("where the time goes"), WARNING
+vs INFO logging with the service's JSON formatter, and the claim statement's EXPLAIN (ANALYZE,
+BUFFERS) on a database with N released items, before and half-way through a drain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import cProfile
+import gc
+import os
+import pstats
+import random
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from bench.common import (
+    BenchContext,
+    Benchmark,
+    CallTimer,
+    FreshDatabase,
+    configure_service_logging,
+    fresh_database,
+    patched,
+    plain_url,
+    progress,
+    summarize,
+    timed,
+    vacuum_analyze,
+)
+from service import claims, ledger, runs
+from service.claims import Completion, Lease
+from service.policies import Policies, Policy, resolve_policies
+from service.upstream import Upstreams
+from service.worker import WorkerPool
+
+MODES = ("mock", "loopback")
+DEFAULT_CONCURRENCY = (16, 64, 256)
+POLICY = "bench-carts"
+UPSTREAM = "bench"
+TENANTS = ("tenant-a", "tenant-b", "tenant-c", "tenant-d")
+REGISTER_CHUNK = 10_000
+BATCH_SIZE = 500
+LEASE_SECONDS = 60
+TARGET_ITEMS_PER_S = 5000.0
+MOCK_BASE_URL = "http://upstream.bench.invalid"
+POLL_S = 0.005
+STALL_S = 20.0
+
+
+# -- options -------------------------------------------------------------------------------
+
+
+def _int_list(value: str) -> list[int]:
+    try:
+        numbers = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected integers like 16,64") from None
+    if not numbers or any(n < 1 for n in numbers):
+        raise argparse.ArgumentTypeError(f"{value!r}: expected positive integers")
+    return numbers
+
+
+def _mode_list(value: str) -> list[str]:
+    modes = [m.strip() for m in value.split(",") if m.strip()]
+    unknown = sorted(set(modes) - set(MODES))
+    if not modes or unknown:
+        raise argparse.ArgumentTypeError(f"modes are {', '.join(MODES)}; got {value!r}")
+    return modes
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--items", type=int, default=20_000,
+                        help="items released and drained per repetition (default 20000)")
+    parser.add_argument("--loopback-items", type=int, default=None,
+                        help="items per loopback repetition (default: --items); the loopback "
+                             "path is far slower, so a time budget may need fewer")
+    parser.add_argument("--side-items", type=int, default=5000,
+                        help="items per logging-comparison and profile run (default 5000, "
+                             "at most --items)")
+    parser.add_argument("--concurrency", type=_int_list, action="append",
+                        help="WorkerPool concurrency; comma-separated or repeated "
+                             "(default 16,64,256)")
+    parser.add_argument("--modes", type=_mode_list, default=list(MODES),
+                        help="upstream modes: mock, loopback (default both)")
+    parser.add_argument("--log-level", choices=("INFO", "WARNING"), default="INFO",
+                        help="service log level during the sweep (JSON to /dev/null; "
+                             "default INFO, as deployed)")
+    parser.add_argument("--fake-upstream", choices=("process", "inline"), default="process",
+                        help="loopback mode: fake upstream in its own process (default) or "
+                             "in this event loop")
+    parser.add_argument("--no-profile", dest="profile", action="store_false",
+                        help="skip the cProfile run")
+    parser.add_argument("--profile-top", type=int, default=25,
+                        help="entries per profile table (default 25)")
+    parser.add_argument("--no-log-compare", dest="log_compare", action="store_false",
+                        help="skip WARNING vs INFO logging runs")
+    parser.add_argument("--no-explain", dest="explain", action="store_false",
+                        help="skip EXPLAIN (ANALYZE, BUFFERS) of the claim")
+    parser.add_argument("--focus-concurrency", type=int, default=None,
+                        help="concurrency for the profile, log and EXPLAIN runs (default: the "
+                             "best mock median of the sweep)")
+    parser.add_argument("--drain-timeout", type=float, default=300.0,
+                        help="give up on one drain after this many seconds (default 300)")
+
+
+# -- policies and upstreams ----------------------------------------------------------------
+
+
+def bench_policies(base_url: str, max_connections: int) -> Policies:
+    """One upstream, one policy, a per-tenant scope; limits never in the way."""
+    return resolve_policies({
+        "upstreams": {UPSTREAM: {"base_url": base_url, "timeout_seconds": 10,
+                                 "max_connections": max_connections}},
+        "policies": {POLICY: {
+            "version": 1, "upstream": UPSTREAM, "method": "DELETE",
+            "path": "/tenants/{tenant_id}/carts/{object_id}", "scope": "tenant:{tenant_id}",
+            "rate": {"per_second": 100_000, "burst": 100_000},
+            "lease_seconds": LEASE_SECONDS, "max_attempts": 8, "absent_means_deleted": True}},
+    }, {}, source="<bench>")
+
+
+def no_op_answer(request: httpx.Request) -> httpx.Response:
+    """An empty 204, *streamed* like a real transport's answer.
+
+    `httpx.Response(204)` would not do: httpx pre-reads a body given as content, and
+    service/upstream.py `_drain_capped` then raises httpx.StreamConsumed from
+    `aiter_raw()`, which nothing catches, so the attempt task dies and the item stays
+    leased until its lease expires (see the report)."""
+    return httpx.Response(204, stream=httpx.ByteStream(b""))
+
+
+@dataclass
+class UpstreamHandle:
+    """Where calls go, the transport to pass to Upstreams, and a call counter."""
+
+    base_url: str
+    transport: httpx.AsyncBaseTransport | None
+    calls: Callable[[], Awaitable[int]]
+
+
+@contextlib.asynccontextmanager
+async def upstream_for(mode: str, how: str, repo_root: Path) -> AsyncIterator[UpstreamHandle]:
+    if mode == "mock":
+        count = [0]
+
+        def answer(request: httpx.Request) -> httpx.Response:
+            count[0] += 1
+            return no_op_answer(request)
+
+        async def mock_calls() -> int:
+            return count[0]
+
+        yield UpstreamHandle(MOCK_BASE_URL, httpx.MockTransport(answer), mock_calls)
+    elif how == "inline":
+        from tests.fakes.upstream import FakeUpstream
+
+        async with FakeUpstream() as up:
+
+            async def inline_calls() -> int:
+                return len(up.calls())
+
+            yield UpstreamHandle(up.base_url, None, inline_calls)
+    else:
+        async with fake_upstream_process(repo_root) as base_url:
+
+            async def process_calls() -> int:
+                async with httpx.AsyncClient(base_url=base_url, timeout=10) as client:
+                    stats = (await client.get("/_control/stats")).json()
+                return int(stats["calls"])
+
+            yield UpstreamHandle(base_url, None, process_calls)
+
+
+@contextlib.asynccontextmanager
+async def fake_upstream_process(repo_root: Path) -> AsyncIterator[str]:
+    """`python -m tests.fakes.upstream --port 0` (no rate limit); yields its base URL."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.fakes.upstream", "--port", "0", cwd=str(repo_root),
+        stdout=asyncio.subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), 20)
+        base_url = line.decode().strip()
+        if not base_url.startswith("http://"):
+            raise RuntimeError(f"fake upstream did not start (said {base_url!r})")
+        yield base_url
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+            try:
+                await asyncio.wait_for(proc.wait(), 5)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+
+
+# -- seeding -------------------------------------------------------------------------------
+
+
+async def seed(engine: AsyncEngine, policy: Policy, n: int) -> dict[str, Any]:
+    """Register N due items over a few tenants, publish them with one run, VACUUM ANALYZE."""
+    started = time.perf_counter()
+    due = datetime.now(UTC) - timedelta(days=1)
+    for start in range(0, n, REGISTER_CHUNK):
+        await ledger.register(engine, [
+            ledger.Registration(TENANTS[i % len(TENANTS)], f"cart-{i:08d}", policy, due)
+            for i in range(start, min(n, start + REGISTER_CHUNK))])
+    registered = time.perf_counter()
+    run_id, _ = await runs.create_run(engine, runs.RunRequest(None, None, None, False, None),
+                                      None)
+    if not await runs.publish(engine, run_id, batch_size=BATCH_SIZE):
+        raise RuntimeError("publication was taken by another publisher")
+    published = time.perf_counter()
+    await vacuum_analyze(engine, "items")
+    async with engine.connect() as conn:
+        released = (await conn.execute(text(
+            "SELECT count(*) FROM items WHERE status = 'pending' "
+            "AND released_at IS NOT NULL"))).scalar_one()
+    if released != n:
+        raise RuntimeError(f"seeded {n} items but {released} are released")
+    return {"register_seconds": round(registered - started, 3),
+            "publish_seconds": round(published - registered, 3),
+            "vacuum_analyze_seconds": round(time.perf_counter() - published, 3),
+            "released": released, "run_id": run_id}
+
+
+async def status_counts(engine: AsyncEngine) -> dict[str, int]:
+    async with engine.connect() as conn:
+        rows = (await conn.execute(text(
+            "SELECT status, count(*) FROM items GROUP BY status ORDER BY status"))).all()
+        return {str(r[0]): int(r[1]) for r in rows}
+
+
+async def attempt_count(engine: AsyncEngine) -> int:
+    async with engine.connect() as conn:
+        return int((await conn.execute(text("SELECT count(*) FROM attempts"))).scalar_one())
+
+
+# -- one drain -----------------------------------------------------------------------------
+
+
+async def drain(engine: AsyncEngine, policies: Policies, upstreams: Upstreams, *, target: int,
+                concurrency: int, deadline_s: float, profiler: cProfile.Profile | None = None
+                ) -> dict[str, Any]:
+    """Run one WorkerPool until `target` outcomes are committed, then stop it; timed."""
+    pool = WorkerPool(engine, policies, upstreams, concurrency=concurrency,
+                      name=f"bench-worker-{os.getpid()}", rng=random.Random(7))
+    claim_t, complete_t, paused_t = CallTimer(), CallTimer(), CallTimer()
+
+    def leases_of(_args: Sequence[Any], result: claims.Claimed) -> int:
+        return len(result.leases)
+
+    def completions_of(args: Sequence[Any], _result: list[int]) -> int:
+        return len(args[1])
+
+    with (patched(claims, "claim", timed(claims.claim, claim_t, leases_of)),
+          patched(claims, "complete", timed(claims.complete, complete_t, completions_of)),
+          patched(pool, "_workers_paused", timed(pool._workers_paused, paused_t))):
+        gc.collect()
+        load = os.getloadavg()[0]
+        cpu_started = time.process_time()
+        started = time.perf_counter()
+        if profiler is not None:
+            profiler.enable()
+        task = asyncio.create_task(pool.run())
+        last, last_change = 0, started
+        try:
+            while (done := pool.completed + pool.fenced) < target:
+                if task.done():
+                    task.result()
+                    raise RuntimeError("the worker pool stopped early")
+                now = time.perf_counter()
+                if done != last:
+                    last, last_change = done, now
+                if now - started > deadline_s or now - last_change > STALL_S:
+                    raise TimeoutError(f"drain stalled or timed out after {now - started:.0f}s "
+                                       f"({done}/{target} completed)")
+                await asyncio.sleep(POLL_S)
+            elapsed = time.perf_counter() - started
+            cpu = time.process_time() - cpu_started
+        finally:
+            pool.stop()
+            await asyncio.wait_for(task, 60)
+            if profiler is not None:
+                profiler.disable()
+    return {
+        "seconds": round(elapsed, 4),
+        "items_per_s": round(target / elapsed, 1),
+        "process_cpu_seconds": round(cpu, 3),
+        "process_cpu_share": round(cpu / elapsed, 3),
+        "cpu_us_per_item": round(1e6 * cpu / target, 1),
+        "load_average_1m_at_start": load,
+        "completed": pool.completed, "fenced": pool.fenced, "reclaimed": pool.reclaimed,
+        "claim": claim_t.summary(elapsed),
+        "complete": complete_t.summary(elapsed),
+        "paused_check": paused_t.summary(elapsed),
+    }
+
+
+async def repetition(ctx: BenchContext, args: argparse.Namespace, *, mode: str, items: int,
+                     concurrency: int, log_level: str, label: str,
+                     quiet: Sequence[str] = (), profiler: cProfile.Profile | None = None
+                     ) -> dict[str, Any]:
+    """Fresh database, seed, drain once, verify."""
+    configure_service_logging(log_level, quiet=quiet)
+    async with (fresh_database(ctx.server_url, f"drain_{mode}") as db,
+                upstream_for(mode, args.fake_upstream, ctx.repo_root) as up):
+        policies = bench_policies(up.base_url, max(100, concurrency))
+        seeding = await seed(db.engine, policies.policies[POLICY], items)
+        upstreams = Upstreams(policies.upstreams, transport=up.transport)
+        try:
+            result = await drain(db.engine, policies, upstreams, target=items,
+                                 concurrency=concurrency, deadline_s=args.drain_timeout,
+                                 profiler=profiler)
+        finally:
+            await upstreams.aclose()
+        statuses = await status_counts(db.engine)
+        attempts = await attempt_count(db.engine)
+        calls = await up.calls()
+    ok = statuses == {"succeeded": items} and attempts == items
+    doc = {"mode": mode, "concurrency": concurrency, "log_level": log_level,
+           "quieted_loggers": list(quiet), "items": items, **result,
+           "db_status": statuses, "attempt_rows": attempts,
+           "upstream_calls": calls, "all_succeeded": ok,
+           "setup": {"create_and_migrate_seconds": round(db.create_seconds, 3), **seeding}}
+    shown = log_level + ("/quiet " + ",".join(quiet) if quiet else "")
+    progress(f"{label}: {mode:8} c={concurrency:<4} log={shown:7} "
+             f"{doc['items_per_s']:>8.0f} items/s  ({doc['seconds']:.2f}s, "
+             f"cpu {doc['process_cpu_share']:.0%}, claims {doc['claim']['calls']}, "
+             f"{'ok' if ok else 'MISMATCH ' + str(statuses)})")
+    if not ok:
+        raise RuntimeError(f"drain left {statuses} with {attempts} attempts")
+    return doc
+
+
+# -- where the time goes -------------------------------------------------------------------
+
+_PROFILE_ANCHORS: dict[str, tuple[str, str]] = {
+    # label: (path suffix, function name); cumulative time, so the shares overlap
+    "claim_statement": ("service/claims.py", "claim"),
+    "complete_statement": ("service/claims.py", "complete"),
+    "upstream_call_httpx": ("service/upstream.py", "delete"),
+    "worker_completion_incl_logging": ("service/worker.py", "_completion"),
+    "logging_info": ("logging/__init__.py", "info"),
+    "paused_check": ("service/worker.py", "_workers_paused"),
+    "attempt_task": ("service/worker.py", "_attempt"),
+    "run_once": ("service/worker.py", "run_once"),
+    "flush": ("service/worker.py", "flush"),
+}
+
+_IDLE = "<method 'poll' of 'select.epoll' objects>"
+
+
+def _short(path: str) -> str:
+    for marker in ("site-packages/", "/lib/python3."):
+        if marker in path:
+            tail = path.split(marker, 1)[1]
+            return tail if marker == "site-packages/" else tail.split("/", 1)[-1]
+    root = str(Path(__file__).resolve().parent.parent) + "/"
+    return path.removeprefix(root)
+
+
+def _package(path: str, func: str) -> str:
+    if path == "~":
+        return "idle (epoll wait)" if func == _IDLE else "builtins (C)"
+    short = _short(path)
+    head = short.split("/", 1)[0]
+    if head in ("service", "bench", "sqlalchemy", "asyncpg", "httpx", "httpcore", "logging",
+                "json", "asyncio", "greenlet", "uuid", "pydantic", "anyio", "sniffio"):
+        return head
+    return "stdlib/other" if "/" not in short or short.endswith(".py") else head
+
+
+def profile_report(profiler: cProfile.Profile, elapsed: float, top: int) -> dict[str, Any]:
+    """Top entries by cumulative and self time, anchors' shares, self time by package."""
+    st = pstats.Stats(profiler)
+    raw: dict[tuple[str, int, str], tuple[int, int, float, float, Any]] = st.stats  # type: ignore[attr-defined]
+    total = sum(v[2] for v in raw.values())
+    idle = sum(v[2] for (p, _l, f), v in raw.items() if p == "~" and f == _IDLE)
+    busy = total - idle
+
+    def entry(key: tuple[str, int, str], v: tuple[int, int, float, float, Any]
+              ) -> dict[str, Any]:
+        path, line, func = key
+        where = func if path == "~" else f"{_short(path)}:{line}({func})"
+        return {"function": where, "ncalls": v[1], "tottime_s": round(v[2], 4),
+                "cumtime_s": round(v[3], 4), "cum_share_of_busy": round(v[3] / busy, 4),
+                "self_share_of_busy": round(v[2] / busy, 4)}
+
+    items = [(k, v) for k, v in raw.items() if not (k[0] == "~" and k[2] == _IDLE)]
+    by_cum = sorted(items, key=lambda kv: kv[1][3], reverse=True)[:top]
+    by_self = sorted(items, key=lambda kv: kv[1][2], reverse=True)[:top]
+    anchors: dict[str, Any] = {}
+    for label, (suffix, func) in _PROFILE_ANCHORS.items():
+        found = [v for (p, _l, f), v in raw.items() if p.endswith(suffix) and f == func]
+        cum = sum(v[3] for v in found)
+        anchors[label] = {"cumtime_s": round(cum, 4), "share_of_busy": round(cum / busy, 4)
+                          if busy else None, "ncalls": sum(v[1] for v in found)}
+    packages: dict[str, float] = {}
+    for (p, _l, f), v in raw.items():
+        name = _package(p, f)
+        packages[name] = packages.get(name, 0.0) + v[2]
+    return {
+        "profiled_seconds": round(total, 3), "idle_seconds": round(idle, 3),
+        "busy_seconds": round(busy, 3), "wall_seconds": round(elapsed, 3),
+        "anchors_cumulative": anchors,
+        "self_time_by_package": {k: {"seconds": round(s, 3),
+                                     "share_of_busy": round(s / busy, 4) if busy else None}
+                                 for k, s in sorted(packages.items(), key=lambda kv: -kv[1])},
+        "top_cumulative": [entry(k, v) for k, v in by_cum],
+        "top_self": [entry(k, v) for k, v in by_self],
+        "caveat": ("cProfile counts a coroutine's time only while its frame runs (CPU, not "
+                   "awaiting); SQLAlchemy's greenlet switches can misattribute cumulative "
+                   "time; self time by package is the robust view. Profiling roughly "
+                   "doubles Python cost, so items/s here is not a throughput figure."),
+    }
+
+
+# -- EXPLAIN -------------------------------------------------------------------------------
+
+
+def _literal(value: Any) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    if isinstance(value, list):
+        return "ARRAY[" + ", ".join(_literal(v) for v in value) + "]"
+    raise TypeError(f"no literal for {type(value).__name__}")
+
+
+def claim_params(limit: int) -> dict[str, Any]:
+    """The parameters claims.claim sends for the bench policy."""
+    return {"now": None, "limit": limit, "owner": "bench-explain", "policy_names": [POLICY],
+            "lease_seconds": [LEASE_SECONDS], "default_lease": LEASE_SECONDS}
+
+
+async def claim_plans(db: FreshDatabase, limit: int) -> dict[str, Any]:
+    """The claim statement's plan, custom (bound values) and generic (what a prepared
+    statement settles on after five runs when it is not costlier), each executed with
+    ANALYZE inside a transaction that is rolled back."""
+    compiled = claims._CLAIM.compile(dialect=db.engine.dialect)
+    sql = str(compiled)
+    params = claim_params(limit)
+    names: list[str] = list(compiled.positiontup or [])
+    values = [params[n] for n in names]
+    conn = await asyncpg.connect(plain_url(db.url))
+    try:
+        plans: dict[str, Any] = {}
+        tr = conn.transaction()
+        await tr.start()
+        try:
+            rows = await conn.fetch("EXPLAIN (ANALYZE, BUFFERS) " + sql, *values)
+            plans["custom"] = [r[0] for r in rows]
+        finally:
+            await tr.rollback()
+        tr = conn.transaction()
+        await tr.start()
+        try:
+            await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+            await conn.execute(f"PREPARE bench_claim AS {sql}")
+            rows = await conn.fetch("EXPLAIN (ANALYZE, BUFFERS) EXECUTE bench_claim("
+                                    + ", ".join(_literal(v) for v in values) + ")")
+            plans["generic"] = [r[0] for r in rows]
+        finally:
+            await tr.rollback()
+            await conn.execute("DEALLOCATE ALL")
+        plans["parameters"] = params
+        return plans
+    finally:
+        await conn.close()
+
+
+async def complete_plan(db: FreshDatabase, n: int) -> list[str]:
+    """EXPLAIN (ANALYZE, BUFFERS) of the completion of `n` freshly claimed items, rolled
+    back; the leases are then handed back."""
+    claimed = await claims.claim(db.engine, owner="bench-explain", limit=n,
+                                 lease_seconds={POLICY: LEASE_SECONDS})
+    leases: list[Lease] = claimed.leases
+    now = datetime.now(UTC)
+    done = [Completion(lease=x, worker="bench-explain", outcome="succeeded", status="succeeded",
+                       reason="ok", http_status=204, retry_after_seconds=None,
+                       retry_in_seconds=0.0, refund_attempt=False, started_at=now,
+                       finished_at=now, latency_ms=0.1) for x in leases]
+    params = {
+        "ids": [x.lease.item_id for x in done], "tokens": [x.lease.lease_token for x in done],
+        "statuses": [x.status for x in done], "outcomes": [x.outcome for x in done],
+        "reasons": [x.reason for x in done], "http": [x.http_status for x in done],
+        "retry_after": [x.retry_after_seconds for x in done],
+        "retry_in": [x.retry_in_seconds for x in done],
+        "refund": [x.refund_attempt for x in done],
+        "attempt_nos": [x.lease.attempt for x in done], "workers": [x.worker for x in done],
+        "started": [x.started_at for x in done], "finished": [x.finished_at for x in done],
+        "latency": [x.latency_ms for x in done],
+    }
+    try:
+        async with db.engine.connect() as conn:
+            rows = (await conn.execute(text("EXPLAIN (ANALYZE, BUFFERS) "
+                                            + claims._COMPLETE.text), params)).all()
+            await conn.rollback()
+        return [str(r[0]) for r in rows]
+    finally:
+        await claims.release(db.engine, leases)
+
+
+async def table_stats(engine: AsyncEngine) -> dict[str, Any]:
+    async with engine.connect() as conn:
+        row = (await conn.execute(text(
+            "SELECT n_live_tup, n_dead_tup, pg_relation_size('items') AS heap_bytes, "
+            "pg_relation_size('items_ready') AS items_ready_bytes, "
+            "pg_relation_size('items_leased') AS items_leased_bytes "
+            "FROM pg_stat_user_tables WHERE relname = 'items'"))).mappings().one()
+        return dict(row)
+
+
+async def prepared_plan_usage(engine: AsyncEngine) -> list[dict[str, Any]]:
+    """generic_plans / custom_plans of the worker's own prepared claim and completion
+    statements, from every pooled connection (pg_prepared_statements is per session)."""
+    found: list[dict[str, Any]] = []
+    async with contextlib.AsyncExitStack() as stack:
+        for _ in range(engine.pool.checkedin()):  # type: ignore[attr-defined]
+            conn = await stack.enter_async_context(engine.connect())
+            rows = (await conn.execute(text(
+                "SELECT generic_plans, custom_plans, left(regexp_replace(statement, "
+                "'\\s+', ' ', 'g'), 80) AS head FROM pg_prepared_statements "
+                "WHERE statement LIKE '%lease_lengths%' OR statement LIKE '%applied AS%'"
+            ))).mappings().all()
+            found += [{**dict(r), "statement": ("claim" if "clock" in r["head"] else
+                                                "complete")} for r in rows]
+    return found
+
+
+async def explain_section(ctx: BenchContext, args: argparse.Namespace, concurrency: int
+                          ) -> dict[str, Any]:
+    configure_service_logging("WARNING")
+    async with fresh_database(ctx.server_url, "drain_explain") as db:
+        policies = bench_policies(MOCK_BASE_URL, max(100, concurrency))
+        await seed(db.engine, policies.policies[POLICY], args.items)
+        doc: dict[str, Any] = {"limit": concurrency, "items": args.items}
+        doc["table_at_start"] = await table_stats(db.engine)
+        doc["claim_at_start"] = await claim_plans(db, concurrency)
+        upstreams = Upstreams(policies.upstreams,
+                              transport=httpx.MockTransport(no_op_answer))
+        half = args.items // 2
+        try:
+            drained = await drain(db.engine, policies, upstreams, target=half,
+                                  concurrency=concurrency, deadline_s=args.drain_timeout)
+        finally:
+            await upstreams.aclose()
+        doc["worker_prepared_statements"] = await prepared_plan_usage(db.engine)
+        doc["half_drain"] = {"completed": drained["completed"],
+                             "items_per_s": drained["items_per_s"],
+                             "claim": drained["claim"]}
+        doc["table_half_drained"] = await table_stats(db.engine)
+        doc["claim_half_drained"] = await claim_plans(db, concurrency)
+        doc["complete_half_drained"] = await complete_plan(db, min(200, args.items - half))
+    return doc
+
+
+# -- the benchmark -------------------------------------------------------------------------
+
+
+def _pick_focus(results: dict[str, dict[str, Any]], sweep: list[int]) -> int:
+    mock = results.get("mock", {})
+    best = [(v["items_per_s"]["median"], int(c)) for c, v in mock.items()
+            if v["items_per_s"]["median"] is not None]
+    return max(best)[1] if best else max(sweep)
+
+
+async def run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
+    sweep = sorted({c for group in (args.concurrency or [list(DEFAULT_CONCURRENCY)])
+                    for c in group})
+    started = time.perf_counter()
+    items = {"mock": args.items, "loopback": args.loopback_items or args.items}
+    side_items = min(args.side_items, args.items)
+    parameters = {
+        "items": items, "side_items": side_items, "repeat": args.repeat,
+        "concurrency": sweep, "modes": args.modes,
+        "log_level": args.log_level, "log_format": "json to /dev/null",
+        "fake_upstream": args.fake_upstream, "tenants": len(TENANTS),
+        "register_chunk": REGISTER_CHUNK, "batch_size": BATCH_SIZE, "policies": 1,
+        "upstream_max_connections": "max(100, concurrency)",
+        "db_pool_size": 10, "vacuum_analyze_before_drain": True,
+        "event_loop": args.loop, "completion_poll_s": POLL_S,
+        "order": "interleaved: for each repetition, every mode and concurrency",
+    }
+    # the sweep, interleaved so slow drift on a shared machine hits every cell alike
+    reps: dict[str, dict[str, list[dict[str, Any]]]] = {m: {str(c): [] for c in sweep}
+                                                        for m in args.modes}
+    for rep in range(args.repeat):
+        for mode in args.modes:
+            for c in sweep:
+                reps[mode][str(c)].append(await repetition(
+                    ctx, args, mode=mode, items=items[mode], concurrency=c,
+                    log_level=args.log_level, label=f"rep {rep + 1}/{args.repeat}"))
+    results: dict[str, dict[str, Any]] = {}
+    for mode, cells in reps.items():
+        results[mode] = {}
+        for c, rows in cells.items():
+            results[mode][c] = {
+                "items_per_s": summarize([r["items_per_s"] for r in rows]),
+                "seconds": summarize([r["seconds"] for r in rows]),
+                "cpu_us_per_item": summarize([r["cpu_us_per_item"] for r in rows]),
+                "claim_rows_per_call": summarize([r["claim"]["rows_per_call"] or 0
+                                                  for r in rows]),
+                "claim_wall_ms_mean": summarize([r["claim"]["wall_ms_mean"] or 0
+                                                 for r in rows]),
+                "repetitions": rows,
+            }
+    doc: dict[str, Any] = {"parameters": parameters, "results": results}
+    focus = args.focus_concurrency or _pick_focus(results, sweep)
+    doc["focus_concurrency"] = focus
+    if "mock" in results:
+        best = max((v["items_per_s"]["median"], c) for c, v in results["mock"].items())
+        doc["target"] = {"mode": "mock", "items_per_s": TARGET_ITEMS_PER_S,
+                         "best_median_items_per_s": best[0], "at_concurrency": int(best[1]),
+                         "met": best[0] >= TARGET_ITEMS_PER_S}
+
+    if args.log_compare:
+        variants = {"WARNING": ("WARNING", ()), "INFO": ("INFO", ()),
+                    "INFO, httpx logger at WARNING": ("INFO", ("httpx",))}
+        levels: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
+        for rep in range(args.repeat):
+            for name, (level, quiet) in variants.items():
+                levels[name].append(await repetition(
+                    ctx, args, mode="mock", items=side_items, concurrency=focus,
+                    log_level=level, quiet=quiet, label=f"log {rep + 1}/{args.repeat}"))
+        med = {lv: summarize([r["items_per_s"] for r in rows]) for lv, rows in levels.items()}
+        cpu = {lv: summarize([r["cpu_us_per_item"] for r in rows])
+               for lv, rows in levels.items()}
+        w, i = med["WARNING"]["median"], med["INFO"]["median"]
+        doc["logging"] = {
+            "mode": "mock", "concurrency": focus, "items": side_items,
+            "format": "service JSON formatter, written to /dev/null",
+            "lines_per_attempt_at_info": "2 (worker 'attempt' + httpx 'HTTP Request')",
+            "items_per_s": med, "cpu_us_per_item": cpu,
+            "info_slowdown": round(1 - i / w, 4) if w and i else None,
+            "repetitions": levels,
+        }
+
+    if args.profile:
+        profiler = cProfile.Profile()
+        profiled = await repetition(ctx, args, mode="mock", items=side_items,
+                                    concurrency=focus, log_level=args.log_level,
+                                    label="profile", profiler=profiler)
+        report = profile_report(profiler, profiled["seconds"], args.profile_top)
+        report["run"] = {k: profiled[k] for k in ("mode", "concurrency", "log_level", "items",
+                                                  "seconds", "items_per_s", "claim",
+                                                  "complete", "paused_check")}
+        doc["profile"] = report
+
+    if args.explain:
+        progress(f"explain: claim plans at start and half-way (limit {focus})")
+        doc["explain"] = await explain_section(ctx, args, focus)
+    doc["elapsed_seconds"] = round(time.perf_counter() - started, 1)
+    print_summary(doc)
+    return doc
+
+
+def print_summary(doc: dict[str, Any]) -> None:
+    lines = ["drain: median items/s (min-max) over repetitions"]
+    for mode, cells in doc["results"].items():
+        for c, cell in cells.items():
+            s = cell["items_per_s"]
+            lines.append(f"  {mode:8} c={c:<4} {s['median']:>9.1f}  ({s['min']:.0f}-{s['max']:.0f})"
+                         f"  cpu {cell['cpu_us_per_item']['median']} us/item, "
+                         f"claim {cell['claim_rows_per_call']['median']} rows/"
+                         f"{cell['claim_wall_ms_mean']['median']} ms")
+    if "target" in doc:
+        t = doc["target"]
+        lines.append(f"  target mock >= {t['items_per_s']:.0f}/s: "
+                     f"{'met' if t['met'] else 'NOT met'} (best {t['best_median_items_per_s']}"
+                     f" at c={t['at_concurrency']})")
+    if "logging" in doc:
+        lg = doc["logging"]
+        per_s = lg["items_per_s"]
+        lines.append(f"  logging c={lg['concurrency']}: WARNING {per_s['WARNING']['median']}"
+                     f" vs INFO {per_s['INFO']['median']} items/s "
+                     f"(INFO slowdown {lg['info_slowdown']})")
+    if "profile" in doc:
+        anchors = doc["profile"]["anchors_cumulative"]
+        lines.append("  profile (cumulative share of busy CPU): " + ", ".join(
+            f"{k} {v['share_of_busy']:.0%}" for k, v in anchors.items()
+            if v["share_of_busy"] is not None))
+    progress("\n".join(lines))
+
+
+BENCHMARK = Benchmark(name="drain", help="drain N released items with one WorkerPool",
+                      add_arguments=add_arguments, run=run)

@@ -1,0 +1,251 @@
+{{/*
+Chart name, truncated to a DNS label.
+*/}}
+{{- define "sweeper.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Fully qualified app name: <release>-<chart>, or the release name when it already
+contains the chart name. Truncated to leave room for the "-worker"/"-migrate" suffixes.
+*/}}
+{{- define "sweeper.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 55 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 55 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 55 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Names of the per-component resources. */}}
+{{- define "sweeper.workerName" -}}
+{{- printf "%s-worker" (include "sweeper.fullname" .) }}
+{{- end }}
+
+{{- define "sweeper.migrationName" -}}
+{{- printf "%s-migrate" (include "sweeper.fullname" .) }}
+{{- end }}
+
+{{/* A CronJob name leaves 11 characters for the Job suffix the controller appends. */}}
+{{- define "sweeper.cronjobName" -}}
+{{- printf "%s-run" (include "sweeper.fullname" .) | trunc 52 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "sweeper.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Common labels. Call with (dict "root" $ "component" "api").
+*/}}
+{{- define "sweeper.labels" -}}
+helm.sh/chart: {{ include "sweeper.chart" .root }}
+{{ include "sweeper.selectorLabels" . }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+app.kubernetes.io/part-of: sweeper
+{{- end }}
+
+{{/*
+Selector labels. Call with (dict "root" $ "component" "api").
+*/}}
+{{- define "sweeper.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "sweeper.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{/* The Secret holding the database URL and the API tokens. */}}
+{{- define "sweeper.secretName" -}}
+{{- default (include "sweeper.fullname" .) .Values.existingSecret }}
+{{- end }}
+
+{{- define "sweeper.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "sweeper.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The Sweeper image reference: repository@digest or repository:tag. */}}
+{{- define "sweeper.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* Name of the HTTP port: "https" when Sweeper terminates TLS itself. */}}
+{{- define "sweeper.portName" -}}
+{{- if .Values.tls.enabled }}https{{ else }}http{{ end }}
+{{- end }}
+
+{{- define "sweeper.scheme" -}}
+{{- if .Values.tls.enabled }}HTTPS{{ else }}HTTP{{ end }}
+{{- end }}
+
+{{/* Where the policies ConfigMap is mounted, and the file SWEEPER_POLICIES_FILE names. */}}
+{{- define "sweeper.policiesDir" -}}/etc/sweeper/policies{{- end }}
+{{- define "sweeper.policiesFile" -}}/etc/sweeper/policies/policies.toml{{- end }}
+{{- define "sweeper.tlsDir" -}}/etc/sweeper/tls{{- end }}
+
+{{/*
+terminationGracePeriodSeconds: explicit, or preStop sleep + shutdown grace + 10 s.
+An explicit value that would cut the drain short fails the render.
+*/}}
+{{- define "sweeper.terminationGracePeriodSeconds" -}}
+{{- $drain := add (int .Values.preStopSleepSeconds) (int (ceil .Values.config.shutdownGraceSeconds)) }}
+{{- if .Values.terminationGracePeriodSeconds }}
+{{- if le (int .Values.terminationGracePeriodSeconds) (int $drain) }}
+{{- fail (printf "terminationGracePeriodSeconds (%v) must be greater than preStopSleepSeconds + config.shutdownGraceSeconds (%v)" .Values.terminationGracePeriodSeconds $drain) }}
+{{- end }}
+{{- int .Values.terminationGracePeriodSeconds }}
+{{- else }}
+{{- add $drain 10 }}
+{{- end }}
+{{- end }}
+
+{{/*
+Settings shared by every Sweeper process (API, worker, migration).
+*/}}
+{{- define "sweeper.commonEnv" -}}
+- name: SWEEPER_ENVIRONMENT
+  value: {{ .Values.config.environment | quote }}
+- name: SWEEPER_DATABASE_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "sweeper.secretName" . }}
+      key: {{ .Values.secretKeys.databaseUrl }}
+- name: SWEEPER_API_TOKENS
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "sweeper.secretName" . }}
+      key: {{ .Values.secretKeys.apiTokens }}
+- name: SWEEPER_DATA_DIR
+  value: /var/lib/sweeper
+- name: SWEEPER_DB_POOL_SIZE
+  value: {{ .Values.config.dbPoolSize | quote }}
+- name: SWEEPER_LOG_LEVEL
+  value: {{ .Values.config.logLevel | quote }}
+- name: SWEEPER_LOG_FORMAT
+  value: {{ .Values.config.logFormat | quote }}
+- name: SWEEPER_SHUTDOWN_GRACE_SECONDS
+  value: {{ .Values.config.shutdownGraceSeconds | quote }}
+- name: SWEEPER_MIGRATE_ON_START
+  value: {{ ternary "false" "true" .Values.migration.enabled | quote }}
+{{- end }}
+
+{{/*
+Settings of the long-running processes (API and worker): the policies file and batching.
+*/}}
+{{- define "sweeper.runtimeEnv" -}}
+- name: SWEEPER_POLICIES_FILE
+  value: {{ include "sweeper.policiesFile" . }}
+- name: SWEEPER_BATCH_SIZE
+  value: {{ .Values.config.batchSize | quote }}
+{{- end }}
+
+{{/* Writable scratch volumes; the root filesystem is read-only. */}}
+{{- define "sweeper.scratchVolumes" -}}
+- name: tmp
+  emptyDir:
+    sizeLimit: {{ .Values.volumes.tmpSizeLimit }}
+- name: data
+  emptyDir:
+    sizeLimit: {{ .Values.volumes.dataSizeLimit }}
+{{- end }}
+
+{{- define "sweeper.scratchVolumeMounts" -}}
+- name: tmp
+  mountPath: /tmp
+- name: data
+  mountPath: /var/lib/sweeper
+{{- end }}
+
+{{/*
+Volumes of the long-running pods: scratch, policies, TLS (API only), extras.
+Call with (dict "root" $ "component" "api").
+*/}}
+{{- define "sweeper.volumes" -}}
+{{- $root := .root -}}
+{{ include "sweeper.scratchVolumes" $root }}
+- name: policies
+  configMap:
+    name: {{ include "sweeper.fullname" $root }}-policies
+{{- if and $root.Values.tls.enabled (eq .component "api") }}
+- name: tls
+  secret:
+    secretName: {{ required "tls.secretName is required when tls.enabled" $root.Values.tls.secretName }}
+{{- end }}
+{{- with $root.Values.extraVolumes }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "sweeper.volumeMounts" -}}
+{{- $root := .root -}}
+{{ include "sweeper.scratchVolumeMounts" $root }}
+- name: policies
+  mountPath: {{ include "sweeper.policiesDir" $root }}
+  readOnly: true
+{{- if and $root.Values.tls.enabled (eq .component "api") }}
+- name: tls
+  mountPath: {{ include "sweeper.tlsDir" $root }}
+  readOnly: true
+{{- end }}
+{{- with $root.Values.extraVolumeMounts }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+Scheduling constraints shared by the Sweeper pods. Call with (dict "root" $ "component" "api").
+*/}}
+{{- define "sweeper.scheduling" -}}
+{{- $root := .root -}}
+enableServiceLinks: false
+{{- with $root.Values.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with $root.Values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $root.Values.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $root.Values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- if $root.Values.topologySpreadConstraints }}
+topologySpreadConstraints:
+{{- range $root.Values.topologySpreadConstraints }}
+{{- $constraint := deepCopy . }}
+{{- if not (hasKey $constraint "labelSelector") }}
+{{- $_ := set $constraint "labelSelector" (dict "matchLabels" (include "sweeper.selectorLabels" $ | fromYaml)) }}
+{{- end }}
+  - {{ toYaml $constraint | indent 4 | trim }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Pod-level settings shared by the Sweeper pods. */}}
+{{- define "sweeper.podCommon" -}}
+serviceAccountName: {{ include "sweeper.serviceAccountName" . }}
+automountServiceAccountToken: {{ .Values.serviceAccount.automountServiceAccountToken }}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+securityContext:
+  {{- toYaml .Values.podSecurityContext | nindent 2 }}
+{{- end }}

@@ -1,0 +1,148 @@
+"""`sweeper demo`: the whole pipeline locally in one command.
+
+An embedded PostgreSQL in a temporary directory, the real HTTP API and worker pool, and a
+simulated storefront deletion API (in process) that enforces a per-tenant rate limit with
+429 + Retry-After and now and then answers 404 (already gone) or 503 (try later). A few
+thousand items over several tenants are registered over HTTP, a run is triggered, and the
+drain is followed with the progress bar.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import secrets
+import shutil
+import socket
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+import uvicorn
+
+from service import follow
+from service.app import create_app
+from service.cli import migrate_database
+from service.db.embedded import EmbeddedPostgres
+from service.policies import Policies, resolve_policies
+from service.settings import LogFormat, Settings, async_url
+
+log = logging.getLogger(__name__)
+
+TENANT_RATE_PER_S = 40.0
+LATENCY_S = (0.005, 0.03)
+ABSENT_SHARE = 0.03
+UNAVAILABLE_SHARE = 0.01
+
+
+@dataclass
+class SimulatedStore:
+    """A deletion API with a per-tenant token bucket (burst 1) and a little bad weather."""
+
+    rate_per_s: float = TENANT_RATE_PER_S
+    rng: random.Random = field(default_factory=random.Random)
+    buckets: dict[str, tuple[float, float]] = field(default_factory=dict)
+    calls: int = 0
+    throttled: int = 0
+
+    async def handle(self, request: httpx.Request) -> httpx.Response:
+        self.calls += 1
+        tenant = request.url.path.split("/")[2]
+        now = time.monotonic()
+        tokens, at = self.buckets.get(tenant, (1.0, now))
+        tokens = min(1.0, tokens + (now - at) * self.rate_per_s)
+        if tokens < 1.0:
+            self.buckets[tenant] = (tokens, now)
+            self.throttled += 1
+            wait = (1.0 - tokens) / self.rate_per_s
+            return httpx.Response(429, headers={"Retry-After": str(max(1, round(wait)))})
+        self.buckets[tenant] = (tokens - 1.0, now)
+        await asyncio.sleep(self.rng.uniform(*LATENCY_S))
+        roll = self.rng.random()
+        if roll < UNAVAILABLE_SHARE:
+            return httpx.Response(503)
+        if roll < UNAVAILABLE_SHARE + ABSENT_SHARE:
+            return httpx.Response(404)
+        return httpx.Response(204)
+
+
+def demo_policies() -> Policies:
+    """One storefront and one cart-retention policy, limited per tenant."""
+    return resolve_policies({
+        "upstreams": {"demo-store": {"base_url": "http://demo-store.invalid",
+                                     "timeout_seconds": 5}},
+        "policies": {"cart-retention": {
+            "version": 1, "upstream": "demo-store", "path": "/tenants/{tenant_id}/carts/"
+            "{object_id}", "scope": "tenant:{tenant_id}",
+            "rate": {"per_second": TENANT_RATE_PER_S, "burst": 1}, "lease_seconds": 30,
+            "max_attempts": 5, "absent_means_deleted": True,
+            "backoff": {"base_seconds": 0.2, "max_seconds": 5}}},
+    }, {}, source="<demo>")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def _demo(url: str, items: int, tenants: int, workers: int) -> int:
+    token = secrets.token_urlsafe(24)
+    settings = Settings(database_url=url, api_tokens=token, workers=workers,
+                        batch_size=250, log_format=LogFormat.CONSOLE, log_level="WARNING")
+    await migrate_database(async_url(url), settings)
+    store = SimulatedStore()
+    app = create_app(settings, demo_policies(), async_url(url),
+                     upstream_transport=httpx.MockTransport(store.handle))
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None,
+                                           access_log=False))
+    serving = asyncio.create_task(server.serve())
+    while not server.started:
+        if serving.done():
+            serving.result()
+        await asyncio.sleep(0.05)
+    base = f"http://127.0.0.1:{port}"
+    print(f"Sweeper demo: API on {base}, {workers} workers, simulated store allowing "
+          f"{TENANT_RATE_PER_S:.0f} deletions/s per tenant")
+    try:
+        async with httpx.AsyncClient(base_url=base, timeout=30,
+                                     headers={"Authorization": f"Bearer {token}"}) as client:
+            due = datetime.now(UTC) - timedelta(days=31)
+            names = [f"shop-{i}.example" for i in range(tenants)]
+            batch = [{"tenant_id": names[i % tenants], "object_id": f"cart-{i:06d}",
+                      "policy": "cart-retention", "due_at": due.isoformat()}
+                     for i in range(items)]
+            for start in range(0, len(batch), 5000):
+                response = await client.post("/v1/items", json={"items": batch[start:start
+                                                                                  + 5000]})
+                response.raise_for_status()
+            print(f"registered {items} expired carts over {tenants} tenants")
+            dry = await follow.trigger(client, {"dry_run": True}, None)
+            print(f"report-only run {dry['id']} first (the runbook's advice)")
+            run = await follow.trigger(client, {}, f"demo-{datetime.now(UTC):%Y%m%dT%H%M}")
+            print(f"run {run['id']} published; draining:")
+            final = await follow.follow(client, int(run["id"]))
+            print("done: " + ", ".join(f"{k}={v}" for k, v in sorted(final["items"].items()))
+                  + f"; upstream calls {store.calls}, answered 429 {store.throttled} times")
+    finally:
+        server.should_exit = True
+        await serving
+    return 0
+
+
+def run_demo(items: int, tenants: int, workers: int, keep: Path | None) -> int:
+    """Start an embedded database (a temporary one unless `keep` names a folder) and run."""
+    folder = keep or Path(tempfile.mkdtemp(prefix="sweeper-demo-"))
+    embedded = EmbeddedPostgres(folder)
+    try:
+        url = embedded.start()
+        return asyncio.run(_demo(url, items, tenants, workers))
+    finally:
+        embedded.stop()
+        if keep is None:
+            shutil.rmtree(folder, ignore_errors=True)

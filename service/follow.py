@@ -1,0 +1,129 @@
+"""`sweeper run`: trigger a run on a server and, with --follow, show its progress live."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+import httpx
+
+from service.errors import ConfigError, SweeperError
+
+TERMINAL = ("succeeded", "dead", "cancelled")
+POLL_INTERVAL_S = 0.5
+PLAIN_REPORT_EVERY_S = 5.0
+BAR_WIDTH = 30
+
+
+class RunFailed(SweeperError):
+    """The server refused the trigger or could not be reached."""
+
+
+@dataclass
+class Progress:
+    """Done/total with a rate measured over the follow so far."""
+
+    started: float
+    first_done: int | None = None
+
+    def line(self, run: dict[str, Any], now: float) -> str:
+        items: dict[str, int] = run.get("items", {})
+        total = int(run.get("released", 0))
+        done = sum(items.get(s, 0) for s in TERMINAL)
+        if self.first_done is None:
+            self.first_done = done
+        elapsed = max(now - self.started, 1e-9)
+        rate = (done - self.first_done) / elapsed
+        publishing = run.get("state") == "publishing"
+        share = done / total if total else (0.0 if publishing else 1.0)
+        filled = int(BAR_WIDTH * share)
+        eta = f"{(total - done) / rate:.0f}s" if rate > 0 and done < total else "-"
+        attempts = run.get("attempts", {})
+        outcomes = " ".join(f"{k}={v}" for k, v in sorted(attempts.items()))
+        state = "" if run.get("state") == "published" else f" ({run.get('state')})"
+        return (f"[{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {done}/{total} "
+                f"{share:4.0%} {rate:7.1f}/s ETA {eta}{state}  {outcomes}")
+
+
+def finished(run: dict[str, Any]) -> bool:
+    """Published, and none of its items pending or leased any more."""
+    items = run.get("items", {})
+    return bool(run.get("state") == "published" and not items.get("pending")
+                and not items.get("leased"))
+
+
+async def trigger(client: httpx.AsyncClient, body: dict[str, Any], key: str | None
+                  ) -> dict[str, Any]:
+    """POST /v1/runs and return the run."""
+    headers = {"Idempotency-Key": key} if key else {}
+    try:
+        response = await client.post("/v1/runs", json=body, headers=headers)
+    except httpx.TransportError as exc:
+        raise RunFailed(f"cannot reach {client.base_url}: {type(exc).__name__}") from None
+    if response.status_code not in (200, 202):
+        raise RunFailed(_problem_text(response))
+    run: dict[str, Any] = response.json()
+    return run
+
+
+async def follow(client: httpx.AsyncClient, run_id: int, out: TextIO = sys.stderr,
+                 timeout_s: float | None = None) -> dict[str, Any]:
+    """Poll the run until it drains, drawing a progress bar (a line every few seconds when
+    `out` is not a terminal). Returns the final run."""
+    progress = Progress(started=time.monotonic())
+    tty = out.isatty()
+    last_plain = 0.0
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        response = await client.get(f"/v1/runs/{run_id}")
+        if response.status_code != 200:
+            raise RunFailed(_problem_text(response))
+        run: dict[str, Any] = response.json()
+        now = time.monotonic()
+        line = progress.line(run, now)
+        done = finished(run)
+        if tty:
+            out.write("\r\x1b[2K" + line)
+        elif done or now - last_plain >= PLAIN_REPORT_EVERY_S:
+            out.write(line + "\n")
+            last_plain = now
+        out.flush()
+        if done:
+            if tty:
+                out.write("\n")
+            return run
+        if deadline is not None and now > deadline:
+            raise RunFailed(f"run {run_id} did not drain within {timeout_s:.0f} s")
+        await asyncio.sleep(POLL_INTERVAL_S)
+
+
+def _problem_text(response: httpx.Response) -> str:
+    try:
+        doc = response.json()
+        return f"HTTP {response.status_code}: {doc.get('title')}: {doc.get('detail', '')}"
+    except ValueError:
+        return f"HTTP {response.status_code}"
+
+
+async def run_command(url: str, token: str | None, body: dict[str, Any], key: str | None,
+                      follow_run: bool) -> int:
+    """The `sweeper run` command body; prints the run id, then follows if asked."""
+    if not token:
+        raise ConfigError("SWEEPER_TOKEN (or --token) is required to call the API")
+    async with httpx.AsyncClient(base_url=url, timeout=10,
+                                 headers={"Authorization": f"Bearer {token}"}) as client:
+        run = await trigger(client, body, key)
+        print(f"run {run['id']}: cutoff {run['cutoff']}, state {run['state']}"
+              f"{' (dry run)' if run['dry_run'] else ''}")
+        if follow_run:
+            final = await follow(client, int(run["id"]))
+            items = final.get("items", {})
+            print(f"run {run['id']} drained: " + ", ".join(
+                f"{k}={v}" for k, v in sorted(items.items())))
+            if final["dry_run"]:
+                print(f"candidates: {final['candidates']} "
+                      f"(oldest due {final['oldest_due_at']})")
+    return 0

@@ -1,0 +1,664 @@
+"""The Helm chart in charts/sweeper: lint, render, key properties, Kubernetes schemas.
+
+No database and no cluster. For the default values and for ci/all-on-values.yaml this runs
+`helm lint --strict`, renders the chart as `helm template` would (hooks included), asserts
+what the deployment depends on, and validates every manifest with kubernetes-validate in
+strict mode (unknown fields rejected) against the oldest Kubernetes the chart supports and
+a recent one.
+
+Helm engine: the real Helm Go SDK, loaded in-process from the `helm-python-sdk` wheel (import
+name `helm_python`; it bundles libhelm_c, a C ABI over Helm's Go packages, and no `helm`
+CLI). When that package is absent but a `helm` executable is on PATH, the CLI is used. With
+neither, or without kubernetes-validate, the tests fail: CI installs both.
+
+ServiceMonitor (monitoring.coreos.com/v1) is a CRD that the Kubernetes schemas do not
+cover; it is exempted from schema validation by name and checked structurally below.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import tomllib
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+import pytest
+
+try:
+    import yaml
+except ImportError:  # reported by the _requirements fixture, as a failure
+    yaml = None
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "sweeper"
+ALL_ON = CHART / "ci" / "all-on-values.yaml"
+RELEASE = "demo"
+NAMESPACE = "shop"
+FULLNAME = "demo-sweeper"
+
+# The chart's kubeVersion floor and a recent release; both must be in kubernetes-validate.
+KUBE_VERSIONS = ("1.27.0", "1.37.0")
+# Custom resources the Kubernetes schemas cannot know; checked structurally instead.
+CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+
+Doc = dict[str, Any]
+
+
+class RenderError(Exception):
+    """Helm refused the values or a template failed."""
+
+
+class HelmEngine(Protocol):
+    name: str
+
+    def lint(self, values: Mapping[str, Any]) -> list[str]:
+        """Findings of `helm lint --strict` (warnings count): empty means clean."""
+
+    def render(self, values: Mapping[str, Any]) -> tuple[list[Doc], str | None]:
+        """Manifests of `helm template` (hooks included), and NOTES.txt when available."""
+
+
+class SdkEngine:
+    """Helm's Go SDK in-process, from the helm-python-sdk wheel."""
+
+    def __init__(self, helm: Any) -> None:
+        self.helm = helm
+        self.name = f"helm-python-sdk (Helm {helm.helm_sdk_version()})"
+
+    def lint(self, values: Mapping[str, Any]) -> list[str]:
+        report = self.helm.lint(str(CHART), dict(values), strict=True,
+                                kube_version=f"v{KUBE_VERSIONS[-1]}")
+        # Severity 2 = warning, 3 = error; --strict fails on both.
+        found = [f"{m['path']}: {m['error']}" for m in report["messages"] if m["severity"] >= 2]
+        return found + list(report["errors"])
+
+    def render(self, values: Mapping[str, Any]) -> tuple[list[Doc], str | None]:
+        try:
+            with self.helm.Chart.load(str(CHART)) as chart:
+                chart.validate_schema(dict(values))  # `helm template` does this first
+                files = chart.render(dict(values), name=RELEASE, namespace=NAMESPACE,
+                                     is_install=True)
+        except self.helm.HelmError as exc:
+            raise RenderError(str(exc)) from exc
+        notes = None
+        docs: list[Doc] = []
+        for path, text in sorted(files.items()):
+            if path.endswith("NOTES.txt"):
+                notes = text
+            elif path.endswith((".yaml", ".yml")):
+                docs.extend(d for d in yaml.safe_load_all(text) if d)
+        return docs, notes
+
+
+class CliEngine:
+    """A `helm` executable from PATH."""
+
+    def __init__(self, binary: str) -> None:
+        self.binary = binary
+        version = subprocess.run([binary, "version", "--short"], capture_output=True,
+                                 text=True, check=False, timeout=30)
+        self.name = f"{binary} ({version.stdout.strip()})"
+
+    def _run(self, args: list[str], values: Mapping[str, Any]) -> subprocess.CompletedProcess[str]:
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+            yaml.safe_dump(dict(values), f)
+        try:
+            return subprocess.run([self.binary, *args, "-f", f.name], capture_output=True,
+                                  text=True, check=False, timeout=60)
+        finally:
+            os.unlink(f.name)
+
+    def lint(self, values: Mapping[str, Any]) -> list[str]:
+        done = self._run(["lint", "--strict", str(CHART)], values)
+        return [] if done.returncode == 0 else [done.stdout + done.stderr]
+
+    def render(self, values: Mapping[str, Any]) -> tuple[list[Doc], str | None]:
+        done = self._run(["template", RELEASE, str(CHART), "--namespace", NAMESPACE], values)
+        if done.returncode != 0:
+            raise RenderError(done.stderr)
+        return [d for d in yaml.safe_load_all(done.stdout) if d], None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _requirements() -> None:
+    if yaml is None:
+        pytest.fail("PyYAML is not installed; it comes with the dev dependency "
+                    "kubernetes-validate")
+
+
+@pytest.fixture(scope="module")
+def engine() -> HelmEngine:
+    try:
+        import helm_python
+    except ImportError:
+        binary = shutil.which("helm")
+        if binary is None:
+            pytest.fail("no Helm engine: install the dev dependency helm-python-sdk "
+                        "(pip install helm-python-sdk) or put a `helm` executable on PATH")
+        return CliEngine(binary)
+    return SdkEngine(helm_python)
+
+
+@pytest.fixture(scope="module")
+def kubernetes_validate() -> Any:
+    try:
+        import kubernetes_validate
+    except ImportError:
+        pytest.fail("kubernetes-validate is not installed: it is a dev dependency "
+                    "(pip install kubernetes-validate)")
+    return kubernetes_validate
+
+
+def load_values(path: Path | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    assert isinstance(loaded, dict)
+    return loaded
+
+
+def merged(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(dict(base))
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+VALUE_SETS = {"default": None, "all-on": ALL_ON}
+
+
+@pytest.fixture(scope="module", params=sorted(VALUE_SETS))
+def values_name(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+class Rendered:
+    """One rendering of the chart, with lookups by kind and name."""
+
+    def __init__(self, docs: list[Doc], notes: str | None, values: dict[str, Any]) -> None:
+        self.docs = docs
+        self.notes = notes
+        self.values = values
+
+    def of_kind(self, kind: str) -> list[Doc]:
+        return [d for d in self.docs if d["kind"] == kind]
+
+    def get(self, kind: str, name: str) -> Doc:
+        found = [d for d in self.of_kind(kind) if d["metadata"]["name"] == name]
+        assert len(found) == 1, f"expected one {kind} {name}, found {len(found)}"
+        return found[0]
+
+    def pod_specs(self) -> Iterator[tuple[str, Doc]]:
+        """(owner, pod spec) for every workload."""
+        for d in self.docs:
+            owner = f"{d['kind']}/{d['metadata']['name']}"
+            if d["kind"] in {"Deployment", "Job"}:
+                yield owner, d["spec"]["template"]["spec"]
+            elif d["kind"] == "CronJob":
+                yield owner, d["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+
+
+_cache: dict[str, Rendered] = {}
+
+
+def render_set(engine: HelmEngine, name: str) -> Rendered:
+    if name not in _cache:
+        values = load_values(VALUE_SETS[name])
+        docs, notes = engine.render(values)
+        _cache[name] = Rendered(docs, notes, values)
+    return _cache[name]
+
+
+@pytest.fixture(scope="module")
+def rendered(engine: HelmEngine, values_name: str) -> Rendered:
+    return render_set(engine, values_name)
+
+
+@pytest.fixture(scope="module")
+def default(engine: HelmEngine) -> Rendered:
+    return render_set(engine, "default")
+
+
+@pytest.fixture(scope="module")
+def all_on(engine: HelmEngine) -> Rendered:
+    return render_set(engine, "all-on")
+
+
+def env_of(container: Doc) -> dict[str, Doc]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def container(spec: Doc, name: str) -> Doc:
+    found = [c for c in spec["containers"] if c["name"] == name]
+    assert len(found) == 1, f"no container {name}"
+    return found[0]
+
+
+def pod_spec(d: Doc) -> Doc:
+    spec: Doc = d["spec"]["template"]["spec"]
+    return spec
+
+
+# --- lint and schemas ------------------------------------------------------------------
+
+
+def test_lint_strict(engine: HelmEngine, values_name: str) -> None:
+    findings = engine.lint(load_values(VALUE_SETS[values_name]))
+    assert findings == [], f"{engine.name} lint --strict ({values_name}):\n" + "\n".join(findings)
+
+
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
+def test_manifests_match_kubernetes_schemas(rendered: Rendered, kubernetes_validate: Any,
+                                            kube_version: str) -> None:
+    checked = 0
+    for doc in rendered.docs:
+        what = f"{doc['kind']}/{doc['metadata']['name']}"
+        try:
+            kubernetes_validate.validate(doc, kube_version, strict=True)
+            checked += 1
+        except kubernetes_validate.SchemaNotFoundError:
+            assert (doc["apiVersion"], doc["kind"]) in CRD_KINDS, f"no schema for {what}"
+        except kubernetes_validate.ValidationError as exc:
+            path = ".".join(str(p) for p in exc.path)
+            pytest.fail(f"{what} is invalid for Kubernetes {kube_version}: {path}: {exc.message}")
+    assert checked >= 5
+
+
+def test_strict_validation_rejects_unknown_fields(default: Rendered,
+                                                  kubernetes_validate: Any) -> None:
+    """A control: the schemas really are strict, so passing them means something."""
+    broken = copy.deepcopy(default.get("Deployment", FULLNAME))
+    pod_spec(broken)["containers"][0]["securityContext"]["readOnlyRootFileSystem"] = True
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, KUBE_VERSIONS[-1], strict=True)
+
+
+def test_values_schema_rejects_unknown_keys(engine: HelmEngine) -> None:
+    with pytest.raises(RenderError, match="replicas"):
+        engine.render({"replicas": 3})
+    with pytest.raises(RenderError, match="secretName"):
+        engine.render({"tls": {"enabled": True}})
+    assert engine.lint({"cronjob": {"enabled": "yes"}}) != []
+
+
+def test_chart_metadata() -> None:
+    meta = yaml.safe_load((CHART / "Chart.yaml").read_text(encoding="utf-8"))
+    assert meta["apiVersion"] == "v2"
+    assert meta["appVersion"] == "0.1.0"
+    assert meta["kubeVersion"] == f">={KUBE_VERSIONS[0]}-0"
+    schema = json.loads((CHART / "values.schema.json").read_text(encoding="utf-8"))
+    assert schema["$schema"] == "http://json-schema.org/draft-07/schema#"
+    assert schema["additionalProperties"] is False
+    defaults = load_values(CHART / "values.yaml")
+    assert set(defaults) <= set(schema["properties"])
+
+
+def test_readme_documents_every_value() -> None:
+    readme = (CHART / "README.md").read_text(encoding="utf-8")
+    missing = [key for key in load_values(CHART / "values.yaml") if f"| `{key}" not in readme]
+    assert missing == [], f"charts/sweeper/README.md has no row for {missing}"
+
+
+def test_all_on_values_switch_everything_on() -> None:
+    values = load_values(ALL_ON)
+    for section in ("ingress", "autoscaling", "serviceMonitor", "cronjob", "worker", "tls",
+                    "migration", "podDisruptionBudget"):
+        assert values[section]["enabled"] is True, section
+    assert values["worker"]["autoscaling"]["enabled"] is True
+    assert values["serviceAccount"]["create"] is True
+    assert values["ingress"]["tls"]
+    assert values["extraEnv"] and values["envFromSecrets"]
+
+
+# --- workloads -------------------------------------------------------------------------
+
+
+def test_every_pod_is_restricted(rendered: Rendered) -> None:
+    specs = list(rendered.pod_specs())
+    assert specs
+    for owner, spec in specs:
+        pod_ctx = spec["securityContext"]
+        assert pod_ctx["runAsNonRoot"] is True, owner
+        assert pod_ctx["seccompProfile"] == {"type": "RuntimeDefault"}, owner
+        assert spec["automountServiceAccountToken"] is False, owner
+        for c in spec["containers"]:
+            ctx = c["securityContext"]
+            assert ctx["runAsNonRoot"] is True, owner
+            assert isinstance(ctx["runAsUser"], int) and ctx["runAsUser"] > 0, owner
+            assert ctx["allowPrivilegeEscalation"] is False, owner
+            assert ctx["readOnlyRootFilesystem"] is True, owner
+            assert ctx["capabilities"] == {"drop": ["ALL"]}, owner
+            assert ctx["seccompProfile"] == {"type": "RuntimeDefault"}, owner
+            assert ctx.get("privileged", False) is False, owner
+            assert "resources" in c and c["resources"]["limits"]["memory"], owner
+
+
+def sweeper_workloads(r: Rendered) -> list[tuple[str, Doc, Doc]]:
+    """(owner, pod spec, container) of the containers running the Sweeper image."""
+    out = []
+    for owner, spec in r.pod_specs():
+        for c in spec["containers"]:
+            if c["name"] != "trigger":  # the CronJob's curl container
+                out.append((owner, spec, c))
+    return out
+
+
+def test_sweeper_containers_run_as_10001_with_writable_scratch(rendered: Rendered) -> None:
+    workloads = sweeper_workloads(rendered)
+    assert len(workloads) >= 2
+    for owner, spec, c in workloads:
+        assert spec["securityContext"]["runAsUser"] == 10001, owner
+        assert c["securityContext"]["runAsUser"] == 10001, owner
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+        for path in ("/tmp", "/var/lib/sweeper"):  # noqa: S108 - mount paths, not temp files
+            assert path in mounts, f"{owner}: {path} not mounted"
+            assert "emptyDir" in volumes[mounts[path]], f"{owner}: {path} is not an emptyDir"
+        assert env_of(c)["SWEEPER_DATA_DIR"]["value"] == "/var/lib/sweeper"
+
+
+def test_api_probes(rendered: Rendered) -> None:
+    api = container(pod_spec(rendered.get("Deployment", FULLNAME)), "sweeper")
+    port_name = api["ports"][0]["name"]
+    assert api["ports"][0]["containerPort"] == 8080
+    expected = {"livenessProbe": "/healthz", "readinessProbe": "/readyz",
+                "startupProbe": "/healthz"}
+    for probe, path in expected.items():
+        assert api[probe]["httpGet"]["path"] == path, probe
+        assert api[probe]["httpGet"]["port"] == port_name, probe
+    tls = rendered.values.get("tls", {}).get("enabled", False)
+    assert api["readinessProbe"]["httpGet"]["scheme"] == ("HTTPS" if tls else "HTTP")
+
+
+def test_termination_grace_exceeds_shutdown_grace(rendered: Rendered) -> None:
+    for d in rendered.of_kind("Deployment"):
+        spec = pod_spec(d)
+        c = spec["containers"][0]
+        grace = float(env_of(c)["SWEEPER_SHUTDOWN_GRACE_SECONDS"]["value"])
+        pre_stop = c.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command")
+        sleep = float(pre_stop[1]) if pre_stop else 0.0
+        assert spec["terminationGracePeriodSeconds"] > grace + sleep, d["metadata"]["name"]
+
+
+def test_worker_without_concurrency_is_refused(engine: HelmEngine) -> None:
+    with pytest.raises(RenderError, match="concurrency"):
+        engine.render({"worker": {"enabled": True}, "config": {"workers": 0}})
+
+
+def test_too_short_termination_grace_is_refused(engine: HelmEngine) -> None:
+    with pytest.raises(RenderError, match="terminationGracePeriodSeconds"):
+        engine.render({"terminationGracePeriodSeconds": 20})
+
+
+def test_policies_configmap_is_mounted_and_named(rendered: Rendered) -> None:
+    cm = rendered.get("ConfigMap", f"{FULLNAME}-policies")
+    toml_text = cm["data"]["policies.toml"]
+    effective = merged(load_values(CHART / "values.yaml"), rendered.values)
+    assert toml_text.strip() == effective["policies"].strip()
+    tomllib.loads(toml_text)
+    for d in rendered.of_kind("Deployment"):
+        spec = pod_spec(d)
+        c = spec["containers"][0]
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        mount = next(m for m in c["volumeMounts"] if volumes[m["name"]].get("configMap", {})
+                     .get("name") == cm["metadata"]["name"])
+        assert mount["readOnly"] is True
+        policies_file = env_of(c)["SWEEPER_POLICIES_FILE"]["value"]
+        assert policies_file == f"{mount['mountPath']}/policies.toml"
+        annotations = d["spec"]["template"]["metadata"]["annotations"]
+        assert len(annotations["checksum/policies"]) == 64
+
+
+def test_all_on_policies_load_in_sweeper(all_on: Rendered) -> None:
+    """The example policies are what Sweeper's own loader accepts."""
+    from service.policies import resolve_policies
+
+    class AnyEnv(dict[str, str]):
+        def get(self, key: str, default: Any = None) -> str:  # type: ignore[override]
+            return f"value-of-{key}"
+
+    raw = tomllib.loads(all_on.get("ConfigMap", f"{FULLNAME}-policies")["data"]["policies.toml"])
+    policies = resolve_policies(raw, AnyEnv(), source="all-on-values.yaml")
+    assert "cart-retention" in policies.policies
+
+
+def test_policies_change_rolls_the_pods(engine: HelmEngine, default: Rendered) -> None:
+    changed, _ = engine.render({"policies": "# changed\n"})
+    before = default.get("Deployment", FULLNAME)["spec"]["template"]["metadata"]["annotations"]
+    after = Rendered(changed, None, {}).get("Deployment", FULLNAME)
+    assert (after["spec"]["template"]["metadata"]["annotations"]["checksum/policies"]
+            != before["checksum/policies"])
+
+
+def assert_secret_ref(c: Doc, env: str, secret: str, key: str) -> None:
+    ref = env_of(c)[env]["valueFrom"]["secretKeyRef"]
+    assert (ref["name"], ref["key"]) == (secret, key), env
+    assert "value" not in env_of(c)[env]
+
+
+def test_secret_references(rendered: Rendered) -> None:
+    values = rendered.values
+    secret = values.get("existingSecret") or FULLNAME
+    keys = {"databaseUrl": "database-url", "apiTokens": "api-tokens",
+            **values.get("secretKeys", {})}
+    workloads = sweeper_workloads(rendered)
+    for _owner, _spec, c in workloads:
+        assert_secret_ref(c, "SWEEPER_DATABASE_URL", secret, keys["databaseUrl"])
+        assert_secret_ref(c, "SWEEPER_API_TOKENS", secret, keys["apiTokens"])
+        env = env_of(c)
+        for extra in values.get("extraEnv", []):
+            assert env[extra["name"]] == extra
+        env_from = [e["secretRef"]["name"] for e in c.get("envFrom", [])]
+        assert env_from == values.get("envFromSecrets", [])
+    assert not rendered.of_kind("Secret"), "the chart must not create Secrets"
+
+
+def test_migration_hook_job(rendered: Rendered) -> None:
+    job = rendered.get("Job", f"{FULLNAME}-migrate")
+    annotations = job["metadata"]["annotations"]
+    assert annotations["helm.sh/hook"] == "pre-install,pre-upgrade"
+    assert annotations["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+    spec = pod_spec(job)
+    assert spec["restartPolicy"] == "Never"
+    c = container(spec, "migrate")
+    assert c["args"] == ["migrate"]
+    # It runs before the release's other resources exist: no policies ConfigMap, no chart SA.
+    env = env_of(c)
+    assert "SWEEPER_POLICIES_FILE" not in env
+    policies_cm = f"{FULLNAME}-policies"
+    assert all(v.get("configMap", {}).get("name") != policies_cm for v in spec["volumes"])
+    chart_sas = {sa["metadata"]["name"] for sa in rendered.of_kind("ServiceAccount")}
+    assert spec["serviceAccountName"] not in chart_sas
+    # ...and the long-running processes then must not migrate themselves.
+    for d in rendered.of_kind("Deployment"):
+        assert env_of(pod_spec(d)["containers"][0])["SWEEPER_MIGRATE_ON_START"]["value"] == "false"
+
+
+def test_no_migration_job_means_migrate_on_start(engine: HelmEngine) -> None:
+    docs, _ = engine.render({"migration": {"enabled": False}})
+    r = Rendered(docs, None, {})
+    assert not r.of_kind("Job")
+    api = pod_spec(r.get("Deployment", FULLNAME))["containers"][0]
+    assert env_of(api)["SWEEPER_MIGRATE_ON_START"]["value"] == "true"
+
+
+def test_single_deployment_by_default(default: Rendered) -> None:
+    assert [d["metadata"]["name"] for d in default.of_kind("Deployment")] == [FULLNAME]
+    api = container(pod_spec(default.get("Deployment", FULLNAME)), "sweeper")
+    assert api["args"] == ["serve"]
+    assert env_of(api)["SWEEPER_WORKERS"]["value"] == "4"
+    assert default.get("Deployment", FULLNAME)["spec"]["replicas"] == 2
+
+
+def test_worker_deployment_when_enabled(all_on: Rendered) -> None:
+    names = sorted(d["metadata"]["name"] for d in all_on.of_kind("Deployment"))
+    assert names == [FULLNAME, f"{FULLNAME}-worker"]
+    api = container(pod_spec(all_on.get("Deployment", FULLNAME)), "sweeper")
+    assert api["args"] == ["serve", "--api-only"]
+    assert env_of(api)["SWEEPER_WORKERS"]["value"] == "0"
+    worker_doc = all_on.get("Deployment", f"{FULLNAME}-worker")
+    worker = container(pod_spec(worker_doc), "worker")
+    assert worker["args"] == ["worker"]
+    assert env_of(worker)["SWEEPER_WORKERS"]["value"] == "16"
+    assert "ports" not in worker and "readinessProbe" not in worker
+    assert "SWEEPER_TLS_CERT_FILE" not in env_of(worker)
+    assert worker["resources"] == all_on.values["worker"]["resources"]
+    # Autoscaled Deployments leave replicas to their HPA.
+    assert "replicas" not in worker_doc["spec"]
+    assert "replicas" not in all_on.get("Deployment", FULLNAME)["spec"]
+    # The API Service selects only API pods.
+    service = all_on.get("Service", FULLNAME)
+    assert service["spec"]["selector"]["app.kubernetes.io/component"] == "api"
+
+
+def test_api_tls_without_ingress(all_on: Rendered) -> None:
+    api = container(pod_spec(all_on.get("Deployment", FULLNAME)), "sweeper")
+    env = env_of(api)
+    mounts = {m["name"]: m["mountPath"] for m in api["volumeMounts"]}
+    assert env["SWEEPER_TLS_CERT_FILE"]["value"] == f"{mounts['tls']}/tls.crt"
+    assert env["SWEEPER_TLS_KEY_FILE"]["value"] == f"{mounts['tls']}/tls.key"
+
+
+def test_service(rendered: Rendered) -> None:
+    service = rendered.get("Service", FULLNAME)
+    assert service["spec"]["type"] == "ClusterIP"
+    (port,) = service["spec"]["ports"]
+    tls = rendered.values.get("tls", {}).get("enabled", False)
+    assert port["name"] == ("https" if tls else "http")
+    assert port["targetPort"] == port["name"]
+    assert port["port"] == rendered.values.get("service", {}).get("port", 80)
+
+
+def labels_match(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def test_selectors_match_their_pods(rendered: Rendered) -> None:
+    pods = {d["metadata"]["name"]: d["spec"]["template"]["metadata"]["labels"]
+            for d in rendered.of_kind("Deployment")}
+    for d in rendered.of_kind("Deployment"):
+        assert labels_match(d["spec"]["selector"]["matchLabels"], pods[d["metadata"]["name"]])
+    for pdb in rendered.of_kind("PodDisruptionBudget"):
+        assert labels_match(pdb["spec"]["selector"]["matchLabels"], pods[pdb["metadata"]["name"]])
+    service = rendered.get("Service", FULLNAME)
+    assert labels_match(service["spec"]["selector"], pods[FULLNAME])
+    for hpa in rendered.of_kind("HorizontalPodAutoscaler"):
+        assert hpa["apiVersion"] == "autoscaling/v2"
+        assert hpa["spec"]["scaleTargetRef"]["name"] in pods
+
+
+def test_optional_resources_are_off_by_default(default: Rendered) -> None:
+    kinds = sorted({d["kind"] for d in default.docs})
+    assert kinds == ["ConfigMap", "Deployment", "Job", "PodDisruptionBudget", "Service"]
+
+
+def test_optional_resources_when_enabled(all_on: Rendered) -> None:
+    kinds = {d["kind"] for d in all_on.docs}
+    assert {"CronJob", "HorizontalPodAutoscaler", "Ingress", "ServiceAccount",
+            "ServiceMonitor"} <= kinds
+    assert len(all_on.of_kind("HorizontalPodAutoscaler")) == 2
+    assert len(all_on.of_kind("PodDisruptionBudget")) == 2
+    ingress = all_on.get("Ingress", FULLNAME)
+    assert ingress["spec"]["tls"] == all_on.values["ingress"]["tls"]
+    backend = ingress["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]
+    assert backend == {"name": FULLNAME, "port": {"name": "https"}}
+
+
+def test_service_monitor(all_on: Rendered) -> None:
+    """Structural checks for the CRD the Kubernetes schemas do not cover."""
+    sm = all_on.get("ServiceMonitor", FULLNAME)
+    assert sm["apiVersion"] == "monitoring.coreos.com/v1"
+    assert sm["metadata"]["namespace"] == "monitoring"
+    assert sm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert sm["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    service = all_on.get("Service", FULLNAME)
+    assert labels_match(sm["spec"]["selector"]["matchLabels"], service["metadata"]["labels"])
+    (endpoint,) = sm["spec"]["endpoints"]
+    assert endpoint["port"] == service["spec"]["ports"][0]["name"]
+    assert endpoint["path"] == "/metrics"
+    assert endpoint["scheme"] == "https"
+    assert set(sm["spec"]) == {"namespaceSelector", "selector", "endpoints"}
+    assert set(endpoint) <= {"port", "path", "scheme", "interval", "scrapeTimeout",
+                             "tlsConfig", "relabelings", "metricRelabelings"}
+
+
+def test_cronjob_only_when_enabled(default: Rendered, all_on: Rendered) -> None:
+    assert not default.of_kind("CronJob")
+    cron = all_on.get("CronJob", f"{FULLNAME}-run")
+    assert cron["spec"]["schedule"] == "5 * * * *"
+    assert cron["spec"]["concurrencyPolicy"] == "Forbid"
+    spec = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    c = container(spec, "trigger")
+    assert c["image"].startswith("curlimages/curl:")
+    script = c["args"][0]
+    assert "POST" in script and "/v1/runs" in script
+    assert 'Idempotency-Key: ${key}' in script and 'key="sweeper-cron-${job}"' in script
+    assert "Authorization: Bearer" in script
+    env = env_of(c)
+    # The Job name carries the scheduled time: the key is stable across pod retries.
+    assert (env["JOB_NAME"]["valueFrom"]["fieldRef"]["fieldPath"]
+            == "metadata.labels['batch.kubernetes.io/job-name']")
+    assert_secret_ref(c, "SWEEPER_API_TOKENS", "sweeper-cron-token", "token")
+    assert env["SWEEPER_URL"]["value"] == f"https://{FULLNAME}.{NAMESPACE}.svc:443"
+    assert json.loads(env["RUN_BODY"]["value"]) == all_on.values["cronjob"]["body"]
+    assert c["args"][1:] == ["sweeper-cron", "--cacert", "/etc/sweeper/tls/ca.crt", "--verbose"]
+    # The token never appears on a command line, and the name fits the 52-character limit.
+    assert "$token" not in script.split("curl", 1)[1]
+    assert len(cron["metadata"]["name"]) <= 52
+
+
+def test_cronjob_defaults_to_the_main_secret_and_plain_http(engine: HelmEngine) -> None:
+    docs, _ = engine.render({"cronjob": {"enabled": True}})
+    cron = Rendered(docs, None, {}).get("CronJob", f"{FULLNAME}-run")
+    c = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
+    assert_secret_ref(c, "SWEEPER_API_TOKENS", FULLNAME, "api-tokens")
+    assert env_of(c)["SWEEPER_URL"]["value"] == f"http://{FULLNAME}.{NAMESPACE}.svc:80"
+    assert json.loads(env_of(c)["RUN_BODY"]["value"]) == {}
+
+
+def test_cronjob_script_sends_the_token_and_key(all_on: Rendered, tmp_path: Path) -> None:
+    """Run the trigger script with a stand-in curl: first token, trimmed, on stdin only."""
+    c = all_on.get("CronJob", f"{FULLNAME}-run")["spec"]["jobTemplate"]["spec"]["template"][
+        "spec"]["containers"][0]
+    fake = tmp_path / "curl"
+    fake.write_text('#!/bin/sh\ncat > "$OUT.stdin"\nprintf "%s\\n" "$@" > "$OUT.args"\n')
+    fake.chmod(0o755)
+    out = tmp_path / "call"
+    env = {"PATH": f"{tmp_path}:{os.environ['PATH']}", "OUT": str(out),
+           "JOB_NAME": "demo-sweeper-run-29412345", "LEGACY_JOB_NAME": "",
+           "SWEEPER_URL": "https://sweeper.test", "RUN_BODY": '{"policy":"p"}',
+           "SWEEPER_API_TOKENS": " tok-aaaaaaaaaaaaaaaa \n,tok-bbbbbbbbbbbbbbbb"}
+    done = subprocess.run(["/bin/sh", "-ec", c["args"][0], *c["args"][1:]], env=env,
+                          capture_output=True, text=True, check=False, timeout=10)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "call.stdin").read_text() == \
+        'header = "Authorization: Bearer tok-aaaaaaaaaaaaaaaa"\n'
+    args = (tmp_path / "call.args").read_text().splitlines()
+    assert "Idempotency-Key: sweeper-cron-demo-sweeper-run-29412345" in args
+    assert args[-1] == "https://sweeper.test/v1/runs"
+    assert args[args.index("--data") + 1] == '{"policy":"p"}'
+    assert "--cacert" in args and not any("tok-" in a for a in args)
+
+
+def test_notes(engine: HelmEngine, default: Rendered, all_on: Rendered) -> None:
+    if default.notes is None:
+        pytest.skip(f"{engine.name} does not render NOTES.txt in `helm template`")
+    assert f"create secret generic {FULLNAME}" in default.notes
+    assert "POST /v1/runs" in default.notes
+    assert all_on.notes is not None and f"cronjob/{FULLNAME}-run" in all_on.notes
+
+
+def test_rendering_is_deterministic(engine: HelmEngine, all_on: Rendered) -> None:
+    docs, _ = engine.render(all_on.values)
+    digest = hashlib.sha256(json.dumps(docs, sort_keys=True).encode()).hexdigest()
+    assert digest == hashlib.sha256(json.dumps(all_on.docs, sort_keys=True).encode()).hexdigest()
