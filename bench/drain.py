@@ -8,9 +8,11 @@ the same statistics, and only then starts the clock: `WorkerPool.run()` in a tas
 afterwards: exactly N items `succeeded`, N attempts.
 
 Upstream modes:
-  mock      in-process `httpx.MockTransport` answering 204: the cost of Sweeper alone.
+  mock      in-process `httpx.MockTransport` answering an empty streamed 204: the cost of
+            Sweeper (and httpx's client machinery) alone.
   loopback  the fake upstream (tests/fakes/upstream.py, no rate limit) over loopback TCP, in
             its own process by default (`--fake-upstream inline` runs it in this event loop).
+            At most 2000 items per repetition unless --loopback-items says otherwise.
 
 Also, unless switched off: the same mock drain under cProfile ("where the time goes"), WARNING
 vs INFO logging with the service's JSON formatter, and the claim statement's EXPLAIN (ANALYZE,
@@ -72,6 +74,7 @@ TARGET_ITEMS_PER_S = 5000.0
 MOCK_BASE_URL = "http://upstream.bench.invalid"
 POLL_S = 0.005
 STALL_S = 20.0
+LOOPBACK_ITEMS_CAP = 2000
 
 
 # -- options -------------------------------------------------------------------------------
@@ -99,8 +102,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--items", type=int, default=20_000,
                         help="items released and drained per repetition (default 20000)")
     parser.add_argument("--loopback-items", type=int, default=None,
-                        help="items per loopback repetition (default: --items); the loopback "
-                             "path is far slower, so a time budget may need fewer")
+                        help="items per loopback repetition (default: --items, at most "
+                             f"{LOOPBACK_ITEMS_CAP}); the loopback path is about ten times "
+                             "slower than mock, this keeps a full run within minutes")
     parser.add_argument("--side-items", type=int, default=5000,
                         help="items per logging-comparison and profile run (default 5000, "
                              "at most --items)")
@@ -602,7 +606,8 @@ async def run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
     sweep = sorted({c for group in (args.concurrency or [list(DEFAULT_CONCURRENCY)])
                     for c in group})
     started = time.perf_counter()
-    items = {"mock": args.items, "loopback": args.loopback_items or args.items}
+    items = {"mock": args.items,
+             "loopback": args.loopback_items or min(args.items, LOOPBACK_ITEMS_CAP)}
     side_items = min(args.side_items, args.items)
     parameters = {
         "items": items, "side_items": side_items, "repeat": args.repeat,

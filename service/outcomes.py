@@ -13,10 +13,14 @@ Pure: no I/O, no clock. The worker only applies what this returns. DESIGN.md's t
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from enum import StrEnum
+
+_DELAY_SECONDS = re.compile(r"[0-9]+", re.ASCII)  # RFC 9110: 1*DIGIT, ASCII digits only
+MAX_BACKOFF_EXPONENT = 60  # 2**60 s is beyond any policy's max_seconds
 
 
 class Outcome(StrEnum):
@@ -68,8 +72,11 @@ def parse_retry_after(value: str | None, now: datetime) -> float | None:
     text = value.strip()
     if not text:
         return None
-    if text.isdigit():
-        return float(int(text[:12]))
+    if _DELAY_SECONDS.fullmatch(text):
+        digits = text.lstrip("0") or "0"
+        # beyond 12 digits (31,000 years) the exact value no longer matters: the policy's
+        # retry_after_max_seconds clamps it
+        return float(int(digits)) if len(digits) <= 12 else 1e12
     try:
         when = parsedate_to_datetime(text)
     except (TypeError, ValueError, IndexError, OverflowError):
@@ -133,7 +140,8 @@ def plan(result: Classified, *, attempt: int, max_attempts: int, backoff_base_s:
         return Plan("succeeded", 0.0, False, result.reason)
     if outcome is Outcome.PERMANENT:
         return Plan("dead", 0.0, False, result.reason)
-    ceiling = min(backoff_max_s, backoff_base_s * 2.0 ** max(0, attempt - 1))
+    exponent = min(max(0, attempt - 1), MAX_BACKOFF_EXPONENT)
+    ceiling = min(backoff_max_s, backoff_base_s * 2.0**exponent)
     if outcome is Outcome.THROTTLED:
         # Not the item's fault: the attempt is refunded. Wait at least what the upstream
         # asked (bounded by policy), never less.

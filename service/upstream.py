@@ -80,20 +80,19 @@ class UpstreamClient:
             return Answer(failure=Failure.INVALID_REQUEST)
         request = self._client.build_request(
             policy.config.method, path, headers={"Idempotency-Key": operation_key})
-        sent = False
         try:
             async with asyncio.timeout(self.deadline_seconds):
                 response = await self._client.send(request, stream=True)
-                sent = True
                 try:
                     await _drain_capped(response)
                 finally:
                     await response.aclose()
         except TimeoutError:
             return Answer(failure=Failure.TIMEOUT_AFTER_SEND)
-        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout):
-            return Answer(failure=Failure.TIMEOUT_BEFORE_SEND if not sent else
-                          Failure.TIMEOUT_AFTER_SEND)
+        except httpx.ConnectError:
+            return Answer(failure=Failure.CONNECT)
+        except (httpx.ConnectTimeout, httpx.PoolTimeout):
+            return Answer(failure=Failure.TIMEOUT_BEFORE_SEND)
         except (httpx.WriteTimeout, httpx.WriteError, httpx.ReadTimeout):
             return Answer(failure=Failure.TIMEOUT_AFTER_SEND)
         except (httpx.ReadError, httpx.RemoteProtocolError):

