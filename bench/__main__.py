@@ -27,6 +27,7 @@ from bench import drain
 from bench.common import (
     BenchContext,
     Benchmark,
+    code_digest,
     database_server,
     machine_info,
     progress,
@@ -77,6 +78,7 @@ async def run_all(selected: list[tuple[Benchmark, argparse.Namespace]], server_u
     doc: dict[str, Any] = {"schema": 1, "command": ["python", "-m", "bench", *argv],
                            "started_at": utc_now(),
                            "machine": await machine_info(server_url, server_source),
+                           "code": code_digest(ctx.repo_root),
                            "benchmarks": {}}
     for bench, args in selected:
         progress(f"benchmark {bench.name}")

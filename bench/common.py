@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import hashlib
 import importlib.metadata
 import io
 import logging
@@ -214,6 +215,18 @@ def python_calibration() -> float:
                 pass
         best = min(best, (time.perf_counter() - started) / 2_000 * 1e6)
     return round(best, 2)
+
+
+def code_digest(repo_root: Path) -> dict[str, Any]:
+    """SHA-256 over the service's sources and migrations (other people edit them while
+    benchmarks run: this says which code a result belongs to)."""
+    h = hashlib.sha256()
+    files = sorted([*repo_root.joinpath("service").rglob("*.py"),
+                    *repo_root.joinpath("migrations").rglob("*.py")])
+    for path in files:
+        h.update(str(path.relative_to(repo_root)).encode() + b"\0")
+        h.update(path.read_bytes())
+    return {"service_and_migrations_sha256": h.hexdigest(), "files": len(files)}
 
 
 # -- logging -------------------------------------------------------------------------------

@@ -33,34 +33,41 @@ class Lease:
     lease_expires_at: datetime
 
 
-# The claim, in one statement:
-#  1. `ready`: released pending items whose next attempt is due, in batch order (webhook
-#     releases first), via the partial index items_ready; SKIP LOCKED so concurrent
-#     claimers take disjoint rows; the LIMIT inside the CTE bounds the rows locked.
-#  2. `expired`: leased items whose lease ran out (their worker died or stalled) via the
-#     partial index items_leased; same locking.
+# The claim, in one statement, for the tokens a worker holds per scope:
+#  1. `grants`: (scope, n) pairs; a scope gets at most n items.
+#  2. per scope (LATERAL): its expired leases first (their worker died or stalled), then
+#     released pending items whose next attempt is due, in batch order (webhook releases
+#     first) via the scope-leading partial indexes; SKIP LOCKED so concurrent claimers take
+#     disjoint rows, and each LIMIT sits inside its subquery so it bounds the rows locked.
 #  3. the UPDATE gives each a fresh lease token and an expiry from the database clock
 #     (lease length per policy), counts the attempt, and returns what the worker needs.
 _CLAIM = text("""
     WITH clock AS (SELECT coalesce(CAST(:now AS timestamptz), now()) AS now),
-    ready AS (
-        SELECT i.id FROM items i, clock
-        WHERE i.status = 'pending' AND i.released_at IS NOT NULL
-          AND i.next_attempt_at <= clock.now
-        ORDER BY i.batch_id NULLS FIRST, i.id
-        LIMIT :limit
-        FOR UPDATE OF i SKIP LOCKED
+    grants AS (
+        SELECT * FROM unnest(CAST(:scopes AS text[]), CAST(:counts AS integer[]))
+        AS g(scope, n)
     ),
     expired AS (
-        SELECT i.id FROM items i, clock
-        WHERE i.status = 'leased' AND i.lease_expires_at <= clock.now
-        ORDER BY i.lease_expires_at
-        LIMIT :limit
-        FOR UPDATE OF i SKIP LOCKED
+        SELECT e.id, g.scope FROM grants g, clock CROSS JOIN LATERAL (
+            SELECT i.id FROM items i
+            WHERE i.scope = g.scope AND i.status = 'leased'
+              AND i.lease_expires_at <= clock.now
+            ORDER BY i.lease_expires_at
+            LIMIT g.n
+            FOR UPDATE OF i SKIP LOCKED
+        ) e
     ),
-    picked AS (
-        SELECT id FROM expired UNION ALL SELECT id FROM ready LIMIT :limit
+    ready AS (
+        SELECT r.id, g.scope FROM grants g, clock CROSS JOIN LATERAL (
+            SELECT i.id FROM items i
+            WHERE i.scope = g.scope AND i.status = 'pending' AND i.released_at IS NOT NULL
+              AND i.next_attempt_at <= clock.now
+            ORDER BY i.batch_id NULLS FIRST, i.id
+            LIMIT g.n - (SELECT count(*) FROM expired x WHERE x.scope = g.scope)
+            FOR UPDATE OF i SKIP LOCKED
+        ) r
     ),
+    picked AS (SELECT id FROM expired UNION ALL SELECT id FROM ready),
     lease_lengths AS (
         SELECT * FROM unnest(CAST(:policy_names AS text[]),
                              CAST(:lease_seconds AS integer[])) AS l(policy, seconds)
@@ -89,12 +96,16 @@ class Claimed:
     reclaimed: int
 
 
-async def claim(engine: AsyncEngine, *, owner: str, limit: int,
+async def claim(engine: AsyncEngine, *, owner: str, grants: Mapping[str, int],
                 lease_seconds: Mapping[str, int], default_lease_seconds: int = 60,
                 now: datetime | None = None) -> Claimed:
-    """Lease up to `limit` items for `owner`; commits before returning (no transaction is
-    held while the caller talks to the upstream)."""
-    params = {"now": now, "limit": limit, "owner": owner,
+    """Lease up to grants[scope] items of each scope for `owner`; commits before returning
+    (no transaction is held while the caller talks to the upstream)."""
+    wanted = {scope: n for scope, n in grants.items() if n > 0}
+    if not wanted:
+        return Claimed(leases=[], reclaimed=0)
+    params = {"now": now, "scopes": list(wanted), "counts": list(wanted.values()),
+              "owner": owner,
               "policy_names": list(lease_seconds), "lease_seconds": list(lease_seconds.values()),
               "default_lease": default_lease_seconds}
     async with engine.begin() as conn:

@@ -14,6 +14,7 @@ from datetime import datetime
 from sqlalchemy import TextClause, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service import limiter
 from service.policies import Policy
 
 MAX_ID_BYTES = 512
@@ -94,7 +95,9 @@ async def register(engine: AsyncEngine, registrations: list[Registration]) -> Re
         "scopes": [r.policy.scope_for(r.tenant_id) for r in rows],
         "dues": [r.due_at for r in rows],
     }
+    budgets = {r.policy.scope_for(r.tenant_id): limiter.budget_of(r.policy) for r in rows}
     async with engine.begin() as conn:
+        await limiter.ensure_scopes(conn, budgets)
         result = await conn.execute(_REGISTER, params)
         changed = [bool(row.inserted) for row in result]
     inserted = sum(changed)

@@ -52,6 +52,7 @@ class Answer:
     status: int | None = None
     retry_after: str | None = None
     failure: Failure | None = None
+    quota_reset_seconds: float | None = None  # the upstream said its quota is used up
 
 
 @dataclass(frozen=True)
@@ -154,3 +155,37 @@ def plan(result: Classified, *, attempt: int, max_attempts: int, backoff_base_s:
     if attempt >= max_attempts:
         return Plan("dead", 0.0, False, f"max_attempts:{result.reason}")
     return Plan("pending", ceiling * jitter, False, result.reason)
+
+
+_RATELIMIT_REMAINING = re.compile(r"(?:^|[;,\s])(?:r|remaining)=(\d+)", re.ASCII)
+_RATELIMIT_RESET = re.compile(r"(?:^|[;,\s])(?:t|reset)=(\d+)", re.ASCII)
+EPOCH_THRESHOLD_S = 1_000_000_000  # a reset this large is a Unix time, not a delay
+
+
+def exhausted_for(headers: dict[str, str], now: datetime) -> float | None:
+    """Seconds until the upstream's quota resets when it says none is left, else None.
+
+    Reads the IETF httpapi `RateLimit` field (`"p";r=0;t=5` and the older
+    `limit=.., remaining=0, reset=5`), `RateLimit-Remaining`/`-Reset`, and the common
+    `X-RateLimit-Remaining`/`-Reset` (reset as delay seconds or as a Unix time)."""
+    pairs: list[tuple[str | None, str | None]] = []
+    combined = headers.get("ratelimit")
+    if combined:
+        r = _RATELIMIT_REMAINING.search(combined)
+        t = _RATELIMIT_RESET.search(combined)
+        pairs.append((r.group(1) if r else None, t.group(1) if t else None))
+    for prefix in ("ratelimit-", "x-ratelimit-"):
+        pairs.append((headers.get(prefix + "remaining"), headers.get(prefix + "reset")))
+    for remaining, reset in pairs:
+        if remaining is None or reset is None:
+            continue
+        remaining, reset = remaining.strip(), reset.strip()
+        if not (_DELAY_SECONDS.fullmatch(remaining) and _DELAY_SECONDS.fullmatch(reset)):
+            continue
+        if int(remaining) > 0:
+            return None
+        value = float(int(reset[:15]))
+        if value >= EPOCH_THRESHOLD_S:
+            value -= now.timestamp()
+        return max(0.0, value)
+    return None

@@ -19,12 +19,13 @@ import asyncio
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Final
 from urllib.parse import quote
 
 import httpx
 
-from service.outcomes import Answer, Failure
+from service.outcomes import Answer, Failure, exhausted_for
 from service.policies import Policy, Upstream
 
 BODY_CAP_BYTES: Final = 4096
@@ -99,8 +100,11 @@ class UpstreamClient:
             return Answer(failure=Failure.RESET_AFTER_SEND)
         except httpx.TransportError:
             return Answer(failure=Failure.PROTOCOL)
+        limits = {k: v for k, v in response.headers.items() if "ratelimit" in k}
         return Answer(status=response.status_code,
-                      retry_after=response.headers.get("retry-after"))
+                      retry_after=response.headers.get("retry-after"),
+                      quota_reset_seconds=exhausted_for(limits, datetime.now(UTC))
+                      if limits else None)
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -14,18 +14,18 @@ import os
 import random
 import socket
 import uuid
+from collections import Counter
 from datetime import UTC, datetime
 from typing import Any, Final
 
 import asyncpg
-from sqlalchemy import text
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import claims
+from service import claims, limiter
 from service.claims import Completion, Lease
 from service.db.engine import is_unavailable, make_engine
-from service.outcomes import Answer, Failure, Outcome, classify, plan
+from service.outcomes import Answer, Classified, Failure, Outcome, classify, plan
 from service.policies import Policies, Policy
 from service.settings import Settings
 from service.upstream import CallResult, Upstreams
@@ -68,6 +68,11 @@ class WorkerPool:
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._lease_seconds = {n: p.config.lease_seconds for n, p in policies.policies.items()}
+        self._cursor = ""
+        self._closures: dict[str, limiter.Closure] = {}
+        self._pauses: set[str] = set()
+        self._recovered: set[str] = set()
+        self.token_wait: float | None = None
         self.completed = 0
         self.fenced = 0
         self.reclaimed = 0
@@ -75,18 +80,34 @@ class WorkerPool:
     # -- one round -------------------------------------------------------------------
 
     async def run_once(self) -> int:
-        """Claim as many items as there are free slots and start their calls; returns how
-        many were claimed."""
+        """One admission round: pick scopes with work (round-robin, fair shares of the free
+        slots), take their tokens, claim at most that many items per scope, give unused
+        tokens back, and start the calls at once. Returns how many items were claimed."""
+        self.token_wait = None
         free = self.concurrency - len(self._in_flight)
-        if free <= 0 or await self._workers_paused():
+        if free <= 0:
             return 0
-        claimed = await claims.claim(self.engine, owner=self.name, limit=free,
+        scopes = await limiter.eligible_scopes(self.engine, cursor=self._cursor, limit=free)
+        if not scopes:
+            return 0
+        self._cursor = scopes[-1][0]
+        grants = await limiter.take(self.engine, limiter.fair_shares(scopes, free))
+        granted = {g.scope: g.granted for g in grants if g.granted > 0}
+        waits = [g.wait_seconds for g in grants if g.granted == 0]
+        self.token_wait = min(waits) if waits and not granted else None
+        if not granted:
+            return 0
+        claimed = await claims.claim(self.engine, owner=self.name, grants=granted,
                                      lease_seconds=self._lease_seconds)
-        self.reclaimed += claimed.reclaimed
+        used = Counter(lease.scope for lease in claimed.leases)
         if self._stopping.is_set():
             # stop() arrived while the claim was committing: nothing was called yet, so the
-            # leases go straight back without counting an attempt
+            # leases and their tokens go straight back without counting an attempt
             await claims.release(self.engine, claimed.leases)
+            used.clear()
+        await limiter.give_back(self.engine, {s: n - used[s] for s, n in granted.items()})
+        self.reclaimed += claimed.reclaimed
+        if self._stopping.is_set():
             return 0
         for lease in claimed.leases:
             await self._slots.acquire()
@@ -103,6 +124,7 @@ class WorkerPool:
 
     async def flush(self) -> None:
         """Commit the outcomes gathered so far."""
+        await self._apply_scope_signals()
         batch, self._done = self._done, []
         if not batch:
             return
@@ -115,6 +137,54 @@ class WorkerPool:
         self.fenced += len(fenced)
         for item_id in fenced:
             log.warning("late completion fenced out", extra={"item_id": item_id})
+
+    async def _apply_scope_signals(self) -> None:
+        closures, self._closures = self._closures, {}
+        pauses, self._pauses = self._pauses, set()
+        recovered, self._recovered = self._recovered - set(closures) - pauses, set()
+        try:
+            await limiter.close(self.engine, closures, self._rng)
+            for scope in await limiter.pause(self.engine, sorted(pauses), "unauthorized"):
+                log.warning("scope paused: the upstream refused our credentials",
+                            extra={"scope": scope})
+            await limiter.recovered(self.engine, sorted(recovered))
+        except Exception:
+            # keep them for the next flush (a closure must not be lost to an outage)
+            for scope, closure in closures.items():
+                self._closures.setdefault(scope, closure)
+            self._pauses |= pauses
+            raise
+
+    def _note_signal(self, lease: Lease, policy: Policy | None, verdict: Classified,
+                     answer: Answer) -> None:
+        cfg = policy.config if policy is not None else None
+        if cfg is None:
+            return
+        delay = None
+        if verdict.outcome is Outcome.THROTTLED:
+            delay = verdict.retry_after_seconds
+            if delay is not None:
+                delay = min(delay, cfg.retry_after_max_seconds)
+            self._add_closure(lease.scope, delay, cfg.backoff.base_seconds,
+                              cfg.backoff.max_seconds)
+        elif verdict.outcome is Outcome.UNAUTHORIZED:
+            self._pauses.add(lease.scope)
+        elif verdict.outcome is Outcome.SUCCEEDED:
+            self._recovered.add(lease.scope)
+        if answer.quota_reset_seconds is not None:
+            # the upstream says the quota is spent: slow down before it answers 429
+            self._add_closure(lease.scope, min(answer.quota_reset_seconds,
+                                               cfg.retry_after_max_seconds),
+                              cfg.backoff.base_seconds, cfg.backoff.max_seconds)
+
+    def _add_closure(self, scope: str, delay: float | None, base: float, max_s: float
+                     ) -> None:
+        # one closure per scope per flush: the longest delay the upstream named wins over
+        # a shorter one and over the scope's own backoff
+        known = self._closures.get(scope)
+        if known is None or (delay is not None and (known.delay_seconds is None
+                                                    or delay > known.delay_seconds)):
+            self._closures[scope] = limiter.Closure(delay, base, max_s)
 
     # -- one attempt -----------------------------------------------------------------
 
@@ -155,6 +225,7 @@ class WorkerPool:
                              backoff_max_s=cfg.backoff.max_seconds,
                              retry_after_max_s=cfg.retry_after_max_seconds,
                              jitter=self._rng.random())
+        self._note_signal(lease, policy, verdict, result.answer)
         log.info("attempt", extra={"item_id": lease.item_id, "operation_key": lease.operation_key,
                                    "scope": lease.scope, "outcome": verdict.outcome.value,
                                    "http_status": result.answer.status,
@@ -169,11 +240,6 @@ class WorkerPool:
             started_at=started, finished_at=finished, latency_ms=result.latency_ms)
 
     # -- the loop --------------------------------------------------------------------
-
-    async def _workers_paused(self) -> bool:
-        async with self.engine.connect() as conn:
-            paused = (await conn.execute(text("SELECT workers_paused FROM control"))).scalar()
-        return bool(paused)
 
     async def run(self) -> None:
         """Claim, call and complete until stop(); survives database outages."""
@@ -199,6 +265,10 @@ class WorkerPool:
                     idle = IDLE_POLL_MIN_S
                     if len(self._in_flight) >= self.concurrency:
                         await self._wait_for_slot()
+                    continue
+                if self.token_wait is not None:
+                    # budget-bound: sleep until the next token, not a poll interval
+                    await self._sleep(min(max(self.token_wait, 0.001), IDLE_POLL_MAX_S))
                     continue
                 await self._sleep(idle)
                 idle = min(IDLE_POLL_MAX_S, idle * 2)

@@ -29,6 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from service.claims import Claimed, claim
 
 # microseconds on purpose: the boundaries are checked at full timestamptz precision
+SCOPE = "tenant:all"  # claims are per scope; these properties are about one scope
 NOW = datetime(2026, 3, 1, 12, 0, 0, 500_000, tzinfo=UTC)
 LEASES = {"carts": 30, "fast": 5}
 DEFAULT_LEASE = 47  # "other" is not in LEASES: it gets the default
@@ -101,7 +102,7 @@ async def insert(engine: AsyncEngine, rows: list[Row]) -> list[int]:
             params: dict[str, Any] = {
                 "tenant_id": f"tenant-{n % 3}", "object_id": f"obj-{n}", "policy": row.policy,
                 "operation_key": hashlib.sha256(f"key-{n}".encode()).hexdigest(),
-                "scope": f"tenant:tenant-{n % 3}", "status": row.kind if row.kind not in
+                "scope": SCOPE, "status": row.kind if row.kind not in
                 ("ready", "unreleased") else "pending",
                 "due_at": NOW + row.due,
                 "next_attempt_at": None if row.next_attempt is None else NOW + row.next_attempt,
@@ -122,7 +123,7 @@ async def snapshot(engine: AsyncEngine) -> dict[int, Any]:
 
 
 async def claim_at_now(engine: Any, limit: int = 1000, owner: str = "w1") -> Claimed:
-    return await claim(engine, owner=owner, limit=limit, lease_seconds=LEASES,
+    return await claim(engine, owner=owner, grants={SCOPE: limit}, lease_seconds=LEASES,
                        default_lease_seconds=DEFAULT_LEASE, now=NOW)
 
 
@@ -168,7 +169,7 @@ async def test_unreleased_and_terminal_items_are_never_claimed(
     await insert(engine, [Row(kind, "carts", due, next_attempt, timedelta(0), 0)] * n)
     assert (await claim_at_now(engine)).leases == []
     # nor later: even far in the future there is nothing to take
-    far = await claim(engine, owner="w", limit=100, lease_seconds=LEASES,
+    far = await claim(engine, owner="w", grants={SCOPE: 100}, lease_seconds=LEASES,
                       now=NOW + timedelta(days=3650))
     assert far.leases == []
 

@@ -21,6 +21,7 @@ from tests.conftest import TOKEN_A, LiveServer, policies_from, test_settings
 from tests.fakes.upstream import FakeUpstream, Fault
 
 PAST = datetime(2026, 1, 1, tzinfo=UTC)
+SCOPE = "tenant:acme"
 
 
 def make_policies(base_url: str, **policy: Any) -> Policies:
@@ -114,7 +115,7 @@ async def test_concurrent_claimers_never_share_an_item(engine: AsyncEngine) -> N
     async def claimer(n: int) -> list[int]:
         got: list[int] = []
         while True:
-            batch = await claims.claim(engine, owner=f"w{n}", limit=7, lease_seconds={})
+            batch = await claims.claim(engine, owner=f"w{n}", grants={SCOPE: 7}, lease_seconds={})
             if not batch.leases:
                 return got
             got += [lease.item_id for lease in batch.leases]
@@ -130,15 +131,15 @@ async def test_expired_lease_is_reclaimed_unexpired_never(engine: AsyncEngine) -
     await release_all(engine)
     async with engine.connect() as conn:
         db_now = (await conn.execute(text("SELECT now()"))).scalar_one()
-    first = await claims.claim(engine, owner="a", limit=5, lease_seconds={"carts": 30},
+    first = await claims.claim(engine, owner="a", grants={SCOPE: 5}, lease_seconds={"carts": 30},
                                now=db_now)
     assert len(first.leases) == 1
     lease = first.leases[0]
     # just before expiry: nothing to take
-    early = await claims.claim(engine, owner="b", limit=5, lease_seconds={},
+    early = await claims.claim(engine, owner="b", grants={SCOPE: 5}, lease_seconds={},
                                now=lease.lease_expires_at - timedelta(microseconds=1))
     assert early.leases == []
-    late = await claims.claim(engine, owner="b", limit=5, lease_seconds={},
+    late = await claims.claim(engine, owner="b", grants={SCOPE: 5}, lease_seconds={},
                               now=lease.lease_expires_at)
     assert [x.item_id for x in late.leases] == [lease.item_id]
     assert late.reclaimed == 1 and late.leases[0].lease_token != lease.lease_token
@@ -151,9 +152,9 @@ async def test_late_completion_is_fenced(engine: AsyncEngine, upstream: FakeUpst
     await release_all(engine)
     async with engine.connect() as conn:
         db_now = (await conn.execute(text("SELECT now()"))).scalar_one()
-    stale = (await claims.claim(engine, owner="stale", limit=1, lease_seconds={},
+    stale = (await claims.claim(engine, owner="stale", grants={SCOPE: 1}, lease_seconds={},
                                 now=db_now)).leases[0]
-    fresh = (await claims.claim(engine, owner="fresh", limit=1, lease_seconds={},
+    fresh = (await claims.claim(engine, owner="fresh", grants={SCOPE: 1}, lease_seconds={},
                                 now=stale.lease_expires_at)).leases[0]
 
     def done(lease: claims.Lease, outcome: str, status: str) -> claims.Completion:

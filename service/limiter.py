@@ -1,0 +1,267 @@
+"""The shared rate budget: one token bucket row per scope in PostgreSQL.
+
+Every worker of every replica takes tokens from the same row, so adding replicas never
+multiplies the rate. Tokens are taken *before* items are claimed, a worker claims only as
+many items of a scope as it holds tokens for, and unused tokens go back at once; a lease
+therefore never waits for budget. All times are the database's: `clock_timestamp()` (not
+`now()`, which is the start of a transaction that may have waited for the row lock).
+
+Signals from upstream answers act on the scope: a 429 closes it until the retry time
+(`closed_until` only ever moves later, plus a little jitter, never earlier); 429s without a
+date back off exponentially per scope; 401/403 pause it with reason `unauthorized`.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from service.policies import Policy
+
+MAX_JITTER_S: Final = 1.0
+JITTER_SHARE: Final = 0.1  # of the delay, bounded by MAX_JITTER_S
+
+
+@dataclass(frozen=True)
+class Grant:
+    """Tokens granted for a scope, and how long until its next token (0 = available now)."""
+
+    scope: str
+    granted: int
+    wait_seconds: float
+
+
+# Create scope rows on first use from the policy's budget; a policy change reaches rows
+# whose budget no operator has set by hand (tokens never exceed the new burst).
+_ENSURE = text("""
+    INSERT INTO scopes AS s (name, rate_per_second, burst, tokens)
+    SELECT name, rate, burst, burst
+    FROM unnest(CAST(:names AS text[]), CAST(:rates AS double precision[]),
+                CAST(:bursts AS integer[])) AS n(name, rate, burst)
+    ORDER BY name
+    ON CONFLICT (name) DO UPDATE
+        SET rate_per_second = EXCLUDED.rate_per_second, burst = EXCLUDED.burst,
+            tokens = least(s.tokens, EXCLUDED.burst), updated_at = now()
+        WHERE s.budget_from_policy
+          AND (s.rate_per_second, s.burst) <> (EXCLUDED.rate_per_second, EXCLUDED.burst)
+""")
+
+
+async def ensure_scopes(conn: AsyncConnection, budgets: Mapping[str, tuple[float, int]]
+                        ) -> None:
+    """Make sure a bucket row exists for each scope (rate per second, burst), inside the
+    caller's transaction (registration creates the scopes of the items it writes)."""
+    if not budgets:
+        return
+    names = sorted(budgets)
+    await conn.execute(_ENSURE, {"names": names,
+                                 "rates": [budgets[n][0] for n in names],
+                                 "bursts": [budgets[n][1] for n in names]})
+
+
+def budget_of(policy: Policy) -> tuple[float, int]:
+    """A scope's budget as its policy states it: (rate per second, burst)."""
+    return (policy.config.rate.per_second, policy.config.rate.burst)
+
+
+# Scopes a worker may serve now, round-robin from a cursor: open, not paused, and with
+# claimable work (a released pending item due now, or an expired lease). Both probes are
+# index lookups on the scope-leading partial indexes. Workers-wide pause stops all.
+_ELIGIBLE = text("""
+    WITH open_scopes AS (
+        SELECT s.name, s.weight FROM scopes s
+        WHERE NOT s.paused
+          AND (s.closed_until IS NULL OR s.closed_until <= clock_timestamp())
+          AND NOT (SELECT workers_paused FROM control)
+          AND (EXISTS (SELECT 1 FROM items i
+                       WHERE i.scope = s.name AND i.status = 'pending'
+                         AND i.released_at IS NOT NULL AND i.next_attempt_at <= now())
+               OR EXISTS (SELECT 1 FROM items i
+                          WHERE i.scope = s.name AND i.status = 'leased'
+                            AND i.lease_expires_at <= now()))
+    )
+    (SELECT name, weight FROM open_scopes WHERE name > :cursor ORDER BY name LIMIT :limit)
+    UNION ALL
+    (SELECT name, weight FROM open_scopes WHERE name <= :cursor ORDER BY name LIMIT :limit)
+""")
+
+
+async def eligible_scopes(engine: AsyncEngine, *, cursor: str, limit: int
+                          ) -> list[tuple[str, int]]:
+    """Up to `limit` scopes with work, starting after `cursor` and wrapping around."""
+    async with engine.connect() as conn:
+        rows = (await conn.execute(_ELIGIBLE, {"cursor": cursor, "limit": limit})).all()
+    return [(r.name, int(r.weight)) for r in rows[:limit]]
+
+
+# Take up to n tokens per scope in one statement: refill from the database clock, grant
+# whole tokens, and report the wait for the next one. Rows are locked in name order so
+# concurrent takers never deadlock.
+_TAKE = text("""
+    WITH want AS (
+        SELECT * FROM unnest(CAST(:names AS text[]), CAST(:wants AS integer[])) AS w(name, n)
+    ),
+    bucket AS (
+        SELECT s.name, w.n, s.rate_per_second AS rate,
+               least(s.burst::double precision,
+                     s.tokens + s.rate_per_second * greatest(0.0, extract(epoch FROM
+                         clock_timestamp() - s.refilled_at)::double precision)) AS avail
+        FROM scopes s JOIN want w ON w.name = s.name
+        WHERE NOT s.paused
+          AND (s.closed_until IS NULL OR s.closed_until <= clock_timestamp())
+        ORDER BY s.name
+        FOR UPDATE OF s
+    ),
+    grant_ AS (
+        SELECT name, rate, avail, least(floor(avail)::integer, n) AS granted FROM bucket
+    )
+    UPDATE scopes s
+    SET tokens = g.avail - g.granted, refilled_at = clock_timestamp()
+    FROM grant_ g
+    WHERE s.name = g.name
+    RETURNING s.name, g.granted,
+              CASE WHEN g.avail - g.granted >= 1 THEN 0.0
+                   ELSE (1.0 - (g.avail - g.granted)) / g.rate END AS wait_seconds
+""")
+
+
+async def take(engine: AsyncEngine, wants: Mapping[str, int]) -> list[Grant]:
+    """Take tokens for several scopes at once (closed or paused scopes grant nothing)."""
+    wanted = {k: v for k, v in wants.items() if v > 0}
+    if not wanted:
+        return []
+    names = sorted(wanted)
+    async with engine.begin() as conn:
+        rows = (await conn.execute(_TAKE, {"names": names,
+                                           "wants": [wanted[n] for n in names]})).all()
+    return [Grant(r.name, int(r.granted), float(r.wait_seconds)) for r in rows]
+
+
+_GIVE_BACK = text("""
+    WITH back AS (
+        SELECT * FROM unnest(CAST(:names AS text[]), CAST(:counts AS integer[])) AS b(name, n)
+    ),
+    locked AS (
+        SELECT s.name FROM scopes s JOIN back b ON b.name = s.name
+        ORDER BY s.name FOR UPDATE OF s
+    )
+    UPDATE scopes s SET tokens = least(s.burst::double precision, s.tokens + b.n)
+    FROM back b JOIN locked l ON l.name = b.name
+    WHERE s.name = b.name
+""")
+
+
+async def give_back(engine: AsyncEngine, unused: Mapping[str, int]) -> None:
+    """Return tokens a worker took but could not use (no claimable item after all)."""
+    back = {k: v for k, v in unused.items() if v > 0}
+    if back:
+        names = sorted(back)
+        async with engine.begin() as conn:
+            await conn.execute(_GIVE_BACK, {"names": names, "counts": [back[n] for n in names]})
+
+
+@dataclass(frozen=True)
+class Closure:
+    """Close a scope: until `delay_seconds` from now, or (None) by its exponential backoff."""
+
+    delay_seconds: float | None
+    backoff_base_s: float
+    backoff_max_s: float
+
+
+# Close scopes after a 429 (or an exhausted RateLimit header). closed_until only moves
+# later. With no delay from the upstream the scope's own backoff level sets it (and grows).
+# The bucket restarts empty at reopening, so the first call after it is not a burst.
+_CLOSE = text("""
+    WITH c AS (
+        SELECT * FROM unnest(CAST(:names AS text[]), CAST(:delays AS double precision[]),
+                             CAST(:bases AS double precision[]),
+                             CAST(:maxes AS double precision[]),
+                             CAST(:jitters AS double precision[]))
+        AS c(name, delay, base, max_s, jitter)
+    ),
+    locked AS (
+        SELECT s.name, s.backoff_level, s.closed_until FROM scopes s JOIN c ON c.name = s.name
+        ORDER BY s.name FOR UPDATE OF s
+    ),
+    target AS (
+        SELECT l.name, (c.delay IS NULL) AS from_backoff,
+               clock_timestamp() + make_interval(secs => coalesce(
+                   c.delay, least(c.max_s, c.base * power(2.0, least(l.backoff_level, 60))))
+                   * 1.0 + c.jitter) AS until
+        FROM locked l JOIN c ON c.name = l.name
+    )
+    UPDATE scopes s
+    SET closed_until = greatest(coalesce(s.closed_until, '-infinity'), t.until),
+        refilled_at = greatest(coalesce(s.closed_until, '-infinity'), t.until),
+        tokens = 0,
+        backoff_level = CASE WHEN t.from_backoff THEN s.backoff_level + 1
+                             ELSE s.backoff_level END,
+        updated_at = now()
+    FROM target t WHERE s.name = t.name
+""")
+
+
+def jitter_for(delay: float | None, base: float, rng: random.Random) -> float:
+    """Jitter added after the permitted moment (never before it): at most 10% of the
+    delay and at most a second, so replicas do not all reopen at the same instant."""
+    span = min(MAX_JITTER_S, JITTER_SHARE * (delay if delay is not None else base))
+    return rng.uniform(0.0, max(0.0, span))
+
+
+async def close(engine: AsyncEngine, closures: Mapping[str, Closure],
+                rng: random.Random | None = None) -> None:
+    """Close scopes after throttling signals."""
+    if not closures:
+        return
+    r = rng or random.Random()
+    names = sorted(closures)
+    cs = [closures[n] for n in names]
+    async with engine.begin() as conn:
+        await conn.execute(_CLOSE, {
+            "names": names, "delays": [c.delay_seconds for c in cs],
+            "bases": [c.backoff_base_s for c in cs], "maxes": [c.backoff_max_s for c in cs],
+            "jitters": [jitter_for(c.delay_seconds, c.backoff_base_s, r) for c in cs]})
+
+
+async def recovered(engine: AsyncEngine, scopes: list[str]) -> None:
+    """A success resets the scope's 429 backoff."""
+    if scopes:
+        async with engine.begin() as conn:
+            await conn.execute(text(
+                "UPDATE scopes SET backoff_level = 0 WHERE name = ANY(CAST(:names AS text[])) "
+                "AND backoff_level > 0"), {"names": sorted(scopes)})
+
+
+async def pause(engine: AsyncEngine, scopes: list[str], reason: str) -> list[str]:
+    """Pause scopes (e.g. `unauthorized`); returns those that were running."""
+    if not scopes:
+        return []
+    async with engine.begin() as conn:
+        rows = await conn.execute(text(
+            "UPDATE scopes SET paused = true, paused_reason = :reason, updated_at = now() "
+            "WHERE name = ANY(CAST(:names AS text[])) AND NOT paused RETURNING name"),
+            {"names": sorted(scopes), "reason": reason})
+        return [r.name for r in rows]
+
+
+def fair_shares(scopes: list[tuple[str, int]], free: int) -> dict[str, int]:
+    """Split `free` worker slots across scopes by weight, at least one each while slots
+    last, so a scope with a million items cannot starve one with ten."""
+    if free <= 0 or not scopes:
+        return {}
+    chosen = scopes[:free]
+    total = sum(max(1, w) for _, w in chosen)
+    shares = {name: max(1, free * max(1, w) // total) for name, w in chosen}
+    spare = free - sum(shares.values())
+    i = 0
+    while spare > 0:
+        shares[chosen[i % len(chosen)][0]] += 1
+        spare -= 1
+        i += 1
+    return shares
