@@ -22,6 +22,7 @@ from service import runs
 from service.api import health, items
 from service.api import policies as policies_api
 from service.api import runs as runs_routes
+from service.api import scopes as scopes_routes
 from service.api.problems import install_problem_handlers
 from service.db.engine import is_unavailable, make_engine
 from service.db.migrate import head_revision
@@ -141,5 +142,6 @@ def create_app(
     app.include_router(policies_api.router)
     app.include_router(items.router)
     app.include_router(runs_routes.router)
+    app.include_router(scopes_routes.router)
     app.add_middleware(RequestLog)
     return app

@@ -34,7 +34,8 @@ class Lease:
 
 
 # The claim, in one statement, for the tokens a worker holds per scope:
-#  1. `grants`: (scope, n) pairs; a scope gets at most n items.
+#  1. `grants`: (scope, n) pairs; a scope gets at most n items; none while workers are
+#     paused.
 #  2. per scope (LATERAL): its expired leases first (their worker died or stalled), then
 #     released pending items whose next attempt is due, in batch order (webhook releases
 #     first) via the scope-leading partial indexes; SKIP LOCKED so concurrent claimers take
@@ -44,8 +45,15 @@ class Lease:
 _CLAIM = text("""
     WITH clock AS (SELECT coalesce(CAST(:now AS timestamptz), now()) AS now),
     grants AS (
-        SELECT * FROM unnest(CAST(:scopes AS text[]), CAST(:counts AS integer[]))
-        AS g(scope, n)
+        SELECT g.scope, g.n
+        FROM unnest(CAST(:scopes AS text[]), CAST(:counts AS integer[])) AS g(scope, n)
+        -- tokens were taken a moment ago: a scope closed or paused since then gets nothing
+        LEFT JOIN scopes s ON s.name = g.scope
+        WHERE (s.name IS NULL OR (NOT s.paused AND (s.closed_until IS NULL
+                                                    OR s.closed_until <= clock_timestamp())))
+          -- a workers-wide pause takes this row FOR UPDATE: it waits for claims in
+          -- progress, and no claim admits work once the pause has committed
+          AND NOT (SELECT workers_paused FROM control FOR KEY SHARE)
     ),
     expired AS (
         SELECT e.id, g.scope FROM grants g, clock CROSS JOIN LATERAL (

@@ -13,6 +13,7 @@ import logging
 import os
 import random
 import socket
+import time
 import uuid
 from collections import Counter
 from datetime import UTC, datetime
@@ -38,6 +39,9 @@ FLUSH_INTERVAL_S: Final = 0.02
 FLUSH_MAX_ITEMS: Final = 200
 ERROR_BACKOFF_MAX_S: Final = 5.0
 LISTEN_PROBE_INTERVAL_S: Final = 10.0
+# How long a scope this process saw throttled (without a date) or refused is held locally
+# until the database closure or pause, which every replica obeys, is certainly in place.
+LOCAL_HOLD_S: Final = 1.0
 
 
 def worker_name() -> str:
@@ -72,6 +76,7 @@ class WorkerPool:
         self._closures: dict[str, limiter.Closure] = {}
         self._pauses: set[str] = set()
         self._recovered: set[str] = set()
+        self._held_locally: dict[str, float] = {}
         self.token_wait: float | None = None
         self.completed = 0
         self.fenced = 0
@@ -88,6 +93,12 @@ class WorkerPool:
         if free <= 0:
             return 0
         scopes = await limiter.eligible_scopes(self.engine, cursor=self._cursor, limit=free)
+        if self._held_locally:
+            # this process heard the 429/401 itself: hold the scope without waiting for
+            # the database round trip that tells every other replica
+            now = time.monotonic()
+            self._held_locally = {s: t for s, t in self._held_locally.items() if t > now}
+            scopes = [(s, w) for s, w in scopes if s not in self._held_locally]
         if not scopes:
             return 0
         self._cursor = scopes[-1][0]
@@ -167,8 +178,11 @@ class WorkerPool:
                 delay = min(delay, cfg.retry_after_max_seconds)
             self._add_closure(lease.scope, delay, cfg.backoff.base_seconds,
                               cfg.backoff.max_seconds)
+            self._held_locally[lease.scope] = time.monotonic() + (
+                delay if delay is not None else min(LOCAL_HOLD_S, cfg.backoff.base_seconds))
         elif verdict.outcome is Outcome.UNAUTHORIZED:
             self._pauses.add(lease.scope)
+            self._held_locally[lease.scope] = time.monotonic() + LOCAL_HOLD_S
         elif verdict.outcome is Outcome.SUCCEEDED:
             self._recovered.add(lease.scope)
         if answer.quota_reset_seconds is not None:
@@ -207,6 +221,11 @@ class WorkerPool:
                     log.exception("upstream call crashed", extra={"item_id": lease.item_id})
                     result = CallResult(Answer(failure=Failure.PROTOCOL), 0.0)
             self._done.append(self._completion(lease, policy, result, started, reason_override))
+            if self._closures or self._pauses:
+                # a throttle or credential signal acts now, not at the next flush: every
+                # replica's next admission round must already see the scope closed
+                with contextlib.suppress(Exception):
+                    await self._apply_scope_signals()
         finally:
             self._slots.release()
 

@@ -1,0 +1,149 @@
+"""Rate budget and pause controls for operators."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Path, Query
+from pydantic import BaseModel, Field
+
+from service import scopes
+from service.api.deps import OperatorDep, RuntimeDep
+from service.api.problems import ProblemDetails
+from service.errors import Problem
+
+router = APIRouter(prefix="/v1", tags=["scopes"], responses={
+    401: {"model": ProblemDetails, "description": "no valid token"}})
+
+ScopeName = Annotated[str, Path(min_length=1, max_length=512)]
+
+
+class ScopeOut(BaseModel):
+    """A limiter scope: its budget, bucket, closure, pause, and eligible backlog."""
+
+    name: str
+    rate_per_second: float
+    burst: int
+    weight: int
+    tokens: float
+    closed_until: datetime | None
+    backoff_level: int
+    paused: bool
+    paused_reason: str | None
+    budget_from_policy: bool
+    eligible: int = Field(description="released pending items")
+    oldest_due_at: datetime | None
+    oldest_eligible_age_seconds: float | None
+    updated_at: datetime
+
+
+class ScopePage(BaseModel):
+    """Scopes by name; pass `next_after` as `after` for the next page."""
+
+    scopes: list[ScopeOut]
+    next_after: str | None
+
+
+class BudgetIn(BaseModel):
+    """A new budget for one scope, effective on every replica within a second."""
+
+    rate_per_second: float = Field(gt=0, le=100_000, examples=[20.0])
+    burst: int = Field(ge=1, le=100_000, examples=[5])
+    weight: int | None = Field(default=None, ge=1, le=1000)
+    reason: str | None = Field(default=None, max_length=1000)
+
+
+class ReasonIn(BaseModel):
+    """Why (recorded in the audit trail)."""
+
+    reason: str | None = Field(default=None, max_length=1000)
+
+
+class WorkersOut(BaseModel):
+    """Whether every replica has stopped claiming."""
+
+    workers_paused: bool
+    paused_reason: str | None
+    updated_at: datetime
+
+
+_NOT_FOUND: dict[int | str, dict[str, Any]] = {
+    404: {"model": ProblemDetails, "description": "no such scope"}}
+
+
+async def _one(runtime: RuntimeDep, name: str) -> ScopeOut:
+    rows = await scopes.list_scopes(runtime.engine, name=name, limit=1)
+    if not rows:
+        raise Problem(404, "scope-not-found", "Scope not found", f"no scope {name!r}")
+    return ScopeOut.model_validate(rows[0])
+
+
+@router.get("/scopes", operation_id="listScopes", response_model=ScopePage)
+async def list_scopes(runtime: RuntimeDep, _actor: OperatorDep,
+                      after: Annotated[str | None, Query(max_length=512)] = None,
+                      limit: Annotated[int, Query(ge=1, le=500)] = 100) -> ScopePage:
+    """Every scope's limiter state and backlog."""
+    rows = await scopes.list_scopes(runtime.engine, after=after, limit=limit)
+    return ScopePage(scopes=[ScopeOut.model_validate(r) for r in rows],
+                     next_after=str(rows[-1]["name"]) if len(rows) == limit else None)
+
+
+@router.put("/scopes/{scope}", operation_id="setScopeBudget", response_model=ScopeOut,
+            responses=_NOT_FOUND)
+async def set_budget(runtime: RuntimeDep, actor: OperatorDep, scope: ScopeName,
+                     body: Annotated[BudgetIn, Body()]) -> ScopeOut:
+    """Change a scope's rate and burst at run time."""
+    if not await scopes.set_budget(runtime.engine, scope, rate=body.rate_per_second,
+                                   burst=body.burst, weight=body.weight, actor=actor,
+                                   reason=body.reason):
+        raise Problem(404, "scope-not-found", "Scope not found", f"no scope {scope!r}")
+    return await _one(runtime, scope)
+
+
+@router.post("/scopes/{scope}/pause", operation_id="pauseScope", response_model=ScopeOut,
+             responses=_NOT_FOUND)
+async def pause_scope(runtime: RuntimeDep, actor: OperatorDep, scope: ScopeName,
+                      body: Annotated[ReasonIn | None, Body()] = None) -> ScopeOut:
+    """Stop calls for one scope; its items wait, unpunished."""
+    reason = body.reason if body else None
+    if not await scopes.set_paused(runtime.engine, scope, paused=True, actor=actor,
+                                   reason=reason):
+        raise Problem(404, "scope-not-found", "Scope not found", f"no scope {scope!r}")
+    return await _one(runtime, scope)
+
+
+@router.post("/scopes/{scope}/resume", operation_id="resumeScope", response_model=ScopeOut,
+             responses=_NOT_FOUND)
+async def resume_scope(runtime: RuntimeDep, actor: OperatorDep, scope: ScopeName,
+                       body: Annotated[ReasonIn | None, Body()] = None) -> ScopeOut:
+    """Reopen a paused (e.g. `unauthorized`) or closed scope."""
+    reason = body.reason if body else None
+    if not await scopes.set_paused(runtime.engine, scope, paused=False, actor=actor,
+                                   reason=reason):
+        raise Problem(404, "scope-not-found", "Scope not found", f"no scope {scope!r}")
+    return await _one(runtime, scope)
+
+
+@router.get("/workers", operation_id="getWorkers", response_model=WorkersOut)
+async def get_workers(runtime: RuntimeDep, _actor: OperatorDep) -> WorkersOut:
+    """Whether workers are paused everywhere."""
+    return WorkersOut.model_validate(await scopes.workers_state(runtime.engine))
+
+
+@router.post("/workers/pause", operation_id="pauseWorkers", response_model=WorkersOut)
+async def pause_workers(runtime: RuntimeDep, actor: OperatorDep,
+                        body: Annotated[ReasonIn | None, Body()] = None) -> WorkersOut:
+    """Stop claiming on every replica without losing the schedule."""
+    await scopes.set_workers_paused(runtime.engine, paused=True, actor=actor,
+                                    reason=body.reason if body else None)
+    return WorkersOut.model_validate(await scopes.workers_state(runtime.engine))
+
+
+@router.post("/workers/resume", operation_id="resumeWorkers", response_model=WorkersOut)
+async def resume_workers(runtime: RuntimeDep, actor: OperatorDep,
+                         body: Annotated[ReasonIn | None, Body()] = None) -> WorkersOut:
+    """Claim again everywhere."""
+    await scopes.set_workers_paused(runtime.engine, paused=False, actor=actor,
+                                    reason=body.reason if body else None)
+    return WorkersOut.model_validate(await scopes.workers_state(runtime.engine))

@@ -1,0 +1,268 @@
+"""The shared budget on a real database: token math on the database clock, closures,
+pauses, budgets changed at run time, and the pool obeying them against the fake upstream."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service import limiter, scopes
+from service.upstream import Upstreams
+from service.worker import WorkerPool
+from tests.conftest import TOKEN_A, LiveServer, test_settings
+from tests.fakes.upstream import Fault, FakeUpstream
+from tests.integration.test_pipeline import make_policies, register, release_all, statuses
+
+
+async def make_scope(engine: AsyncEngine, name: str, rate: float, burst: int) -> None:
+    async with engine.begin() as conn:
+        await limiter.ensure_scopes(conn, {name: (rate, burst)})
+
+
+async def test_take_grants_burst_then_refills_at_rate(engine: AsyncEngine) -> None:
+    await make_scope(engine, "s", rate=10, burst=5)
+    [first] = await limiter.take(engine, {"s": 8})
+    assert first.granted == 5 and 0 < first.wait_seconds <= 0.1
+    [empty] = await limiter.take(engine, {"s": 8})
+    assert empty.granted == 0
+    await asyncio.sleep(0.35)
+    [later] = await limiter.take(engine, {"s": 8})
+    assert 3 <= later.granted <= 4  # 0.35 s at 10/s
+    await limiter.give_back(engine, {"s": 2})
+    [back] = await limiter.take(engine, {"s": 2})
+    assert back.granted == 2
+
+
+async def test_concurrent_takers_never_exceed_the_budget(engine: AsyncEngine) -> None:
+    await make_scope(engine, "hot", rate=50, burst=5)
+    started = time.monotonic()
+    granted = 0
+
+    async def taker() -> None:
+        nonlocal granted
+        while time.monotonic() - started < 1.0:
+            [g] = await limiter.take(engine, {"hot": 3})
+            granted += g.granted
+            await asyncio.sleep(0.005)
+
+    await asyncio.gather(*(taker() for _ in range(8)))
+    elapsed = time.monotonic() - started
+    assert granted <= 5 + 50 * elapsed + 1
+    assert granted >= 0.8 * 50 * 1.0  # and the budget is used, not wasted
+
+
+async def test_closed_until_only_moves_later_and_blocks_tokens(engine: AsyncEngine) -> None:
+    await make_scope(engine, "s", rate=100, burst=10)
+    await limiter.close(engine, {"s": limiter.Closure(5.0, 1.0, 60.0)})
+    assert [g.granted for g in await limiter.take(engine, {"s": 3})] == []
+    async with engine.connect() as conn:
+        first = (await conn.execute(text("SELECT closed_until FROM scopes"))).scalar_one()
+    await limiter.close(engine, {"s": limiter.Closure(1.0, 1.0, 60.0)})  # shorter: ignored
+    async with engine.connect() as conn:
+        second = (await conn.execute(text("SELECT closed_until FROM scopes"))).scalar_one()
+        db_now = (await conn.execute(text("SELECT now()"))).scalar_one()
+    assert second == first
+    assert timedelta(seconds=5) <= first - db_now <= timedelta(seconds=6.1)
+
+
+async def test_backoff_without_retry_after_grows_per_scope(engine: AsyncEngine) -> None:
+    await make_scope(engine, "s", rate=100, burst=10)
+    closures = []
+    for _ in range(3):
+        async with engine.begin() as conn:  # reopen so each closure starts from now
+            await conn.execute(text("UPDATE scopes SET closed_until = NULL"))
+        await limiter.close(engine, {"s": limiter.Closure(None, 1.0, 60.0)})
+        async with engine.connect() as conn:
+            closures.append((await conn.execute(text(
+                "SELECT extract(epoch FROM closed_until - now()), backoff_level FROM scopes"
+            ))).one())
+    assert [level for _, level in closures] == [1, 2, 3]
+    # measured a few milliseconds after each close
+    assert 0.9 <= closures[0][0] < 1.2 and 1.9 <= closures[1][0] < 2.3
+    assert 3.9 <= closures[2][0] < 4.5
+    await limiter.recovered(engine, ["s"])
+    async with engine.connect() as conn:
+        assert (await conn.execute(text("SELECT backoff_level FROM scopes"))).scalar() == 0
+
+
+async def drain_with(pool: WorkerPool, engine: AsyncEngine, seconds: float) -> None:
+    task = asyncio.create_task(pool.run())
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        s = await statuses(engine)
+        if not s.get("pending") and not s.get("leased"):
+            break
+        await asyncio.sleep(0.05)
+    pool.stop()
+    await task
+
+
+async def test_429_with_retry_after_closes_only_its_scope(engine: AsyncEngine) -> None:
+    async with FakeUpstream(scope_fn=lambda _m, path, _h: path.split("/")[2]) as upstream:
+        policies = make_policies(upstream.base_url, path="/t/{tenant_id}/{object_id}",
+                                 rate={"per_second": 20, "burst": 1})
+        await register(engine, policies, 30, tenant="a")
+        await register(engine, policies, 30, tenant="b")
+        await release_all(engine)
+        upstream.inject(Fault.STATUS, status=429, headers={"Retry-After": "2"},
+                        match=lambda c: c.scope == "a")
+        ups = Upstreams(policies.upstreams)
+        await drain_with(WorkerPool(engine, policies, ups, concurrency=4), engine, 15)
+        await ups.aclose()
+    calls = upstream.calls()
+    a = [c.received_at for c in calls if c.scope == "a"]
+    b = [c.received_at for c in calls if c.scope == "b"]
+    assert await statuses(engine) == {"succeeded": 60}
+    gap = a[1] - a[0]
+    assert 2.0 <= gap < 3.5, gap  # nothing to scope a until Retry-After passed (+ jitter)
+    during = [t for t in b if a[0] < t < a[0] + 2.0]
+    assert len(during) >= 30 * 0.9 or len(b) == 30  # b kept its pace meanwhile
+    assert b[-1] - a[0] < 2.0  # b was never held back by a's closure
+
+
+async def test_429_with_http_date_closes_until_that_date(engine: AsyncEngine) -> None:
+    async with FakeUpstream() as upstream:
+        policies = make_policies(upstream.base_url, rate={"per_second": 50, "burst": 1})
+        await register(engine, policies, 3)
+        await release_all(engine)
+        when = datetime.now(UTC) + timedelta(seconds=3)
+        upstream.inject(Fault.STATUS, status=429,
+                        headers={"Retry-After": format_datetime(when, usegmt=True)})
+        ups = Upstreams(policies.upstreams)
+        await drain_with(WorkerPool(engine, policies, ups, concurrency=2), engine, 15)
+        await ups.aclose()
+    walls = [c.wall_time for c in upstream.calls()]
+    assert len(walls) == 4
+    # whole seconds in the date: the next call is no earlier than the date itself
+    assert walls[1] >= when.replace(microsecond=0).timestamp() - 0.05
+
+
+async def test_401_pauses_only_its_scope_and_resume_reopens(db_url: str) -> None:
+    async with FakeUpstream(scope_fn=lambda _m, path, _h: path.split("/")[2]) as upstream:
+        policies = make_policies(upstream.base_url, path="/t/{tenant_id}/{object_id}")
+        upstream.inject(Fault.STATUS, status=401, times=None,
+                        match=lambda c: c.scope == "bad")
+        async with LiveServer(test_settings(db_url, workers=4), policies, db_url) as live:
+            async with httpx.AsyncClient(base_url=live.base_url, headers={
+                    "Authorization": f"Bearer {TOKEN_A}"}, timeout=10) as api:
+                items = [{"tenant_id": t, "object_id": f"o{i}", "policy": "carts",
+                          "due_at": "2026-01-01T00:00:00Z"} for t in ("bad", "good")
+                         for i in range(5)]
+                await api.post("/v1/items", json={"items": items})
+                run = (await api.post("/v1/runs", json={})).json()
+                for _ in range(100):
+                    body = (await api.get(f"/v1/runs/{run['id']}")).json()
+                    if body["items"].get("succeeded") == 5:
+                        break
+                    await asyncio.sleep(0.05)
+                listing = {s["name"]: s for s in (await api.get("/v1/scopes")).json()["scopes"]}
+                assert listing["tenant:bad"]["paused"] is True
+                assert listing["tenant:bad"]["paused_reason"] == "unauthorized"
+                assert listing["tenant:bad"]["eligible"] == 5
+                assert listing["tenant:good"]["paused"] is False
+                body = (await api.get(f"/v1/runs/{run['id']}")).json()
+                assert body["items"] == {"succeeded": 5, "pending": 5}
+                # the 401'd item was not punished
+                pending = (await api.get("/v1/items", params={"status": "pending"})).json()
+                assert {i["attempts"] for i in pending["items"]} == {0}
+                upstream.clear_faults()  # the credential is fixed
+                resumed = await api.post("/v1/scopes/tenant:bad/resume",
+                                         json={"reason": "credential rotated"})
+                assert resumed.status_code == 200 and resumed.json()["paused"] is False
+                for _ in range(100):
+                    body = (await api.get(f"/v1/runs/{run['id']}")).json()
+                    if body["items"].get("succeeded") == 10:
+                        break
+                    await asyncio.sleep(0.05)
+                assert body["items"] == {"succeeded": 10}
+                missing = await api.post("/v1/scopes/nope/pause")
+                assert missing.status_code == 404
+
+
+async def test_budget_set_at_run_time_holds(db_url: str) -> None:
+    async with FakeUpstream() as upstream:
+        policies = make_policies(upstream.base_url, rate={"per_second": 100, "burst": 1})
+        async with LiveServer(test_settings(db_url, workers=8), policies, db_url) as live:
+            async with httpx.AsyncClient(base_url=live.base_url, headers={
+                    "Authorization": f"Bearer {TOKEN_A}"}, timeout=10) as api:
+                items = [{"tenant_id": "acme", "object_id": f"o{i}", "policy": "carts",
+                          "due_at": "2026-01-01T00:00:00Z"} for i in range(400)]
+                await api.post("/v1/items", json={"items": items})
+                await api.post("/v1/runs", json={})
+                await asyncio.sleep(1.0)
+                changed = await api.put("/v1/scopes/tenant:acme", json={
+                    "rate_per_second": 10, "burst": 1, "reason": "upstream asked us to"})
+                assert changed.status_code == 200
+                assert changed.json()["budget_from_policy"] is False
+                changed_at = time.monotonic()
+                await asyncio.sleep(3.0)
+                bad = await api.put("/v1/scopes/tenant:acme", json={"rate_per_second": 0,
+                                                                     "burst": 1})
+                assert bad.status_code == 422
+    after = [c.received_at for c in upstream.calls() if c.received_at > changed_at + 1.0]
+    # within a second of the change the new budget holds: 10/s (+1 burst)
+    assert len(after) <= 10 * 2 + 2, len(after)
+    assert len(after) >= 10 * 2 * 0.8
+
+
+async def test_workers_pause_stops_claims_and_resume_continues(db_url: str) -> None:
+    async with FakeUpstream() as upstream:
+        policies = make_policies(upstream.base_url, rate={"per_second": 50, "burst": 1})
+        async with LiveServer(test_settings(db_url, workers=4), policies, db_url) as live:
+            async with httpx.AsyncClient(base_url=live.base_url, headers={
+                    "Authorization": f"Bearer {TOKEN_A}"}, timeout=10) as api:
+                items = [{"tenant_id": "acme", "object_id": f"o{i}", "policy": "carts",
+                          "due_at": "2026-01-01T00:00:00Z"} for i in range(100)]
+                await api.post("/v1/items", json={"items": items})
+                run = (await api.post("/v1/runs", json={})).json()
+                await asyncio.sleep(0.5)
+                paused = await api.post("/v1/workers/pause", json={"reason": "incident"})
+                assert paused.json()["workers_paused"] is True
+                paused_at = time.monotonic()
+                count = len(upstream.calls())
+                await asyncio.sleep(1.5)
+                late = [c for c in upstream.calls() if c.received_at > paused_at + 0.1]
+                assert late == []  # nothing starts once the pause has committed
+                assert 0 < count < 100
+                await api.post("/v1/workers/resume")
+                for _ in range(200):
+                    body = (await api.get(f"/v1/runs/{run['id']}")).json()
+                    if body["items"].get("succeeded") == 100:
+                        break
+                    await asyncio.sleep(0.05)
+                assert body["items"] == {"succeeded": 100}
+    assert len(upstream.calls()) == 100
+
+
+def test_fair_shares_is_used_by_the_pool() -> None:
+    pytest.importorskip("service.limiter")
+    assert limiter.fair_shares([("x", 1)], 3) == {"x": 3}
+
+
+async def test_scopes_listing_paginates(db_url: str) -> None:
+    policies = make_policies("http://127.0.0.1:9")
+    async with LiveServer(test_settings(db_url), policies, db_url) as live:
+        async with httpx.AsyncClient(base_url=live.base_url, headers={
+                "Authorization": f"Bearer {TOKEN_A}"}, timeout=10) as api:
+            items = [{"tenant_id": f"t{i}", "object_id": "o", "policy": "carts",
+                      "due_at": "2026-01-01T00:00:00Z"} for i in range(5)]
+            await api.post("/v1/items", json={"items": items})
+            page = (await api.get("/v1/scopes", params={"limit": 3})).json()
+            assert [s["name"] for s in page["scopes"]] == ["tenant:t0", "tenant:t1", "tenant:t2"]
+            rest = (await api.get("/v1/scopes", params={"after": page["next_after"]})).json()
+            assert [s["name"] for s in rest["scopes"]] == ["tenant:t3", "tenant:t4"]
+            assert rest["scopes"][0]["rate_per_second"] == 1000
+            assert rest["scopes"][0]["eligible"] == 0  # registered, not yet released
+            workers = (await api.get("/v1/workers")).json()
+            assert workers["workers_paused"] is False
+
+
+_ = (Any, scopes)
