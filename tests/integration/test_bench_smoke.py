@@ -61,9 +61,9 @@ def test_drain_benchmark_smoke(pg_server_url: str, tmp_path: Path,
         [rep] = cell["repetitions"]
         assert rep["all_succeeded"] is True
         assert rep["db_status"] == {"succeeded": n}
-        assert rep["attempt_rows"] == n and rep["upstream_calls"] == n
-        assert rep["completed"] == n and rep["fenced"] == 0
-        assert rep["claim"]["rows"] == n and rep["complete"]["rows"] == n
+        assert rep["attempts_by_outcome"].get("succeeded") == n  # retries are allowed
+        assert rep["upstream_calls"] >= n and rep["succeeded_commits"] == n
+        assert rep["claim"]["rows"] >= n and rep["complete"]["rows"] >= n
 
     assert drain["focus_concurrency"] == CONCURRENCY
     assert set(drain["target"]) >= {"items_per_s", "best_median_items_per_s", "met"}

@@ -7,18 +7,16 @@ import asyncio
 import time
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
-from typing import Any
 
 import httpx
-import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import limiter, scopes
+from service import limiter
 from service.upstream import Upstreams
 from service.worker import WorkerPool
 from tests.conftest import TOKEN_A, LiveServer, test_settings
-from tests.fakes.upstream import Fault, FakeUpstream
+from tests.fakes.upstream import FakeUpstream, Fault
 from tests.integration.test_pipeline import make_policies, register, release_all, statuses
 
 
@@ -242,11 +240,6 @@ async def test_workers_pause_stops_claims_and_resume_continues(db_url: str) -> N
     assert len(upstream.calls()) == 100
 
 
-def test_fair_shares_is_used_by_the_pool() -> None:
-    pytest.importorskip("service.limiter")
-    assert limiter.fair_shares([("x", 1)], 3) == {"x": 3}
-
-
 async def test_scopes_listing_paginates(db_url: str) -> None:
     policies = make_policies("http://127.0.0.1:9")
     async with LiveServer(test_settings(db_url), policies, db_url) as live:
@@ -264,5 +257,3 @@ async def test_scopes_listing_paginates(db_url: str) -> None:
             workers = (await api.get("/v1/workers")).json()
             assert workers["workers_paused"] is False
 
-
-_ = (Any, scopes)
