@@ -27,13 +27,25 @@ MAX_JITTER_S: Final = 1.0
 JITTER_SHARE: Final = 0.1  # of the delay, bounded by MAX_JITTER_S
 
 
+LOOKAHEAD_S: Final = 0.1  # how far ahead a worker may reserve tokens (covers a round trip)
+
+
 @dataclass(frozen=True)
 class Grant:
-    """Tokens granted for a scope, and how long until its next token (0 = available now)."""
+    """Tokens granted for a scope. The i-th token (from 0) is due `due_in(i)` seconds after
+    the grant; tokens are reserved at most LOOKAHEAD_S ahead, so a worker that holds them
+    never waits longer than that. `wait_seconds` is when to ask again if none was granted."""
 
     scope: str
     granted: int
     wait_seconds: float
+    available: float = 0.0  # tokens in the bucket at the grant (may be below zero: lent)
+    rate: float = 1.0
+    granted_at: float = 0.0  # the database's clock at the grant, Unix seconds
+
+    def due_in(self, i: int) -> float:
+        """Seconds from the grant until token i may be spent."""
+        return max(0.0, (i + 1 - self.available) / self.rate)
 
 
 # Create scope rows on first use from the policy's budget; a policy change reaches rows
@@ -100,8 +112,11 @@ async def eligible_scopes(engine: AsyncEngine, *, cursor: str, limit: int
 
 
 # Take up to n tokens per scope in one statement: refill from the database clock, grant
-# whole tokens, and report the wait for the next one. Rows are locked in name order so
-# concurrent takers never deadlock.
+# whole tokens available now or within the lookahead (a reservation: the bucket goes below
+# zero and the caller spends each token at its due time), and report the wait for the next
+# one. Without lending, every refill that completes while no worker is asking is lost to
+# the burst cap: at 20/s with burst 1 that was a fifth of the budget. Rows are locked in
+# name order so concurrent takers never deadlock.
 _TAKE = text("""
     WITH want AS (
         SELECT * FROM unnest(CAST(:names AS text[]), CAST(:wants AS integer[])) AS w(name, n)
@@ -118,28 +133,34 @@ _TAKE = text("""
         FOR UPDATE OF s
     ),
     grant_ AS (
-        SELECT name, rate, avail, least(floor(avail)::integer, n) AS granted FROM bucket
+        SELECT name, rate, avail,
+               greatest(0, least(n, floor(
+                   avail + rate * CAST(:lookahead AS double precision))::integer)) AS granted
+        FROM bucket
     )
     UPDATE scopes s
     SET tokens = g.avail - g.granted, refilled_at = clock_timestamp()
     FROM grant_ g
     WHERE s.name = g.name
-    RETURNING s.name, g.granted,
-              CASE WHEN g.avail - g.granted >= 1 THEN 0.0
-                   ELSE (1.0 - (g.avail - g.granted)) / g.rate END AS wait_seconds
+    RETURNING s.name, g.granted, g.avail, g.rate,
+              extract(epoch FROM clock_timestamp())::double precision AS granted_at,
+              greatest(0.0, (1.0 - (g.avail - g.granted)) / g.rate
+                            - CAST(:lookahead AS double precision)) AS wait_seconds
 """)
 
 
-async def take(engine: AsyncEngine, wants: Mapping[str, int]) -> list[Grant]:
+async def take(engine: AsyncEngine, wants: Mapping[str, int],
+               lookahead_s: float = LOOKAHEAD_S) -> list[Grant]:
     """Take tokens for several scopes at once (closed or paused scopes grant nothing)."""
     wanted = {k: v for k, v in wants.items() if v > 0}
     if not wanted:
         return []
     names = sorted(wanted)
     async with engine.begin() as conn:
-        rows = (await conn.execute(_TAKE, {"names": names,
+        rows = (await conn.execute(_TAKE, {"names": names, "lookahead": lookahead_s,
                                            "wants": [wanted[n] for n in names]})).all()
-    return [Grant(r.name, int(r.granted), float(r.wait_seconds)) for r in rows]
+    return [Grant(r.name, int(r.granted), float(r.wait_seconds), float(r.avail),
+                  float(r.rate), float(r.granted_at)) for r in rows]
 
 
 _GIVE_BACK = text("""

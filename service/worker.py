@@ -44,6 +44,31 @@ LISTEN_PROBE_INTERVAL_S: Final = 10.0
 LOCAL_HOLD_S: Final = 1.0
 
 
+class DatabaseClock:
+    """Maps the database's clock onto this process's monotonic clock, so every replica
+    spends its tokens on the database's schedule. The offset is the smallest seen of
+    (local receipt - database time): one slow answer does not shift the schedule later,
+    and the estimate is never early (it includes at least the fastest one-way delay)."""
+
+    DRIFT_ALLOWANCE_S_PER_S: Final = 0.0001
+
+    def __init__(self) -> None:
+        self._offset: float | None = None
+        self._at = 0.0
+
+    def local(self, db_time: float, received: float) -> float:
+        """The local monotonic moment of `db_time`, given it was received at `received`."""
+        sample = received - db_time
+        if self._offset is None:
+            self._offset = sample
+        else:
+            # let the estimate creep up slowly so clock drift cannot pin it too low
+            aged = self._offset + (received - self._at) * self.DRIFT_ALLOWANCE_S_PER_S
+            self._offset = min(aged, sample)
+        self._at = received
+        return db_time + self._offset
+
+
 def worker_name() -> str:
     """A name unique to this process, recorded as lease owner and in attempts."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
@@ -77,6 +102,8 @@ class WorkerPool:
         self._pauses: set[str] = set()
         self._recovered: set[str] = set()
         self._held_locally: dict[str, float] = {}
+        self._next_slot: dict[str, float] = {}
+        self._clock = DatabaseClock()
         self.token_wait: float | None = None
         self.completed = 0
         self.fenced = 0
@@ -103,7 +130,9 @@ class WorkerPool:
             return 0
         self._cursor = scopes[-1][0]
         grants = await limiter.take(self.engine, limiter.fair_shares(scopes, free))
-        granted = {g.scope: g.granted for g in grants if g.granted > 0}
+        received = time.monotonic()
+        by_scope = {g.scope: g for g in grants if g.granted > 0}
+        granted = {s: g.granted for s, g in by_scope.items()}
         waits = [g.wait_seconds for g in grants if g.granted == 0]
         self.token_wait = min(waits) if waits and not granted else None
         if not granted:
@@ -120,9 +149,21 @@ class WorkerPool:
         self.reclaimed += claimed.reclaimed
         if self._stopping.is_set():
             return 0
+        position: Counter[str] = Counter()
+        now = time.monotonic()
         for lease in claimed.leases:
+            # each item is called when its token is due (at most the lookahead from now);
+            # reserved tokens whose moment passed while the claim ran are spaced out rather
+            # than fired together, so lateness never turns into a burst at the upstream
+            grant = by_scope[lease.scope]
+            granted_at = self._clock.local(grant.granted_at, received)
+            due = granted_at + grant.due_in(position[lease.scope])
+            position[lease.scope] += 1
+            if due > granted_at:
+                due = max(due, self._next_slot.get(lease.scope, 0.0))
+            self._next_slot[lease.scope] = max(due, now) + 1.0 / grant.rate
             await self._slots.acquire()
-            task = asyncio.create_task(self._attempt(lease))
+            task = asyncio.create_task(self._attempt(lease, due))
             self._in_flight.add(task)
             task.add_done_callback(self._in_flight.discard)
         return len(claimed.leases)
@@ -202,8 +243,16 @@ class WorkerPool:
 
     # -- one attempt -----------------------------------------------------------------
 
-    async def _attempt(self, lease: Lease) -> None:
+    async def _attempt(self, lease: Lease, due: float = 0.0) -> None:
         try:
+            delay = due - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if self._stopping.is_set() or lease.scope in self._held_locally:
+                # not called: the lease and its token go back, no attempt counted
+                await claims.release(self.engine, [lease])
+                await limiter.give_back(self.engine, {lease.scope: 1})
+                return
             policy = self.policies.policy(lease.policy)
             started = datetime.now(UTC)
             if policy is None or policy.version != lease.policy_version:

@@ -1,5 +1,7 @@
 """Claims go scope by scope (the shared rate budget admits work per scope): the ready index
-leads with the scope, and expired leases are found per scope too.
+leads with the scope, and expired leases are found per scope too. A bucket may lend a few
+milliseconds of future tokens (reservations, so the budget is used to the full instead of
+losing every refill that arrives while no worker is looking): tokens may go below zero.
 
 Revision ID: 0002
 Revises: 0001
@@ -15,6 +17,8 @@ depends_on = None
 
 
 def upgrade() -> None:
+    op.execute("ALTER TABLE scopes DROP CONSTRAINT scopes_check")
+    op.execute("ALTER TABLE scopes ADD CONSTRAINT scopes_tokens CHECK (tokens <= burst)")
     # Released pending items of one scope in batch order (webhook releases first): the
     # per-scope claim and the "does this scope have work" probe both walk this index.
     op.execute("DROP INDEX items_ready")
@@ -26,6 +30,10 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.execute("ALTER TABLE scopes DROP CONSTRAINT scopes_tokens")
+    op.execute("UPDATE scopes SET tokens = greatest(tokens, 0)")
+    op.execute("ALTER TABLE scopes ADD CONSTRAINT scopes_check "
+               "CHECK (tokens >= 0 AND tokens <= burst)")
     op.execute("DROP INDEX items_leased")
     op.execute("CREATE INDEX items_leased ON items (lease_expires_at) WHERE status = 'leased'")
     op.execute("DROP INDEX items_ready")

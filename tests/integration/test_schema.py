@@ -170,7 +170,6 @@ async def test_scope_rules(conn: asyncpg.Connection) -> None:
     bad = [("tenant:b", 0.0, 5, 1.0, False, None),      # no rate
            ("tenant:c", 5.0, 0, 0.0, False, None),      # no burst
            ("tenant:d", 5.0, 5, 6.0, False, None),      # more tokens than burst
-           ("tenant:e", 5.0, 5, -1.0, False, None),     # negative tokens
            ("tenant:f", 5.0, 5, 1.0, True, None),       # paused without a reason
            ("tenant:g", 5.0, 5, 1.0, False, "why")]     # a reason while running
     for args in bad:
