@@ -336,3 +336,43 @@ async def test_bad_items_are_named_and_nothing_is_written(db_url: str, item: dic
     eng = make_engine(async_url(db_url), engine_settings)
     assert await statuses(eng) == {}
     await eng.dispose()
+
+
+async def test_max_items_leaves_the_rest_for_the_next_run(engine: AsyncEngine) -> None:
+    policies = make_policies("http://127.0.0.1:9")
+    await register(engine, policies, 70)
+    await register(engine, policies, 5, tenant="other")
+    first, _ = await runs.create_run(engine, runs.RunRequest(None, "acme", None, False, 60),
+                                     None)
+    assert await runs.publish(engine, first, batch_size=25)
+    status = await runs.run_status(engine, first)
+    assert status is not None
+    assert (status["released"], status["batches"], status["remaining"]) == (60, 3, 10)
+    assert status["candidates"] == 70  # the tenant filter kept 'other' out
+    second, _ = await runs.create_run(engine, runs.RunRequest(None, "acme", None, False,
+                                                              None), None)
+    assert await runs.publish(engine, second, batch_size=25)
+    status = await runs.run_status(engine, second)
+    assert status is not None
+    assert (status["released"], status["remaining"]) == (10, 0)
+    async with engine.connect() as conn:
+        unreleased = (await conn.execute(text(
+            "SELECT tenant_id, count(*) FROM items WHERE released_at IS NULL "
+            "GROUP BY tenant_id"))).all()
+    assert [tuple(r) for r in unreleased] == [("other", 5)]
+
+
+async def test_future_items_wait_for_a_later_cutoff(engine: AsyncEngine) -> None:
+    policies = make_policies("http://127.0.0.1:9")
+    await register(engine, policies, 3, due=datetime.now(UTC) + timedelta(days=2))
+    run_id, _ = await runs.create_run(engine, runs.RunRequest(None, None, None, False, None),
+                                      None)
+    assert await runs.publish(engine, run_id, batch_size=50)
+    status = await runs.run_status(engine, run_id)
+    assert status is not None and status["released"] == 0
+    later, _ = await runs.create_run(
+        engine, runs.RunRequest(None, None, datetime.now(UTC) + timedelta(days=3), False,
+                                None), None)
+    assert await runs.publish(engine, later, batch_size=50)
+    status = await runs.run_status(engine, later)
+    assert status is not None and status["released"] == 3
