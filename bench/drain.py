@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import cProfile
 import gc
+import importlib
 import os
 import pstats
 import random
@@ -37,7 +38,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import httpx
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -46,18 +46,16 @@ from bench.common import (
     BenchContext,
     Benchmark,
     CallTimer,
-    FreshDatabase,
     configure_service_logging,
     fresh_database,
     patched,
-    plain_url,
     progress,
     summarize,
     timed,
     vacuum_analyze,
 )
-from service import claims, ledger, runs
-from service.claims import Completion, Lease
+from bench.plans import PlanCatcher, StatementKind
+from service import ledger, runs
 from service.policies import Policies, Policy, resolve_policies
 from service.upstream import Upstreams
 from service.worker import WorkerPool
@@ -274,28 +272,59 @@ async def attempt_breakdown(engine: AsyncEngine) -> dict[str, int]:
 # -- one drain -----------------------------------------------------------------------------
 
 
+# Awaited functions on the worker's path whose wall time is recorded: (label, module,
+# attribute). Whatever does not exist in the service as it is today is skipped.
+TIMED_CALLS: tuple[tuple[str, str, str], ...] = (
+    ("claim", "service.claims", "claim"),
+    ("complete", "service.claims", "complete"),
+    ("release", "service.claims", "release"),
+    ("limiter.eligible_scopes", "service.limiter", "eligible_scopes"),
+    ("limiter.take", "service.limiter", "take"),
+    ("limiter.give_back", "service.limiter", "give_back"),
+    ("limiter.close", "service.limiter", "close"),
+    ("limiter.recovered", "service.limiter", "recovered"),
+)
+
+
+def _leases_of(_args: Sequence[Any], result: Any) -> int:
+    return len(getattr(result, "leases", ()))
+
+
 async def drain(engine: AsyncEngine, policies: Policies, upstreams: Upstreams, *, target: int,
                 concurrency: int, deadline_s: float, profiler: cProfile.Profile | None = None
                 ) -> dict[str, Any]:
-    """Run one WorkerPool until `target` outcomes are committed, then stop it; timed."""
+    """Run one WorkerPool until `target` items reached a terminal state, then stop it."""
     pool = WorkerPool(engine, policies, upstreams, concurrency=concurrency,
                       name=f"bench-worker-{os.getpid()}", rng=random.Random(7))
-    claim_t, complete_t, paused_t = CallTimer(), CallTimer(), CallTimer()
     finished = {"succeeded": 0, "dead": 0}
 
-    def leases_of(_args: Sequence[Any], result: claims.Claimed) -> int:
-        return len(result.leases)
-
-    def completions_of(args: Sequence[Any], result: list[int]) -> int:
-        fenced = set(result)
+    def completions_of(args: Sequence[Any], result: Any) -> int:
+        fenced = set(result or ())
         for c in args[1]:
             if c.status in finished and c.lease.item_id not in fenced:
                 finished[c.status] += 1
         return len(args[1])
 
-    with (patched(claims, "claim", timed(claims.claim, claim_t, leases_of)),
-          patched(claims, "complete", timed(claims.complete, complete_t, completions_of)),
-          patched(pool, "_workers_paused", timed(pool._workers_paused, paused_t))):
+    timers: dict[str, CallTimer] = {}
+    with contextlib.ExitStack() as stack:
+        for label, module_name, attr in TIMED_CALLS:
+            try:
+                module = importlib.import_module(module_name)
+            except ImportError:
+                continue
+            fn = getattr(module, attr, None)
+            if fn is None:
+                continue
+            rows = {"claim": _leases_of, "complete": completions_of}.get(label)
+            timers[label] = CallTimer()
+            stack.enter_context(patched(module, attr, timed(fn, timers[label], rows)))
+        if "complete" not in timers:
+            raise RuntimeError("service.claims.complete is gone: the drain cannot count")
+        paused = getattr(pool, "_workers_paused", None)  # an older worker's extra query
+        if paused is not None:
+            timers["paused_check"] = CallTimer()
+            stack.enter_context(patched(pool, "_workers_paused",
+                                        timed(paused, timers["paused_check"])))
         gc.collect()
         load = os.getloadavg()[0]
         cpu_started = time.process_time()
@@ -324,6 +353,7 @@ async def drain(engine: AsyncEngine, policies: Policies, upstreams: Upstreams, *
             await asyncio.wait_for(task, 60)
             if profiler is not None:
                 profiler.disable()
+    calls = {label: t.summary(elapsed) for label, t in timers.items()}
     return {
         "seconds": round(elapsed, 4),
         "items_per_s": round(target / elapsed, 1),
@@ -333,9 +363,11 @@ async def drain(engine: AsyncEngine, policies: Policies, upstreams: Upstreams, *
         "load_average_1m_at_start": load,
         "completed": pool.completed, "fenced": pool.fenced, "reclaimed": pool.reclaimed,
         "succeeded_commits": finished["succeeded"], "dead_commits": finished["dead"],
-        "claim": claim_t.summary(elapsed),
-        "complete": complete_t.summary(elapsed),
-        "paused_check": paused_t.summary(elapsed),
+        "claim": calls.get("claim", CallTimer().summary()),
+        "complete": calls["complete"],
+        "db_calls": calls,
+        "db_calls_per_item": round(sum(t.calls for t in timers.values()) / target, 3),
+        "db_wall_share_sum": round(sum(t.seconds for t in timers.values()) / elapsed, 3),
     }
 
 
@@ -388,6 +420,9 @@ _PROFILE_ANCHORS: dict[str, tuple[str, str]] = {
     "worker_completion_incl_logging": ("service/worker.py", "_completion"),
     "logging_info": ("logging/__init__.py", "info"),
     "paused_check": ("service/worker.py", "_workers_paused"),
+    "limiter_eligible_scopes": ("service/limiter.py", "eligible_scopes"),
+    "limiter_take": ("service/limiter.py", "take"),
+    "limiter_give_back": ("service/limiter.py", "give_back"),
     "attempt_task": ("service/worker.py", "_attempt"),
     "run_once": ("service/worker.py", "run_once"),
     "flush": ("service/worker.py", "flush"),
@@ -463,146 +498,75 @@ def profile_report(profiler: cProfile.Profile, elapsed: float, top: int) -> dict
 
 # -- EXPLAIN -------------------------------------------------------------------------------
 
-
-def _literal(value: Any) -> str:
-    if value is None:
-        return "NULL"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, str):
-        return "'" + value.replace("'", "''") + "'"
-    if isinstance(value, list):
-        return "ARRAY[" + ", ".join(_literal(v) for v in value) + "]"
-    raise TypeError(f"no literal for {type(value).__name__}")
-
-
-def claim_params(limit: int) -> dict[str, Any]:
-    """The parameters claims.claim sends for the bench policy."""
-    return {"now": None, "limit": limit, "owner": "bench-explain", "policy_names": [POLICY],
-            "lease_seconds": [LEASE_SECONDS], "default_lease": LEASE_SECONDS}
-
-
-async def claim_plans(db: FreshDatabase, limit: int) -> dict[str, Any]:
-    """The claim statement's plan, custom (bound values) and generic (what a prepared
-    statement settles on after five runs when it is not costlier), each executed with
-    ANALYZE inside a transaction that is rolled back."""
-    compiled = claims._CLAIM.compile(dialect=db.engine.dialect)
-    sql = str(compiled)
-    params = claim_params(limit)
-    names: list[str] = list(compiled.positiontup or [])
-    values = [params[n] for n in names]
-    conn = await asyncpg.connect(plain_url(db.url))
-    try:
-        plans: dict[str, Any] = {}
-        tr = conn.transaction()
-        await tr.start()
-        try:
-            rows = await conn.fetch("EXPLAIN (ANALYZE, BUFFERS) " + sql, *values)
-            plans["custom"] = [r[0] for r in rows]
-        finally:
-            await tr.rollback()
-        tr = conn.transaction()
-        await tr.start()
-        try:
-            await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-            await conn.execute(f"PREPARE bench_claim AS {sql}")
-            rows = await conn.fetch("EXPLAIN (ANALYZE, BUFFERS) EXECUTE bench_claim("
-                                    + ", ".join(_literal(v) for v in values) + ")")
-            plans["generic"] = [r[0] for r in rows]
-        finally:
-            await tr.rollback()
-            await conn.execute("DEALLOCATE ALL")
-        plans["parameters"] = params
-        return plans
-    finally:
-        await conn.close()
-
-
-async def complete_plan(db: FreshDatabase, n: int) -> list[str]:
-    """EXPLAIN (ANALYZE, BUFFERS) of the completion of `n` freshly claimed items, rolled
-    back; the leases are then handed back."""
-    claimed = await claims.claim(db.engine, owner="bench-explain", limit=n,
-                                 lease_seconds={POLICY: LEASE_SECONDS})
-    leases: list[Lease] = claimed.leases
-    now = datetime.now(UTC)
-    done = [Completion(lease=x, worker="bench-explain", outcome="succeeded", status="succeeded",
-                       reason="ok", http_status=204, retry_after_seconds=None,
-                       retry_in_seconds=0.0, refund_attempt=False, started_at=now,
-                       finished_at=now, latency_ms=0.1) for x in leases]
-    params = {
-        "ids": [x.lease.item_id for x in done], "tokens": [x.lease.lease_token for x in done],
-        "statuses": [x.status for x in done], "outcomes": [x.outcome for x in done],
-        "reasons": [x.reason for x in done], "http": [x.http_status for x in done],
-        "retry_after": [x.retry_after_seconds for x in done],
-        "retry_in": [x.retry_in_seconds for x in done],
-        "refund": [x.refund_attempt for x in done],
-        "attempt_nos": [x.lease.attempt for x in done], "workers": [x.worker for x in done],
-        "started": [x.started_at for x in done], "finished": [x.finished_at for x in done],
-        "latency": [x.latency_ms for x in done],
-    }
-    try:
-        async with db.engine.connect() as conn:
-            rows = (await conn.execute(text("EXPLAIN (ANALYZE, BUFFERS) "
-                                            + claims._COMPLETE.text), params)).all()
-            await conn.rollback()
-        return [str(r[0]) for r in rows]
-    finally:
-        await claims.release(db.engine, leases)
+STATEMENTS = (
+    StatementKind("claim", ("UPDATE items", "SKIP LOCKED", "RETURNING")),
+    StatementKind("complete", ("INSERT INTO attempts",)),
+    StatementKind("limiter.take", ("UPDATE scopes", "FOR UPDATE OF s")),
+    StatementKind("limiter.eligible_scopes", ("open_scopes", "SELECT")),
+)
 
 
 async def table_stats(engine: AsyncEngine) -> dict[str, Any]:
+    """Live and dead tuples of items, and the sizes of its heap and indexes."""
     async with engine.connect() as conn:
         row = (await conn.execute(text(
-            "SELECT n_live_tup, n_dead_tup, pg_relation_size('items') AS heap_bytes, "
-            "pg_relation_size('items_ready') AS items_ready_bytes, "
-            "pg_relation_size('items_leased') AS items_leased_bytes "
+            "SELECT n_live_tup, n_dead_tup, pg_relation_size('items') AS heap_bytes "
             "FROM pg_stat_user_tables WHERE relname = 'items'"))).mappings().one()
-        return dict(row)
+        indexes = (await conn.execute(text(
+            "SELECT indexrelname AS name, pg_relation_size(indexrelid) AS bytes "
+            "FROM pg_stat_user_indexes WHERE relname = 'items' ORDER BY 1"))).all()
+    return {**dict(row), "index_bytes": {str(r.name): int(r.bytes) for r in indexes}}
 
 
 async def prepared_plan_usage(engine: AsyncEngine) -> list[dict[str, Any]]:
-    """generic_plans / custom_plans of the worker's own prepared claim and completion
-    statements, from every pooled connection (pg_prepared_statements is per session)."""
+    """generic_plans / custom_plans of the worker's prepared statements, from every pooled
+    connection (pg_prepared_statements is per session)."""
     found: list[dict[str, Any]] = []
     async with contextlib.AsyncExitStack() as stack:
         for _ in range(engine.pool.checkedin()):  # type: ignore[attr-defined]
             conn = await stack.enter_async_context(engine.connect())
             rows = (await conn.execute(text(
-                "SELECT generic_plans, custom_plans, left(regexp_replace(statement, "
-                "'\\s+', ' ', 'g'), 80) AS head FROM pg_prepared_statements "
-                "WHERE statement LIKE '%lease_lengths%' OR statement LIKE '%applied AS%'"
-            ))).mappings().all()
-            found += [{**dict(r), "statement": ("claim" if "clock" in r["head"] else
-                                                "complete")} for r in rows]
+                "SELECT generic_plans, custom_plans, statement FROM pg_prepared_statements "
+                "WHERE statement NOT LIKE '%pg_prepared_statements%'"))).mappings().all()
+            for r in rows:
+                kind = next((k.name for k in STATEMENTS if k.matches(r["statement"])), None)
+                if kind is not None:
+                    found.append({"statement": kind, "generic_plans": r["generic_plans"],
+                                  "custom_plans": r["custom_plans"]})
     return found
 
 
 async def explain_section(ctx: BenchContext, args: argparse.Namespace, concurrency: int
                           ) -> dict[str, Any]:
+    """The worker's own statements explained as it sends them: the first claim on a
+    database with N released items, then the first claim, completion and token take of a
+    new pool once half of them have succeeded."""
     configure_service_logging("WARNING")
+    catcher = PlanCatcher(STATEMENTS)
     async with fresh_database(ctx.server_url, "drain_explain") as db:
         policies = bench_policies(MOCK_BASE_URL, max(100, concurrency))
         await seed(db.engine, policies.policies[POLICY], args.items)
-        doc: dict[str, Any] = {"limit": concurrency, "items": args.items}
-        doc["table_at_start"] = await table_stats(db.engine)
-        doc["claim_at_start"] = await claim_plans(db, concurrency)
-        upstreams = Upstreams(policies.upstreams,
-                              transport=httpx.MockTransport(no_op_answer))
+        doc: dict[str, Any] = {"concurrency": concurrency, "items": args.items,
+                               "table_at_start": await table_stats(db.engine)}
+        upstreams = Upstreams(policies.upstreams, transport=httpx.MockTransport(no_op_answer))
         half = args.items // 2
         try:
-            drained = await drain(db.engine, policies, upstreams, target=half,
-                                  concurrency=concurrency, deadline_s=args.drain_timeout)
+            with catcher.listening(db.engine):
+                catcher.arm("claim", "claim_at_start")
+                first = await drain(db.engine, policies, upstreams, target=half,
+                                    concurrency=concurrency, deadline_s=args.drain_timeout)
+                doc["worker_prepared_statements"] = await prepared_plan_usage(db.engine)
+                doc["table_half_drained"] = await table_stats(db.engine)
+                for kind in ("claim", "complete", "limiter.take", "limiter.eligible_scopes"):
+                    catcher.arm(kind, f"{kind}_half_drained")
+                await drain(db.engine, policies, upstreams,
+                            target=min(args.items - half, 2 * concurrency),
+                            concurrency=concurrency, deadline_s=args.drain_timeout)
         finally:
             await upstreams.aclose()
-        doc["worker_prepared_statements"] = await prepared_plan_usage(db.engine)
-        doc["half_drain"] = {"completed": drained["completed"],
-                             "items_per_s": drained["items_per_s"],
-                             "claim": drained["claim"]}
-        doc["table_half_drained"] = await table_stats(db.engine)
-        doc["claim_half_drained"] = await claim_plans(db, concurrency)
-        doc["complete_half_drained"] = await complete_plan(db, min(200, args.items - half))
+        doc["half_drain"] = {"items_per_s": first["items_per_s"], "claim": first["claim"]}
+        doc.update(catcher.plans)
+        doc["not_captured"] = sorted(catcher.armed.values())
     return doc
 
 
@@ -695,12 +659,11 @@ async def run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
                                     label="profile", profiler=profiler)
         report = profile_report(profiler, profiled["seconds"], args.profile_top)
         report["run"] = {k: profiled[k] for k in ("mode", "concurrency", "log_level", "items",
-                                                  "seconds", "items_per_s", "claim",
-                                                  "complete", "paused_check")}
+                                                  "seconds", "items_per_s", "db_calls")}
         doc["profile"] = report
 
     if args.explain:
-        progress(f"explain: claim plans at start and half-way (limit {focus})")
+        progress(f"explain: the worker's statements at start and half-way (c={focus})")
         doc["explain"] = await explain_section(ctx, args, focus)
     doc["elapsed_seconds"] = round(time.perf_counter() - started, 1)
     print_summary(doc)

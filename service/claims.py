@@ -179,7 +179,9 @@ _COMPLETE = text("""
             completed_at = CASE WHEN d.status IN ('succeeded', 'dead') THEN now() END,
             updated_at = now()
         FROM done d
-        WHERE i.id = d.id AND i.lease_token = d.token AND i.status = 'leased'
+        -- the token alone fences: only leased rows carry one (CHECK items_lease), and
+        -- without a status filter the planner keeps to primary-key lookups
+        WHERE i.id = d.id AND i.lease_token = d.token
         RETURNING i.id
     )
     INSERT INTO attempts (item_id, attempt_no, worker, lease_token, started_at, finished_at,

@@ -90,12 +90,16 @@ _ELIGIBLE = text("""
         WHERE NOT s.paused
           AND (s.closed_until IS NULL OR s.closed_until <= clock_timestamp())
           AND NOT (SELECT workers_paused FROM control)
-          AND (EXISTS (SELECT 1 FROM items i
-                       WHERE i.scope = s.name AND i.status = 'pending'
-                         AND i.released_at IS NOT NULL AND i.next_attempt_at <= now())
-               OR EXISTS (SELECT 1 FROM items i
-                          WHERE i.scope = s.name AND i.status = 'leased'
-                            AND i.lease_expires_at <= now()))
+          -- written as ordered LIMIT 1 probes so the planner walks the partial indexes
+          -- (an EXISTS here became a sequential scan of items as history grew)
+          AND ((SELECT i.id FROM items i
+                WHERE i.scope = s.name AND i.status = 'pending'
+                  AND i.released_at IS NOT NULL AND i.next_attempt_at <= now()
+                ORDER BY i.scope, i.batch_id NULLS FIRST, i.id LIMIT 1) IS NOT NULL
+               OR (SELECT i.id FROM items i
+                   WHERE i.scope = s.name AND i.status = 'leased'
+                     AND i.lease_expires_at <= now()
+                   ORDER BY i.scope, i.lease_expires_at LIMIT 1) IS NOT NULL)
     )
     (SELECT name, weight FROM open_scopes WHERE name > :cursor ORDER BY name LIMIT :limit)
     UNION ALL

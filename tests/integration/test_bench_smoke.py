@@ -76,6 +76,9 @@ def test_drain_benchmark_smoke(pg_server_url: str, tmp_path: Path,
 
     explain = drain["explain"]
     for key in ("claim_at_start", "claim_half_drained"):
+        assert "error" not in explain[key], explain[key].get("error")
         for plan in ("custom", "generic"):
             assert any("Update on items" in line for line in explain[key][plan])
-    assert any("Insert on attempts" in line for line in explain["complete_half_drained"])
+    assert "error" not in explain["complete_half_drained"]
+    assert any("Insert on attempts" in line
+               for line in explain["complete_half_drained"]["generic"])

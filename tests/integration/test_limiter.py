@@ -27,16 +27,33 @@ async def make_scope(engine: AsyncEngine, name: str, rate: float, burst: int) ->
 
 async def test_take_grants_burst_then_refills_at_rate(engine: AsyncEngine) -> None:
     await make_scope(engine, "s", rate=10, burst=5)
-    [first] = await limiter.take(engine, {"s": 8})
+    [first] = await limiter.take(engine, {"s": 8}, lookahead_s=0)
     assert first.granted == 5 and 0 < first.wait_seconds <= 0.1
-    [empty] = await limiter.take(engine, {"s": 8})
+    [empty] = await limiter.take(engine, {"s": 8}, lookahead_s=0)
     assert empty.granted == 0
     await asyncio.sleep(0.35)
-    [later] = await limiter.take(engine, {"s": 8})
+    [later] = await limiter.take(engine, {"s": 8}, lookahead_s=0)
     assert 3 <= later.granted <= 4  # 0.35 s at 10/s
     await limiter.give_back(engine, {"s": 2})
-    [back] = await limiter.take(engine, {"s": 2})
+    [back] = await limiter.take(engine, {"s": 2}, lookahead_s=0)
     assert back.granted == 2
+
+
+async def test_reservations_lend_only_the_lookahead_and_carry_due_times(engine: AsyncEngine
+                                                                       ) -> None:
+    await make_scope(engine, "s", rate=20, burst=1)
+    [g] = await limiter.take(engine, {"s": 10}, lookahead_s=0.1)
+    # one token now, two more due within the next 100 ms at 20/s
+    assert g.granted == 3
+    assert [round(g.due_in(i), 3) for i in range(3)] == [0.0, 0.05, 0.1]
+    [none] = await limiter.take(engine, {"s": 10}, lookahead_s=0.1)
+    assert none.granted == 0 and none.wait_seconds > 0
+    await limiter.give_back(engine, {"s": 2})  # reserved tokens returned cancel the debt
+    [again] = await limiter.take(engine, {"s": 10}, lookahead_s=0)
+    assert again.granted == 0  # the debt was cancelled, not turned into credit
+    async with engine.connect() as conn:
+        tokens = (await conn.execute(text("SELECT tokens FROM scopes"))).scalar_one()
+    assert tokens <= 1
 
 
 async def test_concurrent_takers_never_exceed_the_budget(engine: AsyncEngine) -> None:
