@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import random
 import socket
@@ -41,6 +42,11 @@ LISTEN_PROBE_INTERVAL_S: Final = 10.0
 # How long a scope this process saw throttled (without a date) or refused is held locally
 # until the database closure or pause, which every replica obeys, is certainly in place.
 LOCAL_HOLD_S: Final = 1.0
+# A token spent later than this after its due moment (or one interval, if longer)
+# would crowd the tokens after it at the upstream; it is handed back instead.
+LATE_TOLERANCE_MIN_S: Final = 0.02
+# No real scope can carry this name (scope names have no control characters).
+WARM_UP_SCOPE: Final = "\x01warm-up"
 
 
 class DatabaseClock:
@@ -101,7 +107,6 @@ class WorkerPool:
         self._pauses: set[str] = set()
         self._recovered: set[str] = set()
         self._held_locally: dict[str, float] = {}
-        self._next_slot: dict[str, float] = {}
         self._backed_off: set[str] = set()
         self._clock = DatabaseClock()
         self.token_wait: float | None = None
@@ -150,20 +155,17 @@ class WorkerPool:
         if self._stopping.is_set():
             return 0
         position: Counter[str] = Counter()
-        now = time.monotonic()
         for lease in claimed.leases:
-            # each item is called when its token is due (at most the lookahead from now);
-            # reserved tokens whose moment passed while the claim ran are spaced out rather
-            # than fired together, so lateness never turns into a burst at the upstream
+            # each item is called when its token is due on the database's schedule (at most
+            # the lookahead from now); a token whose moment passed long ago (a slow claim)
+            # is handed back rather than spent late, where it would crowd the next ones
             grant = by_scope[lease.scope]
             granted_at = self._clock.local(grant.granted_at, received)
             due = granted_at + grant.due_in(position[lease.scope])
             position[lease.scope] += 1
-            if due > granted_at:
-                due = max(due, self._next_slot.get(lease.scope, 0.0))
-            self._next_slot[lease.scope] = max(due, now) + 1.0 / grant.rate
+            give_up = due + max(LATE_TOLERANCE_MIN_S, 1.0 / grant.rate)
             await self._slots.acquire()
-            task = asyncio.create_task(self._attempt(lease, due))
+            task = asyncio.create_task(self._attempt(lease, due, give_up))
             self._in_flight.add(task)
             task.add_done_callback(self._in_flight.discard)
         return len(claimed.leases)
@@ -247,12 +249,14 @@ class WorkerPool:
 
     # -- one attempt -----------------------------------------------------------------
 
-    async def _attempt(self, lease: Lease, due: float = 0.0) -> None:
+    async def _attempt(self, lease: Lease, due: float = 0.0, give_up: float = math.inf
+                       ) -> None:
         try:
             delay = due - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            if self._stopping.is_set() or lease.scope in self._held_locally:
+            if (self._stopping.is_set() or lease.scope in self._held_locally
+                    or time.monotonic() > give_up):
                 # not called: the lease and its token go back, no attempt counted
                 await claims.release(self.engine, [lease])
                 await limiter.give_back(self.engine, {lease.scope: 1})
@@ -317,6 +321,7 @@ class WorkerPool:
 
     async def run(self) -> None:
         """Claim, call and complete until stop(); survives database outages."""
+        await self._warm_up()
         listener = asyncio.create_task(self._listen()) if self.listen_url else None
         flusher = asyncio.create_task(self._flush_loop())
         idle = IDLE_POLL_MIN_S
@@ -348,6 +353,15 @@ class WorkerPool:
                 idle = min(IDLE_POLL_MAX_S, idle * 2)
         finally:
             await self._finish(flusher, listener)
+
+    async def _warm_up(self) -> None:
+        """Prepare the admission statements on a pooled connection before the first token
+        is taken: a cold first claim made this process spend its first tokens late."""
+        with contextlib.suppress(Exception):
+            await limiter.eligible_scopes(self.engine, cursor="", limit=1)
+            await limiter.take(self.engine, {WARM_UP_SCOPE: 1})
+            await claims.claim(self.engine, owner=self.name, grants={WARM_UP_SCOPE: 1},
+                               lease_seconds=self._lease_seconds)
 
     async def _finish(self, flusher: asyncio.Task[None], listener: asyncio.Task[None] | None
                       ) -> None:
