@@ -34,6 +34,7 @@ from service.settings import LogFormat, Settings, async_url
 log = logging.getLogger(__name__)
 
 TENANT_RATE_PER_S = 40.0
+STORE_BURST = 4  # like real storefront APIs, the store tolerates a few calls of jitter
 LATENCY_S = (0.005, 0.03)
 ABSENT_SHARE = 0.03
 UNAVAILABLE_SHARE = 0.01
@@ -41,7 +42,7 @@ UNAVAILABLE_SHARE = 0.01
 
 @dataclass
 class SimulatedStore:
-    """A deletion API with a per-tenant token bucket (burst 1) and a little bad weather."""
+    """A deletion API with a per-tenant token bucket and a little bad weather."""
 
     rate_per_s: float = TENANT_RATE_PER_S
     rng: random.Random = field(default_factory=random.Random)
@@ -53,8 +54,8 @@ class SimulatedStore:
         self.calls += 1
         tenant = request.url.path.split("/")[2]
         now = time.monotonic()
-        tokens, at = self.buckets.get(tenant, (1.0, now))
-        tokens = min(1.0, tokens + (now - at) * self.rate_per_s)
+        tokens, at = self.buckets.get(tenant, (float(STORE_BURST), now))
+        tokens = min(float(STORE_BURST), tokens + (now - at) * self.rate_per_s)
         if tokens < 1.0:
             self.buckets[tenant] = (tokens, now)
             self.throttled += 1
