@@ -40,7 +40,8 @@ def load_settings() -> Settings:
         err = exc.errors(include_input=False, include_url=False)[0]
         field = ".".join(str(p) for p in err["loc"])
         name = f"SWEEPER_{field.upper()}" if field else "settings"
-        raise ConfigError(f"{name}: {err['msg']}") from None
+        message = str(err["msg"]).removeprefix("Value error, ")
+        raise ConfigError(message if not field else f"{name}: {message}") from None
 
 
 def load_config() -> tuple[Settings, Policies]:
@@ -112,9 +113,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         app = create_app(settings, policies, url, run_workers=not args.api_only)
         host = args.host or settings.host
         port = settings.port if args.port is None else args.port
-        log.info("serving", extra={"host": host, "port": port, "workers": settings.workers})
+        log.info("serving", extra={"host": host, "port": port, "workers": settings.workers,
+                                   "tls": settings.tls_cert_file is not None})
         config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False,
                                 proxy_headers=True, server_header=False,
+                                ssl_certfile=settings.tls_cert_file,
+                                ssl_keyfile=settings.tls_key_file,
                                 timeout_graceful_shutdown=int(settings.shutdown_grace_seconds))
         server = _graceful_server_class()(config)
         server.run()

@@ -55,6 +55,8 @@ class Settings(BaseSettings):
     db_statement_timeout_ms: int = Field(default=30_000, ge=100)
     migrate_on_start: bool = True
     shutdown_grace_seconds: float = Field(default=20.0, ge=0, le=600)
+    tls_cert_file: Path | None = Field(default=None, description="serve HTTPS with this PEM")
+    tls_key_file: Path | None = Field(default=None, description="private key of tls_cert_file")
     log_level: str = "INFO"
     log_format: LogFormat = LogFormat.AUTO
 
@@ -93,6 +95,16 @@ class Settings(BaseSettings):
         if level not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
             raise ValueError("log_level must be DEBUG, INFO, WARNING or ERROR")
         return level
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> Settings:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("SWEEPER_TLS_CERT_FILE and SWEEPER_TLS_KEY_FILE go together")
+        for name, path in (("SWEEPER_TLS_CERT_FILE", self.tls_cert_file),
+                           ("SWEEPER_TLS_KEY_FILE", self.tls_key_file)):
+            if path is not None and not path.is_file():
+                raise ValueError(f"{name}: {path} is not a readable file")
+        return self
 
     @model_validator(mode="after")
     def _safe_in_production(self) -> Settings:

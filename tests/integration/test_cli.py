@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -136,3 +137,45 @@ def test_serve_on_embedded_database_then_reuse_its_data(tmp_path: Path) -> None:
         _stop(proc)
     assert pg_version.stat().st_mtime == created  # no second initdb: the data was reused
     assert first < 60 and second < 60
+
+
+def test_tls_needs_both_files(tmp_path: Path) -> None:
+    cert = tmp_path / "cert.pem"
+    cert.write_text("x")
+    result = sweeper("check-config", env={"SWEEPER_TLS_CERT_FILE": str(cert)})
+    assert_one_clean_line(result, 2, "SWEEPER_TLS_CERT_FILE and SWEEPER_TLS_KEY_FILE")
+    missing = sweeper("check-config", env={"SWEEPER_TLS_CERT_FILE": str(cert),
+                                           "SWEEPER_TLS_KEY_FILE": str(tmp_path / "no.pem")})
+    assert_one_clean_line(missing, 2, "SWEEPER_TLS_KEY_FILE", "not a readable file")
+
+
+@pytest.mark.slow
+def test_serve_speaks_https_when_given_a_certificate(db_url: str, tmp_path: Path) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_")}
+    env.update({"SWEEPER_DATABASE_URL": db_url, "SWEEPER_PORT": str(port),
+                "SWEEPER_WORKERS": "0", "SWEEPER_TLS_CERT_FILE": str(cert),
+                "SWEEPER_TLS_KEY_FILE": str(key)})
+    proc = subprocess.Popen([sys.executable, "-m", "service", "serve"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    trust = ssl.create_default_context(cafile=str(cert))
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            try:
+                response = httpx.get(f"https://127.0.0.1:{port}/readyz", verify=trust,
+                                     timeout=1)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "no HTTPS answer within 30 s"
+                time.sleep(0.2)
+        assert response.status_code == 200
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)  # plain HTTP refused
+    finally:
+        _stop(proc)
