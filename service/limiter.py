@@ -275,6 +275,14 @@ async def pause(engine: AsyncEngine, scopes: list[str], reason: str) -> list[str
         return [r.name for r in rows]
 
 
+async def database_time(engine: AsyncEngine) -> float:
+    """The database's clock now, Unix seconds (to calibrate a worker's schedule)."""
+    async with engine.connect() as conn:
+        value = (await conn.execute(text(
+            "SELECT extract(epoch FROM clock_timestamp())::double precision"))).scalar_one()
+    return float(value)
+
+
 def fair_shares(scopes: list[tuple[str, int]], free: int) -> dict[str, int]:
     """Split `free` worker slots across scopes by weight, at least one each while slots
     last, so a scope with a million items cannot starve one with ten."""

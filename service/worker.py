@@ -45,6 +45,7 @@ LOCAL_HOLD_S: Final = 1.0
 # A token spent later than this after its due moment (or one interval, if longer)
 # would crowd the tokens after it at the upstream; it is handed back instead.
 LATE_TOLERANCE_MIN_S: Final = 0.02
+CLOCK_SAMPLES: Final = 8  # round trips that calibrate the database-clock offset
 # No real scope can carry this name (scope names have no control characters).
 WARM_UP_SCOPE: Final = "\x01warm-up"
 
@@ -358,6 +359,11 @@ class WorkerPool:
         """Prepare the admission statements on a pooled connection before the first token
         is taken: a cold first claim made this process spend its first tokens late."""
         with contextlib.suppress(Exception):
+            # calibrate the database-clock offset before the first grant: a first sample
+            # taken on a cold connection would place this process's first calls late
+            for _ in range(CLOCK_SAMPLES):
+                db_time = await limiter.database_time(self.engine)
+                self._clock.local(db_time, time.monotonic())
             await limiter.eligible_scopes(self.engine, cursor="", limit=1)
             await limiter.take(self.engine, {WARM_UP_SCOPE: 1})
             await claims.claim(self.engine, owner=self.name, grants={WARM_UP_SCOPE: 1},
