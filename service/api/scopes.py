@@ -72,8 +72,9 @@ _NOT_FOUND: dict[int | str, dict[str, Any]] = {
     404: {"model": ProblemDetails, "description": "no such scope"}}
 
 
-async def _one(runtime: RuntimeDep, name: str) -> ScopeOut:
-    rows = await scopes.list_scopes(runtime.engine, name=name, limit=1)
+async def _changed(runtime: RuntimeDep, name: str, found: bool) -> ScopeOut:
+    """The scope after a change, or 404 when it does not exist."""
+    rows = await scopes.list_scopes(runtime.engine, name=name, limit=1) if found else []
     if not rows:
         raise Problem(404, "scope-not-found", "Scope not found", f"no scope {name!r}")
     return ScopeOut.model_validate(rows[0])
@@ -94,11 +95,10 @@ async def list_scopes(runtime: RuntimeDep, _actor: OperatorDep,
 async def set_budget(runtime: RuntimeDep, actor: OperatorDep, scope: ScopeName,
                      body: Annotated[BudgetIn, Body()]) -> ScopeOut:
     """Change a scope's rate and burst at run time."""
-    if not await scopes.set_budget(runtime.engine, scope, rate=body.rate_per_second,
-                                   burst=body.burst, weight=body.weight, actor=actor,
-                                   reason=body.reason):
-        raise Problem(404, "scope-not-found", "Scope not found", f"no scope {scope!r}")
-    return await _one(runtime, scope)
+    found = await scopes.set_budget(runtime.engine, scope, rate=body.rate_per_second,
+                                    burst=body.burst, weight=body.weight, actor=actor,
+                                    reason=body.reason)
+    return await _changed(runtime, scope, found)
 
 
 @router.post("/scopes/{scope}/pause", operation_id="pauseScope", response_model=ScopeOut,
@@ -106,11 +106,9 @@ async def set_budget(runtime: RuntimeDep, actor: OperatorDep, scope: ScopeName,
 async def pause_scope(runtime: RuntimeDep, actor: OperatorDep, scope: ScopeName,
                       body: Annotated[ReasonIn | None, Body()] = None) -> ScopeOut:
     """Stop calls for one scope; its items wait, unpunished."""
-    reason = body.reason if body else None
-    if not await scopes.set_paused(runtime.engine, scope, paused=True, actor=actor,
-                                   reason=reason):
-        raise Problem(404, "scope-not-found", "Scope not found", f"no scope {scope!r}")
-    return await _one(runtime, scope)
+    found = await scopes.set_paused(runtime.engine, scope, paused=True, actor=actor,
+                                    reason=body.reason if body else None)
+    return await _changed(runtime, scope, found)
 
 
 @router.post("/scopes/{scope}/resume", operation_id="resumeScope", response_model=ScopeOut,
@@ -118,11 +116,9 @@ async def pause_scope(runtime: RuntimeDep, actor: OperatorDep, scope: ScopeName,
 async def resume_scope(runtime: RuntimeDep, actor: OperatorDep, scope: ScopeName,
                        body: Annotated[ReasonIn | None, Body()] = None) -> ScopeOut:
     """Reopen a paused (e.g. `unauthorized`) or closed scope."""
-    reason = body.reason if body else None
-    if not await scopes.set_paused(runtime.engine, scope, paused=False, actor=actor,
-                                   reason=reason):
-        raise Problem(404, "scope-not-found", "Scope not found", f"no scope {scope!r}")
-    return await _one(runtime, scope)
+    found = await scopes.set_paused(runtime.engine, scope, paused=False, actor=actor,
+                                    reason=body.reason if body else None)
+    return await _changed(runtime, scope, found)
 
 
 @router.get("/workers", operation_id="getWorkers", response_model=WorkersOut)

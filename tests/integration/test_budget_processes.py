@@ -6,8 +6,6 @@ import asyncio
 import itertools
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,21 +17,7 @@ from service.upstream import Upstreams
 from service.worker import WorkerPool
 from tests.fakes.upstream import FakeUpstream
 from tests.integration.test_pipeline import make_policies, register, release_all
-
-POLICIES = """
-[upstreams.shop]
-base_url = "{base_url}"
-timeout_seconds = 2
-
-[policies.carts]
-version = 1
-upstream = "shop"
-path = "/carts/{{object_id}}"
-scope = "tenant:{{tenant_id}}"
-rate = {{ per_second = {rate}, burst = {burst} }}
-lease_seconds = 10
-max_attempts = 5
-"""
+from tests.integration.test_worker_process import start_worker, write_policies
 
 
 def worst_window(times: list[float], width: float = 1.0) -> int:
@@ -62,15 +46,9 @@ async def test_three_processes_share_one_budget(engine: AsyncEngine, db_url: str
     async with FakeUpstream(default_limit=rate, default_burst=3) as upstream:
         policies = make_policies(upstream.base_url, rate={"per_second": rate, "burst": burst})
         await register(engine, policies, n)
-        policies_file = tmp_path / "policies.toml"
-        policies_file.write_text(POLICIES.format(base_url=upstream.base_url, rate=rate,
-                                                 burst=burst))
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_")}
-        env.update({"SWEEPER_DATABASE_URL": db_url, "SWEEPER_POLICIES_FILE": str(policies_file),
-                    "SWEEPER_WORKERS": "4", "SWEEPER_LOG_LEVEL": "WARNING"})
-        procs = [subprocess.Popen([sys.executable, "-m", "service", "worker"], env=env,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-                 for _ in range(3)]
+        policies_file = write_policies(tmp_path, upstream.base_url, rate=rate, burst=burst,
+                                       lease=10)
+        procs = [start_worker(db_url, policies_file, workers=4) for _ in range(3)]
         try:
             # Release only once the three processes are up: their start-up (imports on two
             # shared cores) would otherwise starve this process, where the fake upstream

@@ -33,16 +33,27 @@ version = 1
 upstream = "shop"
 path = "/carts/{{object_id}}"
 scope = "tenant:{{tenant_id}}"
-rate = {{ per_second = 1000, burst = 1000 }}
-lease_seconds = 5
+rate = {{ per_second = {rate}, burst = {burst} }}
+lease_seconds = {lease}
 max_attempts = 5
 """
 
 
-def start_worker(db_url: str, policies_file: Path) -> subprocess.Popen[bytes]:
+def write_policies(folder: Path, base_url: str, *, rate: float = 1000, burst: int = 1000,
+                   lease: int = 5) -> Path:
+    """A policies file for `sweeper worker` processes: one policy against `base_url`."""
+    path = folder / "policies.toml"
+    path.write_text(POLICIES.format(base_url=base_url, rate=rate, burst=burst, lease=lease))
+    return path
+
+
+def start_worker(db_url: str, policies_file: Path, *, workers: int = 2
+                 ) -> subprocess.Popen[bytes]:
+    """`sweeper worker` as a separate OS process on the test database."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_")}
     env.update({"SWEEPER_DATABASE_URL": db_url, "SWEEPER_POLICIES_FILE": str(policies_file),
-                "SWEEPER_WORKERS": "2", "SWEEPER_LOG_FORMAT": "json"})
+                "SWEEPER_WORKERS": str(workers), "SWEEPER_LOG_FORMAT": "json",
+                "SWEEPER_LOG_LEVEL": "WARNING"})
     return subprocess.Popen([sys.executable, "-m", "service", "worker"], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
@@ -81,8 +92,7 @@ async def count_status(db_url: str, status: str) -> int:
 @pytest.mark.slow
 async def test_worker_process_drains_and_stops_on_sigterm(db_url: str, tmp_path: Path) -> None:
     async with FakeUpstream() as upstream:
-        policies_file = tmp_path / "policies.toml"
-        policies_file.write_text(POLICIES.format(base_url=upstream.base_url))
+        policies_file = write_policies(tmp_path, upstream.base_url)
         await seed(db_url, upstream.base_url, 50)
         proc = start_worker(db_url, policies_file)
         try:
@@ -101,8 +111,7 @@ async def test_worker_process_drains_and_stops_on_sigterm(db_url: str, tmp_path:
 async def test_sigkill_after_upstream_accepted_before_commit(db_url: str, tmp_path: Path
                                                              ) -> None:
     async with FakeUpstream() as upstream:
-        policies_file = tmp_path / "policies.toml"
-        policies_file.write_text(POLICIES.format(base_url=upstream.base_url))
+        policies_file = write_policies(tmp_path, upstream.base_url)
         await seed(db_url, upstream.base_url, 1)
         # Hold a lock that the completion's INSERT INTO attempts must wait for (claims never
         # touch that table): the worker gets its 204 but cannot commit it.
