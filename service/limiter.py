@@ -292,6 +292,12 @@ def fair_shares(scopes: list[tuple[str, int]], free: int) -> dict[str, int]:
     total = sum(max(1, w) for _, w in chosen)
     shares = {name: max(1, free * max(1, w) // total) for name, w in chosen}
     spare = free - sum(shares.values())
+    # the floor of one slot each can overshoot (free 3, weights 1, 1, 4): take the excess
+    # from the largest shares, never below one; a shortfall goes round-robin
+    while spare < 0:
+        largest = max(shares, key=lambda name: shares[name])
+        shares[largest] -= 1
+        spare += 1
     i = 0
     while spare > 0:
         shares[chosen[i % len(chosen)][0]] += 1
