@@ -7,14 +7,13 @@ every attempt, from any worker, after any crash, sends the same key.
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import asdict, dataclass
 from datetime import datetime
 
 from sqlalchemy import TextClause, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import limiter
+from service import audit, limiter
 from service.policies import Policy
 
 MAX_ID_BYTES = 512
@@ -178,12 +177,6 @@ _CANCEL = text(f"""
     RETURNING i.id
 """)  # noqa: S608 - only constant fragments are interpolated
 
-_AUDIT = text("""
-    INSERT INTO operator_actions (actor, action, reason, details)
-    VALUES (:actor, :action, :reason, CAST(:details AS jsonb))
-""")
-
-
 async def redrive(engine: AsyncEngine, item_filter: ItemFilter, *, actor: str, reason: str,
                   limit: int) -> list[int]:
     """Dead items back to pending with their attempts reset (released items stay released,
@@ -205,6 +198,5 @@ async def _operator_change(engine: AsyncEngine, statement: TextClause, action: s
             statement, {**_filter_params(item_filter), "limit": limit})]
         details = {"filter": {k: v for k, v in asdict(item_filter).items() if v is not None},
                    "count": len(ids), "item_ids": ids[:1000]}
-        await conn.execute(_AUDIT, {"actor": actor, "action": action, "reason": reason,
-                                    "details": json.dumps(details)})
+        await audit.record(conn, actor=actor, action=action, reason=reason, details=details)
     return ids

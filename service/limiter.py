@@ -115,21 +115,25 @@ async def eligible_scopes(engine: AsyncEngine, *, cursor: str, limit: int
     return [(r.name, int(r.weight)) for r in rows[:limit]]
 
 
+# A bucket's tokens as of the database's clock: what it held at its last refill plus the
+# refill since, capped at the burst. (GET /v1/scopes shows the same figure.)
+TOKENS_NOW_SQL: Final = """least(s.burst::double precision,
+        s.tokens + s.rate_per_second * greatest(0.0, extract(epoch FROM
+            clock_timestamp() - s.refilled_at)::double precision))"""
+
+
 # Take up to n tokens per scope in one statement: refill from the database clock, grant
 # whole tokens available now or within the lookahead (a reservation: the bucket goes below
 # zero and the caller spends each token at its due time), and report the wait for the next
 # one. Without lending, every refill that completes while no worker is asking is lost to
 # the burst cap: at 20/s with burst 1 that was a fifth of the budget. Rows are locked in
 # name order so concurrent takers never deadlock.
-_TAKE = text("""
+_TAKE = text(f"""
     WITH want AS (
         SELECT * FROM unnest(CAST(:names AS text[]), CAST(:wants AS integer[])) AS w(name, n)
     ),
     bucket AS (
-        SELECT s.name, w.n, s.rate_per_second AS rate,
-               least(s.burst::double precision,
-                     s.tokens + s.rate_per_second * greatest(0.0, extract(epoch FROM
-                         clock_timestamp() - s.refilled_at)::double precision)) AS avail
+        SELECT s.name, w.n, s.rate_per_second AS rate, {TOKENS_NOW_SQL} AS avail
         FROM scopes s JOIN want w ON w.name = s.name
         WHERE NOT s.paused
           AND (s.closed_until IS NULL OR s.closed_until <= clock_timestamp())
@@ -150,7 +154,7 @@ _TAKE = text("""
               extract(epoch FROM clock_timestamp())::double precision AS granted_at,
               greatest(0.0, (1.0 - (g.avail - g.granted)) / g.rate
                             - CAST(:lookahead AS double precision)) AS wait_seconds
-""")
+""")  # noqa: S608 - only a constant fragment is interpolated
 
 
 async def take(engine: AsyncEngine, wants: Mapping[str, int],

@@ -227,6 +227,14 @@ async def run_status(engine: AsyncEngine, run_id: int) -> dict[str, Any] | None:
             "oldest_remaining_due_at": oldest}
 
 
+async def run_exists(engine: AsyncEngine, run_id: int) -> bool:
+    """Whether the run exists (one primary-key lookup)."""
+    async with engine.connect() as conn:
+        found = (await conn.execute(text("SELECT 1 FROM runs WHERE id = :id"),
+                                    {"id": run_id})).first()
+    return found is not None
+
+
 async def list_runs(engine: AsyncEngine, *, limit: int, before: int | None
                     ) -> list[dict[str, Any]]:
     """Newest first; `before` is the keyset cursor (a run id)."""

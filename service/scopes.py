@@ -4,19 +4,19 @@ and every replica obeys it from its next admission round (they read the rows eac
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service import audit
+from service.limiter import TOKENS_NOW_SQL
 
 # Scope state with the bucket's tokens as of now, and its eligible backlog.
-_LIST = text("""
+_LIST = text(f"""
     SELECT s.name, s.rate_per_second, s.burst, s.weight, s.paused, s.paused_reason,
            s.closed_until, s.backoff_level, s.budget_from_policy, s.updated_at,
-           least(s.burst::double precision,
-                 s.tokens + s.rate_per_second * greatest(0.0, extract(epoch FROM
-                     clock_timestamp() - s.refilled_at)::double precision)) AS tokens,
+           {TOKENS_NOW_SQL} AS tokens,
            e.eligible, e.oldest_due_at,
            extract(epoch FROM now() - e.oldest_due_at)::double precision
                AS oldest_eligible_age_seconds
@@ -29,7 +29,7 @@ _LIST = text("""
       AND (CAST(:name AS text) IS NULL OR s.name = :name)
     ORDER BY s.name
     LIMIT :limit
-""")
+""")  # noqa: S608 - only a constant fragment is interpolated
 
 
 async def list_scopes(engine: AsyncEngine, *, after: str | None = None, name: str | None = None,
@@ -38,14 +38,6 @@ async def list_scopes(engine: AsyncEngine, *, after: str | None = None, name: st
     async with engine.connect() as conn:
         rows = await conn.execute(_LIST, {"after": after, "name": name, "limit": limit})
         return [dict(r) for r in rows.mappings()]
-
-
-async def _audit(conn: AsyncConnection, actor: str, action: str, reason: str | None,
-                 details: dict[str, Any]) -> None:
-    await conn.execute(text(
-        "INSERT INTO operator_actions (actor, action, reason, details) "
-        "VALUES (:actor, :action, :reason, CAST(:details AS jsonb))"),
-        {"actor": actor, "action": action, "reason": reason, "details": json.dumps(details)})
 
 
 async def set_budget(engine: AsyncEngine, scope: str, *, rate: float, burst: int,
@@ -64,9 +56,9 @@ async def set_budget(engine: AsyncEngine, scope: str, *, rate: float, burst: int
         """), {"rate": rate, "burst": burst, "weight": weight, "name": scope})).first()
         if row is None:
             return False
-        await _audit(conn, actor, "scope.budget", reason,
-                     {"scope": scope, "rate_per_second": rate, "burst": burst,
-                      "weight": weight})
+        await audit.record(conn, actor=actor, action="scope.budget", reason=reason,
+                           details={"scope": scope, "rate_per_second": rate, "burst": burst,
+                                    "weight": weight})
     return True
 
 
@@ -87,8 +79,8 @@ async def set_paused(engine: AsyncEngine, scope: str, *, paused: bool, actor: st
         """), {"paused": paused, "reason": reason, "name": scope})).first()
         if row is None:
             return False
-        await _audit(conn, actor, "scope.pause" if paused else "scope.resume", reason,
-                     {"scope": scope})
+        await audit.record(conn, actor=actor, reason=reason, details={"scope": scope},
+                           action="scope.pause" if paused else "scope.resume")
     return True
 
 
@@ -104,7 +96,8 @@ async def set_workers_paused(engine: AsyncEngine, *, paused: bool, actor: str,
             "paused_reason = CASE WHEN CAST(:paused AS boolean) "
             "THEN coalesce(CAST(:reason AS text), 'operator') END, "
             "updated_at = now()"), {"paused": paused, "reason": reason})
-        await _audit(conn, actor, "workers.pause" if paused else "workers.resume", reason, {})
+        await audit.record(conn, actor=actor, reason=reason, details={},
+                           action="workers.pause" if paused else "workers.resume")
 
 
 async def workers_state(engine: AsyncEngine) -> dict[str, Any]:

@@ -139,6 +139,8 @@ class WorkerPool:
         received = time.monotonic()
         by_scope = {g.scope: g for g in grants if g.granted > 0}
         granted = {s: g.granted for s, g in by_scope.items()}
+        # the local moment of each grant, on this process's calibrated database clock
+        granted_at = {s: self._clock.local(g.granted_at, received) for s, g in by_scope.items()}
         waits = [g.wait_seconds for g in grants if g.granted == 0]
         self.token_wait = min(waits) if waits and not granted else None
         if not granted:
@@ -161,8 +163,7 @@ class WorkerPool:
             # the lookahead from now); a token whose moment passed long ago (a slow claim)
             # is handed back rather than spent late, where it would crowd the next ones
             grant = by_scope[lease.scope]
-            granted_at = self._clock.local(grant.granted_at, received)
-            due = granted_at + grant.due_in(position[lease.scope])
+            due = granted_at[lease.scope] + grant.due_in(position[lease.scope])
             position[lease.scope] += 1
             give_up = due + max(LATE_TOLERANCE_MIN_S, 1.0 / grant.rate)
             await self._slots.acquire()

@@ -123,7 +123,7 @@ async def get_run_evidence(runtime: RuntimeDep, _actor: OperatorDep,
                            ) -> StreamingResponse:
     """Deletion evidence, streamed as JSON lines: object, policy version, operation key,
     outcome, upstream status, attempts, completed_at. No payloads."""
-    if await runs.run_status(runtime.engine, run_id) is None:
+    if not await runs.run_exists(runtime.engine, run_id):
         raise Problem(404, "run-not-found", "Run not found", f"no run {run_id}")
 
     async def lines() -> AsyncIterator[bytes]:
