@@ -18,8 +18,9 @@ from sqlalchemy.engine import URL
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import service
-from service import runs
+from service import metrics, runs
 from service.api import health, items
+from service.api import metrics as metrics_api
 from service.api import policies as policies_api
 from service.api import runs as runs_routes
 from service.api import scopes as scopes_routes
@@ -35,6 +36,9 @@ from service.worker import WorkerPool, listen_url_of
 log = logging.getLogger("service.http")
 
 PUBLISHER_POLL_S = 1.0
+
+
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
 class State(TypedDict):
@@ -68,11 +72,16 @@ class RequestLog:
         try:
             await self.app(scope, receive, send_wrapper)
         finally:
+            elapsed = time.perf_counter() - started
+            route = getattr(scope.get("route"), "path", "unmatched")
+            method = scope["method"] if scope["method"] in _METHODS else "other"
+            metrics.HTTP_DURATION.labels(route, method, metrics.status_class(status)
+                                         ).observe(elapsed)
             level = logging.WARNING if status >= 500 else logging.INFO
             if scope["path"] not in ("/healthz", "/readyz", "/metrics") or status >= 500:
                 log.log(level, "request", extra={
                     "method": scope["method"], "path": scope["path"], "status": status,
-                    "duration_ms": round((time.perf_counter() - started) * 1000, 2),
+                    "duration_ms": round(elapsed * 1000, 2),
                     "request_id": request_id})
 
 
@@ -108,7 +117,8 @@ def create_app(
     async def lifespan(_app: FastAPI) -> AsyncIterator[State]:
         engine = make_engine(database_url, settings)
         runtime = Runtime(settings=settings, policies=policies, engine=engine,
-                          tokens=TokenSet.from_settings(settings), schema_head=head_revision())
+                          tokens=TokenSet.from_settings(settings), schema_head=head_revision(),
+                          exporter=metrics.install_ledger(engine, policies.policies))
         tasks = [asyncio.create_task(_publisher(runtime), name="publisher")]
         pool = upstreams = None
         if run_workers and settings.workers > 0:
@@ -139,6 +149,7 @@ def create_app(
     )
     install_problem_handlers(app)
     app.include_router(health.router)
+    app.include_router(metrics_api.router)
     app.include_router(policies_api.router)
     app.include_router(items.router)
     app.include_router(runs_routes.router)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.metrics import Exporter
 from service.policies import Policies
 from service.settings import Settings
 
@@ -47,6 +48,7 @@ class Runtime:
     engine: AsyncEngine
     tokens: TokenSet
     schema_head: str
+    exporter: Exporter
     publisher_wake: asyncio.Event = field(default_factory=asyncio.Event)
 
     def wake_publisher(self) -> None:

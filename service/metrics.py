@@ -1,0 +1,281 @@
+"""Prometheus metrics: every series Sweeper exports, in one place.
+
+Naming: prefix `sweeper_`, base units (seconds, bytes), `_total` on counters. Labels come
+only from closed sets: policy (from the policies file), outcome class, reason, source (a
+configured webhook source), route templates. Never tenant, scope or object id.
+
+Per-process series are updated where things happen. Ledger-wide series are read from the
+database by `LedgerCollector` at scrape time (every replica reports the same value;
+dashboards take `max`), from small tables and claimable-row indexes only, cached for a few
+seconds so that many scrapers cannot multiply the cost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+import service
+
+log = logging.getLogger(__name__)
+
+# `_created` series double every counter's output and no dashboard here reads them
+disable_created_metrics()
+REGISTRY: Final = CollectorRegistry(auto_describe=True)
+LEDGER_CACHE_S: Final = 5.0
+LEDGER_QUERY_TIMEOUT_MS: Final = 2_000
+
+# Upstream calls take milliseconds to tens of seconds (the per-call deadline).
+_CALL_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_FAST_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                        1.0, 2.5, 5.0)
+
+BUILD_INFO: Final = Info("sweeper_build", "The running build", registry=REGISTRY)
+BUILD_INFO.info({"version": service.__version__})
+
+# --- the worker pipeline ------------------------------------------------------------------
+ITEMS_CLAIMED: Final = Counter(
+    "sweeper_items_claimed_total", "Items leased by this process's workers",
+    ["policy"], registry=REGISTRY)
+LEASES_RECLAIMED: Final = Counter(
+    "sweeper_lease_expiries_reclaimed_total",
+    "Claims that took over an expired lease (a worker died or stalled)",
+    ["policy"], registry=REGISTRY)
+COMPLETIONS: Final = Counter(
+    "sweeper_completions_total", "Upstream calls committed, by outcome class",
+    ["policy", "outcome"], registry=REGISTRY)
+LATE_COMPLETIONS: Final = Counter(
+    "sweeper_late_completions_total",
+    "Completions fenced out because the lease had been re-claimed (attempt row only)",
+    ["policy"], registry=REGISTRY)
+ITEMS_DEAD: Final = Counter(
+    "sweeper_items_dead_total", "Items this process moved to dead, by reason",
+    ["policy", "reason"], registry=REGISTRY)
+LEASES_RETURNED: Final = Counter(
+    "sweeper_leases_returned_total",
+    "Leases handed back unstarted (shutdown, pause, a token that came too late)",
+    ["reason"], registry=REGISTRY)
+UPSTREAM_DURATION: Final = Histogram(
+    "sweeper_upstream_request_duration_seconds",
+    "Wall time of one upstream call, to its classified outcome",
+    ["policy", "outcome"], buckets=_CALL_BUCKETS, registry=REGISTRY)
+IN_FLIGHT: Final = Gauge(
+    "sweeper_upstream_in_flight", "Upstream calls this process has in flight",
+    registry=REGISTRY)
+
+# --- the shared budget --------------------------------------------------------------------
+TOKENS_GRANTED: Final = Counter(
+    "sweeper_limiter_tokens_granted_total", "Tokens this process took from scope buckets",
+    registry=REGISTRY)
+TOKENS_RETURNED: Final = Counter(
+    "sweeper_limiter_tokens_returned_total", "Granted tokens handed back unused",
+    registry=REGISTRY)
+LIMITER_WAITS: Final = Counter(
+    "sweeper_limiter_waits_total",
+    "Admission rounds that found work but no token (the budget, not the workers, limits)",
+    registry=REGISTRY)
+SCOPE_SIGNALS: Final = Counter(
+    "sweeper_scope_signals_total",
+    "Upstream answers that closed or paused a scope, by reason",
+    ["reason"], registry=REGISTRY)
+
+# --- runs ---------------------------------------------------------------------------------
+PUBLICATION_DURATION: Final = Histogram(
+    "sweeper_run_publication_duration_seconds",
+    "From a run's first publication chunk to its last, per run published by this process",
+    buckets=_CALL_BUCKETS, registry=REGISTRY)
+ITEMS_RELEASED: Final = Counter(
+    "sweeper_run_items_released_total", "Items released to workers by run publication",
+    registry=REGISTRY)
+RUNS_CREATED: Final = Counter(
+    "sweeper_runs_created_total", "Runs recorded (duplicate triggers excluded)",
+    ["dry_run"], registry=REGISTRY)
+
+# --- webhooks -----------------------------------------------------------------------------
+WEBHOOKS: Final = Counter(
+    "sweeper_webhooks_total",
+    "Webhook deliveries by result: accepted, duplicate, ignored (no rule) or rejected",
+    ["source", "result", "reason"], registry=REGISTRY)
+
+# --- HTTP and the database pool -----------------------------------------------------------
+HTTP_DURATION: Final = Histogram(
+    "sweeper_http_request_duration_seconds",
+    "Time to answer an API request, by route template and status class",
+    ["route", "method", "status"], buckets=_FAST_BUCKETS, registry=REGISTRY)
+POOL_WAIT: Final = Histogram(
+    "sweeper_db_pool_wait_seconds", "Time spent waiting for a database connection",
+    buckets=_FAST_BUCKETS, registry=REGISTRY)
+
+
+def status_class(status: int) -> str:
+    """`2xx` ... `5xx`: a closed label set for HTTP statuses."""
+    return f"{status // 100}xx"
+
+
+# --- ledger-wide gauges, read from the database ----------------------------------------------
+
+# Each query reads a small table or walks an index of claimable rows only; none grows with
+# finished history. Dead items are counted through their partial index: they stay until an
+# operator re-drives or cancels them (or retention prunes them).
+_LEDGER_SQL: Final = {
+    "eligible": """
+        SELECT policy, count(*) AS n,
+               coalesce(extract(epoch FROM now() - min(due_at)), 0) AS oldest
+          FROM items
+         WHERE status = 'pending' AND released_at IS NOT NULL AND next_attempt_at <= now()
+         GROUP BY policy""",
+    "leased": """
+        SELECT policy, count(*) AS n,
+               count(*) FILTER (WHERE lease_expires_at <= now()) AS expired
+          FROM items WHERE status = 'leased' GROUP BY policy""",
+    "dead": "SELECT policy, count(*) AS n FROM items WHERE status = 'dead' GROUP BY policy",
+    "scopes": """
+        SELECT count(*) FILTER (WHERE closed_until > now()) AS closed,
+               count(*) FILTER (WHERE paused) AS paused,
+               count(*) AS total
+          FROM scopes""",
+    "control": "SELECT workers_paused FROM control",
+}
+
+
+@dataclass
+class LedgerSnapshot:
+    """One reading of the ledger-wide figures."""
+
+    eligible: dict[str, int] = field(default_factory=dict)
+    oldest_eligible_s: dict[str, float] = field(default_factory=dict)
+    leased: dict[str, int] = field(default_factory=dict)
+    leases_expired: dict[str, int] = field(default_factory=dict)
+    dead: dict[str, int] = field(default_factory=dict)
+    scopes_closed: int = 0
+    scopes_paused: int = 0
+    scopes: int = 0
+    workers_paused: bool = False
+    up: bool = False
+
+
+async def read_ledger(engine: AsyncEngine) -> LedgerSnapshot:
+    """Read every ledger-wide figure in one short read-only transaction."""
+    snap = LedgerSnapshot()
+    async with engine.connect() as conn:
+        await conn.execute(text(
+            f"SET LOCAL statement_timeout = {LEDGER_QUERY_TIMEOUT_MS}"))
+        for row in await conn.execute(text(_LEDGER_SQL["eligible"])):
+            snap.eligible[row.policy] = row.n
+            snap.oldest_eligible_s[row.policy] = max(0.0, float(row.oldest))
+        for row in await conn.execute(text(_LEDGER_SQL["leased"])):
+            snap.leased[row.policy] = row.n
+            snap.leases_expired[row.policy] = row.expired
+        for row in await conn.execute(text(_LEDGER_SQL["dead"])):
+            snap.dead[row.policy] = row.n
+        scopes = (await conn.execute(text(_LEDGER_SQL["scopes"]))).one()
+        snap.scopes_closed, snap.scopes_paused, snap.scopes = (
+            scopes.closed, scopes.paused, scopes.total)
+        snap.workers_paused = bool((await conn.execute(text(_LEDGER_SQL["control"]))).scalar())
+        await conn.rollback()
+    snap.up = True
+    return snap
+
+
+class LedgerCollector(Collector):
+    """Exports the last ledger snapshot. `refresh` runs before each scrape is rendered
+    (from the event loop, with a cache), so `collect` itself never blocks on the database."""
+
+    def __init__(self, engine: AsyncEngine, policies: Iterable[str]) -> None:
+        self._engine = engine
+        self._policies = sorted(policies)
+        self._snapshot = LedgerSnapshot()
+        self._read_at = -LEDGER_CACHE_S
+        self._lock = asyncio.Lock()
+
+    async def refresh(self) -> None:
+        async with self._lock:
+            if time.monotonic() - self._read_at < LEDGER_CACHE_S:
+                return
+            try:
+                self._snapshot = await read_ledger(self._engine)
+            except Exception as exc:  # a scrape must answer even when the database cannot
+                log.warning("metrics: ledger figures unavailable",
+                            extra={"error": type(exc).__name__})
+                self._snapshot = LedgerSnapshot()
+            self._read_at = time.monotonic()
+
+    def _per_policy(self, name: str, doc: str, values: Mapping[str, float]
+                    ) -> GaugeMetricFamily:
+        family = GaugeMetricFamily(name, doc, labels=["policy"])
+        # every configured policy appears (0 when it has nothing), plus any the ledger
+        # still holds from an earlier policies file: a bounded set either way
+        for policy in sorted(set(self._policies) | set(values)):
+            family.add_metric([policy], values.get(policy, 0))
+        return family
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        snap = self._snapshot
+        yield GaugeMetricFamily("sweeper_ledger_up",
+                                "1 if the last ledger reading succeeded", value=int(snap.up))
+        yield self._per_policy("sweeper_oldest_eligible_age_seconds",
+                               "Age (now - due_at) of the oldest item workers could claim now",
+                               snap.oldest_eligible_s)
+        yield self._per_policy("sweeper_items_eligible",
+                               "Released pending items whose next attempt is due",
+                               snap.eligible)
+        yield self._per_policy("sweeper_items_leased", "Items under a lease", snap.leased)
+        yield self._per_policy("sweeper_leases_expired",
+                               "Leases past their expiry, waiting to be re-claimed",
+                               snap.leases_expired)
+        yield self._per_policy("sweeper_items_dead", "Items in status dead", snap.dead)
+        yield GaugeMetricFamily("sweeper_scopes_closed",
+                                "Scopes closed by the upstream (429 or rate-limit headers)",
+                                value=snap.scopes_closed)
+        yield GaugeMetricFamily("sweeper_scopes_paused",
+                                "Scopes paused (by an operator or a credential fault)",
+                                value=snap.scopes_paused)
+        yield GaugeMetricFamily("sweeper_scopes", "Scopes with a budget row", value=snap.scopes)
+        yield GaugeMetricFamily("sweeper_workers_paused",
+                                "1 while all workers are paused", value=int(snap.workers_paused))
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return iter(())
+
+
+@dataclass
+class Exporter:
+    """What `/metrics` renders: the process registry plus this engine's ledger figures."""
+
+    collector: LedgerCollector
+
+    async def render(self) -> bytes:
+        await self.collector.refresh()
+        return generate_latest(REGISTRY)
+
+
+def install_ledger(engine: AsyncEngine, policies: Iterable[str]) -> Exporter:
+    """Register a ledger collector for this engine (replacing an earlier one: a test
+    process builds many apps) and return the exporter that serves it."""
+    global _installed
+    if _installed is not None:
+        REGISTRY.unregister(_installed)
+    _installed = LedgerCollector(engine, policies)
+    REGISTRY.register(_installed)
+    return Exporter(_installed)
+
+
+_installed: LedgerCollector | None = None
