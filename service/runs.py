@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -19,6 +20,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from service import metrics
 from service.claims import NOTIFY_CHANNEL
 from service.errors import Problem
 
@@ -63,7 +65,10 @@ async def create_run(engine: AsyncEngine, request: RunRequest, trigger_key: str 
         run_id = (await conn.execute(_INSERT_RUN, params)).scalar()
         if run_id is not None:
             await conn.execute(text(f"NOTIFY {NOTIFY_CHANNEL}_runs"))
-            return int(run_id), True
+    if run_id is not None:
+        metrics.RUNS_CREATED.labels(str(request.dry_run).lower()).inc()
+        return int(run_id), True
+    async with engine.connect() as conn:
         row = (await conn.execute(text("SELECT id, request_digest FROM runs "
                                        "WHERE trigger_key = :key"), {"key": trigger_key})).one()
     if row.request_digest != digest:
@@ -110,6 +115,7 @@ def batch_digest(policy: str, version: int, cutoff: datetime, item_ids: list[int
 
 async def publish(engine: AsyncEngine, run_id: int, *, batch_size: int) -> bool:
     """Publish one run to completion (chunk by chunk). False when another publisher holds it."""
+    started = time.perf_counter()
     while True:
         async with engine.begin() as conn:
             run = (await conn.execute(text(
@@ -122,7 +128,9 @@ async def publish(engine: AsyncEngine, run_id: int, *, batch_size: int) -> bool:
                 continue
             if run["dry_run"] or await _release_chunk(conn, run, batch_size) == 0:
                 await _finish(conn, run)
-                return True
+                break
+    metrics.PUBLICATION_DURATION.observe(time.perf_counter() - started)
+    return True
 
 
 def _filters(run: Any) -> dict[str, Any]:
@@ -175,6 +183,7 @@ async def _release_chunk(conn: AsyncConnection, run: Any, batch_size: int) -> in
         "UPDATE runs SET released = released + :n, batches = batches + 1 WHERE id = :id"),
         {"n": len(ids), "id": run["id"]})
     await conn.execute(text(f"NOTIFY {NOTIFY_CHANNEL}"))
+    metrics.ITEMS_RELEASED.inc(len(ids))  # counted a moment before the commit
     return len(ids)
 
 

@@ -4,17 +4,32 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from typing import Final
 
 import asyncpg
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.pool import AsyncAdaptedQueuePool, ConnectionPoolEntry
 
+from service.metrics import POOL_WAIT
 from service.settings import Settings
 
 CONNECT_TIMEOUT_SECONDS: Final = 5.0
 APPLICATION_NAME: Final = "sweeper"
+
+
+class TimedPool(AsyncAdaptedQueuePool):
+    """The standard async pool, timing every checkout (the wait for a free connection, or
+    for a new one to connect) into `sweeper_db_pool_wait_seconds`."""
+
+    def _do_get(self) -> ConnectionPoolEntry:
+        started = time.perf_counter()
+        try:
+            return super()._do_get()
+        finally:
+            POOL_WAIT.observe(time.perf_counter() - started)
 
 
 def make_engine(url: URL, settings: Settings) -> AsyncEngine:
@@ -22,6 +37,7 @@ def make_engine(url: URL, settings: Settings) -> AsyncEngine:
     API can shed load with 503 instead of queueing without bound."""
     return create_async_engine(
         url,
+        poolclass=TimedPool,
         pool_size=settings.db_pool_size,
         max_overflow=0,
         pool_timeout=settings.db_pool_timeout_seconds,
