@@ -312,7 +312,7 @@ def test_readme_documents_every_value() -> None:
 def test_all_on_values_switch_everything_on() -> None:
     values = load_values(ALL_ON)
     for section in ("ingress", "autoscaling", "serviceMonitor", "cronjob", "worker", "tls",
-                    "migration", "podDisruptionBudget"):
+                    "migration", "podDisruptionBudget", "grafanaDashboard"):
         assert values[section]["enabled"] is True, section
     assert values["worker"]["autoscaling"]["enabled"] is True
     assert values["serviceAccount"]["create"] is True
@@ -590,6 +590,15 @@ def test_service_monitor(all_on: Rendered) -> None:
     assert set(sm["spec"]) == {"namespaceSelector", "selector", "endpoints"}
     assert set(endpoint) <= {"port", "path", "scheme", "interval", "scrapeTimeout",
                              "tlsConfig", "relabelings", "metricRelabelings"}
+
+
+def test_dashboard_configmap_carries_the_dashboard_file(all_on: Rendered) -> None:
+    cm = all_on.get("ConfigMap", f"{FULLNAME}-dashboard")
+    assert cm["metadata"]["namespace"] == "monitoring"
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert cm["metadata"]["annotations"] == {"grafana_folder": "Sweeper"}
+    shipped = json.loads(cm["data"]["sweeper.json"])
+    assert shipped == json.loads((CHART / "dashboards" / "sweeper.json").read_text())
 
 
 def test_cronjob_only_when_enabled(default: Rendered, all_on: Rendered) -> None:
