@@ -157,6 +157,18 @@ def cmd_worker(_args: argparse.Namespace) -> int:
     configure_logging(settings)
     if settings.workers < 1:
         raise ConfigError("SWEEPER_WORKERS: must be at least 1 for `sweeper worker`")
+    if settings.metrics_port:
+        # The process registry over plain HTTP from a daemon thread (prometheus_client's own
+        # server): counters and histograms only; the API replicas report the ledger gauges.
+        from prometheus_client import start_http_server
+
+        from service.metrics import REGISTRY
+
+        try:
+            start_http_server(settings.metrics_port, addr=settings.host, registry=REGISTRY)
+        except OSError as exc:
+            raise ConfigError(f"SWEEPER_METRICS_PORT: cannot listen on {settings.host}:"
+                              f"{settings.metrics_port} ({exc.strerror})") from None
     with database(settings) as url:
         if settings.migrate_on_start:
             asyncio.run(migrate_database(url, settings))

@@ -55,6 +55,9 @@ class Settings(BaseSettings):
     db_statement_timeout_ms: int = Field(default=30_000, ge=100)
     migrate_on_start: bool = True
     shutdown_grace_seconds: float = Field(default=20.0, ge=0, le=600)
+    metrics_port: int = Field(
+        default=0, ge=0, le=65535,
+        description="`sweeper worker` serves /metrics here (0: off); `serve` uses its API port")
     tls_cert_file: Path | None = Field(default=None, description="serve HTTPS with this PEM")
     tls_key_file: Path | None = Field(default=None, description="private key of tls_cert_file")
     log_level: str = "INFO"

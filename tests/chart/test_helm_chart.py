@@ -510,7 +510,8 @@ def test_worker_deployment_when_enabled(all_on: Rendered) -> None:
     worker = container(pod_spec(worker_doc), "worker")
     assert worker["args"] == ["worker"]
     assert env_of(worker)["SWEEPER_WORKERS"]["value"] == "16"
-    assert "ports" not in worker and "readinessProbe" not in worker
+    assert [p["name"] for p in worker["ports"]] == ["metrics"]
+    assert "readinessProbe" not in worker
     assert "SWEEPER_TLS_CERT_FILE" not in env_of(worker)
     assert worker["resources"] == all_on.values["worker"]["resources"]
     # Autoscaled Deployments leave replicas to their HPA.
@@ -590,6 +591,22 @@ def test_service_monitor(all_on: Rendered) -> None:
     assert set(sm["spec"]) == {"namespaceSelector", "selector", "endpoints"}
     assert set(endpoint) <= {"port", "path", "scheme", "interval", "scrapeTimeout",
                              "tlsConfig", "relabelings", "metricRelabelings"}
+
+
+def test_worker_metrics_are_scraped(all_on: Rendered) -> None:
+    worker_name = f"{FULLNAME}-worker"
+    sm = all_on.get("ServiceMonitor", worker_name)
+    service = all_on.get("Service", f"{worker_name}-metrics")
+    assert labels_match(sm["spec"]["selector"]["matchLabels"], service["metadata"]["labels"])
+    (endpoint,) = sm["spec"]["endpoints"]
+    assert endpoint["port"] == service["spec"]["ports"][0]["name"] == "metrics"
+    pod = all_on.get("Deployment", worker_name)["spec"]["template"]
+    assert labels_match(service["spec"]["selector"], pod["metadata"]["labels"])
+    (container,) = pod["spec"]["containers"]
+    assert container["ports"] == [{"name": "metrics", "containerPort": 9090, "protocol": "TCP"}]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["SWEEPER_METRICS_PORT"] == "9090"
+    assert env["SWEEPER_HOST"] == "0.0.0.0"  # noqa: S104 - a pod listens on its own IP
 
 
 def test_dashboard_configmap_carries_the_dashboard_file(all_on: Rendered) -> None:

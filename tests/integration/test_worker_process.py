@@ -14,12 +14,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import asyncpg
+import httpx
 import pytest
 
 from service import ledger, runs
 from service.db.engine import make_engine
 from service.settings import async_url
-from tests.conftest import test_settings
+from tests.conftest import free_port, test_settings
 from tests.fakes.upstream import FakeUpstream
 from tests.integration.test_pipeline import make_policies
 
@@ -47,13 +48,13 @@ def write_policies(folder: Path, base_url: str, *, rate: float = 1000, burst: in
     return path
 
 
-def start_worker(db_url: str, policies_file: Path, *, workers: int = 2
+def start_worker(db_url: str, policies_file: Path, *, workers: int = 2, metrics_port: int = 0
                  ) -> subprocess.Popen[bytes]:
     """`sweeper worker` as a separate OS process on the test database."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_")}
     env.update({"SWEEPER_DATABASE_URL": db_url, "SWEEPER_POLICIES_FILE": str(policies_file),
                 "SWEEPER_WORKERS": str(workers), "SWEEPER_LOG_FORMAT": "json",
-                "SWEEPER_LOG_LEVEL": "WARNING"})
+                "SWEEPER_LOG_LEVEL": "WARNING", "SWEEPER_METRICS_PORT": str(metrics_port)})
     return subprocess.Popen([sys.executable, "-m", "service", "worker"], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
@@ -91,15 +92,20 @@ async def count_status(db_url: str, status: str) -> int:
 
 @pytest.mark.slow
 async def test_worker_process_drains_and_stops_on_sigterm(db_url: str, tmp_path: Path) -> None:
+    port = free_port()
     async with FakeUpstream() as upstream:
         policies_file = write_policies(tmp_path, upstream.base_url)
         await seed(db_url, upstream.base_url, 50)
-        proc = start_worker(db_url, policies_file)
+        proc = start_worker(db_url, policies_file, metrics_port=port)
         try:
             async def all_done() -> bool:
                 return await count_status(db_url, "succeeded") == 50
 
             await wait_for(all_done)
+            # the worker process serves its own counters for Prometheus
+            async with httpx.AsyncClient() as client:
+                scraped = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+            assert 'sweeper_build_info{version="' in scraped
         finally:
             proc.send_signal(signal.SIGTERM)
             _, stderr = proc.communicate(timeout=20)
