@@ -201,11 +201,12 @@ async def upstream_for(mode: str, how: str, repo_root: Path) -> AsyncIterator[Up
 
 
 @contextlib.asynccontextmanager
-async def fake_upstream_process(repo_root: Path) -> AsyncIterator[str]:
-    """`python -m tests.fakes.upstream --port 0` (no rate limit); yields its base URL."""
+async def fake_upstream_process(repo_root: Path, *options: str) -> AsyncIterator[str]:
+    """`python -m tests.fakes.upstream --port 0 [options]` (by default no rate limit);
+    yields its base URL."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.fakes.upstream", "--port", "0", cwd=str(repo_root),
-        stdout=asyncio.subprocess.PIPE)
+        sys.executable, "-m", "tests.fakes.upstream", "--port", "0", *options,
+        cwd=str(repo_root), stdout=asyncio.subprocess.PIPE)
     try:
         assert proc.stdout is not None
         line = await asyncio.wait_for(proc.stdout.readline(), 20)

@@ -82,3 +82,18 @@ def test_drain_benchmark_smoke(pg_server_url: str, tmp_path: Path,
     assert "error" not in explain["complete_half_drained"]
     assert any("Insert on attempts" in line
                for line in explain["complete_half_drained"]["generic"])
+
+
+@pytest.mark.slow
+def test_budget_benchmark_smoke(pg_server_url: str, tmp_path: Path,
+                                restore_logging: None) -> None:
+    out = tmp_path / "budget.json"
+    assert bench_main([
+        "budget", "--replicas", "1", "--budgets", "20", "--seconds", "2", "--repeat", "1",
+        "--database-url", pg_server_url, "--json-out", str(out)]) == 0
+    (config,) = json.loads(out.read_text(encoding="utf-8"))["benchmarks"]["budget"][
+        "configurations"]
+    (run,) = config["runs"]
+    assert run["replicas"] == 1 and run["budget_per_second"] == 20
+    assert run["calls_ok"] > 0
+    assert {"achieved_percent", "worst_window", "throttled"} <= set(config)
