@@ -18,7 +18,7 @@ from sqlalchemy.engine import URL
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import service
-from service import metrics, runs
+from service import metrics, retention, runs
 from service.api import health, items
 from service.api import metrics as metrics_api
 from service.api import policies as policies_api
@@ -119,7 +119,14 @@ def create_app(
         runtime = Runtime(settings=settings, policies=policies, engine=engine,
                           tokens=TokenSet.from_settings(settings), schema_head=head_revision(),
                           exporter=metrics.install_ledger(engine, policies.policies))
-        tasks = [asyncio.create_task(_publisher(runtime), name="publisher")]
+        # background loops, cancelled on shutdown; the worker pool stops by itself (grace)
+        loops = [asyncio.create_task(_publisher(runtime), name="publisher")]
+        if settings.retention_days > 0:
+            loops.append(asyncio.create_task(retention.retention_loop(
+                engine, keep_seconds=settings.retention_days * 86_400,
+                batch_size=settings.retention_batch_size,
+                interval_s=settings.retention_interval_seconds), name="retention"))
+        tasks = list(loops)
         pool = upstreams = None
         if run_workers and settings.workers > 0:
             upstreams = Upstreams(policies.upstreams, upstream_transport)
@@ -135,7 +142,8 @@ def create_app(
         finally:
             if pool is not None:
                 pool.stop()
-            tasks[0].cancel()
+            for loop in loops:
+                loop.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             if upstreams is not None:
                 await upstreams.aclose()

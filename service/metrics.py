@@ -109,6 +109,10 @@ RUNS_CREATED: Final = Counter(
     "sweeper_runs_created_total", "Runs recorded (duplicate triggers excluded)",
     ["dry_run"], registry=REGISTRY)
 
+RETENTION_PRUNED: Final = Counter(
+    "sweeper_retention_pruned_total", "Finished rows deleted by retention, by table",
+    ["table"], registry=REGISTRY)
+
 # --- webhooks -----------------------------------------------------------------------------
 WEBHOOKS: Final = Counter(
     "sweeper_webhooks_total",

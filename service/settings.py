@@ -55,6 +55,12 @@ class Settings(BaseSettings):
     db_statement_timeout_ms: int = Field(default=30_000, ge=100)
     migrate_on_start: bool = True
     shutdown_grace_seconds: float = Field(default=20.0, ge=0, le=600)
+    retention_days: float = Field(
+        default=30.0, ge=0, le=36_500,
+        description="prune succeeded/cancelled items and webhook receipts older than this "
+                    "(0: keep everything)")
+    retention_batch_size: int = Field(default=1_000, ge=1, le=100_000)
+    retention_interval_seconds: float = Field(default=300.0, gt=0, le=86_400)
     metrics_port: int = Field(
         default=0, ge=0, le=65535,
         description="`sweeper worker` serves /metrics here (0: off); `serve` uses its API port")

@@ -1,0 +1,109 @@
+"""Self-retention: Sweeper prunes its own history so the ledger does not grow forever.
+
+Succeeded and cancelled items whose `completed_at` is older than the retention period go,
+with their attempt rows (ON DELETE CASCADE), and so do webhook receipts older than it. Dead
+items stay until an operator re-drives or cancels them: they are unfinished business.
+
+Each batch is one short transaction that deletes at most `batch_size` rows found through a
+partial index on finished items, so pruning ten million rows never holds a long lock and
+never touches the rows claims work on (claims only see pending and leased items). Replicas
+prune side by side without waiting on each other (SKIP LOCKED).
+
+What pruning forgets: a pruned item's evidence line in `GET /v1/runs/{id}/evidence`, and
+its obligation, so registering the same object again creates a new item, whose call the
+upstream de-duplicates by the unchanged operation key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Final
+
+from sqlalchemy import TextClause, text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service import metrics
+from service.db.engine import is_unavailable
+
+log = logging.getLogger(__name__)
+
+# Between batches: let claims and completions have the disk and the CPU.
+PAUSE_BETWEEN_BATCHES_S: Final = 0.01
+
+_PRUNE_ITEMS = text("""
+    WITH doomed AS (
+        SELECT id FROM items
+        WHERE status IN ('succeeded', 'cancelled')
+          AND completed_at < now() - make_interval(secs => :keep_s)
+        ORDER BY completed_at
+        LIMIT :batch
+        FOR UPDATE SKIP LOCKED
+    )
+    DELETE FROM items i USING doomed WHERE i.id = doomed.id
+""")
+
+_PRUNE_RECEIPTS = text("""
+    WITH doomed AS (
+        SELECT id FROM webhook_receipts
+        WHERE received_at < now() - make_interval(secs => :keep_s)
+        ORDER BY received_at
+        LIMIT :batch
+        FOR UPDATE SKIP LOCKED
+    )
+    DELETE FROM webhook_receipts r USING doomed WHERE r.id = doomed.id
+""")
+
+
+@dataclass(frozen=True)
+class Pruned:
+    """What one pass removed."""
+
+    items: int
+    receipts: int
+
+
+async def _prune_table(engine: AsyncEngine, statement: TextClause, kind: str, keep_s: float,
+                       batch: int, max_batches: int | None) -> int:
+    total = batches = 0
+    while max_batches is None or batches < max_batches:
+        async with engine.begin() as conn:
+            result = await conn.execute(statement, {"keep_s": keep_s, "batch": batch})
+            deleted = result.rowcount
+        batches += 1
+        total += deleted
+        metrics.RETENTION_PRUNED.labels(kind).inc(deleted)
+        if deleted < batch:
+            break
+        await asyncio.sleep(PAUSE_BETWEEN_BATCHES_S)
+    return total
+
+
+async def prune(engine: AsyncEngine, *, keep_seconds: float, batch_size: int,
+                max_batches: int | None = None) -> Pruned:
+    """Delete finished history older than `keep_seconds`, batch by batch, until none is
+    left (or `max_batches` per table)."""
+    items = await _prune_table(engine, _PRUNE_ITEMS, "items", keep_seconds, batch_size,
+                               max_batches)
+    receipts = await _prune_table(engine, _PRUNE_RECEIPTS, "webhook_receipts", keep_seconds,
+                                  batch_size, max_batches)
+    if items or receipts:
+        log.info("retention pruned", extra={"items": items, "webhook_receipts": receipts})
+    return Pruned(items, receipts)
+
+
+async def retention_loop(engine: AsyncEngine, *, keep_seconds: float, batch_size: int,
+                         interval_s: float) -> None:
+    """Prune, sleep `interval_s`, repeat; database outages are logged and retried."""
+    while True:
+        try:
+            await prune(engine, keep_seconds=keep_seconds, batch_size=batch_size)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if is_unavailable(exc):
+                log.warning("retention: database unavailable")
+            else:
+                log.exception("retention failed")
+        await asyncio.sleep(interval_s)
