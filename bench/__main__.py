@@ -23,7 +23,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import budget, drain
+from bench import budget, drain, registration
 from bench.common import (
     BenchContext,
     Benchmark,
@@ -34,7 +34,7 @@ from bench.common import (
     utc_now,
 )
 
-BENCHMARKS: tuple[Benchmark, ...] = (drain.BENCHMARK, budget.BENCHMARK)
+BENCHMARKS: tuple[Benchmark, ...] = (drain.BENCHMARK, budget.BENCHMARK, registration.BENCHMARK)
 
 
 def add_common(parser: argparse.ArgumentParser) -> None:

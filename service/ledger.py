@@ -21,12 +21,12 @@ MAX_ID_BYTES = 512
 
 def operation_key(tenant_id: str, object_id: str, policy: str, version: int) -> str:
     """Stable idempotency key; fields are length-prefixed so no two tuples collide."""
-    h = hashlib.sha256()
+    buffer = bytearray()
     for part in (tenant_id, object_id, policy, str(version)):
         raw = part.encode("utf-8")
-        h.update(len(raw).to_bytes(4, "big"))
-        h.update(raw)
-    return h.hexdigest()
+        buffer += len(raw).to_bytes(4, "big")
+        buffer += raw
+    return hashlib.sha256(buffer).hexdigest()  # one call: this runs per registered item
 
 
 def id_problem(value: str) -> str | None:
@@ -60,18 +60,22 @@ class RegistrationResult:
 
 
 # One statement for the whole request (all-or-nothing). A second registration never
-# postpones: due_at only moves earlier, and only while the item is still pending.
+# postpones: due_at only moves earlier, and only while the item is still pending. Only the
+# counts travel back, not a row per item.
 _REGISTER = text("""
-    INSERT INTO items AS i (tenant_id, object_id, policy, policy_version, operation_key,
-                            scope, due_at)
-    SELECT * FROM unnest(CAST(:tenants AS text[]), CAST(:objects AS text[]),
-                         CAST(:policies AS text[]), CAST(:versions AS integer[]),
-                         CAST(:keys AS text[]), CAST(:scopes AS text[]),
-                         CAST(:dues AS timestamptz[]))
-    ON CONFLICT (tenant_id, object_id, policy, policy_version) DO UPDATE
-        SET due_at = EXCLUDED.due_at, updated_at = now()
-        WHERE EXCLUDED.due_at < i.due_at AND i.status = 'pending'
-    RETURNING (xmax = 0) AS inserted
+    WITH changed AS (
+        INSERT INTO items AS i (tenant_id, object_id, policy, policy_version, operation_key,
+                                scope, due_at)
+        SELECT * FROM unnest(CAST(:tenants AS text[]), CAST(:objects AS text[]),
+                             CAST(:policies AS text[]), CAST(:versions AS integer[]),
+                             CAST(:keys AS text[]), CAST(:scopes AS text[]),
+                             CAST(:dues AS timestamptz[]))
+        ON CONFLICT (tenant_id, object_id, policy, policy_version) DO UPDATE
+            SET due_at = EXCLUDED.due_at, updated_at = now()
+            WHERE EXCLUDED.due_at < i.due_at AND i.status = 'pending'
+        RETURNING (xmax = 0) AS inserted
+    )
+    SELECT count(*) FILTER (WHERE inserted) AS inserted, count(*) AS changed FROM changed
 """)
 
 
@@ -97,10 +101,9 @@ async def register(engine: AsyncEngine, registrations: list[Registration]) -> Re
     budgets = {r.policy.scope_for(r.tenant_id): limiter.budget_of(r.policy) for r in rows}
     async with engine.begin() as conn:
         await limiter.ensure_scopes(conn, budgets)
-        result = await conn.execute(_REGISTER, params)
-        changed = [bool(row.inserted) for row in result]
-    inserted = sum(changed)
-    advanced = len(changed) - inserted
+        counts = (await conn.execute(_REGISTER, params)).one()
+    inserted = int(counts.inserted)
+    advanced = int(counts.changed) - inserted
     return RegistrationResult(inserted=inserted, advanced=advanced,
                               unchanged=len(registrations) - inserted - advanced)
 
