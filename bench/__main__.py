@@ -23,7 +23,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import budget, drain, registration
+from bench import budget, drain, publication, registration
 from bench.common import (
     BenchContext,
     Benchmark,
@@ -34,7 +34,8 @@ from bench.common import (
     utc_now,
 )
 
-BENCHMARKS: tuple[Benchmark, ...] = (drain.BENCHMARK, budget.BENCHMARK, registration.BENCHMARK)
+BENCHMARKS: tuple[Benchmark, ...] = (drain.BENCHMARK, budget.BENCHMARK, registration.BENCHMARK,
+                                      publication.BENCHMARK)
 
 
 def add_common(parser: argparse.ArgumentParser) -> None:

@@ -97,3 +97,22 @@ def test_budget_benchmark_smoke(pg_server_url: str, tmp_path: Path,
     assert run["replicas"] == 1 and run["budget_per_second"] == 20
     assert run["calls_ok"] > 0
     assert {"achieved_percent", "worst_window", "throttled"} <= set(config)
+
+
+@pytest.mark.slow
+def test_registration_and_publication_benchmarks_smoke(pg_server_url: str, tmp_path: Path,
+                                                       restore_logging: None) -> None:
+    out = tmp_path / "scale.json"
+    assert bench_main(["registration", "--requests", "2", "--batch", "500", "--clients", "2",
+                       "--repeat", "1", "--database-url", pg_server_url,
+                       "--json-out", str(out)]) == 0
+    (config,) = json.loads(out.read_text(encoding="utf-8"))["benchmarks"]["registration"][
+        "configurations"]
+    assert config["clients"] == 2 and config["runs"][0]["items"] == 1000
+    assert config["fresh_items_per_second"]["median"] > 0
+
+    assert bench_main(["publication", "--items", "1200", "--batch-size", "500", "--repeat",
+                       "1", "--database-url", pg_server_url, "--json-out", str(out)]) == 0
+    (run,) = json.loads(out.read_text(encoding="utf-8"))["benchmarks"]["publication"]["runs"]
+    assert run["released"] == 1200 and run["batches"] == 3
+    assert run["transaction_seconds"]["max"] is not None
