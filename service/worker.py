@@ -24,7 +24,7 @@ import asyncpg
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import claims, limiter
+from service import claims, limiter, metrics
 from service.claims import Completion, Lease
 from service.db.engine import is_unavailable, make_engine
 from service.outcomes import Answer, Classified, Failure, Outcome, classify, plan
@@ -191,8 +191,11 @@ class WorkerPool:
             raise
         self.completed += len(batch) - len(fenced)
         self.fenced += len(fenced)
-        for item_id in fenced:
-            log.warning("late completion fenced out", extra={"item_id": item_id})
+        late = set(fenced)
+        for done in batch:
+            if done.lease.item_id in late:
+                metrics.LATE_COMPLETIONS.labels(done.lease.policy).inc()
+                log.warning("late completion fenced out", extra={"item_id": done.lease.item_id})
 
     async def _apply_scope_signals(self) -> None:
         closures, self._closures = self._closures, {}
