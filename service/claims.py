@@ -40,7 +40,10 @@ class Lease:
 #     released pending items whose next attempt is due, in batch order (webhook releases
 #     first) via the scope-leading partial indexes; SKIP LOCKED so concurrent claimers take
 #     disjoint rows, and each LIMIT sits inside its subquery so it bounds the rows locked.
-#  3. the UPDATE gives each a fresh lease token and an expiry from the database clock
+#  3. an expired lease whose item has used up its policy's attempts is not leased again:
+#     its worker died or stalled on the last allowed attempt (an item that crashes every
+#     worker that calls it would otherwise loop forever), so it goes `dead` here.
+#  4. the UPDATE gives each a fresh lease token and an expiry from the database clock
 #     (lease length per policy), counts the attempt, and returns what the worker needs.
 _CLAIM = text("""
     WITH clock AS (SELECT coalesce(CAST(:now AS timestamptz), now()) AS now),
@@ -55,9 +58,16 @@ _CLAIM = text("""
           -- progress, and no claim admits work once the pause has committed
           AND NOT (SELECT workers_paused FROM control FOR KEY SHARE)
     ),
+    attempt_limits AS (
+        SELECT * FROM unnest(CAST(:limit_policies AS text[]),
+                             CAST(:limit_attempts AS integer[])) AS m(policy, n)
+    ),
     expired AS (
-        SELECT e.id, g.scope FROM grants g, clock CROSS JOIN LATERAL (
-            SELECT i.id FROM items i
+        SELECT e.id, g.scope, e.exhausted FROM grants g, clock CROSS JOIN LATERAL (
+            SELECT i.id, i.attempts >= coalesce(
+                       (SELECT m.n FROM attempt_limits m WHERE m.policy = i.policy),
+                       2147483647) AS exhausted
+            FROM items i
             WHERE i.scope = g.scope AND i.status = 'leased'
               AND i.lease_expires_at <= clock.now
             ORDER BY i.lease_expires_at
@@ -65,17 +75,27 @@ _CLAIM = text("""
             FOR UPDATE OF i SKIP LOCKED
         ) e
     ),
+    exhausted AS (
+        UPDATE items i
+        SET status = 'dead', lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+            last_outcome = 'unknown', last_status_code = NULL, last_error = 'lease_expired',
+            dead_reason = 'max_attempts:lease_expired', completed_at = clock.now,
+            updated_at = clock.now
+        FROM expired x, clock
+        WHERE i.id = x.id AND x.exhausted
+    ),
     ready AS (
         SELECT r.id, g.scope FROM grants g, clock CROSS JOIN LATERAL (
             SELECT i.id FROM items i
             WHERE i.scope = g.scope AND i.status = 'pending' AND i.released_at IS NOT NULL
               AND i.next_attempt_at <= clock.now
             ORDER BY i.batch_id NULLS FIRST, i.id
-            LIMIT g.n - (SELECT count(*) FROM expired x WHERE x.scope = g.scope)
+            LIMIT g.n - (SELECT count(*) FROM expired x
+                         WHERE x.scope = g.scope AND NOT x.exhausted)
             FOR UPDATE OF i SKIP LOCKED
         ) r
     ),
-    picked AS (SELECT id FROM expired UNION ALL SELECT id FROM ready),
+    picked AS (SELECT id FROM expired WHERE NOT exhausted UNION ALL SELECT id FROM ready),
     lease_lengths AS (
         SELECT * FROM unnest(CAST(:policy_names AS text[]),
                              CAST(:lease_seconds AS integer[])) AS l(policy, seconds)
@@ -106,15 +126,19 @@ class Claimed:
 
 async def claim(engine: AsyncEngine, *, owner: str, grants: Mapping[str, int],
                 lease_seconds: Mapping[str, int], default_lease_seconds: int = 60,
+                max_attempts: Mapping[str, int] | None = None,
                 now: datetime | None = None) -> Claimed:
     """Lease up to grants[scope] items of each scope for `owner`; commits before returning
-    (no transaction is held while the caller talks to the upstream)."""
+    (no transaction is held while the caller talks to the upstream). An expired lease of an
+    item with `max_attempts[policy]` attempts used goes `dead` instead of being leased."""
     wanted = {scope: n for scope, n in grants.items() if n > 0}
     if not wanted:
         return Claimed(leases=[], reclaimed=0)
     params = {"now": now, "scopes": list(wanted), "counts": list(wanted.values()),
               "owner": owner,
               "policy_names": list(lease_seconds), "lease_seconds": list(lease_seconds.values()),
+              "limit_policies": list(max_attempts or {}),
+              "limit_attempts": list((max_attempts or {}).values()),
               "default_lease": default_lease_seconds}
     async with engine.begin() as conn:
         rows = (await conn.execute(_CLAIM, params)).all()

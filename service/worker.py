@@ -103,6 +103,7 @@ class WorkerPool:
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._lease_seconds = {n: p.config.lease_seconds for n, p in policies.policies.items()}
+        self._max_attempts = {n: p.config.max_attempts for n, p in policies.policies.items()}
         self._cursor = ""
         self._closures: dict[str, limiter.Closure] = {}
         self._pauses: set[str] = set()
@@ -146,7 +147,8 @@ class WorkerPool:
         if not granted:
             return 0
         claimed = await claims.claim(self.engine, owner=self.name, grants=granted,
-                                     lease_seconds=self._lease_seconds)
+                                     lease_seconds=self._lease_seconds,
+                                     max_attempts=self._max_attempts)
         used = Counter(lease.scope for lease in claimed.leases)
         if self._stopping.is_set():
             # stop() arrived while the claim was committing: nothing was called yet, so the
