@@ -1,0 +1,16 @@
+"""Every drill, in the issue's numbering."""
+
+from __future__ import annotations
+
+from service.drills import crashes
+from service.drills.base import Drill
+
+DRILLS: list[Drill] = sorted([*crashes.DRILLS], key=lambda d: d.number)
+
+
+def find(name: str) -> Drill | None:
+    """A drill by name or number."""
+    for drill in DRILLS:
+        if name in (drill.name, str(drill.number)):
+            return drill
+    return None
