@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from service.drills import crashes
+from service.drills import answers, crashes
 from service.drills.base import Drill
 
-DRILLS: list[Drill] = sorted([*crashes.DRILLS], key=lambda d: d.number)
+DRILLS: list[Drill] = sorted([*crashes.DRILLS, *answers.DRILLS], key=lambda d: d.number)
 
 
 def find(name: str) -> Drill | None:

@@ -484,7 +484,11 @@ class FakeUpstream:
             while time.monotonic() < deadline:
                 writer.write(b"x")
                 await writer.drain()
-                await asyncio.sleep(interval)
+                # a client that gave up has ended the call: stop when it hangs up, rather
+                # than counting the call in flight until a write fails
+                await _wait_eof(reader, interval)
+                if reader.at_eof():
+                    break
             return False
         elif fault.kind is Fault.RESET:
             sock = writer.get_extra_info("socket")
