@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from service.drills import answers, crashes
+from service.drills import answers, crashes, database, operations
 from service.drills.base import Drill
 
-DRILLS: list[Drill] = sorted([*crashes.DRILLS, *answers.DRILLS], key=lambda d: d.number)
+DRILLS: list[Drill] = sorted(
+    [*crashes.DRILLS, *answers.DRILLS, *operations.DRILLS, *database.DRILLS],
+    key=lambda d: d.number)
 
 
 def find(name: str) -> Drill | None:

@@ -24,11 +24,12 @@ from typing import Any, Final
 
 import asyncpg
 import httpx
+from sqlalchemy.engine import make_url
 
 from service import ledger, runs
 from service.db.engine import make_engine
 from service.drills.base import Facts, check
-from service.drills.upstream import FakeUpstream
+from service.drills.upstream import Call, FakeUpstream
 from service.policies import Policies, load_policies
 from service.settings import Settings, async_url
 
@@ -79,6 +80,35 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+async def create_database(server_url: str, name: str) -> str:
+    """Create database `name` on the server of `server_url` and migrate it to head; its URL.
+    Drills never run in an existing database: workers claim any scope with work, so items
+    of a drill and of a real deployment sharing one database would be each other's poison."""
+    from service.db import migrate
+
+    conn = await asyncpg.connect(server_url)
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    url = str(make_url(server_url).set(database=name).render_as_string(hide_password=False))
+    engine = make_engine(async_url(url), Settings(database_url=url, workers=0))
+    try:
+        await migrate.upgrade(engine)
+    finally:
+        await engine.dispose()
+    return url
+
+
+async def drop_database(server_url: str, name: str) -> None:
+    """Drop a drill's database, cutting any connection left."""
+    conn = await asyncpg.connect(server_url)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
 @dataclass
 class Proc:
     """A `sweeper` OS process the drill started, its output in a file."""
@@ -116,6 +146,26 @@ class Proc:
         return f"http://127.0.0.1:{self.port}"
 
 
+class RemoteUpstream:
+    """The fake upstream in its own OS process (`python -m service.drills.upstream`), read
+    over its control API: its arrival times are then taken by a process that does nothing
+    else, which budget precision needs on a crowded machine."""
+
+    def __init__(self, proc: Proc, base_url: str) -> None:
+        self.proc = proc
+        self.base_url = base_url
+
+    async def calls(self) -> list[Call]:
+        async with httpx.AsyncClient(timeout=10) as client:
+            rows = (await client.get(f"{self.base_url}/_control/calls")).json()
+        return [Call(**row) for row in rows]
+
+    async def stats(self) -> dict[str, Any]:
+        async with httpx.AsyncClient(timeout=10) as client:
+            stats: dict[str, Any] = (await client.get(f"{self.base_url}/_control/stats")).json()
+        return stats
+
+
 class Stage:
     """One drill's world. `label` prefixes its tenants (`drill-1a2b3c4d-a`)."""
 
@@ -124,9 +174,11 @@ class Stage:
         self.workdir = workdir
         self.label = label
         self.upstream: FakeUpstream | None = None
+        self.upstream_url: str | None = None
         self.policies_file: Path | None = None
         self.policies: Policies | None = None
         self.procs: list[Proc] = []
+        self.cleanups: list[Callable[[], Awaitable[None]]] = []
         self.facts: Facts = {}
         # a bearer token for this drill's own API processes only
         self.api_token = f"drill-{secrets.token_hex(16)}"
@@ -140,7 +192,24 @@ class Stage:
         upstream = FakeUpstream(**options)
         upstream.start_in_thread()
         self.upstream = upstream
+        self.upstream_url = upstream.base_url
         return upstream
+
+    async def start_upstream_process(self, *, rate: float, burst: int) -> RemoteUpstream:
+        """The fake upstream as its own process, limiting every scope to `rate`/`burst`."""
+        ready = self.workdir / "upstream.url"
+        proc = self._spawn("upstream", [
+            sys.executable, "-m", "service.drills.upstream", "--port", "0",
+            "--default-limit", str(rate), "--default-burst", str(burst),
+            "--ready-file", str(ready)], self._env({}))
+
+        async def listening() -> bool:
+            check(proc.alive(), f"the fake upstream exited: {proc.log()[-1000:]}")
+            return ready.exists()
+
+        await self.wait_for("fake upstream listening", listening, PROCESS_START_TIMEOUT_S, 0.05)
+        self.upstream_url = ready.read_text(encoding="utf-8").strip()
+        return RemoteUpstream(proc, self.upstream_url)
 
     def tenant(self, suffix: str = "a") -> str:
         return f"{self.label}-{suffix}"
@@ -153,10 +222,10 @@ class Stage:
                        backoff_max: float = 2.0, timeout: float = 3.0,
                        retry_after_max: float = 3600) -> Path:
         """The drill's own policy `drill` against the fake upstream (started first)."""
-        assert self.upstream is not None, "start the upstream first"
+        assert self.upstream_url is not None, "start the upstream first"
         path = self.workdir / "policies.toml"
         path.write_text(POLICY_TEMPLATE.format(
-            base_url=self.upstream.base_url, rate=rate, burst=burst, lease=lease,
+            base_url=self.upstream_url, rate=rate, burst=burst, lease=lease,
             max_attempts=max_attempts, backoff_base=backoff_base, backoff_max=backoff_max,
             timeout=timeout, retry_after_max=retry_after_max), encoding="utf-8")
         self.policies_file = path
@@ -332,6 +401,9 @@ class Stage:
         if self.upstream is not None:
             self.upstream.stop_thread()
             self.upstream = None
+        for cleanup in reversed(self.cleanups):
+            await cleanup()
+        self.cleanups.clear()
 
     def log_tail(self, lines: int = 8) -> str:
         """The last lines of every process log, for a failed drill's report."""
