@@ -19,7 +19,7 @@ from pathlib import Path
 
 from service.drills.base import Verdict, run_drill
 from service.drills.catalog import DRILLS, find
-from service.drills.stage import create_database, drop_database
+from service.drills.scratch import create_database, drop_database
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2

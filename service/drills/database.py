@@ -14,7 +14,8 @@ import httpx
 
 from service.drills.base import Drill, Facts, check
 from service.drills.pgserver import PrivateServer
-from service.drills.stage import Proc, Stage, create_database, free_port
+from service.drills.scratch import create_database
+from service.drills.stage import Proc, Stage, free_port
 
 OUTAGE_S = 4.0
 RECOVERY_LIMIT_S = 10.0
