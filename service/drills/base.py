@@ -66,9 +66,14 @@ class Verdict:
     def line(self) -> str:
         """One line for a terminal: verdict, drill, duration, facts or the reason."""
         facts = " ".join(f"{k}={_short(v)}" for k, v in self.facts.items())
-        tail = facts if self.reason is None else f"{self.reason}  {facts}".strip()
+        headline = (self.reason or "").split("\n", 1)[0]
+        tail = f"{headline}  {facts}".strip()
         return (f"{self.status.upper():<4} {self.drill.number:>2} {self.drill.name:<28} "
                 f"{self.seconds:6.1f}s  {tail}")
+
+    def details(self) -> str:
+        """Everything after the headline of the reason (process log tails of a failure)."""
+        return (self.reason or "").partition("\n")[2]
 
     def as_json(self) -> dict[str, Any]:
         return {"drill": self.drill.name, "number": self.drill.number, "status": self.status,

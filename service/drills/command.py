@@ -46,6 +46,8 @@ async def _run(names: list[str], server_url: str, keep_logs: Path | None, quiet:
         verdicts.append(verdict)
         if not quiet:
             print(verdict.line(), flush=True)
+            if verdict.status == "fail" and verdict.details():
+                print("    " + verdict.details().replace("\n", "\n    "), flush=True)
     return verdicts
 
 

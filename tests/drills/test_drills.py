@@ -15,4 +15,4 @@ from service.drills.catalog import DRILLS, Drill
 async def test_drill(drill: Drill, db_url: str) -> None:
     verdict = await run_drill(drill, db_url)
     print(verdict.line())
-    assert verdict.status == "pass", verdict.line()
+    assert verdict.status == "pass", f"{verdict.line()}\n{verdict.details()}"
