@@ -183,7 +183,7 @@ async def retry_after_forms(stage: Stage) -> Facts:
     rate = 10
     stage.write_policies(rate=rate, burst=1, backoff_base=1.0, backoff_max=10,
                          retry_after_max=RETRY_AFTER_MAX_S)
-    date = datetime.now(UTC) + timedelta(seconds=6)
+    date = datetime.now(UTC) + timedelta(seconds=5)
     forms = {"seconds": "3", "date": format_datetime(date, usegmt=True),
              "past": "Wed, 21 Oct 2015 07:28:00 GMT", "far": "999999999999",
              "malformed": "soon, maybe"}
@@ -217,7 +217,9 @@ async def retry_after_forms(stage: Stage) -> Facts:
             "SELECT extract(epoch FROM updated_at) FROM scopes WHERE name = $1",
             f"tenant:{stage.tenant(form)}"))
         if form == "date":
-            earliest = date.replace(microsecond=0).timestamp() - t429.wall_time
+            # whole seconds on the wire; clamped like any value to retry_after_max_seconds
+            earliest = min(date.replace(microsecond=0).timestamp() - t429.wall_time,
+                           RETRY_AFTER_MAX_S)
         else:
             earliest = {"seconds": 3.0, "past": 0.0, "far": RETRY_AFTER_MAX_S,
                         "malformed": 1.0}[form]
