@@ -362,8 +362,11 @@ class WorkerPool:
             await self._finish(flusher, listener)
 
     async def _warm_up(self) -> None:
-        """Prepare the admission statements on a pooled connection before the first token
-        is taken: a cold first claim made this process spend its first tokens late."""
+        """Prepare the admission statements on a pooled connection, and the HTTP client,
+        before the first token is taken: a cold first claim or first call made this process
+        spend its first tokens late."""
+        with contextlib.suppress(Exception):
+            await self.upstreams.warm_up()
         with contextlib.suppress(Exception):
             # calibrate the database-clock offset before the first grant: a first sample
             # taken on a cold connection would place this process's first calls late
