@@ -17,8 +17,6 @@ from service.limiter import LOOKAHEAD_S
 # A call may land this long after a pause committed when its token and lease were taken
 # just before (the token lookahead) plus loopback delivery.
 PAUSE_SLACK_S = LOOKAHEAD_S + 0.05
-# Drill 12 holds the budget figures from this long after the first call on.
-STARTUP_S = 2.0
 
 
 async def _stop_all(stage: Stage, procs: list[Proc]) -> None:
@@ -46,29 +44,19 @@ async def replicas_share_budget(stage: Stage) -> Facts:
     t0 = calls[0].received_at
     ok = [c.received_at for c in calls if c.outcome == "ok"]
     throttled = [round(c.received_at - t0, 3) for c in calls if c.outcome == "throttled"]
-    # Start-up: the first tokens of replicas waking together can still bunch (an open
-    # problem, reported, bounded below); the steady state must hold the figures.
-    steady = [t for t in ok if t - t0 >= STARTUP_S]
-    steady_429 = [t for t in throttled if t >= STARTUP_S]
-    achieved = (len(steady) - 1) / (steady[-1] - steady[0])
+    achieved = (len(ok) - 1) / (ok[-1] - ok[0])
     owners = await stage.fetchval("SELECT count(DISTINCT worker) FROM attempts "
                                   "WHERE outcome = 'succeeded'")
-    facts: Facts = {"throttled_429_at_s": throttled,
-                    "worst_1s_window": worst_window(ok),
-                    "worst_1s_window_steady": worst_window(steady),
-                    "rate_plus_burst": rate + burst, "achieved_steady_per_s": round(achieved, 2),
-                    "budget_used_steady": round(achieved / rate, 3),
-                    "replicas_calling": owners}
+    facts: Facts = {"throttled_429_at_s": throttled, "worst_1s_window": worst_window(ok),
+                    "rate_plus_burst": rate + burst, "achieved_per_s": round(achieved, 2),
+                    "budget_used": round(achieved / rate, 3), "replicas_calling": owners}
     stage.facts.update(facts)
     check(await stage.statuses() == {"succeeded": n}, f"items {await stage.statuses()}")
     check(len(ok) == n, f"{len(ok)} successful calls for {n} items")
-    check(steady_429 == [], f"upstream 429s at {steady_429} s, after start-up")
-    check(worst_window(steady) <= rate + burst,
-          f"worst 1-second window {worst_window(steady)} > rate + burst {rate + burst}")
+    check(throttled == [], f"upstream 429s at {throttled} s")
+    check(worst_window(ok) <= rate + burst,
+          f"worst 1-second window {worst_window(ok)} > rate + burst {rate + burst}")
     check(achieved >= 0.9 * rate, f"{achieved:.1f}/s is under 90% of the {rate}/s budget")
-    check(len(throttled) <= 1 and worst_window(ok) <= rate + burst + 2,
-          f"start-up overshoot grew: {len(throttled)} 429s, {worst_window(ok)} calls in a "
-          "second")
     check(owners == replicas, f"only {owners} of {replicas} replicas called the upstream")
     await _stop_all(stage, [*workers, upstream.proc])
     return facts
@@ -179,9 +167,8 @@ DRILLS = [
           "160 items in one scope at 20/s burst 1; 5 worker processes of 4 slots; the "
           "upstream enforces 20/s itself",
           "five replicas draw from one budget row at once",
-          "after the first 2 s: zero upstream 429s, worst 1-second window <= rate + burst, "
-          ">= 90% of the budget used; every replica took part; start-up bunching (open) "
-          "stays within one 429 and rate + burst + 2", replicas_share_budget),
+          "zero upstream 429s, worst 1-second window <= rate + burst, >= 90% of the budget "
+          "used, every replica took part", replicas_share_budget),
     Drill(13, "operator-controls",
           "120 items at 30/s, 2 worker processes and an API process",
           "budget cut to 10/s mid-run; scope paused, resumed at 40/s; one worker SIGTERMed "
