@@ -81,8 +81,7 @@ def install(env: dict[str, str]) -> None:
         class ShiftedDateTime(datetime):
             @classmethod
             def now(cls, tz: tzinfo | None = None) -> ShiftedDateTime:
-                moment = datetime.fromtimestamp(shifted_time(), tz)
-                return cls.fromtimestamp(moment.timestamp(), tz)
+                return cls.fromtimestamp(shifted_time(), tz)
 
         time.time = shifted_time
         for module in (worker, upstream):

@@ -269,11 +269,20 @@ async def clock_jump(stage: Stage) -> Facts:
         assert hasattr(expires, "timestamp")
         return key, float(expires.timestamp())
 
-    async def reclaimed_on_time(object_id: str, key: str, expires: float) -> None:
+    async def reclaimed_on_time(object_id: str, key: str, expires: float, shift: float
+                                ) -> None:
         await stage.wait_for(f"{object_id} reclaimed", lambda: _succeeded(stage, object_id),
                              LEASE_S + 30)
         calls = upstream.calls_for_key(key)
         check(len(calls) == 2, f"{object_id}: {len(calls)} calls")
+        # the fault is in place: the reclaiming worker stamped its attempt on its own clock
+        started = await stage.fetchval(
+            "SELECT extract(epoch FROM a.started_at)::float FROM attempts a "
+            "JOIN items i ON i.id = a.item_id WHERE i.object_id = $1 AND NOT a.fenced",
+            object_id)
+        skew = float(started) - calls[1].wall_time
+        check(abs(skew - shift) < 5, f"{object_id}: the reclaiming worker's clock is off by "
+                                     f"{skew:.0f} s, not {shift:.0f} s")
         lease_len = expires - calls[0].wall_time
         check(LEASE_S - 1 <= lease_len <= LEASE_S + 1,
               f"{object_id}: the lease ran {lease_len:.1f} s from the call, not {LEASE_S} s "
@@ -288,12 +297,12 @@ async def clock_jump(stage: Stage) -> Facts:
     key, expires = await hold_and_stall("held-1", first)
     # a worker an hour ahead sees every lease as long expired on its own clock
     ahead = stage.start_worker(workers=1, agent={"SWEEPER_DRILL_CLOCK_SHIFT_SECONDS": "3600"})
-    await reclaimed_on_time("held-1", key, expires)
+    await reclaimed_on_time("held-1", key, expires, 3600)
     # now it holds a lease itself and stalls; a worker an hour behind must not wait an hour
     key, expires = await hold_and_stall("held-2", ahead)
     behind = stage.start_worker(workers=1,
                                 agent={"SWEEPER_DRILL_CLOCK_SHIFT_SECONDS": "-3600"})
-    await reclaimed_on_time("held-2", key, expires)
+    await reclaimed_on_time("held-2", key, expires, -3600)
     check(await stage.stop(behind) == 0, "the worker behind did not stop cleanly")
     return {"reclaim_after_expiry_ahead_s": reclaim_delays["held-1"],
             "reclaim_after_expiry_behind_s": reclaim_delays["held-2"]}
