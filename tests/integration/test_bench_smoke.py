@@ -111,8 +111,11 @@ def test_registration_and_publication_benchmarks_smoke(pg_server_url: str, tmp_p
     assert config["clients"] == 2 and config["runs"][0]["items"] == 1000
     assert config["fresh_items_per_second"]["median"] > 0
 
+    folder = tmp_path / "results"
     assert bench_main(["publication", "--items", "1200", "--batch-size", "500", "--repeat",
-                       "1", "--database-url", pg_server_url, "--json-out", str(out)]) == 0
-    (run,) = json.loads(out.read_text(encoding="utf-8"))["benchmarks"]["publication"]["runs"]
+                       "1", "--database-url", pg_server_url, "--results-dir", str(folder)]) == 0
+    doc = json.loads((folder / "results.json").read_text(encoding="utf-8"))
+    (run,) = doc["benchmarks"]["publication"]["runs"]
+    assert (folder / "publication.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert run["released"] == 1200 and run["batches"] == 3
     assert run["transaction_seconds"]["max"] is not None
