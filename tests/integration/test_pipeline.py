@@ -241,7 +241,7 @@ async def test_crash_mid_publication_resumes_without_duplicates(engine: AsyncEng
     await register(engine, policies, 130)
     run_id, _ = await runs.create_run(engine, runs.RunRequest(None, None, None, False, None),
                                       None)
-    # publish two chunks, then "crash" (stop between transactions)
+    # publish two chunks of one batch each, then "crash" (stop between transactions)
     original = runs._release_chunk
     calls = 0
 
@@ -250,7 +250,7 @@ async def test_crash_mid_publication_resumes_without_duplicates(engine: AsyncEng
         calls += 1
         if calls > 2:
             raise RuntimeError("crash")
-        return await original(conn, run, batch_size)
+        return await original(conn, run, batch_size, max_batches=1)
 
     runs._release_chunk = two_chunks  # type: ignore[assignment]
     try:
