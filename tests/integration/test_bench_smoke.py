@@ -118,4 +118,4 @@ def test_registration_and_publication_benchmarks_smoke(pg_server_url: str, tmp_p
     (run,) = doc["benchmarks"]["publication"]["runs"]
     assert (folder / "publication.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert run["released"] == 1200 and run["batches"] == 3
-    assert run["transaction_seconds"]["max"] is not None
+    assert run["transactions"] >= 1
