@@ -77,8 +77,9 @@ async def create_run(runtime: RuntimeDep, _actor: OperatorDep, response: Respons
     """Record a run and start publication; answers at once whatever the backlog."""
     request = body or RunIn()
     if request.policy is not None and runtime.policies.policy(request.policy) is None:
+        # the name is not echoed: whatever a caller sent may be customer data
         raise Problem(422, "unknown-policy", "Unknown policy",
-                      f"no policy named {request.policy!r} in the policies file")
+                      "no such policy in the policies file (GET /v1/policies lists them)")
     run_id, created = await runs.create_run(
         runtime.engine, runs.RunRequest(request.policy, request.tenant_id, request.cutoff,
                                         request.dry_run, request.max_items),
