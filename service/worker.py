@@ -308,7 +308,7 @@ class WorkerPool:
         level = logging.DEBUG if verdict.outcome is Outcome.SUCCEEDED else logging.INFO
         log.log(level, "attempt", extra={
             "item_id": lease.item_id, "operation_key": lease.operation_key,
-            "scope": lease.scope, "outcome": verdict.outcome.value,
+            "policy": lease.policy, "scope": lease.scope, "outcome": verdict.outcome.value,
             "http_status": result.answer.status, "attempt": lease.attempt})
         return Completion(
             lease=lease, worker=self.name, outcome=verdict.outcome.value,
