@@ -19,7 +19,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 from urllib.parse import quote, quote_plus
 
 import httpx
@@ -112,7 +112,9 @@ def _upstream_faults(up: FakeUpstream) -> None:
               headers={**PII_HEADERS, "Content-Type": "application/json"}, body=PII_BODY)
 
 
-def _serve(db_url: str, policies_file: Path, port: int) -> subprocess.Popen[str]:
+def _serve(db_url: str, policies_file: Path, port: int, log: IO[str]) -> subprocess.Popen[str]:
+    """`sweeper serve` with its stderr going to `log`, a file: a pipe nobody reads until
+    the end would fill up with DEBUG lines and block the server's event loop."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_")}
     url = make_url(db_url).set(password=DB_PASSWORD)  # trust auth: accepted, ignored
     env.update({
@@ -122,13 +124,13 @@ def _serve(db_url: str, policies_file: Path, port: int) -> subprocess.Popen[str]
         "SWEEPER_LOG_FORMAT": "json", "SWEEPER_MIGRATE_ON_START": "false",
         "SHOP_API_AUTH": f"Bearer {UPSTREAM_SECRET}", "SHOP_WEBHOOK_SECRET": WEBHOOK_SECRET})
     return subprocess.Popen([sys.executable, "-m", "service", "serve"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=log, text=True)
 
 
 def _wait_ready(base: str, proc: subprocess.Popen[str]) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.communicate()[1]
+        assert proc.poll() is None, "sweeper serve exited before it was ready"
         try:
             if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
                 return
@@ -247,7 +249,9 @@ def test_no_secret_or_customer_data_in_logs_errors_or_metrics(db_url: str, tmp_p
         policies_file = tmp_path / "policies.toml"
         policies_file.write_text(POLICIES.format(base_url=up.base_url, policy=POLICY))
         port = free_port()
-        proc = _serve(db_url, policies_file, port)
+        log_path = tmp_path / "serve.log"
+        log = log_path.open("w", encoding="utf-8")
+        proc = _serve(db_url, policies_file, port, log)
         base = f"http://127.0.0.1:{port}"
         try:
             _wait_ready(base, proc)
@@ -258,8 +262,10 @@ def test_no_secret_or_customer_data_in_logs_errors_or_metrics(db_url: str, tmp_p
                 metrics = client.get("/metrics").text
         finally:
             proc.send_signal(signal.SIGTERM)
-            _, stderr = proc.communicate(timeout=30)
+            proc.wait(timeout=30)
+            log.close()
         calls = up.calls()
+    stderr = log_path.read_text(encoding="utf-8")
 
     assert proc.returncode == 0, stderr[-4000:]
     # the planted upstream secret really was sent, and the customer data really came back
