@@ -47,12 +47,19 @@ CANCEL_EXAMPLES: dict[str, Example] = {
 }
 
 
+# What the contract can state about an id: 1-512 characters, no control characters. The
+# ledger's own limit is 512 UTF-8 bytes, checked after validation (a 422 naming the entry).
+ID_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]*$"
+
+
 class ItemIn(BaseModel):
     """One obligation: remove this object of this tenant under this policy once due."""
 
-    tenant_id: str = Field(examples=["acme.myshopify.com"])
-    object_id: str = Field(examples=["cart-8812"])
-    policy: str = Field(examples=["cart-retention"])
+    tenant_id: str = Field(examples=["acme.myshopify.com"], min_length=1, max_length=512,
+                           pattern=ID_PATTERN)
+    object_id: str = Field(examples=["cart-8812"], min_length=1, max_length=512,
+                           pattern=ID_PATTERN)
+    policy: str = Field(examples=["cart-retention"], min_length=1)
     due_at: AwareDatetime = Field(examples=["2026-12-01T00:00:00Z"])
 
 

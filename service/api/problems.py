@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import asyncpg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -161,7 +162,30 @@ def database_unavailable() -> Problem:
                    headers={"Retry-After": str(DATABASE_RETRY_AFTER_SECONDS)})
 
 
+def _unstorable_text(exc: BaseException) -> bool:
+    """True when `exc` (or what caused it) says the request carried text PostgreSQL cannot
+    store: a NUL character, or an unpaired surrogate (valid JSON escapes both)."""
+    seen: BaseException | None = exc
+    for _ in range(5):
+        if seen is None:
+            return False
+        if isinstance(seen, UnicodeEncodeError | asyncpg.CharacterNotInRepertoireError |
+                      asyncpg.UntranslatableCharacterError):
+            return True
+        seen = getattr(seen, "orig", None) or seen.__cause__ or seen.__context__
+    return False
+
+
+def unstorable_text() -> Problem:
+    """The 422 for text the database cannot hold; nothing was written."""
+    return Problem(422, "unstorable-text", "Request is not valid",
+                   "a text value contains a NUL character or an unpaired surrogate, which "
+                   "the ledger cannot store; nothing was changed")
+
+
 async def _on_database(request: Request, exc: Exception) -> JSONResponse:
+    if _unstorable_text(exc):
+        return problem_response(unstorable_text(), request)
     if isinstance(exc, DatabaseUnavailable | PoolTimeoutError) or is_unavailable(exc):
         log.warning("database unavailable", extra={"path": request.url.path,
                                                    "error": type(exc).__name__})
@@ -170,6 +194,8 @@ async def _on_database(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    if _unstorable_text(exc):
+        return problem_response(unstorable_text(), request)
     log.error("unhandled error", extra={"path": request.url.path},
               exc_info=(type(exc), exc, exc.__traceback__))
     problem = Problem(500, "internal-error", "Internal error",
