@@ -212,8 +212,12 @@ def _good_requests(client: httpx.Client) -> None:
                          headers={**headers, "Idempotency-Key": f"slot-{RUN}"})
     assert answer.status_code == 202, answer.text
     for path, params in (("/v1/items", {"tenant_id": EMAIL, "reason": NAME}),
-                         ("/v1/scopes", {"after": EMAIL}), ("/v1/runs", {"email": EMAIL})):
+                         ("/v1/scopes", {"after": EMAIL})):
         assert client.get(path, params=params, headers=headers).status_code == 200
+    # an undeclared query parameter is refused: the answer names it, never its value
+    answer = client.get("/v1/runs", params={"email": EMAIL}, headers=headers)
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["errors"][0]["loc"] == ["query", "email"]
     answer = client.post("/v1/items/cancel", headers=headers,
                          json={"why": f"privacy request from {NAME} <{EMAIL}>",
                                "tenant_id": EMAIL})
