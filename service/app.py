@@ -24,6 +24,7 @@ from service.api import metrics as metrics_api
 from service.api import policies as policies_api
 from service.api import runs as runs_routes
 from service.api import scopes as scopes_routes
+from service.api import webhooks as webhooks_routes
 from service.api.problems import install_problem_handlers
 from service.db.engine import is_unavailable, make_engine
 from service.db.migrate import head_revision
@@ -154,5 +155,6 @@ def create_app(
     app.include_router(items.router)
     app.include_router(runs_routes.router)
     app.include_router(scopes_routes.router)
+    app.include_router(webhooks_routes.router)
     app.add_middleware(RequestLog)
     return app

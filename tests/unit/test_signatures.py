@@ -111,7 +111,7 @@ def test_standard_secret_decoding() -> None:
     assert signatures.standard_key("whsec_" + unpadded) == raw
     assert signatures.standard_key(base64.b64encode(raw).decode()) == raw
     for bad in ("whsec_", "whsec_@@@@", "whsec_abcde"):
-        with pytest.raises(ValueError, match="base64|empty"):
+        with pytest.raises(ValueError, match=r"base64|empty"):
             signatures.standard_key(bad)
 
 

@@ -1,0 +1,367 @@
+"""Storefront webhooks: signed, de-duplicated hints that make cleanup due sooner.
+
+A webhook is a hint, never the owner of deletion state: the item is in the ledger and the
+next run finds it by age, so a missed webhook loses nothing. A delivery goes through
+
+    read_delivery   verify the signature over the raw body (signatures.py), then parse it,
+                    find the webhook id and the event type, and map the source's rules for
+                    that type to hints (policy, tenant, object id, due now or later)
+    record          one atomic statement: the receipt (unique per source and webhook id)
+                    and the hints' effect on items, or nothing at all for a duplicate
+
+Errors, each with a reason from the closed set metrics use:
+
+    DeliveryRejected(reason)
+        signature, timestamp    not authentic or outside the replay window (401)
+        malformed               not JSON, or a header the scheme needs is missing (400)
+        unmappable              a matching rule's tenant or object id is absent or invalid (422)
+        too-large               over the source's max_body_bytes (413)
+        overloaded              intake limit reached or no database connection in time (503)
+        unavailable             the database cannot be reached (503)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from sqlalchemy import text
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service import ledger, limiter, signatures
+from service.claims import NOTIFY_CHANNEL
+from service.policies import (
+    Policies,
+    Policy,
+    WebhookRule,
+    WebhookSource,
+    parse_body_path,
+    parse_duration,
+)
+
+Reason = Literal["signature", "timestamp", "malformed", "unmappable", "too-large",
+                 "overloaded", "unavailable"]
+Result = Literal["applied", "ignored"]
+
+MAX_WEBHOOK_ID_CHARS: Final = 512
+MAX_EVENT_TYPE_CHARS: Final = 200
+BODY_DIGEST_PREFIX: Final = "sha256:"
+
+
+class DeliveryRejected(Exception):
+    """A delivery Sweeper refuses; nothing was written. `detail` never holds a value taken
+    from the request (it may be customer data) and never says which signature part failed."""
+
+    def __init__(self, reason: Reason, detail: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason: Reason = reason
+        self.detail = detail
+
+
+class Admission:
+    """The intake limit of one process: at most `limit` deliveries in flight. A delivery
+    over it is refused at once (503 + Retry-After) instead of queueing without bound."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.in_flight = 0
+
+    def try_enter(self) -> bool:
+        if self.in_flight >= self.limit:
+            return False
+        self.in_flight += 1
+        return True
+
+    def leave(self) -> None:
+        self.in_flight -= 1
+
+
+@dataclass(frozen=True)
+class Hint:
+    """Make this obligation due: now (`delay_seconds` None) or that long after the event."""
+
+    policy: Policy
+    tenant_id: str
+    object_id: str
+    delay_seconds: float | None
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """A verified delivery and what its source's rules make of it (no hints: ignored)."""
+
+    source: str
+    webhook_id: str
+    event_type: str
+    event_at: int | None  # Unix seconds, only where the scheme signs a timestamp
+    hints: tuple[Hint, ...]
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """What a delivery did (or, for a duplicate, what the original did)."""
+
+    result: Result
+    item_ids: tuple[int, ...]
+    duplicate: bool
+
+
+# -- reading a delivery (no I/O) -------------------------------------------------------------
+
+
+def read_delivery(source: WebhookSource, policies: Policies, headers: Mapping[str, str],
+                  body: bytes, *, now_s: float) -> Delivery:
+    """Verify, parse and map one delivery; DeliveryRejected when it cannot be accepted."""
+    cfg = source.config
+    try:
+        signatures.verify(cfg.scheme, signatures.keys_for(cfg.scheme, source.secrets),
+                          headers, body, now_s=now_s, tolerance_s=cfg.tolerance_seconds,
+                          signature_header=cfg.signature_header)
+        verified_at = (int(headers["webhook-timestamp"]) if cfg.scheme == "standard"
+                       else None)
+    except signatures.SignatureRejected as exc:
+        raise DeliveryRejected(exc.reason) from None
+    payload = _parse_json(body)
+    event_type = _event_type(source, headers, payload)
+    hints = tuple(_hint(i, rule, policies, headers, payload)
+                  for i, rule in enumerate(cfg.rules) if rule.topic == event_type)
+    return Delivery(source=source.name, webhook_id=_webhook_id(source, headers, body),
+                    event_type=event_type, event_at=verified_at, hints=hints)
+
+
+def _parse_json(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        raise DeliveryRejected("malformed", "the body is not valid JSON") from None
+
+
+def _printable(value: str, limit: int) -> bool:
+    return 0 < len(value) <= limit and all(" " < c <= "~" for c in value)
+
+
+def _required_header(headers: Mapping[str, str], name: str) -> str:
+    value = headers.get(name.lower())
+    if not value:
+        raise DeliveryRejected("malformed", f"the {name} header is missing")
+    return value
+
+
+def _webhook_id(source: WebhookSource, headers: Mapping[str, str], body: bytes) -> str:
+    cfg = source.config
+    if cfg.scheme == "standard":
+        value, name = _required_header(headers, "webhook-id"), "webhook-id"
+    elif cfg.scheme == "shopify":
+        value = _required_header(headers, "X-Shopify-Webhook-Id")
+        name = "X-Shopify-Webhook-Id"
+    elif cfg.id_header:
+        value, name = _required_header(headers, cfg.id_header), cfg.id_header
+    else:
+        # no id header configured: the same body twice is the same delivery
+        return BODY_DIGEST_PREFIX + hashlib.sha256(body).hexdigest()
+    if not _printable(value, MAX_WEBHOOK_ID_CHARS):
+        raise DeliveryRejected("malformed", f"the {name} header must be 1 to "
+                                            f"{MAX_WEBHOOK_ID_CHARS} printable ASCII characters")
+    return value
+
+
+def _event_type(source: WebhookSource, headers: Mapping[str, str], payload: Any) -> str:
+    cfg = source.config
+    header = ("X-Shopify-Topic" if cfg.scheme == "shopify" else cfg.topic_header
+              if cfg.scheme == "hmac-sha256" else None)
+    if header is not None:
+        value, where = _required_header(headers, header), f"the {header} header"
+    else:
+        found = payload.get("type") if isinstance(payload, dict) else None
+        where = "the body's \"type\""
+        if not isinstance(found, str):
+            raise DeliveryRejected("malformed", f"{where} must be a string")
+        value = found
+    if not _printable(value, MAX_EVENT_TYPE_CHARS):
+        raise DeliveryRejected("malformed", f"{where} must be 1 to {MAX_EVENT_TYPE_CHARS} "
+                                            "printable ASCII characters")
+    return value
+
+
+def extract(extractor: str, headers: Mapping[str, str], payload: Any) -> str | None:
+    """A rule's `header:Name` or `body:path` value as an id string; None when absent or not
+    a string or integer."""
+    kind, _, where = extractor.partition(":")
+    if kind == "header":
+        return headers.get(where.lower()) or None
+    value = payload
+    for step in parse_body_path(where):
+        if isinstance(step, int):
+            value = value[step] if isinstance(value, list) and step < len(value) else None
+        else:
+            value = value.get(step) if isinstance(value, dict) else None
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return str(value)
+    return value if isinstance(value, str) else None
+
+
+def _hint(index: int, rule: WebhookRule, policies: Policies, headers: Mapping[str, str],
+          payload: Any) -> Hint:
+    policy = policies.policy(rule.policy)
+    assert policy is not None  # resolve_policies refuses rules naming unknown policies
+    ids: dict[str, str] = {}
+    for field, extractor in (("tenant", rule.tenant), ("object_id", rule.object_id)):
+        value = extract(extractor, headers, payload)
+        problem = ("is missing or not a string or integer" if value is None
+                   else ledger.id_problem(value))
+        if problem:
+            raise DeliveryRejected("unmappable", f"rules[{index}] (topic {rule.topic!r}): "
+                                                 f"{field} from {extractor} {problem}")
+        assert value is not None
+        ids[field] = value
+    delay = None if rule.due == "now" else parse_duration(rule.due).total_seconds()
+    return Hint(policy=policy, tenant_id=ids["tenant"], object_id=ids["object_id"],
+                delay_seconds=delay)
+
+
+# -- recording a delivery ----------------------------------------------------------------------
+
+# One statement, run outside an explicit transaction (it is atomic by itself, and saves the
+# BEGIN and COMMIT round trips):
+#  1. `existing`: the receipt of an earlier delivery with this webhook id. If there is one,
+#     nothing below writes anything and the caller answers with the original result.
+#  2. `new_scopes`: a budget row for each scope that has none yet (never an update: that
+#     would lock a row every worker takes tokens from).
+#  3. `touched`: insert each hinted item, or advance its due_at (never postpone) and release
+#     it when it is due now; only pending items change. Released without a batch, so claims
+#     take them first. A released item keeps its next_attempt_at (a backoff the upstream
+#     asked for stands). Rows that would not change are not touched and not returned.
+#  4. `notified`: wake the workers (as run publication does) when something is claimable.
+#  5. `receipt`: the receipt with the ids of the items touched. A concurrent delivery of
+#     the same id that also found no receipt fails here on webhook_receipts_once, and its
+#     whole statement (its effect included) rolls back: one effect per webhook id.
+_RECORD = text(f"""
+    WITH existing AS (
+        SELECT result, item_ids FROM webhook_receipts
+        WHERE source = :source AND webhook_id = :webhook_id
+    ),
+    hints AS (
+        SELECT h.*,
+               CASE WHEN h.delay IS NULL THEN now()
+                    ELSE coalesce(to_timestamp(CAST(:event_at AS double precision)), now())
+                         + make_interval(secs => h.delay) END AS due_at
+        FROM unnest(CAST(:tenants AS text[]), CAST(:objects AS text[]),
+                    CAST(:policies AS text[]), CAST(:versions AS integer[]),
+                    CAST(:keys AS text[]), CAST(:scopes AS text[]),
+                    CAST(:delays AS double precision[]))
+             AS h(tenant_id, object_id, policy, policy_version, operation_key, scope, delay)
+        WHERE NOT EXISTS (SELECT 1 FROM existing)
+    ),
+    new_scopes AS (
+        INSERT INTO scopes (name, rate_per_second, burst, tokens)
+        SELECT b.name, b.rate, b.burst, b.burst
+        FROM unnest(CAST(:budget_scopes AS text[]), CAST(:rates AS double precision[]),
+                    CAST(:bursts AS integer[])) AS b(name, rate, burst)
+        WHERE NOT EXISTS (SELECT 1 FROM existing)
+          AND NOT EXISTS (SELECT 1 FROM scopes s WHERE s.name = b.name)
+        ORDER BY b.name
+        ON CONFLICT (name) DO NOTHING
+    ),
+    touched AS (
+        INSERT INTO items AS i (tenant_id, object_id, policy, policy_version, operation_key,
+                                scope, due_at, released_at)
+        SELECT tenant_id, object_id, policy, policy_version, operation_key, scope, due_at,
+               CASE WHEN due_at <= now() THEN now() END
+        FROM hints
+        ORDER BY operation_key  -- one lock order for every delivery: no deadlocks
+        ON CONFLICT (tenant_id, object_id, policy, policy_version) DO UPDATE
+            SET due_at = least(i.due_at, EXCLUDED.due_at),
+                released_at = coalesce(i.released_at, EXCLUDED.released_at),
+                next_attempt_at = CASE WHEN i.released_at IS NULL
+                                       THEN least(i.next_attempt_at, now())
+                                       ELSE i.next_attempt_at END,
+                updated_at = now()
+            WHERE i.status = 'pending'
+              AND (EXCLUDED.due_at < i.due_at
+                   OR (i.released_at IS NULL AND EXCLUDED.released_at IS NOT NULL))
+        RETURNING i.id, i.released_at IS NOT NULL AS released
+    ),
+    notified AS (
+        SELECT pg_notify('{NOTIFY_CHANNEL}', '')
+        WHERE EXISTS (SELECT 1 FROM touched WHERE released)
+    ),
+    receipt AS (
+        INSERT INTO webhook_receipts (source, webhook_id, event_type, result, item_ids)
+        SELECT :source, :webhook_id, :event_type, :result,
+               coalesce((SELECT array_agg(id ORDER BY id) FROM touched), '{{}}')
+        WHERE NOT EXISTS (SELECT 1 FROM existing)
+        RETURNING item_ids
+    )
+    SELECT (SELECT item_ids FROM receipt) AS item_ids,
+           (SELECT result FROM existing) AS original_result,
+           (SELECT item_ids FROM existing) AS original_item_ids,
+           (SELECT count(*) FROM notified) AS notified
+""")  # noqa: S608 - the only interpolation is a constant channel name
+
+_ORIGINAL = text("SELECT result, item_ids FROM webhook_receipts "
+                 "WHERE source = :source AND webhook_id = :webhook_id")
+
+RECEIPT_CONSTRAINT: Final = "webhook_receipts_once"
+
+
+def _delay(hint: Hint) -> float:
+    return -1.0 if hint.delay_seconds is None else hint.delay_seconds
+
+
+def _earliest(hints: tuple[Hint, ...]) -> list[Hint]:
+    """One hint per obligation (a row can change only once per statement): the soonest."""
+    kept: dict[tuple[str, str, str], Hint] = {}
+    for hint in hints:
+        key = (hint.tenant_id, hint.object_id, hint.policy.name)
+        other = kept.get(key)
+        if other is None or _delay(hint) < _delay(other):
+            kept[key] = hint
+    return sorted(kept.values(), key=lambda h: (h.tenant_id, h.object_id, h.policy.name))
+
+
+def _params(delivery: Delivery) -> dict[str, Any]:
+    hints = _earliest(delivery.hints)
+    budgets = {h.policy.scope_for(h.tenant_id): limiter.budget_of(h.policy) for h in hints}
+    scopes = sorted(budgets)
+    return {
+        "source": delivery.source, "webhook_id": delivery.webhook_id,
+        "event_type": delivery.event_type, "event_at": delivery.event_at,
+        "result": "applied" if hints else "ignored",
+        "tenants": [h.tenant_id for h in hints], "objects": [h.object_id for h in hints],
+        "policies": [h.policy.name for h in hints],
+        "versions": [h.policy.version for h in hints],
+        "keys": [ledger.operation_key(h.tenant_id, h.object_id, h.policy.name,
+                                      h.policy.version) for h in hints],
+        "scopes": [h.policy.scope_for(h.tenant_id) for h in hints],
+        "delays": [h.delay_seconds for h in hints],
+        "budget_scopes": scopes, "rates": [budgets[s][0] for s in scopes],
+        "bursts": [budgets[s][1] for s in scopes],
+    }
+
+
+async def record(engine: AsyncEngine, delivery: Delivery) -> Receipt:
+    """Apply a delivery exactly once per (source, webhook id) and return its receipt; a
+    duplicate changes nothing and returns the original's. Committed when this returns."""
+    params = _params(delivery)
+    autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
+    try:
+        async with autocommit.connect() as conn:
+            row = (await conn.execute(_RECORD, params)).one()
+    except IntegrityError as exc:
+        if RECEIPT_CONSTRAINT not in str(exc.orig):
+            raise
+        # lost a race with a concurrent delivery of the same id: its receipt is committed
+        async with autocommit.connect() as conn:
+            original = (await conn.execute(_ORIGINAL, params)).one()
+        return Receipt(result=original.result, item_ids=tuple(original.item_ids),
+                       duplicate=True)
+    if row.original_result is not None:
+        return Receipt(result=row.original_result, item_ids=tuple(row.original_item_ids),
+                       duplicate=True)
+    return Receipt(result=params["result"], item_ids=tuple(row.item_ids), duplicate=False)
