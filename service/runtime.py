@@ -12,7 +12,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.metrics import Exporter
 from service.policies import Policies
 from service.settings import Settings
-from service.webhooks import Admission
 
 
 def _digest(token: str) -> bytes:
@@ -51,12 +50,6 @@ class Runtime:
     schema_head: str
     exporter: Exporter
     publisher_wake: asyncio.Event = field(default_factory=asyncio.Event)
-    webhook_admission: Admission = field(init=False)
-
-    def __post_init__(self) -> None:
-        # the intake limit belongs to the process, sized by its settings
-        object.__setattr__(self, "webhook_admission",
-                           Admission(self.settings.webhook_max_in_flight))
 
     def wake_publisher(self) -> None:
         """Ask this process's publisher to look for runs now rather than at its next poll."""

@@ -56,6 +56,9 @@ class Settings(BaseSettings):
     webhook_max_in_flight: int = Field(
         default=64, ge=1, le=100_000,
         description="webhook deliveries one process handles at once; more get 503")
+    webhook_db_pool_size: int = Field(
+        default=4, ge=1, le=200,
+        description="connections of the webhook intake's own pool (besides db_pool_size)")
     migrate_on_start: bool = True
     shutdown_grace_seconds: float = Field(default=20.0, ge=0, le=600)
     tls_cert_file: Path | None = Field(default=None, description="serve HTTPS with this PEM")

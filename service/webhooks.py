@@ -22,18 +22,18 @@ Errors, each with a reason from the closed set metrics use:
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from sqlalchemy import text
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncEngine
+import asyncpg
 
 from service import ledger, limiter, signatures
 from service.claims import NOTIFY_CHANNEL
+from service.db.engine import CONNECT_TIMEOUT_SECONDS
 from service.policies import (
     Policies,
     Policy,
@@ -42,6 +42,7 @@ from service.policies import (
     parse_body_path,
     parse_duration,
 )
+from service.settings import Settings
 
 Reason = Literal["signature", "timestamp", "malformed", "unmappable", "too-large",
                  "overloaded", "unavailable"]
@@ -50,6 +51,7 @@ Result = Literal["applied", "ignored"]
 MAX_WEBHOOK_ID_CHARS: Final = 512
 MAX_EVENT_TYPE_CHARS: Final = 200
 BODY_DIGEST_PREFIX: Final = "sha256:"
+INTAKE_APPLICATION_NAME: Final = "sweeper-webhooks"
 
 
 class DeliveryRejected(Exception):
@@ -62,22 +64,44 @@ class DeliveryRejected(Exception):
         self.detail = detail
 
 
-class Admission:
-    """The intake limit of one process: at most `limit` deliveries in flight. A delivery
-    over it is refused at once (503 + Retry-After) instead of queueing without bound."""
+class Intake:
+    """A process's webhook intake: the in-flight limit, and a small connection pool of its
+    own (asyncpg, opened on first use). A delivery over the limit is refused at once (503 +
+    Retry-After) instead of queueing without bound. The own pool means busy workers never
+    starve intake nor intake the workers, and a delivery costs one round trip: no pre-ping,
+    no BEGIN or COMMIT (a connection gone stale fails its statement, the sender gets a 503
+    and retries, and the pool replaces the connection)."""
 
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
+    def __init__(self) -> None:
         self.in_flight = 0
+        self._pool: Any = None
+        self._opening = asyncio.Lock()
 
-    def try_enter(self) -> bool:
-        if self.in_flight >= self.limit:
+    def try_enter(self, limit: int) -> bool:
+        if self.in_flight >= limit:
             return False
         self.in_flight += 1
         return True
 
     def leave(self) -> None:
         self.in_flight -= 1
+
+    async def pool(self, dsn: str, settings: Settings) -> Any:
+        """The intake's asyncpg pool on `dsn` (a plain postgresql:// URL)."""
+        if self._pool is None:
+            async with self._opening:
+                if self._pool is None:
+                    self._pool = await asyncpg.create_pool(
+                        dsn, min_size=0, max_size=settings.webhook_db_pool_size,
+                        timeout=CONNECT_TIMEOUT_SECONDS, server_settings={
+                            "application_name": INTAKE_APPLICATION_NAME,
+                            "statement_timeout": str(settings.db_statement_timeout_ms)})
+        return self._pool
+
+    async def aclose(self) -> None:
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            await pool.close()
 
 
 @dataclass(frozen=True)
@@ -227,8 +251,7 @@ def _hint(index: int, rule: WebhookRule, policies: Policies, headers: Mapping[st
 
 # -- recording a delivery ----------------------------------------------------------------------
 
-# One statement, run outside an explicit transaction (it is atomic by itself, and saves the
-# BEGIN and COMMIT round trips):
+# One statement, outside an explicit transaction: atomic by itself, in one round trip.
 #  1. `existing`: the receipt of an earlier delivery with this webhook id. If there is one,
 #     nothing below writes anything and the caller answers with the original result.
 #  2. `new_scopes`: a budget row for each scope that has none yet (never an update: that
@@ -241,28 +264,28 @@ def _hint(index: int, rule: WebhookRule, policies: Policies, headers: Mapping[st
 #  5. `receipt`: the receipt with the ids of the items touched. A concurrent delivery of
 #     the same id that also found no receipt fails here on webhook_receipts_once, and its
 #     whole statement (its effect included) rolls back: one effect per webhook id.
-_RECORD = text(f"""
+_RECORD: Final = f"""
     WITH existing AS (
         SELECT result, item_ids FROM webhook_receipts
-        WHERE source = :source AND webhook_id = :webhook_id
+        WHERE source = $1 AND webhook_id = $2
     ),
     hints AS (
         SELECT h.*,
                CASE WHEN h.delay IS NULL THEN now()
-                    ELSE coalesce(to_timestamp(CAST(:event_at AS double precision)), now())
+                    ELSE coalesce(to_timestamp(CAST($4 AS double precision)), now())
                          + make_interval(secs => h.delay) END AS due_at
-        FROM unnest(CAST(:tenants AS text[]), CAST(:objects AS text[]),
-                    CAST(:policies AS text[]), CAST(:versions AS integer[]),
-                    CAST(:keys AS text[]), CAST(:scopes AS text[]),
-                    CAST(:delays AS double precision[]))
+        FROM unnest(CAST($6 AS text[]), CAST($7 AS text[]),
+                    CAST($8 AS text[]), CAST($9 AS integer[]),
+                    CAST($10 AS text[]), CAST($11 AS text[]),
+                    CAST($12 AS double precision[]))
              AS h(tenant_id, object_id, policy, policy_version, operation_key, scope, delay)
         WHERE NOT EXISTS (SELECT 1 FROM existing)
     ),
     new_scopes AS (
         INSERT INTO scopes (name, rate_per_second, burst, tokens)
         SELECT b.name, b.rate, b.burst, b.burst
-        FROM unnest(CAST(:budget_scopes AS text[]), CAST(:rates AS double precision[]),
-                    CAST(:bursts AS integer[])) AS b(name, rate, burst)
+        FROM unnest(CAST($13 AS text[]), CAST($14 AS double precision[]),
+                    CAST($15 AS integer[])) AS b(name, rate, burst)
         WHERE NOT EXISTS (SELECT 1 FROM existing)
           AND NOT EXISTS (SELECT 1 FROM scopes s WHERE s.name = b.name)
         ORDER BY b.name
@@ -274,7 +297,7 @@ _RECORD = text(f"""
         SELECT tenant_id, object_id, policy, policy_version, operation_key, scope, due_at,
                CASE WHEN due_at <= now() THEN now() END
         FROM hints
-        ORDER BY operation_key  -- one lock order for every delivery: no deadlocks
+        ORDER BY operation_key  -- one lock order for every delivery (no deadlocks)
         ON CONFLICT (tenant_id, object_id, policy, policy_version) DO UPDATE
             SET due_at = least(i.due_at, EXCLUDED.due_at),
                 released_at = coalesce(i.released_at, EXCLUDED.released_at),
@@ -293,7 +316,7 @@ _RECORD = text(f"""
     ),
     receipt AS (
         INSERT INTO webhook_receipts (source, webhook_id, event_type, result, item_ids)
-        SELECT :source, :webhook_id, :event_type, :result,
+        SELECT $1, $2, $3, $5,
                coalesce((SELECT array_agg(id ORDER BY id) FROM touched), '{{}}')
         WHERE NOT EXISTS (SELECT 1 FROM existing)
         RETURNING item_ids
@@ -302,10 +325,13 @@ _RECORD = text(f"""
            (SELECT result FROM existing) AS original_result,
            (SELECT item_ids FROM existing) AS original_item_ids,
            (SELECT count(*) FROM notified) AS notified
-""")  # noqa: S608 - the only interpolation is a constant channel name
+"""  # noqa: S608 - the only interpolation is a constant channel name
+_RECORD_PARAMS: Final = ("source", "webhook_id", "event_type", "event_at", "result", "tenants",
+                         "objects", "policies", "versions", "keys", "scopes", "delays",
+                         "budget_scopes", "rates", "bursts")
 
-_ORIGINAL = text("SELECT result, item_ids FROM webhook_receipts "
-                 "WHERE source = :source AND webhook_id = :webhook_id")
+_ORIGINAL: Final = ("SELECT result, item_ids FROM webhook_receipts "
+                    "WHERE source = $1 AND webhook_id = $2")
 
 RECEIPT_CONSTRAINT: Final = "webhook_receipts_once"
 
@@ -345,23 +371,25 @@ def _params(delivery: Delivery) -> dict[str, Any]:
     }
 
 
-async def record(engine: AsyncEngine, delivery: Delivery) -> Receipt:
+async def record(pool: Any, delivery: Delivery, *, acquire_timeout_s: float = 5.0
+                 ) -> Receipt:
     """Apply a delivery exactly once per (source, webhook id) and return its receipt; a
-    duplicate changes nothing and returns the original's. Committed when this returns."""
+    duplicate changes nothing and returns the original's. Committed when this returns.
+    `pool` is an asyncpg pool (the intake's); TimeoutError when no connection frees up
+    within `acquire_timeout_s`."""
     params = _params(delivery)
-    autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
-    try:
-        async with autocommit.connect() as conn:
-            row = (await conn.execute(_RECORD, params)).one()
-    except IntegrityError as exc:
-        if RECEIPT_CONSTRAINT not in str(exc.orig):
-            raise
-        # lost a race with a concurrent delivery of the same id: its receipt is committed
-        async with autocommit.connect() as conn:
-            original = (await conn.execute(_ORIGINAL, params)).one()
-        return Receipt(result=original.result, item_ids=tuple(original.item_ids),
-                       duplicate=True)
-    if row.original_result is not None:
-        return Receipt(result=row.original_result, item_ids=tuple(row.original_item_ids),
-                       duplicate=True)
-    return Receipt(result=params["result"], item_ids=tuple(row.item_ids), duplicate=False)
+    async with pool.acquire(timeout=acquire_timeout_s) as conn:
+        try:
+            row = await conn.fetchrow(_RECORD, *(params[name] for name in _RECORD_PARAMS))
+        except asyncpg.UniqueViolationError as exc:
+            if exc.constraint_name != RECEIPT_CONSTRAINT:
+                raise
+            # lost a race with a concurrent delivery of the same id, whose receipt is
+            # committed by now (the unique index waited for it)
+            original = await conn.fetchrow(_ORIGINAL, delivery.source, delivery.webhook_id)
+            return Receipt(result=original["result"], item_ids=tuple(original["item_ids"]),
+                           duplicate=True)
+    if row["original_result"] is not None:
+        return Receipt(result=row["original_result"],
+                       item_ids=tuple(row["original_item_ids"]), duplicate=True)
+    return Receipt(result=params["result"], item_ids=tuple(row["item_ids"]), duplicate=False)

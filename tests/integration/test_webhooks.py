@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 from sqlalchemy import text
@@ -365,7 +366,7 @@ async def test_concurrent_duplicates_have_one_effect(hooks: httpx.AsyncClient,
     assert item.released_at is not None
 
 
-async def test_losing_a_race_rolls_the_effect_back(engine: AsyncEngine) -> None:
+async def test_losing_a_race_rolls_the_effect_back(db_url: str, engine: AsyncEngine) -> None:
     """A delivery that finds no receipt, but whose id is committed by another transaction
     while it runs, answers with the winner's receipt and leaves no trace of its own."""
     policies = make_policies()
@@ -378,11 +379,13 @@ async def test_losing_a_race_rolls_the_effect_back(engine: AsyncEngine) -> None:
             "INSERT INTO webhook_receipts (source, webhook_id, event_type, result, item_ids) "
             "VALUES ('shopify', :id, 'orders/cancelled', 'applied', '{123}')"),
             {"id": delivery.webhook_id})
-        loser = asyncio.create_task(webhooks.record(engine, delivery))
+        pool = await asyncpg.create_pool(db_url, min_size=1, max_size=1)
+        loser = asyncio.create_task(webhooks.record(pool, delivery))
         await asyncio.sleep(0.3)  # the loser now waits on the receipt's unique index
         assert not loser.done()
         await winner.commit()
-    receipt = await loser
+        receipt = await loser
+        await pool.close()
     assert receipt == webhooks.Receipt(result="applied", item_ids=(123,), duplicate=True)
     async with engine.connect() as conn:
         assert (await conn.execute(text("SELECT count(*) FROM items"))).scalar() == 0
