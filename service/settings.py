@@ -57,7 +57,7 @@ class Settings(BaseSettings):
         default=64, ge=1, le=100_000,
         description="webhook deliveries one process handles at once; more get 503")
     webhook_db_pool_size: int = Field(
-        default=4, ge=1, le=200,
+        default=8, ge=1, le=200,
         description="connections of the webhook intake's own pool (besides db_pool_size)")
     migrate_on_start: bool = True
     shutdown_grace_seconds: float = Field(default=20.0, ge=0, le=600)

@@ -123,6 +123,8 @@ async def receive_webhook(request: Request, source: str) -> JSONResponse:
             "unavailable", "the database cannot be reached; retry later")) from None
     finally:
         intake.leave()
+    if receipt.released:
+        intake.wake_workers()
     result = "duplicate" if receipt.duplicate else (
         "accepted" if receipt.result == "applied" else "ignored")
     metrics.WEBHOOKS.labels(source, result, "" if result != "ignored" else "no-rule").inc()

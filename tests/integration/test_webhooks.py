@@ -457,3 +457,25 @@ async def test_hint_drains_through_the_workers_without_a_run(db_url: str,
         assert (await conn.execute(text("SELECT count(*) FROM runs"))).scalar() == 0
         item = (await conn.execute(text("SELECT id, due_at FROM items"))).one()
     assert item.due_at < far and answer.json()["item_ids"] == [item.id]
+
+
+async def test_releases_wake_the_workers_after_the_commit(hooks: httpx.AsyncClient,
+                                                          db_url: str) -> None:
+    listener = await asyncpg.connect(db_url)
+    heard: asyncio.Queue[str] = asyncio.Queue()
+    await listener.add_listener("sweeper_released", lambda *args: heard.put_nowait(args[2]))
+    try:
+        later = await post(hooks, "std", standard(
+            {"type": "cart.abandoned", "data": {"shop": "acme", "id": "later"}}))
+        assert later.status_code == 202
+        now = await post(hooks, "std", standard(
+            {"type": "order.cancelled", "data": {"shop": "acme", "id": "now"}}))
+        assert now.status_code == 202
+        async with asyncio.timeout(5):
+            await heard.get()
+        # the notification came after the commit: the released item is there to claim
+        released = await listener.fetchval(
+            "SELECT count(*) FROM items WHERE released_at IS NOT NULL")
+        assert released == 1
+    finally:
+        await listener.close()
