@@ -23,7 +23,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import drain
+from bench import drain, webhooks
 from bench.common import (
     BenchContext,
     Benchmark,
@@ -34,7 +34,7 @@ from bench.common import (
     utc_now,
 )
 
-BENCHMARKS: tuple[Benchmark, ...] = (drain.BENCHMARK,)
+BENCHMARKS: tuple[Benchmark, ...] = (drain.BENCHMARK, webhooks.BENCHMARK)
 
 
 def add_common(parser: argparse.ArgumentParser) -> None:

@@ -82,3 +82,25 @@ def test_drain_benchmark_smoke(pg_server_url: str, tmp_path: Path,
     assert "error" not in explain["complete_half_drained"]
     assert any("Insert on attempts" in line
                for line in explain["complete_half_drained"]["generic"])
+
+
+def test_webhooks_benchmark_smoke(pg_server_url: str, tmp_path: Path) -> None:
+    """`python -m bench webhooks` for about a second: a real `sweeper serve` process takes
+    signed deliveries, and every 202 left one receipt and one released item behind."""
+    out = tmp_path / "webhooks.json"
+    assert bench_main([
+        "webhooks", "--seconds", "1", "--warmup-seconds", "0.2", "--repeat", "1",
+        "--concurrency", "4", "--scheme", "shopify", "--database-url", pg_server_url,
+        "--json-out", str(out)]) == 0
+    doc: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
+    assert doc["machine"]["cpu_count"] >= 1
+    section = doc["benchmarks"]["webhooks"]
+    assert section["parameters"]["scheme"] == "shopify"
+    assert section["parameters"]["concurrency"] == [4]
+    cell = section["results"]["4"]
+    assert cell["accepted_per_s"]["median"] > 0
+    [rep] = cell["repetitions"]
+    assert set(rep["statuses"]) == {"202"}
+    assert rep["db_consistent"] is True and rep["db_receipts"] >= rep["statuses"]["202"]
+    assert 0 < rep["latency_ms"]["p50"] <= rep["latency_ms"]["p99"] <= rep["latency_ms"]["max"]
+    assert set(section["target"]) >= {"accepted_per_s", "p99_ms_below", "met"}
