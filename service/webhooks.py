@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 import asyncpg
+from sqlalchemy.engine import URL
 
 from service import ledger, limiter, signatures
 from service.claims import NOTIFY_CHANNEL
@@ -91,11 +92,13 @@ class Intake:
     def leave(self) -> None:
         self.in_flight -= 1
 
-    async def pool(self, dsn: str, settings: Settings) -> Any:
-        """The intake's asyncpg pool on `dsn` (a plain postgresql:// URL)."""
+    async def pool(self, url: URL, settings: Settings) -> Any:
+        """The intake's asyncpg pool on the database `url` names (any driver suffix)."""
         if self._pool is None:
             async with self._opening:
                 if self._pool is None:
+                    dsn = url.set(drivername="postgresql").render_as_string(
+                        hide_password=False)
                     self._pool = await asyncpg.create_pool(
                         dsn, min_size=0, max_size=settings.webhook_db_pool_size,
                         timeout=CONNECT_TIMEOUT_SECONDS, server_settings={

@@ -104,7 +104,7 @@ async def receive_webhook(request: Request, source: str) -> JSONResponse:
         body = await _read_body(request, configured.config.max_body_bytes)
         delivery = webhooks.read_delivery(configured, runtime.policies, request.headers, body,
                                           now_s=time.time())
-        pool = await intake.pool(_dsn(runtime), runtime.settings)
+        pool = await intake.pool(runtime.engine.url, runtime.settings)
         try:
             receipt = await webhooks.record(
                 pool, delivery, acquire_timeout_s=runtime.settings.db_pool_timeout_seconds)
@@ -134,12 +134,6 @@ async def receive_webhook(request: Request, source: str) -> JSONResponse:
     return JSONResponse({"result": receipt.result, "duplicate": receipt.duplicate,
                          "webhook_id": delivery.webhook_id,
                          "item_ids": list(receipt.item_ids)}, status_code=status)
-
-
-def _dsn(runtime: Runtime) -> str:
-    """The service's database as a plain postgresql:// URL for asyncpg."""
-    url = runtime.engine.url.set(drivername="postgresql")
-    return url.render_as_string(hide_password=False)
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
