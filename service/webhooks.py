@@ -415,6 +415,12 @@ async def record(pool: Any, delivery: Delivery, *, acquire_timeout_s: float = 5.
     async with pool.acquire(timeout=acquire_timeout_s) as conn:
         try:
             row = await conn.fetchrow(_RECORD, *(params[name] for name in _RECORD_PARAMS))
+        except asyncpg.CheckViolationError:
+            # an id read_delivery let through but a ledger constraint refuses (e.g. a
+            # tenant whose limiter scope passes 512 bytes): bad input, a 422
+            raise DeliveryRejected("unmappable", "a tenant or object id the ledger refuses "
+                                                 "(e.g. too long for its limiter scope)"
+                                   ) from None
         except asyncpg.UniqueViolationError as exc:
             if exc.constraint_name != RECEIPT_CONSTRAINT:
                 raise

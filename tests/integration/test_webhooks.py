@@ -24,7 +24,7 @@ from standardwebhooks import Webhook
 
 from service import ledger, metrics, webhooks
 from service.policies import Policies
-from tests.conftest import LiveServer, policies_from, test_settings
+from tests.conftest import LiveServer, free_port, policies_from, test_settings
 from tests.fakes.upstream import FakeUpstream
 
 STD_SECRET = "whsec_" + base64.b64encode(b"standard-secret-0123456789abcdef").decode()
@@ -479,3 +479,26 @@ async def test_releases_wake_the_workers_after_the_commit(hooks: httpx.AsyncClie
         assert released == 1
     finally:
         await listener.close()
+
+
+async def test_ids_the_ledger_refuses_are_a_422(hooks: httpx.AsyncClient,
+                                                engine: AsyncEngine) -> None:
+    before = await tables(engine)
+    long_shop = shopify("orders/cancelled", {"id": 1})
+    long_shop[1]["X-Shopify-Shop-Domain"] = "s" * 510  # a valid id, but its scope is not
+    answer = await post(hooks, "shopify", long_shop)
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["type"] == "urn:sweeper:problem:unmappable-webhook"
+    assert await tables(engine) == before
+
+
+async def test_an_unreachable_database_is_a_503(db_url: str) -> None:
+    closed = f"postgresql://postgres@127.0.0.1:{free_port()}/nowhere"
+    async with LiveServer(test_settings(closed), make_policies(), closed) as live:
+        async with httpx.AsyncClient(base_url=live.base_url, timeout=20) as client:
+            before = counted("shopify", "rejected", "unavailable")
+            answer = await post(client, "shopify", shopify("orders/cancelled", {"id": 1}))
+    assert answer.status_code == 503, answer.text
+    assert answer.headers["retry-after"] == "2"
+    assert answer.json()["type"] == "urn:sweeper:problem:database-unavailable"
+    assert counted("shopify", "rejected", "unavailable") == before + 1
