@@ -198,6 +198,20 @@ async def serve(db_url: str, scheme: str, log_level: str, workdir: Path
                 await proc.wait()
 
 
+async def _intake_backend_cpu(db_url: str, db_name: str) -> float | None:
+    """CPU seconds of the PostgreSQL backends serving the intake pool (same machine only)."""
+    conn = await asyncpg.connect(plain_url(db_url))
+    try:
+        pids = await conn.fetch("SELECT pid FROM pg_stat_activity WHERE datname = $1 "
+                                "AND application_name = 'sweeper-webhooks'", db_name)
+    finally:
+        await conn.close()
+    try:
+        return sum(_cpu_seconds(r["pid"]) for r in pids)
+    except OSError:  # another machine's (or container's) server: not visible here
+        return None
+
+
 # -- one measurement ------------------------------------------------------------------------
 
 
@@ -260,6 +274,7 @@ async def repetition(ctx: BenchContext, args: argparse.Namespace, concurrency: i
                 result = await load(port, requests, concurrency, args.seconds,
                                     args.warmup_seconds)
                 server_cpu = _cpu_seconds(pid) - cpu_before
+                backend_cpu = await _intake_backend_cpu(db.url, db.name)
         conn = await asyncpg.connect(plain_url(db.url))
         try:
             receipts = await conn.fetchval("SELECT count(*) FROM webhook_receipts")
@@ -272,6 +287,11 @@ async def repetition(ctx: BenchContext, args: argparse.Namespace, concurrency: i
         "concurrency": concurrency, "load_average_1m_at_start": round(load_avg, 2),
         # the server's CPU covers the warm-up too: per delivery over every answer it sent
         "server_cpu_seconds": round(server_cpu, 3),
+        # CPU per delivery is what a busy shared machine distorts least: the server process,
+        # and the PostgreSQL backends of its intake pool (since they connected)
+        "server_cpu_us_per_delivery": round(server_cpu / receipts * 1e6) if receipts else None,
+        "postgres_intake_cpu_us_per_delivery": (round(backend_cpu / receipts * 1e6)
+                                                if receipts and backend_cpu else None),
         "db_receipts": receipts, "db_released_items": items,
         # every 202 left exactly one receipt and one released item behind (warm-up included)
         "db_consistent": receipts == items and receipts >= result["statuses"].get("202", 0),
@@ -292,6 +312,10 @@ async def run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
     results = {c: {"accepted_per_s": summarize([r["accepted_per_s"] for r in rows]),
                    "p50_ms": summarize([r["latency_ms"]["p50"] or 0 for r in rows]),
                    "p99_ms": summarize([r["latency_ms"]["p99"] or 0 for r in rows]),
+                   "server_cpu_us_per_delivery": summarize(
+                       [r["server_cpu_us_per_delivery"] or 0 for r in rows]),
+                   "postgres_intake_cpu_us_per_delivery": summarize(
+                       [r["postgres_intake_cpu_us_per_delivery"] or 0 for r in rows]),
                    "repetitions": rows} for c, rows in reps.items()}
     met = [(cell["accepted_per_s"]["median"] or 0, int(c)) for c, cell in results.items()
            if (cell["accepted_per_s"]["median"] or 0) >= TARGET_PER_S
@@ -315,7 +339,9 @@ async def run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
     for c, cell in results.items():
         a = cell["accepted_per_s"]
         lines.append(f"  c={c:<4} {a['median']:>8.1f}/s  p50 {cell['p50_ms']['median']} ms"
-                     f"  p99 {cell['p99_ms']['median']} ms  ({a['min']}-{a['max']})")
+                     f"  p99 {cell['p99_ms']['median']} ms  ({a['min']}-{a['max']})  cpu/delivery"
+                     f" server {cell['server_cpu_us_per_delivery']['median']} us, postgres "
+                     f"{cell['postgres_intake_cpu_us_per_delivery']['median']} us")
     lines.append(f"  target >= {TARGET_PER_S:.0f}/s with p99 < {TARGET_P99_MS:.0f} ms: "
                  f"{'met at c=' + str(doc['target']['met_at_concurrency']) if met else 'NOT met'}")
     progress("\n".join(lines))

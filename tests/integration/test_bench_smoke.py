@@ -103,4 +103,5 @@ def test_webhooks_benchmark_smoke(pg_server_url: str, tmp_path: Path) -> None:
     assert set(rep["statuses"]) == {"202"}
     assert rep["db_consistent"] is True and rep["db_receipts"] >= rep["statuses"]["202"]
     assert 0 < rep["latency_ms"]["p50"] <= rep["latency_ms"]["p99"] <= rep["latency_ms"]["max"]
+    assert rep["server_cpu_us_per_delivery"] > 0
     assert set(section["target"]) >= {"accepted_per_s", "p99_ms_below", "met"}
