@@ -101,7 +101,8 @@ class Intake:
                         hide_password=False)
                     self._pool = await asyncpg.create_pool(
                         dsn, min_size=0, max_size=settings.webhook_db_pool_size,
-                        timeout=CONNECT_TIMEOUT_SECONDS, server_settings={
+                        timeout=CONNECT_TIMEOUT_SECONDS, reset=_keep_session,
+                        server_settings={
                             "application_name": INTAKE_APPLICATION_NAME,
                             "statement_timeout": str(settings.db_statement_timeout_ms)})
         return self._pool
@@ -133,6 +134,13 @@ class Intake:
         if self._pool is not None:
             pool, self._pool = self._pool, None
             await pool.close()
+
+
+async def _keep_session(_conn: Any) -> None:
+    """Release without asyncpg's default session reset (advisory unlock, CLOSE ALL,
+    UNLISTEN, RESET ALL: a round trip per delivery, measured at an eighth of the intake's
+    CPU): intake connections take no locks, cursors, listeners or settings. asyncpg still
+    rolls back a transaction left open."""
 
 
 @dataclass(frozen=True)
