@@ -18,6 +18,7 @@ from service import metrics, webhooks
 from service.api.problems import ProblemDetails
 from service.db.engine import is_unavailable
 from service.errors import Problem
+from service.intake import Intake, record
 from service.runtime import Runtime
 from service.webhooks import DeliveryRejected, Reason
 
@@ -41,7 +42,7 @@ _UNAUTHENTIC_DETAIL: Final = "the delivery could not be authenticated"
 async def _intake_lifespan(_app: Any) -> AsyncIterator[dict[str, Any]]:
     """Nested in the app's lifespan by include_router: the intake (and its pool, if one was
     opened) lives and closes with the app."""
-    intake = webhooks.Intake()
+    intake = Intake()
     try:
         yield {"webhook_intake": intake}
     finally:
@@ -92,7 +93,7 @@ async def receive_webhook(request: Request, source: str) -> JSONResponse:
     # straight from the lifespan state: the shared (sync) dependency would cost a thread-pool
     # round trip on the hottest write path
     runtime: Runtime = request.state.runtime
-    intake: webhooks.Intake = request.state.webhook_intake
+    intake: Intake = request.state.webhook_intake
     configured = runtime.policies.webhooks.get(source)
     if configured is None:
         raise Problem(404, "webhook-source-not-found", "Unknown webhook source",
@@ -106,7 +107,7 @@ async def receive_webhook(request: Request, source: str) -> JSONResponse:
                                           now_s=time.time())
         pool = await intake.pool(runtime.engine.url, runtime.settings)
         try:
-            receipt = await webhooks.record(
+            receipt = await record(
                 pool, delivery, acquire_timeout_s=runtime.settings.db_pool_timeout_seconds)
         except TimeoutError:
             # asyncpg's acquire timeout; a connect timeout is "unavailable" below

@@ -22,7 +22,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 from standardwebhooks import Webhook
 
-from service import ledger, metrics, webhooks
+from service import intake, ledger, metrics, webhooks
 from service.policies import Policies
 from tests.conftest import LiveServer, free_port, policies_from, test_settings
 from tests.fakes.upstream import FakeUpstream
@@ -380,13 +380,13 @@ async def test_losing_a_race_rolls_the_effect_back(db_url: str, engine: AsyncEng
             "VALUES ('shopify', :id, 'orders/cancelled', 'applied', '{123}')"),
             {"id": delivery.webhook_id})
         pool = await asyncpg.create_pool(db_url, min_size=1, max_size=1)
-        loser = asyncio.create_task(webhooks.record(pool, delivery))
+        loser = asyncio.create_task(intake.record(pool, delivery))
         await asyncio.sleep(0.3)  # the loser now waits on the receipt's unique index
         assert not loser.done()
         await winner.commit()
         receipt = await loser
         await pool.close()
-    assert receipt == webhooks.Receipt(result="applied", item_ids=(123,), duplicate=True)
+    assert receipt == intake.Receipt(result="applied", item_ids=(123,), duplicate=True)
     async with engine.connect() as conn:
         assert (await conn.execute(text("SELECT count(*) FROM items"))).scalar() == 0
         assert (await conn.execute(text("SELECT count(*) FROM scopes"))).scalar() == 0
