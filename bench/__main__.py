@@ -23,7 +23,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import budget, drain, publication, registration
+from bench import budget, drain, publication, registration, webhooks
 from bench.common import (
     BenchContext,
     Benchmark,
@@ -35,7 +35,7 @@ from bench.common import (
 )
 
 BENCHMARKS: tuple[Benchmark, ...] = (drain.BENCHMARK, budget.BENCHMARK, registration.BENCHMARK,
-                                      publication.BENCHMARK)
+                                      publication.BENCHMARK, webhooks.BENCHMARK)
 
 
 def add_common(parser: argparse.ArgumentParser) -> None:

@@ -24,6 +24,7 @@ from service.api import metrics as metrics_api
 from service.api import policies as policies_api
 from service.api import runs as runs_routes
 from service.api import scopes as scopes_routes
+from service.api import webhooks as webhooks_routes
 from service.api.deps import reject_unknown_query
 from service.api.problems import install_problem_handlers
 from service.db.engine import is_unavailable, make_engine
@@ -165,5 +166,6 @@ def create_app(
     app.include_router(items.router, dependencies=strict_query)
     app.include_router(runs_routes.router, dependencies=strict_query)
     app.include_router(scopes_routes.router, dependencies=strict_query)
+    app.include_router(webhooks_routes.router)
     app.add_middleware(RequestLog)
     return app
