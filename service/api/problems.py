@@ -62,7 +62,7 @@ class ProblemDetails(BaseModel):
 
 
 _SCHEMA_REF = "#/components/schemas/{model}"
-_RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before retrying",
+RETRY_AFTER_HEADER = {"Retry-After": {"description": "seconds to wait before retrying",
                                 "schema": {"type": "integer", "minimum": 0}}}
 # Every error answer a route may declare: a description and the headers it carries.
 _DECLARED: dict[int, tuple[str, dict[str, Any]]] = {
@@ -76,22 +76,25 @@ _DECLARED: dict[int, tuple[str, dict[str, Any]]] = {
     422: ("the request is not valid: each failing location and rule is named, never the "
           "value (`validation-error`, `unknown-policy`, `empty-selection`)", {}),
     503: ("the ledger database is unreachable or busy (`database-unavailable`), or the "
-          "schema is not at this build's head (`schema-not-at-head`)", _RETRY_AFTER),
+          "schema is not at this build's head (`schema-not-at-head`)", RETRY_AFTER_HEADER),
 }
 
 
 def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI `responses` declaring the problem+json answers a route can give; routers
     pass this instead of repeating the declarations."""
-    declared: dict[int | str, dict[str, Any]] = {}
-    for status in statuses:
-        description, headers = _DECLARED[status]
-        schema = {"$ref": _SCHEMA_REF.format(model=ProblemDetails.__name__)}
-        declared[status] = {"description": description,
-                            "content": {PROBLEM_MEDIA_TYPE: {"schema": schema}}}
-        if headers:
-            declared[status]["headers"] = headers
-    return declared
+    return {status: problem_doc(*_DECLARED[status]) for status in statuses}
+
+
+def problem_doc(description: str, headers: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One declared problem+json answer, for routes whose errors read differently from the
+    operator API's (the webhook intake)."""
+    schema = {"$ref": _SCHEMA_REF.format(model=ProblemDetails.__name__)}
+    doc: dict[str, Any] = {"description": description,
+                           "content": {PROBLEM_MEDIA_TYPE: {"schema": schema}}}
+    if headers:
+        doc["headers"] = headers
+    return doc
 
 
 def _document_problems(app: FastAPI) -> None:

@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 from starlette.requests import ClientDisconnect
 
 from service import metrics, webhooks
-from service.api.problems import ProblemDetails
+from service.api.problems import RETRY_AFTER_HEADER, problem_doc
 from service.db.engine import is_unavailable
 from service.errors import Problem
 from service.intake import Intake, record
@@ -50,16 +50,14 @@ async def _intake_lifespan(_app: Any) -> AsyncIterator[dict[str, Any]]:
 
 
 router = APIRouter(prefix="/v1", tags=["webhooks"], lifespan=_intake_lifespan, responses={
-    400: {"model": ProblemDetails, "description": "body is not JSON, or a header the scheme "
-                                                  "needs (id, topic) is missing"},
-    401: {"model": ProblemDetails, "description": "signature missing or not valid, or the "
-                                                  "timestamp is outside the replay window"},
-    404: {"model": ProblemDetails, "description": "no such webhook source"},
-    413: {"model": ProblemDetails, "description": "body over the source's max_body_bytes"},
-    422: {"model": ProblemDetails, "description": "a matching rule found no valid tenant or "
-                                                  "object id"},
-    503: {"model": ProblemDetails, "description": "intake closed (limit reached or database "
-                                                  "busy); retry after Retry-After seconds"}})
+    400: problem_doc("body is not JSON, or a header the scheme needs (id, topic) is missing"),
+    401: problem_doc("signature missing or not valid, or the timestamp is outside the replay "
+                     "window (one answer for all: nothing tells which part failed)"),
+    404: problem_doc("no such webhook source"),
+    413: problem_doc("body over the source's max_body_bytes"),
+    422: problem_doc("a matching rule found no valid tenant or object id"),
+    503: problem_doc("intake closed (limit reached or database busy); retry after "
+                     "Retry-After seconds", RETRY_AFTER_HEADER)})
 
 
 class WebhookAnswer(BaseModel):
@@ -80,7 +78,15 @@ _BODY_DOC: Final[dict[str, Any]] = {"requestBody": {
                    "standard (webhook-id, webhook-timestamp, webhook-signature), "
                    "shopify (X-Shopify-Hmac-Sha256, X-Shopify-Webhook-Id, X-Shopify-Topic) "
                    "or hmac-sha256 (hex HMAC in the configured header).",
-    "content": {"application/json": {"schema": {"type": "object"}}}}}
+    "content": {"application/json": {"schema": {"type": "object"}, "examples": {
+        "orders/cancelled": {
+            "summary": "Shopify orders/cancelled (headers carry the topic, shop and HMAC)",
+            "value": {"id": 820982911946154508, "cancel_reason": "customer",
+                      "cancelled_at": "2026-11-30T10:00:00-05:00"}},
+        "customers/redact": {
+            "summary": "Shopify's mandatory privacy webhook",
+            "value": {"shop_id": 954889, "shop_domain": "acme.myshopify.com",
+                      "customer": {"id": 191167}, "orders_to_redact": [299938]}}}}}}}
 
 
 @router.post("/webhooks/{source}", operation_id="receiveWebhook", status_code=202,

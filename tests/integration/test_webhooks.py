@@ -23,6 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from standardwebhooks import Webhook
 
 from service import intake, ledger, metrics, webhooks
+from service.openapi import openapi_document
 from service.policies import Policies
 from tests.conftest import LiveServer, free_port, policies_from, test_settings
 from tests.fakes.upstream import FakeUpstream
@@ -502,3 +503,17 @@ async def test_an_unreachable_database_is_a_503(db_url: str) -> None:
     assert answer.headers["retry-after"] == "2"
     assert answer.json()["type"] == "urn:sweeper:problem:database-unavailable"
     assert counted("shopify", "rejected", "unavailable") == before + 1
+
+
+def test_the_contract_declares_every_webhook_answer() -> None:
+    """Each error status below is answered by a test above (forgeries 401, bad bodies 400,
+    413 and 422, unknown source 404, intake limit and database outage 503), always as
+    problem+json; the contract declares exactly those, with that media type."""
+    operation = openapi_document()["paths"]["/v1/webhooks/{source}"]["post"]
+    responses = operation["responses"]
+    assert {int(s) for s in responses if int(s) >= 400} == {400, 401, 404, 413, 422, 503}
+    for status in ("400", "401", "404", "413", "422", "503"):
+        assert list(responses[status]["content"]) == ["application/problem+json"], status
+    assert "Retry-After" in responses["503"]["headers"]
+    assert {"200", "202"} <= set(responses)
+    assert operation["requestBody"]["content"]["application/json"]["examples"]
