@@ -394,3 +394,18 @@ async def test_upstreams_aclose_closes_every_transport() -> None:
         policies.policies["exports"])
     await ups.aclose()
     assert len(closed) == 2  # one client per upstream, each closed
+
+
+@given(st.lists(st.text(max_size=12), min_size=1, max_size=4),
+       st.sampled_from(["https://shop.example.com/api", "http://127.0.0.1:8080",
+                        "http://other.example:8080/v1/"]))
+def test_url_maker_builds_what_httpx_parses(ids: list[str], base: str) -> None:
+    """The parse-free URL shortcut yields exactly the URL httpx makes of the string."""
+    from service.upstream import UrlMaker
+
+    maker = UrlMaker(base)
+    path = "/x/" + "/".join(render_path("{object_id}", tenant_id="t", object_id=i)
+                            if i not in (".", "..") else "dot" for i in ids)
+    made, parsed = maker.url(path), httpx.URL(base + path)
+    assert made == parsed and str(made) == str(parsed) and made.raw_path == parsed.raw_path
+    assert maker._fast  # the shortcut is in use with this httpx
