@@ -33,12 +33,19 @@ BODY_CAP_BYTES: Final = 4096
 USER_AGENT: Final = "sweeper/0.1"
 
 
+_UNRESERVED: Final = re.compile(r"[A-Za-z0-9_.~-]*", re.ASCII)  # what quote() keeps as is
+
+
+def _segment(value: str) -> str:
+    # most ids need no escaping; quote() costs ten times the check
+    return value if _UNRESERVED.fullmatch(value) else quote(value, safe="")
+
+
 def render_path(template: str, *, tenant_id: str, object_id: str) -> str:
     """Fill a path template; every value becomes exactly one percent-encoded segment."""
     if object_id in (".", "..") or tenant_id in (".", ".."):
         raise ValueError("dot segments cannot be an id")
-    return template.format(object_id=quote(object_id, safe=""),
-                           tenant_id=quote(tenant_id, safe=""))
+    return template.format(object_id=_segment(object_id), tenant_id=_segment(tenant_id))
 
 
 # A path httpx would take exactly as it is: ASCII path characters and valid percent escapes
@@ -104,7 +111,9 @@ class UpstreamClient:
                                 max_keepalive_connections=cfg.max_connections),
             retries=0)
         self._urls = UrlMaker(cfg.base_url)
-        self._headers = {"User-Agent": USER_AGENT, **upstream.headers}
+        self._headers = httpx.Headers({"User-Agent": USER_AGENT, **upstream.headers})
+        self._host = httpx.URL(cfg.base_url).netloc
+        self._headers_for: dict[str, httpx.Headers] = {}
         connect = min(5.0, cfg.timeout_seconds)
         self._timeouts = {"connect": connect, "read": cfg.timeout_seconds,
                           "write": cfg.timeout_seconds, "pool": cfg.timeout_seconds}
@@ -122,10 +131,11 @@ class UpstreamClient:
             path = render_path(policy.config.path, tenant_id=tenant_id, object_id=object_id)
         except (ValueError, KeyError):
             return Answer(failure=Failure.INVALID_REQUEST)
-        request = httpx.Request(
-            policy.config.method, self._urls.url(path),
-            headers={**self._headers, "Idempotency-Key": operation_key},
-            extensions={"timeout": self._timeouts})
+        method = policy.config.method
+        headers = httpx.Headers(self._headers_for.get(method) or self._prepare(method))
+        headers["Idempotency-Key"] = operation_key
+        request = httpx.Request(method, self._urls.url(path), headers=headers,
+                                stream=_NO_BODY, extensions={"timeout": self._timeouts})
         try:
             async with asyncio.timeout(self.deadline_seconds):
                 response = await self._transport.handle_async_request(request)
@@ -151,16 +161,40 @@ class UpstreamClient:
                       quota_reset_seconds=exhausted_for(limits, datetime.now(UTC))
                       if limits else None)
 
+    def _prepare(self, method: str) -> httpx.Headers:
+        """The headers httpx.Request adds to a bodiless request of `method` (Host, and
+        Content-Length: 0 where the method expects a body), in its order, before ours:
+        built once per method, each call copies them (a list copy) and adds its key, and
+        the request carries an explicit empty body, which skips httpx's per-request
+        preparation of the same headers."""
+        auto: list[tuple[bytes, bytes]] = []
+        if "Host" not in self._headers:
+            auto.append((b"Host", self._host))
+        if method.upper() in _LENGTH_REQUIRED and not (
+                "Content-Length" in self._headers or "Transfer-Encoding" in self._headers):
+            auto.append((b"Content-Length", b"0"))
+        headers = self._headers_for[method] = httpx.Headers([*auto, *self._headers.raw])
+        return headers
+
     async def aclose(self) -> None:
         await self._transport.aclose()
 
 
+_NO_BODY: Final = httpx.ByteStream(b"")  # immutable: one instance serves every call
+_LENGTH_REQUIRED: Final = frozenset({"POST", "PUT", "PATCH"})
+
+
 async def _drain_capped(response: httpx.Response) -> None:
-    """Read at most BODY_CAP_BYTES of the body so the connection can be reused, no more."""
+    """Read at most BODY_CAP_BYTES of the body so the connection can be reused, no more.
+    The transport's stream is read directly (aiter_raw's chunker and byte counting cost
+    more than the reading); closing the response afterwards releases the connection."""
     if response.is_stream_consumed:  # an in-memory response (tests, the demo store)
         return
+    stream = response.stream
+    if not isinstance(stream, httpx.AsyncByteStream):
+        raise RuntimeError("an async transport answered with a sync stream")
     seen = 0
-    async for chunk in response.aiter_raw():
+    async for chunk in stream:
         seen += len(chunk)
         if seen >= BODY_CAP_BYTES:
             break

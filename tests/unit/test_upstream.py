@@ -409,3 +409,27 @@ def test_url_maker_builds_what_httpx_parses(ids: list[str], base: str) -> None:
     made, parsed = maker.url(path), httpx.URL(base + path)
     assert made == parsed and str(made) == str(parsed) and made.raw_path == parsed.raw_path
     assert maker._fast  # the shortcut is in use with this httpx
+
+
+@pytest.mark.parametrize("method", ["DELETE", "POST", "PUT", "PATCH"])
+async def test_requests_match_what_httpx_builds_itself(method: str) -> None:
+    """The prebuilt headers and empty body give the request httpx.Request would build."""
+    seen: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return streamed(204)
+
+    policies = make_policies(method=method, headers={"Authorization": "SHOP_AUTH",
+                                                     "User-Agent": "SHOP_TENANT_HEADER"})
+    ups = Upstreams(policies.upstreams, transport=httpx.MockTransport(answer))
+    await ups.for_policy(policies.policies["carts"]).delete(
+        policies.policies["carts"], tenant_id="t 1", object_id="a/b", operation_key=KEY)
+    [sent] = seen
+    plain = httpx.Request(method, "https://shop.example.com/api/tenants/t%201/carts/a%2Fb",
+                          headers={"User-Agent": "acme-header",
+                                   "Authorization": "Bearer s3cret-token",
+                                   "Idempotency-Key": KEY})
+    assert sent.method == plain.method and sent.url == plain.url
+    assert sent.headers.raw == plain.headers.raw
+    assert await sent.aread() == plain.content == b""
