@@ -290,6 +290,7 @@ TIMED_CALLS: tuple[tuple[str, str, str], ...] = (
     ("claim", "service.claims", "claim"),
     ("complete", "service.claims", "complete"),
     ("release", "service.claims", "release"),
+    ("hand_back", "service.claims", "hand_back"),  # release + give_back in one statement
     ("limiter.eligible_scopes", "service.limiter", "eligible_scopes"),
     ("limiter.take", "service.limiter", "take"),
     ("limiter.give_back", "service.limiter", "give_back"),

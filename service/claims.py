@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import Row, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.db.statements import Database, fetch
+from service.db.statements import Database, fetch, fetch_none
 from service.limiter import LOOKAHEAD_S, TOKENS_NOW_SQL, Grant
 
 NOTIFY_CHANNEL = "sweeper_released"
@@ -371,3 +371,40 @@ async def release(engine: AsyncEngine, leases: Sequence[Lease]) -> None:
         async with engine.begin() as conn:
             await conn.execute(_RELEASE, {"ids": [x.item_id for x in leases],
                                           "tokens": [x.lease_token for x in leases]})
+
+
+# Hand back leases that were claimed but never called, and their tokens, in one statement
+# (release above plus limiter.give_back): the attempt is refunded and the item is claimable
+# again; every lease's token goes back to its scope's bucket (capped at the burst), the
+# bucket rows locked in name order like every other bucket update.
+_HAND_BACK = text("""
+    WITH r AS (
+        SELECT * FROM unnest(CAST(:ids AS bigint[]), CAST(:tokens AS uuid[]),
+                             CAST(:scopes AS text[])) AS r(id, token, scope)
+    ),
+    released AS (
+        UPDATE items i
+        SET status = 'pending', lease_owner = NULL, lease_token = NULL,
+            lease_expires_at = NULL, attempts = greatest(i.attempts - 1, 0),
+            updated_at = now()
+        FROM r
+        WHERE i.id = r.id AND i.lease_token = r.token AND i.status = 'leased'
+        RETURNING i.id
+    ),
+    back AS (SELECT scope AS name, count(*)::integer AS n FROM r GROUP BY scope),
+    locked AS (
+        SELECT s.name FROM scopes s JOIN back b ON b.name = s.name
+        ORDER BY s.name FOR UPDATE OF s
+    )
+    UPDATE scopes s SET tokens = least(s.burst::double precision, s.tokens + b.n)
+    FROM back b JOIN locked l ON l.name = b.name
+    WHERE s.name = b.name
+""")
+
+
+async def hand_back(db: Database, leases: Sequence[Lease]) -> None:
+    """Return unstarted leases without counting an attempt, and give back their tokens."""
+    if leases:
+        await fetch_none(db, _HAND_BACK, {"ids": [x.item_id for x in leases],
+                                          "tokens": [x.lease_token for x in leases],
+                                          "scopes": [x.scope for x in leases]})

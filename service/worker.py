@@ -314,9 +314,11 @@ class WorkerPool:
         return child
 
     async def _hand_back(self, leases: list[Lease], reasons: Mapping[str, int]) -> None:
-        """Return leases that were never called, and their tokens, without an attempt."""
-        await claims.release(self.engine, leases)
-        await limiter.give_back(self.engine, Counter(lease.scope for lease in leases))
+        """Return leases that were never called, and their tokens, without an attempt (one
+        statement: under CPU starvation whole rounds come due late, and a release plus a
+        give_back transaction for each lease made the backlog of them grow)."""
+        async with self._on(self._completing) as db:
+            await claims.hand_back(db, leases)
         for reason, n in reasons.items():
             LEASES_RETURNED.labels(reason).inc(n)
         TOKENS_RETURNED.inc(len(leases))

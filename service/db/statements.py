@@ -24,3 +24,13 @@ async def fetch(db: Database, statement: TextClause, params: Mapping[str, Any]
         return rows
     async with db.begin() as conn:
         return (await conn.execute(statement, params)).all()
+
+
+async def fetch_none(db: Database, statement: TextClause, params: Mapping[str, Any]) -> None:
+    """Run one statement that returns no rows, committed before returning."""
+    if isinstance(db, AsyncConnection):
+        await db.execute(statement, params)
+        await db.commit()
+        return
+    async with db.begin() as conn:
+        await conn.execute(statement, params)

@@ -125,3 +125,28 @@ async def test_pool_metrics_count_what_the_ledger_shows(engine: AsyncEngine) -> 
 
     exposition = generate_latest(REGISTRY).decode()
     assert "acme" not in exposition and "cart-" not in exposition
+
+
+async def test_admit_charges_only_claimed_items_and_hand_back_refunds(engine: AsyncEngine
+                                                                      ) -> None:
+    from service import claims
+
+    policies = make_policies("http://127.0.0.1:9", rate={"per_second": 1, "burst": 10})
+    pol = policies.policies[POLICY]
+    await ledger.register(engine, [ledger.Registration("acme", o, pol, PAST) for o in PLAIN])
+    await release_all(engine)
+    scope = "tenant:acme"
+    tokens = "SELECT tokens FROM scopes WHERE name = :s"
+    # ten tokens asked for six items: only six leave the bucket
+    admitted = await claims.admit(engine, owner="w", wants={scope: 10},
+                                  lease_seconds={POLICY: 60}, lookahead_s=0)
+    assert [g.granted for g in admitted.grants] == [10] and len(admitted.leases) == 6
+    assert 4.0 <= await scalar(engine, tokens, s=scope) < 4.1
+    await claims.hand_back(engine, admitted.leases[:2])
+    assert 6.0 <= await scalar(engine, tokens, s=scope) < 6.1
+    assert await statuses(engine) == {"pending": 2, "leased": 4}
+    assert await scalar(engine, "SELECT sum(attempts) FROM items") == 4  # refunded
+    # a lease that moved on is not released, but its unspent token still goes back
+    await claims.hand_back(engine, admitted.leases[:1])
+    assert await statuses(engine) == {"pending": 2, "leased": 4}
+    assert 7.0 <= await scalar(engine, tokens, s=scope) < 7.1
