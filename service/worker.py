@@ -23,27 +23,29 @@ from typing import Any, Final
 
 import asyncpg
 from sqlalchemy.engine import URL
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service import claims, limiter
 from service.claims import Completion, Lease
 from service.db.engine import is_unavailable, make_engine
-from service.db.statements import Database
+from service.db.statements import Database, HeldConnection
 from service.metrics import (
-    COMPLETIONS,
     IN_FLIGHT,
-    ITEMS_CLAIMED,
-    ITEMS_DEAD,
-    LATE_COMPLETIONS,
-    LEASES_RECLAIMED,
-    LEASES_RETURNED,
     LIMITER_WAITS,
     SCOPE_SIGNALS,
     TOKENS_GRANTED,
     TOKENS_RETURNED,
-    UPSTREAM_DURATION,
 )
-from service.outcomes import Answer, Classified, Failure, Outcome, classify, plan
+from service.outcomes import (
+    UNKNOWN_POLICY_VERSION,
+    Answer,
+    Classified,
+    Failure,
+    Outcome,
+    classify,
+    plan,
+)
+from service.pipeline_counts import PipelineCounts
 from service.policies import Policies, Policy
 from service.settings import Settings
 from service.upstream import CallResult, Upstreams
@@ -79,7 +81,6 @@ ELIGIBLE_REUSE_S: Final = 0.1
 CLOCK_SAMPLES: Final = 8  # round trips that calibrate the database-clock offset
 # No real scope can carry this name (scope names have no control characters).
 WARM_UP_SCOPE: Final = "\x01warm-up"
-UNKNOWN_POLICY_VERSION: Final = "unknown_policy_version"
 
 
 class DatabaseClock:
@@ -105,54 +106,6 @@ class DatabaseClock:
             self._offset = min(aged, sample)
         self._at = received
         return db_time + self._offset
-
-
-def dead_reason_label(reason: str) -> str:
-    """A dead item's reason as a metric label from a closed set (the ledger keeps the
-    exact reason): `max_attempts`, a transport failure, a known HTTP status, else its
-    class (`http_4xx`)."""
-    if reason.startswith("max_attempts:"):
-        return "max_attempts"
-    if reason in _FAILURE_REASONS:
-        return reason
-    status = reason.removeprefix("http_").removeprefix("absent_")
-    if status.isdigit():
-        return f"http_{status}" if int(status) in _LABELLED_STATUSES else f"http_{status[0]}xx"
-    return "other"
-
-
-_FAILURE_REASONS: Final = frozenset({*(f.value for f in Failure), UNKNOWN_POLICY_VERSION,
-                                     "no_status"})
-_LABELLED_STATUSES: Final = frozenset({400, 401, 403, 404, 405, 409, 410, 411, 413, 415,
-                                       422, 500, 501, 502, 503, 504})
-
-
-class HeldConnection:
-    """A pooled connection kept across rounds in AUTOCOMMIT mode (service.db.statements):
-    taken on first use, dropped after any error so the next use takes, and pings, a fresh
-    one. Uses are serialized."""
-
-    def __init__(self, engine: AsyncEngine) -> None:
-        self._engine = engine.execution_options(isolation_level="AUTOCOMMIT")
-        self._conn: AsyncConnection | None = None
-        self._lock = asyncio.Lock()
-
-    @contextlib.asynccontextmanager
-    async def use(self) -> AsyncIterator[AsyncConnection]:
-        async with self._lock:
-            if self._conn is None:
-                self._conn = await self._engine.connect()
-            try:
-                yield self._conn
-            except BaseException:
-                await self.close()
-                raise
-
-    async def close(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                await conn.close()
 
 
 def worker_name() -> str:
@@ -188,7 +141,7 @@ class WorkerPool:
         # held only while run() is active: one for admission rounds, one for completions
         self._admission: HeldConnection | None = None
         self._completing: HeldConnection | None = None
-        self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
+        self._counts = PipelineCounts()
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._flusher_stop = asyncio.Event()
@@ -259,7 +212,7 @@ class WorkerPool:
             return 0
         if not leases:
             return 0
-        self._count_claimed(leases)
+        self.reclaimed += self._counts.claimed(leases)
         if self._stopping.is_set():
             # stop() arrived while the claim was committing: nothing was called yet, so the
             # leases and their tokens go straight back without counting an attempt
@@ -307,36 +260,13 @@ class WorkerPool:
         self._in_flight.discard(task)
         self._slot_freed.set()
 
-    def _count_claimed(self, leases: list[Lease]) -> None:
-        # per batch, and the label children cached: a few dict lookups per round
-        claimed: Counter[str] = Counter()
-        reclaimed: Counter[str] = Counter()
-        for lease in leases:
-            claimed[lease.policy] += 1
-            if lease.reclaimed:
-                reclaimed[lease.policy] += 1
-        for policy, n in claimed.items():
-            self._series(ITEMS_CLAIMED, policy).inc(n)
-        for policy, n in reclaimed.items():
-            self._series(LEASES_RECLAIMED, policy).inc(n)
-        self.reclaimed += sum(reclaimed.values())
-
-    def _series(self, family: Any, *labels: str) -> Any:
-        key = (family, labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = family.labels(*labels)
-        return child
-
     async def _hand_back(self, leases: list[Lease], reasons: Mapping[str, int]) -> None:
         """Return leases that were never called, and their tokens, without an attempt (one
         statement: under CPU starvation whole rounds come due late, and a release plus a
         give_back transaction for each lease made the backlog of them grow)."""
         async with self._on(self._completing) as db:
             await claims.hand_back(db, leases)
-        for reason, n in reasons.items():
-            LEASES_RETURNED.labels(reason).inc(n)
-        TOKENS_RETURNED.inc(len(leases))
+        self._counts.returned(reasons)
 
     @contextlib.asynccontextmanager
     async def _on(self, held: HeldConnection | None) -> AsyncIterator[Database]:
@@ -377,29 +307,7 @@ class WorkerPool:
             raise
         self.completed += len(batch) - len(fenced)
         self.fenced += len(fenced)
-        self._count_completed(batch, set(fenced))
-
-    def _count_completed(self, batch: list[Completion], fenced: set[int]) -> None:
-        outcomes: Counter[tuple[str, str]] = Counter()
-        dead: Counter[tuple[str, str]] = Counter()
-        late: Counter[str] = Counter()
-        for c in batch:
-            policy = c.lease.policy
-            if c.reason != UNKNOWN_POLICY_VERSION:  # that one was never called
-                self._series(UPSTREAM_DURATION, policy, c.outcome).observe(c.latency_ms / 1000)
-            if c.lease.item_id in fenced:
-                late[policy] += 1
-                log.warning("late completion fenced out", extra={"item_id": c.lease.item_id})
-                continue
-            outcomes[policy, c.outcome] += 1
-            if c.status == "dead":
-                dead[policy, dead_reason_label(c.reason)] += 1
-        for labels, n in outcomes.items():
-            self._series(COMPLETIONS, *labels).inc(n)
-        for labels, n in dead.items():
-            self._series(ITEMS_DEAD, *labels).inc(n)
-        for policy, n in late.items():
-            self._series(LATE_COMPLETIONS, policy).inc(n)
+        self._counts.completed(batch, set(fenced))
 
     async def _apply_scope_signals(self) -> None:
         closures, self._closures = self._closures, {}

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Row, TextClause
@@ -34,3 +36,31 @@ async def fetch_none(db: Database, statement: TextClause, params: Mapping[str, A
         return
     async with db.begin() as conn:
         await conn.execute(statement, params)
+
+
+class HeldConnection:
+    """A pooled connection kept across statements in AUTOCOMMIT mode (see `Database`):
+    taken on first use, dropped after any error so the next use takes, and pings, a fresh
+    one. Uses are serialized."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine.execution_options(isolation_level="AUTOCOMMIT")
+        self._conn: AsyncConnection | None = None
+        self._lock = asyncio.Lock()
+
+    @contextlib.asynccontextmanager
+    async def use(self) -> AsyncIterator[AsyncConnection]:
+        async with self._lock:
+            if self._conn is None:
+                self._conn = await self._engine.connect()
+            try:
+                yield self._conn
+            except BaseException:
+                await self.close()
+                raise
+
+    async def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.close()
