@@ -23,7 +23,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import budget, drain, publication, registration
+from bench import budget, drain, publication, registration, webhooks
 from bench.common import (
     BenchContext,
     Benchmark,
@@ -35,7 +35,7 @@ from bench.common import (
 )
 
 BENCHMARKS: tuple[Benchmark, ...] = (drain.BENCHMARK, budget.BENCHMARK, registration.BENCHMARK,
-                                      publication.BENCHMARK)
+                                      publication.BENCHMARK, webhooks.BENCHMARK)
 
 
 def add_common(parser: argparse.ArgumentParser) -> None:
@@ -43,6 +43,9 @@ def add_common(parser: argparse.ArgumentParser) -> None:
                         help="repetitions per configuration; medians are reported (default 3)")
     parser.add_argument("--json-out", type=Path, default=None,
                         help="write the JSON document here (default: stdout)")
+    parser.add_argument("--results-dir", type=Path, default=None,
+                        help="write results.json and one PNG chart per benchmark here "
+                             "(charts need the `bench` extra: pip install -e '.[bench]')")
     parser.add_argument("--database-url", default=None,
                         help="postgresql:// URL of a maintenance database on the server to use")
     parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio",
@@ -68,7 +71,7 @@ def benchmark_args(bench: Benchmark, common: argparse.Namespace) -> argparse.Nam
     add_common(parser)
     bench.add_arguments(parser)
     ns = parser.parse_args([])
-    for key in ("repeat", "json_out", "database_url", "loop"):
+    for key in ("repeat", "json_out", "results_dir", "database_url", "loop"):
         setattr(ns, key, getattr(common, key))
     return ns
 
@@ -114,9 +117,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.json_out.parent.mkdir(parents=True, exist_ok=True)
         args.json_out.write_text(rendered + "\n", encoding="utf-8")
         progress(f"wrote {args.json_out}")
-    else:
+    if args.results_dir is not None:
+        write_results(doc, rendered, args.results_dir)
+    if args.json_out is None and args.results_dir is None:
         print(rendered)
     return 0
+
+
+def write_results(doc: dict[str, Any], rendered: str, folder: Path) -> None:
+    """results.json plus the charts, when matplotlib is installed."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "results.json").write_text(rendered + "\n", encoding="utf-8")
+    progress(f"wrote {folder / 'results.json'}")
+    try:
+        from bench.plots import write_charts
+
+        for path in write_charts(doc, folder):
+            progress(f"wrote {path}")
+    except ImportError:
+        progress("no charts: matplotlib is not installed (pip install -e '.[bench]')")
 
 
 if __name__ == "__main__":

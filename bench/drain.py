@@ -254,6 +254,17 @@ async def seed(engine: AsyncEngine, policy: Policy, n: int) -> dict[str, Any]:
             "released": released, "run_id": run_id}
 
 
+async def top_up(engine: AsyncEngine, policy: Policy, n: int) -> None:
+    """Register and release N more due items (ids apart from seed's)."""
+    due = datetime.now(UTC) - timedelta(days=1)
+    await ledger.register(engine, [
+        ledger.Registration(TENANTS[i % len(TENANTS)], f"extra-{i:08d}", policy, due)
+        for i in range(n)])
+    run_id, _ = await runs.create_run(engine, runs.RunRequest(None, None, None, False, None),
+                                      None)
+    await runs.publish(engine, run_id, batch_size=BATCH_SIZE)
+
+
 async def status_counts(engine: AsyncEngine) -> dict[str, int]:
     async with engine.connect() as conn:
         rows = (await conn.execute(text(
@@ -276,9 +287,11 @@ async def attempt_breakdown(engine: AsyncEngine) -> dict[str, int]:
 # Awaited functions on the worker's path whose wall time is recorded: (label, module,
 # attribute). Whatever does not exist in the service as it is today is skipped.
 TIMED_CALLS: tuple[tuple[str, str, str], ...] = (
+    ("admit", "service.claims", "admit"),  # tokens + claim in one statement
     ("claim", "service.claims", "claim"),
     ("complete", "service.claims", "complete"),
     ("release", "service.claims", "release"),
+    ("hand_back", "service.claims", "hand_back"),  # release + give_back in one statement
     ("limiter.eligible_scopes", "service.limiter", "eligible_scopes"),
     ("limiter.take", "service.limiter", "take"),
     ("limiter.give_back", "service.limiter", "give_back"),
@@ -316,7 +329,8 @@ async def drain(engine: AsyncEngine, policies: Policies, upstreams: Upstreams, *
             fn = getattr(module, attr, None)
             if fn is None:
                 continue
-            rows = {"claim": _leases_of, "complete": completions_of}.get(label)
+            rows = {"claim": _leases_of, "admit": _leases_of,
+                    "complete": completions_of}.get(label)
             timers[label] = CallTimer()
             stack.enter_context(patched(module, attr, timed(fn, timers[label], rows)))
         if "complete" not in timers:
@@ -355,6 +369,8 @@ async def drain(engine: AsyncEngine, policies: Policies, upstreams: Upstreams, *
             if profiler is not None:
                 profiler.disable()
     calls = {label: t.summary(elapsed) for label, t in timers.items()}
+    # the claim's figures: the admission statement's where it exists (it is the claim)
+    claim_calls = calls.get("admit") if timers.get("admit") and timers["admit"].calls else None
     return {
         "seconds": round(elapsed, 4),
         "items_per_s": round(target / elapsed, 1),
@@ -364,7 +380,7 @@ async def drain(engine: AsyncEngine, policies: Policies, upstreams: Upstreams, *
         "load_average_1m_at_start": load,
         "completed": pool.completed, "fenced": pool.fenced, "reclaimed": pool.reclaimed,
         "succeeded_commits": finished["succeeded"], "dead_commits": finished["dead"],
-        "claim": calls.get("claim", CallTimer().summary()),
+        "claim": claim_calls or calls.get("claim", CallTimer().summary()),
         "complete": calls["complete"],
         "db_calls": calls,
         "db_calls_per_item": round(sum(t.calls for t in timers.values()) / target, 3),
@@ -416,6 +432,7 @@ async def repetition(ctx: BenchContext, args: argparse.Namespace, *, mode: str, 
 _PROFILE_ANCHORS: dict[str, tuple[str, str]] = {
     # label: (path suffix, function name); cumulative time, so the shares overlap
     "claim_statement": ("service/claims.py", "claim"),
+    "admit_statement": ("service/claims.py", "admit"),
     "complete_statement": ("service/claims.py", "complete"),
     "upstream_call_httpx": ("service/upstream.py", "delete"),
     "worker_completion_incl_logging": ("service/worker.py", "_completion"),
@@ -500,7 +517,7 @@ def profile_report(profiler: cProfile.Profile, elapsed: float, top: int) -> dict
 # -- EXPLAIN -------------------------------------------------------------------------------
 
 STATEMENTS = (
-    StatementKind("claim", ("UPDATE items", "SKIP LOCKED", "RETURNING")),
+    StatementKind("claim", ("UPDATE items", "SKIP LOCKED", "RETURNING")),  # admission too
     StatementKind("complete", ("INSERT INTO attempts",)),
     StatementKind("limiter.take", ("UPDATE scopes", "FOR UPDATE OF s")),
     StatementKind("limiter.eligible_scopes", ("open_scopes", "SELECT")),
@@ -560,8 +577,13 @@ async def explain_section(ctx: BenchContext, args: argparse.Namespace, concurren
                 doc["table_half_drained"] = await table_stats(db.engine)
                 for kind in ("claim", "complete", "limiter.take", "limiter.eligible_scopes"):
                     catcher.arm(kind, f"{kind}_half_drained")
-                await drain(db.engine, policies, upstreams,
-                            target=min(args.items - half, 2 * concurrency),
+                # the first pool can finish more than half before it stops (a small
+                # --items): top the backlog up so the second pool has work to explain
+                second = 2 * concurrency
+                pending = (await status_counts(db.engine)).get("pending", 0)
+                if pending < second:
+                    await top_up(db.engine, policies.policies[POLICY], second - pending)
+                await drain(db.engine, policies, upstreams, target=second,
                             concurrency=concurrency, deadline_s=args.drain_timeout)
         finally:
             await upstreams.aclose()

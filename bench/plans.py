@@ -113,45 +113,59 @@ class PlanCatcher:
             return
         label = self.armed.pop(kind)
         doc: dict[str, Any] = {"kind": kind, "statement": statement.strip()}
+        # the worker runs its hot statements on AUTOCOMMIT connections: no transaction to
+        # hold a savepoint, so the explain gets a transaction of its own, rolled back
+        autocommit = _conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT"
         try:
-            doc["custom"] = self._explain_custom(cursor, statement, parameters)
-            doc["generic"] = self._explain_generic(cursor, statement, parameters)
+            doc["custom"] = self._explain_custom(cursor, statement, parameters, autocommit)
+            doc["generic"] = self._explain_generic(cursor, statement, parameters, autocommit)
             for name, rewrite in self.variants.get(kind, {}).items():
                 changed = rewrite(statement)
                 doc.setdefault("variants", {})[name] = {
                     "statement": changed.strip(),
-                    "custom": self._explain_custom(cursor, changed, parameters),
-                    "generic": self._explain_generic(cursor, changed, parameters)}
+                    "custom": self._explain_custom(cursor, changed, parameters, autocommit),
+                    "generic": self._explain_generic(cursor, changed, parameters,
+                                                     autocommit)}
         except Exception as exc:  # a plan is evidence, never a reason to fail the run
             doc["error"] = f"{type(exc).__name__}: {exc}"
         doc["parameters"] = _describe(parameters)
         self.plans[label] = doc
 
     @staticmethod
-    def _explain_custom(cursor: Any, statement: str, parameters: Any) -> list[str]:
-        cursor.execute(f"SAVEPOINT {SAVEPOINT}")
+    @contextlib.contextmanager
+    def _scratch(cursor: Any, autocommit: bool) -> Iterator[None]:
+        """Whatever runs inside is rolled back."""
+        cursor.execute("BEGIN" if autocommit else f"SAVEPOINT {SAVEPOINT}")
         try:
-            cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + statement, parameters)
-            return _rows(cursor)
+            yield
         finally:
-            cursor.execute(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}")
-            cursor.execute(f"RELEASE SAVEPOINT {SAVEPOINT}")
+            if autocommit:
+                cursor.execute("ROLLBACK")
+            else:
+                cursor.execute(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}")
+                cursor.execute(f"RELEASE SAVEPOINT {SAVEPOINT}")
 
     @staticmethod
-    def _explain_generic(cursor: Any, statement: str, parameters: Any) -> list[str]:
+    def _explain_custom(cursor: Any, statement: str, parameters: Any, autocommit: bool
+                        ) -> list[str]:
+        with PlanCatcher._scratch(cursor, autocommit):
+            cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + statement, parameters)
+            return _rows(cursor)
+
+    @staticmethod
+    def _explain_generic(cursor: Any, statement: str, parameters: Any, autocommit: bool
+                         ) -> list[str]:
         values = list(parameters.values()) if isinstance(parameters, Mapping) else list(
             parameters or ())
-        cursor.execute(f"SAVEPOINT {SAVEPOINT}")
         try:
-            cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-            cursor.execute(f"PREPARE {PREPARED} AS {statement}")
-            args = ", ".join(literal(v) for v in values)
-            cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS) EXECUTE {PREPARED}"
-                           + (f"({args})" if values else ""))
-            return _rows(cursor)
+            with PlanCatcher._scratch(cursor, autocommit):
+                cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+                cursor.execute(f"PREPARE {PREPARED} AS {statement}")
+                args = ", ".join(literal(v) for v in values)
+                cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS) EXECUTE {PREPARED}"
+                               + (f"({args})" if values else ""))
+                return _rows(cursor)
         finally:
-            cursor.execute(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}")
-            cursor.execute(f"RELEASE SAVEPOINT {SAVEPOINT}")
             cursor.execute("SELECT count(*) FROM pg_prepared_statements WHERE name = "
                            f"'{PREPARED}'")
             if cursor.fetchall()[0][0]:

@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 from typing import TypedDict
 
 import httpx
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from sqlalchemy.engine import URL
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -24,6 +24,8 @@ from service.api import metrics as metrics_api
 from service.api import policies as policies_api
 from service.api import runs as runs_routes
 from service.api import scopes as scopes_routes
+from service.api import webhooks as webhooks_routes
+from service.api.deps import reject_unknown_query
 from service.api.problems import install_problem_handlers
 from service.db.engine import is_unavailable, make_engine
 from service.db.migrate import head_revision
@@ -158,9 +160,12 @@ def create_app(
     install_problem_handlers(app)
     app.include_router(health.router)
     app.include_router(metrics_api.router)
-    app.include_router(policies_api.router)
-    app.include_router(items.router)
-    app.include_router(runs_routes.router)
-    app.include_router(scopes_routes.router)
+    # operator API: an undeclared query parameter is refused, not ignored
+    strict_query = [Depends(reject_unknown_query)]
+    app.include_router(policies_api.router, dependencies=strict_query)
+    app.include_router(items.router, dependencies=strict_query)
+    app.include_router(runs_routes.router, dependencies=strict_query)
+    app.include_router(scopes_routes.router, dependencies=strict_query)
+    app.include_router(webhooks_routes.router)
     app.add_middleware(RequestLog)
     return app

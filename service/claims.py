@@ -10,9 +10,13 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import Row, text
 from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.db.statements import Database, fetch, fetch_none
+from service.limiter import LOOKAHEAD_S, TOKENS_NOW_SQL, Grant
 
 NOTIFY_CHANNEL = "sweeper_released"
 
@@ -31,6 +35,7 @@ class Lease:
     lease_token: uuid.UUID
     attempt: int
     lease_expires_at: datetime
+    reclaimed: bool = False  # the claim took over an expired lease
 
 
 # The claim, in one statement, for the tokens a worker holds per scope:
@@ -142,11 +147,166 @@ async def claim(engine: AsyncEngine, *, owner: str, grants: Mapping[str, int],
               "default_lease": default_lease_seconds}
     async with engine.begin() as conn:
         rows = (await conn.execute(_CLAIM, params)).all()
-    leases = [Lease(item_id=r.id, tenant_id=r.tenant_id, object_id=r.object_id,
-                    policy=r.policy, policy_version=r.policy_version,
-                    operation_key=r.operation_key, scope=r.scope, lease_token=r.lease_token,
-                    attempt=r.attempts, lease_expires_at=r.lease_expires_at) for r in rows]
+    leases = [_lease(r) for r in rows]
     return Claimed(leases=leases, reclaimed=sum(1 for r in rows if r.reclaimed))
+
+
+def _lease(r: Row[Any]) -> Lease:
+    return Lease(r.id, r.tenant_id, r.object_id, r.policy, r.policy_version, r.operation_key,
+                 r.scope, r.lease_token, r.attempts, r.lease_expires_at, r.reclaimed)
+
+
+# Admission in one statement: take tokens and claim at most that many items per scope, the
+# claim above with the bucket of limiter.take in front of it and the hand-back of unused
+# tokens folded in (three round trips and two transactions become one).
+#  1. `bucket`: the scopes' rows locked in name order (concurrent admitters never deadlock),
+#     refilled from the database clock; closed and paused scopes, and every scope during a
+#     workers-wide pause (FOR KEY SHARE: a pause waits for admissions in progress), grant
+#     nothing.
+#  2. `grants`: whole tokens available now or within the lookahead, at most what was asked.
+#  3. `expired`, `exhausted`, `ready`, `claimed`: the claim statement above (an expired
+#     lease on an item's last allowed attempt goes dead), for exactly those grants.
+#  4. `spent`: the bucket is charged only for the items actually claimed, so unused tokens
+#     never leave it (what limiter.give_back did in a transaction of its own).
+# One row per lease with its scope's grant, plus one row (id NULL) per scope that was
+# granted tokens but got no item, or was granted none (with the wait for its next token).
+_ADMIT = text(f"""
+    WITH clock AS (SELECT coalesce(CAST(:now AS timestamptz), now()) AS now),
+    want AS (
+        SELECT * FROM unnest(CAST(:scopes AS text[]), CAST(:wants AS integer[])) AS w(name, n)
+    ),
+    bucket AS (
+        SELECT s.name, w.n, s.rate_per_second AS rate, {TOKENS_NOW_SQL} AS avail
+        FROM scopes s JOIN want w ON w.name = s.name
+        WHERE NOT s.paused
+          AND (s.closed_until IS NULL OR s.closed_until <= clock_timestamp())
+          AND NOT (SELECT workers_paused FROM control FOR KEY SHARE)
+        ORDER BY s.name
+        FOR UPDATE OF s
+    ),
+    grants AS (
+        SELECT name AS scope, rate, avail,
+               greatest(0, least(n, floor(
+                   avail + rate * CAST(:lookahead AS double precision))::integer)) AS n
+        FROM bucket
+    ),
+    attempt_limits AS (
+        SELECT * FROM unnest(CAST(:limit_policies AS text[]),
+                             CAST(:limit_attempts AS integer[])) AS m(policy, n)
+    ),
+    expired AS (
+        SELECT e.id, g.scope, e.exhausted FROM grants g, clock CROSS JOIN LATERAL (
+            SELECT i.id, i.attempts >= coalesce(
+                       (SELECT m.n FROM attempt_limits m WHERE m.policy = i.policy),
+                       2147483647) AS exhausted
+            FROM items i
+            WHERE i.scope = g.scope AND i.status = 'leased'
+              AND i.lease_expires_at <= clock.now
+            ORDER BY i.lease_expires_at
+            LIMIT g.n
+            FOR UPDATE OF i SKIP LOCKED
+        ) e
+        WHERE g.n > 0
+    ),
+    exhausted AS (
+        UPDATE items i
+        SET status = 'dead', lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+            last_outcome = 'unknown', last_status_code = NULL, last_error = 'lease_expired',
+            dead_reason = 'max_attempts:lease_expired', completed_at = clock.now,
+            updated_at = clock.now
+        FROM expired x, clock
+        WHERE i.id = x.id AND x.exhausted
+    ),
+    ready AS (
+        SELECT r.id, g.scope FROM grants g, clock CROSS JOIN LATERAL (
+            SELECT i.id FROM items i
+            WHERE i.scope = g.scope AND i.status = 'pending' AND i.released_at IS NOT NULL
+              AND i.next_attempt_at <= clock.now
+            ORDER BY i.batch_id NULLS FIRST, i.id
+            LIMIT g.n - (SELECT count(*) FROM expired x
+                         WHERE x.scope = g.scope AND NOT x.exhausted)
+            FOR UPDATE OF i SKIP LOCKED
+        ) r
+        WHERE g.n > 0
+    ),
+    picked AS (SELECT id FROM expired WHERE NOT exhausted UNION ALL SELECT id FROM ready),
+    lease_lengths AS (
+        SELECT * FROM unnest(CAST(:policy_names AS text[]),
+                             CAST(:lease_seconds AS integer[])) AS l(policy, seconds)
+    ),
+    claimed AS (
+        UPDATE items i
+        SET status = 'leased',
+            lease_owner = :owner,
+            lease_token = gen_random_uuid(),
+            lease_expires_at = clock.now + make_interval(secs => coalesce(
+                (SELECT l.seconds FROM lease_lengths l WHERE l.policy = i.policy),
+                :default_lease)),
+            attempts = i.attempts + 1,
+            updated_at = clock.now
+        FROM picked, clock
+        WHERE i.id = picked.id
+        RETURNING i.id, i.tenant_id, i.object_id, i.policy, i.policy_version,
+                  i.operation_key, i.scope, i.lease_token, i.attempts, i.lease_expires_at,
+                  EXISTS (SELECT 1 FROM expired WHERE expired.id = i.id) AS reclaimed
+    ),
+    used AS (SELECT scope, count(*)::integer AS n FROM claimed GROUP BY scope),
+    spent AS (
+        UPDATE scopes s
+        SET tokens = g.avail - coalesce(u.n, 0), refilled_at = clock_timestamp()
+        FROM grants g LEFT JOIN used u ON u.scope = g.scope
+        WHERE s.name = g.scope
+        RETURNING s.name, g.n AS granted, coalesce(u.n, 0) AS used, g.avail, g.rate,
+                  extract(epoch FROM clock_timestamp())::double precision AS granted_at,
+                  greatest(0.0, (1.0 - (g.avail - g.n)) / g.rate
+                                - CAST(:lookahead AS double precision)) AS wait_seconds
+    )
+    SELECT sp.name AS grant_scope, sp.granted, sp.used, sp.avail, sp.rate, sp.granted_at,
+           sp.wait_seconds, c.*
+    FROM spent sp LEFT JOIN claimed c ON c.scope = sp.name
+""")  # noqa: S608 - only a constant fragment is interpolated
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What one admission statement took: tokens per scope (a scope missing was closed or
+    paused), and the leases claimed with them (at most `granted` per scope)."""
+
+    grants: list[Grant]
+    leases: list[Lease]
+
+    @property
+    def reclaimed(self) -> int:
+        return sum(1 for lease in self.leases if lease.reclaimed)
+
+
+async def admit(db: Database, *, owner: str, wants: Mapping[str, int],
+                lease_seconds: Mapping[str, int], default_lease_seconds: int = 60,
+                max_attempts: Mapping[str, int] | None = None,
+                lookahead_s: float = LOOKAHEAD_S, now: datetime | None = None) -> Admission:
+    """Take up to wants[scope] tokens per scope and lease at most that many items of each
+    for `owner`, charging the buckets only for the items leased; committed on return. An
+    expired lease of an item with `max_attempts[policy]` attempts used goes `dead`."""
+    wanted = {scope: n for scope, n in wants.items() if n > 0}
+    if not wanted:
+        return Admission(grants=[], leases=[])
+    names = sorted(wanted)
+    rows = await fetch(db, _ADMIT, {
+        "now": now, "scopes": names, "wants": [wanted[n] for n in names], "owner": owner,
+        "lookahead": lookahead_s, "policy_names": list(lease_seconds),
+        "lease_seconds": list(lease_seconds.values()), "default_lease": default_lease_seconds,
+        "limit_policies": list(max_attempts or {}),
+        "limit_attempts": list((max_attempts or {}).values())})
+    grants: dict[str, Grant] = {}
+    leases: list[Lease] = []
+    for r in rows:
+        if r.grant_scope not in grants:
+            grants[r.grant_scope] = Grant(r.grant_scope, int(r.granted),
+                                          float(r.wait_seconds), float(r.avail),
+                                          float(r.rate), float(r.granted_at))
+        if r.id is not None:
+            leases.append(_lease(r))
+    return Admission(grants=list(grants.values()), leases=leases)
 
 
 @dataclass(frozen=True)
@@ -220,8 +380,8 @@ _COMPLETE = text("""
 """)
 
 
-async def complete(engine: AsyncEngine, completions: Sequence[Completion]) -> list[int]:
-    """Apply outcomes and append attempts in one transaction; returns the ids that were
+async def complete(db: Database, completions: Sequence[Completion]) -> list[int]:
+    """Apply outcomes and append attempts in one statement; returns the ids that were
     fenced out (their lease had moved on)."""
     if not completions:
         return []
@@ -236,8 +396,7 @@ async def complete(engine: AsyncEngine, completions: Sequence[Completion]) -> li
         "started": [x.started_at for x in c], "finished": [x.finished_at for x in c],
         "latency": [x.latency_ms for x in c],
     }
-    async with engine.begin() as conn:
-        rows = (await conn.execute(_COMPLETE, params)).all()
+    rows = await fetch(db, _COMPLETE, params)
     return [r.item_id for r in rows if r.fenced]
 
 
@@ -258,3 +417,40 @@ async def release(engine: AsyncEngine, leases: Sequence[Lease]) -> None:
         async with engine.begin() as conn:
             await conn.execute(_RELEASE, {"ids": [x.item_id for x in leases],
                                           "tokens": [x.lease_token for x in leases]})
+
+
+# Hand back leases that were claimed but never called, and their tokens, in one statement
+# (release above plus limiter.give_back): the attempt is refunded and the item is claimable
+# again; every lease's token goes back to its scope's bucket (capped at the burst), the
+# bucket rows locked in name order like every other bucket update.
+_HAND_BACK = text("""
+    WITH r AS (
+        SELECT * FROM unnest(CAST(:ids AS bigint[]), CAST(:tokens AS uuid[]),
+                             CAST(:scopes AS text[])) AS r(id, token, scope)
+    ),
+    released AS (
+        UPDATE items i
+        SET status = 'pending', lease_owner = NULL, lease_token = NULL,
+            lease_expires_at = NULL, attempts = greatest(i.attempts - 1, 0),
+            updated_at = now()
+        FROM r
+        WHERE i.id = r.id AND i.lease_token = r.token AND i.status = 'leased'
+        RETURNING i.id
+    ),
+    back AS (SELECT scope AS name, count(*)::integer AS n FROM r GROUP BY scope),
+    locked AS (
+        SELECT s.name FROM scopes s JOIN back b ON b.name = s.name
+        ORDER BY s.name FOR UPDATE OF s
+    )
+    UPDATE scopes s SET tokens = least(s.burst::double precision, s.tokens + b.n)
+    FROM back b JOIN locked l ON l.name = b.name
+    WHERE s.name = b.name
+""")
+
+
+async def hand_back(db: Database, leases: Sequence[Lease]) -> None:
+    """Return unstarted leases without counting an attempt, and give back their tokens."""
+    if leases:
+        await fetch_none(db, _HAND_BACK, {"ids": [x.item_id for x in leases],
+                                          "tokens": [x.lease_token for x in leases],
+                                          "scopes": [x.scope for x in leases]})

@@ -21,6 +21,7 @@ from typing import Final
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from service.db.statements import Database, fetch
 from service.policies import Policy
 
 MAX_JITTER_S: Final = 1.0
@@ -107,11 +108,10 @@ _ELIGIBLE = text("""
 """)
 
 
-async def eligible_scopes(engine: AsyncEngine, *, cursor: str, limit: int
+async def eligible_scopes(db: Database, *, cursor: str, limit: int
                           ) -> list[tuple[str, int]]:
     """Up to `limit` scopes with work, starting after `cursor` and wrapping around."""
-    async with engine.connect() as conn:
-        rows = (await conn.execute(_ELIGIBLE, {"cursor": cursor, "limit": limit})).all()
+    rows = await fetch(db, _ELIGIBLE, {"cursor": cursor, "limit": limit})
     return [(r.name, int(r.weight)) for r in rows[:limit]]
 
 

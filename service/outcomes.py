@@ -21,6 +21,9 @@ from enum import StrEnum
 
 _DELAY_SECONDS = re.compile(r"[0-9]+", re.ASCII)  # RFC 9110: 1*DIGIT, ASCII digits only
 MAX_BACKOFF_EXPONENT = 60  # 2**60 s is beyond any policy's max_seconds
+# The reason recorded when an item's policy version is not in the policies file: it is not
+# called, and dies as permanent.
+UNKNOWN_POLICY_VERSION = "unknown_policy_version"
 
 
 class Outcome(StrEnum):

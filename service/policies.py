@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from service.errors import ConfigError
+from service.signatures import standard_key
 
 SCOPE_FIELDS = frozenset({"tenant_id", "upstream", "policy"})
 PATH_FIELDS = frozenset({"object_id", "tenant_id"})
@@ -128,6 +129,23 @@ class PolicyConfig(_Strict):
 
 
 Extractor = Annotated[str, Field(pattern=r"^(header:[A-Za-z0-9-]+|body:[A-Za-z0-9_.\-\[\]]+)$")]
+HeaderName = Annotated[str, Field(pattern=r"^[A-Za-z0-9-]{1,100}$")]
+
+_PATH_STEP = re.compile(r"([A-Za-z0-9_\-]+)((?:\[\d{1,6}\])*)")
+
+
+def parse_body_path(path: str) -> tuple[str | int, ...]:
+    """The steps of a body path such as ``customer.id`` or ``line_items[0].id``: object keys
+    (str) and list indices (int)."""
+    steps: list[str | int] = []
+    for segment in path.split("."):
+        match = _PATH_STEP.fullmatch(segment)
+        if match is None:
+            raise ValueError(f"{path!r} is not a body path such as 'customer.id' or "
+                             "'line_items[0].id'")
+        steps.append(match.group(1))
+        steps.extend(int(i) for i in re.findall(r"\d+", match.group(2)))
+    return tuple(steps)
 
 
 class WebhookRule(_Strict):
@@ -138,6 +156,13 @@ class WebhookRule(_Strict):
     tenant: Extractor
     object_id: Extractor
     due: str = "now"
+
+    @field_validator("tenant", "object_id")
+    @classmethod
+    def _extractor(cls, value: str) -> str:
+        if value.startswith("body:"):
+            parse_body_path(value.removeprefix("body:"))
+        return value
 
     @field_validator("due")
     @classmethod
@@ -153,7 +178,12 @@ class WebhookSourceConfig(_Strict):
     scheme: Literal["standard", "shopify", "hmac-sha256"]
     secret_env: str | None = None
     secrets_env: list[str] = Field(default_factory=list)
-    signature_header: str | None = None
+    signature_header: HeaderName | None = None
+    # hmac-sha256 only (the other schemes name these headers themselves): where the
+    # webhook id (de-duplication) and the event type come from. Without id_header the
+    # SHA-256 of the raw body is the id; without topic_header the body's "type" is the topic.
+    id_header: HeaderName | None = None
+    topic_header: HeaderName | None = None
     tolerance_seconds: int = Field(default=300, ge=1, le=86_400)
     max_body_bytes: int = Field(default=256 * 1024, ge=1024, le=16 * 1024 * 1024)
     rules: list[WebhookRule] = Field(default_factory=list)
@@ -284,12 +314,29 @@ def resolve_policies(raw: Mapping[str, Any], env: Mapping[str, str], *, source: 
         secrets = tuple(_secret(env, var, fail, f"{key}.secret_env") for var in names)
         if src.scheme == "hmac-sha256" and not src.signature_header:
             raise fail(f"{key}.signature_header", "required for scheme 'hmac-sha256'")
+        for option in ("signature_header", "id_header", "topic_header"):
+            if src.scheme != "hmac-sha256" and getattr(src, option) is not None:
+                raise fail(f"{key}.{option}", f"only for scheme 'hmac-sha256' (scheme "
+                                              f"{src.scheme!r} names its own headers)")
+        if src.scheme == "standard":
+            for var, secret in zip(names, secrets, strict=True):
+                if not _standard_secret_ok(secret):
+                    raise fail(f"{key}.secret_env", f"environment variable {var}: not a "
+                                                    "Standard Webhooks secret ('whsec_' + base64)")
         for i, rule in enumerate(src.rules):
             if rule.policy not in policies:
                 raise fail(f"{key}.rules[{i}].policy", f"unknown policy {rule.policy!r}")
         webhooks[name] = WebhookSource(name=name, config=src, secrets=secrets)
 
     return Policies(upstreams=upstreams, policies=policies, webhooks=webhooks, source=source)
+
+
+def _standard_secret_ok(secret: str) -> bool:
+    try:
+        standard_key(secret)
+    except ValueError:
+        return False
+    return True
 
 
 def _secret(env: Mapping[str, str], var: str, fail: Any, key: str) -> str:

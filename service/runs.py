@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -106,6 +106,22 @@ _PICK = text("""
 """)
 
 
+# The batch row and the release of its items in one statement (one round trip per batch).
+_RELEASE_BATCH = text("""
+    WITH batch AS (
+        INSERT INTO batches (run_id, seq, digest, policy, policy_version, item_count)
+        VALUES (:run, :seq, :digest, :policy, :version, :n) RETURNING id
+    )
+    UPDATE items SET released_at = now(), batch_id = batch.id, updated_at = now()
+    FROM batch WHERE items.id = ANY(CAST(:ids AS bigint[]))
+""")
+# A publication transaction takes several batches (fewer commits: each one waits for the
+# WAL flush) but stays short: it stops after this many batches or this long, whichever
+# comes first, so no lock is held for long and a crash loses at most one chunk's work.
+CHUNK_MAX_BATCHES: Final = 20
+CHUNK_MAX_SECONDS: Final = 0.25
+
+
 def batch_digest(policy: str, version: int, cutoff: datetime, item_ids: list[int]) -> str:
     """A batch's durable identity: policy, version, cutoff and the sorted item ids."""
     h = hashlib.sha256(f"{policy}\x00{version}\x00{cutoff.isoformat()}\x00".encode())
@@ -160,31 +176,38 @@ async def _record_candidates(conn: AsyncConnection, run: Any) -> None:
          "newest": max((r.newest for r in rows), default=None), "id": run["id"]})
 
 
-async def _release_chunk(conn: AsyncConnection, run: Any, batch_size: int) -> int:
-    limit = batch_size
-    if run["max_items"] is not None:
-        limit = min(limit, run["max_items"] - run["released"])
-        if limit <= 0:
-            return 0
-    rows = (await conn.execute(_PICK, {**_filters(run), "limit": limit})).all()
-    if not rows:
-        return 0
-    ids = [r.id for r in rows]
-    policy, version = rows[0].policy, rows[0].policy_version
-    batch_id = (await conn.execute(text(
-        "INSERT INTO batches (run_id, seq, digest, policy, policy_version, item_count) "
-        "VALUES (:run, :seq, :digest, :policy, :version, :n) RETURNING id"),
-        {"run": run["id"], "seq": run["batches"], "policy": policy, "version": version,
-         "digest": batch_digest(policy, version, run["cutoff"], ids), "n": len(ids)})).scalar()
-    await conn.execute(text(
-        "UPDATE items SET released_at = now(), batch_id = :batch, updated_at = now() "
-        "WHERE id = ANY(CAST(:ids AS bigint[]))"), {"batch": batch_id, "ids": ids})
-    await conn.execute(text(
-        "UPDATE runs SET released = released + :n, batches = batches + 1 WHERE id = :id"),
-        {"n": len(ids), "id": run["id"]})
-    await conn.execute(text(f"NOTIFY {NOTIFY_CHANNEL}"))
-    metrics.ITEMS_RELEASED.inc(len(ids))  # counted a moment before the commit
-    return len(ids)
+async def _release_chunk(conn: AsyncConnection, run: Any, batch_size: int,
+                         max_batches: int = CHUNK_MAX_BATCHES) -> int:
+    """One publication transaction: up to `max_batches` batches, stopping early once it has
+    run for CHUNK_MAX_SECONDS. Returns the items released (0: nothing left)."""
+    started = time.perf_counter()
+    released = batches = 0
+    while batches < max_batches:
+        limit = batch_size
+        if run["max_items"] is not None:
+            limit = min(limit, run["max_items"] - run["released"] - released)
+            if limit <= 0:
+                break
+        rows = (await conn.execute(_PICK, {**_filters(run), "limit": limit})).all()
+        if not rows:
+            break
+        ids = [r.id for r in rows]
+        policy, version = rows[0].policy, rows[0].policy_version
+        await conn.execute(_RELEASE_BATCH, {
+            "run": run["id"], "seq": run["batches"] + batches, "policy": policy,
+            "version": version, "digest": batch_digest(policy, version, run["cutoff"], ids),
+            "n": len(ids), "ids": ids})
+        released += len(ids)
+        batches += 1
+        if len(ids) < limit or time.perf_counter() - started > CHUNK_MAX_SECONDS:
+            break
+    if released:
+        await conn.execute(text(
+            "UPDATE runs SET released = released + :n, batches = batches + :b WHERE id = :id"),
+            {"n": released, "b": batches, "id": run["id"]})
+        await conn.execute(text(f"NOTIFY {NOTIFY_CHANNEL}"))
+        metrics.ITEMS_RELEASED.inc(released)  # counted a moment before the commit
+    return released
 
 
 async def _finish(conn: AsyncConnection, run: Any) -> None:

@@ -53,6 +53,12 @@ class Settings(BaseSettings):
     db_pool_size: int = Field(default=10, ge=1, le=200)
     db_pool_timeout_seconds: float = Field(default=5.0, gt=0, le=120)
     db_statement_timeout_ms: int = Field(default=30_000, ge=100)
+    webhook_max_in_flight: int = Field(
+        default=64, ge=1, le=100_000,
+        description="webhook deliveries one process handles at once; more get 503")
+    webhook_db_pool_size: int = Field(
+        default=8, ge=1, le=200,
+        description="connections of the webhook intake's own pool (besides db_pool_size)")
     migrate_on_start: bool = True
     shutdown_grace_seconds: float = Field(default=20.0, ge=0, le=600)
     retention_days: float = Field(

@@ -17,6 +17,7 @@ import socket
 import time
 import uuid
 from collections import Counter
+from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -24,10 +25,27 @@ import asyncpg
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import claims, limiter, metrics
+from service import claims, limiter
 from service.claims import Completion, Lease
 from service.db.engine import is_unavailable, make_engine
-from service.outcomes import Answer, Classified, Failure, Outcome, classify, plan
+from service.db.statements import Database, HeldConnection
+from service.metrics import (
+    IN_FLIGHT,
+    LIMITER_WAITS,
+    SCOPE_SIGNALS,
+    TOKENS_GRANTED,
+    TOKENS_RETURNED,
+)
+from service.outcomes import (
+    UNKNOWN_POLICY_VERSION,
+    Answer,
+    Classified,
+    Failure,
+    Outcome,
+    classify,
+    plan,
+)
+from service.pipeline_counts import PipelineCounts
 from service.policies import Policies, Policy
 from service.settings import Settings
 from service.upstream import CallResult, Upstreams
@@ -37,6 +55,7 @@ log = logging.getLogger(__name__)
 IDLE_POLL_MIN_S: Final = 0.05
 IDLE_POLL_MAX_S: Final = 2.0
 FLUSH_INTERVAL_S: Final = 0.02
+FLUSH_STOP_TIMEOUT_S: Final = 5.0  # at shutdown, for a flush in progress to commit
 ERROR_BACKOFF_MAX_S: Final = 5.0
 LISTEN_PROBE_INTERVAL_S: Final = 10.0
 # How long a scope this process saw throttled (without a date) or refused is held locally
@@ -45,6 +64,20 @@ LOCAL_HOLD_S: Final = 1.0
 # A token spent later than this after its due moment (or one interval, if longer)
 # would crowd the tokens after it at the upstream; it is handed back instead.
 LATE_TOLERANCE_MIN_S: Final = 0.02
+# At most this many items per admission round. Calls of a round start one after another on
+# this event loop, and a token spent more than LATE_TOLERANCE_MIN_S after its moment goes
+# back unspent: rounds of 180 items (concurrency 256) handed back over half of what they
+# claimed, only to claim it again. Smaller rounds also overlap: the next round's statements
+# run while this round's calls do.
+MAX_ITEMS_PER_ROUND: Final = 64
+# When calls start so late that their tokens go back (this event loop is congested: many
+# answers to process, or too little CPU), the calls allowed in flight are halved, at most
+# once per round, and grow back by one per round without a late start. Without this, a
+# loopback drain at concurrency 256 claimed 88,634 leases for 20,000 items.
+MIN_CALLS_IN_FLIGHT: Final = 8
+# How long the scopes found with work may be served again without asking which scopes have
+# work (one round trip a round saved): a scope that gains work meanwhile waits this long.
+ELIGIBLE_REUSE_S: Final = 0.1
 CLOCK_SAMPLES: Final = 8  # round trips that calibrate the database-clock offset
 # No real scope can carry this name (scope names have no control characters).
 WARM_UP_SCOPE: Final = "\x01warm-up"
@@ -97,14 +130,26 @@ class WorkerPool:
         self.listen_url = listen_url
         self.grace_seconds = grace_seconds
         self._rng = rng or random.Random()
-        self._slots = asyncio.Semaphore(concurrency)
         self._in_flight: set[asyncio.Task[None]] = set()
+        self._limit = concurrency  # calls allowed in flight now (see MIN_CALLS_IN_FLIGHT)
+        self._round = 0
+        self._late_round = 0  # the latest round whose call started too late
+        self._slowed_round = 0  # the round at which the limit was last halved
+        self._slot_freed = asyncio.Event()
         self._done: list[Completion] = []
+        self._unstarted: list[tuple[Lease, str]] = []
+        # held only while run() is active: one for admission rounds, one for completions
+        self._admission: HeldConnection | None = None
+        self._completing: HeldConnection | None = None
+        self._counts = PipelineCounts()
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
+        self._flusher_stop = asyncio.Event()
         self._lease_seconds = {n: p.config.lease_seconds for n, p in policies.policies.items()}
         self._max_attempts = {n: p.config.max_attempts for n, p in policies.policies.items()}
         self._cursor = ""
+        self._eligible: list[tuple[str, int]] = []
+        self._eligible_at = 0.0
         self._closures: dict[str, limiter.Closure] = {}
         self._pauses: set[str] = set()
         self._recovered: set[str] = set()
@@ -120,47 +165,68 @@ class WorkerPool:
 
     async def run_once(self) -> int:
         """One admission round: pick scopes with work (round-robin, fair shares of the free
-        slots), take their tokens, claim at most that many items per scope, give unused
-        tokens back, and start the calls at once. Returns how many items were claimed."""
+        slots), then in one statement take their tokens and claim at most that many items
+        per scope (unused tokens never leave the bucket), and start the calls at once.
+        Returns how many items were claimed."""
         self.token_wait = None
-        free = self.concurrency - len(self._in_flight)
+        self._round += 1
+        if self._late_round > self._slowed_round:
+            self._limit = max(min(MIN_CALLS_IN_FLIGHT, self.concurrency), self._limit // 2)
+            self._slowed_round = self._round
+        elif self._limit < self.concurrency:
+            self._limit += 1
+        free = min(MAX_ITEMS_PER_ROUND, self._limit - len(self._in_flight))
         if free <= 0:
             return 0
-        scopes = await limiter.eligible_scopes(self.engine, cursor=self._cursor, limit=free)
-        if self._held_locally:
-            # this process heard the 429/401 itself: hold the scope without waiting for
-            # the database round trip that tells every other replica
-            now = time.monotonic()
-            self._held_locally = {s: t for s, t in self._held_locally.items() if t > now}
-            scopes = [(s, w) for s, w in scopes if s not in self._held_locally]
-        if not scopes:
-            return 0
-        self._cursor = scopes[-1][0]
-        grants = await limiter.take(self.engine, limiter.fair_shares(scopes, free))
+        async with self._on(self._admission) as db:
+            scopes = self._known_scopes(free)
+            if scopes is None:
+                scopes = await limiter.eligible_scopes(db, cursor=self._cursor, limit=free)
+                # every scope with work fits in this round: the list can serve the next
+                # rounds too (each scope keeps its fair share) until a scope runs dry
+                self._eligible = list(scopes) if len(scopes) < free else []
+                self._eligible_at = time.monotonic()
+            if self._held_locally:
+                # this process heard the 429/401 itself: hold the scope without waiting for
+                # the database round trip that tells every other replica
+                now = time.monotonic()
+                self._held_locally = {s: t for s, t in self._held_locally.items() if t > now}
+                scopes = [(s, w) for s, w in scopes if s not in self._held_locally]
+            if not scopes:
+                return 0
+            self._cursor = scopes[-1][0]
+            admitted = await claims.admit(db, owner=self.name,
+                                          wants=limiter.fair_shares(scopes, free),
+                                          lease_seconds=self._lease_seconds,
+                                          max_attempts=self._max_attempts)
+        self._forget_dry_scopes(admitted)
         received = time.monotonic()
-        by_scope = {g.scope: g for g in grants if g.granted > 0}
-        granted = {s: g.granted for s, g in by_scope.items()}
-        # the local moment of each grant, on this process's calibrated database clock
-        granted_at = {s: self._clock.local(g.granted_at, received) for s, g in by_scope.items()}
-        waits = [g.wait_seconds for g in grants if g.granted == 0]
-        self.token_wait = min(waits) if waits and not granted else None
+        leases = admitted.leases
+        granted = sum(g.granted for g in admitted.grants)
+        TOKENS_GRANTED.inc(granted)
+        if granted - len(leases):
+            TOKENS_RETURNED.inc(granted - len(leases))
         if not granted:
+            waits = [g.wait_seconds for g in admitted.grants]
+            if waits:  # scopes with work, open, and no token for any of them
+                LIMITER_WAITS.inc()
+                self.token_wait = min(waits)
             return 0
-        claimed = await claims.claim(self.engine, owner=self.name, grants=granted,
-                                     lease_seconds=self._lease_seconds,
-                                     max_attempts=self._max_attempts)
-        used = Counter(lease.scope for lease in claimed.leases)
+        if not leases:
+            return 0
+        self.reclaimed += self._counts.claimed(leases)
         if self._stopping.is_set():
             # stop() arrived while the claim was committing: nothing was called yet, so the
             # leases and their tokens go straight back without counting an attempt
-            await claims.release(self.engine, claimed.leases)
-            used.clear()
-        await limiter.give_back(self.engine, {s: n - used[s] for s, n in granted.items()})
-        self.reclaimed += claimed.reclaimed
-        if self._stopping.is_set():
+            await self._hand_back(leases, {"shutdown": len(leases)})
             return 0
+        by_scope = {g.scope: g for g in admitted.grants}
         position: Counter[str] = Counter()
-        for lease in claimed.leases:
+        # the local moment of each grant, on this process's calibrated database clock
+        granted_at = {g.scope: self._clock.local(g.granted_at, received)
+                      for g in admitted.grants if g.granted}
+        IN_FLIGHT.inc(len(leases))
+        for lease in leases:
             # each item is called when its token is due on the database's schedule (at most
             # the lookahead from now); a token whose moment passed long ago (a slow claim)
             # is handed back rather than spent late, where it would crowd the next ones
@@ -168,11 +234,51 @@ class WorkerPool:
             due = granted_at[lease.scope] + grant.due_in(position[lease.scope])
             position[lease.scope] += 1
             give_up = due + max(LATE_TOLERANCE_MIN_S, 1.0 / grant.rate)
-            await self._slots.acquire()
-            task = asyncio.create_task(self._attempt(lease, due, give_up))
+            task = asyncio.create_task(self._attempt(lease, due, give_up, self._round))
             self._in_flight.add(task)
-            task.add_done_callback(self._in_flight.discard)
-        return len(claimed.leases)
+            task.add_done_callback(self._call_done)
+        return len(leases)
+
+    def _known_scopes(self, free: int) -> list[tuple[str, int]] | None:
+        """The scopes of an earlier round, while they are all still known to have work and
+        none can have been missed for long; None when they must be read again."""
+        if (not self._eligible or len(self._eligible) >= free
+                or time.monotonic() - self._eligible_at > ELIGIBLE_REUSE_S):
+            return None
+        return self._eligible
+
+    def _forget_dry_scopes(self, admitted: claims.Admission) -> None:
+        if not self._eligible:
+            return
+        used = Counter(lease.scope for lease in admitted.leases)
+        granted = {g.scope: g.granted for g in admitted.grants}
+        # a scope that is closed or paused (no grant row) or had fewer items than tokens
+        # is read again with the others; one that only lacked tokens still has work
+        if any(scope not in granted or used[scope] < granted[scope]
+               for scope, _ in self._eligible):
+            self._eligible = []
+
+    def _call_done(self, task: asyncio.Task[None]) -> None:
+        self._in_flight.discard(task)
+        self._slot_freed.set()
+
+    async def _hand_back(self, leases: list[Lease], reasons: Mapping[str, int]) -> None:
+        """Return leases that were never called, and their tokens, without an attempt (one
+        statement: under CPU starvation whole rounds come due late, and a release plus a
+        give_back transaction for each lease made the backlog of them grow)."""
+        async with self._on(self._completing) as db:
+            await claims.hand_back(db, leases)
+        self._counts.returned(reasons)
+
+    @contextlib.asynccontextmanager
+    async def _on(self, held: HeldConnection | None) -> AsyncIterator[Database]:
+        """The held connection while `run()` is active, else the engine (tests drive
+        `run_once()` and `flush()` without a loop)."""
+        if held is None:
+            yield self.engine
+        else:
+            async with held.use() as conn:
+                yield conn
 
     async def drain(self) -> None:
         """Wait for every call in flight and commit their outcomes."""
@@ -181,23 +287,29 @@ class WorkerPool:
         await self.flush()
 
     async def flush(self) -> None:
-        """Commit the outcomes gathered so far."""
+        """Commit the outcomes gathered so far (one statement), then count them; hand back
+        leases that were never called."""
         await self._apply_scope_signals()
+        unstarted, self._unstarted = self._unstarted, []
+        if unstarted:
+            try:
+                await self._hand_back([lease for lease, _ in unstarted],
+                                      Counter(reason for _, reason in unstarted))
+            except Exception:
+                self._unstarted = unstarted + self._unstarted
+                raise
         batch, self._done = self._done, []
         if not batch:
             return
         try:
-            fenced = await claims.complete(self.engine, batch)
+            async with self._on(self._completing) as db:
+                fenced = await claims.complete(db, batch)
         except Exception:
             self._done = batch + self._done  # keep them; the next flush retries
             raise
         self.completed += len(batch) - len(fenced)
         self.fenced += len(fenced)
-        late = set(fenced)
-        for done in batch:
-            if done.lease.item_id in late:
-                metrics.LATE_COMPLETIONS.labels(done.lease.policy).inc()
-                log.warning("late completion fenced out", extra={"item_id": done.lease.item_id})
+        self._counts.completed(batch, set(fenced))
 
     async def _apply_scope_signals(self) -> None:
         closures, self._closures = self._closures, {}
@@ -228,11 +340,13 @@ class WorkerPool:
                 delay = min(delay, cfg.retry_after_max_seconds)
             self._add_closure(lease.scope, delay, cfg.backoff.base_seconds,
                               cfg.backoff.max_seconds)
+            SCOPE_SIGNALS.labels("throttled").inc()
             if delay is None:
                 self._backed_off.add(lease.scope)
             self._held_locally[lease.scope] = time.monotonic() + (
                 delay if delay is not None else min(LOCAL_HOLD_S, cfg.backoff.base_seconds))
         elif verdict.outcome is Outcome.UNAUTHORIZED:
+            SCOPE_SIGNALS.labels("unauthorized").inc()
             self._pauses.add(lease.scope)
             self._held_locally[lease.scope] = time.monotonic() + LOCAL_HOLD_S
         elif verdict.outcome is Outcome.SUCCEEDED and lease.scope in self._backed_off:
@@ -241,6 +355,7 @@ class WorkerPool:
             self._recovered.add(lease.scope)
         if answer.quota_reset_seconds is not None:
             # the upstream says the quota is spent: slow down before it answers 429
+            SCOPE_SIGNALS.labels("quota_exhausted").inc()
             self._add_closure(lease.scope, min(answer.quota_reset_seconds,
                                                cfg.retry_after_max_seconds),
                               cfg.backoff.base_seconds, cfg.backoff.max_seconds)
@@ -256,23 +371,27 @@ class WorkerPool:
 
     # -- one attempt -----------------------------------------------------------------
 
-    async def _attempt(self, lease: Lease, due: float = 0.0, give_up: float = math.inf
-                       ) -> None:
+    async def _attempt(self, lease: Lease, due: float = 0.0, give_up: float = math.inf,
+                       round_no: int = 0) -> None:
         try:
             delay = due - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            if (self._stopping.is_set() or lease.scope in self._held_locally
-                    or time.monotonic() > give_up):
-                # not called: the lease and its token go back, no attempt counted
-                await claims.release(self.engine, [lease])
-                await limiter.give_back(self.engine, {lease.scope: 1})
+            unstarted = ("shutdown" if self._stopping.is_set()
+                         else "scope_held" if lease.scope in self._held_locally
+                         else "late_token" if time.monotonic() > give_up else None)
+            if unstarted == "late_token":
+                self._late_round = max(self._late_round, round_no)
+            if unstarted is not None:
+                # not called: the lease and its token go back with the next flush (one
+                # statement for all of them), no attempt counted
+                self._unstarted.append((lease, unstarted))
                 return
             policy = self.policies.policy(lease.policy)
             started = datetime.now(UTC)
             if policy is None or policy.version != lease.policy_version:
                 result = CallResult(Answer(failure=Failure.INVALID_REQUEST), 0.0)
-                reason_override = "unknown_policy_version"
+                reason_override: str | None = UNKNOWN_POLICY_VERSION
             else:
                 reason_override = None
                 try:
@@ -291,7 +410,7 @@ class WorkerPool:
                 with contextlib.suppress(Exception):
                     await self._apply_scope_signals()
         finally:
-            self._slots.release()
+            IN_FLIGHT.dec()
 
     def _completion(self, lease: Lease, policy: Policy | None, result: CallResult,
                     started: datetime, reason_override: str | None) -> Completion:
@@ -311,10 +430,11 @@ class WorkerPool:
         self._note_signal(lease, policy, verdict, result.answer)
         # successes are the bulk: DEBUG; anything else is worth a line at INFO
         level = logging.DEBUG if verdict.outcome is Outcome.SUCCEEDED else logging.INFO
-        log.log(level, "attempt", extra={
-            "item_id": lease.item_id, "operation_key": lease.operation_key,
-            "scope": lease.scope, "outcome": verdict.outcome.value,
-            "http_status": result.answer.status, "attempt": lease.attempt})
+        if log.isEnabledFor(level):  # the extra dict is built only for a line written
+            log.log(level, "attempt", extra={
+                "item_id": lease.item_id, "operation_key": lease.operation_key,
+                "policy": lease.policy, "scope": lease.scope, "outcome": verdict.outcome.value,
+                "http_status": result.answer.status, "attempt": lease.attempt})
         return Completion(
             lease=lease, worker=self.name, outcome=verdict.outcome.value,
             status=next_step.status, reason=reason_override or next_step.reason,
@@ -328,6 +448,8 @@ class WorkerPool:
 
     async def run(self) -> None:
         """Claim, call and complete until stop(); survives database outages."""
+        self._admission = HeldConnection(self.engine)
+        self._completing = HeldConnection(self.engine)
         await self._warm_up()
         listener = asyncio.create_task(self._listen()) if self.listen_url else None
         flusher = asyncio.create_task(self._flush_loop())
@@ -349,7 +471,7 @@ class WorkerPool:
                     continue
                 if claimed:
                     idle = IDLE_POLL_MIN_S
-                    if len(self._in_flight) >= self.concurrency:
+                    if len(self._in_flight) >= self._limit:
                         await self._wait_for_slot()
                     continue
                 if self.token_wait is not None:
@@ -373,10 +495,10 @@ class WorkerPool:
             for _ in range(CLOCK_SAMPLES):
                 db_time = await limiter.database_time(self.engine)
                 self._clock.local(db_time, time.monotonic())
-            await limiter.eligible_scopes(self.engine, cursor="", limit=1)
-            await limiter.take(self.engine, {WARM_UP_SCOPE: 1})
-            await claims.claim(self.engine, owner=self.name, grants={WARM_UP_SCOPE: 1},
-                               lease_seconds=self._lease_seconds)
+            async with self._on(self._admission) as db:
+                await limiter.eligible_scopes(db, cursor="", limit=1)
+                await claims.admit(db, owner=self.name, wants={WARM_UP_SCOPE: 1},
+                                   lease_seconds=self._lease_seconds)
 
     async def _finish(self, flusher: asyncio.Task[None], listener: asyncio.Task[None] | None
                       ) -> None:
@@ -389,6 +511,10 @@ class WorkerPool:
             if late:
                 log.warning("calls abandoned at shutdown", extra={"count": len(late)})
                 await asyncio.wait(late)
+        # let a flush in progress finish: cancelled mid-statement, its outcomes were lost
+        # (the items then waited for their leases to expire and were called again)
+        self._flusher_stop.set()
+        await asyncio.wait([flusher], timeout=FLUSH_STOP_TIMEOUT_S)
         flusher.cancel()
         if listener is not None:
             listener.cancel()
@@ -396,18 +522,27 @@ class WorkerPool:
             if helper is not None:
                 with contextlib.suppress(asyncio.CancelledError):
                     await helper
-        for _ in range(50):
-            try:
-                await self.flush()
-                return
-            except Exception as exc:
-                if not is_unavailable(exc):
-                    raise
-                await asyncio.sleep(0.2)
+        try:
+            for _ in range(50):
+                try:
+                    await self.flush()
+                    return
+                except Exception as exc:
+                    if not is_unavailable(exc):
+                        raise
+                    await asyncio.sleep(0.2)
+        finally:
+            for held in (self._admission, self._completing):
+                if held is not None:
+                    await held.close()
+            self._admission = self._completing = None
 
     async def _wait_for_slot(self) -> None:
-        if self._in_flight:
-            await asyncio.wait(list(self._in_flight), return_when=asyncio.FIRST_COMPLETED)
+        # woken by each finished call: O(1) per call, where asyncio.wait over every task
+        # in flight cost O(concurrency) per round
+        while len(self._in_flight) >= self._limit and not self._stopping.is_set():
+            self._slot_freed.clear()
+            await self._slot_freed.wait()
 
     async def _sleep(self, seconds: float) -> None:
         self._wake.clear()
@@ -418,7 +553,7 @@ class WorkerPool:
                 await self._wake.wait()
 
     async def _flush_loop(self) -> None:
-        while True:
+        while not self._flusher_stop.is_set():
             await asyncio.sleep(FLUSH_INTERVAL_S)
             try:
                 await self.flush()
@@ -458,6 +593,7 @@ class WorkerPool:
         """Stop claiming; calls in flight finish and their outcomes are committed."""
         self._stopping.set()
         self._wake.set()
+        self._slot_freed.set()
 
 
 def listen_url_of(url: URL) -> str:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from service.api.problems import validation_problem
 from service.errors import Problem
 from service.runtime import Runtime
 
@@ -39,3 +40,26 @@ def require_operator(
 
 
 OperatorDep = Annotated[str, Depends(require_operator)]
+
+
+def reject_unknown_query(request: Request) -> None:
+    """A query parameter the route does not declare is a 422 naming it (a typo such as
+    `?limt=10` must not be silently ignored), never its value."""
+    route = request.scope.get("route")
+    dependant = getattr(route, "dependant", None)
+    if dependant is None:
+        return
+    allowed = _query_names(dependant)
+    unknown = sorted(set(request.query_params) - allowed)
+    if unknown:
+        raise validation_problem([
+            {"loc": ["query", name[:64]], "type": "unknown_parameter",
+             "message": "this operation has no such query parameter"} for name in unknown[:20]])
+
+
+def _query_names(dependant: Any) -> set[str]:
+    """The query parameters a route declares, its dependencies' included."""
+    names = {str(param.alias) for param in dependant.query_params}
+    for sub in dependant.dependencies:
+        names |= _query_names(sub)
+    return names

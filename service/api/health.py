@@ -10,7 +10,7 @@ from pydantic import BaseModel
 from sqlalchemy import text
 
 from service.api.deps import RuntimeDep
-from service.api.problems import ProblemDetails
+from service.api.problems import problem_responses
 from service.db.engine import is_unavailable
 from service.db.migrate import is_known
 from service.errors import Problem
@@ -34,7 +34,7 @@ async def healthz() -> Health:
 
 
 @router.get("/readyz", operation_id="readyz", response_model=Health,
-            responses={503: {"model": ProblemDetails, "description": "not ready"}})
+            responses=problem_responses(503))
 async def readyz(runtime: RuntimeDep) -> Health:
     """Readiness: the database answers and its schema is at this build's head revision, or
     at a revision this build does not know: a newer one, applied by the next release's

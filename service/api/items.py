@@ -6,26 +6,60 @@ from datetime import datetime
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Body, Query
+from fastapi.openapi.models import Example
 from pydantic import AwareDatetime, BaseModel, Field
 
 from service import ledger
 from service.api.deps import OperatorDep, RuntimeDep
-from service.api.problems import ProblemDetails, validation_problem
+from service.api.problems import problem_responses, validation_problem
 from service.errors import Problem
 
 MAX_ITEMS_PER_REQUEST = 10_000
 
-router = APIRouter(prefix="/v1", tags=["items"], responses={
-    401: {"model": ProblemDetails, "description": "no valid token"},
-    422: {"model": ProblemDetails, "description": "invalid entries, named"}})
+router = APIRouter(prefix="/v1", tags=["items"], responses=problem_responses(401, 422, 503))
+# the routes that read a JSON body may also answer 400 for one that does not parse
+BODY_ERRORS = problem_responses(400)
+
+REGISTER_EXAMPLES: dict[str, Example] = {
+    "carts": {"summary": "two carts of one shop, due at the end of their retention",
+              "value": {"items": [
+                  {"tenant_id": "acme.myshopify.com", "object_id": "cart-8812",
+                   "policy": "cart-retention", "due_at": "2026-12-01T00:00:00Z"},
+                  {"tenant_id": "acme.myshopify.com", "object_id": "cart-8813",
+                   "policy": "cart-retention", "due_at": "2026-12-02T00:00:00Z"}]}},
+}
+REDRIVE_EXAMPLES: dict[str, Example] = {
+    "by-reason": {"summary": "every dead item of a policy that failed with one reason",
+                  "value": {"policy": "cart-retention", "reason": "http_422",
+                            "why": "upstream fixed its validation bug (INC-1234)"}},
+    "by-identity": {"summary": "named items, under the policy's current version",
+                    "value": {"items": [{"tenant_id": "acme.myshopify.com",
+                                         "object_id": "cart-8812",
+                                         "policy": "cart-retention"}],
+                              "why": "customer asked again"}},
+}
+CANCEL_EXAMPLES: dict[str, Example] = {
+    "by-id": {"summary": "withdraw items by id before they run",
+              "value": {"ids": [41, 42], "why": "registered by mistake"}},
+    "tenant": {"summary": "everything pending for one tenant",
+               "value": {"tenant_id": "acme.myshopify.com",
+                         "why": "tenant left; its store is deleted wholesale"}},
+}
+
+
+# What the contract can state about an id: 1-512 characters, no control characters. The
+# ledger's own limit is 512 UTF-8 bytes, checked after validation (a 422 naming the entry).
+ID_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]*$"
 
 
 class ItemIn(BaseModel):
     """One obligation: remove this object of this tenant under this policy once due."""
 
-    tenant_id: str = Field(examples=["acme.myshopify.com"])
-    object_id: str = Field(examples=["cart-8812"])
-    policy: str = Field(examples=["cart-retention"])
+    tenant_id: str = Field(examples=["acme.myshopify.com"], min_length=1, max_length=512,
+                           pattern=ID_PATTERN)
+    object_id: str = Field(examples=["cart-8812"], min_length=1, max_length=512,
+                           pattern=ID_PATTERN)
+    policy: str = Field(examples=["cart-retention"], min_length=1)
     due_at: AwareDatetime = Field(examples=["2026-12-01T00:00:00Z"])
 
 
@@ -43,9 +77,11 @@ class RegistrationOut(BaseModel):
     unchanged: int
 
 
-@router.post("/items", operation_id="registerItems", response_model=RegistrationOut)
+@router.post("/items", operation_id="registerItems", response_model=RegistrationOut,
+             responses=BODY_ERRORS)
 async def register_items(runtime: RuntimeDep, _actor: OperatorDep,
-                         body: Annotated[ItemsIn, Body()]) -> RegistrationOut:
+                         body: Annotated[ItemsIn, Body(openapi_examples=REGISTER_EXAMPLES)]
+                         ) -> RegistrationOut:
     """Register obligations. The same item twice is one row; an earlier due_at wins."""
     errors = []
     registrations = []
@@ -173,18 +209,22 @@ def _selection(runtime: RuntimeDep, body: ItemSelection) -> ledger.ItemFilter:
                              tenant_id=body.tenant_id, reason=body.reason)
 
 
-@router.post("/items/redrive", operation_id="redriveItems", response_model=ChangeOut)
+@router.post("/items/redrive", operation_id="redriveItems", response_model=ChangeOut,
+             responses=BODY_ERRORS)
 async def redrive_items(runtime: RuntimeDep, actor: OperatorDep,
-                        body: Annotated[ItemSelection, Body()]) -> ChangeOut:
+                        body: Annotated[ItemSelection, Body(openapi_examples=REDRIVE_EXAMPLES)]
+                        ) -> ChangeOut:
     """Put dead items back to pending with attempts reset, after the cause is fixed."""
     ids = await ledger.redrive(runtime.engine, _selection(runtime, body), actor=actor,
                                reason=body.why, limit=body.limit)
     return ChangeOut(count=len(ids), item_ids=ids)
 
 
-@router.post("/items/cancel", operation_id="cancelItems", response_model=ChangeOut)
+@router.post("/items/cancel", operation_id="cancelItems", response_model=ChangeOut,
+             responses=BODY_ERRORS)
 async def cancel_items(runtime: RuntimeDep, actor: OperatorDep,
-                       body: Annotated[ItemSelection, Body()]) -> ChangeOut:
+                       body: Annotated[ItemSelection, Body(openapi_examples=CANCEL_EXAMPLES)]
+                       ) -> ChangeOut:
     """Withdraw pending items before they run (leased items are in flight and stay)."""
     ids = await ledger.cancel(runtime.engine, _selection(runtime, body), actor=actor,
                               reason=body.why, limit=body.limit)

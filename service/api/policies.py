@@ -6,10 +6,9 @@ from fastapi import APIRouter
 from pydantic import BaseModel
 
 from service.api.deps import OperatorDep, RuntimeDep
-from service.api.problems import ProblemDetails
+from service.api.problems import problem_responses
 
-router = APIRouter(prefix="/v1", tags=["policies"],
-                   responses={401: {"model": ProblemDetails, "description": "no valid token"}})
+router = APIRouter(prefix="/v1", tags=["policies"], responses=problem_responses(401))
 
 
 class PolicyView(BaseModel):

@@ -9,10 +9,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import asyncpg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException
@@ -37,16 +38,78 @@ _HTTP_SLUGS = {
 }
 
 
+class ValidationIssue(BaseModel):
+    """One failing location of a request and the rule it broke (never the value sent)."""
+
+    loc: list[str] = Field(examples=[["body", "items", "0", "due_at"]])
+    message: str = Field(examples=["Input should have timezone info"])
+    type: str = Field(examples=["timezone_aware"])
+
+
 class ProblemDetails(BaseModel):
-    """The error document every non-2xx answer carries (RFC 9457)."""
+    """The error document every non-2xx answer carries (RFC 9457). Extension members may
+    follow (e.g. `run_id` on an idempotency conflict)."""
+
+    model_config = ConfigDict(extra="allow")
 
     type: str = Field(examples=["urn:sweeper:problem:validation-error"])
     title: str
     status: int
     detail: str | None = None
     instance: str | None = None
-    errors: list[dict[str, Any]] | None = Field(
+    errors: list[ValidationIssue] | None = Field(
         default=None, description="for validation errors: where and which rule, never the value")
+
+
+_SCHEMA_REF = "#/components/schemas/{model}"
+RETRY_AFTER_HEADER = {"Retry-After": {"description": "seconds to wait before retrying",
+                                "schema": {"type": "integer", "minimum": 0}}}
+# Every error answer a route may declare: a description and the headers it carries.
+_DECLARED: dict[int, tuple[str, dict[str, Any]]] = {
+    400: ("the body is not valid JSON (`malformed-json`)", {}),
+    401: ("no valid bearer token (`unauthorized`)",
+          {"WWW-Authenticate": {"description": 'always `Bearer realm="sweeper"`',
+                                "schema": {"type": "string"}}}),
+    404: ("no such resource (`*-not-found`)", {}),
+    409: ("the Idempotency-Key started a run with a different request "
+          "(`idempotency-key-reused`; `run_id` names that run)", {}),
+    422: ("the request is not valid: each failing location and rule is named, never the "
+          "value (`validation-error`, `unknown-policy`, `empty-selection`)", {}),
+    503: ("the ledger database is unreachable or busy (`database-unavailable`), or the "
+          "schema is not at this build's head (`schema-not-at-head`)", RETRY_AFTER_HEADER),
+}
+
+
+def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` declaring the problem+json answers a route can give; routers
+    pass this instead of repeating the declarations."""
+    return {status: problem_doc(*_DECLARED[status]) for status in statuses}
+
+
+def problem_doc(description: str, headers: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One declared problem+json answer, for routes whose errors read differently from the
+    operator API's (the webhook intake)."""
+    schema = {"$ref": _SCHEMA_REF.format(model=ProblemDetails.__name__)}
+    doc: dict[str, Any] = {"description": description,
+                           "content": {PROBLEM_MEDIA_TYPE: {"schema": schema}}}
+    if headers:
+        doc["headers"] = headers
+    return doc
+
+
+def _document_problems(app: FastAPI) -> None:
+    """Add the ProblemDetails schema that `problem_responses` refers to to the app's
+    OpenAPI document (FastAPI lists only models used as a response_model or body)."""
+    generate = app.openapi  # FastAPI's: cached until the routes change
+    problem = ProblemDetails.model_json_schema(ref_template=_SCHEMA_REF)
+    added = {**problem.pop("$defs", {}), ProblemDetails.__name__: problem}
+
+    def openapi() -> dict[str, Any]:
+        document = generate()
+        document.setdefault("components", {}).setdefault("schemas", {}).update(added)
+        return document
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def problem_response(problem: Problem, request: Request | None = None) -> JSONResponse:
@@ -102,7 +165,30 @@ def database_unavailable() -> Problem:
                    headers={"Retry-After": str(DATABASE_RETRY_AFTER_SECONDS)})
 
 
+def _unstorable_text(exc: BaseException) -> bool:
+    """True when `exc` (or what caused it) says the request carried text PostgreSQL cannot
+    store: a NUL character, or an unpaired surrogate (valid JSON escapes both)."""
+    seen: BaseException | None = exc
+    for _ in range(5):
+        if seen is None:
+            return False
+        if isinstance(seen, UnicodeEncodeError | asyncpg.CharacterNotInRepertoireError |
+                      asyncpg.UntranslatableCharacterError):
+            return True
+        seen = getattr(seen, "orig", None) or seen.__cause__ or seen.__context__
+    return False
+
+
+def unstorable_text() -> Problem:
+    """The 422 for text the database cannot hold; nothing was written."""
+    return Problem(422, "unstorable-text", "Request is not valid",
+                   "a text value contains a NUL character or an unpaired surrogate, which "
+                   "the ledger cannot store; nothing was changed")
+
+
 async def _on_database(request: Request, exc: Exception) -> JSONResponse:
+    if _unstorable_text(exc):
+        return problem_response(unstorable_text(), request)
     if isinstance(exc, DatabaseUnavailable | PoolTimeoutError) or is_unavailable(exc):
         log.warning("database unavailable", extra={"path": request.url.path,
                                                    "error": type(exc).__name__})
@@ -117,6 +203,8 @@ async def _on_database(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    if _unstorable_text(exc):
+        return problem_response(unstorable_text(), request)
     log.error("unhandled error", extra={"path": request.url.path},
               exc_info=(type(exc), exc, exc.__traceback__))
     problem = Problem(500, "internal-error", "Internal error",
@@ -125,7 +213,8 @@ async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
 
 
 def install_problem_handlers(app: FastAPI) -> None:
-    """Make every error answer problem+json."""
+    """Make every error answer problem+json, and document its schema."""
+    _document_problems(app)
     app.add_exception_handler(Problem, _on_problem)
     app.add_exception_handler(RequestValidationError, _on_validation)
     app.add_exception_handler(HTTPException, _on_http)

@@ -8,18 +8,28 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Header, Path, Query, Response
+from fastapi.openapi.models import Example
 from fastapi.responses import StreamingResponse
 from pydantic import AwareDatetime, BaseModel, Field
 
 from service import runs
 from service.api.deps import OperatorDep, RuntimeDep
-from service.api.problems import ProblemDetails
+from service.api.problems import problem_responses
 from service.errors import Problem
 
 MAX_BIGINT = 2**63 - 1
 
-router = APIRouter(prefix="/v1", tags=["runs"], responses={
-    401: {"model": ProblemDetails, "description": "no valid token"}})
+router = APIRouter(prefix="/v1", tags=["runs"], responses=problem_responses(401, 503))
+
+RUN_EXAMPLES: dict[str, Example] = {
+    "scheduled": {"summary": "a cron trigger for one policy",
+                  "value": {"policy": "cart-retention"}},
+    "report-only": {"summary": "a dry run first: figures only, nothing released",
+                    "value": {"policy": "cart-retention", "dry_run": True}},
+    "rollout": {"summary": "one tenant, a small cap, a fixed cutoff",
+                "value": {"policy": "cart-retention", "tenant_id": "acme.myshopify.com",
+                          "cutoff": "2026-11-30T00:00:00Z", "max_items": 500}},
+}
 
 
 class RunIn(BaseModel):
@@ -67,18 +77,17 @@ class RunPage(BaseModel):
 
 @router.post("/runs", operation_id="createRun", status_code=202, response_model=RunOut,
              responses={200: {"model": RunOut, "description": "the run this key already started"},
-                        409: {"model": ProblemDetails, "description": "key reused with a "
-                              "different request"},
-                        422: {"model": ProblemDetails, "description": "invalid request"}})
+                        **problem_responses(400, 409, 422)})
 async def create_run(runtime: RuntimeDep, _actor: OperatorDep, response: Response,
-                     body: Annotated[RunIn | None, Body()] = None,
+                     body: Annotated[RunIn | None, Body(openapi_examples=RUN_EXAMPLES)] = None,
                      idempotency_key: Annotated[str | None, Header(max_length=512)] = None,
                      ) -> RunOut:
     """Record a run and start publication; answers at once whatever the backlog."""
     request = body or RunIn()
     if request.policy is not None and runtime.policies.policy(request.policy) is None:
+        # the name is not echoed: whatever a caller sent may be customer data
         raise Problem(422, "unknown-policy", "Unknown policy",
-                      f"no policy named {request.policy!r} in the policies file")
+                      "no such policy in the policies file (GET /v1/policies lists them)")
     run_id, created = await runs.create_run(
         runtime.engine, runs.RunRequest(request.policy, request.tenant_id, request.cutoff,
                                         request.dry_run, request.max_items),
@@ -91,7 +100,8 @@ async def create_run(runtime: RuntimeDep, _actor: OperatorDep, response: Respons
     return RunOut.model_validate(status)
 
 
-@router.get("/runs", operation_id="listRuns", response_model=RunPage)
+@router.get("/runs", operation_id="listRuns", response_model=RunPage,
+            responses=problem_responses(422))
 async def list_runs(runtime: RuntimeDep, _actor: OperatorDep,
                     limit: Annotated[int, Query(ge=1, le=500)] = 50,
                     before: Annotated[int | None, Query(ge=1, le=MAX_BIGINT)] = None
@@ -103,7 +113,7 @@ async def list_runs(runtime: RuntimeDep, _actor: OperatorDep,
 
 
 @router.get("/runs/{run_id}", operation_id="getRun", response_model=RunOut,
-            responses={404: {"model": ProblemDetails, "description": "no such run"}})
+            responses=problem_responses(404, 422))
 async def get_run(runtime: RuntimeDep, _actor: OperatorDep,
                   run_id: Annotated[int, Path(ge=1, le=MAX_BIGINT)]) -> RunOut:
     """A run with counts by item status, attempts by outcome and the oldest remaining item."""
@@ -117,7 +127,7 @@ async def get_run(runtime: RuntimeDep, _actor: OperatorDep,
             response_class=StreamingResponse,
             responses={200: {"content": {"application/x-ndjson": {}},
                              "description": "one JSON object per line per succeeded item"},
-                       404: {"model": ProblemDetails, "description": "no such run"}})
+                       **problem_responses(404, 422)})
 async def get_run_evidence(runtime: RuntimeDep, _actor: OperatorDep,
                            run_id: Annotated[int, Path(ge=1, le=MAX_BIGINT)]
                            ) -> StreamingResponse:

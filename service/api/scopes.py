@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Body, Path, Query
+from fastapi.openapi.models import Example
 from pydantic import BaseModel, Field
 
 from service import scopes
 from service.api.deps import OperatorDep, RuntimeDep
-from service.api.problems import ProblemDetails
+from service.api.problems import problem_responses
 from service.errors import Problem
 
-router = APIRouter(prefix="/v1", tags=["scopes"], responses={
-    401: {"model": ProblemDetails, "description": "no valid token"}})
+router = APIRouter(prefix="/v1", tags=["scopes"], responses=problem_responses(401, 503))
 
 ScopeName = Annotated[str, Path(min_length=1, max_length=512)]
 
@@ -68,8 +68,21 @@ class WorkersOut(BaseModel):
     updated_at: datetime
 
 
-_NOT_FOUND: dict[int | str, dict[str, Any]] = {
-    404: {"model": ProblemDetails, "description": "no such scope"}}
+# a scope route with a body: bad JSON, no such scope, an invalid body
+_SCOPE_ERRORS = problem_responses(400, 404, 422)
+# an optional JSON body: bad JSON or an invalid body
+_BODY_ERRORS = problem_responses(400, 422)
+
+BUDGET_EXAMPLES: dict[str, Example] = {
+    "slower": {"summary": "halve a tenant's rate after the upstream complained",
+               "value": {"rate_per_second": 2.5, "burst": 5,
+                         "reason": "upstream asked for less (ticket 4411)"}},
+}
+REASON_EXAMPLES: dict[str, Example] = {
+    "why": {"summary": "why, for the audit trail",
+            "value": {"reason": "upstream maintenance window"}},
+}
+ReasonBody = Annotated[ReasonIn | None, Body(openapi_examples=REASON_EXAMPLES)]
 
 
 async def _changed(runtime: RuntimeDep, name: str, found: bool) -> ScopeOut:
@@ -80,7 +93,8 @@ async def _changed(runtime: RuntimeDep, name: str, found: bool) -> ScopeOut:
     return ScopeOut.model_validate(rows[0])
 
 
-@router.get("/scopes", operation_id="listScopes", response_model=ScopePage)
+@router.get("/scopes", operation_id="listScopes", response_model=ScopePage,
+            responses=problem_responses(422))
 async def list_scopes(runtime: RuntimeDep, _actor: OperatorDep,
                       after: Annotated[str | None, Query(max_length=512)] = None,
                       limit: Annotated[int, Query(ge=1, le=500)] = 100) -> ScopePage:
@@ -91,9 +105,10 @@ async def list_scopes(runtime: RuntimeDep, _actor: OperatorDep,
 
 
 @router.put("/scopes/{scope}", operation_id="setScopeBudget", response_model=ScopeOut,
-            responses=_NOT_FOUND)
+            responses=_SCOPE_ERRORS)
 async def set_budget(runtime: RuntimeDep, actor: OperatorDep, scope: ScopeName,
-                     body: Annotated[BudgetIn, Body()]) -> ScopeOut:
+                     body: Annotated[BudgetIn, Body(openapi_examples=BUDGET_EXAMPLES)]
+                     ) -> ScopeOut:
     """Change a scope's rate and burst at run time."""
     found = await scopes.set_budget(runtime.engine, scope, rate=body.rate_per_second,
                                     burst=body.burst, weight=body.weight, actor=actor,
@@ -102,9 +117,9 @@ async def set_budget(runtime: RuntimeDep, actor: OperatorDep, scope: ScopeName,
 
 
 @router.post("/scopes/{scope}/pause", operation_id="pauseScope", response_model=ScopeOut,
-             responses=_NOT_FOUND)
+             responses=_SCOPE_ERRORS)
 async def pause_scope(runtime: RuntimeDep, actor: OperatorDep, scope: ScopeName,
-                      body: Annotated[ReasonIn | None, Body()] = None) -> ScopeOut:
+                      body: ReasonBody = None) -> ScopeOut:
     """Stop calls for one scope; its items wait, unpunished."""
     found = await scopes.set_paused(runtime.engine, scope, paused=True, actor=actor,
                                     reason=body.reason if body else None)
@@ -112,9 +127,9 @@ async def pause_scope(runtime: RuntimeDep, actor: OperatorDep, scope: ScopeName,
 
 
 @router.post("/scopes/{scope}/resume", operation_id="resumeScope", response_model=ScopeOut,
-             responses=_NOT_FOUND)
+             responses=_SCOPE_ERRORS)
 async def resume_scope(runtime: RuntimeDep, actor: OperatorDep, scope: ScopeName,
-                       body: Annotated[ReasonIn | None, Body()] = None) -> ScopeOut:
+                       body: ReasonBody = None) -> ScopeOut:
     """Reopen a paused (e.g. `unauthorized`) or closed scope."""
     found = await scopes.set_paused(runtime.engine, scope, paused=False, actor=actor,
                                     reason=body.reason if body else None)
@@ -127,18 +142,20 @@ async def get_workers(runtime: RuntimeDep, _actor: OperatorDep) -> WorkersOut:
     return WorkersOut.model_validate(await scopes.workers_state(runtime.engine))
 
 
-@router.post("/workers/pause", operation_id="pauseWorkers", response_model=WorkersOut)
+@router.post("/workers/pause", operation_id="pauseWorkers", response_model=WorkersOut,
+             responses=_BODY_ERRORS)
 async def pause_workers(runtime: RuntimeDep, actor: OperatorDep,
-                        body: Annotated[ReasonIn | None, Body()] = None) -> WorkersOut:
+                        body: ReasonBody = None) -> WorkersOut:
     """Stop claiming on every replica without losing the schedule."""
     await scopes.set_workers_paused(runtime.engine, paused=True, actor=actor,
                                     reason=body.reason if body else None)
     return WorkersOut.model_validate(await scopes.workers_state(runtime.engine))
 
 
-@router.post("/workers/resume", operation_id="resumeWorkers", response_model=WorkersOut)
+@router.post("/workers/resume", operation_id="resumeWorkers", response_model=WorkersOut,
+             responses=_BODY_ERRORS)
 async def resume_workers(runtime: RuntimeDep, actor: OperatorDep,
-                         body: Annotated[ReasonIn | None, Body()] = None) -> WorkersOut:
+                         body: ReasonBody = None) -> WorkersOut:
     """Claim again everywhere."""
     await scopes.set_workers_paused(runtime.engine, paused=False, actor=actor,
                                     reason=body.reason if body else None)

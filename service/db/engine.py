@@ -24,6 +24,11 @@ class TimedPool(AsyncAdaptedQueuePool):
     """The standard async pool, timing every checkout (the wait for a free connection, or
     for a new one to connect) into `sweeper_db_pool_wait_seconds`."""
 
+    # SQLAlchemy names a pool's logger after its class; under "sqlalchemy" this one follows
+    # SQLAlchemy's default (warnings only) like the pool it extends, instead of logging every
+    # checkout at the service's DEBUG level
+    _sqla_logger_namespace = "sqlalchemy.pool.impl.TimedPool"
+
     def _do_get(self) -> ConnectionPoolEntry:
         started = time.perf_counter()
         try:

@@ -38,25 +38,24 @@ def install(env: dict[str, str]) -> None:
     shift = float(env.get("SWEEPER_DRILL_CLOCK_SHIFT_SECONDS", "0"))
 
     if after_claim:
-        real_claim = claims.claim
+        real_admit = claims.admit
 
-        async def claim(*args: Any, **kwargs: Any) -> claims.Claimed:
-            claimed = await real_claim(*args, **kwargs)
-            if any(lease.object_id == after_claim for lease in claimed.leases):
+        async def admit(*args: Any, **kwargs: Any) -> claims.Admission:
+            admitted = await real_admit(*args, **kwargs)  # committed on return
+            if any(lease.object_id == after_claim for lease in admitted.leases):
                 _crash()
-            return claimed
+            return admitted
 
-        claims.claim = claim
+        claims.admit = admit
 
     if before_commit:
         real_complete = claims.complete
 
-        async def complete(engine: Any, completions: Sequence[claims.Completion]
-                           ) -> list[int]:
+        async def complete(db: Any, completions: Sequence[claims.Completion]) -> list[int]:
             if any(c.lease.object_id == before_commit and c.outcome == "succeeded"
                    for c in completions):
                 _crash()
-            return await real_complete(engine, completions)
+            return await real_complete(db, completions)
 
         claims.complete = complete
 

@@ -83,3 +83,22 @@ async def test_readyz_stays_ready_on_a_newer_schema(db_url: str) -> None:
             response = await client.get("/readyz")
     assert response.status_code == 200
     assert response.json()["schema_revision"] == "9999_from_the_future"
+
+
+@pytest.mark.parametrize(("method", "path", "body", "problem"), [
+    ("POST", "/v1/items/cancel", '{"tenant_id": "a\\u0000b", "why": "x"}', "unstorable-text"),
+    ("POST", "/v1/items/redrive", '{"policy": "\\ud800", "why": "x"}', "unstorable-text"),
+    ("GET", "/v1/items?tenant_id=a%00b", None, "unstorable-text"),
+    # the item model itself refuses an unpaired surrogate
+    ("POST", "/v1/items", '{"items": [{"tenant_id": "t\\udfff", "object_id": "o", '
+                          '"policy": "carts", "due_at": "2026-01-01T00:00:00Z"}]}',
+     "validation-error"),
+])
+async def test_text_the_ledger_cannot_store_is_a_422(api: httpx.AsyncClient, method: str,
+                                                     path: str, body: str | None,
+                                                     problem: str) -> None:
+    response = await api.request(method, path, content=body,
+                                 headers={"Content-Type": "application/json"})
+    assert response.status_code == 422, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    assert response.json()["type"] == f"urn:sweeper:problem:{problem}", response.text

@@ -111,8 +111,35 @@ def test_registration_and_publication_benchmarks_smoke(pg_server_url: str, tmp_p
     assert config["clients"] == 2 and config["runs"][0]["items"] == 1000
     assert config["fresh_items_per_second"]["median"] > 0
 
+    folder = tmp_path / "results"
     assert bench_main(["publication", "--items", "1200", "--batch-size", "500", "--repeat",
-                       "1", "--database-url", pg_server_url, "--json-out", str(out)]) == 0
-    (run,) = json.loads(out.read_text(encoding="utf-8"))["benchmarks"]["publication"]["runs"]
+                       "1", "--database-url", pg_server_url, "--results-dir", str(folder)]) == 0
+    doc = json.loads((folder / "results.json").read_text(encoding="utf-8"))
+    (run,) = doc["benchmarks"]["publication"]["runs"]
+    assert (folder / "publication.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert run["released"] == 1200 and run["batches"] == 3
-    assert run["transaction_seconds"]["max"] is not None
+    assert run["transactions"] >= 1
+
+
+@pytest.mark.slow
+def test_webhooks_benchmark_smoke(pg_server_url: str, tmp_path: Path) -> None:
+    """`python -m bench webhooks` for about a second: a real `sweeper serve` process takes
+    signed deliveries, and every 202 left one receipt and one released item behind."""
+    out = tmp_path / "webhooks.json"
+    assert bench_main([
+        "webhooks", "--seconds", "1", "--warmup-seconds", "0.2", "--repeat", "1",
+        "--concurrency", "4", "--scheme", "shopify", "--database-url", pg_server_url,
+        "--json-out", str(out)]) == 0
+    doc: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
+    assert doc["machine"]["cpu_count"] >= 1
+    section = doc["benchmarks"]["webhooks"]
+    assert section["parameters"]["scheme"] == "shopify"
+    assert section["parameters"]["concurrency"] == [4]
+    cell = section["results"]["4"]
+    assert cell["accepted_per_s"]["median"] > 0
+    [rep] = cell["repetitions"]
+    assert set(rep["statuses"]) == {"202"}
+    assert rep["db_consistent"] is True and rep["db_receipts"] >= rep["statuses"]["202"]
+    assert 0 < rep["latency_ms"]["p50"] <= rep["latency_ms"]["p99"] <= rep["latency_ms"]["max"]
+    assert rep["server_cpu_us_per_delivery"] > 0
+    assert set(section["target"]) >= {"accepted_per_s", "p99_ms_below", "met"}

@@ -40,7 +40,7 @@ def assert_one_clean_line(result: subprocess.CompletedProcess[str], code: int, *
 def test_check_config_accepts_the_example() -> None:
     result = sweeper("check-config", env={"SWEEPER_POLICIES_FILE": str(EXAMPLE), **GOOD_ENV})
     assert result.returncode == 0, result.stderr
-    assert "2 policy(ies)" in result.stdout
+    assert "3 policy(ies), 1 webhook source(s)" in result.stdout
 
 
 def test_malformed_policies_file(tmp_path: Path) -> None:

@@ -70,7 +70,8 @@ async def test_concurrent_takers_never_exceed_the_budget(engine: AsyncEngine) ->
 
     await asyncio.gather(*(taker() for _ in range(8)))
     elapsed = time.monotonic() - started
-    assert granted <= 5 + 50 * elapsed + 1
+    # a take may also lend the tokens due within the look-ahead (reservations)
+    assert granted <= 5 + 50 * (elapsed + limiter.LOOKAHEAD_S) + 1
     assert granted >= 0.8 * 50 * 1.0  # and the budget is used, not wasted
 
 

@@ -172,6 +172,26 @@ async def test_expired_lease_on_the_last_attempt_goes_dead(engine: AsyncEngine) 
                                         ("leased", 2, None)]
 
 
+async def test_admission_dead_letters_an_expired_lease_on_the_last_attempt(
+        engine: AsyncEngine) -> None:
+    # the worker's hot path (take tokens + claim in one statement) applies the same rule
+    policies = make_policies("http://127.0.0.1:9")
+    await register(engine, policies, 1)
+    await release_all(engine)
+    async with engine.connect() as conn:
+        db_now = (await conn.execute(text("SELECT now()"))).scalar_one()
+    limits = {"carts": 1}
+    first = await claims.admit(engine, owner="a", wants={SCOPE: 1}, lease_seconds={},
+                               max_attempts=limits, now=db_now)
+    assert [x.attempt for x in first.leases] == [1]
+    again = await claims.admit(engine, owner="b", wants={SCOPE: 1}, lease_seconds={},
+                               max_attempts=limits, now=first.leases[0].lease_expires_at)
+    assert again.leases == []
+    async with engine.connect() as conn:
+        row = (await conn.execute(text("SELECT status, dead_reason FROM items"))).one()
+    assert tuple(row) == ("dead", "max_attempts:lease_expired")
+
+
 async def test_late_completion_is_fenced(engine: AsyncEngine, upstream: FakeUpstream) -> None:
     policies = make_policies(upstream.base_url)
     await register(engine, policies, 1)
@@ -267,7 +287,7 @@ async def test_crash_mid_publication_resumes_without_duplicates(engine: AsyncEng
     await register(engine, policies, 130)
     run_id, _ = await runs.create_run(engine, runs.RunRequest(None, None, None, False, None),
                                       None)
-    # publish two chunks, then "crash" (stop between transactions)
+    # publish two chunks of one batch each, then "crash" (stop between transactions)
     original = runs._release_chunk
     calls = 0
 
@@ -276,7 +296,7 @@ async def test_crash_mid_publication_resumes_without_duplicates(engine: AsyncEng
         calls += 1
         if calls > 2:
             raise RuntimeError("crash")
-        return await original(conn, run, batch_size)
+        return await original(conn, run, batch_size, max_batches=1)
 
     runs._release_chunk = two_chunks  # type: ignore[assignment]
     try:

@@ -394,3 +394,57 @@ async def test_upstreams_aclose_closes_every_transport() -> None:
         policies.policies["exports"])
     await ups.aclose()
     assert len(closed) == 2  # one client per upstream, each closed
+
+
+@given(st.lists(st.text(max_size=12), min_size=1, max_size=4),
+       st.sampled_from(["https://shop.example.com/api", "http://127.0.0.1:8080",
+                        "http://other.example:8080/v1/"]))
+def test_url_maker_builds_what_httpx_parses(ids: list[str], base: str) -> None:
+    """The parse-free URL shortcut yields exactly the URL httpx makes of the string."""
+    from service.upstream import UrlMaker
+
+    maker = UrlMaker(base)
+    path = "/x/" + "/".join(render_path("{object_id}", tenant_id="t", object_id=i)
+                            if i not in (".", "..") else "dot" for i in ids)
+    made, parsed = maker.url(path), httpx.URL(base + path)
+    assert made == parsed and str(made) == str(parsed) and made.raw_path == parsed.raw_path
+    assert maker._fast  # the shortcut is in use with this httpx
+
+
+@pytest.mark.parametrize("method", ["DELETE", "POST", "PUT", "PATCH"])
+async def test_requests_match_what_httpx_builds_itself(method: str) -> None:
+    """The prebuilt headers and empty body give the request httpx.Request would build."""
+    seen: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return streamed(204)
+
+    policies = make_policies(method=method, headers={"Authorization": "SHOP_AUTH",
+                                                     "User-Agent": "SHOP_TENANT_HEADER"})
+    ups = Upstreams(policies.upstreams, transport=httpx.MockTransport(answer))
+    await ups.for_policy(policies.policies["carts"]).delete(
+        policies.policies["carts"], tenant_id="t 1", object_id="a/b", operation_key=KEY)
+    [sent] = seen
+    plain = httpx.Request(method, "https://shop.example.com/api/tenants/t%201/carts/a%2Fb",
+                          headers={"User-Agent": "acme-header",
+                                   "Authorization": "Bearer s3cret-token",
+                                   "Idempotency-Key": KEY})
+    assert sent.method == plain.method and sent.url == plain.url
+    assert sent.headers.raw == plain.headers.raw
+    assert await sent.aread() == plain.content == b""
+
+
+@pytest.mark.parametrize(("limit", "pools"), [(1, 1), (16, 1), (40, 3), (256, 16)])
+async def test_connections_are_split_into_small_pools_within_the_limit(limit: int,
+                                                                        pools: int) -> None:
+    from service.upstream import UpstreamClient
+
+    doc: dict[str, Any] = {
+        "upstreams": {"shop": {"base_url": "http://127.0.0.1:9", "max_connections": limit}},
+        "policies": {"carts": {"version": 1, "upstream": "shop", "path": "/c/{object_id}",
+                               "rate": {"per_second": 10}}}}
+    client = UpstreamClient(resolve_policies(doc, {}, source="t").upstreams["shop"])
+    sizes = [t._pool._max_connections for t in client._transports]  # type: ignore[attr-defined]
+    assert len(sizes) == pools and sum(sizes) == limit and max(sizes) - min(sizes) <= 1
+    await client.aclose()

@@ -1,0 +1,110 @@
+"""PNG charts of a benchmark document (matplotlib, from the optional `bench` extra).
+
+One chart per benchmark that has a plotter below; each reads only its own JSON section, so
+a benchmark without a chart (or a section of an older shape) is skipped, never fatal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+Section = dict[str, Any]
+
+
+def _median(value: Any) -> float:
+    if isinstance(value, dict):
+        return float(value.get("median") or 0)
+    return float(value or 0)
+
+
+def _drain(ax: Any, section: Section) -> None:
+    for mode, by_concurrency in sorted(section.get("results", {}).items()):
+        points = sorted((int(c), _median(v["items_per_s"])) for c, v in by_concurrency.items())
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=mode)
+    target = section.get("target", {}).get("items_per_s")
+    if target:
+        ax.axhline(target, linestyle="--", color="grey", label=f"target {target}/s")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrent claims (workers)")
+    ax.set_ylabel("items drained per second (median)")
+    ax.set_title("Drain throughput")
+
+
+def _budget(ax: Any, section: Section) -> None:
+    configs = section.get("configurations", [])
+    budgets = sorted({c["budget_per_second"] for c in configs})
+    replicas = sorted({c["replicas"] for c in configs})
+    width = 0.8 / max(1, len(replicas))
+    for i, r in enumerate(replicas):
+        values = [next((_median(c["achieved_percent"]) for c in configs
+                        if c["budget_per_second"] == b and c["replicas"] == r), 0.0)
+                  for b in budgets]
+        ax.bar([x + i * width for x in range(len(budgets))], values, width,
+               label=f"{r} replica(s)")
+    ax.axhline(95, linestyle="--", color="grey", label="target 95%")
+    ax.set_xticks([x + width * (len(replicas) - 1) / 2 for x in range(len(budgets))],
+                  [f"{b}/s" for b in budgets])
+    ax.set_xlabel("budget")
+    ax.set_ylabel("2xx calls / what the budget allows (%)")
+    ax.set_title("Budget precision")
+
+
+def _registration(ax: Any, section: Section) -> None:
+    configs = section.get("configurations", [])
+    labels = [f"{c['clients']} client(s)" for c in configs]
+    xs = range(len(configs))
+    ax.bar([x - 0.2 for x in xs], [_median(c["fresh_items_per_second"]) for c in configs],
+           0.4, label="new items")
+    ax.bar([x + 0.2 for x in xs], [_median(c["again_items_per_second"]) for c in configs],
+           0.4, label="same items again")
+    target = section.get("target_items_per_second")
+    if target:
+        ax.axhline(target, linestyle="--", color="grey", label=f"target {target}/s")
+    ax.set_xticks(list(xs), labels)
+    ax.set_ylabel("items registered per second (median)")
+    ax.set_title(f"Registration, {section.get('batch')} items per request")
+
+
+def _publication(ax: Any, section: Section) -> None:
+    runs = section.get("runs", [])
+    ax.bar([f"run {i + 1}" for i in range(len(runs))],
+           [r["published_seconds"] for r in runs], label="published after (s)")
+    ax.plot([f"run {i + 1}" for i in range(len(runs))],
+            [r["trigger_answer_seconds"] for r in runs], "o", color="black",
+            label="trigger answered after (s)")
+    ax.axhline(30, linestyle="--", color="grey", label="target 30 s")
+    ax.set_ylabel("seconds")
+    ax.set_title(f"Publication of {section.get('items'):,} due items")
+
+
+PLOTTERS: dict[str, Callable[[Any, Section], None]] = {
+    "drain": _drain, "budget": _budget, "registration": _registration,
+    "publication": _publication}
+
+
+def write_charts(doc: dict[str, Any], folder: Path) -> list[Path]:
+    """One PNG per benchmark section with a plotter; returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    written = []
+    for name, section in doc.get("benchmarks", {}).items():
+        plotter = PLOTTERS.get(name)
+        if plotter is None:
+            continue
+        fig, ax = plt.subplots(figsize=(8, 5))
+        try:
+            plotter(ax, section)
+            ax.legend(loc="best", fontsize="small")
+            ax.grid(True, alpha=0.3)
+            fig.tight_layout()
+            path = folder / f"{name}.png"
+            fig.savefig(path, dpi=100)
+            written.append(path)
+        finally:
+            plt.close(fig)
+    return written

@@ -1,0 +1,152 @@
+"""The worker's Prometheus series, read back from service.metrics.REGISTRY: a pool drains
+items against the fake upstream with a permanent failure, transient failures, a 429, a
+lease that expired under a crashed worker (reclaimed) and a call whose lease is taken over
+while it is in flight (its completion fenced out). Counters are process-wide, so the test
+compares deltas."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service import ledger
+from service.metrics import REGISTRY
+from service.upstream import Upstreams
+from service.worker import WorkerPool
+from tests.fakes.upstream import FakeUpstream, Fault
+from tests.integration.test_pipeline import PAST, make_policies, release_all, statuses
+
+POLICY = "carts"
+PLAIN = [f"cart-{i}" for i in range(6)]
+SPECIAL = ["cart-dead", "cart-flaky", "cart-throttled", "cart-fenced", "cart-reclaimed"]
+
+SERIES: dict[str, tuple[str, dict[str, str]]] = {
+    "claimed": ("sweeper_items_claimed_total", {"policy": POLICY}),
+    "reclaimed": ("sweeper_lease_expiries_reclaimed_total", {"policy": POLICY}),
+    "succeeded": ("sweeper_completions_total", {"policy": POLICY, "outcome": "succeeded"}),
+    "permanent": ("sweeper_completions_total", {"policy": POLICY, "outcome": "permanent"}),
+    "transient": ("sweeper_completions_total", {"policy": POLICY, "outcome": "transient"}),
+    "throttled": ("sweeper_completions_total", {"policy": POLICY, "outcome": "throttled"}),
+    "unknown": ("sweeper_completions_total", {"policy": POLICY, "outcome": "unknown"}),
+    "late": ("sweeper_late_completions_total", {"policy": POLICY}),
+    "dead_422": ("sweeper_items_dead_total", {"policy": POLICY, "reason": "http_422"}),
+    "returned_late": ("sweeper_leases_returned_total", {"reason": "late_token"}),
+    "returned_held": ("sweeper_leases_returned_total", {"reason": "scope_held"}),
+    "returned_shutdown": ("sweeper_leases_returned_total", {"reason": "shutdown"}),
+    "calls_succeeded": ("sweeper_upstream_request_duration_seconds_count",
+                        {"policy": POLICY, "outcome": "succeeded"}),
+    "calls_unknown": ("sweeper_upstream_request_duration_seconds_count",
+                      {"policy": POLICY, "outcome": "unknown"}),
+    "in_flight": ("sweeper_upstream_in_flight", {}),
+    "granted": ("sweeper_limiter_tokens_granted_total", {}),
+    "returned_tokens": ("sweeper_limiter_tokens_returned_total", {}),
+    "signal_throttled": ("sweeper_scope_signals_total", {"reason": "throttled"}),
+}
+
+
+def snapshot() -> dict[str, float]:
+    return {key: REGISTRY.get_sample_value(name, labels) or 0.0
+            for key, (name, labels) in SERIES.items()}
+
+
+async def scalar(engine: AsyncEngine, sql: str, **params: Any) -> Any:
+    async with engine.connect() as conn:
+        return (await conn.execute(text(sql), params)).scalar_one()
+
+
+async def test_pool_metrics_count_what_the_ledger_shows(engine: AsyncEngine) -> None:
+    async with FakeUpstream() as upstream:
+        policies = make_policies(upstream.base_url, max_attempts=3)
+        pol = policies.policies[POLICY]
+        await ledger.register(engine, [ledger.Registration("acme", o, pol, PAST)
+                                       for o in PLAIN + SPECIAL])
+        await release_all(engine)
+        # a worker crashed holding this one: its lease has expired
+        async with engine.begin() as conn:
+            await conn.execute(text(
+                "UPDATE items SET status = 'leased', lease_owner = 'crashed', "
+                "lease_token = gen_random_uuid(), attempts = 1, "
+                "lease_expires_at = now() - interval '1 second' "
+                "WHERE object_id = 'cart-reclaimed'"))
+        upstream.inject(Fault.STATUS, status=422, match="cart-dead")
+        upstream.inject(Fault.STATUS, status=503, times=2, match="cart-flaky")
+        upstream.inject(Fault.STATUS, status=429, headers={"Retry-After": "0"},
+                        match="cart-throttled")
+        upstream.inject(Fault.HANG, seconds=1.0, match="cart-fenced")
+        before = snapshot()
+        ups = Upstreams(policies.upstreams)
+        pool = WorkerPool(engine, policies, ups, concurrency=8)
+        task = asyncio.create_task(pool.run())
+        try:
+            # while the fenced item's call hangs, its lease moves on (expired and re-claimed
+            # elsewhere: a new token)
+            deadline = time.monotonic() + 20
+            while not any("cart-fenced" in c.path for c in upstream.calls()):
+                assert time.monotonic() < deadline, "the hanging call never arrived"
+                await asyncio.sleep(0.01)
+            async with engine.begin() as conn:
+                stolen = (await conn.execute(text(
+                    "UPDATE items SET lease_token = gen_random_uuid(), lease_owner = 'thief', "
+                    "lease_expires_at = now() + interval '1 hour' "
+                    "WHERE object_id = 'cart-fenced' AND status = 'leased'"))).rowcount
+            assert stolen == 1
+            while pool.fenced < 1 or (await statuses(engine)).get("pending"):
+                assert time.monotonic() < deadline, await statuses(engine)
+                await asyncio.sleep(0.05)
+        finally:
+            pool.stop()
+            await task
+            await ups.aclose()
+    after = snapshot()
+    delta = {k: after[k] - before[k] for k in SERIES}
+
+    assert await statuses(engine) == {"succeeded": 9, "dead": 1, "leased": 1}
+    called = await scalar(engine, "SELECT count(*) FROM attempts WHERE worker = :w",
+                          w=pool.name)
+    assert called == 14  # 11 items, plus retries after two 503s and a 429
+    returned = delta["returned_late"] + delta["returned_held"] + delta["returned_shutdown"]
+    # every claim was either called or handed back unstarted
+    assert delta["claimed"] == called + returned
+    assert delta["granted"] - delta["returned_tokens"] == called
+    assert delta["reclaimed"] == 1 and pool.reclaimed == 1
+    assert delta["late"] == 1 and pool.fenced == 1
+    assert (delta["succeeded"], delta["permanent"], delta["transient"], delta["throttled"],
+            delta["unknown"]) == (9, 1, 2, 1, 0)
+    assert delta["dead_422"] == 1
+    assert delta["calls_succeeded"] == 9 and delta["calls_unknown"] == 1
+    assert delta["signal_throttled"] == 1
+    assert delta["in_flight"] == 0
+    # the labels stay bounded: no tenant, scope or object id anywhere in the output
+    from prometheus_client import generate_latest
+
+    exposition = generate_latest(REGISTRY).decode()
+    assert "acme" not in exposition and "cart-" not in exposition
+
+
+async def test_admit_charges_only_claimed_items_and_hand_back_refunds(engine: AsyncEngine
+                                                                      ) -> None:
+    from service import claims
+
+    policies = make_policies("http://127.0.0.1:9", rate={"per_second": 1, "burst": 10})
+    pol = policies.policies[POLICY]
+    await ledger.register(engine, [ledger.Registration("acme", o, pol, PAST) for o in PLAIN])
+    await release_all(engine)
+    scope = "tenant:acme"
+    tokens = "SELECT tokens FROM scopes WHERE name = :s"
+    # ten tokens asked for six items: only six leave the bucket
+    admitted = await claims.admit(engine, owner="w", wants={scope: 10},
+                                  lease_seconds={POLICY: 60}, lookahead_s=0)
+    assert [g.granted for g in admitted.grants] == [10] and len(admitted.leases) == 6
+    assert 4.0 <= await scalar(engine, tokens, s=scope) < 4.1
+    await claims.hand_back(engine, admitted.leases[:2])
+    assert 6.0 <= await scalar(engine, tokens, s=scope) < 6.1
+    assert await statuses(engine) == {"pending": 2, "leased": 4}
+    assert await scalar(engine, "SELECT sum(attempts) FROM items") == 4  # refunded
+    # a lease that moved on is not released, but its unspent token still goes back
+    await claims.hand_back(engine, admitted.leases[:1])
+    assert await statuses(engine) == {"pending": 2, "leased": 4}
+    assert 7.0 <= await scalar(engine, tokens, s=scope) < 7.1
