@@ -1,0 +1,47 @@
+"""The admission statement's plan stays on the claimable-row indexes however much finished
+history the ledger holds: the claim path must never scan succeeded or dead rows."""
+
+from __future__ import annotations
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service import claims, limiter
+from tests.integration.test_pipeline import make_policies, register, release_all
+
+HISTORY = 50_000
+
+
+async def plan_of_admission(engine: AsyncEngine, scopes: list[str]) -> str:
+    """EXPLAIN (no ANALYZE: nothing runs) of the worker's admission statement."""
+    params = {"now": None, "scopes": scopes, "wants": [8] * len(scopes), "owner": "plan",
+              "lookahead": limiter.LOOKAHEAD_S, "policy_names": ["carts"],
+              "lease_seconds": [30], "default_lease": 60}
+    async with engine.connect() as conn:
+        rows = await conn.execute(text("EXPLAIN " + str(claims._ADMIT.text)), params)
+        return "\n".join(r[0] for r in rows)
+
+
+async def test_admission_uses_the_claimable_indexes_despite_history(engine: AsyncEngine
+                                                                   ) -> None:
+    policies = make_policies("http://127.0.0.1:9")
+    await register(engine, policies, 20)
+    await release_all(engine)
+    async with engine.begin() as conn:
+        # a long finished history in the same scope, as a busy ledger accumulates
+        await conn.execute(text("""
+            INSERT INTO items (tenant_id, object_id, policy, policy_version, operation_key,
+                               scope, due_at, released_at, status, completed_at, dead_reason)
+            SELECT 'acme', 'done-' || g, 'carts', 1, encode(sha256(('d' || g)::bytea), 'hex'),
+                   'tenant:acme', now() - interval '3 days', now() - interval '2 days',
+                   CASE WHEN g % 10 = 0 THEN 'dead' ELSE 'succeeded' END,
+                   now() - interval '2 days',
+                   CASE WHEN g % 10 = 0 THEN 'permanent' END
+            FROM generate_series(1, :n) g"""), {"n": HISTORY})
+        await conn.execute(text("ANALYZE items"))
+
+    plan = await plan_of_admission(engine, ["tenant:acme"])
+
+    assert "items_ready" in plan, plan
+    assert "items_leased" in plan, plan
+    assert "Seq Scan on items" not in plan, plan
