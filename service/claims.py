@@ -45,7 +45,10 @@ class Lease:
 #     released pending items whose next attempt is due, in batch order (webhook releases
 #     first) via the scope-leading partial indexes; SKIP LOCKED so concurrent claimers take
 #     disjoint rows, and each LIMIT sits inside its subquery so it bounds the rows locked.
-#  3. the UPDATE gives each a fresh lease token and an expiry from the database clock
+#  3. an expired lease whose item has used up its policy's attempts is not leased again:
+#     its worker died or stalled on the last allowed attempt (an item that crashes every
+#     worker that calls it would otherwise loop forever), so it goes `dead` here.
+#  4. the UPDATE gives each a fresh lease token and an expiry from the database clock
 #     (lease length per policy), counts the attempt, and returns what the worker needs.
 _CLAIM = text("""
     WITH clock AS (SELECT coalesce(CAST(:now AS timestamptz), now()) AS now),
@@ -60,9 +63,16 @@ _CLAIM = text("""
           -- progress, and no claim admits work once the pause has committed
           AND NOT (SELECT workers_paused FROM control FOR KEY SHARE)
     ),
+    attempt_limits AS (
+        SELECT * FROM unnest(CAST(:limit_policies AS text[]),
+                             CAST(:limit_attempts AS integer[])) AS m(policy, n)
+    ),
     expired AS (
-        SELECT e.id, g.scope FROM grants g, clock CROSS JOIN LATERAL (
-            SELECT i.id FROM items i
+        SELECT e.id, g.scope, e.exhausted FROM grants g, clock CROSS JOIN LATERAL (
+            SELECT i.id, i.attempts >= coalesce(
+                       (SELECT m.n FROM attempt_limits m WHERE m.policy = i.policy),
+                       2147483647) AS exhausted
+            FROM items i
             WHERE i.scope = g.scope AND i.status = 'leased'
               AND i.lease_expires_at <= clock.now
             ORDER BY i.lease_expires_at
@@ -70,17 +80,27 @@ _CLAIM = text("""
             FOR UPDATE OF i SKIP LOCKED
         ) e
     ),
+    exhausted AS (
+        UPDATE items i
+        SET status = 'dead', lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+            last_outcome = 'unknown', last_status_code = NULL, last_error = 'lease_expired',
+            dead_reason = 'max_attempts:lease_expired', completed_at = clock.now,
+            updated_at = clock.now
+        FROM expired x, clock
+        WHERE i.id = x.id AND x.exhausted
+    ),
     ready AS (
         SELECT r.id, g.scope FROM grants g, clock CROSS JOIN LATERAL (
             SELECT i.id FROM items i
             WHERE i.scope = g.scope AND i.status = 'pending' AND i.released_at IS NOT NULL
               AND i.next_attempt_at <= clock.now
             ORDER BY i.batch_id NULLS FIRST, i.id
-            LIMIT g.n - (SELECT count(*) FROM expired x WHERE x.scope = g.scope)
+            LIMIT g.n - (SELECT count(*) FROM expired x
+                         WHERE x.scope = g.scope AND NOT x.exhausted)
             FOR UPDATE OF i SKIP LOCKED
         ) r
     ),
-    picked AS (SELECT id FROM expired UNION ALL SELECT id FROM ready),
+    picked AS (SELECT id FROM expired WHERE NOT exhausted UNION ALL SELECT id FROM ready),
     lease_lengths AS (
         SELECT * FROM unnest(CAST(:policy_names AS text[]),
                              CAST(:lease_seconds AS integer[])) AS l(policy, seconds)
@@ -111,15 +131,19 @@ class Claimed:
 
 async def claim(engine: AsyncEngine, *, owner: str, grants: Mapping[str, int],
                 lease_seconds: Mapping[str, int], default_lease_seconds: int = 60,
+                max_attempts: Mapping[str, int] | None = None,
                 now: datetime | None = None) -> Claimed:
     """Lease up to grants[scope] items of each scope for `owner`; commits before returning
-    (no transaction is held while the caller talks to the upstream)."""
+    (no transaction is held while the caller talks to the upstream). An expired lease of an
+    item with `max_attempts[policy]` attempts used goes `dead` instead of being leased."""
     wanted = {scope: n for scope, n in grants.items() if n > 0}
     if not wanted:
         return Claimed(leases=[], reclaimed=0)
     params = {"now": now, "scopes": list(wanted), "counts": list(wanted.values()),
               "owner": owner,
               "policy_names": list(lease_seconds), "lease_seconds": list(lease_seconds.values()),
+              "limit_policies": list(max_attempts or {}),
+              "limit_attempts": list((max_attempts or {}).values()),
               "default_lease": default_lease_seconds}
     async with engine.begin() as conn:
         rows = (await conn.execute(_CLAIM, params)).all()
@@ -140,7 +164,8 @@ def _lease(r: Row[Any]) -> Lease:
 #     workers-wide pause (FOR KEY SHARE: a pause waits for admissions in progress), grant
 #     nothing.
 #  2. `grants`: whole tokens available now or within the lookahead, at most what was asked.
-#  3. `expired`, `ready`, `claimed`: the claim statement above, for exactly those grants.
+#  3. `expired`, `exhausted`, `ready`, `claimed`: the claim statement above (an expired
+#     lease on an item's last allowed attempt goes dead), for exactly those grants.
 #  4. `spent`: the bucket is charged only for the items actually claimed, so unused tokens
 #     never leave it (what limiter.give_back did in a transaction of its own).
 # One row per lease with its scope's grant, plus one row (id NULL) per scope that was
@@ -165,9 +190,16 @@ _ADMIT = text(f"""
                    avail + rate * CAST(:lookahead AS double precision))::integer)) AS n
         FROM bucket
     ),
+    attempt_limits AS (
+        SELECT * FROM unnest(CAST(:limit_policies AS text[]),
+                             CAST(:limit_attempts AS integer[])) AS m(policy, n)
+    ),
     expired AS (
-        SELECT e.id, g.scope FROM grants g, clock CROSS JOIN LATERAL (
-            SELECT i.id FROM items i
+        SELECT e.id, g.scope, e.exhausted FROM grants g, clock CROSS JOIN LATERAL (
+            SELECT i.id, i.attempts >= coalesce(
+                       (SELECT m.n FROM attempt_limits m WHERE m.policy = i.policy),
+                       2147483647) AS exhausted
+            FROM items i
             WHERE i.scope = g.scope AND i.status = 'leased'
               AND i.lease_expires_at <= clock.now
             ORDER BY i.lease_expires_at
@@ -176,18 +208,28 @@ _ADMIT = text(f"""
         ) e
         WHERE g.n > 0
     ),
+    exhausted AS (
+        UPDATE items i
+        SET status = 'dead', lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
+            last_outcome = 'unknown', last_status_code = NULL, last_error = 'lease_expired',
+            dead_reason = 'max_attempts:lease_expired', completed_at = clock.now,
+            updated_at = clock.now
+        FROM expired x, clock
+        WHERE i.id = x.id AND x.exhausted
+    ),
     ready AS (
         SELECT r.id, g.scope FROM grants g, clock CROSS JOIN LATERAL (
             SELECT i.id FROM items i
             WHERE i.scope = g.scope AND i.status = 'pending' AND i.released_at IS NOT NULL
               AND i.next_attempt_at <= clock.now
             ORDER BY i.batch_id NULLS FIRST, i.id
-            LIMIT g.n - (SELECT count(*) FROM expired x WHERE x.scope = g.scope)
+            LIMIT g.n - (SELECT count(*) FROM expired x
+                         WHERE x.scope = g.scope AND NOT x.exhausted)
             FOR UPDATE OF i SKIP LOCKED
         ) r
         WHERE g.n > 0
     ),
-    picked AS (SELECT id FROM expired UNION ALL SELECT id FROM ready),
+    picked AS (SELECT id FROM expired WHERE NOT exhausted UNION ALL SELECT id FROM ready),
     lease_lengths AS (
         SELECT * FROM unnest(CAST(:policy_names AS text[]),
                              CAST(:lease_seconds AS integer[])) AS l(policy, seconds)
@@ -240,9 +282,11 @@ class Admission:
 
 async def admit(db: Database, *, owner: str, wants: Mapping[str, int],
                 lease_seconds: Mapping[str, int], default_lease_seconds: int = 60,
+                max_attempts: Mapping[str, int] | None = None,
                 lookahead_s: float = LOOKAHEAD_S, now: datetime | None = None) -> Admission:
     """Take up to wants[scope] tokens per scope and lease at most that many items of each
-    for `owner`, charging the buckets only for the items leased; committed on return."""
+    for `owner`, charging the buckets only for the items leased; committed on return. An
+    expired lease of an item with `max_attempts[policy]` attempts used goes `dead`."""
     wanted = {scope: n for scope, n in wants.items() if n > 0}
     if not wanted:
         return Admission(grants=[], leases=[])
@@ -250,7 +294,9 @@ async def admit(db: Database, *, owner: str, wants: Mapping[str, int],
     rows = await fetch(db, _ADMIT, {
         "now": now, "scopes": names, "wants": [wanted[n] for n in names], "owner": owner,
         "lookahead": lookahead_s, "policy_names": list(lease_seconds),
-        "lease_seconds": list(lease_seconds.values()), "default_lease": default_lease_seconds})
+        "lease_seconds": list(lease_seconds.values()), "default_lease": default_lease_seconds,
+        "limit_policies": list(max_attempts or {}),
+        "limit_attempts": list((max_attempts or {}).values())})
     grants: dict[str, Grant] = {}
     leases: list[Lease] = []
     for r in rows:

@@ -1,4 +1,4 @@
-"""The `sweeper` command: serve, worker, migrate, check-config, openapi.
+"""The `sweeper` command: serve, worker, migrate, check-config, run, demo, drill, openapi.
 
 Exit codes: 0 success, 2 configuration refused, 3 database unreachable. Expected failures
 print one line to stderr, never a traceback.
@@ -192,6 +192,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args.items, args.tenants, args.workers, args.keep)
 
 
+def cmd_drill(args: argparse.Namespace) -> int:
+    from service.drills import command
+
+    if args.list:
+        return command.list_drills()
+    settings = load_settings()
+    with database(settings) as url:
+        # drills create their own databases on this server; never the configured one
+        server = url.set(drivername="postgresql").render_as_string(hide_password=False)
+        return command.run_drills(args, server)
+
+
 def cmd_openapi(args: argparse.Namespace) -> int:
     from service.openapi import render_openapi
 
@@ -249,6 +261,16 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--keep", type=Path, default=None,
                       help="keep the demo database in this folder")
     demo.set_defaults(func=cmd_demo)
+
+    drill = sub.add_parser("drill", help="rehearse failure drills (scratch databases on "
+                                         "the configured server)")
+    drill.add_argument("names", nargs="*", metavar="NAME",
+                       help="drill names or numbers, or `all` (see --list)")
+    drill.add_argument("--list", action="store_true", help="describe the drills and exit")
+    drill.add_argument("--json", action="store_true", help="print the verdicts as JSON")
+    drill.add_argument("--keep-logs", type=Path, default=None, metavar="DIR",
+                       help="keep every drill's process logs under DIR")
+    drill.set_defaults(func=cmd_drill)
 
     openapi = sub.add_parser("openapi", help="write the OpenAPI document")
     openapi.add_argument("--output", type=Path, default=Path("openapi/openapi.json"))

@@ -146,6 +146,7 @@ class WorkerPool:
         self._stopping = asyncio.Event()
         self._flusher_stop = asyncio.Event()
         self._lease_seconds = {n: p.config.lease_seconds for n, p in policies.policies.items()}
+        self._max_attempts = {n: p.config.max_attempts for n, p in policies.policies.items()}
         self._cursor = ""
         self._eligible: list[tuple[str, int]] = []
         self._eligible_at = 0.0
@@ -196,7 +197,8 @@ class WorkerPool:
             self._cursor = scopes[-1][0]
             admitted = await claims.admit(db, owner=self.name,
                                           wants=limiter.fair_shares(scopes, free),
-                                          lease_seconds=self._lease_seconds)
+                                          lease_seconds=self._lease_seconds,
+                                          max_attempts=self._max_attempts)
         self._forget_dry_scopes(admitted)
         received = time.monotonic()
         leases = admitted.leases
@@ -482,8 +484,11 @@ class WorkerPool:
             await self._finish(flusher, listener)
 
     async def _warm_up(self) -> None:
-        """Prepare the admission statements on a pooled connection before the first token
-        is taken: a cold first claim made this process spend its first tokens late."""
+        """Prepare the admission statements on a pooled connection, and the HTTP client,
+        before the first token is taken: a cold first claim or first call made this process
+        spend its first tokens late."""
+        with contextlib.suppress(Exception):
+            await self.upstreams.warm_up()
         with contextlib.suppress(Exception):
             # calibrate the database-clock offset before the first grant: a first sample
             # taken on a cold connection would place this process's first calls late

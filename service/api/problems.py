@@ -18,7 +18,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException
 
-from service.db.engine import is_unavailable
+from service.db.engine import is_busy, is_unavailable
 from service.errors import DatabaseUnavailable, Problem
 
 log = logging.getLogger(__name__)
@@ -192,6 +192,12 @@ async def _on_database(request: Request, exc: Exception) -> JSONResponse:
     if isinstance(exc, DatabaseUnavailable | PoolTimeoutError) or is_unavailable(exc):
         log.warning("database unavailable", extra={"path": request.url.path,
                                                    "error": type(exc).__name__})
+        return problem_response(database_unavailable(), request)
+    if is_busy(exc):
+        # e.g. the statement timeout cut a wait on a lock held by an idle transaction:
+        # nothing was written (the transaction rolled back), so the client may retry
+        log.warning("database busy", extra={"path": request.url.path,
+                                            "error": type(exc).__name__})
         return problem_response(database_unavailable(), request)
     return await _on_unexpected(request, exc)
 

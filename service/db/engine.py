@@ -86,3 +86,20 @@ def is_unavailable(exc: BaseException) -> bool:
         orig = getattr(exc.orig, "__cause__", None) or exc.orig
         return isinstance(orig, UNAVAILABLE_ERRORS) or isinstance(exc.orig, UNAVAILABLE_ERRORS)
     return isinstance(exc, UNAVAILABLE_ERRORS)
+
+
+# SQLSTATEs that mean "the database is too busy to answer this now" rather than "the request
+# is wrong": a statement timeout (57014, e.g. waiting on a lock an idle transaction holds),
+# a lock timeout, a serialization failure or deadlock victim, and exhausted resources (53xxx).
+BUSY_SQLSTATES: Final = frozenset({"57014", "55P03", "40001", "40P01"})
+
+
+def is_busy(exc: BaseException) -> bool:
+    """True when `exc` says the database gave up on the statement under contention; the
+    request may be retried later as it stands."""
+    if not isinstance(exc, sa_exc.DBAPIError):
+        return False
+    orig = exc.orig
+    code = getattr(orig, "pgcode", None) or getattr(orig, "sqlstate", None) or getattr(
+        getattr(orig, "__cause__", None), "sqlstate", None)
+    return isinstance(code, str) and (code in BUSY_SQLSTATES or code.startswith("53"))

@@ -1,13 +1,11 @@
-"""The shared budget across separate OS processes, and fairness under a huge skew."""
+"""Fairness under a huge skew. (The shared budget across worker processes is drill 12,
+service/drills/operations.py.)"""
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import os
-import signal
 import time
-from pathlib import Path
 
 import asyncpg
 import pytest
@@ -17,18 +15,6 @@ from service.upstream import Upstreams
 from service.worker import WorkerPool
 from tests.fakes.upstream import FakeUpstream
 from tests.integration.test_pipeline import make_policies, register, release_all
-from tests.integration.test_worker_process import start_worker, write_policies
-
-
-def worst_window(times: list[float], width: float = 1.0) -> int:
-    """The most calls seen in any window of `width` seconds."""
-    times = sorted(times)
-    best, start = 0, 0
-    for end, t in enumerate(times):
-        while t - times[start] >= width:
-            start += 1
-        best = max(best, end - start + 1)
-    return best
 
 
 async def count(db_url: str, sql: str) -> int:
@@ -37,64 +23,6 @@ async def count(db_url: str, sql: str) -> int:
         return int(await conn.fetchval(sql))
     finally:
         await conn.close()
-
-
-@pytest.mark.slow
-async def test_three_processes_share_one_budget(engine: AsyncEngine, db_url: str,
-                                                tmp_path: Path) -> None:
-    rate, burst, n = 20, 1, 600
-    async with FakeUpstream(default_limit=rate, default_burst=3) as upstream:
-        policies = make_policies(upstream.base_url, rate={"per_second": rate, "burst": burst})
-        await register(engine, policies, n)
-        policies_file = write_policies(tmp_path, upstream.base_url, rate=rate, burst=burst,
-                                       lease=10)
-        procs = [start_worker(db_url, policies_file, workers=4) for _ in range(3)]
-        try:
-            # Release only once the three processes are up: their start-up (imports on two
-            # shared cores) would otherwise starve this process, where the fake upstream
-            # runs, and bunch its arrival timestamps.
-            for _ in range(200):
-                if await count(db_url, "SELECT count(DISTINCT pid) FROM pg_stat_activity "
-                                       "WHERE application_name = 'sweeper'") >= 3:
-                    break
-                await asyncio.sleep(0.1)
-            await asyncio.sleep(1.0)
-            await release_all(engine)
-            deadline = time.monotonic() + n / rate * 2 + 20
-            while time.monotonic() < deadline:
-                if await count(db_url, "SELECT count(*) FROM items "
-                                       "WHERE status = 'succeeded'") == n:
-                    break
-                await asyncio.sleep(0.25)
-        finally:
-            for p in procs:
-                p.send_signal(signal.SIGTERM)
-            for p in procs:
-                p.communicate(timeout=20)
-        everything = upstream.calls()
-        calls = [c for c in everything if c.outcome == "ok"]
-        throttled = upstream.throttled_count()
-    t0 = everything[0].received_at
-    gaps = sorted(b.received_at - a.received_at for a, b in itertools.pairwise(everything))
-    assert len(calls) == n, f"{len(calls)} calls"
-    # Steady state: not one 429. (Known and open: while the three processes start their
-    # first rounds together, their first tokens can still bunch at the upstream, and a
-    # 429 or two has been seen in the first second; the scope closure then absorbs it.)
-    late_429s = [round(c.received_at - t0, 3) for c in everything
-                 if c.outcome != "ok" and c.received_at - t0 > 1.0]
-    assert late_429s == [], (late_429s, [round(g, 4) for g in gaps[:10]])
-    assert throttled <= 3
-    times = [c.received_at for c in calls]
-    # Measured 21 (= rate + burst) in most runs and 22 in some: the extra call comes from
-    # the first tokens of processes starting together bunching within ~10 ms (open).
-    assert worst_window(times) <= rate + burst + 1, [round(t - t0, 4)
-                                                     for t in sorted(times)[:8]]
-    achieved = (n - 1) / (max(times) - min(times))
-    # measured 94.3-94.6% of the budget here (the issue's target is 95%: still open)
-    assert achieved >= 0.9 * rate, achieved
-    # every process took part: the budget was shared, not won by one
-    owners = await count(db_url, "SELECT count(DISTINCT worker) FROM attempts")
-    assert owners == 3
 
 
 @pytest.mark.slow

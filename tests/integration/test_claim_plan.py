@@ -16,7 +16,8 @@ async def plan_of_admission(engine: AsyncEngine, scopes: list[str]) -> str:
     """EXPLAIN (no ANALYZE: nothing runs) of the worker's admission statement."""
     params = {"now": None, "scopes": scopes, "wants": [8] * len(scopes), "owner": "plan",
               "lookahead": limiter.LOOKAHEAD_S, "policy_names": ["carts"],
-              "lease_seconds": [30], "default_lease": 60}
+              "lease_seconds": [30], "default_lease": 60,
+              "limit_policies": ["carts"], "limit_attempts": [3]}
     async with engine.connect() as conn:
         rows = await conn.execute(text("EXPLAIN " + str(claims._ADMIT.text)), params)
         return "\n".join(r[0] for r in rows)

@@ -146,6 +146,52 @@ async def test_expired_lease_is_reclaimed_unexpired_never(engine: AsyncEngine) -
     assert late.leases[0].attempt == 2
 
 
+async def test_expired_lease_on_the_last_attempt_goes_dead(engine: AsyncEngine) -> None:
+    # a worker that dies on every call of an item must not make it loop (drill 14)
+    policies = make_policies("http://127.0.0.1:9")
+    await register(engine, policies, 2)
+    await release_all(engine)
+    async with engine.connect() as conn:
+        db_now = (await conn.execute(text("SELECT now()"))).scalar_one()
+    limits = {"carts": 2}
+    first = await claims.claim(engine, owner="a", grants={SCOPE: 2}, lease_seconds={},
+                               max_attempts=limits, now=db_now)
+    assert [x.attempt for x in first.leases] == [1, 1]
+    expiry = first.leases[0].lease_expires_at
+    second = await claims.claim(engine, owner="b", grants={SCOPE: 1}, lease_seconds={},
+                                max_attempts=limits, now=expiry)
+    assert [x.attempt for x in second.leases] == [2]
+    third = await claims.claim(engine, owner="c", grants={SCOPE: 2}, lease_seconds={},
+                               max_attempts=limits, now=second.leases[0].lease_expires_at)
+    # the item on its second (last) attempt went dead; the other one is leased again
+    assert [x.attempt for x in third.leases] == [2]
+    async with engine.connect() as conn:
+        rows = (await conn.execute(text(
+            "SELECT status, attempts, dead_reason FROM items ORDER BY status"))).all()
+    assert [tuple(r) for r in rows] == [("dead", 2, "max_attempts:lease_expired"),
+                                        ("leased", 2, None)]
+
+
+async def test_admission_dead_letters_an_expired_lease_on_the_last_attempt(
+        engine: AsyncEngine) -> None:
+    # the worker's hot path (take tokens + claim in one statement) applies the same rule
+    policies = make_policies("http://127.0.0.1:9")
+    await register(engine, policies, 1)
+    await release_all(engine)
+    async with engine.connect() as conn:
+        db_now = (await conn.execute(text("SELECT now()"))).scalar_one()
+    limits = {"carts": 1}
+    first = await claims.admit(engine, owner="a", wants={SCOPE: 1}, lease_seconds={},
+                               max_attempts=limits, now=db_now)
+    assert [x.attempt for x in first.leases] == [1]
+    again = await claims.admit(engine, owner="b", wants={SCOPE: 1}, lease_seconds={},
+                               max_attempts=limits, now=first.leases[0].lease_expires_at)
+    assert again.leases == []
+    async with engine.connect() as conn:
+        row = (await conn.execute(text("SELECT status, dead_reason FROM items"))).one()
+    assert tuple(row) == ("dead", "max_attempts:lease_expired")
+
+
 async def test_late_completion_is_fenced(engine: AsyncEngine, upstream: FakeUpstream) -> None:
     policies = make_policies(upstream.base_url)
     await register(engine, policies, 1)

@@ -1,0 +1,18 @@
+"""Every drill, in the issue's numbering."""
+
+from __future__ import annotations
+
+from service.drills import answers, crashes, database, operations
+from service.drills.base import Drill
+
+DRILLS: list[Drill] = sorted(
+    [*crashes.DRILLS, *answers.DRILLS, *operations.DRILLS, *database.DRILLS],
+    key=lambda d: d.number)
+
+
+def find(name: str) -> Drill | None:
+    """A drill by name or number."""
+    for drill in DRILLS:
+        if name in (drill.name, str(drill.number)):
+            return drill
+    return None
