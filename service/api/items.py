@@ -7,11 +7,11 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Body, Query
 from fastapi.openapi.models import Example
-from pydantic import AwareDatetime, BaseModel, Field
+from pydantic import BaseModel, Field
 
 from service import ledger
 from service.api.deps import OperatorDep, RuntimeDep
-from service.api.problems import problem_responses, validation_problem
+from service.api.problems import RequestBody, Timestamp, problem_responses, validation_problem
 from service.errors import Problem
 
 MAX_ITEMS_PER_REQUEST = 10_000
@@ -52,7 +52,7 @@ CANCEL_EXAMPLES: dict[str, Example] = {
 ID_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]*$"
 
 
-class ItemIn(BaseModel):
+class ItemIn(RequestBody):
     """One obligation: remove this object of this tenant under this policy once due."""
 
     tenant_id: str = Field(examples=["acme.myshopify.com"], min_length=1, max_length=512,
@@ -60,10 +60,10 @@ class ItemIn(BaseModel):
     object_id: str = Field(examples=["cart-8812"], min_length=1, max_length=512,
                            pattern=ID_PATTERN)
     policy: str = Field(examples=["cart-retention"], min_length=1)
-    due_at: AwareDatetime = Field(examples=["2026-12-01T00:00:00Z"])
+    due_at: Timestamp = Field(examples=["2026-12-01T00:00:00Z"])
 
 
-class ItemsIn(BaseModel):
+class ItemsIn(RequestBody):
     """Up to 10,000 items; the request is all-or-nothing."""
 
     items: list[ItemIn] = Field(min_length=1, max_length=MAX_ITEMS_PER_REQUEST)
@@ -160,7 +160,7 @@ async def list_items(
                     next_after=int(str(rows[-1]["id"])) if len(rows) == limit else None)
 
 
-class ItemRef(BaseModel):
+class ItemRef(RequestBody):
     """An item by identity, under the policy's current version."""
 
     tenant_id: str = Field(min_length=1, max_length=512)
@@ -168,7 +168,7 @@ class ItemRef(BaseModel):
     policy: str
 
 
-class ItemSelection(BaseModel):
+class ItemSelection(RequestBody):
     """Which items to change: ids, identities, and/or a filter (at least one), and why."""
 
     ids: list[Annotated[int, Field(ge=1, le=MAX_BIGINT)]] | None = Field(

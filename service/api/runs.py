@@ -10,11 +10,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Header, Path, Query, Response
 from fastapi.openapi.models import Example
 from fastapi.responses import StreamingResponse
-from pydantic import AwareDatetime, BaseModel, Field
+from pydantic import BaseModel, Field
 
 from service import runs
 from service.api.deps import OperatorDep, RuntimeDep
-from service.api.problems import problem_responses
+from service.api.problems import RequestBody, Timestamp, problem_responses
 from service.errors import Problem
 
 MAX_BIGINT = 2**63 - 1
@@ -32,13 +32,13 @@ RUN_EXAMPLES: dict[str, Example] = {
 }
 
 
-class RunIn(BaseModel):
+class RunIn(RequestBody):
     """A trigger: which policy (all when absent), an optional tenant for rollouts, the cutoff
     (default: the database's now()), report-only, and a cap on items released."""
 
     policy: str | None = Field(default=None, examples=["cart-retention"])
     tenant_id: str | None = None
-    cutoff: AwareDatetime | None = None
+    cutoff: Timestamp | None = None
     dry_run: bool = False
     max_items: int | None = Field(default=None, ge=1, le=100_000_000)
 

@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 
 from service import scopes
 from service.api.deps import OperatorDep, RuntimeDep
-from service.api.problems import problem_responses
+from service.api.problems import RequestBody, problem_responses
 from service.errors import Problem
 
 router = APIRouter(prefix="/v1", tags=["scopes"], responses=problem_responses(401, 503))
@@ -45,7 +45,7 @@ class ScopePage(BaseModel):
     next_after: str | None
 
 
-class BudgetIn(BaseModel):
+class BudgetIn(RequestBody):
     """A new budget for one scope, effective on every replica within a second."""
 
     rate_per_second: float = Field(gt=0, le=100_000, examples=[20.0])
@@ -54,7 +54,7 @@ class BudgetIn(BaseModel):
     reason: str | None = Field(default=None, max_length=1000)
 
 
-class ReasonIn(BaseModel):
+class ReasonIn(RequestBody):
     """Why (recorded in the audit trail)."""
 
     reason: str | None = Field(default=None, max_length=1000)

@@ -102,3 +102,16 @@ async def test_text_the_ledger_cannot_store_is_a_422(api: httpx.AsyncClient, met
     assert response.status_code == 422, response.text
     assert response.headers["content-type"] == "application/problem+json"
     assert response.json()["type"] == f"urn:sweeper:problem:{problem}", response.text
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/runs", {"cutoff": 1767225600}),          # a number is not read as epoch seconds
+    ("/v1/runs", {"max_items": "5"}),              # "5" is not 5
+    ("/v1/runs", {"dry_run": 1}),                  # 1 is not true
+    ("/v1/items/cancel", {"ids": ["1"], "why": "x"}),
+])
+async def test_values_must_have_the_declared_json_type(api: httpx.AsyncClient, path: str,
+                                                       body: dict[str, object]) -> None:
+    response = await api.post(path, json=body)
+    assert response.status_code == 422, response.text
+    assert response.json()["type"] == "urn:sweeper:problem:validation-error"
