@@ -33,6 +33,9 @@ def id_problem(value: str) -> str | None:
     """Why `value` cannot be a tenant or object id, or None when it can."""
     if not value:
         return "must not be empty"
+    if value in (".", ".."):
+        # a dot segment would be normalised away in the upstream URL, leaving its segment
+        return "must not be . or .."
     if len(value.encode("utf-8")) > MAX_ID_BYTES:
         return f"must be at most {MAX_ID_BYTES} bytes"
     if any(ord(c) < 32 or ord(c) == 127 or 0x80 <= ord(c) < 0xA0 for c in value):

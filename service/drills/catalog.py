@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from service.drills import answers, crashes, database, operations
+from service.drills import answers, crashes, database, intake, operations
 from service.drills.base import Drill
 
 DRILLS: list[Drill] = sorted(
-    [*crashes.DRILLS, *answers.DRILLS, *operations.DRILLS, *database.DRILLS],
+    [*crashes.DRILLS, *answers.DRILLS, *operations.DRILLS, *database.DRILLS,
+     *intake.DRILLS],
     key=lambda d: d.number)
 
 
