@@ -42,6 +42,7 @@ from bench.common import (
 )
 from bench.drain import fake_upstream_process
 from service import ledger, runs
+from service.drills.stage import worst_window
 from service.policies import load_policies
 
 SCOPE_TENANT = "acme"
@@ -80,17 +81,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def int_list(raw: str) -> list[int]:
     return [int(x) for x in raw.split(",") if x.strip()]
-
-
-def worst_window(times: list[float], width: float = 1.0) -> int:
-    """The most calls in any window of `width` seconds."""
-    times = sorted(times)
-    best, start = 0, 0
-    for end, t in enumerate(times):
-        while t - times[start] >= width:
-            start += 1
-        best = max(best, end - start + 1)
-    return best
 
 
 def concurrency_for(budget: int, replicas: int) -> int:
