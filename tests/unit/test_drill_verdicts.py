@@ -49,5 +49,5 @@ async def test_skips_and_crashes(error: Exception, status: str) -> None:
 def test_the_catalog_names_each_drill_once() -> None:
     numbers = [d.number for d in DRILLS]
     assert numbers == sorted(set(numbers))
-    assert {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 19, 20} == set(numbers)
+    assert set(range(1, 21)) == set(numbers)  # the twenty drills
     assert all(find(str(d.number)) is d and find(d.name) is d for d in DRILLS)
