@@ -50,19 +50,9 @@ class Lease:
 #     worker that calls it would otherwise loop forever), so it goes `dead` here.
 #  4. the UPDATE gives each a fresh lease token and an expiry from the database clock
 #     (lease length per policy), counts the attempt, and returns what the worker needs.
-_CLAIM = text("""
-    WITH clock AS (SELECT coalesce(CAST(:now AS timestamptz), now()) AS now),
-    grants AS (
-        SELECT g.scope, g.n
-        FROM unnest(CAST(:scopes AS text[]), CAST(:counts AS integer[])) AS g(scope, n)
-        -- tokens were taken a moment ago: a scope closed or paused since then gets nothing
-        LEFT JOIN scopes s ON s.name = g.scope
-        WHERE (s.name IS NULL OR (NOT s.paused AND (s.closed_until IS NULL
-                                                    OR s.closed_until <= clock_timestamp())))
-          -- a workers-wide pause takes this row FOR UPDATE: it waits for claims in
-          -- progress, and no claim admits work once the pause has committed
-          AND NOT (SELECT workers_paused FROM control FOR KEY SHARE)
-    ),
+# Steps 2-4 as CTEs over `clock` and `grants` (scope, n), shared by the claim statement
+# and the admission statement below; `claimed` holds the leases.
+_CLAIM_GRANTED = """
     attempt_limits AS (
         SELECT * FROM unnest(CAST(:limit_policies AS text[]),
                              CAST(:limit_attempts AS integer[])) AS m(policy, n)
@@ -79,6 +69,7 @@ _CLAIM = text("""
             LIMIT g.n
             FOR UPDATE OF i SKIP LOCKED
         ) e
+        WHERE g.n > 0
     ),
     exhausted AS (
         UPDATE items i
@@ -99,26 +90,48 @@ _CLAIM = text("""
                          WHERE x.scope = g.scope AND NOT x.exhausted)
             FOR UPDATE OF i SKIP LOCKED
         ) r
+        WHERE g.n > 0
     ),
     picked AS (SELECT id FROM expired WHERE NOT exhausted UNION ALL SELECT id FROM ready),
     lease_lengths AS (
         SELECT * FROM unnest(CAST(:policy_names AS text[]),
                              CAST(:lease_seconds AS integer[])) AS l(policy, seconds)
+    ),
+    claimed AS (
+        UPDATE items i
+        SET status = 'leased',
+            lease_owner = :owner,
+            lease_token = gen_random_uuid(),
+            lease_expires_at = clock.now + make_interval(secs => coalesce(
+                (SELECT l.seconds FROM lease_lengths l WHERE l.policy = i.policy),
+                :default_lease)),
+            attempts = i.attempts + 1,
+            updated_at = clock.now
+        FROM picked, clock
+        WHERE i.id = picked.id
+        RETURNING i.id, i.tenant_id, i.object_id, i.policy, i.policy_version,
+                  i.operation_key, i.scope, i.lease_token, i.attempts, i.lease_expires_at,
+                  EXISTS (SELECT 1 FROM expired WHERE expired.id = i.id) AS reclaimed
     )
-    UPDATE items i
-    SET status = 'leased',
-        lease_owner = :owner,
-        lease_token = gen_random_uuid(),
-        lease_expires_at = clock.now + make_interval(secs => coalesce(
-            (SELECT l.seconds FROM lease_lengths l WHERE l.policy = i.policy), :default_lease)),
-        attempts = i.attempts + 1,
-        updated_at = clock.now
-    FROM picked, clock
-    WHERE i.id = picked.id
-    RETURNING i.id, i.tenant_id, i.object_id, i.policy, i.policy_version, i.operation_key,
-              i.scope, i.lease_token, i.attempts, i.lease_expires_at,
-              EXISTS (SELECT 1 FROM expired WHERE expired.id = i.id) AS reclaimed
-""")
+"""
+
+
+_CLAIM = text(f"""
+    WITH clock AS (SELECT coalesce(CAST(:now AS timestamptz), now()) AS now),
+    grants AS (
+        SELECT g.scope, g.n
+        FROM unnest(CAST(:scopes AS text[]), CAST(:counts AS integer[])) AS g(scope, n)
+        -- tokens were taken a moment ago: a scope closed or paused since then gets nothing
+        LEFT JOIN scopes s ON s.name = g.scope
+        WHERE (s.name IS NULL OR (NOT s.paused AND (s.closed_until IS NULL
+                                                    OR s.closed_until <= clock_timestamp())))
+          -- a workers-wide pause takes this row FOR UPDATE: it waits for claims in
+          -- progress, and no claim admits work once the pause has committed
+          AND NOT (SELECT workers_paused FROM control FOR KEY SHARE)
+    ),
+    {_CLAIM_GRANTED}
+    SELECT * FROM claimed
+""")  # noqa: S608 - only a constant fragment is interpolated
 
 
 @dataclass(frozen=True)
@@ -190,66 +203,7 @@ _ADMIT = text(f"""
                    avail + rate * CAST(:lookahead AS double precision))::integer)) AS n
         FROM bucket
     ),
-    attempt_limits AS (
-        SELECT * FROM unnest(CAST(:limit_policies AS text[]),
-                             CAST(:limit_attempts AS integer[])) AS m(policy, n)
-    ),
-    expired AS (
-        SELECT e.id, g.scope, e.exhausted FROM grants g, clock CROSS JOIN LATERAL (
-            SELECT i.id, i.attempts >= coalesce(
-                       (SELECT m.n FROM attempt_limits m WHERE m.policy = i.policy),
-                       2147483647) AS exhausted
-            FROM items i
-            WHERE i.scope = g.scope AND i.status = 'leased'
-              AND i.lease_expires_at <= clock.now
-            ORDER BY i.lease_expires_at
-            LIMIT g.n
-            FOR UPDATE OF i SKIP LOCKED
-        ) e
-        WHERE g.n > 0
-    ),
-    exhausted AS (
-        UPDATE items i
-        SET status = 'dead', lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
-            last_outcome = 'unknown', last_status_code = NULL, last_error = 'lease_expired',
-            dead_reason = 'max_attempts:lease_expired', completed_at = clock.now,
-            updated_at = clock.now
-        FROM expired x, clock
-        WHERE i.id = x.id AND x.exhausted
-    ),
-    ready AS (
-        SELECT r.id, g.scope FROM grants g, clock CROSS JOIN LATERAL (
-            SELECT i.id FROM items i
-            WHERE i.scope = g.scope AND i.status = 'pending' AND i.released_at IS NOT NULL
-              AND i.next_attempt_at <= clock.now
-            ORDER BY i.batch_id NULLS FIRST, i.id
-            LIMIT g.n - (SELECT count(*) FROM expired x
-                         WHERE x.scope = g.scope AND NOT x.exhausted)
-            FOR UPDATE OF i SKIP LOCKED
-        ) r
-        WHERE g.n > 0
-    ),
-    picked AS (SELECT id FROM expired WHERE NOT exhausted UNION ALL SELECT id FROM ready),
-    lease_lengths AS (
-        SELECT * FROM unnest(CAST(:policy_names AS text[]),
-                             CAST(:lease_seconds AS integer[])) AS l(policy, seconds)
-    ),
-    claimed AS (
-        UPDATE items i
-        SET status = 'leased',
-            lease_owner = :owner,
-            lease_token = gen_random_uuid(),
-            lease_expires_at = clock.now + make_interval(secs => coalesce(
-                (SELECT l.seconds FROM lease_lengths l WHERE l.policy = i.policy),
-                :default_lease)),
-            attempts = i.attempts + 1,
-            updated_at = clock.now
-        FROM picked, clock
-        WHERE i.id = picked.id
-        RETURNING i.id, i.tenant_id, i.object_id, i.policy, i.policy_version,
-                  i.operation_key, i.scope, i.lease_token, i.attempts, i.lease_expires_at,
-                  EXISTS (SELECT 1 FROM expired WHERE expired.id = i.id) AS reclaimed
-    ),
+    {_CLAIM_GRANTED},
     used AS (SELECT scope, count(*)::integer AS n FROM claimed GROUP BY scope),
     spent AS (
         UPDATE scopes s
