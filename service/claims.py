@@ -16,7 +16,7 @@ from sqlalchemy import Row, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.db.statements import Database, fetch, fetch_none
-from service.limiter import LOOKAHEAD_S, TOKENS_NOW_SQL, Grant
+from service.limiter import LOOKAHEAD_S, Grant, grants_sql
 
 NOTIFY_CHANNEL = "sweeper_released"
 
@@ -185,24 +185,7 @@ def _lease(r: Row[Any]) -> Lease:
 # granted tokens but got no item, or was granted none (with the wait for its next token).
 _ADMIT = text(f"""
     WITH clock AS (SELECT coalesce(CAST(:now AS timestamptz), now()) AS now),
-    want AS (
-        SELECT * FROM unnest(CAST(:scopes AS text[]), CAST(:wants AS integer[])) AS w(name, n)
-    ),
-    bucket AS (
-        SELECT s.name, w.n, s.rate_per_second AS rate, {TOKENS_NOW_SQL} AS avail
-        FROM scopes s JOIN want w ON w.name = s.name
-        WHERE NOT s.paused
-          AND (s.closed_until IS NULL OR s.closed_until <= clock_timestamp())
-          AND NOT (SELECT workers_paused FROM control FOR KEY SHARE)
-        ORDER BY s.name
-        FOR UPDATE OF s
-    ),
-    grants AS (
-        SELECT name AS scope, rate, avail,
-               greatest(0, least(n, floor(
-                   avail + rate * CAST(:lookahead AS double precision))::integer)) AS n
-        FROM bucket
-    ),
+    {grants_sql(obey_workers_pause=True)},
     {_CLAIM_GRANTED},
     used AS (SELECT scope, count(*)::integer AS n FROM claimed GROUP BY scope),
     spent AS (
@@ -246,7 +229,7 @@ async def admit(db: Database, *, owner: str, wants: Mapping[str, int],
         return Admission(grants=[], leases=[])
     names = sorted(wanted)
     rows = await fetch(db, _ADMIT, {
-        "now": now, "scopes": names, "wants": [wanted[n] for n in names], "owner": owner,
+        "now": now, "names": names, "wants": [wanted[n] for n in names], "owner": owner,
         "lookahead": lookahead_s, "policy_names": list(lease_seconds),
         "lease_seconds": list(lease_seconds.values()), "default_lease": default_lease_seconds,
         "limit_policies": list(max_attempts or {}),

@@ -128,33 +128,46 @@ TOKENS_NOW_SQL: Final = """least(s.burst::double precision,
 # one. Without lending, every refill that completes while no worker is asking is lost to
 # the burst cap: at 20/s with burst 1 that was a fifth of the budget. Rows are locked in
 # name order so concurrent takers never deadlock.
-_TAKE = text(f"""
-    WITH want AS (
+def grants_sql(*, obey_workers_pause: bool) -> str:
+    """CTEs `want` (from :names and :wants), `bucket` and `grants` (scope, rate, avail, n):
+    each scope's bucket refilled from the database clock, locked in name order, and the
+    whole tokens it grants now or within :lookahead. Closed and paused scopes grant
+    nothing; with `obey_workers_pause`, neither does any scope during a workers-wide pause
+    (FOR KEY SHARE: the pause waits for grants in progress). `take` and `claims.admit`
+    both build on this, so the tested bucket arithmetic is the one the workers use."""
+    pause = ("\n          AND NOT (SELECT workers_paused FROM control FOR KEY SHARE)"
+             if obey_workers_pause else "")
+    return f"""
+    want AS (
         SELECT * FROM unnest(CAST(:names AS text[]), CAST(:wants AS integer[])) AS w(name, n)
     ),
     bucket AS (
         SELECT s.name, w.n, s.rate_per_second AS rate, {TOKENS_NOW_SQL} AS avail
         FROM scopes s JOIN want w ON w.name = s.name
         WHERE NOT s.paused
-          AND (s.closed_until IS NULL OR s.closed_until <= clock_timestamp())
+          AND (s.closed_until IS NULL OR s.closed_until <= clock_timestamp()){pause}
         ORDER BY s.name
         FOR UPDATE OF s
     ),
-    grant_ AS (
-        SELECT name, rate, avail,
+    grants AS (
+        SELECT name AS scope, rate, avail,
                greatest(0, least(n, floor(
-                   avail + rate * CAST(:lookahead AS double precision))::integer)) AS granted
+                   avail + rate * CAST(:lookahead AS double precision))::integer)) AS n
         FROM bucket
-    )
+    )"""  # noqa: S608 - only constant fragments are interpolated
+
+
+_TAKE = text(f"""
+    WITH {grants_sql(obey_workers_pause=False)}
     UPDATE scopes s
-    SET tokens = g.avail - g.granted, refilled_at = clock_timestamp()
-    FROM grant_ g
-    WHERE s.name = g.name
-    RETURNING s.name, g.granted, g.avail, g.rate,
+    SET tokens = g.avail - g.n, refilled_at = clock_timestamp()
+    FROM grants g
+    WHERE s.name = g.scope
+    RETURNING s.name, g.n AS granted, g.avail, g.rate,
               extract(epoch FROM clock_timestamp())::double precision AS granted_at,
-              greatest(0.0, (1.0 - (g.avail - g.granted)) / g.rate
+              greatest(0.0, (1.0 - (g.avail - g.n)) / g.rate
                             - CAST(:lookahead AS double precision)) AS wait_seconds
-""")  # noqa: S608 - only a constant fragment is interpolated
+""")  # noqa: S608 - only constant fragments are interpolated
 
 
 async def take(engine: AsyncEngine, wants: Mapping[str, int],

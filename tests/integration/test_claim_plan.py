@@ -14,7 +14,7 @@ HISTORY = 50_000
 
 async def plan_of_admission(engine: AsyncEngine, scopes: list[str]) -> str:
     """EXPLAIN (no ANALYZE: nothing runs) of the worker's admission statement."""
-    params = {"now": None, "scopes": scopes, "wants": [8] * len(scopes), "owner": "plan",
+    params = {"now": None, "names": scopes, "wants": [8] * len(scopes), "owner": "plan",
               "lookahead": limiter.LOOKAHEAD_S, "policy_names": ["carts"],
               "lease_seconds": [30], "default_lease": 60,
               "limit_policies": ["carts"], "limit_attempts": [3]}
