@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import math
 import os
+import secrets
 import signal
 import sys
 import tempfile
@@ -36,6 +37,7 @@ from bench.common import (
     BenchContext,
     Benchmark,
     fresh_database,
+    int_list,
     plain_url,
     progress,
     summarize,
@@ -68,9 +70,9 @@ max_attempts = 5
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--replicas", default="1,2,4",
+    parser.add_argument("--replicas", type=int_list, default="1,2,4",
                         help="comma-separated worker process counts (default 1,2,4)")
-    parser.add_argument("--budgets", default="10,100,1000",
+    parser.add_argument("--budgets", type=int_list, default="10,100,1000",
                         help="comma-separated budgets in calls/s (default 10,100,1000)")
     parser.add_argument("--seconds", type=float, default=60.0,
                         help="measured period per configuration (default 60)")
@@ -79,24 +81,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default 0.05)")
 
 
-def int_list(raw: str) -> list[int]:
-    return [int(x) for x in raw.split(",") if x.strip()]
-
-
 def concurrency_for(budget: int, replicas: int) -> int:
     """Workers per process: enough calls in flight for the budget at ~20 ms per call."""
     return max(4, min(256, math.ceil(budget / replicas / 25)))
 
 
-def start_worker(url: str, policies_file: Path, workers: int) -> asyncio.Future[Any]:
+async def start_worker(url: str, policies_file: Path, workers: int
+                       ) -> asyncio.subprocess.Process:
+    """`sweeper worker` as its own process; its warnings go to a file beside the policies
+    (a pipe nobody reads could fill up and stall the worker mid-measurement)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_")}
     env.update({"SWEEPER_DATABASE_URL": url, "SWEEPER_POLICIES_FILE": str(policies_file),
                 "SWEEPER_WORKERS": str(workers), "SWEEPER_LOG_FORMAT": "json",
                 "SWEEPER_LOG_LEVEL": "WARNING", "SWEEPER_MIGRATE_ON_START": "false",
                 "SWEEPER_DB_POOL_SIZE": "10"})
-    return asyncio.ensure_future(asyncio.create_subprocess_exec(
-        sys.executable, "-m", "service", "worker", env=env,
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE))
+    with (policies_file.parent / f"worker-{secrets.token_hex(4)}.log").open("wb") as log:
+        return await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "service", "worker", env=env,
+            stdout=asyncio.subprocess.DEVNULL, stderr=log)
 
 
 async def connected_workers(url: str) -> int:
@@ -176,8 +178,8 @@ async def one_configuration(ctx: BenchContext, replicas: int, budget: int, secon
 
 async def run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
     results = []
-    for budget in int_list(args.budgets):
-        for replicas in int_list(args.replicas):
+    for budget in args.budgets:
+        for replicas in args.replicas:
             reps = []
             for rep in range(args.repeat):
                 progress(f"budget: {replicas} replica(s) at {budget}/s, "

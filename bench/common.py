@@ -304,6 +304,17 @@ def patched(owner: object, attribute: str, replacement: object) -> Iterator[None
         setattr(owner, attribute, original)
 
 
+def int_list(value: str) -> list[int]:
+    """The argparse type of comma-separated positive integers (`--concurrency 16,64`)."""
+    try:
+        numbers = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected integers like 16,64") from None
+    if not numbers or any(n < 1 for n in numbers):
+        raise argparse.ArgumentTypeError(f"{value!r}: expected positive integers")
+    return numbers
+
+
 def summarize(values: Sequence[float]) -> dict[str, float | None]:
     """Median, min and max of repetitions (medians are what to compare on a noisy box)."""
     if not values:

@@ -48,6 +48,7 @@ from bench.common import (
     CallTimer,
     configure_service_logging,
     fresh_database,
+    int_list,
     patched,
     progress,
     summarize,
@@ -78,16 +79,6 @@ LOOPBACK_ITEMS_CAP = 2000
 # -- options -------------------------------------------------------------------------------
 
 
-def _int_list(value: str) -> list[int]:
-    try:
-        numbers = [int(v) for v in value.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r}: expected integers like 16,64") from None
-    if not numbers or any(n < 1 for n in numbers):
-        raise argparse.ArgumentTypeError(f"{value!r}: expected positive integers")
-    return numbers
-
-
 def _mode_list(value: str) -> list[str]:
     modes = [m.strip() for m in value.split(",") if m.strip()]
     unknown = sorted(set(modes) - set(MODES))
@@ -106,7 +97,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--side-items", type=int, default=5000,
                         help="items per logging-comparison and profile run (default 5000, "
                              "at most --items)")
-    parser.add_argument("--concurrency", type=_int_list, action="append",
+    parser.add_argument("--concurrency", type=int_list, action="append",
                         help="WorkerPool concurrency; comma-separated or repeated "
                              "(default 16,64,256)")
     parser.add_argument("--modes", type=_mode_list, default=list(MODES),

@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from bench.common import BenchContext, Benchmark, fresh_database, progress, summarize
+from bench.common import BenchContext, Benchmark, fresh_database, int_list, progress, summarize
 from bench.server import sweeper_server
 
 TENANTS = ("acme", "globex", "initech", "umbrella")
@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--requests", type=int, default=20, help="requests per run (default 20)")
     parser.add_argument("--batch", type=int, default=10_000,
                         help="items per request (default 10000, the API's maximum)")
-    parser.add_argument("--clients", default="1,2",
+    parser.add_argument("--clients", type=int_list, default="1,2",
                         help="comma-separated concurrent clients (default 1,2)")
 
 
@@ -77,7 +77,7 @@ async def run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
     payloads = bodies(args.requests, args.batch)
     total = args.requests * args.batch
     results = []
-    for clients in [int(c) for c in args.clients.split(",") if c.strip()]:
+    for clients in args.clients:
         reps = []
         for rep in range(args.repeat):
             progress(f"registration: {clients} client(s), repetition {rep + 1}/{args.repeat}")

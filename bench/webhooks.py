@@ -40,6 +40,7 @@ from bench.common import (
     BenchContext,
     Benchmark,
     fresh_database,
+    int_list,
     plain_url,
     progress,
     summarize,
@@ -84,7 +85,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="sustained load per repetition and concurrency (default 10)")
     parser.add_argument("--warmup-seconds", type=float, default=1.0,
                         help="load before the clock starts (default 1)")
-    parser.add_argument("--concurrency", type=_int_list, default=list(DEFAULT_CONCURRENCY),
+    parser.add_argument("--concurrency", type=int_list, default=list(DEFAULT_CONCURRENCY),
                         help="connections kept busy, comma-separated (default 8,32,64)")
     parser.add_argument("--scheme", choices=("standard", "shopify"), default="standard",
                         help="signature scheme of the source (default standard)")
@@ -93,10 +94,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-rate", type=float, default=4000.0,
                         help="deliveries signed per second of load: the ceiling the run can "
                              "show (default 4000)")
-
-
-def _int_list(value: str) -> list[int]:
-    return [int(v) for v in value.split(",") if v.strip()]
 
 
 # -- deliveries ------------------------------------------------------------------------------
