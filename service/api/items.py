@@ -10,8 +10,9 @@ from fastapi.openapi.models import Example
 from pydantic import BaseModel, Field
 
 from service import ledger
+from service.api.bodies import RequestBody, Timestamp
 from service.api.deps import OperatorDep, RuntimeDep
-from service.api.problems import RequestBody, Timestamp, problem_responses, validation_problem
+from service.api.problems import problem_responses, validation_problem
 from service.errors import Problem
 
 MAX_ITEMS_PER_REQUEST = 10_000

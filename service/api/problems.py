@@ -7,13 +7,13 @@ rule that failed, never the value (it may be a secret or customer data).
 from __future__ import annotations
 
 import logging
-from typing import Annotated, Any
+from typing import Any
 
 import asyncpg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException
@@ -223,21 +223,3 @@ def install_problem_handlers(app: FastAPI) -> None:
     app.add_exception_handler(DatabaseUnavailable, _on_database)
     app.add_exception_handler(OSError, _on_database)
     app.add_exception_handler(Exception, _on_unexpected)
-
-
-def _rfc3339_text(value: Any) -> Any:
-    """A timestamp in a request is RFC 3339 text, as the contract says; a number is not
-    silently read as seconds since the epoch."""
-    if not isinstance(value, str):
-        raise ValueError("must be an RFC 3339 date-time string")
-    return value
-
-
-class RequestBody(BaseModel):
-    """Base of request bodies: values must have the JSON type the contract declares (no
-    "5" for 5, no 1 for true); timestamps are RFC 3339 strings, parsed leniently."""
-
-    model_config = ConfigDict(strict=True)
-
-
-Timestamp = Annotated[AwareDatetime, Field(strict=False), BeforeValidator(_rfc3339_text)]

@@ -13,8 +13,9 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
 from service import runs
+from service.api.bodies import RequestBody, Timestamp
 from service.api.deps import OperatorDep, RuntimeDep
-from service.api.problems import RequestBody, Timestamp, problem_responses
+from service.api.problems import problem_responses
 from service.errors import Problem
 
 MAX_BIGINT = 2**63 - 1

@@ -10,8 +10,9 @@ from fastapi.openapi.models import Example
 from pydantic import BaseModel, Field
 
 from service import scopes
+from service.api.bodies import RequestBody
 from service.api.deps import OperatorDep, RuntimeDep
-from service.api.problems import RequestBody, problem_responses
+from service.api.problems import problem_responses
 from service.errors import Problem
 
 router = APIRouter(prefix="/v1", tags=["scopes"], responses=problem_responses(401, 503))
