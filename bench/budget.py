@@ -1,8 +1,11 @@
 """Budget precision: how closely N replicas together hold one scope's shared rate budget.
 
 For each (replicas, budget) pair: a fresh database holding more due items than the budget
-can drain in the measured period; a fake upstream in its own process that enforces the same
-rate (429 above it); N `sweeper worker` OS processes sharing the scope's bucket in
+can drain in the measured period; a fake upstream in its own process that answers 429 above
+its limit (`--upstream window`, the default: more than budget + burst calls in any trailing
+second, the issue's condition for zero 429s, "the budget equals the upstream's limit minus
+burst"; `--upstream bucket`: a token bucket at the budget itself); N `sweeper worker` OS
+processes sharing the scope's bucket in
 PostgreSQL. Items are released once every process is connected, and the upstream's own
 arrival log is read after `--seconds` of calls. Reported per repetition and as medians:
 
@@ -10,7 +13,10 @@ arrival log is read after `--seconds` of calls. Reported per repetition and as m
                      in it (burst + budget x seconds), from the first call on
   worst_window       most calls in any 1-second window, and the same over (rate + burst)
   throttled          429s the upstream sent (the target is zero)
-  startup            seconds from release to the first call
+  unused_percent     budget lost because the bucket sat full with no call ready
+  worker_counters    tokens granted and returned, leases handed back by reason
+  startup_seconds    from the release to the first call (both on this machine's monotonic
+                     clock, which every process shares)
 
     python -m bench budget --replicas 1,2,4 --budgets 10,100,1000 --seconds 60 --repeat 3
 """
@@ -32,6 +38,7 @@ from typing import Any
 
 import asyncpg
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.common import (
     BenchContext,
@@ -44,14 +51,18 @@ from bench.common import (
 )
 from bench.drain import fake_upstream_process
 from service import ledger, runs
-from service.drills.stage import worst_window
+from service.drills.stage import free_port, worst_window
 from service.policies import load_policies
 
 SCOPE_TENANT = "acme"
 REGISTER_CHUNK = 10_000
-# The upstream allows a little more burst than Sweeper's bucket holds, as a real API whose
-# published limit a client configures would; Sweeper must never need it.
-UPSTREAM_EXTRA_BURST = 2
+# With `--upstream bucket` the upstream is a token bucket at exactly the budget, with a
+# little more burst than Sweeper's bucket holds.
+BUCKET_EXTRA_BURST = 2
+WORKER_COUNTERS = frozenset({
+    "sweeper_limiter_tokens_granted_total", "sweeper_limiter_tokens_returned_total",
+    "sweeper_limiter_waits_total", "sweeper_leases_returned_total",
+    "sweeper_items_claimed_total"})
 
 POLICIES = """
 [upstreams.shop]
@@ -76,9 +87,47 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated budgets in calls/s (default 10,100,1000)")
     parser.add_argument("--seconds", type=float, default=60.0,
                         help="measured period per configuration (default 60)")
+    parser.add_argument("--upstream", choices=("window", "bucket"), default="window",
+                        help="the upstream's limit: `window`, at most budget + burst calls in "
+                             "any trailing second (default); `bucket`, a token bucket at the "
+                             "budget with burst + 2")
     parser.add_argument("--burst-fraction", type=float, default=0.05,
                         help="Sweeper's burst as a fraction of the rate, at least 1 "
                              "(default 0.05)")
+
+
+def unused_budget(times: list[float], start: float, end: float, rate: float, burst: int
+                  ) -> float:
+    """Tokens a bucket of (rate, burst), full at `start`, lost to its cap between `start`
+    and `end` with calls at `times`: budget that went unspent because no call was ready
+    while the bucket was full. (What the bucket owes but was not yet spent at `end` is not
+    lost; achieved + unused + owed = allowed.)"""
+    tokens, last, lost = float(burst), start, 0.0
+    for t in [*sorted(times), end]:
+        refill = tokens + rate * (t - last)
+        lost += max(0.0, refill - burst)
+        tokens, last = min(float(burst), refill) - (1 if t < end else 0), t
+    return lost
+
+
+async def worker_counters(ports: list[int]) -> dict[str, float]:
+    """The limiter and hand-back counters of the worker processes, summed."""
+    totals: dict[str, float] = {}
+    async with httpx.AsyncClient(timeout=5) as client:
+        for port in ports:
+            try:
+                body = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+            except httpx.HTTPError:
+                continue  # a worker that died is visible in its log, not here
+            for family in text_string_to_metric_families(body):
+                for sample in family.samples:
+                    if sample.name not in WORKER_COUNTERS:
+                        continue
+                    reason = sample.labels.get("reason")
+                    key = sample.name.removeprefix("sweeper_").removesuffix("_total")
+                    key = f"{key}:{reason}" if reason else key
+                    totals[key] = totals.get(key, 0.0) + sample.value
+    return totals
 
 
 def concurrency_for(budget: int, replicas: int) -> int:
@@ -86,7 +135,7 @@ def concurrency_for(budget: int, replicas: int) -> int:
     return max(4, min(256, math.ceil(budget / replicas / 25)))
 
 
-async def start_worker(url: str, policies_file: Path, workers: int
+async def start_worker(url: str, policies_file: Path, workers: int, metrics_port: int
                        ) -> asyncio.subprocess.Process:
     """`sweeper worker` as its own process; its warnings go to a file beside the policies
     (a pipe nobody reads could fill up and stall the worker mid-measurement)."""
@@ -94,7 +143,7 @@ async def start_worker(url: str, policies_file: Path, workers: int
     env.update({"SWEEPER_DATABASE_URL": url, "SWEEPER_POLICIES_FILE": str(policies_file),
                 "SWEEPER_WORKERS": str(workers), "SWEEPER_LOG_FORMAT": "json",
                 "SWEEPER_LOG_LEVEL": "WARNING", "SWEEPER_MIGRATE_ON_START": "false",
-                "SWEEPER_DB_POOL_SIZE": "10"})
+                "SWEEPER_DB_POOL_SIZE": "10", "SWEEPER_METRICS_PORT": str(metrics_port)})
     with (policies_file.parent / f"worker-{secrets.token_hex(4)}.log").open("wb") as log:
         return await asyncio.create_subprocess_exec(
             sys.executable, "-m", "service", "worker", env=env,
@@ -111,13 +160,23 @@ async def connected_workers(url: str) -> int:
         await conn.close()
 
 
+def upstream_options(budget: int, burst: int, kind: str) -> list[str]:
+    """The fake upstream's limit. `window`: the budget is the upstream's limit minus the
+    burst, as the budget issue states its zero-429 target, and the limit is "so many calls
+    per second" taken literally (any trailing second), so a 429 means a 1-second window
+    over rate + burst. `bucket`: a token bucket at exactly the budget; Sweeper's schedule
+    conforms to it, and its two extra tokens of burst absorb the jitter of arrivals."""
+    if kind == "window":
+        return ["--default-limit", str(budget + burst), "--default-window"]
+    return ["--default-limit", str(budget), "--default-burst", str(burst + BUCKET_EXTRA_BURST)]
+
+
 async def one_configuration(ctx: BenchContext, replicas: int, budget: int, seconds: float,
-                            burst_fraction: float) -> dict[str, Any]:
+                            burst_fraction: float, upstream: str) -> dict[str, Any]:
     burst = max(1, round(budget * burst_fraction))
     items = math.ceil(budget * (seconds + 10) * 1.2)
-    async with (fake_upstream_process(ctx.repo_root, "--default-limit", str(budget),
-                                      "--default-burst", str(burst + UPSTREAM_EXTRA_BURST)
-                                      ) as base_url,
+    limit = upstream_options(budget, burst, upstream)
+    async with (fake_upstream_process(ctx.repo_root, *limit) as base_url,
                 fresh_database(ctx.server_url, "budget") as db):
         with tempfile.TemporaryDirectory(prefix="sweeper-bench-budget-") as tmp:
             policies_file = Path(tmp) / "policies.toml"
@@ -130,8 +189,9 @@ async def one_configuration(ctx: BenchContext, replicas: int, budget: int, secon
                     ledger.Registration(SCOPE_TENANT, f"cart-{i:08d}", policy, due)
                     for i in range(start, min(items, start + REGISTER_CHUNK))])
             workers = concurrency_for(budget, replicas)
-            procs = [await start_worker(db.url, policies_file, workers)
-                     for _ in range(replicas)]
+            ports = [free_port() for _ in range(replicas)]
+            procs = [await start_worker(db.url, policies_file, workers, port)
+                     for port in ports]
             try:
                 deadline = time.monotonic() + 60
                 while await connected_workers(db.url) < replicas:
@@ -145,6 +205,7 @@ async def one_configuration(ctx: BenchContext, replicas: int, budget: int, secon
                 await runs.publish(db.engine, run_id, batch_size=5_000)
                 publish_s = time.monotonic() - released_at
                 await asyncio.sleep(seconds + 2.0 + publish_s)
+                counters = await worker_counters(ports)
             finally:
                 for proc in procs:
                     if proc.returncode is None:
@@ -164,13 +225,17 @@ async def one_configuration(ctx: BenchContext, replicas: int, budget: int, secon
     ok = [c["received_at"] for c in window if c["outcome"] == "ok"]
     throttled = sum(1 for c in calls if c["outcome"] == "throttled")
     worst = worst_window([c["received_at"] for c in window])
+    unused = unused_budget(ok, t0, t0 + seconds, budget, burst)
     allowed = budget * seconds + burst  # a full bucket at the start, then the rate
     return {
         "replicas": replicas, "budget_per_second": budget, "burst": burst,
+        "upstream_limit": " ".join(limit),
         "workers_per_process": workers, "items": items, "seconds": seconds,
         "calls_ok": len(ok), "achieved_percent": round(100 * len(ok) / allowed, 2),
         "worst_window": worst, "worst_window_over_rate_plus_burst":
             round(worst / (budget + burst), 4),
+        "startup_seconds": round(t0 - released_at, 3),
+        "unused_percent": round(100 * unused / allowed, 2), "worker_counters": counters,
         "throttled": throttled, "throttled_first_second": sum(
             1 for c in calls if c["outcome"] == "throttled" and c["received_at"] < t0 + 1),
     }
@@ -185,7 +250,7 @@ async def run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
                 progress(f"budget: {replicas} replica(s) at {budget}/s, "
                          f"repetition {rep + 1}/{args.repeat}")
                 reps.append(await one_configuration(ctx, replicas, budget, args.seconds,
-                                                    args.burst_fraction))
+                                                    args.burst_fraction, args.upstream))
             results.append({
                 "replicas": replicas, "budget_per_second": budget, "runs": reps,
                 "achieved_percent": summarize([r["achieved_percent"] for r in reps]),
@@ -199,7 +264,7 @@ async def run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
                      f"{last['achieved_percent']['median']}%, worst window "
                      f"{last['worst_window']['median']}, 429s {last['throttled']['median']}")
     return {"configurations": results,
-            "targets": {"achieved_percent_min": 95, "throttled": 0,
+            "targets": {"achieved_percent_min": 98, "throttled": 0,
                         "worst_window_max": "rate + burst"}}
 
 

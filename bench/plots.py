@@ -43,7 +43,7 @@ def _budget(ax: Any, section: Section) -> None:
                   for b in budgets]
         ax.bar([x + i * width for x in range(len(budgets))], values, width,
                label=f"{r} replica(s)")
-    ax.axhline(95, linestyle="--", color="grey", label="target 95%")
+    ax.axhline(98, linestyle="--", color="grey", label="target 98%")
     ax.set_xticks([x + width * (len(replicas) - 1) / 2 for x in range(len(budgets))],
                   [f"{b}/s" for b in budgets])
     ax.set_xlabel("budget")
@@ -79,9 +79,25 @@ def _publication(ax: Any, section: Section) -> None:
     ax.set_title(f"Publication of {section.get('items'):,} due items")
 
 
+def _history(ax: Any, section: Section) -> None:
+    configs = section.get("configurations", [])
+    labels = [f"{c['history_rows']:,} finished" for c in configs]
+    values = [_median(c["items_per_s"]) for c in configs]
+    pruning = section.get("pruning") or {}
+    if pruning.get("drains_during_pruning"):
+        labels.append(f"{pruning['rows']:,}, pruning")
+        values.append(_median(pruning["items_per_s"]))
+    ax.bar(labels, values, label="drain items/s (median)")
+    if values:
+        ax.axhline(0.9 * values[0], linestyle="--", color="grey",
+                   label="target: 90% of the smallest history")
+    ax.set_ylabel("items drained per second")
+    ax.set_title("Claim cost against finished history")
+
+
 PLOTTERS: dict[str, Callable[[Any, Section], None]] = {
     "drain": _drain, "budget": _budget, "registration": _registration,
-    "publication": _publication}
+    "publication": _publication, "history": _history}
 
 
 def write_charts(doc: dict[str, Any], folder: Path) -> list[Path]:

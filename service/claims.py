@@ -190,11 +190,11 @@ _ADMIT = text(f"""
     used AS (SELECT scope, count(*)::integer AS n FROM claimed GROUP BY scope),
     spent AS (
         UPDATE scopes s
-        SET tokens = g.avail - coalesce(u.n, 0), refilled_at = clock_timestamp()
+        SET tokens = g.avail - coalesce(u.n, 0), refilled_at = g.at
         FROM grants g LEFT JOIN used u ON u.scope = g.scope
         WHERE s.name = g.scope
         RETURNING s.name, g.n AS granted, coalesce(u.n, 0) AS used, g.avail, g.rate,
-                  extract(epoch FROM clock_timestamp())::double precision AS granted_at,
+                  extract(epoch FROM g.at)::double precision AS granted_at,
                   greatest(0.0, (1.0 - (g.avail - g.n)) / g.rate
                                 - CAST(:lookahead AS double precision)) AS wait_seconds
     )

@@ -10,13 +10,13 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service import audit
-from service.limiter import TOKENS_NOW_SQL
+from service.limiter import tokens_at
 
 # Scope state with the bucket's tokens as of now, and its eligible backlog.
 _LIST = text(f"""
     SELECT s.name, s.rate_per_second, s.burst, s.weight, s.paused, s.paused_reason,
            s.closed_until, s.backoff_level, s.budget_from_policy, s.updated_at,
-           {TOKENS_NOW_SQL} AS tokens,
+           {tokens_at('clock_timestamp()')} AS tokens,
            e.eligible, e.oldest_due_at,
            extract(epoch FROM now() - e.oldest_due_at)::double precision
                AS oldest_eligible_age_seconds

@@ -61,11 +61,8 @@ LISTEN_PROBE_INTERVAL_S: Final = 10.0
 # How long a scope this process saw throttled (without a date) or refused is held locally
 # until the database closure or pause, which every replica obeys, is certainly in place.
 LOCAL_HOLD_S: Final = 1.0
-# A token spent later than this after its due moment (or one interval, if longer)
-# would crowd the tokens after it at the upstream; it is handed back instead.
-LATE_TOLERANCE_MIN_S: Final = 0.02
 # At most this many items per admission round. Calls of a round start one after another on
-# this event loop, and a token spent more than LATE_TOLERANCE_MIN_S after its moment goes
+# this event loop, and a token spent more than limiter.late_tolerance after its moment goes
 # back unspent: rounds of 180 items (concurrency 256) handed back over half of what they
 # claimed, only to claim it again. Smaller rounds also overlap: the next round's statements
 # run while this round's calls do.
@@ -233,7 +230,7 @@ class WorkerPool:
             grant = by_scope[lease.scope]
             due = granted_at[lease.scope] + grant.due_in(position[lease.scope])
             position[lease.scope] += 1
-            give_up = due + max(LATE_TOLERANCE_MIN_S, 1.0 / grant.rate)
+            give_up = due + limiter.late_tolerance(grant.rate)
             task = asyncio.create_task(self._attempt(lease, due, give_up, self._round))
             self._in_flight.add(task)
             task.add_done_callback(self._call_done)

@@ -2,7 +2,8 @@
 
 Written on plain asyncio streams (stdlib only) because the faults need raw socket control. Every
 request whose path is not under ``/_control`` is a *deletion call*: it is recorded as a `Call`,
-rate limited per scope (token bucket; ``429`` with an integer ``Retry-After``), then answered
+rate limited per scope (token bucket, or with ``--default-window`` at most N calls in any
+trailing second; ``429`` with an integer ``Retry-After``), then answered
 with the next queued fault matching it, or with ``success_status`` (default ``204``).
 
 Fault kinds (`Fault`), queued with `FakeUpstream.inject` or ``POST /_control/faults``:
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import collections
 import contextlib
 import dataclasses
 import enum
@@ -202,10 +204,13 @@ class FakeUpstream:
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0,
                  default_limit: float | None = None, default_burst: int = 1,
-                 success_status: int = 204,
+                 default_window: bool = False, success_status: int = 204,
                  scope_fn: Callable[[str, str, Mapping[str, str]], str] | None = None) -> None:
         self._host, self._port = host, port
         self._default_limit, self._default_burst = default_limit, default_burst
+        # the default limit as "at most N calls in any trailing second" instead of a bucket
+        self._default_window = default_window
+        self._windows: dict[str, collections.deque[float]] = {}
         self._success_status = success_status
         self._scope_fn = scope_fn or _default_scope
         self._lock = threading.RLock()
@@ -346,6 +351,7 @@ class FakeUpstream:
             self._faults.clear()
             self._limits.clear()
             self._buckets.clear()
+            self._windows.clear()
             self._throttled.clear()
             self._max_inflight = self._inflight
             self._max_key = dict(self._inflight_key)
@@ -366,6 +372,8 @@ class FakeUpstream:
         cfg = self._limits.get(scope, default)  # an explicit None means unlimited
         if cfg is None:
             return None
+        if self._default_window and scope not in self._limits:
+            return self._window_slot(scope, now, int(cfg[0]))
         b = self._buckets.get(scope)
         if b is None:
             b = self._buckets[scope] = _Bucket(cfg[0], float(cfg[1]), float(cfg[1]), now)
@@ -375,6 +383,16 @@ class FakeUpstream:
             b.tokens -= 1.0
             return None
         return max(1, math.ceil((1.0 - b.tokens) / b.rate))
+
+    def _window_slot(self, scope: str, now: float, limit: int) -> int | None:
+        """At most `limit` accepted calls in any trailing second of `scope`."""
+        accepted = self._windows.setdefault(scope, collections.deque())
+        while accepted and accepted[0] <= now - 1.0:
+            accepted.popleft()
+        if len(accepted) < limit:
+            accepted.append(now)
+            return None
+        return max(1, math.ceil(accepted[0] + 1.0 - now))
 
     def _pop_fault(self, call: Call) -> _Queued | None:
         for i, q in enumerate(self._faults):
@@ -554,7 +572,8 @@ def _write_ready_file(path: str, base_url: str) -> None:
 
 async def _serve(args: argparse.Namespace) -> None:
     up = FakeUpstream(host=args.host, port=args.port, default_limit=args.default_limit,
-                      default_burst=args.default_burst, success_status=args.success_status)
+                      default_burst=args.default_burst, default_window=args.default_window,
+                      success_status=args.success_status)
     await up.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -576,6 +595,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--default-limit", type=float, default=None)
     ap.add_argument("--default-burst", type=int, default=1)
+    ap.add_argument("--default-window", action="store_true",
+                    help="enforce --default-limit as at most that many calls in any trailing "
+                         "second (a sliding window) instead of a token bucket")
     ap.add_argument("--success-status", type=int, default=204)
     ap.add_argument("--ready-file", default=None)
     ap.add_argument("--log-level", default="WARNING")

@@ -126,6 +126,17 @@ async def test_default_limit_and_custom_scope_fn() -> None:
         assert fake.throttled_count("acme") == 1
 
 
+async def test_default_window_allows_n_calls_in_any_trailing_second() -> None:
+    async with FakeUpstream(default_limit=3, default_window=True) as fake:
+        async with httpx.AsyncClient(base_url=fake.base_url) as c:
+            first = [(await c.delete(f"/x/{i}")).status_code for i in range(4)]
+            over = await c.delete("/x/over")
+            await asyncio.sleep(1.05)  # the first three leave the window together
+            again = [(await c.delete(f"/y/{i}")).status_code for i in range(4)]
+        assert first == [204, 204, 204, 429] and again == [204, 204, 204, 429]
+        assert over.status_code == 429 and over.headers["Retry-After"] == "1"
+
+
 async def test_status_fault_with_headers_and_body(
     up: FakeUpstream, client: httpx.AsyncClient
 ) -> None:
