@@ -95,9 +95,23 @@ def _history(ax: Any, section: Section) -> None:
     ax.set_title("Claim cost against finished history")
 
 
+def _memory(ax: Any, section: Section) -> None:
+    for i, run in enumerate(section.get("runs", [])):
+        samples = run.get("samples", [])
+        ax.plot([s["calls"] for s in samples], [s["rss_mb"] for s in samples],
+                label=f"run {i + 1}: RSS (peak {run.get('peak_rss_mb')} MB)")
+    target = section.get("target_peak_rss_mb")
+    if target:
+        ax.axhline(target, linestyle="--", color="grey", label=f"target {target} MB")
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("items called")
+    ax.set_ylabel("worker resident set (MB)")
+    ax.set_title("One replica's memory while draining")
+
+
 PLOTTERS: dict[str, Callable[[Any, Section], None]] = {
     "drain": _drain, "budget": _budget, "registration": _registration,
-    "publication": _publication, "history": _history}
+    "publication": _publication, "history": _history, "memory": _memory}
 
 
 def write_charts(doc: dict[str, Any], folder: Path) -> list[Path]:

@@ -143,3 +143,46 @@ def test_webhooks_benchmark_smoke(pg_server_url: str, tmp_path: Path) -> None:
     assert 0 < rep["latency_ms"]["p50"] <= rep["latency_ms"]["p99"] <= rep["latency_ms"]["max"]
     assert rep["server_cpu_us_per_delivery"] > 0
     assert set(section["target"]) >= {"accepted_per_s", "p99_ms_below", "met"}
+
+
+@pytest.mark.slow
+def test_history_benchmark_smoke(pg_server_url: str, tmp_path: Path,
+                                 restore_logging: None) -> None:
+    folder = tmp_path / "results"
+    assert bench_main(["history", "--history", "100,300", "--items", "200", "--repeat", "1",
+                       "--concurrency", "16", "--prune-batch", "50",
+                       "--database-url", pg_server_url, "--results-dir", str(folder)]) == 0
+    doc = json.loads((folder / "results.json").read_text(encoding="utf-8"))
+    section = doc["benchmarks"]["history"]
+    assert [c["history_rows"] for c in section["configurations"]] == [100, 300]
+    for config in section["configurations"]:
+        assert config["items_per_s"]["median"] > 0
+        assert config["seeding"]["relation_bytes"]["items_finished"] > 0
+        explain = config["admission_explain"]
+        # (on a few hundred rows a sequential scan is the planner's right choice; the plan
+        # on a long history is guarded by test_claim_plan)
+        assert isinstance(explain["uses_claimable_indexes"], bool)
+        assert any("Update on items" in line for line in explain["plan"])
+        assert explain["execution_ms"] > 0
+    assert section["ratio_largest_to_smallest"] > 0
+    pruning = section["pruning"]
+    # every succeeded history row goes (2% of them are dead and stay); live items stay
+    assert pruning["pruned_items"] == 300 - 300 // 50 and pruning["left_after"] == 0
+    assert (folder / "history.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_memory_benchmark_smoke(pg_server_url: str, tmp_path: Path,
+                                restore_logging: None) -> None:
+    folder = tmp_path / "results"
+    assert bench_main(["memory", "--items", "300", "--workers", "8", "--sample-seconds",
+                       "0.2", "--repeat", "1", "--database-url", pg_server_url,
+                       "--results-dir", str(folder)]) == 0
+    section = json.loads((folder / "results.json").read_text(encoding="utf-8"))[
+        "benchmarks"]["memory"]
+    (run,) = section["runs"]
+    assert run["db_status"] == {"succeeded": 300}
+    assert 10 < run["peak_rss_mb"] < 1000 and set(run["rss_mb_at"]) == {
+        "10%", "25%", "50%", "75%", "100%"}
+    assert run["samples"][-1]["calls"] >= 300
+    assert (folder / "memory.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
