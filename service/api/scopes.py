@@ -27,7 +27,10 @@ class ScopeOut(BaseModel):
     rate_per_second: float
     burst: int
     weight: int
-    tokens: float
+    tokens: float = Field(description=(
+        "tokens in the bucket now; below zero while workers hold tokens reserved ahead. "
+        "At most the burst less the tokens a worker may still spend late "
+        "(burst - ceil(max(rate x 0.02, 1)), at least 1)"))
     closed_until: datetime | None
     backoff_level: int
     paused: bool

@@ -91,7 +91,7 @@ items = Table(
     Column("object_id", Text, nullable=False),
     Column("policy", Text, nullable=False),
     Column("policy_version", Integer, nullable=False),
-    Column("operation_key", Text, nullable=False, unique=True),
+    Column("operation_key", Text, nullable=False),  # unique with the obligation (0004)
     Column("scope", Text, nullable=False),
     Column("status", Text, nullable=False),
     _ts("due_at"),

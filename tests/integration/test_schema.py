@@ -12,11 +12,13 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service import ledger
 from service.db import migrate
 from service.db.engine import make_engine
 from service.db.tables import metadata
 from service.settings import async_url
 from tests.conftest import test_settings
+from tests.integration.test_pipeline import PAST, make_policies
 
 KEY = hashlib.sha256(b"k").hexdigest()
 
@@ -58,10 +60,22 @@ async def test_obligation_is_unique(conn: asyncpg.Connection) -> None:
     await insert_item(conn, policy_version=2, operation_key=hashlib.sha256(b"v2").hexdigest())
 
 
-async def test_operation_key_is_unique(conn: asyncpg.Connection) -> None:
-    await insert_item(conn)
-    with pytest.raises(asyncpg.UniqueViolationError):
-        await insert_item(conn, object_id="cart-2")
+async def test_operation_key_is_the_obligations_own(engine: AsyncEngine,
+                                                    conn: asyncpg.Connection) -> None:
+    # The key has no unique index of its own (revision 0004): it is unique because it is a
+    # function of the obligation, which is. Every writer must derive it so.
+    policy = make_policies("http://127.0.0.1:9").policies["carts"]
+    await ledger.register(engine, [ledger.Registration(t, o, policy, PAST) for t, o in
+                                   (("acme", "c1"), ("acme", "c2"), ("globex", "c1"))])
+    rows = await conn.fetch(
+        "SELECT tenant_id, object_id, policy, policy_version, operation_key FROM items")
+    indexes = await conn.fetch("SELECT indexname FROM pg_indexes WHERE tablename = 'items' "
+                               "AND indexdef LIKE '%(operation_key)%'")
+    assert len(rows) == 3 and len({r["operation_key"] for r in rows}) == 3
+    for r in rows:
+        assert r["operation_key"] == ledger.operation_key(
+            r["tenant_id"], r["object_id"], r["policy"], r["policy_version"])
+    assert indexes == []
 
 
 @pytest.mark.parametrize(
