@@ -384,6 +384,31 @@ async def test_bad_items_are_named_and_nothing_is_written(db_url: str, item: dic
     await eng.dispose()
 
 
+@pytest.mark.parametrize("lanes", [1, 2, 4])
+async def test_parallel_lanes_release_each_item_once(engine: AsyncEngine, lanes: int) -> None:
+    policies = make_policies("http://127.0.0.1:9")
+    await register(engine, policies, 1_003)
+    await register(engine, policies, 40, tenant="other")
+    run_id, _ = await runs.create_run(engine, runs.RunRequest(None, None, None, False, None),
+                                      None)
+    assert await runs.publish(engine, run_id, batch_size=20, lanes=lanes)
+    status = await runs.run_status(engine, run_id)
+    assert status is not None
+    assert (status["state"], status["released"], status["remaining"]) == ("published", 1_043, 0)
+    async with engine.connect() as conn:
+        batches = (await conn.execute(text(
+            "SELECT b.seq, b.item_count, count(i.id) AS items FROM batches b "
+            "LEFT JOIN items i ON i.batch_id = b.id WHERE b.run_id = :id "
+            "GROUP BY b.id ORDER BY b.seq"), {"id": run_id})).all()
+        unreleased = (await conn.execute(text(
+            "SELECT count(*) FROM items WHERE released_at IS NULL OR batch_id IS NULL"))
+        ).scalar_one()
+    assert unreleased == 0
+    assert status["batches"] == len(batches) == len({b.seq for b in batches})
+    assert all(b.item_count == b.items and 0 < b.items <= 20 for b in batches)
+    assert sum(b.items for b in batches) == 1_043
+
+
 async def test_max_items_leaves_the_rest_for_the_next_run(engine: AsyncEngine) -> None:
     policies = make_policies("http://127.0.0.1:9")
     await register(engine, policies, 70)
