@@ -19,6 +19,14 @@ DOC = {"benchmarks": {
          "again_items_per_second": {"median": 30000.0}}]},
     "publication": {"items": 1000, "runs": [
         {"published_seconds": 1.5, "trigger_answer_seconds": 0.02}]},
+    "history": {"configurations": [
+        {"history_rows": 10_000, "items_per_s": {"median": 9000.0}},
+        {"history_rows": 10_000_000, "items_per_s": {"median": 8500.0}}],
+        "pruning": {"rows": 10_000_000, "items_per_s": {"median": 8000.0},
+                    "drains_during_pruning": [{"items_per_s": 8000.0}]}},
+    "memory": {"target_peak_rss_mb": 200, "runs": [
+        {"peak_rss_mb": 90.0, "samples": [{"calls": n, "rss_mb": 80.0 + n / 1e5}
+                                          for n in range(0, 1_000_001, 100_000)]}]},
     "no-plotter": {"anything": 1},
 }}
 
