@@ -125,7 +125,10 @@ _RELEASE_BATCH = text("""
 # A publication transaction takes several batches (fewer commits: each one waits for the
 # WAL flush) but stays short: it stops after this many batches or this long, whichever
 # comes first, so no lock is held for long and a crash loses at most one chunk's work.
-CHUNK_MAX_BATCHES: Final = 20
+# Few batches, because the other lane's picks step over every row a chunk holds locked
+# (SKIP LOCKED tries each one): two lanes of 20 batches released 37,600 rows/s, of 4
+# batches 49,400/s (300,000 items, PostgreSQL 15, two cores; one lane: 26,900/s).
+CHUNK_MAX_BATCHES: Final = 4
 CHUNK_MAX_SECONDS: Final = 0.25
 # Chunk transactions of one run at once. Each released row costs its PostgreSQL backend
 # about 30 us of index inserts (a release is never a HOT update), so one lane kept one
