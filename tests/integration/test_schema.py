@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib
 import uuid
 from datetime import datetime
 
@@ -19,6 +20,10 @@ from service.db.tables import metadata
 from service.settings import async_url
 from tests.conftest import test_settings
 from tests.integration.test_pipeline import PAST, make_policies
+
+_CHEAPER_CHECKS = importlib.import_module("migrations.versions.0006_cheaper_checks")
+OLD_RULES: dict[tuple[str, str], str] = _CHEAPER_CHECKS.OLD
+NEW_RULES: dict[tuple[str, str], str] = _CHEAPER_CHECKS.NEW
 
 KEY = hashlib.sha256(b"k").hexdigest()
 
@@ -269,3 +274,26 @@ async def test_concurrent_upgrades_take_turns(empty_db_url: str) -> None:
     finally:
         for e in engines:
             await e.dispose()
+
+
+KEY_LIKE = ["a" * 64, "0123456789abcdef" * 4, "A" * 64, "a" * 63, "a" * 65, "g" * 64,
+            "a" * 63 + "\n", "é" * 32, "a" * 62 + "é", "", " " + "a" * 63]
+POLICY_LIKE = ["carts", "c", "c" * 63, "c" * 64, "cart-retention.v2_x", "-carts", ".carts",
+               "_carts", "Carts", "carts!", "cart retention", "", "é", "ca\n", "9lives",
+               "carts-", "a" * 62 + "é"]
+
+
+@pytest.mark.parametrize(("old", "new", "values"), [
+    (OLD_RULES[("items", "items_operation_key_check")],
+     NEW_RULES[("items", "items_operation_key_check")], KEY_LIKE),
+    (OLD_RULES[("items", "items_policy_check")],
+     NEW_RULES[("items", "items_policy_check")], POLICY_LIKE),
+])
+async def test_cheaper_check_rules_accept_and_refuse_the_same(
+        conn: asyncpg.Connection, old: str, new: str, values: list[str]) -> None:
+    # revision 0006 rewrote two CHECK rules without counted repetition; they must agree
+    column = "operation_key" if "operation_key" in old else "policy"
+    for value in values:
+        old_ok, new_ok = await conn.fetchrow(
+            f"SELECT ({old}), ({new}) FROM (SELECT $1::text AS {column}) v", value)
+        assert old_ok == new_ok, value
