@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from typing import Final
 
@@ -29,8 +30,12 @@ from service.db.engine import is_unavailable
 
 log = logging.getLogger(__name__)
 
-# Between batches: let claims and completions have the disk and the CPU.
+# Between batches: let claims and completions have the disk and the CPU. Pruning rests at
+# least as long as its last batch took, so it keeps at most half of one database backend
+# busy: flat out (a 10 ms pause) it deleted 64,000 rows/s and the drain beside it fell to
+# 85% of its throughput on a two-core machine.
 PAUSE_BETWEEN_BATCHES_S: Final = 0.01
+REST_PER_BATCH_SECOND: Final = 1.0
 
 _PRUNE_ITEMS = text("""
     WITH doomed AS (
@@ -68,6 +73,7 @@ async def _prune_table(engine: AsyncEngine, statement: TextClause, kind: str, ke
                        batch: int, max_batches: int | None) -> int:
     total = batches = 0
     while max_batches is None or batches < max_batches:
+        started = time.monotonic()
         async with engine.begin() as conn:
             result = await conn.execute(statement, {"keep_s": keep_s, "batch": batch})
             deleted = result.rowcount
@@ -76,7 +82,8 @@ async def _prune_table(engine: AsyncEngine, statement: TextClause, kind: str, ke
         metrics.RETENTION_PRUNED.labels(kind).inc(deleted)
         if deleted < batch:
             break
-        await asyncio.sleep(PAUSE_BETWEEN_BATCHES_S)
+        await asyncio.sleep(max(PAUSE_BETWEEN_BATCHES_S,
+                                (time.monotonic() - started) * REST_PER_BATCH_SECOND))
     return total
 
 
