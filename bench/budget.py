@@ -50,7 +50,7 @@ from bench.common import (
     summarize,
 )
 from bench.drain import fake_upstream_process
-from service import ledger, runs
+from service import ledger, limiter, runs
 from service.drills.stage import free_port, worst_window
 from service.policies import load_policies
 
@@ -130,9 +130,16 @@ async def worker_counters(ports: list[int]) -> dict[str, float]:
     return totals
 
 
+SLOT_SECONDS = limiter.LOOKAHEAD_S + 0.05
+
+
 def concurrency_for(budget: int, replicas: int) -> int:
-    """Workers per process: enough calls in flight for the budget at ~20 ms per call."""
-    return max(4, min(256, math.ceil(budget / replicas / 25)))
+    """Workers per process: a call holds its slot from the grant, up to the lookahead
+    before its moment, until its answer (~50 ms allowed), so the replicas together need
+    budget x SLOT_SECONDS slots. With fewer, the reservations cover less than the
+    lookahead, and a stall of the event loop longer than they do lets the bucket fill up
+    and lose budget (1,000/s with 40 slots: 2% of it)."""
+    return max(4, min(256, math.ceil(budget * SLOT_SECONDS / replicas)))
 
 
 async def start_worker(url: str, policies_file: Path, workers: int, metrics_port: int
