@@ -149,9 +149,7 @@ async def publish(engine: AsyncEngine, run_id: int, *, batch_size: int,
     """Publish one run to completion. False when another publisher holds it."""
     started = time.perf_counter()
     async with engine.begin() as conn:
-        run = (await conn.execute(text(
-            "SELECT * FROM runs WHERE id = :id AND state = 'publishing' "
-            "FOR UPDATE SKIP LOCKED"), {"id": run_id})).mappings().one_or_none()
+        run = await _publishing_run(conn, run_id, "FOR UPDATE SKIP LOCKED")
         if run is None:
             return False
         if not run["report"]:
@@ -161,13 +159,23 @@ async def publish(engine: AsyncEngine, run_id: int, *, batch_size: int,
         await _all_lanes(engine, run_id, batch_size, 1 if serial else max(1, lanes))
     async with engine.begin() as conn:
         # waits for chunk transactions still open elsewhere (their KEY SHARE locks)
-        run = (await conn.execute(text(
-            "SELECT * FROM runs WHERE id = :id AND state = 'publishing' FOR UPDATE"),
-            {"id": run_id})).mappings().one_or_none()
+        run = await _publishing_run(conn, run_id, "FOR UPDATE")
         if run is not None:
             await _finish(conn, run)
     metrics.PUBLICATION_DURATION.observe(time.perf_counter() - started)
     return True
+
+
+_PUBLISHING_RUN = {
+    lock: text("SELECT * FROM runs WHERE id = :id AND state = 'publishing' "  # noqa: S608
+               + lock)  # the lock clauses are the constants below
+    for lock in ("FOR UPDATE SKIP LOCKED", "FOR UPDATE", "FOR KEY SHARE")}
+
+
+async def _publishing_run(conn: AsyncConnection, run_id: int, lock: str) -> Any:
+    """The run's row while it is still publishing (None otherwise), under `lock`: the
+    first step takes it alone or not at all, lanes share it, and finishing waits for them."""
+    return (await conn.execute(_PUBLISHING_RUN[lock], {"id": run_id})).mappings().one_or_none()
 
 
 async def _all_lanes(engine: AsyncEngine, run_id: int, batch_size: int, lanes: int) -> None:
@@ -190,9 +198,7 @@ async def _publish_lane(engine: AsyncEngine, run_id: int, batch_size: int) -> No
     them; each chunk adds its counts to the row as it commits."""
     while True:
         async with engine.begin() as conn:
-            run = (await conn.execute(text(
-                "SELECT * FROM runs WHERE id = :id AND state = 'publishing' FOR KEY SHARE"),
-                {"id": run_id})).mappings().one_or_none()
+            run = await _publishing_run(conn, run_id, "FOR KEY SHARE")
             if run is None or await _release_chunk(conn, run, batch_size) == 0:
                 return
 
