@@ -142,16 +142,18 @@ def concurrency_for(budget: int, replicas: int) -> int:
     return max(4, min(256, math.ceil(budget * SLOT_SECONDS / replicas)))
 
 
-async def start_worker(url: str, policies_file: Path, workers: int, metrics_port: int
-                       ) -> asyncio.subprocess.Process:
-    """`sweeper worker` as its own process; its warnings go to a file beside the policies
-    (a pipe nobody reads could fill up and stall the worker mid-measurement)."""
+async def start_worker(url: str, policies_file: Path, workers: int, metrics_port: int = 0,
+                       log_path: Path | None = None) -> asyncio.subprocess.Process:
+    """`sweeper worker` as its own process; its warnings go to `log_path`, by default a
+    file beside the policies (a pipe nobody reads could fill up and stall the worker
+    mid-measurement)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_")}
     env.update({"SWEEPER_DATABASE_URL": url, "SWEEPER_POLICIES_FILE": str(policies_file),
                 "SWEEPER_WORKERS": str(workers), "SWEEPER_LOG_FORMAT": "json",
                 "SWEEPER_LOG_LEVEL": "WARNING", "SWEEPER_MIGRATE_ON_START": "false",
                 "SWEEPER_DB_POOL_SIZE": "10", "SWEEPER_METRICS_PORT": str(metrics_port)})
-    with (policies_file.parent / f"worker-{secrets.token_hex(4)}.log").open("wb") as log:
+    log_path = log_path or policies_file.parent / f"worker-{secrets.token_hex(4)}.log"
+    with log_path.open("wb") as log:
         return await asyncio.create_subprocess_exec(
             sys.executable, "-m", "service", "worker", env=env,
             stdout=asyncio.subprocess.DEVNULL, stderr=log)

@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import signal
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,6 +28,7 @@ from typing import Any
 import asyncpg
 import httpx
 
+from bench.budget import start_worker
 from bench.common import (
     BenchContext,
     Benchmark,
@@ -110,15 +109,8 @@ async def one_run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]
             policies = Path(tmp) / "policies.toml"
             policies.write_text(POLICIES.format(base_url=base_url,
                                                 connections=max(16, args.workers)))
-            env = {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_")}
-            env.update({"SWEEPER_DATABASE_URL": db.url, "SWEEPER_POLICIES_FILE": str(policies),
-                        "SWEEPER_WORKERS": str(args.workers), "SWEEPER_LOG_FORMAT": "json",
-                        "SWEEPER_LOG_LEVEL": "WARNING", "SWEEPER_MIGRATE_ON_START": "false"})
             log_path = Path(tmp) / "worker.log"
-            with log_path.open("wb") as log:
-                proc = await asyncio.create_subprocess_exec(
-                    sys.executable, "-m", "service", "worker", env=env,
-                    stdout=asyncio.subprocess.DEVNULL, stderr=log)
+            proc = await start_worker(db.url, policies, args.workers, log_path=log_path)
             try:
                 samples = await sample_until_drained(proc, base_url, args)
             except RuntimeError as exc:
