@@ -8,28 +8,59 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING
 
+from pydantic import AwareDatetime, TypeAdapter
 from sqlalchemy import TextClause, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service import audit, limiter
 from service.policies import Policy
 
+if TYPE_CHECKING:
+    from _hashlib import HASH
+
 MAX_ID_BYTES = 512
+MAX_SCOPE_BYTES = 512  # the schema's limit on a limiter scope's name
 
 
 def operation_key(tenant_id: str, object_id: str, policy: str, version: int) -> str:
-    """Stable idempotency key; fields are length-prefixed so no two tuples collide."""
-    buffer = bytearray()
-    for part in (tenant_id, object_id, policy, str(version)):
-        raw = part.encode("utf-8")
-        buffer += len(raw).to_bytes(4, "big")
-        buffer += raw
-    return hashlib.sha256(buffer).hexdigest()  # one call: this runs per registered item
+    """Stable idempotency key: SHA-256 over the four fields, each prefixed by its length in
+    4 bytes, so no two tuples collide."""
+    return operation_keys([tenant_id], [object_id], [policy], [version])[0]
 
 
+def operation_keys(tenant_ids: Sequence[str], object_ids: Sequence[str],
+                   policies: Sequence[str], versions: Sequence[int]) -> list[str]:
+    """`operation_key` of each obligation, for a whole request at once: each tenant's
+    prefix is hashed once and its digest state copied, about 2.5 times faster than hashing
+    every key from the start."""
+    heads: dict[str, HASH] = {}
+    tails: dict[tuple[str, int], bytes] = {}
+    keys = []
+    for tenant, obj, policy, version in zip(tenant_ids, object_ids, policies, versions,
+                                            strict=True):
+        head = heads.get(tenant)
+        if head is None:
+            head = heads[tenant] = hashlib.sha256(_prefixed(tenant))
+        tail = tails.get((policy, version))
+        if tail is None:
+            tail = tails[policy, version] = _prefixed(policy) + _prefixed(str(version))
+        digest = head.copy()
+        digest.update(_prefixed(obj) + tail)
+        keys.append(digest.hexdigest())
+    return keys
+
+
+def _prefixed(field: str) -> bytes:
+    raw = field.encode("utf-8")
+    return len(raw).to_bytes(4, "big") + raw
+
+
+DOT_SEGMENTS = frozenset((".", ".."))
 # C0 and C1 control characters and DEL (the schema's CHECK refuses the same).
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
@@ -39,7 +70,7 @@ def id_problem(value: str) -> str | None:
     registered item: a regular-expression search, not a Python loop over characters.)"""
     if not value:
         return "must not be empty"
-    if value in (".", ".."):
+    if value in DOT_SEGMENTS:
         # a dot segment would be normalised away in the upstream URL, leaving its segment
         return "must not be . or .."
     # at most 4 UTF-8 bytes per character: short ids need no encoding to be measured
@@ -60,6 +91,17 @@ class Registration:
     due_at: datetime
 
 
+class ScopeTooLong(ValueError):
+    """A tenant id that fits, but whose limiter scope under a policy (the policy's scope
+    template filled in) would pass 512 bytes; nothing was written."""
+
+    def __init__(self, policy: str, tenant_id: str, size: int) -> None:
+        super().__init__(f"makes the limiter scope of policy {policy!r} {size} bytes long; "
+                         f"at most {MAX_SCOPE_BYTES}")
+        self.policy = policy
+        self.tenant_id = tenant_id
+
+
 @dataclass(frozen=True)
 class RegistrationResult:
     """How many rows were new, had their due_at moved earlier, or stayed as they were."""
@@ -69,17 +111,64 @@ class RegistrationResult:
     unchanged: int
 
 
+@dataclass(frozen=True)
+class Obligations:
+    """Obligations to register, column by column: a request of 10,000 items becomes a few
+    lists rather than 10,000 objects. `policies` resolves every name in `policy_names`."""
+
+    tenant_ids: Sequence[str]
+    object_ids: Sequence[str]
+    policy_names: Sequence[str]
+    due_ats: Sequence[datetime]
+    policies: Mapping[str, Policy]
+
+    @classmethod
+    def of(cls, registrations: Sequence[Registration]) -> Obligations:
+        return cls([r.tenant_id for r in registrations], [r.object_id for r in registrations],
+                   [r.policy.name for r in registrations], [r.due_at for r in registrations],
+                   {r.policy.name: r.policy for r in registrations})
+
+    def __len__(self) -> int:
+        return len(self.tenant_ids)
+
+    def earliest_per_obligation(self) -> Obligations:
+        """One row per obligation, with the earliest due_at (an INSERT may not touch a row
+        twice). A request rarely names an item twice, so that is checked first."""
+        names = list(zip(self.tenant_ids, self.object_ids, self.policy_names, strict=True))
+        if len(set(names)) == len(names):
+            return self
+        earliest: dict[tuple[str, str, str], int] = {}
+        for n, name in enumerate(names):
+            kept = earliest.get(name)
+            if kept is None or self.due_ats[n] < self.due_ats[kept]:
+                earliest[name] = n
+        rows = sorted(earliest.values())
+        return Obligations([self.tenant_ids[n] for n in rows],
+                           [self.object_ids[n] for n in rows],
+                           [self.policy_names[n] for n in rows],
+                           [self.due_ats[n] for n in rows], self.policies)
+
+
 # One statement for the whole request (all-or-nothing). A second registration never
 # postpones: due_at only moves earlier, and only while the item is still pending. Only the
 # counts travel back, not a row per item.
+#
+# The columns travel as text, each one string joined by U+001F and split here: asyncpg
+# encodes a text[] or timestamptz[] of 10,000 elements at 0.5-3 µs per element, in the
+# API's one process; joining costs nothing, and PostgreSQL splits and parses them in a few
+# ms (bench/registration.py). No id, policy name, scope or key contains a control
+# character (the API refuses them, the schema CHECKs them, and `_column` refuses U+001F).
 _REGISTER = text("""
     WITH changed AS (
         INSERT INTO items AS i (tenant_id, object_id, policy, policy_version, operation_key,
                                 scope, due_at)
-        SELECT * FROM unnest(CAST(:tenants AS text[]), CAST(:objects AS text[]),
-                             CAST(:policies AS text[]), CAST(:versions AS integer[]),
-                             CAST(:keys AS text[]), CAST(:scopes AS text[]),
-                             CAST(:dues AS timestamptz[]))
+        SELECT * FROM unnest(string_to_array(:tenants, chr(31)),
+                             string_to_array(:objects, chr(31)),
+                             string_to_array(:policies, chr(31)),
+                             CAST(:versions AS integer[]),
+                             string_to_array(:keys, chr(31)),
+                             string_to_array(:scopes, chr(31)),
+                             CAST(string_to_array(:dues, chr(31)) AS timestamptz[]))
         ON CONFLICT (tenant_id, object_id, policy, policy_version) DO UPDATE
             SET due_at = EXCLUDED.due_at, updated_at = now()
             WHERE EXCLUDED.due_at < i.due_at AND i.status = 'pending'
@@ -87,36 +176,53 @@ _REGISTER = text("""
     )
     SELECT count(*) FILTER (WHERE inserted) AS inserted, count(*) AS changed FROM changed
 """)
+_SEPARATOR = "\x1f"
+# RFC 3339 text for each timestamp, written by pydantic-core (about 0.4 µs each)
+_TIMESTAMPS = TypeAdapter(list[AwareDatetime])
 
 
-async def register(engine: AsyncEngine, registrations: list[Registration]) -> RegistrationResult:
-    """Register obligations idempotently in one transaction."""
-    earliest: dict[tuple[str, str, str, int], Registration] = {}
-    for reg in registrations:
-        key = (reg.tenant_id, reg.object_id, reg.policy.name, reg.policy.version)
-        kept = earliest.get(key)
-        if kept is None or reg.due_at < kept.due_at:
-            earliest[key] = reg
-    rows = list(earliest.values())
-    scopes = [r.policy.scope_for(r.tenant_id) for r in rows]
+def _column(values: Sequence[str]) -> str:
+    joined = _SEPARATOR.join(values)
+    if joined.count(_SEPARATOR) != max(len(values) - 1, 0):
+        raise ValueError("a registered value contains U+001F")
+    return joined
+
+
+async def register(engine: AsyncEngine, obligations: Obligations | Sequence[Registration]
+                   ) -> RegistrationResult:
+    """Register obligations idempotently in one transaction. ValueError (ScopeTooLong
+    among them) for a value the ledger cannot hold, before anything is written."""
+    given = obligations if isinstance(obligations, Obligations) else Obligations.of(obligations)
+    if any(due.tzinfo is None for due in given.due_ats):
+        raise ValueError("due_at must be timezone-aware")
+    rows = given.earliest_per_obligation()
+    policies = [rows.policies[name] for name in rows.policy_names]
+    versions = [policy.version for policy in policies]
+    # the scope of each (policy, tenant) pair, formatted once: a request holds few pairs
+    pairs = list(zip(rows.policy_names, rows.tenant_ids, strict=True))
+    scope_of = {pair: rows.policies[pair[0]].scope_for(pair[1]) for pair in set(pairs)}
+    for (name, tenant), scope in scope_of.items():
+        if len(scope) > MAX_SCOPE_BYTES // 4 and len(scope.encode()) > MAX_SCOPE_BYTES:
+            raise ScopeTooLong(name, tenant, len(scope.encode()))
+    budgets = {scope: limiter.budget_of(rows.policies[name])
+               for (name, _), scope in scope_of.items()}
     params = {
-        "tenants": [r.tenant_id for r in rows],
-        "objects": [r.object_id for r in rows],
-        "policies": [r.policy.name for r in rows],
-        "versions": [r.policy.version for r in rows],
-        "keys": [operation_key(r.tenant_id, r.object_id, r.policy.name, r.policy.version)
-                 for r in rows],
-        "scopes": scopes,
-        "dues": [r.due_at for r in rows],
+        "tenants": _column(rows.tenant_ids),
+        "objects": _column(rows.object_ids),
+        "policies": _column(rows.policy_names),
+        "versions": versions,
+        "keys": _column(operation_keys(rows.tenant_ids, rows.object_ids, rows.policy_names,
+                                       versions)),
+        "scopes": _column([scope_of[pair] for pair in pairs]),
+        "dues": _column(_TIMESTAMPS.dump_python(list(rows.due_ats), mode="json")),
     }
-    budgets = {scope: limiter.budget_of(r.policy) for scope, r in zip(scopes, rows, strict=True)}
     async with engine.begin() as conn:
         await limiter.ensure_scopes(conn, budgets)
         counts = (await conn.execute(_REGISTER, params)).one()
     inserted = int(counts.inserted)
     advanced = int(counts.changed) - inserted
     return RegistrationResult(inserted=inserted, advanced=advanced,
-                              unchanged=len(registrations) - inserted - advanced)
+                              unchanged=len(given) - inserted - advanced)
 
 
 @dataclass(frozen=True)

@@ -7,13 +7,15 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Body, Query
 from fastapi.openapi.models import Example
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, with_config
+from typing_extensions import TypedDict
 
 from service import ledger
 from service.api.bodies import RequestBody, Timestamp
 from service.api.deps import OperatorDep, RuntimeDep
 from service.api.problems import problem_responses, validation_problem
 from service.errors import Problem
+from service.ledger import MAX_ID_BYTES
 
 MAX_ITEMS_PER_REQUEST = 10_000
 
@@ -53,21 +55,25 @@ CANCEL_EXAMPLES: dict[str, Example] = {
 ID_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]*$"
 
 
-class ItemIn(RequestBody):
+# Registration bodies are TypedDicts, not models: validating 10,000 items into plain dicts
+# takes about half the time of building 10,000 model instances (bench/registration.py).
+@with_config(ConfigDict(strict=True))
+class ItemIn(TypedDict):
     """One obligation: remove this object of this tenant under this policy once due."""
 
-    tenant_id: str = Field(examples=["acme.myshopify.com"], min_length=1, max_length=512,
-                           pattern=ID_PATTERN)
-    object_id: str = Field(examples=["cart-8812"], min_length=1, max_length=512,
-                           pattern=ID_PATTERN)
-    policy: str = Field(examples=["cart-retention"], min_length=1)
-    due_at: Timestamp = Field(examples=["2026-12-01T00:00:00Z"])
+    tenant_id: Annotated[str, Field(examples=["acme.myshopify.com"], min_length=1,
+                                    max_length=512, pattern=ID_PATTERN)]
+    object_id: Annotated[str, Field(examples=["cart-8812"], min_length=1, max_length=512,
+                                    pattern=ID_PATTERN)]
+    policy: Annotated[str, Field(examples=["cart-retention"], min_length=1)]
+    due_at: Annotated[Timestamp, Field(examples=["2026-12-01T00:00:00Z"])]
 
 
-class ItemsIn(RequestBody):
+@with_config(ConfigDict(strict=True))
+class ItemsIn(TypedDict):
     """Up to 10,000 items; the request is all-or-nothing."""
 
-    items: list[ItemIn] = Field(min_length=1, max_length=MAX_ITEMS_PER_REQUEST)
+    items: Annotated[list[ItemIn], Field(min_length=1, max_length=MAX_ITEMS_PER_REQUEST)]
 
 
 class RegistrationOut(BaseModel):
@@ -78,30 +84,45 @@ class RegistrationOut(BaseModel):
     unchanged: int
 
 
+ID_FIELDS = ("tenant_id", "object_id")
+# The schema has already refused empty ids, control characters and more than 512
+# characters; what only the ledger's rules catch is a dot segment, or an id of more than
+# 128 characters (4 UTF-8 bytes each at most) that is over 512 bytes.
+_SHORT_ID = MAX_ID_BYTES // 4
+
+
 @router.post("/items", operation_id="registerItems", response_model=RegistrationOut,
              responses=BODY_ERRORS)
 async def register_items(runtime: RuntimeDep, _actor: OperatorDep,
                          body: Annotated[ItemsIn, Body(openapi_examples=REGISTER_EXAMPLES)]
                          ) -> RegistrationOut:
     """Register obligations. The same item twice is one row; an earlier due_at wins."""
+    items = body["items"]
+    policies = {name: runtime.policies.policy(name) for name in {i["policy"] for i in items}}
     errors = []
-    registrations = []
-    for i, item in enumerate(body.items):
-        policy = runtime.policies.policy(item.policy)
-        if policy is None:
-            errors.append({"loc": ["body", "items", str(i), "policy"], "type": "unknown_policy",
+    for n, item in enumerate(items):
+        if policies[item["policy"]] is None:
+            errors.append({"loc": ["body", "items", str(n), "policy"], "type": "unknown_policy",
                            "message": "no such policy in the policies file"})
-        for field in ("tenant_id", "object_id"):
-            problem = ledger.id_problem(getattr(item, field))
-            if problem:
-                errors.append({"loc": ["body", "items", str(i), field], "type": "invalid_id",
-                               "message": problem})
-        if policy is not None and not errors:
-            registrations.append(ledger.Registration(item.tenant_id, item.object_id, policy,
-                                                     item.due_at))
+        for field in ID_FIELDS:
+            value = item[field]  # type: ignore[literal-required]
+            if value in ledger.DOT_SEGMENTS or len(value) > _SHORT_ID:
+                problem = ledger.id_problem(value)
+                if problem:
+                    errors.append({"loc": ["body", "items", str(n), field], "type": "invalid_id",
+                                   "message": problem})
     if errors:
         raise validation_problem(errors[:100])
-    result = await ledger.register(runtime.engine, registrations)
+    try:
+        result = await ledger.register(runtime.engine, ledger.Obligations(
+            [i["tenant_id"] for i in items], [i["object_id"] for i in items],
+            [i["policy"] for i in items], [i["due_at"] for i in items],
+            {name: policy for name, policy in policies.items() if policy is not None}))
+    except ledger.ScopeTooLong as exc:
+        n = next(n for n, i in enumerate(items)
+                 if (i["policy"], i["tenant_id"]) == (exc.policy, exc.tenant_id))
+        raise validation_problem([{"loc": ["body", "items", str(n), "tenant_id"],
+                                   "type": "scope_too_long", "message": str(exc)}]) from None
     return RegistrationOut(inserted=result.inserted, advanced=result.advanced,
                            unchanged=result.unchanged)
 

@@ -356,7 +356,10 @@ async def test_api_register_trigger_and_drain(db_url: str, upstream: FakeUpstrea
 @pytest.mark.parametrize(
     ("item", "field"),
     [({"object_id": ""}, "object_id"), ({"object_id": "x" * 513}, "object_id"),
-     ({"tenant_id": "a\x01b"}, "tenant_id"), ({"policy": "nope"}, "policy")],
+     ({"tenant_id": "a\x01b"}, "tenant_id"), ({"policy": "nope"}, "policy"),
+     ({"object_id": "é" * 257}, "object_id"), ({"object_id": ".."}, "object_id"),
+     # fits as an id, but not inside its limiter scope ("tenant:{tenant_id}")
+     ({"tenant_id": "t" * 510}, "tenant_id")],
 )
 async def test_bad_items_are_named_and_nothing_is_written(db_url: str, item: dict[str, str],
                                                           field: str) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 
-from service.ledger import operation_key
+from service.ledger import operation_key, operation_keys
 
 
 def test_known_vectors_never_change() -> None:
@@ -21,3 +21,14 @@ def test_known_vectors_never_change() -> None:
 def test_fields_cannot_run_into_each_other() -> None:
     assert operation_key("ab", "c", "p", 1) != operation_key("a", "bc", "p", 1)
     assert operation_key("a", "b", "p", 11) != operation_key("a", "b", "p1", 1)
+
+
+def test_a_batch_derives_each_key_as_one_key_alone() -> None:
+    tenants = ["acme", "acme", "ünï", "acme", "", "globex"]
+    objects = ["c1", "c2", "c1", "c1", "x", "c1"]
+    policies = ["carts", "carts", "carts", "orders", "carts", "carts"]
+    versions = [1, 1, 1, 1, 1, 2]
+    assert operation_keys(tenants, objects, policies, versions) == [
+        operation_key(*fields) for fields in zip(tenants, objects, policies, versions,
+                                                 strict=True)]
+    assert operation_keys([], [], [], []) == []
