@@ -155,6 +155,38 @@ async def fresh_database(server_url: str, label: str) -> AsyncIterator[FreshData
         await admin(server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process, from /proc (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def backend_cpu(db_url: str, db_name: str, application: str | None = None
+                      ) -> dict[int, float] | None:
+    """CPU seconds of each PostgreSQL backend connected to `db_name` (of `application`, when
+    given), by pid; None when the server is not on this machine (its /proc is not ours)."""
+    conn = await asyncpg.connect(plain_url(db_url))
+    try:
+        pids = await conn.fetch(
+            "SELECT pid FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid() "
+            "AND (CAST($2 AS text) IS NULL OR application_name = $2)", db_name, application)
+    finally:
+        await conn.close()
+    try:
+        return {r["pid"]: cpu_seconds(r["pid"]) for r in pids}
+    except OSError:
+        return None
+
+
+def cpu_spent(before: dict[int, float] | None, after: dict[int, float] | None
+              ) -> float | None:
+    """CPU the backends used between two `backend_cpu` readings (a backend that connected
+    in between counts from zero)."""
+    if before is None or after is None:
+        return None
+    return sum(spent - before.get(pid, 0.0) for pid, spent in after.items())
+
+
 async def vacuum_analyze(engine: AsyncEngine, table: str) -> None:
     """VACUUM (ANALYZE) one table, so every repetition starts from the same statistics."""
     async with engine.connect() as conn:

@@ -20,7 +20,17 @@ from typing import Any
 
 import httpx
 
-from bench.common import BenchContext, Benchmark, fresh_database, int_list, progress, summarize
+from bench.common import (
+    BenchContext,
+    Benchmark,
+    backend_cpu,
+    cpu_seconds,
+    cpu_spent,
+    fresh_database,
+    int_list,
+    progress,
+    summarize,
+)
 from bench.server import sweeper_server
 
 TENANTS = ("acme", "globex", "initech", "umbrella")
@@ -68,6 +78,15 @@ async def send_all(base_url: str, headers: dict[str, str], payloads: list[bytes]
     return time.perf_counter() - started, latencies
 
 
+def cpu_per_request(before: tuple[float, dict[int, float] | None],
+                    after: tuple[float, dict[int, float] | None], requests: int
+                    ) -> dict[str, float | None]:
+    """API process and PostgreSQL backends' CPU between two readings, per request (ms)."""
+    database = cpu_spent(before[1], after[1])
+    return {"api": round(1000 * (after[0] - before[0]) / requests, 1),
+            "postgres": None if database is None else round(1000 * database / requests, 1)}
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -83,10 +102,13 @@ async def run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
             progress(f"registration: {clients} client(s), repetition {rep + 1}/{args.repeat}")
             async with (fresh_database(ctx.server_url, "registration") as db,
                         sweeper_server(db.url) as server):
+                cpu = [(cpu_seconds(server.pid), await backend_cpu(db.url, db.name))]
                 fresh_s, fresh_lat = await send_all(server.base_url, server.headers, payloads,
                                                     clients)
+                cpu.append((cpu_seconds(server.pid), await backend_cpu(db.url, db.name)))
                 again_s, again_lat = await send_all(server.base_url, server.headers, payloads,
                                                     clients)
+                cpu.append((cpu_seconds(server.pid), await backend_cpu(db.url, db.name)))
             reps.append({
                 "items": total, "fresh_items_per_second": round(total / fresh_s, 1),
                 "fresh_latency_ms": {"p50": round(1000 * statistics.median(fresh_lat), 1),
@@ -94,15 +116,26 @@ async def run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
                 "again_items_per_second": round(total / again_s, 1),
                 "again_latency_ms": {"p50": round(1000 * statistics.median(again_lat), 1),
                                      "p99": round(1000 * pct(again_lat, 0.99), 1)},
+                # CPU per request, which a shared machine distorts less than items/s: where
+                # the time goes (None for PostgreSQL on another machine)
+                "fresh_cpu_ms_per_request": cpu_per_request(cpu[0], cpu[1], args.requests),
+                "again_cpu_ms_per_request": cpu_per_request(cpu[1], cpu[2], args.requests),
             })
         results.append({"clients": clients, "runs": reps,
                         "fresh_items_per_second": summarize(
                             [r["fresh_items_per_second"] for r in reps]),
+                        "fresh_api_cpu_ms_per_request": summarize(
+                            [r["fresh_cpu_ms_per_request"]["api"] for r in reps]),
+                        "fresh_postgres_cpu_ms_per_request": summarize(
+                            [r["fresh_cpu_ms_per_request"]["postgres"] or 0 for r in reps]),
                         "again_items_per_second": summarize(
                             [r["again_items_per_second"] for r in reps])})
         progress(f"registration: {clients} client(s): "
                  f"{results[-1]['fresh_items_per_second']['median']} items/s fresh, "
-                 f"{results[-1]['again_items_per_second']['median']} items/s again")
+                 f"{results[-1]['again_items_per_second']['median']} items/s again; CPU per "
+                 f"fresh request: API {results[-1]['fresh_api_cpu_ms_per_request']['median']}"
+                 f" ms, PostgreSQL "
+                 f"{results[-1]['fresh_postgres_cpu_ms_per_request']['median']} ms")
     return {"batch": args.batch, "requests": args.requests, "configurations": results,
             "target_items_per_second": 50_000}
 

@@ -39,6 +39,9 @@ import asyncpg
 from bench.common import (
     BenchContext,
     Benchmark,
+    backend_cpu,
+    cpu_seconds,
+    cpu_spent,
     fresh_database,
     int_list,
     plain_url,
@@ -140,12 +143,6 @@ async def read_answer(reader: asyncio.StreamReader) -> int:
 # -- the server process ------------------------------------------------------------------------
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process, from /proc (Linux)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 @asynccontextmanager
 async def serve(db_url: str, scheme: str, log_level: str, workdir: Path
                 ) -> AsyncIterator[tuple[int, int]]:
@@ -193,20 +190,6 @@ async def serve(db_url: str, scheme: str, log_level: str, workdir: Path
             except TimeoutError:
                 proc.kill()
                 await proc.wait()
-
-
-async def _intake_backend_cpu(db_url: str, db_name: str) -> float | None:
-    """CPU seconds of the PostgreSQL backends serving the intake pool (same machine only)."""
-    conn = await asyncpg.connect(plain_url(db_url))
-    try:
-        pids = await conn.fetch("SELECT pid FROM pg_stat_activity WHERE datname = $1 "
-                                "AND application_name = 'sweeper-webhooks'", db_name)
-    finally:
-        await conn.close()
-    try:
-        return sum(_cpu_seconds(r["pid"]) for r in pids)
-    except OSError:  # another machine's (or container's) server: not visible here
-        return None
 
 
 # -- one measurement ------------------------------------------------------------------------
@@ -267,11 +250,13 @@ async def repetition(ctx: BenchContext, args: argparse.Namespace, concurrency: i
                 n = int((args.seconds + args.warmup_seconds) * args.max_rate)
                 requests = [signed_request(args.scheme, i, port) for i in range(n)]
                 load_avg = os.getloadavg()[0]
-                cpu_before = _cpu_seconds(pid)
+                cpu_before = cpu_seconds(pid)
                 result = await load(port, requests, concurrency, args.seconds,
                                     args.warmup_seconds)
-                server_cpu = _cpu_seconds(pid) - cpu_before
-                backend_cpu = await _intake_backend_cpu(db.url, db.name)
+                server_cpu = cpu_seconds(pid) - cpu_before
+                # the intake pool's backends connected for this run: all their CPU counts
+                intake_cpu = cpu_spent({}, await backend_cpu(db.url, db.name,
+                                                             "sweeper-webhooks"))
         conn = await asyncpg.connect(plain_url(db.url))
         try:
             receipts = await conn.fetchval("SELECT count(*) FROM webhook_receipts")
@@ -287,8 +272,8 @@ async def repetition(ctx: BenchContext, args: argparse.Namespace, concurrency: i
         # CPU per delivery is what a busy shared machine distorts least: the server process,
         # and the PostgreSQL backends of its intake pool (since they connected)
         "server_cpu_us_per_delivery": round(server_cpu / receipts * 1e6) if receipts else None,
-        "postgres_intake_cpu_us_per_delivery": (round(backend_cpu / receipts * 1e6)
-                                                if receipts and backend_cpu else None),
+        "postgres_intake_cpu_us_per_delivery": (round(intake_cpu / receipts * 1e6)
+                                                if receipts and intake_cpu else None),
         "db_receipts": receipts, "db_released_items": items,
         # every 202 left exactly one receipt and one released item behind (warm-up included)
         "db_consistent": receipts == items and receipts >= result["statuses"].get("202", 0),
