@@ -94,7 +94,11 @@ _CANDIDATES = text("""
 """)
 
 # One chunk: lock the next unreleased due items of one policy version (SKIP LOCKED: two
-# publishers never take the same rows), oldest first.
+# publishers never take the same rows), oldest first. The order is items_unreleased's own
+# (policy is fixed, so by due_at; ties in index order): no sort, whatever the statistics.
+# `ORDER BY due_at, id` needed one, and with no statistics yet (a backlog registered in
+# bulk before any ANALYZE) the planner sorted every due row for each pick of 500: 363 ms
+# per pick on 200,000 items, 747 s to publish 1,000,000, against 1 ms per pick now.
 _PICK = text("""
     SELECT id, policy, policy_version FROM items
     WHERE status = 'pending' AND released_at IS NULL AND due_at <= :cutoff
@@ -106,7 +110,7 @@ _PICK = text("""
             AND (CAST(:policy AS text) IS NULL OR policy = :policy)
             AND (CAST(:tenant AS text) IS NULL OR tenant_id = :tenant)
           ORDER BY policy, due_at LIMIT 1)
-    ORDER BY due_at, id
+    ORDER BY due_at
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
 """)

@@ -3,10 +3,12 @@ history the ledger holds: the claim path must never scan succeeded or dead rows.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import claims, limiter
+from service import claims, limiter, runs
 from tests.integration.test_pipeline import make_policies, register, release_all
 
 HISTORY = 50_000
@@ -46,3 +48,26 @@ async def test_admission_uses_the_claimable_indexes_despite_history(engine: Asyn
     assert "items_ready" in plan, plan
     assert "items_leased" in plan, plan
     assert "Seq Scan on items" not in plan, plan
+
+
+async def test_publication_picks_without_sorting_even_before_any_analyze(
+        engine: AsyncEngine) -> None:
+    # A backlog registered in bulk is picked before autovacuum has analyzed it: with no
+    # statistics the planner believes one row matches. The pick must still be an ordered
+    # index scan that stops after :limit rows, never a sort of every due row.
+    async with engine.begin() as conn:
+        await conn.execute(text("""
+            INSERT INTO items (tenant_id, object_id, policy, policy_version, operation_key,
+                               scope, due_at)
+            SELECT 'acme', 'c-' || g, 'carts', 1, encode(sha256(('c' || g)::bytea), 'hex'),
+                   'tenant:acme', now() - interval '1 day' + (g % 600) * interval '1 second'
+            FROM generate_series(1, 20000) g"""))
+        analyzed = (await conn.execute(text(
+            "SELECT last_analyze, last_autoanalyze FROM pg_stat_user_tables "
+            "WHERE relname = 'items'"))).one()
+        assert analyzed == (None, None)
+        rows = await conn.execute(text("EXPLAIN " + str(runs._PICK.text)), {
+            "cutoff": datetime.now(UTC), "policy": None, "tenant": None, "limit": 500})
+        plan = "\n".join(r[0] for r in rows)
+    assert "items_unreleased" in plan, plan
+    assert "Sort" not in plan, plan
