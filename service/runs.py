@@ -18,8 +18,8 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Hashable
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
@@ -295,13 +295,24 @@ async def publish_pending(engine: AsyncEngine, *, batch_size: int) -> int:
     return done
 
 
-async def run_status(engine: AsyncEngine, run_id: int) -> dict[str, Any] | None:
-    """A run with its progress: items by status, attempts by outcome, oldest remaining."""
+async def run_status(engine: AsyncEngine, run_id: int,
+                     progress: ProgressCache | None = None) -> dict[str, Any] | None:
+    """A run with its progress: items by status, attempts by outcome, oldest remaining
+    (through `progress` when given: shared and at most its max age old)."""
     async with engine.connect() as conn:
         run = (await conn.execute(text("SELECT * FROM runs WHERE id = :id"),
                                   {"id": run_id})).mappings().one_or_none()
-        if run is None:
-            return None
+    if run is None:
+        return None
+    counts = await (progress.get(engine, run_id, (run["state"], run["released"]))
+                    if progress is not None else run_progress(engine, run_id))
+    return {**dict(run), **counts}
+
+
+async def run_progress(engine: AsyncEngine, run_id: int) -> dict[str, Any]:
+    """Count a run's items by status and its attempts by outcome, and find its oldest
+    remaining item: every item and attempt of the run is read."""
+    async with engine.connect() as conn:
         by_status: dict[str, int] = dict((await conn.execute(text(
             "SELECT i.status, count(*) FROM items i JOIN batches b ON b.id = i.batch_id "
             "WHERE b.run_id = :id GROUP BY i.status"), {"id": run_id})).all())
@@ -313,8 +324,65 @@ async def run_status(engine: AsyncEngine, run_id: int) -> dict[str, Any] | None:
             "SELECT min(i.due_at) FROM items i JOIN batches b ON b.id = i.batch_id "
             "WHERE b.run_id = :id AND i.status IN ('pending', 'leased')"),
             {"id": run_id})).scalar()
-    return {**dict(run), "items": by_status, "attempts": by_outcome,
-            "oldest_remaining_due_at": oldest}
+    return {"items": by_status, "attempts": by_outcome, "oldest_remaining_due_at": oldest}
+
+
+# How old a run's progress may be when the API answers. Counting reads every item and
+# attempt of the run: 3.1 s for a run of 1,000,000 items half drained (PostgreSQL 15, two
+# cores; 3.0 s of it attempts by outcome), CPU that a dashboard polling every second would
+# take from the publication and the drain it watches.
+PROGRESS_MAX_AGE_S: Final = 2.0
+
+
+@dataclass
+class _Count:
+    started: float
+    run_version: Hashable  # what the run row said when the count began
+    result: asyncio.Future[dict[str, Any]]
+
+
+@dataclass
+class ProgressCache:
+    """Run progress counted at most once per `max_age_s` per process: callers within that
+    age share the last count, and callers arriving while a count runs wait for it.
+
+    A count is only shared while the run row still says what it said when the count began
+    (`run_version`: its state and released total), so no count taken before a publication
+    step is shown beside the row after it (a run published with no items counted yet would
+    look finished). Within a published run items only move forward, except when an
+    operator re-drives them: `forget` drops every count."""
+
+    max_age_s: float = PROGRESS_MAX_AGE_S
+    max_runs: int = 256
+    _counts: dict[int, _Count] = field(default_factory=dict, repr=False)
+
+    async def get(self, engine: AsyncEngine, run_id: int, run_version: Hashable
+                  ) -> dict[str, Any]:
+        count = self._counts.get(run_id)
+        if count is None or count.run_version != run_version or (
+                count.result.done() and time.monotonic() - count.started > self.max_age_s):
+            count = _Count(time.monotonic(), run_version,
+                           asyncio.ensure_future(run_progress(engine, run_id)))
+            self._counts[run_id] = count
+            count.result.add_done_callback(lambda done: self._forget_failure(run_id, done))
+            self._evict()
+        # shielded: a caller that goes away does not cancel the count the others wait for
+        return await asyncio.shield(count.result)
+
+    def forget(self) -> None:
+        """Drop every count (items of some runs changed state backwards)."""
+        self._counts.clear()
+
+    def _forget_failure(self, run_id: int, result: asyncio.Future[dict[str, Any]]) -> None:
+        count = self._counts.get(run_id)
+        if (result.cancelled() or result.exception() is not None) and \
+                count is not None and count.result is result:
+            del self._counts[run_id]
+
+    def _evict(self) -> None:
+        while len(self._counts) > self.max_runs:
+            oldest = min(self._counts, key=lambda run: self._counts[run].started)
+            del self._counts[oldest]
 
 
 async def run_exists(engine: AsyncEngine, run_id: int) -> bool:

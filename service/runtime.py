@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.metrics import Exporter
 from service.policies import Policies
+from service.runs import ProgressCache
 from service.settings import Settings
 
 
@@ -50,6 +51,7 @@ class Runtime:
     schema_head: str
     exporter: Exporter
     publisher_wake: asyncio.Event = field(default_factory=asyncio.Event)
+    run_progress: ProgressCache = field(default_factory=ProgressCache)
 
     def wake_publisher(self) -> None:
         """Ask this process's publisher to look for runs now rather than at its next poll."""

@@ -239,6 +239,8 @@ async def redrive_items(runtime: RuntimeDep, actor: OperatorDep,
     """Put dead items back to pending with attempts reset, after the cause is fixed."""
     ids = await ledger.redrive(runtime.engine, _selection(runtime, body), actor=actor,
                                reason=body.why, limit=body.limit)
+    if ids:
+        runtime.run_progress.forget()  # their runs have pending items again
     return ChangeOut(count=len(ids), item_ids=ids)
 
 

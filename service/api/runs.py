@@ -96,7 +96,7 @@ async def create_run(runtime: RuntimeDep, _actor: OperatorDep, response: Respons
     if not created:
         response.status_code = 200
     runtime.wake_publisher()
-    status = await runs.run_status(runtime.engine, run_id)
+    status = await runs.run_status(runtime.engine, run_id, runtime.run_progress)
     assert status is not None
     return RunOut.model_validate(status)
 
@@ -117,8 +117,9 @@ async def list_runs(runtime: RuntimeDep, _actor: OperatorDep,
             responses=problem_responses(404, 422))
 async def get_run(runtime: RuntimeDep, _actor: OperatorDep,
                   run_id: Annotated[int, Path(ge=1, le=MAX_BIGINT)]) -> RunOut:
-    """A run with counts by item status, attempts by outcome and the oldest remaining item."""
-    status = await runs.run_status(runtime.engine, run_id)
+    """A run with counts by item status, attempts by outcome and the oldest remaining item
+    (counted at most every 2 s per replica: the counts read every item of the run)."""
+    status = await runs.run_status(runtime.engine, run_id, runtime.run_progress)
     if status is None:
         raise Problem(404, "run-not-found", "Run not found", f"no run {run_id}")
     return RunOut.model_validate(status)
