@@ -328,7 +328,7 @@ async def run_progress(engine: AsyncEngine, run_id: int) -> dict[str, Any]:
 
 
 # How old a run's progress may be when the API answers. Counting reads every item and
-# attempt of the run: 3.1 s for a run of 1,000,000 items half drained (PostgreSQL 15, two
+# attempt of the run: 2.9-3.3 s for a run of 1,000,000 items half drained (PostgreSQL 15, two
 # cores; 3.0 s of it attempts by outcome), CPU that a dashboard polling every second would
 # take from the publication and the drain it watches.
 PROGRESS_MAX_AGE_S: Final = 2.0
