@@ -60,6 +60,12 @@ def _prefixed(field: str) -> bytes:
     return len(raw).to_bytes(4, "big") + raw
 
 
+def utf8_size_over(value: str, limit: int) -> bool:
+    """Whether `value` takes more than `limit` bytes in UTF-8. At most 4 bytes per
+    character: a short value needs no encoding to be measured."""
+    return len(value) > limit // 4 and len(value.encode("utf-8")) > limit
+
+
 DOT_SEGMENTS = frozenset((".", ".."))
 # C0 and C1 control characters and DEL (the schema's CHECK refuses the same).
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -73,8 +79,7 @@ def id_problem(value: str) -> str | None:
     if value in DOT_SEGMENTS:
         # a dot segment would be normalised away in the upstream URL, leaving its segment
         return "must not be . or .."
-    # at most 4 UTF-8 bytes per character: short ids need no encoding to be measured
-    if len(value) > MAX_ID_BYTES // 4 and len(value.encode("utf-8")) > MAX_ID_BYTES:
+    if utf8_size_over(value, MAX_ID_BYTES):
         return f"must be at most {MAX_ID_BYTES} bytes"
     if _CONTROL.search(value):
         return "must not contain control characters"
@@ -202,8 +207,8 @@ async def register(engine: AsyncEngine, obligations: Obligations | Sequence[Regi
     pairs = list(zip(rows.policy_names, rows.tenant_ids, strict=True))
     scope_of = {pair: rows.policies[pair[0]].scope_for(pair[1]) for pair in set(pairs)}
     for (name, tenant), scope in scope_of.items():
-        if len(scope) > MAX_SCOPE_BYTES // 4 and len(scope.encode()) > MAX_SCOPE_BYTES:
-            raise ScopeTooLong(name, tenant, len(scope.encode()))
+        if utf8_size_over(scope, MAX_SCOPE_BYTES):
+            raise ScopeTooLong(name, tenant, len(scope.encode("utf-8")))
     budgets = {scope: limiter.budget_of(rows.policies[name])
                for (name, _), scope in scope_of.items()}
     params = {
