@@ -71,17 +71,35 @@ class Grant:
 
 # Create scope rows on first use from the policy's budget; a policy change reaches rows
 # whose budget no operator has set by hand (tokens never exceed the new burst).
+#
+# Registration runs this in the transaction that inserts its items, so a row locked here
+# stays locked for the whole insert. Only a row whose budget changes is locked (in name
+# order: two registrations never deadlock), and an existing row is not even probed for a
+# conflict. The earlier `ON CONFLICT DO UPDATE ... WHERE` locked every row, its WHERE false
+# or not: each 10,000-item registration held its tenants' buckets for about 250 ms, which
+# queued other registrations of those tenants, and workers taking tokens, behind it.
 _ENSURE = text("""
-    INSERT INTO scopes AS s (name, rate_per_second, burst, tokens)
-    SELECT name, rate, burst, burst
-    FROM unnest(CAST(:names AS text[]), CAST(:rates AS double precision[]),
-                CAST(:bursts AS integer[])) AS n(name, rate, burst)
+    WITH budget AS (
+        SELECT * FROM unnest(CAST(:names AS text[]), CAST(:rates AS double precision[]),
+                             CAST(:bursts AS integer[])) AS b(name, rate, burst)
+    ),
+    stale AS (
+        SELECT s.name, b.rate, b.burst FROM scopes s JOIN budget b ON b.name = s.name
+        WHERE s.budget_from_policy AND (s.rate_per_second, s.burst) <> (b.rate, b.burst)
+        ORDER BY s.name
+        FOR NO KEY UPDATE OF s
+    ),
+    changed AS (
+        UPDATE scopes s
+        SET rate_per_second = stale.rate, burst = stale.burst,
+            tokens = least(s.tokens, stale.burst), updated_at = now()
+        FROM stale WHERE s.name = stale.name
+    )
+    INSERT INTO scopes (name, rate_per_second, burst, tokens)
+    SELECT name, rate, burst, burst FROM budget b
+    WHERE NOT EXISTS (SELECT 1 FROM scopes s WHERE s.name = b.name)
     ORDER BY name
-    ON CONFLICT (name) DO UPDATE
-        SET rate_per_second = EXCLUDED.rate_per_second, burst = EXCLUDED.burst,
-            tokens = least(s.tokens, EXCLUDED.burst), updated_at = now()
-        WHERE s.budget_from_policy
-          AND (s.rate_per_second, s.burst) <> (EXCLUDED.rate_per_second, EXCLUDED.burst)
+    ON CONFLICT (name) DO NOTHING
 """)
 
 

@@ -31,6 +31,46 @@ async def make_scope(engine: AsyncEngine, name: str, rate: float, burst: int) ->
         await limiter.ensure_scopes(conn, {name: (rate, burst)})
 
 
+async def scope_rows(engine: AsyncEngine) -> dict[str, tuple[float, int, float]]:
+    async with engine.connect() as conn:
+        rows = await conn.execute(text("SELECT name, rate_per_second, burst, tokens FROM scopes"))
+        return {r.name: (r.rate_per_second, r.burst, r.tokens) for r in rows}
+
+
+async def test_a_policy_budget_change_reaches_only_rows_no_operator_set(engine: AsyncEngine
+                                                                       ) -> None:
+    await make_scope(engine, "policy", rate=10, burst=8)
+    await make_scope(engine, "operator", rate=10, burst=8)
+    async with engine.begin() as conn:
+        await conn.execute(text("UPDATE scopes SET rate_per_second = 3, burst = 2, tokens = 2, "
+                                "budget_from_policy = false WHERE name = 'operator'"))
+    await make_scope(engine, "policy", rate=5, burst=4)
+    await make_scope(engine, "operator", rate=5, burst=4)
+    await make_scope(engine, "new", rate=7, burst=6)
+    # tokens never exceed the new burst; an operator's budget stands; a new row starts full
+    assert await scope_rows(engine) == {"policy": (5, 4, 4), "operator": (3, 2, 2),
+                                        "new": (7, 6, 6)}
+
+
+async def test_ensuring_an_unchanged_scope_leaves_its_row_unlocked(engine: AsyncEngine
+                                                                  ) -> None:
+    """Registration ensures its scopes in the transaction that inserts its items. A row
+    whose budget stands is neither locked nor waited for: workers take tokens from it
+    meanwhile, and a token take in flight does not hold up the registration."""
+    await make_scope(engine, "s", rate=10, burst=8)
+    async with engine.begin() as registering:
+        await limiter.ensure_scopes(registering, {"s": (10, 8)})
+        async with engine.connect() as worker:
+            await worker.execute(text("SET lock_timeout = '2s'"))
+            await worker.execute(text("UPDATE scopes SET tokens = 1 WHERE name = 's'"))
+            async with engine.connect() as other:
+                await other.execute(text("SET lock_timeout = '2s'"))
+                await limiter.ensure_scopes(other, {"s": (10, 8)})
+                await other.commit()
+            await worker.commit()
+    assert await scope_rows(engine) == {"s": (10, 8, 1)}
+
+
 async def test_take_grants_burst_then_refills_at_rate(engine: AsyncEngine) -> None:
     await make_scope(engine, "s", rate=10, burst=5)
     [first] = await limiter.take(engine, {"s": 8}, lookahead_s=0)
