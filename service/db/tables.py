@@ -98,7 +98,7 @@ items = Table(
     _ts("next_attempt_at"),
     Column("attempts", Integer, nullable=False),
     _ts("released_at", nullable=True),
-    Column("batch_id", BigInteger, ForeignKey("batches.id", ondelete="SET NULL")),
+    Column("batch_id", BigInteger),  # no key: see migration 0007
     Column("lease_owner", Text),
     Column("lease_token", UUID(as_uuid=True)),
     _ts("lease_expires_at", nullable=True),

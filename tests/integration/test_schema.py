@@ -118,9 +118,24 @@ async def test_item_check_constraints(conn: asyncpg.Connection, overrides: dict[
         await insert_item(conn, **overrides)
 
 
-async def test_item_batch_foreign_key(conn: asyncpg.Connection) -> None:
-    with pytest.raises(asyncpg.ForeignKeyViolationError):
-        await insert_item(conn, batch_id=999)
+async def test_deleting_a_run_clears_its_items_batch_references(conn: asyncpg.Connection
+                                                                 ) -> None:
+    """items.batch_id has no foreign key (migration 0007); deleting batches, here with
+    their run, sets the references to NULL as ON DELETE SET NULL did, and only those."""
+    runs = [await conn.fetchval("INSERT INTO runs (request_digest, cutoff) VALUES ('d', now()) "
+                                "RETURNING id") for _ in range(2)]
+    batches = [await conn.fetchval(
+        "INSERT INTO batches (run_id, seq, digest, policy, policy_version, item_count) "
+        "VALUES ($1, $2, $3, 'p', 1, 1) RETURNING id",
+        run, seq, hashlib.sha256(str(seq).encode()).hexdigest())
+        for seq, run in enumerate([runs[0], runs[0], runs[1]])]
+    items = [await insert_item(conn, object_id=f"o{n}", operation_key=f"{n:064x}",
+                               released_at="2026-01-01T00:00:00Z", batch_id=batch)
+             for n, batch in enumerate(batches)]
+    await conn.execute("DELETE FROM runs WHERE id = $1", runs[0])
+    left = await conn.fetch("SELECT id, batch_id FROM items ORDER BY id")
+    assert [(r["id"], r["batch_id"]) for r in left] == [
+        (items[0], None), (items[1], None), (items[2], batches[2])]
 
 
 async def test_run_trigger_key_is_unique(conn: asyncpg.Connection) -> None:
