@@ -522,6 +522,147 @@ def test_worker_deployment_when_enabled(all_on: Rendered) -> None:
     assert service["spec"]["selector"]["app.kubernetes.io/component"] == "api"
 
 
+# --- config values of the service's settings --------------------------------------------
+
+API, WORKER, MIGRATE = FULLNAME, f"{FULLNAME}-worker", f"{FULLNAME}-migrate"
+# config key -> (service.settings.Settings field, the workloads whose process reads it).
+# The pool and statement timeouts go to every process (each builds an engine, `sweeper
+# migrate` included); the webhook intake and retention run only in `sweeper serve`.
+CONFIG_SETTINGS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "dbPoolTimeoutSeconds": ("db_pool_timeout_seconds", (API, WORKER, MIGRATE)),
+    "dbStatementTimeoutMs": ("db_statement_timeout_ms", (API, WORKER, MIGRATE)),
+    "webhookMaxInFlight": ("webhook_max_in_flight", (API,)),
+    "webhookDbPoolSize": ("webhook_db_pool_size", (API,)),
+    "retentionDays": ("retention_days", (API,)),
+    "retentionBatchSize": ("retention_batch_size", (API,)),
+    "retentionIntervalSeconds": ("retention_interval_seconds", (API,)),
+}
+
+
+def env_name(field: str) -> str:
+    return f"SWEEPER_{field.upper()}"
+
+
+def sweeper_containers(r: Rendered) -> dict[str, Doc]:
+    """Workload name -> its Sweeper container."""
+    out = {}
+    for owner, _spec, c in sweeper_workloads(r):
+        kind, name = owner.split("/", 1)
+        if kind != "CronJob":
+            out[name] = c
+    return out
+
+
+def settings_from(c: Doc, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The service's Settings as the container's plain env values make them (the secret
+    references replaced by valid stand-ins): what the process would start with."""
+    from service.settings import Settings
+
+    for name in list(os.environ):
+        if name.startswith("SWEEPER_"):
+            monkeypatch.delenv(name)
+    for name, entry in env_of(c).items():
+        if name.startswith("SWEEPER_") and "value" in entry:
+            monkeypatch.setenv(name, entry["value"])
+    monkeypatch.setenv("SWEEPER_DATABASE_URL", "postgresql://sweeper:pw@db:5432/sweeper")
+    monkeypatch.setenv("SWEEPER_API_TOKENS", "t" * 16)
+    return Settings()
+
+
+def test_config_defaults_are_the_service_defaults(default: Rendered,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from service.settings import Settings
+
+    config = load_values(CHART / "values.yaml")["config"]
+    containers = sweeper_containers(default)
+    assert sorted(containers) == [API, MIGRATE]
+    for key, (field, readers) in CONFIG_SETTINGS.items():
+        service_default = Settings.model_fields[field].default
+        assert config[key] == service_default, key
+        for name, c in containers.items():
+            env = env_of(c)
+            if name in readers:
+                assert float(env[env_name(field)]["value"]) == service_default, (name, key)
+            else:
+                assert env_name(field) not in env, (name, key)
+    # ...and the service starts with exactly those from what the chart renders.
+    for name, c in containers.items():
+        settings = settings_from(c, monkeypatch)
+        for key, (field, _readers) in CONFIG_SETTINGS.items():
+            assert getattr(settings, field) == Settings.model_fields[field].default, (name, key)
+
+
+def test_config_values_reach_the_processes_that_read_them(
+        engine: HelmEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    from service.settings import Settings
+
+    # 3600000 would print as "3.6e+06" without the template's int64; the service refuses it.
+    chosen = {"dbPoolTimeoutSeconds": 2.5, "dbStatementTimeoutMs": 3_600_000,
+              "webhookMaxInFlight": 500, "webhookDbPoolSize": 16, "retentionDays": 0,
+              "retentionBatchSize": 5_000, "retentionIntervalSeconds": 60}
+    docs, _ = engine.render({"worker": {"enabled": True}, "config": chosen})
+    containers = sweeper_containers(Rendered(docs, None, {}))
+    assert sorted(containers) == sorted([API, WORKER, MIGRATE])
+    for name, c in containers.items():
+        env = env_of(c)
+        settings = settings_from(c, monkeypatch)
+        for key, (field, readers) in CONFIG_SETTINGS.items():
+            if name in readers:
+                assert float(env[env_name(field)]["value"]) == chosen[key], (name, key)
+                assert getattr(settings, field) == chosen[key], (name, key)
+            else:
+                assert env_name(field) not in env, (name, key)
+                assert getattr(settings, field) == Settings.model_fields[field].default
+
+
+def test_config_schema_bounds_match_the_service_settings() -> None:
+    import annotated_types
+
+    from service.settings import Settings
+
+    schema = json.loads((CHART / "values.schema.json").read_text(encoding="utf-8"))
+    config = schema["properties"]["config"]
+    for key, (field, _readers) in CONFIG_SETTINGS.items():
+        info = Settings.model_fields[field]
+        expected: dict[str, Any] = {"type": {int: "integer", float: "number"}[info.annotation]}
+        for bound in info.metadata:
+            if isinstance(bound, annotated_types.Ge):
+                expected["minimum"] = bound.ge
+            elif isinstance(bound, annotated_types.Gt):
+                expected["exclusiveMinimum"] = bound.gt
+            elif isinstance(bound, annotated_types.Le):
+                expected["maximum"] = bound.le
+        prop = config["properties"][key]
+        got = {k: prop[k] for k in ("type", "minimum", "exclusiveMinimum", "maximum")
+               if k in prop}
+        assert got == expected, key
+        assert key in config["required"], key
+
+
+OUT_OF_BOUNDS = [
+    ("dbPoolTimeoutSeconds", 0), ("dbPoolTimeoutSeconds", 120.5),
+    ("dbStatementTimeoutMs", 99), ("dbStatementTimeoutMs", 30_000.5),
+    ("webhookMaxInFlight", 0), ("webhookMaxInFlight", 100_001),
+    ("webhookDbPoolSize", 0), ("webhookDbPoolSize", 201),
+    ("retentionDays", -1), ("retentionDays", 36_501),
+    ("retentionBatchSize", 0), ("retentionBatchSize", 100_001),
+    ("retentionIntervalSeconds", 0), ("retentionIntervalSeconds", 86_400.5),
+]
+
+
+@pytest.mark.parametrize(("key", "value"), OUT_OF_BOUNDS)
+def test_config_out_of_bounds_is_refused(engine: HelmEngine, key: str, value: float) -> None:
+    from pydantic import ValidationError
+
+    from service.settings import Settings
+
+    with pytest.raises(RenderError, match=key):
+        engine.render({"config": {key: value}})
+    # The service draws the line at the same place.
+    with pytest.raises(ValidationError):
+        Settings(**{CONFIG_SETTINGS[key][0]: value})
+
+
 def test_api_tls_without_ingress(all_on: Rendered) -> None:
     api = container(pod_spec(all_on.get("Deployment", FULLNAME)), "sweeper")
     env = env_of(api)

@@ -114,6 +114,9 @@ An explicit value that would cut the drain short fails the render.
 
 {{/*
 Settings shared by every Sweeper process (API, worker, migration).
+New integer settings go through int64: Helm reads numbers as floats, and a float of 1000000
+or more prints as e.g. "1e+06", which Sweeper refuses for an integer (the maximums of the
+older integer settings here stay below that).
 */}}
 {{- define "sweeper.commonEnv" -}}
 - name: SWEEPER_ENVIRONMENT
@@ -132,6 +135,10 @@ Settings shared by every Sweeper process (API, worker, migration).
   value: /var/lib/sweeper
 - name: SWEEPER_DB_POOL_SIZE
   value: {{ .Values.config.dbPoolSize | quote }}
+- name: SWEEPER_DB_POOL_TIMEOUT_SECONDS
+  value: {{ .Values.config.dbPoolTimeoutSeconds | quote }}
+- name: SWEEPER_DB_STATEMENT_TIMEOUT_MS
+  value: {{ .Values.config.dbStatementTimeoutMs | int64 | quote }}
 - name: SWEEPER_LOG_LEVEL
   value: {{ .Values.config.logLevel | quote }}
 - name: SWEEPER_LOG_FORMAT
@@ -150,6 +157,24 @@ Settings of the long-running processes (API and worker): the policies file and b
   value: {{ include "sweeper.policiesFile" . }}
 - name: SWEEPER_BATCH_SIZE
   value: {{ .Values.config.batchSize | quote }}
+{{- end }}
+
+{{/*
+Settings only `sweeper serve` reads (the API Deployment, with or without --api-only): the
+webhook intake and self-retention. `sweeper worker` runs neither. Integers go through
+int64, as in sweeper.commonEnv.
+*/}}
+{{- define "sweeper.apiEnv" -}}
+- name: SWEEPER_WEBHOOK_MAX_IN_FLIGHT
+  value: {{ .Values.config.webhookMaxInFlight | int64 | quote }}
+- name: SWEEPER_WEBHOOK_DB_POOL_SIZE
+  value: {{ .Values.config.webhookDbPoolSize | int64 | quote }}
+- name: SWEEPER_RETENTION_DAYS
+  value: {{ .Values.config.retentionDays | quote }}
+- name: SWEEPER_RETENTION_BATCH_SIZE
+  value: {{ .Values.config.retentionBatchSize | int64 | quote }}
+- name: SWEEPER_RETENTION_INTERVAL_SECONDS
+  value: {{ .Values.config.retentionIntervalSeconds | quote }}
 {{- end }}
 
 {{/* Writable scratch volumes; the root filesystem is read-only. */}}
