@@ -16,7 +16,7 @@ from pathlib import Path
 from service.drills.base import Drill, Facts, check
 from service.drills.stage import Proc, Stage
 from service.drills.upstream import Call, Fault
-from service.limiter import LOOKAHEAD_S
+from service.limiter import LOOKAHEAD_S, late_tolerance
 
 
 async def _outcomes(stage: Stage, object_id: str) -> list[str]:
@@ -224,11 +224,13 @@ async def retry_after_forms(stage: Stage) -> Facts:
             earliest = {"seconds": 3.0, "past": 0.0, "far": RETRY_AFTER_MAX_S,
                         "malformed": 1.0}[form]
         # Calls whose tokens and leases were taken before the closure committed may still
-        # land (at most the token lookahead later); none may start after it.
+        # land: a token is due at most the lookahead after its grant, and may be spent up
+        # to late_tolerance(rate) after it is due. None may start later than that.
         after = [c for c in scope_calls if c.received_at > t429.received_at]
         early = [c for c in after if c.received_at - t429.received_at < earliest - 0.02]
+        spent_by = LOOKAHEAD_S + late_tolerance(rate) + 0.05
         late_starts = [round(c.wall_time - closed_at, 3) for c in early
-                       if c.wall_time > closed_at + LOOKAHEAD_S + 0.05]
+                       if c.wall_time > closed_at + spent_by]
         check(not late_starts,
               f"{form}: calls {late_starts} s after the closure committed, before the "
               f"{earliest:.2f} s allowed")
