@@ -127,7 +127,8 @@ async def run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
                         "fresh_api_cpu_ms_per_request": summarize(
                             [r["fresh_cpu_ms_per_request"]["api"] for r in reps]),
                         "fresh_postgres_cpu_ms_per_request": summarize(
-                            [r["fresh_cpu_ms_per_request"]["postgres"] or 0 for r in reps]),
+                            [r["fresh_cpu_ms_per_request"]["postgres"] for r in reps
+                             if r["fresh_cpu_ms_per_request"]["postgres"] is not None]),
                         "again_items_per_second": summarize(
                             [r["again_items_per_second"] for r in reps])})
         progress(f"registration: {clients} client(s): "

@@ -29,7 +29,12 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+import annotated_types
 import pytest
+from pydantic import ValidationError
+
+from service.policies import resolve_policies
+from service.settings import Settings
 
 try:
     import yaml
@@ -421,8 +426,6 @@ def test_policies_configmap_is_mounted_and_named(rendered: Rendered) -> None:
 
 def test_all_on_policies_load_in_sweeper(all_on: Rendered) -> None:
     """The example policies are what Sweeper's own loader accepts."""
-    from service.policies import resolve_policies
-
     class AnyEnv(dict[str, str]):
         def get(self, key: str, default: Any = None) -> str:  # type: ignore[override]
             return f"value-of-{key}"
@@ -553,11 +556,9 @@ def sweeper_containers(r: Rendered) -> dict[str, Doc]:
     return out
 
 
-def settings_from(c: Doc, monkeypatch: pytest.MonkeyPatch) -> Any:
+def settings_from(c: Doc, monkeypatch: pytest.MonkeyPatch) -> Settings:
     """The service's Settings as the container's plain env values make them (the secret
     references replaced by valid stand-ins): what the process would start with."""
-    from service.settings import Settings
-
     for name in list(os.environ):
         if name.startswith("SWEEPER_"):
             monkeypatch.delenv(name)
@@ -571,8 +572,6 @@ def settings_from(c: Doc, monkeypatch: pytest.MonkeyPatch) -> Any:
 
 def test_config_defaults_are_the_service_defaults(default: Rendered,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    from service.settings import Settings
-
     config = load_values(CHART / "values.yaml")["config"]
     containers = sweeper_containers(default)
     assert sorted(containers) == [API, MIGRATE]
@@ -594,8 +593,6 @@ def test_config_defaults_are_the_service_defaults(default: Rendered,
 
 def test_config_values_reach_the_processes_that_read_them(
         engine: HelmEngine, monkeypatch: pytest.MonkeyPatch) -> None:
-    from service.settings import Settings
-
     # 3600000 would print as "3.6e+06" without the template's int64; the service refuses it.
     chosen = {"dbPoolTimeoutSeconds": 2.5, "dbStatementTimeoutMs": 3_600_000,
               "webhookMaxInFlight": 500, "webhookDbPoolSize": 16, "retentionDays": 0,
@@ -616,10 +613,6 @@ def test_config_values_reach_the_processes_that_read_them(
 
 
 def test_config_schema_bounds_match_the_service_settings() -> None:
-    import annotated_types
-
-    from service.settings import Settings
-
     schema = json.loads((CHART / "values.schema.json").read_text(encoding="utf-8"))
     config = schema["properties"]["config"]
     for key, (field, _readers) in CONFIG_SETTINGS.items():
@@ -652,10 +645,6 @@ OUT_OF_BOUNDS = [
 
 @pytest.mark.parametrize(("key", "value"), OUT_OF_BOUNDS)
 def test_config_out_of_bounds_is_refused(engine: HelmEngine, key: str, value: float) -> None:
-    from pydantic import ValidationError
-
-    from service.settings import Settings
-
     with pytest.raises(RenderError, match=key):
         engine.render({"config": {key: value}})
     # The service draws the line at the same place.
