@@ -217,7 +217,9 @@ def _earliest(hints: tuple[Hint, ...]) -> list[Hint]:
 
 def _params(delivery: Delivery) -> dict[str, Any]:
     hints = _earliest(delivery.hints)
-    budgets = {h.policy.scope_for(h.tenant_id): limiter.budget_of(h.policy) for h in hints}
+    hint_scopes = [h.policy.scope_for(h.tenant_id) for h in hints]
+    budgets = {scope: limiter.budget_of(h.policy)
+               for scope, h in zip(hint_scopes, hints, strict=True)}
     scopes = sorted(budgets)
     return {
         "source": delivery.source, "webhook_id": delivery.webhook_id,
@@ -228,7 +230,7 @@ def _params(delivery: Delivery) -> dict[str, Any]:
         "versions": [h.policy.version for h in hints],
         "keys": [ledger.operation_key(h.tenant_id, h.object_id, h.policy.name,
                                       h.policy.version) for h in hints],
-        "scopes": [h.policy.scope_for(h.tenant_id) for h in hints],
+        "scopes": hint_scopes,
         "delays": [h.delay_seconds for h in hints],
         "budget_scopes": scopes, "rates": [budgets[s][0] for s in scopes],
         "bursts": [budgets[s][1] for s in scopes],
