@@ -291,19 +291,20 @@ async def run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
     for rep in range(args.repeat):
         for c in sweep:
             reps[str(c)].append(await repetition(ctx, args, c, f"rep {rep + 1}/{args.repeat}"))
-    results = {c: {"accepted_per_s": summarize([r["accepted_per_s"] for r in rows]),
-                   "p50_ms": summarize([r["latency_ms"]["p50"] or 0 for r in rows]),
-                   "p99_ms": summarize([r["latency_ms"]["p99"] or 0 for r in rows]),
-                   "server_cpu_us_per_delivery": summarize(
-                       [r["server_cpu_us_per_delivery"] or 0 for r in rows]),
-                   "postgres_intake_cpu_us_per_delivery": summarize(
-                       [r["postgres_intake_cpu_us_per_delivery"] or 0 for r in rows]),
-                   "repetitions": rows} for c, rows in reps.items()}
+    results: dict[str, dict[str, Any]] = {
+        c: {"accepted_per_s": summarize([r["accepted_per_s"] for r in rows]),
+            "p50_ms": summarize([r["latency_ms"]["p50"] or 0 for r in rows]),
+            "p99_ms": summarize([r["latency_ms"]["p99"] or 0 for r in rows]),
+            "server_cpu_us_per_delivery": summarize(
+                [r["server_cpu_us_per_delivery"] or 0 for r in rows]),
+            "postgres_intake_cpu_us_per_delivery": summarize(
+                [r["postgres_intake_cpu_us_per_delivery"] or 0 for r in rows]),
+            "repetitions": rows} for c, rows in reps.items()}
     met = [(cell["accepted_per_s"]["median"] or 0, int(c)) for c, cell in results.items()
            if (cell["accepted_per_s"]["median"] or 0) >= TARGET_PER_S
            and (cell["p99_ms"]["median"] or 1e9) < TARGET_P99_MS]
     best = max((cell["accepted_per_s"]["median"] or 0, int(c)) for c, cell in results.items())
-    doc = {
+    doc: dict[str, Any] = {
         "parameters": {"seconds": args.seconds, "warmup_seconds": args.warmup_seconds,
                        "concurrency": sweep, "repeat": args.repeat, "scheme": args.scheme,
                        "server": "python -m service serve --api-only (one uvicorn process)",
