@@ -23,7 +23,16 @@ from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import budget, drain, history, memory, publication, registration, webhooks
+from bench import (
+    backlog,
+    budget,
+    drain,
+    history,
+    memory,
+    publication,
+    registration,
+    webhooks,
+)
 from bench.common import (
     BenchContext,
     Benchmark,
@@ -36,7 +45,7 @@ from bench.common import (
 
 BENCHMARKS: tuple[Benchmark, ...] = (drain.BENCHMARK, budget.BENCHMARK, registration.BENCHMARK,
                                       publication.BENCHMARK, webhooks.BENCHMARK,
-                                      history.BENCHMARK, memory.BENCHMARK)
+                                      history.BENCHMARK, backlog.BENCHMARK, memory.BENCHMARK)
 
 
 def add_common(parser: argparse.ArgumentParser) -> None:

@@ -109,9 +109,28 @@ def _memory(ax: Any, section: Section) -> None:
     ax.set_title("One replica's memory while draining")
 
 
+def _backlog(ax: Any, section: Section) -> None:
+    pages = ax.twinx()
+    for i, run in enumerate(section.get("runs", [])):
+        samples = run.get("samples", [])[1:]
+        done = [s["completed"] for s in samples]
+        line = ax.plot(done, [s["items_per_s"] for s in samples],
+                       label=f"run {i + 1}: items/s")[0]
+        pages.plot(done, [s["pages_per_scan"].get("items_ready") for s in samples], ":",
+                   color=line.get_color(), label=f"run {i + 1}: claim index pages/scan")
+    ax.set_ylim(bottom=0)
+    pages.set_ylim(bottom=0)
+    ax.set_xlabel("items completed")
+    ax.set_ylabel("items drained per second (solid)")
+    pages.set_ylabel("claim index pages read per scan (dotted)")
+    pages.legend(loc="upper right", fontsize="small")
+    ax.set_title(f"One drain of {section.get('parameters', {}).get('items', 0):,} items")
+
+
 PLOTTERS: dict[str, Callable[[Any, Section], None]] = {
     "drain": _drain, "budget": _budget, "registration": _registration,
-    "publication": _publication, "history": _history, "memory": _memory}
+    "publication": _publication, "history": _history, "backlog": _backlog,
+    "memory": _memory}
 
 
 def write_charts(doc: dict[str, Any], folder: Path) -> list[Path]:

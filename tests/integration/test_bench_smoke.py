@@ -5,6 +5,7 @@ drain every item."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 from collections.abc import Iterator
@@ -186,3 +187,26 @@ def test_memory_benchmark_smoke(pg_server_url: str, tmp_path: Path,
         "10%", "25%", "50%", "75%", "100%"}
     assert run["samples"][-1]["calls"] >= 300
     assert (folder / "memory.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_backlog_benchmark_smoke(pg_server_url: str, tmp_path: Path,
+                                 restore_logging: None) -> None:
+    folder = tmp_path / "backlog"
+    assert bench_main(["backlog", "--items", "400", "--concurrency", "16", "--sample-seconds",
+                       "0.05", "--repeat", "1", "--database-url", pg_server_url,
+                       "--results-dir", str(folder)]) == 0
+    section = json.loads((folder / "results.json").read_text(encoding="utf-8"))[
+        "benchmarks"]["backlog"]
+    (run,) = section["runs"]
+    assert run["db_status"] == {"succeeded": 400}
+    samples = run["samples"]
+    assert samples[0]["completed"] == 0 and samples[-1]["completed"] == 400
+    assert all(a["seconds"] < b["seconds"] and a["completed"] <= b["completed"]
+               for a, b in itertools.pairwise(samples))
+    assert run["first_tenth_items_per_s"] > 0 and run["last_tenth_items_per_s"] > 0
+    assert run["last_to_first"] == pytest.approx(
+        run["last_tenth_items_per_s"] / run["first_tenth_items_per_s"], rel=0.01)
+    assert run["server_autovacuum"] in ("on", "off")
+    assert set(section["target"]) == {"last_to_first_min", "met"}
+    assert (folder / "backlog.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

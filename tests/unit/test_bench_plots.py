@@ -24,6 +24,10 @@ DOC = {"benchmarks": {
         {"history_rows": 10_000_000, "items_per_s": {"median": 8500.0}}],
         "pruning": {"rows": 10_000_000, "items_per_s": {"median": 8000.0},
                     "drains_during_pruning": [{"items_per_s": 8000.0}]}},
+    "backlog": {"parameters": {"items": 1_000_000}, "runs": [
+        {"samples": [{"completed": n, "items_per_s": 12000.0 - n / 100,
+                      "pages_per_scan": {"items_ready": n / 450 or None}}
+                     for n in range(0, 1_000_001, 100_000)]}]},
     "memory": {"target_peak_rss_mb": 200, "runs": [
         {"peak_rss_mb": 90.0, "samples": [{"calls": n, "rss_mb": 80.0 + n / 1e5}
                                           for n in range(0, 1_000_001, 100_000)]}]},
