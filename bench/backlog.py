@@ -49,16 +49,16 @@ from service.worker import WorkerPool
 TARGET_RATIO = 0.9
 TENTH = 0.1
 
-# Index pages read and scans of the two claim indexes so far, and the table's vacuums.
+_CLAIM_INDEXES = ("items_ready", "items_leased")
+# Index pages read and scans of the claim indexes so far, and the table's vacuums.
 _INDEX_STATS = text("""
     SELECT s.indexrelname AS name, s.idx_scan AS scans,
            io.idx_blks_hit + io.idx_blks_read AS pages,
            (SELECT coalesce(t.vacuum_count, 0) + coalesce(t.autovacuum_count, 0)
             FROM pg_stat_user_tables t WHERE t.relname = 'items') AS vacuums
     FROM pg_stat_user_indexes s JOIN pg_statio_user_indexes io USING (indexrelid)
-    WHERE s.relname = 'items' AND s.indexrelname IN ('items_ready', 'items_leased')
+    WHERE s.relname = 'items' AND s.indexrelname = ANY(CAST(:indexes AS name[]))
 """)
-_CLAIM_INDEXES = ("items_ready", "items_leased")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -76,7 +76,7 @@ async def index_reads(engine: AsyncEngine) -> dict[str, Any]:
     """{index: (scans, pages)} of the claim indexes, and the table's vacuum count.
     pg_stat counters reach a new snapshot only after the transaction that reads them."""
     async with engine.connect() as conn:
-        rows = (await conn.execute(_INDEX_STATS)).all()
+        rows = (await conn.execute(_INDEX_STATS, {"indexes": list(_CLAIM_INDEXES)})).all()
     return {"indexes": {r.name: (int(r.scans), int(r.pages)) for r in rows},
             "vacuums": int(rows[0].vacuums) if rows else 0}
 
