@@ -130,11 +130,19 @@ _ELIGIBLE = text("""
           AND (s.closed_until IS NULL OR s.closed_until <= clock_timestamp())
           AND NOT (SELECT workers_paused FROM control)
           -- written as ordered LIMIT 1 probes so the planner walks the partial indexes
-          -- (an EXISTS here became a sequential scan of items as history grew)
+          -- (an EXISTS here became a sequential scan of items as history grew); released
+          -- items are looked for from the scope's claim position first, as claims read
+          -- them (claims.FRONT_SCAN_EVERY_S), and from the front only if none is there
           AND ((SELECT i.id FROM items i
                 WHERE i.scope = s.name AND i.status = 'pending'
                   AND i.released_at IS NOT NULL AND i.next_attempt_at <= now()
-                ORDER BY i.scope, i.batch_id NULLS FIRST, i.id LIMIT 1) IS NOT NULL
+                  AND (coalesce(i.batch_id, 0), i.id) > (s.ready_after_batch,
+                                                         s.ready_after_id)
+                ORDER BY i.scope, coalesce(i.batch_id, 0), i.id LIMIT 1) IS NOT NULL
+               OR (s.ready_after_id > 0 AND (SELECT i.id FROM items i
+                   WHERE i.scope = s.name AND i.status = 'pending'
+                     AND i.released_at IS NOT NULL AND i.next_attempt_at <= now()
+                   ORDER BY i.scope, coalesce(i.batch_id, 0), i.id LIMIT 1) IS NOT NULL)
                OR (SELECT i.id FROM items i
                    WHERE i.scope = s.name AND i.status = 'leased'
                      AND i.lease_expires_at <= now()
@@ -169,12 +177,13 @@ def tokens_at(instant: str) -> str:
 # name order so concurrent takers never deadlock.
 def grants_sql(*, obey_workers_pause: bool) -> str:
     """CTEs `want` (from :names and :wants), `locked`, `bucket` and `grants` (scope, rate,
-    at, avail, n): each scope's bucket locked in name order and refilled from the database
-    clock as of `at`, and the whole tokens it grants now or within :lookahead. The caller
-    writes `refilled_at = at` with `tokens = avail - spent`. Closed and paused scopes grant
-    nothing; with `obey_workers_pause`, neither does any scope during a workers-wide pause
-    (FOR KEY SHARE: the pause waits for grants in progress). `take` and `claims.admit`
-    both build on this, so the tested bucket arithmetic is the one the workers use."""
+    at, avail, n, and the row's claim position for claims.admit): each scope's bucket
+    locked in name order and refilled from the database clock as of `at`, and the whole
+    tokens it grants now or within :lookahead. The caller writes `refilled_at = at` with
+    `tokens = avail - spent`. Closed and paused scopes grant nothing; with
+    `obey_workers_pause`, neither does any scope during a workers-wide pause (FOR KEY
+    SHARE: the pause waits for grants in progress). `take` and `claims.admit` both build on
+    this, so the tested bucket arithmetic is the one the workers use."""
     pause = ("\n          AND NOT (SELECT workers_paused FROM control FOR KEY SHARE)"
              if obey_workers_pause else "")
     return f"""
@@ -182,7 +191,8 @@ def grants_sql(*, obey_workers_pause: bool) -> str:
         SELECT * FROM unnest(CAST(:names AS text[]), CAST(:wants AS integer[])) AS w(name, n)
     ),
     locked AS (
-        SELECT s.name, w.n, s.rate_per_second, s.burst, s.tokens, s.refilled_at
+        SELECT s.name, w.n, s.rate_per_second, s.burst, s.tokens, s.refilled_at,
+               s.ready_after_batch, s.ready_after_id, s.front_scanned_at
         FROM scopes s JOIN want w ON w.name = s.name
         WHERE NOT s.paused
           AND (s.closed_until IS NULL OR s.closed_until <= clock_timestamp()){pause}
@@ -196,7 +206,8 @@ def grants_sql(*, obey_workers_pause: bool) -> str:
         SELECT s.*, clock_timestamp() AS at FROM locked s
     ),
     grants AS (
-        SELECT name AS scope, rate_per_second AS rate, at, avail,
+        SELECT name AS scope, rate_per_second AS rate, at, avail, ready_after_batch,
+               ready_after_id, front_scanned_at,
                greatest(0, least(n, floor(
                    avail + rate_per_second * CAST(:lookahead AS double precision))::integer)
                ) AS n

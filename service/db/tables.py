@@ -41,6 +41,9 @@ scopes = Table(
     Column("paused_reason", Text),
     Column("weight", Integer, nullable=False),
     Column("budget_from_policy", Boolean, nullable=False),
+    Column("ready_after_batch", BigInteger, nullable=False),
+    Column("ready_after_id", BigInteger, nullable=False),
+    _ts("front_scanned_at", nullable=True),
     _ts("created_at"),
     _ts("updated_at"),
 )

@@ -46,6 +46,11 @@ async def test_admission_uses_the_claimable_indexes_despite_history(engine: Asyn
     plan = await plan_of_admission(engine, ["tenant:acme"])
 
     assert "items_ready" in plan, plan
+    # the claim position bounds the scan (an index condition, not a filter): a claim never
+    # walks the entries that earlier claims left at the index's front
+    assert ("ROW(COALESCE(batch_id, '0'::bigint), id) > ROW(" in
+            next(line for line in plan.splitlines() if "Index Cond" in line
+                 and "batch_id" in line)), plan
     assert "items_leased" in plan, plan
     assert "Seq Scan on items" not in plan, plan
 
