@@ -54,6 +54,15 @@ async def test_admission_uses_the_claimable_indexes_despite_history(engine: Asyn
     assert "items_leased" in plan, plan
     assert "Seq Scan on items" not in plan, plan
 
+    # the probe for scopes with work looks after the claim position first, on the index too
+    async with engine.connect() as conn:
+        rows = await conn.execute(text("EXPLAIN " + str(limiter._ELIGIBLE.text)),
+                                  {"cursor": "", "limit": 10})
+        probe = "\n".join(r[0] for r in rows)
+    assert ("ROW(COALESCE(batch_id, '0'::bigint), id) > ROW(s.ready_after_batch, "
+            "s.ready_after_id)" in probe), probe
+    assert "Seq Scan on items" not in probe, probe
+
 
 async def test_publication_picks_without_sorting_even_before_any_analyze(
         engine: AsyncEngine) -> None:
