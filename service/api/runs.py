@@ -15,8 +15,10 @@ from pydantic import BaseModel, Field
 from service import runs
 from service.api.bodies import RequestBody, Timestamp
 from service.api.deps import OperatorDep, RuntimeDep
-from service.api.problems import problem_responses
+from service.api.items import ID_PATTERN
+from service.api.problems import problem_responses, validation_problem
 from service.errors import Problem
+from service.ledger import MAX_ID_BYTES, utf8_size_over
 
 MAX_BIGINT = 2**63 - 1
 
@@ -81,9 +83,16 @@ class RunPage(BaseModel):
                         **problem_responses(400, 409, 422)})
 async def create_run(runtime: RuntimeDep, _actor: OperatorDep, response: Response,
                      body: Annotated[RunIn | None, Body(openapi_examples=RUN_EXAMPLES)] = None,
-                     idempotency_key: Annotated[str | None, Header(max_length=512)] = None,
+                     idempotency_key: Annotated[str | None, Header(
+                         max_length=MAX_ID_BYTES, pattern=ID_PATTERN,
+                         description="one run per key: a cron slot's name, at most 512 "
+                                     "bytes in UTF-8, no control characters")] = None,
                      ) -> RunOut:
     """Record a run and start publication; answers at once whatever the backlog."""
+    if idempotency_key and utf8_size_over(idempotency_key, MAX_ID_BYTES):
+        # the schema counts characters; the ledger stores the key in at most 512 bytes
+        raise validation_problem([{"loc": ["header", "idempotency-key"], "type": "too_long",
+                                   "message": f"must be at most {MAX_ID_BYTES} bytes"}])
     request = body or RunIn()
     if request.policy is not None and runtime.policies.policy(request.policy) is None:
         # the name is not echoed: whatever a caller sent may be customer data

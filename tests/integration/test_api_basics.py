@@ -104,6 +104,21 @@ async def test_text_the_ledger_cannot_store_is_a_422(api: httpx.AsyncClient, met
     assert response.json()["type"] == f"urn:sweeper:problem:{problem}", response.text
 
 
+@pytest.mark.parametrize("key", [
+    b"slot\t1",           # a tab is a legal header byte, and a control character
+    b"slot-\x85",         # read as Latin-1: U+0085, a C1 control character
+    b"\xe9" * 300,        # 300 characters, 600 bytes in UTF-8: over the 512-byte limit
+])
+async def test_an_idempotency_key_the_ledger_cannot_store_is_a_422(api: httpx.AsyncClient,
+                                                                   key: bytes) -> None:
+    response = await api.post("/v1/runs", json={}, headers={"Idempotency-Key": key})
+    assert response.status_code == 422, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    assert response.json()["type"] in ("urn:sweeper:problem:validation-error",
+                                       "urn:sweeper:problem:invalid-idempotency-key")
+    assert (await api.get("/v1/runs")).json()["runs"] == []  # nothing was recorded
+
+
 @pytest.mark.parametrize(("path", "body"), [
     ("/v1/runs", {"cutoff": 1767225600}),          # a number is not read as epoch seconds
     ("/v1/runs", {"max_items": "5"}),              # "5" is not 5
