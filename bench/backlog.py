@@ -2,10 +2,12 @@
 
 The drain benchmark drains 20,000 items; a real backlog is a million. Every claim moves an
 item out of the claim index (`items_ready`, status pending) and every completion out of
-`items_leased`, but their old index entries stay until VACUUM removes them, and the claim
-walks each index from its front (lowest batch first), over every entry left there by the
-items already drained. So a claim reads more index pages the further a drain has gone
-since the table's last VACUUM, and the drain slows down.
+`items_leased`, but their old index entries stay until VACUUM removes them, at each
+index's front. A claim that read from the front walked every entry left there by the items
+already drained, so it read more index pages the further a drain had gone since the
+table's last VACUUM, and the drain slowed down (0.43 of its first tenth's pace by the last
+tenth). Claims now read after their scope's claim position and from the front once a
+second (migration 0008); this benchmark is how that was measured, and guards it.
 
 Each repetition: a fresh database, `--items` items over four tenants registered and
 published as the drain benchmark does (then VACUUM (ANALYZE)), and one WorkerPool with
@@ -16,6 +18,10 @@ Every `--sample-seconds` it records the items completed, the index pages each sc
 
 Reported per repetition: throughput over the first and the last tenth of the items and
 their ratio, the claim index's pages per scan at the end, and that every item succeeded.
+Throughput on a shared machine moves with its neighbours, so each tenth is also priced
+per item on both sides: the database's statement time (pg_stat_database.active_time, all
+its sessions) and this process's CPU time (the worker pool). A cost that grows with the
+drain shows there, whichever side it is on.
 
     python -m bench backlog --items 1000000 --repeat 3
 
@@ -59,6 +65,9 @@ _INDEX_STATS = text("""
     FROM pg_stat_user_indexes s JOIN pg_statio_user_indexes io USING (indexrelid)
     WHERE s.relname = 'items' AND s.indexrelname = ANY(CAST(:indexes AS name[]))
 """)
+# Milliseconds the database's sessions have spent executing statements (PostgreSQL 14+).
+_ACTIVE_TIME = text("SELECT active_time FROM pg_stat_database "
+                    "WHERE datname = current_database()")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -73,12 +82,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def index_reads(engine: AsyncEngine) -> dict[str, Any]:
-    """{index: (scans, pages)} of the claim indexes, and the table's vacuum count.
-    pg_stat counters reach a new snapshot only after the transaction that reads them."""
+    """{index: (scans, pages)} of the claim indexes, the table's vacuum count, and the
+    database's statement time so far. pg_stat counters reach a new snapshot only after the
+    transaction that reads them."""
     async with engine.connect() as conn:
         rows = (await conn.execute(_INDEX_STATS, {"indexes": list(_CLAIM_INDEXES)})).all()
+        active = (await conn.execute(_ACTIVE_TIME)).scalar_one()
     return {"indexes": {r.name: (int(r.scans), int(r.pages)) for r in rows},
-            "vacuums": int(rows[0].vacuums) if rows else 0}
+            "vacuums": int(rows[0].vacuums) if rows else 0,
+            "db_active_ms": float(active or 0.0)}
 
 
 def pages_per_scan(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float | None]:
@@ -96,17 +108,17 @@ def last_reading(samples: list[dict[str, Any]], index: str) -> float | None:
     return next((r for r in reversed(readings) if r is not None), None)
 
 
-def time_at(samples: list[dict[str, Any]], completed: float) -> float:
-    """When the drain reached `completed` items, interpolated between samples."""
+def time_at(samples: list[dict[str, Any]], completed: float, key: str = "seconds") -> float:
+    """When the drain reached `completed` items (or a cumulative reading `key` then),
+    interpolated between samples."""
     previous = samples[0]
     for sample in samples[1:]:
         if sample["completed"] >= completed:
             span = sample["completed"] - previous["completed"]
             share = (completed - previous["completed"]) / span if span else 1.0
-            return float(previous["seconds"]
-                         + share * (sample["seconds"] - previous["seconds"]))
+            return float(previous[key] + share * (sample[key] - previous[key]))
         previous = sample
-    return float(samples[-1]["seconds"])
+    return float(samples[-1][key])
 
 
 def tenths(samples: list[dict[str, Any]], items: int) -> dict[str, float | None]:
@@ -120,13 +132,33 @@ def tenths(samples: list[dict[str, Any]], items: int) -> dict[str, float | None]
             "last_to_first": round(last / first, 3) if first and last else None}
 
 
+# Cumulative readings of each sample, priced per item over a tenth: (key, unit per item).
+_COSTS = {"db_ms_per_item": ("db_active_ms", 1.0),
+          "worker_cpu_us_per_item": ("worker_cpu_s", 1e6)}
+
+
+def tenth_costs(samples: list[dict[str, Any]], items: int) -> dict[str, dict[str, Any]]:
+    """What an item cost over the first and the last tenth, on each side, and the ratio
+    (last / first: above 1 is a cost that grew with the drain)."""
+    out: dict[str, dict[str, Any]] = {}
+    n = TENTH * items
+    for name, (key, unit) in _COSTS.items():
+        first = (time_at(samples, n, key) - samples[0][key]) * unit / n
+        last = (time_at(samples, items, key) - time_at(samples, items - n, key)) * unit / n
+        out[name] = {"first_tenth": round(first, 4), "last_tenth": round(last, 4),
+                     "last_to_first": round(last / first, 3) if first > 0 else None}
+    return out
+
+
 async def drain_sampled(engine: AsyncEngine, pool: WorkerPool, items: int,
                         args: argparse.Namespace) -> list[dict[str, Any]]:
     """Run the pool until every item completed, sampling as it goes."""
     reads = await index_reads(engine)
     started = time.perf_counter()
     samples: list[dict[str, Any]] = [{"seconds": 0.0, "completed": 0, "items_per_s": None,
-                                      "pages_per_scan": {}, "vacuums": reads["vacuums"]}]
+                                      "pages_per_scan": {}, "vacuums": reads["vacuums"],
+                                      "db_active_ms": reads["db_active_ms"],
+                                      "worker_cpu_s": time.process_time()}]
     task = asyncio.create_task(pool.run())
     try:
         while True:
@@ -145,7 +177,8 @@ async def drain_sampled(engine: AsyncEngine, pool: WorkerPool, items: int,
                 "items_per_s": round((done - previous["completed"])
                                      / max(1e-9, now - previous["seconds"]), 1),
                 "pages_per_scan": pages_per_scan(reads, latest),
-                "vacuums": latest["vacuums"]})
+                "vacuums": latest["vacuums"], "db_active_ms": latest["db_active_ms"],
+                "worker_cpu_s": time.process_time()})
             reads = latest
             if done >= items:
                 return samples
@@ -181,7 +214,7 @@ async def one_run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]
     final = {name: last_reading(samples, name) for name in _CLAIM_INDEXES}
     return {"items": args.items, "seconds": elapsed,
             "items_per_s": round(args.items / elapsed, 1) if elapsed else None,
-            **tenths(samples, args.items),
+            **tenths(samples, args.items), **tenth_costs(samples, args.items),
             "claim_index_pages_per_scan_at_end": final.get("items_ready"),
             "lease_index_pages_per_scan_at_end": final.get("items_leased"),
             "vacuums_during_drain": samples[-1]["vacuums"] - samples[0]["vacuums"],
@@ -198,6 +231,9 @@ async def run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
         progress(f"backlog: {result['items_per_s']:.0f} items/s overall; first tenth "
                  f"{result['first_tenth_items_per_s']}/s, last tenth "
                  f"{result['last_tenth_items_per_s']}/s (ratio {result['last_to_first']}); "
+                 f"per item, last / first tenth: database "
+                 f"{result['db_ms_per_item']['last_to_first']}, worker CPU "
+                 f"{result['worker_cpu_us_per_item']['last_to_first']}; "
                  f"claim index {result['claim_index_pages_per_scan_at_end']} pages/scan "
                  f"at the end, {result['vacuums_during_drain']} vacuum(s)")
         runs.append(result)
@@ -209,6 +245,9 @@ async def run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
         "runs": runs,
         "items_per_s": summarize([r["items_per_s"] for r in runs]),
         "last_to_first": ratio,
+        "cost_last_to_first": {
+            name: summarize([r[name]["last_to_first"] for r in runs
+                             if r[name]["last_to_first"] is not None]) for name in _COSTS},
         "target": {"last_to_first_min": TARGET_RATIO,
                    "met": ratio["median"] is not None and ratio["median"] >= TARGET_RATIO},
     }

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from bench.backlog import last_reading, tenths, time_at
+from bench.backlog import last_reading, tenth_costs, tenths, time_at
 
 
 def samples(points: list[tuple[float, int]]) -> list[dict[str, Any]]:
@@ -33,3 +33,16 @@ def test_the_last_reading_skips_samples_without_a_scan() -> None:
     readings = [{"pages_per_scan": {"items_ready": v}} for v in (None, 3.0, 7.5, None)]
     assert last_reading(readings, "items_ready") == 7.5
     assert last_reading(readings, "items_leased") is None
+
+
+def test_each_tenth_is_priced_per_item_on_both_sides() -> None:
+    # the database's time per item doubles after 5,000 items; the worker's CPU stays flat
+    points = [(0.0, 0, 100.0, 2.0), (5.0, 5_000, 100.0 + 5_000 * 0.4, 2.0 + 5_000 * 50e-6),
+              (10.0, 10_000, 100.0 + 5_000 * 0.4 + 5_000 * 0.8, 2.0 + 10_000 * 50e-6)]
+    drain = [{"seconds": t, "completed": c, "db_active_ms": db, "worker_cpu_s": cpu}
+             for t, c, db, cpu in points]
+    costs = tenth_costs(drain, 10_000)
+    assert costs["db_ms_per_item"] == {"first_tenth": 0.4, "last_tenth": 0.8,
+                                       "last_to_first": 2.0}
+    assert costs["worker_cpu_us_per_item"] == pytest.approx(
+        {"first_tenth": 50.0, "last_tenth": 50.0, "last_to_first": 1.0})
