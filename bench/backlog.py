@@ -108,9 +108,10 @@ def last_reading(samples: list[dict[str, Any]], index: str) -> float | None:
     return next((r for r in reversed(readings) if r is not None), None)
 
 
-def time_at(samples: list[dict[str, Any]], completed: float, key: str = "seconds") -> float:
-    """When the drain reached `completed` items (or a cumulative reading `key` then),
-    interpolated between samples."""
+def reading_at(samples: list[dict[str, Any]], completed: float, key: str = "seconds"
+               ) -> float:
+    """A cumulative reading (`key`: the time by default) when the drain reached `completed`
+    items, interpolated between samples."""
     previous = samples[0]
     for sample in samples[1:]:
         if sample["completed"] >= completed:
@@ -121,10 +122,16 @@ def time_at(samples: list[dict[str, Any]], completed: float, key: str = "seconds
     return float(samples[-1][key])
 
 
+def tenth_spans(samples: list[dict[str, Any]], items: int, key: str) -> tuple[float, float]:
+    """How much a cumulative reading grew over the first and over the last tenth."""
+    n = TENTH * items
+    return (reading_at(samples, n, key) - samples[0][key],
+            reading_at(samples, items, key) - reading_at(samples, items - n, key))
+
+
 def tenths(samples: list[dict[str, Any]], items: int) -> dict[str, float | None]:
     """Throughput over the first and the last tenth of the items, and their ratio."""
-    first_s = time_at(samples, TENTH * items)
-    last_s = time_at(samples, items) - time_at(samples, (1 - TENTH) * items)
+    first_s, last_s = tenth_spans(samples, items, "seconds")
     first = TENTH * items / first_s if first_s > 0 else None
     last = TENTH * items / last_s if last_s > 0 else None
     return {"first_tenth_items_per_s": round(first, 1) if first else None,
@@ -141,10 +148,9 @@ def tenth_costs(samples: list[dict[str, Any]], items: int) -> dict[str, dict[str
     """What an item cost over the first and the last tenth, on each side, and the ratio
     (last / first: above 1 is a cost that grew with the drain)."""
     out: dict[str, dict[str, Any]] = {}
-    n = TENTH * items
     for name, (key, unit) in _COSTS.items():
-        first = (time_at(samples, n, key) - samples[0][key]) * unit / n
-        last = (time_at(samples, items, key) - time_at(samples, items - n, key)) * unit / n
+        first, last = (span * unit / (TENTH * items)
+                       for span in tenth_spans(samples, items, key))
         out[name] = {"first_tenth": round(first, 4), "last_tenth": round(last, 4),
                      "last_to_first": round(last / first, 3) if first > 0 else None}
     return out

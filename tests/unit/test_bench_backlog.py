@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from bench.backlog import last_reading, tenth_costs, tenths, time_at
+from bench.backlog import last_reading, reading_at, tenth_costs, tenths
 
 
 def samples(points: list[tuple[float, int]]) -> list[dict[str, Any]]:
@@ -23,8 +23,8 @@ def test_a_steady_drain_keeps_its_pace() -> None:
 def test_a_slowing_drain_is_measured_between_samples() -> None:
     # 2,000/s for the first 5 s, then 500/s: tenths of 1,250 items fall between samples
     slowing = samples([(0.0, 0), (5.0, 10_000), (10.0, 12_500)])
-    assert time_at(slowing, 1_250) == pytest.approx(0.625)
-    assert time_at(slowing, 11_250) == pytest.approx(7.5)
+    assert reading_at(slowing, 1_250) == pytest.approx(0.625)
+    assert reading_at(slowing, 11_250) == pytest.approx(7.5)
     assert tenths(slowing, 12_500) == {"first_tenth_items_per_s": 2000.0,
                                        "last_tenth_items_per_s": 500.0, "last_to_first": 0.25}
 
