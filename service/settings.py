@@ -59,6 +59,21 @@ class Settings(BaseSettings):
     webhook_db_pool_size: int = Field(
         default=8, ge=1, le=200,
         description="connections of the webhook intake's own pool (besides db_pool_size)")
+    max_body_bytes: int = Field(
+        default=10 * 1024 * 1024, ge=1024, le=256 * 1024 * 1024,
+        description="largest request body on the operator API (/v1 except webhooks, which "
+                    "have their own per source); larger ones get 413 before they are read")
+    body_read_timeout_seconds: float = Field(
+        default=10.0, gt=0, le=600,
+        description="a request body not received in full within this long gets 408")
+    header_read_timeout_seconds: float = Field(
+        default=10.0, gt=0, le=600,
+        description="a connection that has not sent a request's headers within this long "
+                    "is closed")
+    max_connections: int = Field(
+        default=1_000, ge=1, le=1_000_000,
+        description="open connections plus requests in progress per process; "
+                    "beyond it new requests get 503")
     migrate_on_start: bool = True
     shutdown_grace_seconds: float = Field(default=20.0, ge=0, le=600)
     retention_days: float = Field(
