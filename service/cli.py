@@ -101,9 +101,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from service.app import create_app
+    from service.serving import server_config
 
     settings, policies = load_config()
     configure_logging(settings)
@@ -115,12 +114,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         port = settings.port if args.port is None else args.port
         log.info("serving", extra={"host": host, "port": port, "workers": settings.workers,
                                    "tls": settings.tls_cert_file is not None})
-        config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False,
-                                proxy_headers=True, server_header=False,
-                                ssl_certfile=settings.tls_cert_file,
-                                ssl_keyfile=settings.tls_key_file,
-                                timeout_graceful_shutdown=int(settings.shutdown_grace_seconds))
-        server = _graceful_server_class()(config)
+        server = _graceful_server_class()(server_config(app, settings, host=host, port=port))
         server.run()
     return 0
 

@@ -67,8 +67,9 @@ def utf8_size_over(value: str, limit: int) -> bool:
 
 
 DOT_SEGMENTS = frozenset((".", ".."))
-# C0 and C1 control characters and DEL (the schema's CHECK refuses the same).
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# C0 and C1 control characters and DEL (the schema's CHECK refuses the same), and unpaired
+# surrogates, which are no text PostgreSQL (or UTF-8) can hold.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 def id_problem(value: str) -> str | None:
@@ -79,10 +80,10 @@ def id_problem(value: str) -> str | None:
     if value in DOT_SEGMENTS:
         # a dot segment would be normalised away in the upstream URL, leaving its segment
         return "must not be . or .."
+    if _CONTROL.search(value):  # first: a surrogate cannot be encoded to be measured
+        return "must not contain control characters or unpaired surrogates"
     if utf8_size_over(value, MAX_ID_BYTES):
         return f"must be at most {MAX_ID_BYTES} bytes"
-    if _CONTROL.search(value):
-        return "must not contain control characters"
     return None
 
 
@@ -257,8 +258,10 @@ def _filter_params(f: ItemFilter) -> dict[str, object]:
             "tenant": f.tenant_id, "reason": f.reason}
 
 
+# next_attempt_at is '-infinity' until a first retry is planned: answered as "none" (null)
 ITEM_COLUMNS = ("id, tenant_id, object_id, policy, policy_version, operation_key, scope, "
-                "status, due_at, next_attempt_at, attempts, released_at, batch_id, "
+                "status, due_at, nullif(next_attempt_at, '-infinity') AS next_attempt_at, "
+                "attempts, released_at, batch_id, "
                 "last_outcome, last_status_code, last_error, dead_reason, created_at, "
                 "updated_at, completed_at")
 

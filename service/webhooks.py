@@ -16,6 +16,7 @@ Errors, each with a reason from the closed set metrics use:
         malformed               not JSON, or a header the scheme needs is missing (400)
         unmappable              a matching rule's tenant or object id is absent or invalid (422)
         too-large               over the source's max_body_bytes (413)
+        too-slow                the body did not arrive in time (408)
         overloaded              intake limit reached or no database connection in time (503)
         unavailable             the database cannot be reached (503)
 """
@@ -39,7 +40,7 @@ from service.policies import (
 )
 
 Reason = Literal["signature", "timestamp", "malformed", "unmappable", "too-large",
-                 "overloaded", "unavailable"]
+                 "too-slow", "overloaded", "unavailable"]
 
 MAX_WEBHOOK_ID_CHARS: Final = 512
 MAX_EVENT_TYPE_CHARS: Final = 200

@@ -25,6 +25,7 @@ from service.app import create_app
 from service.db import migrate
 from service.db.engine import make_engine
 from service.policies import Policies, resolve_policies
+from service.serving import server_config
 from service.settings import Settings, async_url
 
 TOKEN_A = "test-token-aaaaaaaaaaaaaaaa"
@@ -138,9 +139,8 @@ class LiveServer:
     def __init__(self, settings: Settings, policies: Policies, url: str) -> None:
         self.port = free_port()
         self.app = create_app(settings, policies, async_url(url))
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_config=None,
-                                access_log=False, lifespan="on")
-        self.server = uvicorn.Server(config)
+        self.server = uvicorn.Server(server_config(self.app, settings, host="127.0.0.1",
+                                                   port=self.port, lifespan="on"))
         self.task: asyncio.Task[None] | None = None
 
     @property

@@ -11,7 +11,15 @@ from pydantic import BaseModel, ConfigDict, Field, with_config
 from typing_extensions import TypedDict
 
 from service import ledger
-from service.api.bodies import RequestBody, Timestamp
+from service.api.bodies import (
+    ID_PATTERN,
+    MAX_BIGINT,
+    Id,
+    JsonInt,
+    PolicyName,
+    RequestBody,
+    Timestamp,
+)
 from service.api.deps import OperatorDep, RuntimeDep
 from service.api.problems import problem_responses, validation_problem
 from service.errors import Problem
@@ -50,26 +58,19 @@ CANCEL_EXAMPLES: dict[str, Example] = {
 }
 
 
-# What the contract can state about an id: 1-512 characters, no control characters. The
-# ledger's own limit is 512 UTF-8 bytes, checked after validation (a 422 naming the entry).
-ID_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]*$"
-
-
 # Registration bodies are TypedDicts, not models: validating 10,000 items into plain dicts
 # takes about half the time of building 10,000 model instances (bench/registration.py).
-@with_config(ConfigDict(strict=True))
+@with_config(ConfigDict(strict=True, extra="forbid"))
 class ItemIn(TypedDict):
     """One obligation: remove this object of this tenant under this policy once due."""
 
-    tenant_id: Annotated[str, Field(examples=["acme.myshopify.com"], min_length=1,
-                                    max_length=512, pattern=ID_PATTERN)]
-    object_id: Annotated[str, Field(examples=["cart-8812"], min_length=1, max_length=512,
-                                    pattern=ID_PATTERN)]
-    policy: Annotated[str, Field(examples=["cart-retention"], min_length=1)]
+    tenant_id: Annotated[Id, Field(examples=["acme.myshopify.com"])]
+    object_id: Annotated[Id, Field(examples=["cart-8812"])]
+    policy: PolicyName
     due_at: Annotated[Timestamp, Field(examples=["2026-12-01T00:00:00Z"])]
 
 
-@with_config(ConfigDict(strict=True))
+@with_config(ConfigDict(strict=True, extra="forbid"))
 class ItemsIn(TypedDict):
     """Up to 10,000 items; the request is all-or-nothing."""
 
@@ -127,7 +128,6 @@ async def register_items(runtime: RuntimeDep, _actor: OperatorDep,
                            unchanged=result.unchanged)
 
 
-MAX_BIGINT = 2**63 - 1
 MAX_CHANGE = 10_000
 ItemStatus = Literal["pending", "leased", "succeeded", "dead", "cancelled"]
 
@@ -144,7 +144,8 @@ class ItemOut(BaseModel):
     scope: str
     status: str
     due_at: datetime
-    next_attempt_at: datetime
+    next_attempt_at: datetime | None = Field(
+        description="when the next attempt may start; null until a retry is planned")
     attempts: int
     released_at: datetime | None
     batch_id: int | None
@@ -185,24 +186,32 @@ async def list_items(
 class ItemRef(RequestBody):
     """An item by identity, under the policy's current version."""
 
-    tenant_id: str = Field(min_length=1, max_length=512)
-    object_id: str = Field(min_length=1, max_length=512)
-    policy: str
+    tenant_id: Id
+    object_id: Id
+    policy: PolicyName
+
+
+SELECTORS = ("ids", "items", "policy", "tenant_id", "reason")
 
 
 class ItemSelection(RequestBody):
     """Which items to change: ids, identities, and/or a filter (at least one), and why."""
 
-    ids: list[Annotated[int, Field(ge=1, le=MAX_BIGINT)]] | None = Field(
-        default=None, max_length=MAX_CHANGE)
-    items: list[ItemRef] | None = Field(default=None, max_length=MAX_CHANGE)
-    policy: str | None = None
-    tenant_id: str | None = Field(default=None, max_length=512)
-    reason: str | None = Field(default=None, max_length=200,
+    # the schema states what the server enforces: at least one selector is given
+    model_config = ConfigDict(json_schema_extra={
+        "anyOf": [{"required": [selector]} for selector in SELECTORS]})
+
+    ids: list[Annotated[int, JsonInt, Field(ge=1, le=MAX_BIGINT)]] | None = Field(
+        default=None, min_length=1, max_length=MAX_CHANGE)
+    items: list[ItemRef] | None = Field(default=None, min_length=1, max_length=MAX_CHANGE)
+    policy: PolicyName | None = None
+    tenant_id: Id | None = None
+    reason: str | None = Field(default=None, min_length=1, max_length=200,
+                               pattern=ID_PATTERN,
                                description="match the dead reason / last error code")
     why: str = Field(min_length=1, max_length=1000, description="recorded in the audit trail",
                      examples=["upstream credential rotated; re-driving 401 failures"])
-    limit: int = Field(default=MAX_CHANGE, ge=1, le=MAX_CHANGE)
+    limit: Annotated[int, JsonInt] = Field(default=MAX_CHANGE, ge=1, le=MAX_CHANGE)
 
 
 class ChangeOut(BaseModel):
@@ -213,7 +222,7 @@ class ChangeOut(BaseModel):
 
 
 def _selection(runtime: RuntimeDep, body: ItemSelection) -> ledger.ItemFilter:
-    if not (body.ids or body.items or body.policy or body.tenant_id or body.reason):
+    if all(getattr(body, selector) is None for selector in SELECTORS):
         raise Problem(422, "empty-selection", "Nothing selected",
                       "give ids, items, or a filter (policy, tenant_id, reason)")
     keys = None

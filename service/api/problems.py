@@ -18,12 +18,15 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException
 
+from service.api.methods import allow_header, allowed_methods
 from service.db.engine import is_busy, is_unavailable
 from service.errors import DatabaseUnavailable, Problem
 
 log = logging.getLogger(__name__)
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
+# The scope key of the id the request log gives each request (also its X-Request-Id answer).
+REQUEST_ID = "sweeper.request_id"
 DATABASE_RETRY_AFTER_SECONDS = 5
 
 _HTTP_SLUGS = {
@@ -113,8 +116,10 @@ def _document_problems(app: FastAPI) -> None:
 
 
 def problem_response(problem: Problem, request: Request | None = None) -> JSONResponse:
-    """Render a Problem with its headers."""
-    instance = request.url.path if request is not None else None
+    """Render a Problem with its headers. `instance` names the request (as in the logs and
+    its X-Request-Id), never its path: a path may hold a tenant id."""
+    request_id = request.scope.get(REQUEST_ID) if request is not None else None
+    instance = f"urn:sweeper:request:{request_id}" if request_id else None
     return JSONResponse(problem.body(instance), status_code=problem.status,
                         headers=problem.headers, media_type=PROBLEM_MEDIA_TYPE)
 
@@ -154,7 +159,12 @@ async def _on_http(request: Request, exc: Exception) -> JSONResponse:
     slug = _HTTP_SLUGS.get(exc.status_code, f"http-{exc.status_code}")
     title = {404: "Not found", 405: "Method not allowed"}.get(exc.status_code, slug)
     detail = exc.detail if isinstance(exc.detail, str) else None
-    problem = Problem(exc.status_code, slug, title, detail, headers=dict(exc.headers or {}))
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:
+        # the router names the first route matching the path; RFC 9110 wants every method
+        headers["Allow"] = allow_header(allowed_methods(request.app.router.routes,
+                                                        request.scope))
+    problem = Problem(exc.status_code, slug, title, detail, headers=headers)
     return problem_response(problem, request)
 
 
@@ -202,6 +212,12 @@ async def _on_database(request: Request, exc: Exception) -> JSONResponse:
     return await _on_unexpected(request, exc)
 
 
+async def _on_unstorable(request: Request, exc: Exception) -> JSONResponse:
+    if _unstorable_text(exc):
+        return problem_response(unstorable_text(), request)
+    return await _on_unexpected(request, exc)
+
+
 async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
     if _unstorable_text(exc):
         return problem_response(unstorable_text(), request)
@@ -222,4 +238,10 @@ def install_problem_handlers(app: FastAPI) -> None:
     app.add_exception_handler(PoolTimeoutError, _on_database)
     app.add_exception_handler(DatabaseUnavailable, _on_database)
     app.add_exception_handler(OSError, _on_database)
+    # Text the database cannot store is the caller's error. Handled here, not by the
+    # catch-all: Starlette re-raises whatever the catch-all answers, which logs a 500 and
+    # drops the connection.
+    for unstorable in (UnicodeEncodeError, asyncpg.CharacterNotInRepertoireError,
+                       asyncpg.UntranslatableCharacterError):
+        app.add_exception_handler(unstorable, _on_unstorable)
     app.add_exception_handler(Exception, _on_unexpected)

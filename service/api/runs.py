@@ -13,14 +13,19 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
 from service import runs
-from service.api.bodies import RequestBody, Timestamp
+from service.api.bodies import (
+    ID_PATTERN,
+    MAX_BIGINT,
+    Id,
+    JsonInt,
+    PolicyName,
+    RequestBody,
+    Timestamp,
+)
 from service.api.deps import OperatorDep, RuntimeDep
-from service.api.items import ID_PATTERN
 from service.api.problems import problem_responses, validation_problem
 from service.errors import Problem
-from service.ledger import MAX_ID_BYTES, utf8_size_over
-
-MAX_BIGINT = 2**63 - 1
+from service.ledger import MAX_ID_BYTES, id_problem, utf8_size_over
 
 router = APIRouter(prefix="/v1", tags=["runs"], responses=problem_responses(401, 503))
 
@@ -39,11 +44,11 @@ class RunIn(RequestBody):
     """A trigger: which policy (all when absent), an optional tenant for rollouts, the cutoff
     (default: the database's now()), report-only, and a cap on items released."""
 
-    policy: str | None = Field(default=None, examples=["cart-retention"])
-    tenant_id: str | None = None
+    policy: PolicyName | None = None
+    tenant_id: Id | None = None
     cutoff: Timestamp | None = None
     dry_run: bool = False
-    max_items: int | None = Field(default=None, ge=1, le=100_000_000)
+    max_items: Annotated[int, JsonInt] | None = Field(default=None, ge=1, le=100_000_000)
 
 
 class RunOut(BaseModel):
@@ -94,6 +99,10 @@ async def create_run(runtime: RuntimeDep, _actor: OperatorDep, response: Respons
         raise validation_problem([{"loc": ["header", "idempotency-key"], "type": "too_long",
                                    "message": f"must be at most {MAX_ID_BYTES} bytes"}])
     request = body or RunIn()
+    if request.tenant_id is not None and (problem := id_problem(request.tenant_id)):
+        # the same rule as a registered tenant id (the schema cannot count UTF-8 bytes)
+        raise validation_problem([{"loc": ["body", "tenant_id"], "type": "invalid_id",
+                                   "message": problem}])
     if request.policy is not None and runtime.policies.policy(request.policy) is None:
         # the name is not echoed: whatever a caller sent may be customer data
         raise Problem(422, "unknown-policy", "Unknown policy",
@@ -143,13 +152,22 @@ async def get_run_evidence(runtime: RuntimeDep, _actor: OperatorDep,
                            run_id: Annotated[int, Path(ge=1, le=MAX_BIGINT)]
                            ) -> StreamingResponse:
     """Deletion evidence, streamed as JSON lines: object, policy version, operation key,
-    outcome, upstream status, attempts, completed_at. No payloads."""
+    outcome, upstream status, attempts, completed_at. No payloads. Read page by page, so a
+    slow reader holds no database connection; a stream that fails part way ends without
+    its final chunk (an incomplete body to the client), never as a short clean one."""
     if not await runs.run_exists(runtime.engine, run_id):
         raise Problem(404, "run-not-found", "Run not found", f"no run {run_id}")
+    pages = runs.evidence_pages(runtime.engine, run_id)
+    # read before answering: a database failing now gets its problem answer, not a 200
+    first = await anext(pages, None)
 
     async def lines() -> AsyncIterator[bytes]:
-        async for record in runs.evidence(runtime.engine, run_id):
-            yield (json.dumps(record, default=_iso, separators=(",", ":")) + "\n").encode()
+        page = first
+        while page is not None:
+            yield b"".join((json.dumps(record, default=_iso, separators=(",", ":")) + "\n"
+                            ).encode() for record in page)
+            # an error here propagates: the server closes the connection mid-body
+            page = await anext(pages, None)
 
     return StreamingResponse(lines(), media_type="application/x-ndjson")
 

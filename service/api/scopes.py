@@ -10,14 +10,17 @@ from fastapi.openapi.models import Example
 from pydantic import BaseModel, Field
 
 from service import scopes
-from service.api.bodies import RequestBody
+from service.api.bodies import JsonInt, RequestBody
 from service.api.deps import OperatorDep, RuntimeDep
 from service.api.problems import problem_responses
 from service.errors import Problem
 
 router = APIRouter(prefix="/v1", tags=["scopes"], responses=problem_responses(401, 503))
 
-ScopeName = Annotated[str, Path(min_length=1, max_length=512)]
+# Scope names hold tenant ids, which may contain '/': the routes match the rest of the path
+# (`{scope:path}`), so `tenant:shop/eu` is addressed raw or percent-encoded alike.
+ScopeName = Annotated[str, Path(min_length=1, max_length=512,
+                                description="the scope's name; '/' may stay unencoded")]
 
 
 class ScopeOut(BaseModel):
@@ -53,8 +56,8 @@ class BudgetIn(RequestBody):
     """A new budget for one scope, effective on every replica within a second."""
 
     rate_per_second: float = Field(gt=0, le=100_000, examples=[20.0])
-    burst: int = Field(ge=1, le=100_000, examples=[5])
-    weight: int | None = Field(default=None, ge=1, le=1000)
+    burst: Annotated[int, JsonInt] = Field(ge=1, le=100_000, examples=[5])
+    weight: Annotated[int, JsonInt] | None = Field(default=None, ge=1, le=1000)
     reason: str | None = Field(default=None, max_length=1000)
 
 
@@ -93,7 +96,8 @@ async def _changed(runtime: RuntimeDep, name: str, found: bool) -> ScopeOut:
     """The scope after a change, or 404 when it does not exist."""
     rows = await scopes.list_scopes(runtime.engine, name=name, limit=1) if found else []
     if not rows:
-        raise Problem(404, "scope-not-found", "Scope not found", f"no scope {name!r}")
+        # the name is not echoed: it holds a tenant id
+        raise Problem(404, "scope-not-found", "Scope not found", "no scope of that name")
     return ScopeOut.model_validate(rows[0])
 
 
@@ -108,7 +112,7 @@ async def list_scopes(runtime: RuntimeDep, _actor: OperatorDep,
                      next_after=str(rows[-1]["name"]) if len(rows) == limit else None)
 
 
-@router.put("/scopes/{scope}", operation_id="setScopeBudget", response_model=ScopeOut,
+@router.put("/scopes/{scope:path}", operation_id="setScopeBudget", response_model=ScopeOut,
             responses=_SCOPE_ERRORS)
 async def set_budget(runtime: RuntimeDep, actor: OperatorDep, scope: ScopeName,
                      body: Annotated[BudgetIn, Body(openapi_examples=BUDGET_EXAMPLES)]
@@ -120,7 +124,7 @@ async def set_budget(runtime: RuntimeDep, actor: OperatorDep, scope: ScopeName,
     return await _changed(runtime, scope, found)
 
 
-@router.post("/scopes/{scope}/pause", operation_id="pauseScope", response_model=ScopeOut,
+@router.post("/scopes/{scope:path}/pause", operation_id="pauseScope", response_model=ScopeOut,
              responses=_SCOPE_ERRORS)
 async def pause_scope(runtime: RuntimeDep, actor: OperatorDep, scope: ScopeName,
                       body: ReasonBody = None) -> ScopeOut:
@@ -130,7 +134,7 @@ async def pause_scope(runtime: RuntimeDep, actor: OperatorDep, scope: ScopeName,
     return await _changed(runtime, scope, found)
 
 
-@router.post("/scopes/{scope}/resume", operation_id="resumeScope", response_model=ScopeOut,
+@router.post("/scopes/{scope:path}/resume", operation_id="resumeScope", response_model=ScopeOut,
              responses=_SCOPE_ERRORS)
 async def resume_scope(runtime: RuntimeDep, actor: OperatorDep, scope: ScopeName,
                        body: ReasonBody = None) -> ScopeOut:

@@ -3,6 +3,7 @@ token). The body is read from the ASGI stream up to the source's limit and no fu
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -33,6 +34,7 @@ _ANSWERS: Final[dict[Reason, tuple[int, str, str]]] = {
     "malformed": (400, "malformed-webhook", "Malformed webhook"),
     "unmappable": (422, "unmappable-webhook", "Webhook cannot be mapped"),
     "too-large": (413, "payload-too-large", "Payload too large"),
+    "too-slow": (408, "request-timeout", "Request body too slow"),
     "overloaded": (503, "webhook-intake-closed", "Webhook intake closed"),
     "unavailable": (503, "database-unavailable", "Database unavailable"),
 }
@@ -54,6 +56,7 @@ router = APIRouter(prefix="/v1", tags=["webhooks"], lifespan=_intake_lifespan, r
     401: problem_doc("signature missing or not valid, or the timestamp is outside the replay "
                      "window (one answer for all: nothing tells which part failed)"),
     404: problem_doc("no such webhook source"),
+    408: problem_doc("the body did not arrive within SWEEPER_BODY_READ_TIMEOUT_SECONDS"),
     413: problem_doc("body over the source's max_body_bytes"),
     422: problem_doc("a matching rule found no valid tenant or object id"),
     503: problem_doc("intake closed (limit reached or database busy); retry after "
@@ -104,13 +107,19 @@ async def receive_webhook(request: Request, source: str) -> JSONResponse:
     if configured is None:
         raise Problem(404, "webhook-source-not-found", "Unknown webhook source",
                       "no webhook source of that name in the policies file")
+    try:
+        body = await _read_body(request, configured.config.max_body_bytes,
+                                runtime.settings.body_read_timeout_seconds)
+        delivery = webhooks.read_delivery(configured, runtime.policies, request.headers, body,
+                                          now_s=time.time())
+    except DeliveryRejected as exc:
+        raise _rejected(source, exc) from None
+    # The in-flight slot is taken only for a verified delivery: slow or unsigned senders
+    # never hold one, so they cannot close intake for the authentic ones.
     if not intake.try_enter(runtime.settings.webhook_max_in_flight):
         raise _rejected(source, DeliveryRejected(
             "overloaded", "too many deliveries in flight; retry later"))
     try:
-        body = await _read_body(request, configured.config.max_body_bytes)
-        delivery = webhooks.read_delivery(configured, runtime.policies, request.headers, body,
-                                          now_s=time.time())
         pool = await intake.pool(runtime.engine.url, runtime.settings)
         try:
             receipt = await record(
@@ -143,9 +152,9 @@ async def receive_webhook(request: Request, source: str) -> JSONResponse:
                          "item_ids": list(receipt.item_ids)}, status_code=status)
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    """The body, read chunk by chunk from the ASGI stream; refused as soon as it passes
-    `limit` bytes (or at once when Content-Length says it will)."""
+async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
+    """The body, read chunk by chunk from the ASGI stream within `timeout_s`; refused as
+    soon as it passes `limit` bytes (or at once when Content-Length says it will)."""
     declared = request.headers.get("content-length")
     if declared is not None:
         if not declared.isdigit():
@@ -155,13 +164,18 @@ async def _read_body(request: Request, limit: int) -> bytes:
     chunks: list[bytes] = []
     size = 0
     try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise DeliveryRejected("too-large", f"the body may be at most {limit} bytes")
-            chunks.append(chunk)
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise DeliveryRejected("too-large",
+                                           f"the body may be at most {limit} bytes")
+                chunks.append(chunk)
     except ClientDisconnect:
         raise DeliveryRejected("malformed", "the client went away mid-body") from None
+    except TimeoutError:
+        raise DeliveryRejected("too-slow",
+                               f"the body must arrive within {timeout_s:g} s") from None
     return b"".join(chunks)
 
 

@@ -48,6 +48,8 @@ def make_engine(url: URL, settings: Settings) -> AsyncEngine:
         pool_timeout=settings.db_pool_timeout_seconds,
         pool_pre_ping=True,
         pool_recycle=1800,
+        # a database error's message must never carry request values into the logs
+        hide_parameters=True,
         connect_args={
             "timeout": CONNECT_TIMEOUT_SECONDS,
             "server_settings": {

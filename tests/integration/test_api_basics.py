@@ -86,8 +86,11 @@ async def test_readyz_stays_ready_on_a_newer_schema(db_url: str) -> None:
 
 
 @pytest.mark.parametrize(("method", "path", "body", "problem"), [
-    ("POST", "/v1/items/cancel", '{"tenant_id": "a\\u0000b", "why": "x"}', "unstorable-text"),
-    ("POST", "/v1/items/redrive", '{"policy": "\\ud800", "why": "x"}', "unstorable-text"),
+    ("POST", "/v1/items/cancel", '{"ids": [1], "why": "a\\u0000b"}', "unstorable-text"),
+    ("POST", "/v1/items/redrive", '{"tenant_id": "t", "why": "a\\u0000b"}', "unstorable-text"),
+    # ids and policy names are refused by the schema itself
+    ("POST", "/v1/items/cancel", '{"tenant_id": "a\\u0000b", "why": "x"}', "validation-error"),
+    ("POST", "/v1/items/redrive", '{"policy": "\\ud800", "why": "x"}', "validation-error"),
     ("GET", "/v1/items?tenant_id=a%00b", None, "unstorable-text"),
     # the item model itself refuses an unpaired surrogate
     ("POST", "/v1/items", '{"items": [{"tenant_id": "t\\udfff", "object_id": "o", '

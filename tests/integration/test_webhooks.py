@@ -395,38 +395,63 @@ async def test_losing_a_race_rolls_the_effect_back(db_url: str, engine: AsyncEng
 
 async def test_intake_limit_answers_503_with_retry_after(db_url: str,
                                                          engine: AsyncEngine) -> None:
+    """The in-flight slot is held by verified deliveries only: one waiting on the database
+    fills a limit of 1, while unsigned and slow senders never take it."""
     settings = test_settings(db_url, webhook_max_in_flight=1)
-    gate = asyncio.Event()
     body, headers = shopify("orders/cancelled", {"id": 1})
+    slow_delivery, slow_headers = shopify("orders/cancelled", {"id": 3})
+    gate = asyncio.Event()
 
     async def slow_body() -> AsyncIterator[bytes]:
-        yield body[:4]
+        yield slow_delivery[:4]
         await gate.wait()
-        yield body[4:]
+        yield slow_delivery[4:]
 
-    async with LiveServer(settings, make_policies(), db_url) as live:
-        async with httpx.AsyncClient(base_url=live.base_url, timeout=10) as client:
-            before = counted("shopify", "rejected", "overloaded")
-            held = asyncio.create_task(client.post("/v1/webhooks/shopify", content=slow_body(),
-                                                   headers=headers))
-            # unsigned probes write nothing: 401 while intake is open, 503 once it is full
-            for _ in range(200):
-                probe = await client.post("/v1/webhooks/shopify", content=b"{}")
-                if probe.status_code == 503:
-                    break
-                assert probe.status_code == 401
-                await asyncio.sleep(0.01)
-            refused = await post(client, "shopify", shopify("orders/cancelled", {"id": 2}))
-            assert refused.status_code == 503, refused.text
-            assert refused.headers["retry-after"] == "2"
-            assert refused.json()["type"] == "urn:sweeper:problem:webhook-intake-closed"
-            gate.set()
-            assert (await held).status_code == 202
-            assert (await post(client, "shopify", shopify("orders/cancelled", {"id": 2}))
-                    ).status_code == 202
-    assert counted("shopify", "rejected", "overloaded") == before + 2  # probe + delivery
+    async with LiveServer(settings, make_policies(), db_url) as live, \
+            httpx.AsyncClient(base_url=live.base_url, timeout=10) as client, \
+            engine.connect() as blocker:
+        before = counted("shopify", "rejected", "overloaded")
+        # a slow sender and unsigned probes hold no slot: a verified delivery still goes in
+        slow = asyncio.create_task(client.post("/v1/webhooks/shopify", content=slow_body(),
+                                               headers=slow_headers))
+        for _ in range(5):
+            assert (await client.post("/v1/webhooks/shopify", content=b"{}")).status_code == 401
+        assert (await post(client, "shopify", shopify("orders/cancelled", {"id": 4}))
+                ).status_code == 202
+        # the receipt of the held delivery's id, uncommitted: its insert waits on it
+        await blocker.execute(text(
+            "INSERT INTO webhook_receipts (source, webhook_id, event_type, result, item_ids) "
+            "VALUES ('shopify', :id, 'orders/cancelled', 'applied', '{}')"),
+            {"id": headers["X-Shopify-Webhook-Id"]})
+        held = asyncio.create_task(client.post("/v1/webhooks/shopify", content=body,
+                                               headers=headers))
+        await wait_for_lock_wait(engine)
+        refused = await post(client, "shopify", shopify("orders/cancelled", {"id": 2}))
+        assert refused.status_code == 503, refused.text
+        assert refused.headers["retry-after"] == "2"
+        assert refused.json()["type"] == "urn:sweeper:problem:webhook-intake-closed"
+        await blocker.rollback()
+        assert (await held).status_code == 202
+        assert (await post(client, "shopify", shopify("orders/cancelled", {"id": 2}))
+                ).status_code == 202
+        gate.set()
+        assert (await slow).status_code == 202
+    assert counted("shopify", "rejected", "overloaded") == before + 1
     async with engine.connect() as conn:
-        assert (await conn.execute(text("SELECT count(*) FROM items"))).scalar() == 2
+        assert (await conn.execute(text("SELECT count(*) FROM items"))).scalar() == 4
+
+
+async def wait_for_lock_wait(engine: AsyncEngine, timeout_s: float = 10.0) -> None:
+    """Until some session of this database waits on a lock."""
+    async with asyncio.timeout(timeout_s):
+        while True:
+            async with engine.connect() as conn:
+                waiting = (await conn.execute(text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock'"))).scalar()
+            if waiting:
+                return
+            await asyncio.sleep(0.02)
 
 
 async def test_hint_drains_through_the_workers_without_a_run(db_url: str,
@@ -507,12 +532,13 @@ async def test_an_unreachable_database_is_a_503(db_url: str) -> None:
 
 def test_the_contract_declares_every_webhook_answer() -> None:
     """Each error status below is answered by a test above (forgeries 401, bad bodies 400,
-    413 and 422, unknown source 404, intake limit and database outage 503), always as
+    413 and 422, a body too slow 408 (test_hostile_input.py), unknown source 404, intake
+    limit and database outage 503), always as
     problem+json; the contract declares exactly those, with that media type."""
     operation = openapi_document()["paths"]["/v1/webhooks/{source}"]["post"]
     responses = operation["responses"]
-    assert {int(s) for s in responses if int(s) >= 400} == {400, 401, 404, 413, 422, 503}
-    for status in ("400", "401", "404", "413", "422", "503"):
+    assert {int(s) for s in responses if int(s) >= 400} == {400, 401, 404, 408, 413, 422, 503}
+    for status in ("400", "401", "404", "408", "413", "422", "503"):
         assert list(responses[status]["content"]) == ["application/problem+json"], status
     assert "Retry-After" in responses["503"]["headers"]
     assert {"200", "202"} <= set(responses)

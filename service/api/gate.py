@@ -1,0 +1,166 @@
+"""The gate every request passes before routing: what a caller can cost the process before
+it has proved who it is, and how much it may send.
+
+For the operator API (`/v1/*` except the webhooks, which authenticate by signature over the
+body they read themselves):
+    1. the bearer token is checked first: an unauthenticated request is answered 401 from
+       its headers alone, before any body is read or parsed;
+    2. the body is read in full, bounded in size (413, refused at once when Content-Length
+       says so) and in time (408), and must be UTF-8 (400 `malformed-json`), before the route
+       parses it.
+For every path: HEAD is answered as GET without the body, OPTIONS with the methods the
+path allows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Final
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.api.methods import allow_header, allowed_methods
+from service.api.problems import problem_response
+from service.errors import Problem
+from service.runtime import Runtime
+
+ACTOR: Final = "sweeper.actor"  # the scope key holding the authenticated operator's name
+OPERATOR_PREFIX: Final = "/v1/"
+WEBHOOK_PREFIX: Final = "/v1/webhooks/"
+_BODY_METHODS: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+CHALLENGE: Final = {"WWW-Authenticate": 'Bearer realm="sweeper"'}
+
+
+def unauthorized(detail: str) -> Problem:
+    """The 401 every operator route answers without a valid token."""
+    return Problem(401, "unauthorized", "Authentication required", detail, headers=CHALLENGE)
+
+
+def body_too_large(limit: int) -> Problem:
+    """The 413 for a body over `limit` bytes; nothing of it was processed."""
+    return Problem(413, "payload-too-large", "Payload too large",
+                   f"the body may be at most {limit} bytes")
+
+
+def body_too_slow(seconds: float) -> Problem:
+    """The 408 for a body not received within `seconds`; nothing of it was processed."""
+    return Problem(408, "request-timeout", "Request body too slow",
+                   f"the body must arrive within {seconds:g} s")
+
+
+class Gate:
+    """Pure ASGI middleware in front of the routes; see the module docstring."""
+
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int, body_timeout_s: float) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path: str = scope["path"]
+        if path.startswith(OPERATOR_PREFIX) and not path.startswith(WEBHOOK_PREFIX):
+            runtime: Runtime = scope["state"]["runtime"]
+            token = _bearer(scope)
+            actor = runtime.tokens.match(token) if token else None
+            if actor is None:
+                await _answer(unauthorized("send Authorization: Bearer <token>" if token is None
+                                           else "the bearer token is not valid"),
+                              scope, receive, send)
+                return
+            scope = {**scope, ACTOR: actor}
+            if scope["method"] in _BODY_METHODS:
+                read = await self._read_body(scope, receive)
+                if isinstance(read, Problem):
+                    await _answer(read, scope, receive, send)
+                    return
+                if read is None:
+                    return  # the client went away
+                receive = _replay(read, receive)
+        method = scope["method"]
+        if method in ("HEAD", "OPTIONS"):
+            allowed = allowed_methods(scope["app"].router.routes, scope)
+            if method == "OPTIONS" and allowed:
+                await _answer(None, scope, receive, send, status=204,
+                              headers={"Allow": allow_header(allowed)})
+                return
+            if method == "HEAD" and "GET" in allowed:
+                # the server still sees HEAD and sends no body
+                scope = {**scope, "method": "GET"}
+        await self.app(scope, receive, send)
+
+    async def _read_body(self, scope: Scope, receive: Receive) -> bytes | Problem | None:
+        """The whole body, or the Problem that refuses it, or None if the client left."""
+        declared = _header(scope, b"content-length")
+        if declared is not None:
+            if not declared.isdigit():
+                return Problem(400, "bad-request", "Bad request",
+                               "Content-Length is not a number")
+            if int(declared) > self.max_body_bytes:
+                return body_too_large(self.max_body_bytes)
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            async with asyncio.timeout(self.body_timeout_s):
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        return None
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > self.max_body_bytes:
+                        return body_too_large(self.max_body_bytes)
+                    chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        break
+        except TimeoutError:
+            return body_too_slow(self.body_timeout_s)
+        body = b"".join(chunks)
+        try:
+            body.decode("utf-8")  # RFC 8259: JSON exchanged between systems is UTF-8
+        except UnicodeDecodeError:
+            return Problem(400, "malformed-json", "Request body is not valid JSON",
+                           "the body is not UTF-8 text")
+        return body
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return str(value.decode("latin-1"))
+    return None
+
+
+def _bearer(scope: Scope) -> str | None:
+    """The token of an `Authorization: Bearer <token>` header, if any."""
+    value = _header(scope, b"authorization")
+    if value is None:
+        return None
+    scheme, _, token = value.partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A receive that hands the app the body already read, then waits on the client."""
+    delivered = False
+
+    async def replay() -> Message:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+async def _answer(problem: Problem | None, scope: Scope, receive: Receive, send: Send, *,
+                  status: int = 0, headers: dict[str, str] | None = None) -> None:
+    """Answer without routing: a problem, or an empty response."""
+    response = (problem_response(problem, Request(scope)) if problem is not None
+                else Response(status_code=status, headers=headers))
+    await response(scope, receive, send)
