@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.api.methods import allow_header, allowed_methods
+from service.api.methods import allow_header
 from service.api.problems import problem_response
 from service.errors import Problem
 from service.runtime import Runtime
@@ -72,7 +72,7 @@ class Gate:
                                            else "the bearer token is not valid"),
                               scope, receive, send)
                 return
-            scope = {**scope, ACTOR: actor}
+            scope[ACTOR] = actor
             if scope["method"] in _BODY_METHODS:
                 read = await self._read_body(scope, receive)
                 if isinstance(read, Problem):
@@ -83,14 +83,20 @@ class Gate:
                 receive = _replay(read, receive)
         method = scope["method"]
         if method in ("HEAD", "OPTIONS"):
-            allowed = allowed_methods(scope["app"].router.routes, scope)
+            allowed = scope["app"].state.route_methods.allowed(scope)
             if method == "OPTIONS" and allowed:
                 await _answer(None, scope, receive, send, status=204,
                               headers={"Allow": allow_header(allowed)})
                 return
             if method == "HEAD" and "GET" in allowed:
-                # the server still sees HEAD and sends no body
-                scope = {**scope, "method": "GET"}
+                # the routes see GET; the server's own scope still says HEAD, so it sends
+                # no body. The matched route is copied back for the request log.
+                inner = {**scope, "method": "GET"}
+                try:
+                    await self.app(inner, receive, send)
+                finally:
+                    scope["route"] = inner.get("route")
+                return
         await self.app(scope, receive, send)
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes | Problem | None:

@@ -18,7 +18,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException
 
-from service.api.methods import allow_header, allowed_methods
+from service.api.methods import allow_header
 from service.db.engine import is_busy, is_unavailable
 from service.errors import DatabaseUnavailable, Problem
 
@@ -162,8 +162,7 @@ async def _on_http(request: Request, exc: Exception) -> JSONResponse:
     headers = dict(exc.headers or {})
     if exc.status_code == 405:
         # the router names the first route matching the path; RFC 9110 wants every method
-        headers["Allow"] = allow_header(allowed_methods(request.app.router.routes,
-                                                        request.scope))
+        headers["Allow"] = allow_header(request.app.state.route_methods.allowed(request.scope))
     problem = Problem(exc.status_code, slug, title, detail, headers=headers)
     return problem_response(problem, request)
 
@@ -209,6 +208,13 @@ async def _on_database(request: Request, exc: Exception) -> JSONResponse:
         log.warning("database busy", extra={"path": request.url.path,
                                             "error": type(exc).__name__})
         return problem_response(database_unavailable(), request)
+    if isinstance(exc, DBAPIError):
+        # PostgreSQL's message may quote a value from the request ("invalid input syntax
+        # for type integer: ..."): the log names the statement and SQLSTATE, not the message
+        log.error("database error", extra={
+            "path": request.url.path, "error": type(exc.orig).__name__,
+            "sqlstate": getattr(exc.orig, "sqlstate", None), "statement": exc.statement})
+        return problem_response(internal_error(), request)
     return await _on_unexpected(request, exc)
 
 
@@ -223,9 +229,13 @@ async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
         return problem_response(unstorable_text(), request)
     log.error("unhandled error", extra={"path": request.url.path},
               exc_info=(type(exc), exc, exc.__traceback__))
-    problem = Problem(500, "internal-error", "Internal error",
-                      "the request failed unexpectedly; it has been logged")
-    return problem_response(problem, request)
+    return problem_response(internal_error(), request)
+
+
+def internal_error() -> Problem:
+    """The 500 for a failure that is Sweeper's, not the caller's."""
+    return Problem(500, "internal-error", "Internal error",
+                   "the request failed unexpectedly; it has been logged")
 
 
 def install_problem_handlers(app: FastAPI) -> None:

@@ -1,0 +1,296 @@
+"""What a hostile or careless caller sends, over HTTP to a live server on a real database:
+every answer is a clear 4xx problem, nothing already accepted is lost, and nothing is
+widened, stalled or echoed. (The process-level limits, on a real `sweeper serve`, are in
+test_hostile_process.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.db.engine import make_engine
+from service.openapi import openapi_document
+from service.settings import async_url
+from tests.conftest import TOKEN_A, LiveServer, test_settings
+from tests.integration.test_webhooks import SHOP, make_policies, post, shopify
+
+ITEM = {"tenant_id": SHOP, "object_id": "cart-1", "policy": "carts",
+        "due_at": "2026-01-01T00:00:00Z"}
+
+
+@pytest.fixture
+async def live(db_url: str) -> AsyncIterator[LiveServer]:
+    async with LiveServer(test_settings(db_url, body_read_timeout_seconds=1.0),
+                          make_policies(), db_url) as server:
+        yield server
+
+
+@pytest.fixture
+async def client(live: LiveServer) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=live.base_url, timeout=10,
+                                 headers={"Authorization": f"Bearer {TOKEN_A}"}) as c:
+        yield c
+
+
+def issues(response: httpx.Response) -> list[tuple[str, str]]:
+    """(location, type) of each validation issue of a 422."""
+    assert response.status_code == 422, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    return [(".".join(e["loc"]), e["type"]) for e in response.json()["errors"]]
+
+
+async def count(engine: AsyncEngine, sql: str) -> int:
+    async with engine.connect() as conn:
+        return int((await conn.execute(text(sql))).scalar_one())
+
+
+# --- 1. timestamps ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("due_at", [
+    "0001-01-01T00:00:00+14:00",      # year 0 in UTC: stored BC, stopped every run
+    "9999-12-31T23:59:59-12:00",      # year 10000 in UTC
+    "1969-12-31T23:59:59Z",           # below the documented range
+    "9999-12-31T00:00:00.000001Z",    # just above it
+    "1700000000",                     # digits are not read as epoch seconds
+    "2026-01-01",                     # a date is not a date-time
+    "2026-01-01T00:00:00",            # no offset
+    "2026-01-01T00:00:00+24:00",      # not an offset
+    "٢٠٢٦-01-01T00:00:00Z",           # non-ASCII digits
+])
+async def test_registration_refuses_timestamps_out_of_range(
+        client: httpx.AsyncClient, engine: AsyncEngine, due_at: str) -> None:
+    answer = await client.post("/v1/items", json={"items": [{**ITEM, "due_at": due_at}]})
+    [(where, _rule)] = issues(answer)
+    assert where == "body.items.0.due_at"
+    assert due_at not in answer.text
+    assert await count(engine, "SELECT count(*) FROM items") == 0
+
+
+async def test_the_range_ends_are_accepted_listed_and_published(
+        client: httpx.AsyncClient) -> None:
+    low, high = "1970-01-01T00:00:00Z", "9999-12-30T10:00:00-13:59"
+    answer = await client.post("/v1/items", json={"items": [
+        {**ITEM, "object_id": "low", "due_at": low},
+        {**ITEM, "object_id": "high", "due_at": high}]})
+    assert answer.status_code == 200, answer.text
+    listed = await client.get("/v1/items")
+    assert listed.status_code == 200
+    assert [i["due_at"] for i in listed.json()["items"]] == [
+        "1970-01-01T00:00:00Z", "9999-12-30T23:59:00Z"]
+    run = await client.post("/v1/runs", json={"cutoff": "9999-12-31T00:00:00Z"})
+    assert run.status_code == 202, run.text
+    for _ in range(200):
+        status = (await client.get(f"/v1/runs/{run.json()['id']}")).json()
+        if status["state"] != "publishing":
+            break
+        await asyncio.sleep(0.05)
+    assert status["state"] == "published" and status["released"] == 2
+
+
+@pytest.mark.parametrize("cutoff", ["0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59-12:00",
+                                    "1700000000", 1700000000])
+async def test_a_run_refuses_a_cutoff_out_of_range(client: httpx.AsyncClient,
+                                                   cutoff: Any) -> None:
+    assert issues(await client.post("/v1/runs", json={"cutoff": cutoff})) == [
+        ("body.cutoff", "value_error")]
+
+
+# --- 5. unknown fields --------------------------------------------------------------------
+
+@pytest.mark.parametrize(("path", "body", "field"), [
+    ("/v1/runs", {"dryrun": True}, "dryrun"),
+    ("/v1/runs", {"dryRun": True}, "dryRun"),
+    ("/v1/items/cancel", {"policy": "carts", "tenantid": SHOP, "why": "offboard"},
+     "tenantid"),
+    ("/v1/items/redrive", {"policy": "carts", "why": "x", "limt": 1}, "limt"),
+    ("/v1/items", {"items": [{**ITEM, "due": "2026-01-01T00:00:00Z"}]}, "items.0.due"),
+    ("/v1/items", {"items": [ITEM], "dry_run": True}, "dry_run"),
+    ("/v1/workers/pause", {"reason": "x", "why": "y"}, "why"),
+])
+async def test_unknown_fields_are_refused_by_name(client: httpx.AsyncClient,
+                                                  engine: AsyncEngine, path: str,
+                                                  body: dict[str, Any], field: str) -> None:
+    await client.post("/v1/items", json={"items": [{**ITEM, "object_id": "keep"}]})
+    assert issues(await client.post(path, json=body)) == [(f"body.{field}", "extra_forbidden")]
+    # nothing was started, cancelled or paused
+    assert await count(engine, "SELECT count(*) FROM runs") == 0
+    assert await count(engine, "SELECT count(*) FROM items WHERE status = 'pending'") == 1
+    assert (await client.get("/v1/workers")).json()["workers_paused"] is False
+
+
+def test_every_request_body_schema_forbids_additional_properties() -> None:
+    schemas = openapi_document()["components"]["schemas"]  # type: ignore[index]
+    bodies = ["RunIn", "ItemsIn", "ItemIn", "ItemSelection", "ItemRef", "BudgetIn", "ReasonIn"]
+    for name in bodies:
+        assert schemas[name].get("additionalProperties") is False, name
+
+
+# --- 7 and 11. scopes -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("encode", [False, True])
+async def test_a_scope_whose_tenant_holds_a_slash_can_be_paused_and_resumed(
+        client: httpx.AsyncClient, encode: bool) -> None:
+    tenant = "shop/eu"
+    await client.post("/v1/items", json={"items": [{**ITEM, "tenant_id": tenant}]})
+    name = f"tenant:{tenant}"
+    path = name.replace("/", "%2F") if encode else name
+    paused = await client.post(f"/v1/scopes/{path}/pause", json={"reason": "test"})
+    assert paused.status_code == 200, paused.text
+    assert paused.json()["name"] == name and paused.json()["paused"] is True
+    budget = await client.put(f"/v1/scopes/{path}", json={"rate_per_second": 2, "burst": 3})
+    assert budget.status_code == 200 and budget.json()["burst"] == 3
+    resumed = await client.post(f"/v1/scopes/{path}/resume")
+    assert resumed.status_code == 200 and resumed.json()["paused"] is False
+
+
+async def test_an_unknown_scope_is_not_echoed(client: httpx.AsyncClient) -> None:
+    answer = await client.post("/v1/scopes/tenant:secret-shop.example/pause")
+    assert answer.status_code == 404
+    assert "secret-shop" not in answer.text
+    assert answer.json()["instance"] == f"urn:sweeper:request:{answer.headers['x-request-id']}"
+
+
+# --- 8. database errors hide their parameters ----------------------------------------------
+
+async def test_database_errors_carry_no_request_values(db_url: str) -> None:
+    """The production engine hides statement parameters from its errors (and so from any
+    log line or traceback that renders one)."""
+    engine = make_engine(async_url(db_url), test_settings(db_url))
+    try:
+        async with engine.connect() as conn:
+            with pytest.raises(DBAPIError) as raised:
+                await conn.execute(text("SELECT length(CAST(:v AS text)) / 0"),
+                                   {"v": "customer@example.com"})
+    finally:
+        await engine.dispose()
+    assert "division by zero" in str(raised.value)
+    assert "customer@example.com" not in str(raised.value)
+    assert "parameters hidden" in str(raised.value)
+
+
+# --- 9. an unstorable id in a webhook ------------------------------------------------------
+
+async def test_a_webhook_id_with_an_unpaired_surrogate_is_a_clean_422(
+        live: LiveServer, caplog: pytest.LogCaptureFixture) -> None:
+    raw = b'{"id": "cart-\\ud800"}'
+    async with httpx.AsyncClient(base_url=live.base_url, timeout=10) as hooks:
+        with caplog.at_level(logging.INFO):
+            answer = await post(hooks, "shopify", shopify("orders/cancelled", None, raw=raw))
+            assert answer.status_code == 422, answer.text
+            assert answer.json()["type"] == "urn:sweeper:problem:unmappable-webhook"
+            # the connection survived: the next delivery reuses it
+            again = await post(hooks, "shopify", shopify("orders/cancelled", {"id": 5}))
+            assert again.status_code == 202
+    statuses = [getattr(r, "status", None) for r in caplog.records if r.getMessage() == "request"]
+    assert statuses == [422, 202]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+# --- 10. bodies that are not UTF-8 JSON ----------------------------------------------------
+
+@pytest.mark.parametrize("body", [b'{"items": [{"tenant_id": "\xff"}]}', b"\xfe\xff\x00{"])
+async def test_invalid_utf8_is_malformed_json(client: httpx.AsyncClient, body: bytes) -> None:
+    answer = await client.post("/v1/items", content=body,
+                               headers={"content-type": "application/json"})
+    assert answer.status_code == 400
+    assert answer.json()["type"] == "urn:sweeper:problem:malformed-json"
+
+
+# --- 12. a run's tenant id ------------------------------------------------------------------
+
+@pytest.mark.parametrize(("tenant", "rule"), [
+    ("a\x00b", "string_pattern_mismatch"), ("t\x1b[31m", "string_pattern_mismatch"),
+    ("x" * 5_000_000, "string_too_long"), ("", "string_too_short"),
+    ("é" * 300, "invalid_id"),  # 300 characters, 600 bytes
+])
+async def test_a_run_validates_its_tenant_like_a_registered_id(
+        client: httpx.AsyncClient, engine: AsyncEngine, tenant: str, rule: str) -> None:
+    assert issues(await client.post("/v1/runs", json={"tenant_id": tenant})) == [
+        ("body.tenant_id", rule)]
+    assert await count(engine, "SELECT count(*) FROM runs") == 0
+
+
+# --- 13. the unauthenticated, and methods --------------------------------------------------
+
+@pytest.mark.parametrize(("method", "path", "content"), [
+    ("POST", "/v1/items", b"{not json"), ("POST", "/v1/runs", b'{"max_items": 0}'),
+    ("GET", "/v1/items?status=gone", None), ("HEAD", "/v1/items", None),
+    ("OPTIONS", "/v1/runs", None), ("DELETE", "/v1/items", None), ("GET", "/v1/nothing", None),
+])
+async def test_the_unauthenticated_get_401_before_anything_else(
+        live: LiveServer, method: str, path: str, content: bytes | None) -> None:
+    async with httpx.AsyncClient(base_url=live.base_url, timeout=10) as anonymous:
+        answer = await anonymous.request(method, path, content=content,
+                                         headers={"content-type": "application/json"})
+    assert answer.status_code == 401
+    assert answer.headers["www-authenticate"] == 'Bearer realm="sweeper"'
+
+
+async def test_an_unread_body_is_refused_before_it_is_sent(live: LiveServer) -> None:
+    """The gate answers from the headers: a client announcing 500 MB and sending one byte
+    gets its 401 at once (the rest of the body is never awaited)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", live.port)
+    writer.write(b"POST /v1/items HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: 500000000\r\n\r\n{")
+    await writer.drain()
+    async with asyncio.timeout(5):
+        status_line = await reader.readline()
+    writer.close()
+    assert status_line.startswith(b"HTTP/1.1 401 ")
+
+
+async def test_methods_head_options_and_405(client: httpx.AsyncClient) -> None:
+    head = await client.head("/v1/items")
+    assert head.status_code == 200 and head.content == b""
+    assert head.headers["content-type"] == "application/json"
+    options = await client.options("/v1/items")
+    assert options.status_code == 204
+    assert options.headers["allow"] == "GET, HEAD, OPTIONS, POST"
+    wrong = await client.delete("/v1/runs")
+    assert wrong.status_code == 405
+    assert wrong.headers["allow"] == "GET, HEAD, OPTIONS, POST"
+    assert wrong.headers["content-type"] == "application/problem+json"
+    assert (await client.head("/healthz")).status_code == 200
+
+
+# --- 14. never-retried items ----------------------------------------------------------------
+
+async def test_an_item_never_retried_has_no_next_attempt(client: httpx.AsyncClient) -> None:
+    await client.post("/v1/items", json={"items": [ITEM]})
+    item = (await client.get("/v1/items")).json()["items"][0]
+    assert item["next_attempt_at"] is None
+
+
+# --- 15. the schema says what the server enforces -----------------------------------------
+
+@pytest.mark.parametrize("body", [{"why": "x"}, {"ids": [], "why": "x"}, {"items": [], "why": "x"},
+                                  {"policy": "", "why": "x"}])
+async def test_a_selection_must_select_something(client: httpx.AsyncClient,
+                                                 body: dict[str, Any]) -> None:
+    answer = await client.post("/v1/items/cancel", json=body)
+    assert answer.status_code == 422
+    schema = openapi_document()["components"]["schemas"]["ItemSelection"]  # type: ignore[index]
+    required = [alt["required"] for alt in schema["anyOf"]]
+    assert required == [["ids"], ["items"], ["policy"], ["tenant_id"], ["reason"]]
+
+
+async def test_integers_written_as_integral_numbers_are_integers(
+        client: httpx.AsyncClient) -> None:
+    await client.post("/v1/items", json={"items": [ITEM]})
+    scope = f"tenant:{SHOP}"
+    ok = await client.put(f"/v1/scopes/{scope}",
+                          json={"rate_per_second": 5, "burst": 5.0, "weight": 2.0})
+    assert ok.status_code == 200, ok.text
+    assert (ok.json()["burst"], ok.json()["weight"]) == (5, 2)
+    for bad in ({"burst": 5.5}, {"burst": True}, {"burst": "5"}):
+        answer = await client.put(f"/v1/scopes/{scope}",
+                                  json={"rate_per_second": 5, **bad})
+        assert issues(answer)[0][0] == "body.burst"
