@@ -15,6 +15,8 @@ path allows.
 from __future__ import annotations
 
 import asyncio
+import re
+import sys
 from typing import Final
 
 from starlette.requests import Request
@@ -103,10 +105,11 @@ class Gate:
         """The whole body, or the Problem that refuses it, or None if the client left."""
         declared = _header(scope, b"content-length")
         if declared is not None:
-            if not declared.isdigit():
+            length = content_length(declared)
+            if length is None:
                 return Problem(400, "bad-request", "Bad request",
                                "Content-Length is not a number")
-            if int(declared) > self.max_body_bytes:
+            if length > self.max_body_bytes:
                 return body_too_large(self.max_body_bytes)
         chunks: list[bytes] = []
         size = 0
@@ -132,6 +135,18 @@ class Gate:
             return Problem(400, "malformed-json", "Request body is not valid JSON",
                            "the body is not UTF-8 text")
         return body
+
+
+_DIGITS: Final = re.compile(r"[0-9]+", re.ASCII)
+
+
+def content_length(value: str) -> int | None:
+    """A Content-Length value (RFC 9110: 1*DIGIT, ASCII only), or None when it is none;
+    thousands of digits are not converted (any such length is over every limit)."""
+    value = value.strip()
+    if not _DIGITS.fullmatch(value):
+        return None
+    return int(value) if len(value) <= 30 else sys.maxsize
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

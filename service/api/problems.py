@@ -160,9 +160,10 @@ async def _on_http(request: Request, exc: Exception) -> JSONResponse:
     title = {404: "Not found", 405: "Method not allowed"}.get(exc.status_code, slug)
     detail = exc.detail if isinstance(exc.detail, str) else None
     headers = dict(exc.headers or {})
-    if exc.status_code == 405:
+    route_methods = getattr(request.app.state, "route_methods", None)
+    if exc.status_code == 405 and route_methods is not None:
         # the router names the first route matching the path; RFC 9110 wants every method
-        headers["Allow"] = allow_header(request.app.state.route_methods.allowed(request.scope))
+        headers["Allow"] = allow_header(route_methods.allowed(request.scope))
     problem = Problem(exc.status_code, slug, title, detail, headers=headers)
     return problem_response(problem, request)
 

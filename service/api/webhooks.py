@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 from starlette.requests import ClientDisconnect
 
 from service import metrics, webhooks
+from service.api.gate import content_length
 from service.api.problems import RETRY_AFTER_HEADER, problem_doc
 from service.db.engine import is_unavailable
 from service.errors import Problem
@@ -157,9 +158,10 @@ async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
     soon as it passes `limit` bytes (or at once when Content-Length says it will)."""
     declared = request.headers.get("content-length")
     if declared is not None:
-        if not declared.isdigit():
+        length = content_length(declared)
+        if length is None:
             raise DeliveryRejected("malformed", "Content-Length is not a number")
-        if int(declared) > limit:
+        if length > limit:
             raise DeliveryRejected("too-large", f"the body may be at most {limit} bytes")
     chunks: list[bytes] = []
     size = 0

@@ -294,3 +294,4 @@ async def test_integers_written_as_integral_numbers_are_integers(
         answer = await client.put(f"/v1/scopes/{scope}",
                                   json={"rate_per_second": 5, **bad})
         assert issues(answer)[0][0] == "body.burst"
+

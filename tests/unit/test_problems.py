@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import sys
+
 import httpx
+import pytest
 from fastapi import FastAPI
 from pydantic import BaseModel, Field
 
+from service.api.gate import content_length
 from service.api.problems import install_problem_handlers
 from service.errors import Problem
 
@@ -79,3 +83,11 @@ async def test_unexpected_error_is_generic_500() -> None:
     assert response.status_code == 500
     assert response.json()["type"] == "urn:sweeper:problem:internal-error"
     assert "4111" not in response.text
+
+
+@pytest.mark.parametrize(("value", "length"), [
+    ("0", 0), (" 42 ", 42), ("9" * 5000, sys.maxsize), ("\u00b2", None), ("-1", None),
+    ("1e3", None), ("", None), ("\u0661", None),
+])
+def test_content_length_reads_ascii_digits_only(value: str, length: int | None) -> None:
+    assert content_length(value) == length
