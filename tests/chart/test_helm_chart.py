@@ -530,12 +530,17 @@ def test_worker_deployment_when_enabled(all_on: Rendered) -> None:
 API, WORKER, MIGRATE = FULLNAME, f"{FULLNAME}-worker", f"{FULLNAME}-migrate"
 # config key -> (service.settings.Settings field, the workloads whose process reads it).
 # The pool and statement timeouts go to every process (each builds an engine, `sweeper
-# migrate` included); the webhook intake and retention run only in `sweeper serve`.
+# migrate` included); the webhook intake, the HTTP server's limits and retention run only in
+# `sweeper serve` (`sweeper worker`'s /metrics server is prometheus_client's own).
 CONFIG_SETTINGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "dbPoolTimeoutSeconds": ("db_pool_timeout_seconds", (API, WORKER, MIGRATE)),
     "dbStatementTimeoutMs": ("db_statement_timeout_ms", (API, WORKER, MIGRATE)),
     "webhookMaxInFlight": ("webhook_max_in_flight", (API,)),
     "webhookDbPoolSize": ("webhook_db_pool_size", (API,)),
+    "maxBodyBytes": ("max_body_bytes", (API,)),
+    "bodyReadTimeoutSeconds": ("body_read_timeout_seconds", (API,)),
+    "headerReadTimeoutSeconds": ("header_read_timeout_seconds", (API,)),
+    "maxConnections": ("max_connections", (API,)),
     "retentionDays": ("retention_days", (API,)),
     "retentionBatchSize": ("retention_batch_size", (API,)),
     "retentionIntervalSeconds": ("retention_interval_seconds", (API,)),
@@ -595,8 +600,10 @@ def test_config_values_reach_the_processes_that_read_them(
         engine: HelmEngine, monkeypatch: pytest.MonkeyPatch) -> None:
     # 3600000 would print as "3.6e+06" without the template's int64; the service refuses it.
     chosen = {"dbPoolTimeoutSeconds": 2.5, "dbStatementTimeoutMs": 3_600_000,
-              "webhookMaxInFlight": 500, "webhookDbPoolSize": 16, "retentionDays": 0,
-              "retentionBatchSize": 5_000, "retentionIntervalSeconds": 60}
+              "webhookMaxInFlight": 500, "webhookDbPoolSize": 16,
+              "maxBodyBytes": 64 * 1024 * 1024, "bodyReadTimeoutSeconds": 2.5,
+              "headerReadTimeoutSeconds": 30, "maxConnections": 1_000_000,
+              "retentionDays": 0, "retentionBatchSize": 5_000, "retentionIntervalSeconds": 60}
     docs, _ = engine.render({"worker": {"enabled": True}, "config": chosen})
     containers = sweeper_containers(Rendered(docs, None, {}))
     assert sorted(containers) == sorted([API, WORKER, MIGRATE])
@@ -637,6 +644,10 @@ OUT_OF_BOUNDS = [
     ("dbStatementTimeoutMs", 99), ("dbStatementTimeoutMs", 30_000.5),
     ("webhookMaxInFlight", 0), ("webhookMaxInFlight", 100_001),
     ("webhookDbPoolSize", 0), ("webhookDbPoolSize", 201),
+    ("maxBodyBytes", 1023), ("maxBodyBytes", 256 * 1024 * 1024 + 1),
+    ("bodyReadTimeoutSeconds", 0), ("bodyReadTimeoutSeconds", 600.5),
+    ("headerReadTimeoutSeconds", 0), ("headerReadTimeoutSeconds", 600.5),
+    ("maxConnections", 0), ("maxConnections", 1_000_001),
     ("retentionDays", -1), ("retentionDays", 36_501),
     ("retentionBatchSize", 0), ("retentionBatchSize", 100_001),
     ("retentionIntervalSeconds", 0), ("retentionIntervalSeconds", 86_400.5),

@@ -161,14 +161,23 @@ Settings of the long-running processes (API and worker): the policies file and b
 
 {{/*
 Settings only `sweeper serve` reads (the API Deployment, with or without --api-only): the
-webhook intake and self-retention. `sweeper worker` runs neither. Integers go through
-int64, as in sweeper.commonEnv.
+webhook intake, the HTTP server's limits and self-retention. `sweeper worker` runs none of
+them (its /metrics server is prometheus_client's own). Integers go through int64, as in
+sweeper.commonEnv.
 */}}
 {{- define "sweeper.apiEnv" -}}
 - name: SWEEPER_WEBHOOK_MAX_IN_FLIGHT
   value: {{ .Values.config.webhookMaxInFlight | int64 | quote }}
 - name: SWEEPER_WEBHOOK_DB_POOL_SIZE
   value: {{ .Values.config.webhookDbPoolSize | int64 | quote }}
+- name: SWEEPER_MAX_BODY_BYTES
+  value: {{ .Values.config.maxBodyBytes | int64 | quote }}
+- name: SWEEPER_BODY_READ_TIMEOUT_SECONDS
+  value: {{ .Values.config.bodyReadTimeoutSeconds | quote }}
+- name: SWEEPER_HEADER_READ_TIMEOUT_SECONDS
+  value: {{ .Values.config.headerReadTimeoutSeconds | quote }}
+- name: SWEEPER_MAX_CONNECTIONS
+  value: {{ .Values.config.maxConnections | int64 | quote }}
 - name: SWEEPER_RETENTION_DAYS
   value: {{ .Values.config.retentionDays | quote }}
 - name: SWEEPER_RETENTION_BATCH_SIZE
