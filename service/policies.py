@@ -34,6 +34,9 @@ _DURATION = re.compile(
 )
 
 
+MAX_DURATION = timedelta(days=36_500)
+
+
 def parse_duration(text: str) -> timedelta:
     """Parse an ISO 8601 duration of weeks, days, hours, minutes and seconds (``P1DT2H``).
 
@@ -43,7 +46,14 @@ def parse_duration(text: str) -> timedelta:
     if match is None or text in {"P", "PT"} or text.endswith("T"):
         raise ValueError(f"{text!r} is not an ISO 8601 duration such as 'PT15M' or 'P1D'")
     parts = {k: float(v) for k, v in match.groupdict().items() if v is not None}
-    return timedelta(**parts)
+    try:
+        duration = timedelta(**parts)
+    except OverflowError:
+        duration = timedelta.max
+    if duration > MAX_DURATION:
+        # a due time this far ahead would leave the range timestamps are stored in
+        raise ValueError(f"{text!r} is longer than {MAX_DURATION.days} days")
+    return duration
 
 
 def template_fields(template: str) -> set[str]:

@@ -312,3 +312,39 @@ async def test_cheaper_check_rules_accept_and_refuse_the_same(
         old_ok, new_ok = await conn.fetchrow(
             f"SELECT ({old}), ({new}) FROM (SELECT $1::text AS {column}) v", value)
         assert old_ok == new_ok, value
+
+
+async def test_timestamps_out_of_the_api_range_are_refused(conn: asyncpg.Connection) -> None:
+    for due_at in ("1969-12-31T23:59:59Z", "9999-12-31T00:00:01Z"):
+        with pytest.raises(asyncpg.CheckViolationError, match="items_due_at_range"):
+            await insert_item(conn, due_at=due_at)
+    await insert_item(conn, due_at="1970-01-01T00:00:00Z")
+    with pytest.raises(asyncpg.CheckViolationError, match="runs_cutoff_range"):
+        await conn.execute("INSERT INTO runs (cutoff, dry_run, request_digest) "
+                           "VALUES ('10000-01-01 00:00:00+00', false, 'd')")
+
+
+async def test_migration_0009_moves_stored_timestamps_into_the_range(empty_db_url: str
+                                                                     ) -> None:
+    """Rows stored before the API bounded timestamps (a BC due time from
+    0001-01-01T00:00:00+14:00, a cutoff in year 10000) are moved to the nearest end."""
+    engine = make_engine(async_url(empty_db_url), test_settings(empty_db_url))
+    conn = await asyncpg.connect(empty_db_url)
+    try:
+        await migrate.upgrade(engine, "0008")
+        await conn.execute("SET TIME ZONE 'UTC'")
+        await conn.execute(
+            "INSERT INTO items (tenant_id, object_id, policy, policy_version, operation_key, "
+            "scope, due_at) VALUES ('t', 'o', 'p', 1, $1, 'tenant:t', "
+            "'0001-01-01 00:00:00+14:00'), ('t', 'o2', 'p', 1, $2, 'tenant:t', "
+            "'2026-01-01 00:00:00+00')", KEY, hashlib.sha256(b"o2").hexdigest())
+        await conn.execute("INSERT INTO runs (cutoff, dry_run, request_digest) "
+                           "VALUES ('10000-01-01 00:00:00+00', false, 'd')")
+        await migrate.upgrade(engine)
+        due = await conn.fetch("SELECT object_id, due_at::text FROM items ORDER BY object_id")
+        assert [tuple(r) for r in due] == [("o", "1970-01-01 00:00:00+00"),
+                                           ("o2", "2026-01-01 00:00:00+00")]
+        assert await conn.fetchval("SELECT cutoff::text FROM runs") == "9999-12-31 00:00:00+00"
+    finally:
+        await conn.close()
+        await engine.dispose()

@@ -132,3 +132,11 @@ def test_durations(text: str, expected: timedelta) -> None:
 def test_bad_durations(text: str) -> None:
     with pytest.raises(ValueError, match="ISO 8601"):
         parse_duration(text)
+
+
+@pytest.mark.parametrize("text", ["P36501D", "P5215W", "PT99999999999999999999999999S",
+                                  "P99999999999999999999D"])
+def test_durations_are_bounded_so_due_times_stay_in_range(text: str) -> None:
+    with pytest.raises(ValueError, match="longer than 36500 days"):
+        parse_duration(text)
+    assert parse_duration("P36500D").days == 36_500
