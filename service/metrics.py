@@ -8,6 +8,9 @@ Per-process series are updated where things happen. Ledger-wide series are read 
 database by `LedgerCollector` at scrape time (every replica reports the same value;
 dashboards take `max`), from small tables and claimable-row indexes only, cached for a few
 seconds so that many scrapers cannot multiply the cost.
+
+Every name must stay distinct in OpenMetrics too, where a counter `X` is exposed as
+`X_total`: no gauge may be called like a counter without its suffix.
 """
 
 from __future__ import annotations
@@ -17,23 +20,28 @@ import logging
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Final
 
 from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
+    GCCollector,
     Histogram,
     Info,
+    PlatformCollector,
+    ProcessCollector,
     disable_created_metrics,
-    generate_latest,
 )
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import service
+from service.outcomes import Outcome
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +58,10 @@ _FAST_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.
 
 BUILD_INFO: Final = Info("sweeper_build", "The running build", registry=REGISTRY)
 BUILD_INFO.info({"version": service.__version__})
+# the standard process_*, python_gc_* and python_info series, in this registry too
+ProcessCollector(registry=REGISTRY)
+PlatformCollector(registry=REGISTRY)
+GCCollector(registry=REGISTRY)
 
 # --- the worker pipeline ------------------------------------------------------------------
 ITEMS_CLAIMED: Final = Counter(
@@ -69,9 +81,20 @@ LATE_COMPLETIONS: Final = Counter(
 ITEMS_DEAD: Final = Counter(
     "sweeper_items_dead_total", "Items this process moved to dead, by reason",
     ["policy", "reason"], registry=REGISTRY)
+
+
+class LeaseReturn(StrEnum):
+    """Why a claimed lease went back unstarted: the closed set of `reason` on
+    sweeper_leases_returned_total."""
+
+    SHUTDOWN = "shutdown"        # the pool was stopping
+    SCOPE_HELD = "scope_held"    # this process heard the scope throttled or refused
+    LATE_START = "late_token"    # the call would start too long after its token's moment
+
+
 LEASES_RETURNED: Final = Counter(
     "sweeper_leases_returned_total",
-    "Leases handed back unstarted (shutdown, pause, a token that came too late)",
+    "Leases handed back unstarted (shutdown, a held scope, a token that came too late)",
     ["reason"], registry=REGISTRY)
 UPSTREAM_DURATION: Final = Histogram(
     "sweeper_upstream_request_duration_seconds",
@@ -92,6 +115,17 @@ LIMITER_WAITS: Final = Counter(
     "sweeper_limiter_waits_total",
     "Admission rounds that found work but no token (the budget, not the workers, limits)",
     registry=REGISTRY)
+
+
+class ScopeSignal(StrEnum):
+    """Upstream answers that close or pause a scope: the closed set of `reason` on
+    sweeper_scope_signals_total."""
+
+    THROTTLED = "throttled"              # 429, or 503 with Retry-After: scope closed
+    UNAUTHORIZED = "unauthorized"        # 401/403: scope paused
+    QUOTA_EXHAUSTED = "quota_exhausted"  # rate-limit headers say the quota is spent
+
+
 SCOPE_SIGNALS: Final = Counter(
     "sweeper_scope_signals_total",
     "Upstream answers that closed or paused a scope, by reason",
@@ -245,7 +279,10 @@ class LedgerCollector(Collector):
         yield self._per_policy("sweeper_leases_expired",
                                "Leases past their expiry, waiting to be re-claimed",
                                snap.leases_expired)
-        yield self._per_policy("sweeper_items_dead", "Items in status dead", snap.dead)
+        # not `sweeper_items_dead`: OpenMetrics refuses it beside the counter
+        # sweeper_items_dead_total
+        yield self._per_policy("sweeper_ledger_items_dead", "Items in status dead",
+                               snap.dead)
         yield GaugeMetricFamily("sweeper_scopes_closed",
                                 "Scopes closed by the upstream (429 or rate-limit headers)",
                                 value=snap.scopes_closed)
@@ -260,24 +297,54 @@ class LedgerCollector(Collector):
         return iter(())
 
 
+@dataclass(frozen=True)
+class Exposition:
+    """One rendered scrape: the body and the content type it is written in."""
+
+    body: bytes
+    content_type: str
+
+
 @dataclass
 class Exporter:
     """What `/metrics` renders: the process registry plus this engine's ledger figures."""
 
     collector: LedgerCollector
 
-    async def render(self) -> bytes:
+    async def render(self, accept: str = "") -> Exposition:
+        """The registry in the format the scraper's Accept header asks for, negotiated by
+        prometheus_client itself: OpenMetrics when asked, else the Prometheus text format."""
         await self.collector.refresh()
-        return generate_latest(REGISTRY)
+        encode, content_type = choose_encoder(accept)
+        return Exposition(encode(REGISTRY), content_type)
+
+
+def initialise_series(policies: Iterable[str]) -> None:
+    """Create, at 0, every labelled counter series whose label values come from a closed
+    set known at start (the configured policies, outcome classes, reasons): without a
+    series before its first event, `rate()` misses that event and panels stay empty.
+    Every process that serves metrics calls this once at start."""
+    for policy in policies:
+        for family in (ITEMS_CLAIMED, LEASES_RECLAIMED, LATE_COMPLETIONS):
+            family.labels(policy)
+        for outcome in Outcome:
+            COMPLETIONS.labels(policy, outcome)
+    for returned in LeaseReturn:
+        LEASES_RETURNED.labels(returned)
+    for signal in ScopeSignal:
+        SCOPE_SIGNALS.labels(signal)
 
 
 def install_ledger(engine: AsyncEngine, policies: Iterable[str]) -> Exporter:
-    """Register a ledger collector for this engine (replacing an earlier one: a test
-    process builds many apps) and return the exporter that serves it."""
+    """Initialise this process's series and register a ledger collector for this engine
+    (replacing an earlier one: a test process builds many apps); return the exporter that
+    serves them."""
     global _installed
+    names = sorted(policies)
+    initialise_series(names)
     if _installed is not None:
         REGISTRY.unregister(_installed)
-    _installed = LedgerCollector(engine, policies)
+    _installed = LedgerCollector(engine, names)
     REGISTRY.register(_installed)
     return Exporter(_installed)
 

@@ -22,6 +22,7 @@ from service.metrics import (
     LEASES_RETURNED,
     TOKENS_RETURNED,
     UPSTREAM_DURATION,
+    LeaseReturn,
 )
 from service.outcomes import UNKNOWN_POLICY_VERSION, Failure
 
@@ -75,7 +76,7 @@ class PipelineCounts:
             self._series(LEASES_RECLAIMED, policy).inc(n)
         return sum(reclaimed.values())
 
-    def returned(self, reasons: Mapping[str, int]) -> None:
+    def returned(self, reasons: Mapping[LeaseReturn, int]) -> None:
         """Count leases handed back unstarted (and their tokens), by reason."""
         for reason, n in reasons.items():
             LEASES_RETURNED.labels(reason).inc(n)

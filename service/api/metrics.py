@@ -1,9 +1,10 @@
-"""`/metrics` in the Prometheus text format."""
+"""`/metrics`: the Prometheus text format, or OpenMetrics when the scraper's Accept header
+asks for it."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
-from prometheus_client import CONTENT_TYPE_LATEST
+from fastapi import APIRouter, Request, Response
+from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS
 
 from service.api.deps import RuntimeDep
 
@@ -11,9 +12,13 @@ router = APIRouter(tags=["health"])
 
 
 @router.get("/metrics", operation_id="metrics", response_class=Response,
-            responses={200: {"content": {CONTENT_TYPE_LATEST: {}},
-                             "description": "Prometheus text exposition format"}})
-async def metrics(runtime: RuntimeDep) -> Response:
+            responses={200: {"content": {"text/plain; version=0.0.4; charset=utf-8": {},
+                                         OPENMETRICS: {}},
+                             "description": "Prometheus text exposition format, or "
+                                            "OpenMetrics when the Accept header asks for it"}})
+async def metrics(runtime: RuntimeDep, request: Request) -> Response:
     """Per-process counters and histograms, plus ledger-wide gauges read from the database
     (cached for a few seconds; every replica reports the same values)."""
-    return Response(await runtime.exporter.render(), media_type=CONTENT_TYPE_LATEST)
+    # read, not declared: Accept negotiates the format and is no parameter of the operation
+    exposition = await runtime.exporter.render(request.headers.get("accept", ""))
+    return Response(exposition.body, media_type=exposition.content_type)
