@@ -275,7 +275,9 @@ class Closure:
 
 
 # Close scopes after a 429 (or an exhausted RateLimit header). closed_until only moves
-# later. With no delay from the upstream the scope's own backoff level sets it (and grows).
+# later. With no delay from the upstream the scope's own backoff level sets it (and grows),
+# never shorter than the policy's base (max_s >= base is validated): the floor that a 429
+# without a usable Retry-After relies on.
 # The bucket restarts empty at reopening, so the first call after it is not a burst.
 _CLOSE = text("""
     WITH c AS (

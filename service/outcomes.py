@@ -3,8 +3,10 @@
 Pure: no I/O, no clock. The worker only applies what this returns. DESIGN.md's table:
 
     succeeded     2xx; 404/410 when the policy says absent = deleted
-    throttled     429, or 503 with Retry-After      -> pending at retry time, attempt not counted
-    transient     other 5xx, 408, connect error, timeout before the request was sent
+    throttled     429, or 503 with a usable Retry-After (> 0) -> pending at retry time,
+                  attempt not counted
+    transient     other 5xx (a 503 without a usable Retry-After too), 408, connect error,
+                  timeout before the request was sent
     unknown       timeout or reset after the request was sent (the duplicate window)
     permanent     other 4xx (400, 404, 409, 422...), malformed id  -> dead at once
     unauthorized  401/403                            -> scope paused, item unpunished
@@ -14,10 +16,13 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from enum import StrEnum
+
+import http_sf
 
 _DELAY_SECONDS = re.compile(r"[0-9]+", re.ASCII)  # RFC 9110: 1*DIGIT, ASCII digits only
 MAX_BACKOFF_EXPONENT = 60  # 2**60 s is beyond any policy's max_seconds
@@ -69,26 +74,35 @@ class Classified:
 
 
 def parse_retry_after(value: str | None, now: datetime) -> float | None:
-    """Retry-After as delay-seconds or HTTP-date (RFC 9110 10.2.3); None when absent or
-    unreadable. A past date is 0. Never raises."""
+    """Retry-After as delay-seconds or HTTP-date (RFC 9110 10.2.3): a delay > 0, or None when
+    absent, unreadable, zero or a date not after `now`. Never raises.
+
+    Zero and the past are no usable date: taken literally they let an upstream that answers
+    every call over its limit with `Retry-After: 0` switch throttling off, so the caller backs
+    off exactly as when there is no Retry-After at all."""
     if value is None:
         return None
     text = value.strip()
     if not text:
         return None
     if _DELAY_SECONDS.fullmatch(text):
-        digits = text.lstrip("0") or "0"
-        # beyond 12 digits (31,000 years) the exact value no longer matters: the policy's
-        # retry_after_max_seconds clamps it
-        return float(int(digits)) if len(digits) <= 12 else 1e12
-    try:
-        when = parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError, OverflowError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    delay = (when - now).total_seconds()
-    return max(0.0, delay) if math.isfinite(delay) else None
+        delay = _whole_seconds(text)
+    else:
+        try:
+            when = parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        delay = (when - now).total_seconds()
+    return delay if math.isfinite(delay) and delay > 0 else None
+
+
+def _whole_seconds(digits: str) -> float:
+    """An ASCII 1*DIGIT string as seconds. Beyond 12 digits (31,000 years) the exact value no
+    longer matters, and the policy's retry_after_max_seconds clamps it."""
+    significant = digits.lstrip("0") or "0"
+    return float(int(significant)) if len(significant) <= 12 else 1e12
 
 
 def classify(answer: Answer, *, absent_means_deleted: bool, now: datetime) -> Classified:
@@ -105,6 +119,8 @@ def classify(answer: Answer, *, absent_means_deleted: bool, now: datetime) -> Cl
         if absent_means_deleted:
             return Classified(Outcome.SUCCEEDED, f"absent_{status}")
         return Classified(Outcome.PERMANENT, f"http_{status}")
+    # a 503 throttles only with a usable time; with none (or 0, or a past date) it is a plain
+    # transient 5xx: counted against the item and backed off, the scope left open
     if status == 429 or (status == 503 and retry_after is not None):
         return Classified(Outcome.THROTTLED, f"http_{status}", retry_after)
     if status in (401, 403):
@@ -148,7 +164,9 @@ def plan(result: Classified, *, attempt: int, max_attempts: int, backoff_base_s:
     ceiling = min(backoff_max_s, backoff_base_s * 2.0**exponent)
     if outcome is Outcome.THROTTLED:
         # Not the item's fault: the attempt is refunded. Wait at least what the upstream
-        # asked (bounded by policy), never less.
+        # asked (bounded by policy), never less. Without a usable date full jitter may put
+        # the item due at once: the pace is held by the scope, which the limiter closes by
+        # its own backoff, never for less than backoff_base_s (limiter._CLOSE).
         wanted = result.retry_after_seconds
         delay = min(wanted, retry_after_max_s) if wanted is not None else ceiling * jitter
         return Plan("pending", delay, True, result.reason)
@@ -160,35 +178,91 @@ def plan(result: Classified, *, attempt: int, max_attempts: int, backoff_base_s:
     return Plan("pending", ceiling * jitter, False, result.reason)
 
 
-_RATELIMIT_REMAINING = re.compile(r"(?:^|[;,\s])(?:r|remaining)=(\d+)", re.ASCII)
-_RATELIMIT_RESET = re.compile(r"(?:^|[;,\s])(?:t|reset)=(\d+)", re.ASCII)
-EPOCH_THRESHOLD_S = 1_000_000_000  # a reset this large is a Unix time, not a delay
+EPOCH_THRESHOLD_S = 1_000_000_000  # a -Reset this large is a Unix time, not a delay
+
+# One quota policy as read: (units remaining, seconds until it resets).
+_Quota = tuple[float, float]
 
 
-def exhausted_for(headers: dict[str, str], now: datetime) -> float | None:
+def exhausted_for(headers: Mapping[str, str], now: datetime) -> float | None:
     """Seconds until the upstream's quota resets when it says none is left, else None.
 
-    Reads the IETF httpapi `RateLimit` field (`"p";r=0;t=5` and the older
-    `limit=.., remaining=0, reset=5`), `RateLimit-Remaining`/`-Reset`, and the common
-    `X-RateLimit-Remaining`/`-Reset` (reset as delay seconds or as a Unix time)."""
-    pairs: list[tuple[str | None, str | None]] = []
-    combined = headers.get("ratelimit")
-    if combined:
-        r = _RATELIMIT_REMAINING.search(combined)
-        t = _RATELIMIT_RESET.search(combined)
-        pairs.append((r.group(1) if r else None, t.group(1) if t else None))
+    Reads the IETF httpapi `RateLimit` field, a Structured Field (RFC 9651) List of policies
+    (`"burst";r=5;t=1, "day";r=0;t=30`: `r` remaining, `t` seconds until reset) or the older
+    drafts' Dictionary (`limit=10, remaining=0, reset=5`), and the separate
+    `RateLimit-Remaining`/`-Reset` and `X-RateLimit-Remaining`/`-Reset` (reset as delay
+    seconds or as a Unix time). The quota is spent when any policy read has none left, and
+    the wait is the longest reset among those. The headers are the upstream's: what does not
+    parse is ignored, never raised; the caller clamps the wait."""
+    quotas = [*_ratelimit_field(headers.get("ratelimit")), *_split_fields(headers, now)]
+    waits = [reset for remaining, reset in quotas if remaining == 0]
+    return max(waits) if waits else None
+
+
+def _ratelimit_field(value: str | None) -> list[_Quota]:
+    """Each policy of a `RateLimit` field that names both its remaining units and its reset
+    (a spent policy without a reset names no wait: a 429 then backs off by policy)."""
+    if not value:
+        return []
+    members = _structured(value, "list")
+    if isinstance(members, list):
+        # r and t come from one member's own parameters, never paired across policies; an
+        # Inner List is no policy
+        return [quota for member in members
+                if isinstance(member, tuple) and not isinstance(member[0], list)
+                for quota in _quota(member[1].get("r"), member[1].get("t"))]
+    legacy = _structured(value, "dictionary")
+    if isinstance(legacy, dict):
+        return _quota(_bare_item(legacy.get("remaining")), _bare_item(legacy.get("reset")))
+    return []
+
+
+def _structured(value: str, tltype: str) -> http_sf.StructuredType | None:
+    """`value` parsed as a Structured Field of `tltype`, or None when it is not one."""
+    try:
+        # RFC 9651 fields are ASCII: other text is as malformed as bad syntax
+        return http_sf.parse(value.encode("ascii"), tltype=tltype)
+    except ValueError:  # http_sf.StructuredFieldError and UnicodeEncodeError alike
+        return None
+
+
+def _bare_item(member: object) -> object:
+    """The value of a parsed Dictionary member that is an Item, else None."""
+    if isinstance(member, tuple) and not isinstance(member[0], list):
+        return member[0]
+    return None
+
+
+def _quota(remaining: object, reset: object) -> list[_Quota]:
+    """The policy when both are non-negative Integers, else nothing. An Integer has at most
+    15 digits (RFC 9651), so the reset is finite."""
+    r, t = _count(remaining), _count(reset)
+    return [] if r is None or t is None else [(float(r), float(t))]
+
+
+def _count(value: object) -> int | None:
+    # a bare `;r` parses as True, and bool is an int: no count
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
+
+
+def _split_fields(headers: Mapping[str, str], now: datetime) -> list[_Quota]:
+    """The policy of each `RateLimit-*` and `X-RateLimit-*` pair that is present and readable."""
+    quotas: list[_Quota] = []
     for prefix in ("ratelimit-", "x-ratelimit-"):
-        pairs.append((headers.get(prefix + "remaining"), headers.get(prefix + "reset")))
-    for remaining, reset in pairs:
+        remaining = _digits(headers.get(prefix + "remaining"))
+        reset = _digits(headers.get(prefix + "reset"))
         if remaining is None or reset is None:
             continue
-        remaining, reset = remaining.strip(), reset.strip()
-        if not (_DELAY_SECONDS.fullmatch(remaining) and _DELAY_SECONDS.fullmatch(reset)):
-            continue
-        if int(remaining) > 0:
-            return None
-        value = float(int(reset[:15]))
-        if value >= EPOCH_THRESHOLD_S:
-            value -= now.timestamp()
-        return max(0.0, value)
-    return None
+        if reset >= EPOCH_THRESHOLD_S:
+            # a Unix time; one already past has reset, which names no wait
+            reset -= now.timestamp()
+        quotas.append((remaining, max(0.0, reset)))
+    return quotas
+
+
+def _digits(value: str | None) -> float | None:
+    """An ASCII 1*DIGIT field (whitespace around it allowed) as a number, else None."""
+    text = value.strip() if value is not None else ""
+    return _whole_seconds(text) if _DELAY_SECONDS.fullmatch(text) else None

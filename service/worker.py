@@ -35,6 +35,9 @@ from service.metrics import (
     SCOPE_SIGNALS,
     TOKENS_GRANTED,
     TOKENS_RETURNED,
+    LeaseReturn,
+    ScopeSignal,
+    initialise_series,
 )
 from service.outcomes import (
     UNKNOWN_POLICY_VERSION,
@@ -134,7 +137,7 @@ class WorkerPool:
         self._slowed_round = 0  # the round at which the limit was last halved
         self._slot_freed = asyncio.Event()
         self._done: list[Completion] = []
-        self._unstarted: list[tuple[Lease, str]] = []
+        self._unstarted: list[tuple[Lease, LeaseReturn]] = []
         # held only while run() is active: one for admission rounds, one for completions
         self._admission: HeldConnection | None = None
         self._completing: HeldConnection | None = None
@@ -215,7 +218,7 @@ class WorkerPool:
         if self._stopping.is_set():
             # stop() arrived while the claim was committing: nothing was called yet, so the
             # leases and their tokens go straight back without counting an attempt
-            await self._hand_back(leases, {"shutdown": len(leases)})
+            await self._hand_back(leases, {LeaseReturn.SHUTDOWN: len(leases)})
             return 0
         by_scope = {g.scope: g for g in admitted.grants}
         position: Counter[str] = Counter()
@@ -259,7 +262,8 @@ class WorkerPool:
         self._in_flight.discard(task)
         self._slot_freed.set()
 
-    async def _hand_back(self, leases: list[Lease], reasons: Mapping[str, int]) -> None:
+    async def _hand_back(self, leases: list[Lease], reasons: Mapping[LeaseReturn, int]
+                         ) -> None:
         """Return leases that were never called, and their tokens, without an attempt (one
         statement: under CPU starvation whole rounds come due late, and a release plus a
         give_back transaction for each lease made the backlog of them grow)."""
@@ -337,22 +341,23 @@ class WorkerPool:
                 delay = min(delay, cfg.retry_after_max_seconds)
             self._add_closure(lease.scope, delay, cfg.backoff.base_seconds,
                               cfg.backoff.max_seconds)
-            SCOPE_SIGNALS.labels("throttled").inc()
+            SCOPE_SIGNALS.labels(ScopeSignal.THROTTLED).inc()
             if delay is None:
                 self._backed_off.add(lease.scope)
             self._held_locally[lease.scope] = time.monotonic() + (
                 delay if delay is not None else min(LOCAL_HOLD_S, cfg.backoff.base_seconds))
         elif verdict.outcome is Outcome.UNAUTHORIZED:
-            SCOPE_SIGNALS.labels("unauthorized").inc()
+            SCOPE_SIGNALS.labels(ScopeSignal.UNAUTHORIZED).inc()
             self._pauses.add(lease.scope)
             self._held_locally[lease.scope] = time.monotonic() + LOCAL_HOLD_S
         elif verdict.outcome is Outcome.SUCCEEDED and lease.scope in self._backed_off:
             # only scopes this process saw back off need their level reset
             self._backed_off.discard(lease.scope)
             self._recovered.add(lease.scope)
-        if answer.quota_reset_seconds is not None:
-            # the upstream says the quota is spent: slow down before it answers 429
-            SCOPE_SIGNALS.labels("quota_exhausted").inc()
+        if answer.quota_reset_seconds is not None and answer.quota_reset_seconds > 0:
+            # the upstream says the quota is spent: slow down before it answers 429. A reset
+            # due now names no wait, and must not displace a throttle's backoff closure.
+            SCOPE_SIGNALS.labels(ScopeSignal.QUOTA_EXHAUSTED).inc()
             self._add_closure(lease.scope, min(answer.quota_reset_seconds,
                                                cfg.retry_after_max_seconds),
                               cfg.backoff.base_seconds, cfg.backoff.max_seconds)
@@ -374,10 +379,10 @@ class WorkerPool:
             delay = due - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            unstarted = ("shutdown" if self._stopping.is_set()
-                         else "scope_held" if lease.scope in self._held_locally
-                         else "late_token" if time.monotonic() > give_up else None)
-            if unstarted == "late_token":
+            unstarted = (LeaseReturn.SHUTDOWN if self._stopping.is_set()
+                         else LeaseReturn.SCOPE_HELD if lease.scope in self._held_locally
+                         else LeaseReturn.LATE_START if time.monotonic() > give_up else None)
+            if unstarted is LeaseReturn.LATE_START:
                 self._late_round = max(self._late_round, round_no)
             if unstarted is not None:
                 # not called: the lease and its token go back with the next flush (one
@@ -602,6 +607,7 @@ async def run_worker_process(settings: Settings, policies: Policies, url: URL) -
     """`sweeper worker`: the pool alone, until SIGTERM or SIGINT."""
     import signal
 
+    initialise_series(policies.policies)
     engine = make_engine(url, settings)
     upstreams = Upstreams(policies.upstreams)
     pool = WorkerPool(engine, policies, upstreams, concurrency=settings.workers,

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.fakes.upstream import Call, FakeUpstream, Fault
+from tests.fakes.upstream import Call, FakeUpstream, Fault, over_limit
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -135,6 +135,25 @@ async def test_default_window_allows_n_calls_in_any_trailing_second() -> None:
             again = [(await c.delete(f"/y/{i}")).status_code for i in range(4)]
         assert first == [204, 204, 204, 429] and again == [204, 204, 204, 429]
         assert over.status_code == 429 and over.headers["Retry-After"] == "1"
+
+
+async def test_over_limit_throttles_with_the_headers_the_test_chooses(
+    up: FakeUpstream, client: httpx.AsyncClient
+) -> None:
+    up.inject(Fault.STATUS, times=None, status=429, headers={"Retry-After": "0"},
+              match=over_limit(3))
+    first = [await client.delete(f"/x/{i}", headers={"X-Scope": "s"}) for i in range(5)]
+    assert [r.status_code for r in first] == [204, 204, 204, 429, 429]
+    assert first[3].headers["Retry-After"] == "0"
+    # each scope has its own window
+    assert (await client.delete("/x", headers={"X-Scope": "other"})).status_code == 204
+    await asyncio.sleep(1.05)  # the first three leave the window together
+    again = [(await client.delete(f"/y/{i}", headers={"X-Scope": "s"})).status_code
+             for i in range(4)]
+    assert again == [204, 204, 204, 429]
+    assert [c.outcome for c in up.calls()].count("status") == 3
+    with pytest.raises(ValueError, match="per_second"):
+        over_limit(0)
 
 
 async def test_status_fault_with_headers_and_body(

@@ -1,6 +1,7 @@
 """service.outcomes: every upstream answer lands in exactly one outcome class (DESIGN.md,
-"Outcome classes"), Retry-After is read per RFC 9110 and never raises, and `plan` turns an
-outcome into the item's next state with bounded, monotone backoff."""
+"Outcome classes"), Retry-After is read per RFC 9110 and never raises (0 and past dates are no
+usable date), `plan` turns an outcome into the item's next state with bounded, monotone
+backoff, and `exhausted_for` reads the upstream's quota fields as Structured Fields."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from service.outcomes import (
     Outcome,
     Plan,
     classify,
+    exhausted_for,
     parse_retry_after,
     plan,
 )
@@ -39,19 +41,32 @@ CLASSIFY_TABLE: list[tuple[Answer, bool, Outcome, str, float | None]] = [
     (Answer(status=410), True, S, "absent_410", None),
     (Answer(status=404), False, PE, "http_404", None),
     (Answer(status=410), False, PE, "http_410", None),
-    # 429: throttled, with or without (a readable) Retry-After
+    # 429: throttled, with or without (a usable) Retry-After; 0, a date now or past, and
+    # garbage all leave the delay to the policy's backoff, as no Retry-After does
     (Answer(status=429), True, TH, "http_429", None),
     (Answer(status=429), False, TH, "http_429", None),
     (Answer(status=429, retry_after="7"), False, TH, "http_429", 7.0),
-    (Answer(status=429, retry_after="0"), False, TH, "http_429", 0.0),
+    (Answer(status=429, retry_after="1"), False, TH, "http_429", 1.0),
+    (Answer(status=429, retry_after="0"), False, TH, "http_429", None),
+    (Answer(status=429, retry_after="000"), True, TH, "http_429", None),
     (Answer(status=429, retry_after="Sun, 01 Mar 2026 12:01:00 GMT"), False, TH, "http_429",
      60.0),
+    (Answer(status=429, retry_after="Sun, 01 Mar 2026 12:00:00 GMT"), False, TH, "http_429",
+     None),
+    (Answer(status=429, retry_after="Sun, 06 Nov 1994 08:49:37 GMT"), False, TH, "http_429",
+     None),
     (Answer(status=429, retry_after="soon"), False, TH, "http_429", None),
-    # 503: throttled only with a readable Retry-After, otherwise a transient 5xx
+    # 503: throttled only with a usable Retry-After; with none, 0 or a date not ahead it is a
+    # plain transient 5xx (counted, backed off, the scope left open)
     (Answer(status=503, retry_after="30"), False, TH, "http_503", 30.0),
-    (Answer(status=503, retry_after="0"), True, TH, "http_503", 0.0),
     (Answer(status=503, retry_after="Sun, 01 Mar 2026 12:00:05 GMT"), False, TH, "http_503",
      5.0),
+    (Answer(status=503, retry_after="0"), True, TR, "http_503", None),
+    (Answer(status=503, retry_after="0"), False, TR, "http_503", None),
+    (Answer(status=503, retry_after="Sun, 01 Mar 2026 12:00:00 GMT"), False, TR, "http_503",
+     None),
+    (Answer(status=503, retry_after="Sun, 06 Nov 1994 08:49:37 GMT"), False, TR, "http_503",
+     None),
     (Answer(status=503), False, TR, "http_503", None),
     (Answer(status=503, retry_after="later"), False, TR, "http_503", None),
     (Answer(status=503, retry_after=""), False, TR, "http_503", None),
@@ -106,15 +121,16 @@ def test_the_table_covers_every_outcome_and_failure() -> None:
 
 @given(status=st.integers(100, 599), absent=st.booleans(),
        retry_after=st.none() | st.sampled_from(["0", "5", "soon", "",
-                                                "Sun, 01 Mar 2026 12:00:09 GMT"]))
+                                                "Sun, 01 Mar 2026 12:00:09 GMT",
+                                                "Sun, 01 Mar 2026 11:59:00 GMT"]))
 def test_every_status_lands_in_exactly_one_documented_class(
         status: int, absent: bool, retry_after: str | None) -> None:
     got = classify(Answer(status=status, retry_after=retry_after),
                    absent_means_deleted=absent, now=NOW)
-    readable = retry_after is not None and parse_retry_after(retry_after, NOW) is not None
+    usable = retry_after is not None and parse_retry_after(retry_after, NOW) is not None
     if 200 <= status < 300 or (status in (404, 410) and absent):
         expected = S
-    elif status == 429 or (status == 503 and readable):
+    elif status == 429 or (status == 503 and usable):
         expected = TH
     elif status in (401, 403):
         expected = UA
@@ -124,6 +140,7 @@ def test_every_status_lands_in_exactly_one_documented_class(
         expected = TR
     assert got.outcome is expected
     assert (got.retry_after_seconds is not None) <= (got.outcome is TH)
+    assert got.retry_after_seconds is None or got.retry_after_seconds > 0
 
 
 @pytest.mark.parametrize("status", [200, 429, 503])
@@ -136,7 +153,7 @@ def test_classify_survives_a_superscript_retry_after(status: int) -> None:
 # -- parse_retry_after -------------------------------------------------------------------
 
 @pytest.mark.parametrize(("value", "expected"), [
-    ("0", 0.0),
+    ("1", 1.0),
     ("3", 3.0),
     (" 7 ", 7.0),
     ("\t12\n", 12.0),
@@ -149,15 +166,26 @@ def test_classify_survives_a_superscript_retry_after(status: int) -> None:
     ("Sun Mar  1 12:00:30 2026", 30.0),              # obsolete asctime
     ("Sun, 01 Mar 2026 13:00:00 GMT", 3600.0),
     ("Mon, 02 Mar 2026 12:00:00 GMT", 86400.0),
-    # now and the past are 0, never negative
-    ("Sun, 01 Mar 2026 12:00:00 GMT", 0.0),
-    ("Sun, 01 Mar 2026 11:59:59 GMT", 0.0),
-    ("Sun, 06 Nov 1994 08:49:37 GMT", 0.0),
-    ("Sunday, 06-Nov-94 08:49:37 GMT", 0.0),
-    ("Sun Nov  6 08:49:37 1994", 0.0),
+    ("Sun, 01 Mar 2026 12:00:01 GMT", 1.0),
 ])
 def test_parse_retry_after_valid(value: str, expected: float) -> None:
     assert parse_retry_after(value, NOW) == expected
+
+
+@pytest.mark.parametrize("value", [
+    # zero, in every spelling, asks for no wait at all
+    "0", "00", "0000000000000", " 0 ",
+    # a date now or past, in all three forms
+    "Sun, 01 Mar 2026 12:00:00 GMT",
+    "Sun, 01 Mar 2026 11:59:59 GMT",
+    "Sun, 06 Nov 1994 08:49:37 GMT",
+    "Sunday, 06-Nov-94 08:49:37 GMT",
+    "Sun Nov  6 08:49:37 1994",
+    "Thu, 01 Jan 1970 00:00:00 GMT",
+])
+def test_parse_retry_after_zero_or_past_is_no_usable_date(value: str) -> None:
+    # Taken literally these let an upstream switch throttling off; the caller backs off instead
+    assert parse_retry_after(value, NOW) is None
 
 
 @pytest.mark.parametrize("digits", ["9" * 13, "9" * 30, "1" + "0" * 40, "7" * 1000])
@@ -188,7 +216,7 @@ def test_parse_retry_after_leading_zeros_keep_their_value(value: str, expected: 
     assert parse_retry_after(value, NOW) == expected
 
 
-@given(st.integers(min_value=0, max_value=10**11), st.text(" \t", max_size=3),
+@given(st.integers(min_value=1, max_value=10**11), st.text(" \t", max_size=3),
        st.text(" \t", max_size=3))
 def test_parse_retry_after_delay_seconds_roundtrip(n: int, pre: str, post: str) -> None:
     assert parse_retry_after(f"{pre}{n}{post}", NOW) == float(n)
@@ -198,7 +226,7 @@ def test_parse_retry_after_delay_seconds_roundtrip(n: int, pre: str, post: str) 
 def test_parse_retry_after_imf_fixdate_roundtrip(offset: int) -> None:
     when = NOW + timedelta(seconds=offset)
     value = when.strftime("%a, %d %b %Y %H:%M:%S GMT")
-    assert parse_retry_after(value, NOW) == max(0.0, float(offset))
+    assert parse_retry_after(value, NOW) == (float(offset) if offset > 0 else None)
 
 
 @given(st.text())
@@ -209,16 +237,16 @@ def test_parse_retry_after_imf_fixdate_roundtrip(offset: int) -> None:
 @example("1 Jan 1 00:00:00 -2359")
 @example("31 Dec 9999 23:59:59 +2359")
 def test_parse_retry_after_is_total(value: str) -> None:
-    """Any text: a finite float >= 0 or None, never an exception."""
+    """Any text: a finite float > 0 or None, never an exception."""
     got = parse_retry_after(value, NOW)
-    assert got is None or (math.isfinite(got) and got >= 0)
+    assert got is None or (math.isfinite(got) and got > 0)
 
 
 @given(st.text())
 @example("²")
 def test_parse_retry_after_never_raises_on_any_text(value: str) -> None:
     got = parse_retry_after(value, NOW)
-    assert got is None or (math.isfinite(got) and got >= 0)
+    assert got is None or (math.isfinite(got) and got > 0)
 
 
 # -- plan --------------------------------------------------------------------------------
@@ -301,6 +329,15 @@ def test_plan_end_to_end_with_classify() -> None:
     assert _plan(c.outcome, retry_after=c.retry_after_seconds).retry_in_seconds == 120.0
 
 
+@pytest.mark.parametrize("retry_after", ["0", "Sun, 06 Nov 1994 08:49:37 GMT", "soon"])
+def test_plan_for_an_unusable_retry_after_is_the_plan_without_one(retry_after: str) -> None:
+    def planned(value: str | None) -> Plan:
+        c = classify(Answer(status=429, retry_after=value), absent_means_deleted=False, now=NOW)
+        return _plan(c.outcome, attempt=3, retry_after=c.retry_after_seconds, jitter=0.5)
+
+    assert planned(retry_after) == planned(None) == Plan("pending", 4.0, True, "r_throttled")
+
+
 @pytest.mark.parametrize("outcome", [TR, UK, TH, UA])
 def test_plan_survives_a_runaway_attempt_counter(outcome: Outcome) -> None:
     got = _plan(outcome, attempt=1100, max_attempts=8, jitter=0.5)
@@ -352,3 +389,116 @@ def test_plan_throttled_never_waits_less_than_asked_unless_clamped(
     assert got.retry_in_seconds >= min(asked, cap)
     if asked <= cap:
         assert got.retry_in_seconds >= asked
+
+
+# -- exhausted_for -----------------------------------------------------------------------
+
+EPOCH = int(NOW.timestamp())
+
+# (headers, seconds until the quota resets when it is spent, else None)
+QUOTA_TABLE: list[tuple[dict[str, str], float | None]] = [
+    # the IETF RateLimit field: a List of policies, each with r (remaining) and t (reset)
+    ({"ratelimit": '"default";r=0;t=7'}, 7.0),
+    ({"ratelimit": '"default";r=3;t=7'}, None),
+    ({"ratelimit": "default;r=0;t=7"}, 7.0),  # a Token names a policy as well as a String
+    ({"ratelimit": '"default";t=7;r=0'}, 7.0),
+    ({"ratelimit": '"default";r=0;t=0'}, 0.0),
+    ({"ratelimit": '"default";r=0;t=7;pk=:AAE=:'}, 7.0),
+    # several policies: any one spent is enough ...
+    ({"ratelimit": '"burst";r=5;t=1, "day";r=0;t=30'}, 30.0),
+    ({"ratelimit": '"burst";r=0;t=1, "day";r=900;t=30'}, 1.0),
+    ({"ratelimit": '"burst";r=5;t=1,"day";r=0;t=30'}, 30.0),
+    ({"ratelimit": '"burst";r=5;t=1, "hour";r=7;t=60, "day";r=9;t=30'}, None),
+    # ... and the longest wait among the spent ones wins
+    ({"ratelimit": '"a";r=0;t=5, "b";r=0;t=60, "c";r=3;t=900'}, 60.0),
+    ({"ratelimit": '"b";r=0;t=60, "a";r=0;t=5'}, 60.0),
+    # r and t are one policy's own: never paired across policies
+    ({"ratelimit": '"a";r=0, "b";r=3;t=30'}, None),
+    ({"ratelimit": '"a";t=30, "b";r=0'}, None),
+    ({"ratelimit": '"a";r=0, "b";r=0;t=4'}, 4.0),
+    ({"ratelimit": '"a";r=5;t=900, "b";r=0;t=2'}, 2.0),
+    # malformed: the field (or the member) is ignored, never guessed at
+    ({"ratelimit": '"a";r=0;t=5,'}, None),               # trailing comma
+    ({"ratelimit": '"a";r=0;t=5 junk'}, None),
+    ({"ratelimit": "'a';r=0;t=5"}, None),                # single quotes
+    ({"ratelimit": '"a";R=0;T=5'}, None),                # keys are lowercase
+    ({"ratelimit": '"ä";r=0;t=5'}, None),                # not ASCII
+    ({"ratelimit": '"a";r=0;t=-5'}, None),
+    ({"ratelimit": '"a";r=-1;t=5'}, None),
+    ({"ratelimit": '"a";r=0;t=5.5'}, None),              # a Decimal is no Integer
+    ({"ratelimit": '"a";r;t=5'}, None),                  # a bare r is the Boolean true
+    ({"ratelimit": '"a";r=?0;t=5'}, None),
+    ({"ratelimit": '"a";r="0";t="5"'}, None),
+    ({"ratelimit": "(a b);r=0;t=5"}, None),              # an Inner List is no policy
+    ({"ratelimit": '"a";r=0;t=9999999999999999'}, None),  # beyond an Integer's 15 digits
+    ({"ratelimit": '"a";r=0;t=999999999999999'}, 999999999999999.0),  # the caller clamps
+    ({"ratelimit": '"a";r=0;t=5, "b";r=0;t=oops'}, 5.0),  # "oops" is a Token: b has no t
+    ({"ratelimit": ""}, None),
+    ({"ratelimit": "   "}, None),
+    # the older drafts' Dictionary
+    ({"ratelimit": "limit=100, remaining=0, reset=5"}, 5.0),
+    ({"ratelimit": "limit=100, remaining=2, reset=5"}, None),
+    ({"ratelimit": "remaining=0, reset=5;w=60"}, 5.0),
+    ({"ratelimit": "limit=100, remaining=0"}, None),
+    ({"ratelimit": "limit=100, remaining=(0), reset=5"}, None),
+    ({"ratelimit": 'remaining=0, reset=5, "day";r=0;t=9'}, None),  # neither form: ignored
+    # RateLimit-Remaining/-Reset and X-RateLimit-Remaining/-Reset
+    ({"ratelimit-remaining": "0", "ratelimit-reset": "12"}, 12.0),
+    ({"x-ratelimit-remaining": "0", "x-ratelimit-reset": "30"}, 30.0),
+    ({"x-ratelimit-remaining": " 0 ", "x-ratelimit-reset": " 30 "}, 30.0),
+    ({"x-ratelimit-remaining": "0", "x-ratelimit-reset": "000000000000000007"}, 7.0),
+    ({"x-ratelimit-remaining": "0", "x-ratelimit-reset": str(EPOCH + 9)}, 9.0),  # Unix time
+    ({"x-ratelimit-remaining": "0", "x-ratelimit-reset": str(EPOCH - 9)}, 0.0),  # past: reset
+    ({"x-ratelimit-remaining": "0", "x-ratelimit-reset": "1000000000"}, 0.0),
+    ({"x-ratelimit-remaining": "4", "x-ratelimit-reset": "30"}, None),
+    ({"x-ratelimit-remaining": "zero", "x-ratelimit-reset": "30"}, None),
+    ({"x-ratelimit-remaining": "0", "x-ratelimit-reset": "-30"}, None),
+    ({"x-ratelimit-remaining": "0", "x-ratelimit-reset": "1.5"}, None),
+    ({"x-ratelimit-remaining": "0"}, None),
+    ({"x-ratelimit-reset": "30"}, None),
+    # every family is read: any one spent is enough, the longest wait wins
+    ({"ratelimit": '"a";r=3;t=7', "x-ratelimit-remaining": "0", "x-ratelimit-reset": "30"},
+     30.0),
+    ({"ratelimit": '"a";r=0;t=40', "ratelimit-remaining": "0", "ratelimit-reset": "30"}, 40.0),
+    ({"ratelimit": "garbage;;", "ratelimit-remaining": "0", "ratelimit-reset": "3"}, 3.0),
+    ({}, None),
+]
+
+
+@pytest.mark.parametrize(("headers", "expected"), QUOTA_TABLE, ids=lambda v: repr(v)[:60])
+def test_exhausted_for_table(headers: dict[str, str], expected: float | None) -> None:
+    assert exhausted_for(headers, NOW) == expected
+
+
+@pytest.mark.parametrize("digits", ["9" * 16, "9" * 40, "7" * 5000])
+def test_exhausted_for_an_absurd_reset_is_huge_and_finite(digits: str) -> None:
+    got = exhausted_for({"x-ratelimit-remaining": "0", "x-ratelimit-reset": digits}, NOW)
+    assert got is not None and math.isfinite(got) and got >= 1e11  # the caller clamps it
+
+
+_policy = st.tuples(st.from_regex(r"[a-z][a-z0-9]{0,5}", fullmatch=True),
+                    st.integers(0, 3), st.integers(0, 10**6))
+
+
+@given(st.lists(_policy, min_size=1, max_size=6))
+def test_exhausted_for_is_the_longest_reset_among_the_spent_policies(
+        policies: list[tuple[str, int, int]]) -> None:
+    field = ", ".join(f'"{name}";r={r};t={t}' for name, r, t in policies)
+    spent = [float(t) for _, r, t in policies if r == 0]
+    assert exhausted_for({"ratelimit": field}, NOW) == (max(spent) if spent else None)
+
+
+_sf_text = st.text(st.sampled_from([*'"();=,?*:@%-. \t0123456789abdrtRT', "ä", "\x00"]),
+                   max_size=40)
+
+
+@given(st.dictionaries(st.sampled_from(["ratelimit", "ratelimit-remaining", "ratelimit-reset",
+                                        "x-ratelimit-remaining", "x-ratelimit-reset"]),
+                       _sf_text | st.text()))
+@example({"ratelimit": '"a";r=0;t=@99999999999999'})
+@example({"ratelimit": '"a";r=0;t=:####:'})
+@example({"ratelimit": '"a";r=0;t=%"%ff"'})
+@example({"ratelimit": "a=(" * 500})
+def test_exhausted_for_never_raises(headers: dict[str, str]) -> None:
+    got = exhausted_for(headers, NOW)
+    assert got is None or (math.isfinite(got) and got >= 0)
