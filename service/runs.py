@@ -9,6 +9,12 @@ PUBLICATION_LANES chunk transactions run side by side: they pick disjoint items 
 LOCKED), share the run row (FOR KEY SHARE), number their batches from a sequence, and
 add their counts to the run row as they commit. The run is marked published once every
 lane found nothing left.
+
+A run whose publication raises is isolated: runs are published one after another, and one
+run's error never keeps the next from publishing. The database being unavailable or busy
+leaves the run `publishing` for the next pass; any other error marks it `failed`, with an
+error code and message in its report (from the exception's type and SQLSTATE, never its
+text, which may quote customer values), logged once by the publisher that marked it.
 """
 
 from __future__ import annotations
@@ -23,11 +29,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
+from sqlalchemy import exc as sa_exc
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service import metrics
 from service.claims import NOTIFY_CHANNEL
+from service.db.engine import is_busy, is_unavailable
 from service.errors import Problem
 
 log = logging.getLogger(__name__)
@@ -83,14 +91,36 @@ async def create_run(engine: AsyncEngine, request: RunRequest, trigger_key: str 
     return int(row.id), False
 
 
-# Candidate figures for the run's exact predicate, per policy (dry runs report only these).
-_CANDIDATES = text("""
-    SELECT policy, count(*) AS n, min(due_at) AS oldest, max(due_at) AS newest
-    FROM items
-    WHERE status = 'pending' AND released_at IS NULL AND due_at <= :cutoff
-      AND (CAST(:policy AS text) IS NULL OR policy = :policy)
-      AND (CAST(:tenant AS text) IS NULL OR tenant_id = :tenant)
-    GROUP BY policy ORDER BY policy
+# Record the candidate figures for the run's exact predicate, per policy (dry runs report
+# only these), in SQL: no due_at passes through Python, so publication does not depend on
+# items_due_at_range keeping due_at where Python's datetime reaches (asyncpg cannot decode
+# a year BC). The report renders each figure as the database does (ISO 8601 under SET LOCAL
+# TIME ZONE 'UTC'), exactly whatever the value; the typed columns, which every reader of
+# the run row decodes, are raised to 0001-01-01, Python's earliest instant (per row: no
+# candidates still leaves them NULL). Candidates are due by the run's cutoff, which Python
+# holds (runs_cutoff_range), so no upper bound is needed.
+_RECORD_CANDIDATES = text("""
+    WITH per_policy AS (
+        SELECT policy, count(*) AS n, min(due_at) AS oldest, max(due_at) AS newest
+        FROM items
+        WHERE status = 'pending' AND released_at IS NULL AND due_at <= :cutoff
+          AND (CAST(:policy AS text) IS NULL OR policy = :policy)
+          AND (CAST(:tenant AS text) IS NULL OR tenant_id = :tenant)
+        GROUP BY policy
+    )
+    UPDATE runs SET
+        candidates = (SELECT coalesce(sum(n), 0) FROM per_policy),
+        oldest_due_at = (SELECT min(greatest(oldest, '0001-01-01 00:00:00+00'))
+                         FROM per_policy),
+        newest_due_at = (SELECT max(greatest(newest, '0001-01-01 00:00:00+00'))
+                         FROM per_policy),
+        report = jsonb_build_object('policies', (
+            SELECT coalesce(jsonb_object_agg(policy, jsonb_build_object(
+                       'candidates', n, 'oldest_due_at', oldest, 'newest_due_at', newest)),
+                   '{}')
+            FROM per_policy))
+    WHERE id = :id
+    RETURNING candidates
 """)
 
 # One chunk: lock the next unreleased due items of one policy version (SKIP LOCKED: two
@@ -212,26 +242,21 @@ def _filters(run: Any) -> dict[str, Any]:
 
 
 async def _record_candidates(conn: AsyncConnection, run: Any) -> None:
-    rows = (await conn.execute(_CANDIDATES, _filters(run))).all()
-    per_policy = {r.policy: {"candidates": r.n, "oldest_due_at": r.oldest.isoformat(),
-                             "newest_due_at": r.newest.isoformat()} for r in rows}
-    report: dict[str, Any] = {"policies": per_policy}
+    await conn.execute(text("SET LOCAL TIME ZONE 'UTC'"))  # the report's rendering of due_at
+    total = (await conn.execute(_RECORD_CANDIDATES, {**_filters(run), "id": run["id"]}
+                                )).scalar_one()
     if run["dry_run"]:
         previous = (await conn.execute(text(
             "SELECT id, candidates FROM runs WHERE dry_run AND state = 'published' "
             "AND id < :id AND policy IS NOT DISTINCT FROM :policy "
             "AND tenant_id IS NOT DISTINCT FROM :tenant ORDER BY id DESC LIMIT 1"),
             {"id": run["id"], "policy": run["policy"], "tenant": run["tenant_id"]})).first()
-        total = sum(r.n for r in rows)
-        report["previous_dry_run"] = (
-            {"run_id": previous.id, "candidates": previous.candidates,
-             "difference": total - previous.candidates} if previous else None)
-    await conn.execute(text(
-        "UPDATE runs SET report = CAST(:report AS jsonb), candidates = :n, "
-        "oldest_due_at = :oldest, newest_due_at = :newest WHERE id = :id"),
-        {"report": json.dumps(report), "n": sum(r.n for r in rows),
-         "oldest": min((r.oldest for r in rows), default=None),
-         "newest": max((r.newest for r in rows), default=None), "id": run["id"]})
+        comparison = ({"run_id": previous.id, "candidates": previous.candidates,
+                       "difference": total - previous.candidates} if previous else None)
+        await conn.execute(text(
+            "UPDATE runs SET report = report || jsonb_build_object("
+            "'previous_dry_run', CAST(:comparison AS jsonb)) WHERE id = :id"),
+            {"comparison": json.dumps(comparison), "id": run["id"]})
 
 
 async def _release_chunk(conn: AsyncConnection, run: Any, batch_size: int,
@@ -284,15 +309,75 @@ async def _finish(conn: AsyncConnection, run: Any) -> None:
 
 
 async def publish_pending(engine: AsyncEngine, *, batch_size: int) -> int:
-    """Publish every run still in state `publishing` (new, or left by a crash)."""
+    """Publish every run still in state `publishing` (new, or left by a crash), each on its
+    own: a run that raises is left for the next pass (database unavailable or busy) or
+    marked failed, and the runs after it are published all the same. Returns the runs
+    published."""
     async with engine.connect() as conn:
         ids = (await conn.execute(text(
             "SELECT id FROM runs WHERE state = 'publishing' ORDER BY id"))).scalars().all()
     done = 0
+    deferred: list[int] = []
     for run_id in ids:
-        if await publish(engine, run_id, batch_size=batch_size):
-            done += 1
+        try:
+            if await publish(engine, run_id, batch_size=batch_size):
+                done += 1
+        except Exception as exc:
+            # a retry when the database could not answer (or the run could not be marked)
+            if is_unavailable(exc) or is_busy(exc) or not await _fail(engine, run_id, exc):
+                deferred.append(run_id)
+    if deferred:
+        # one line per pass, however many runs wait
+        log.warning("run publication deferred: database unavailable or busy",
+                    extra={"run_ids": deferred[:10], "runs": len(deferred)})
     return done
+
+
+# A run whose publication cannot complete stops here, its error on the row and in its
+# report. Batches already released stay released (workers drain them); items not released
+# are left for a later run, whose predicate finds them.
+_FAIL_RUN = text("""
+    UPDATE runs SET state = 'failed', error = :code,
+           report = report || jsonb_build_object('error', jsonb_build_object(
+               'code', CAST(:code AS text), 'message', CAST(:message AS text)))
+    WHERE id = :id AND state = 'publishing'  -- only the replica that fails it logs it
+    RETURNING id
+""")
+
+
+async def _fail(engine: AsyncEngine, run_id: int, exc: Exception) -> bool:
+    """Mark the run failed with `exc` described; log it once (only the caller whose update
+    took the row). False when the mark itself could not be written: the run stays
+    publishing and the next pass tries it again."""
+    code, message = _failure_report(exc)
+    try:
+        async with engine.begin() as conn:
+            marked = (await conn.execute(_FAIL_RUN, {"id": run_id, "code": code,
+                                                     "message": message})).first()
+    except Exception as mark_exc:
+        if not (is_unavailable(mark_exc) or is_busy(mark_exc)):
+            log.exception("run publication failed and could not be marked failed",
+                          extra={"run_id": run_id, "error_code": code})
+        return False
+    if marked is not None:
+        log.error("run publication failed", exc_info=exc,
+                  extra={"run_id": run_id, "error_code": code})
+    return True
+
+
+def _failure_report(exc: BaseException) -> tuple[str, str]:
+    """The error code and message a failed run reports: from the exception's type and
+    SQLSTATE only, never its text (it may quote the values of the row that failed)."""
+    if isinstance(exc, sa_exc.DBAPIError):
+        orig = exc.orig
+        cause = getattr(orig, "__cause__", None) or orig
+        sqlstate = getattr(orig, "sqlstate", None) or getattr(cause, "sqlstate", None)
+        return ("database-error", f"the database refused a publication statement: "
+                                  f"{type(cause).__name__} (SQLSTATE {sqlstate or 'unknown'})")
+    if isinstance(exc, OverflowError | ValueError):
+        return ("unrepresentable-value", f"a value read from the ledger cannot be "
+                                         f"represented: {type(exc).__name__}")
+    return "publication-error", f"publication stopped by an unexpected {type(exc).__name__}"
 
 
 async def run_status(engine: AsyncEngine, run_id: int,
@@ -320,8 +405,10 @@ async def run_progress(engine: AsyncEngine, run_id: int) -> dict[str, Any]:
             "SELECT a.outcome, count(*) FROM attempts a JOIN items i ON i.id = a.item_id "
             "JOIN batches b ON b.id = i.batch_id WHERE b.run_id = :id GROUP BY a.outcome"),
             {"id": run_id})).all())
+        # raised to Python's earliest instant as in _RECORD_CANDIDATES (per row: none is NULL)
         oldest = (await conn.execute(text(
-            "SELECT min(i.due_at) FROM items i JOIN batches b ON b.id = i.batch_id "
+            "SELECT min(greatest(i.due_at, '0001-01-01 00:00:00+00')) "
+            "FROM items i JOIN batches b ON b.id = i.batch_id "
             "WHERE b.run_id = :id AND i.status IN ('pending', 'leased')"),
             {"id": run_id})).scalar()
     return {"items": by_status, "attempts": by_outcome, "oldest_remaining_due_at": oldest}
@@ -403,23 +490,49 @@ async def list_runs(engine: AsyncEngine, *, limit: int, before: int | None
         return [dict(r) for r in rows]
 
 
-# Deletion evidence: the run's succeeded items with their proof, streamed in id order.
-_EVIDENCE = text("""
+# Records per evidence page: each page is one short read whose connection goes back to the
+# pool before the page is written to the client, so a slow reader holds no connection and
+# no transaction, and the stream's memory is one page.
+EVIDENCE_PAGE_ROWS: Final = 1000
+
+# One page of deletion evidence: the run's succeeded items after `after`, in id order
+# (keyset: the next page starts past the last id sent, so no record is sent twice).
+_EVIDENCE_PAGE = text("""
     SELECT i.id, i.tenant_id, i.object_id, i.policy, i.policy_version, i.operation_key,
            i.last_outcome AS outcome, i.last_status_code AS upstream_status, i.attempts,
            i.completed_at
     FROM items i JOIN batches b ON b.id = i.batch_id
-    WHERE b.run_id = :id AND i.status = 'succeeded'
+    WHERE b.run_id = :id AND i.status = 'succeeded' AND i.id > :after
     ORDER BY i.id
+    LIMIT :page
 """)
 
 
-async def evidence(engine: AsyncEngine, run_id: int) -> AsyncIterator[dict[str, Any]]:
-    """Yield one evidence record per succeeded item of the run, with a server-side cursor so
-    memory stays flat whatever the run's size."""
-    async with engine.connect() as conn:
-        result = await conn.stream(_EVIDENCE, {"id": run_id})
-        async for row in result.mappings():
-            record = dict(row)
+async def evidence_pages(engine: AsyncEngine, run_id: int, *,
+                         page_rows: int = EVIDENCE_PAGE_ROWS
+                         ) -> AsyncIterator[list[dict[str, Any]]]:
+    """Yield the run's deletion evidence, one record per succeeded item in id order, in
+    pages of at most `page_rows` (never an empty one). Each page is read at its own moment
+    in its own short transaction: an item that succeeds while the stream runs is included
+    when its id is past the pages already read."""
+    after = sent = 0
+    while True:
+        try:
+            async with engine.connect() as conn:
+                rows = (await conn.execute(_EVIDENCE_PAGE, {
+                    "id": run_id, "after": after, "page": page_rows})).mappings().all()
+        except Exception as exc:
+            if sent:  # the caller has passed part of the evidence on: say where it broke
+                log.warning("evidence read failed part way", extra={
+                    "run_id": run_id, "records_sent": sent, "error_type": type(exc).__name__})
+            raise
+        # the connection is back in the pool before the caller sees the page
+        if not rows:
+            return
+        page = [dict(row) for row in rows]
+        after, sent = page[-1]["id"], sent + len(page)
+        for record in page:
             record["item_id"] = record.pop("id")
-            yield record
+        yield page
+        if len(page) < page_rows:
+            return

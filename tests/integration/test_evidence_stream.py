@@ -1,0 +1,225 @@
+"""Evidence streams page by page over a real HTTP server: readers that stop reading hold no
+database connection, a complete read has every record once in id order, and a stream whose
+database goes away part way ends in an error the client sees, never a clean short body."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service import runs
+from service.policies import Policies
+from tests.conftest import TOKEN_A, LiveServer, test_settings
+
+# Items of the seeded run: about 11 MB of evidence, far more than a stalled reader's socket
+# buffers take in (the server's send buffer grows to net.ipv4.tcp_wmem's 4 MB at most).
+RUN_ITEMS = 36_000
+# A stalled reader's receive buffer, fixed (no autotuning): smaller ones slow a resumed
+# read to a crawl (a window of a few segments per delayed acknowledgement).
+READER_RCVBUF_BYTES = 64 * 1024
+STALLED_READERS = 5  # more than the pool's connections
+POOL_SIZE = 2
+PROMPT_S = 2.0  # what "answers promptly" means here, with readers stalled
+
+
+async def seed(db_url: str) -> tuple[int, list[int]]:
+    """A published run of RUN_ITEMS items, interleaved in id order with as many items of
+    another run, every 50th dead and the rest succeeded: the run's id and the ids its
+    evidence must list, in order."""
+    conn = await asyncpg.connect(db_url)
+    try:
+        async with conn.transaction():
+            run_id, other = [r["id"] for r in await conn.fetch(
+                "INSERT INTO runs (request_digest, cutoff, state, published_at)"
+                " VALUES ('seed', now(), 'published', now()), ('other', now(), 'published',"
+                " now()) RETURNING id")]
+            # batches of 1,000: the even ones are the seeded run's, the odd ones the other's
+            await conn.execute(
+                "INSERT INTO batches (run_id, seq, digest, policy, policy_version, item_count)"
+                " SELECT CASE WHEN b % 2 = 0 THEN $1::bigint ELSE $2::bigint END, b,"
+                "        md5('b' || b) || md5('batch' || b), 'carts', 1, 1000"
+                " FROM generate_series(0, $3::int / 500 - 1) b ORDER BY b",
+                run_id, other, RUN_ITEMS)
+            first_batch = await conn.fetchval("SELECT min(id) FROM batches")
+            # item g is the (g / 2)th item of run g % 2 (0: the seeded run)
+            await conn.execute(
+                "INSERT INTO items (tenant_id, object_id, policy, policy_version,"
+                " operation_key, scope, status, due_at, attempts, released_at, batch_id,"
+                " last_outcome, last_status_code, completed_at, dead_reason)"
+                " SELECT 'acme.myshopify.com', 'cart-' || lpad(g::text, 24, '0'), 'carts', 1,"
+                "   md5(g::text) || md5('key' || g), 'tenant:acme.myshopify.com',"
+                "   CASE WHEN dead THEN 'dead' ELSE 'succeeded' END,"
+                "   now() - interval '1 day', 1, now(), $1::bigint + 2 * (g / 2 / 1000) + g % 2,"
+                "   CASE WHEN dead THEN 'permanent' ELSE 'succeeded' END,"
+                "   CASE WHEN dead THEN 422 ELSE 204 END, now(),"
+                "   CASE WHEN dead THEN 'http_422' END"
+                " FROM generate_series(0, 2 * $2::int - 1) g,"
+                "      LATERAL (SELECT g / 2 % 50 = 49 AS dead) d",
+                first_batch, RUN_ITEMS)
+            expected = [r["id"] for r in await conn.fetch(
+                "SELECT i.id FROM items i JOIN batches b ON b.id = i.batch_id"
+                " WHERE b.run_id = $1 AND i.status = 'succeeded' ORDER BY i.id", run_id)]
+        await conn.execute("ANALYZE items")
+    finally:
+        await conn.close()
+    assert len(expected) == RUN_ITEMS * 49 // 50
+    return run_id, expected
+
+
+@pytest.fixture
+async def live(db_url: str) -> AsyncIterator[tuple[str, int, list[int]]]:
+    run_id, expected = await seed(db_url)
+    settings = test_settings(db_url, db_pool_size=POOL_SIZE, shutdown_grace_seconds=1)
+    async with LiveServer(settings, Policies.empty(), db_url) as server:
+        yield server.base_url, run_id, expected
+
+
+def client(base_url: str, *, fixed_buffer: bool = False) -> httpx.AsyncClient:
+    options = [(socket.SOL_SOCKET, socket.SO_RCVBUF, READER_RCVBUF_BYTES)] if fixed_buffer \
+        else []
+    return httpx.AsyncClient(base_url=base_url, timeout=10,
+                             headers={"Authorization": f"Bearer {TOKEN_A}"},
+                             transport=httpx.AsyncHTTPTransport(socket_options=options))
+
+
+async def stalled_reader(stack: contextlib.AsyncExitStack, base_url: str, run_id: int
+                         ) -> tuple[httpx.Response, AsyncIterator[bytes]]:
+    """A reader that took the headers and one chunk, then stopped reading (left open)."""
+    api = await stack.enter_async_context(client(base_url, fixed_buffer=True))
+    response = await stack.enter_async_context(api.stream("GET", f"/v1/runs/{run_id}/evidence"))
+    assert response.status_code == 200
+    chunks = response.aiter_raw()
+    assert await anext(chunks)
+    return response, chunks
+
+
+async def read_into(body: bytearray, chunks: AsyncIterator[bytes]) -> None:
+    async for chunk in chunks:
+        body += chunk
+
+
+def records_of(body: bytes) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in body.splitlines()]
+
+
+async def transactions_held(db_url: str) -> list[tuple[Any, ...]]:
+    """The service's sessions on the database that are inside a transaction."""
+    conn = await asyncpg.connect(db_url)
+    try:
+        return [tuple(r) for r in await conn.fetch(
+            "SELECT pid, state, query FROM pg_stat_activity WHERE datname = current_database()"
+            " AND application_name = 'sweeper' AND state NOT IN ('idle', 'disabled')")]
+    finally:
+        await conn.close()
+
+
+async def test_stalled_readers_hold_no_connection(live: tuple[str, int, list[int]],
+                                                  db_url: str,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    base_url, run_id, expected = live
+    async with contextlib.AsyncExitStack() as stack:
+        readers = [await stalled_reader(stack, base_url, run_id)
+                   for _ in range(STALLED_READERS)]
+        # the server fills each reader's buffers, then waits on its send: from then on no
+        # session is left inside a transaction (a server-side cursor held one per reader)
+        async with asyncio.timeout(5):
+            while await transactions_held(db_url):
+                await asyncio.sleep(0.1)
+
+        async with client(base_url) as api:
+            started = time.monotonic()
+            ready = await asyncio.wait_for(api.get("/readyz"), PROMPT_S)
+            run = await asyncio.wait_for(api.get(f"/v1/runs/{run_id}"), PROMPT_S)
+            assert ready.status_code == 200 and run.status_code == 200
+            assert run.json()["id"] == run_id and time.monotonic() - started < PROMPT_S
+        # every stream is still open on the server: none has been logged as a request yet
+        assert not [r for r in caplog.records if getattr(r, "path", "").endswith("/evidence")]
+
+        # a stalled reader that resumes gets the rest, complete
+        response, chunks = readers[0]
+        body = bytearray()
+        await read_into(body, chunks)
+        # the first chunk is not in `body`: count the records it carried from the whole
+        assert response.is_stream_consumed
+        tail = records_of(bytes(body)[bytes(body).index(b"\n") + 1:])
+        assert [r["item_id"] for r in tail] == expected[-len(tail):]
+
+
+async def test_a_complete_read_has_every_record_once_in_id_order(
+        live: tuple[str, int, list[int]]) -> None:
+    base_url, run_id, expected = live
+    async with client(base_url) as api:
+        response = await api.get(f"/v1/runs/{run_id}/evidence")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("application/x-ndjson")
+    records = records_of(response.content)
+    assert [r["item_id"] for r in records] == expected  # pages of 1,000: many seams crossed
+    assert set(records[0]) == {"item_id", "tenant_id", "object_id", "policy", "policy_version",
+                               "operation_key", "outcome", "upstream_status", "attempts",
+                               "completed_at"}
+    assert {(r["outcome"], r["upstream_status"], r["attempts"]) for r in records} == {
+        ("succeeded", 204, 1)}
+
+
+@pytest.mark.parametrize("page_rows", [1, 7, 1000])
+async def test_pages_are_never_empty_and_never_repeat(engine: AsyncEngine, db_url: str,
+                                                      page_rows: int) -> None:
+    conn = await asyncpg.connect(db_url)
+    try:
+        run_id = await conn.fetchval(
+            "INSERT INTO runs (request_digest, cutoff) VALUES ('r', now()) RETURNING id")
+        batch = await conn.fetchval(
+            "INSERT INTO batches (run_id, seq, digest, policy, policy_version, item_count)"
+            " VALUES ($1, 0, repeat('a', 64), 'carts', 1, 14) RETURNING id", run_id)
+        ids = [r["id"] for r in await conn.fetch(
+            "INSERT INTO items (tenant_id, object_id, policy, policy_version, operation_key,"
+            " scope, status, due_at, released_at, batch_id, completed_at)"
+            " SELECT 'acme', 'c' || g, 'carts', 1, md5(g::text) || md5('k' || g), 'tenant:acme',"
+            " 'succeeded', now(), now(), $1, now() FROM generate_series(1, 14) g RETURNING id",
+            batch)]
+    finally:
+        await conn.close()
+    pages = [page async for page in runs.evidence_pages(engine, run_id, page_rows=page_rows)]
+    assert all(0 < len(page) <= page_rows for page in pages)
+    assert [r["item_id"] for page in pages for r in page] == sorted(ids)
+    assert [page async for page in runs.evidence_pages(engine, run_id + 1)] == []
+
+
+async def test_a_stream_whose_database_goes_away_ends_in_a_client_error(
+        live: tuple[str, int, list[int]], pg_server_url: str, db_url: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    base_url, run_id, expected = live
+    name = make_url(db_url).database
+    admin = await asyncpg.connect(pg_server_url)
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            _, chunks = await stalled_reader(stack, base_url, run_id)
+            # mid-stream the database refuses connections and its sessions are ended
+            await admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+            await admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                                " WHERE datname = $1", name)
+            body = bytearray()
+            with pytest.raises(httpx.RemoteProtocolError, match="incomplete chunked read"):
+                await read_into(body, chunks)
+        # what arrived is whole lines, and fewer than the run has: the client knows
+        lines = bytes(body).splitlines()
+        assert bytes(body).endswith(b"\n") and 0 < len(lines) < len(expected)
+        failed = [r for r in caplog.records if r.getMessage() == "evidence read failed part way"]
+        assert len(failed) == 1 and getattr(failed[0], "run_id", None) == run_id
+    finally:
+        await admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+        await admin.close()
