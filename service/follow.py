@@ -95,6 +95,10 @@ async def follow(client: httpx.AsyncClient, run_id: int, out: TextIO = sys.stder
             if tty:
                 out.write("\n")
             return run
+        if run.get("state") == "failed":
+            error = run.get("report", {}).get("error") or {}
+            raise RunFailed(f"run {run_id} failed: {error.get('code')}: "
+                            f"{error.get('message')}")
         if deadline is not None and now > deadline:
             raise RunFailed(f"run {run_id} did not drain within {timeout_s:.0f} s")
         await asyncio.sleep(POLL_INTERVAL_S)

@@ -9,6 +9,8 @@ import sys
 
 import httpx
 import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service import follow
 from tests.conftest import TOKEN_A, LiveServer, test_settings
@@ -54,3 +56,15 @@ def test_demo_drains_everything(tmp_path: object) -> None:
     assert result.returncode == 0, result.stderr[-2000:]
     assert "done: succeeded=100" in result.stdout
     assert "Traceback" not in result.stderr
+
+
+async def test_following_a_failed_run_stops_with_its_error(api: httpx.AsyncClient,
+                                                           engine: AsyncEngine) -> None:
+    async with engine.begin() as conn:
+        run_id = (await conn.execute(text(
+            "INSERT INTO runs (request_digest, cutoff, dry_run, state, error, report) "
+            "VALUES ('d', now(), false, 'failed', 'database-error', jsonb_build_object("
+            "'error', jsonb_build_object('code', 'database-error', 'message', "
+            "'UniqueViolationError (SQLSTATE 23505)'))) RETURNING id"))).scalar_one()
+    with pytest.raises(follow.RunFailed, match="failed: database-error: UniqueViolationError"):
+        await follow.follow(api, run_id, out=io.StringIO(), timeout_s=10)
