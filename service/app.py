@@ -26,8 +26,10 @@ from service.api import runs as runs_routes
 from service.api import scopes as scopes_routes
 from service.api import webhooks as webhooks_routes
 from service.api.deps import reject_unknown_query
-from service.api.problems import install_problem_handlers
-from service.db.engine import is_unavailable, make_engine
+from service.api.gate import Gate
+from service.api.methods import RouteMethods
+from service.api.problems import REQUEST_ID, install_problem_handlers
+from service.db.engine import is_busy, is_unavailable, make_engine
 from service.db.migrate import head_revision
 from service.policies import Policies
 from service.runtime import Runtime, TokenSet
@@ -38,9 +40,6 @@ from service.worker import WorkerPool, listen_url_of
 log = logging.getLogger("service.http")
 
 PUBLISHER_POLL_S = 1.0
-
-
-_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
 class State(TypedDict):
@@ -63,6 +62,7 @@ class RequestLog:
         started = time.perf_counter()
         status = 500
         request_id = uuid.uuid4().hex[:16]
+        scope[REQUEST_ID] = request_id  # problem answers name the request by it
 
         async def send_wrapper(message: Message) -> None:
             nonlocal status
@@ -75,10 +75,13 @@ class RequestLog:
             await self.app(scope, receive, send_wrapper)
         finally:
             elapsed = time.perf_counter() - started
-            route = getattr(scope.get("route"), "path", "unmatched")
-            method = scope["method"] if scope["method"] in _METHODS else "other"
-            metrics.HTTP_DURATION.labels(route, method, metrics.status_class(status)
-                                         ).observe(elapsed)
+            matched = scope.get("route")
+            # only methods the matched route declares are labelled, so requests with any
+            # method to any path add at most one `other` per route template
+            declared = getattr(matched, "methods", None) or ()
+            method = scope["method"] if scope["method"] in declared else "other"
+            metrics.HTTP_DURATION.labels(getattr(matched, "path", "unmatched"), method,
+                                         metrics.status_class(status)).observe(elapsed)
             level = logging.WARNING if status >= 500 else logging.INFO
             if scope["path"] not in ("/healthz", "/readyz", "/metrics") or status >= 500:
                 log.log(level, "request", extra={
@@ -88,18 +91,21 @@ class RequestLog:
 
 
 async def _publisher(runtime: Runtime) -> None:
-    """Publish runs left in state `publishing` (new ones, or ones a crash interrupted)."""
+    """Publish runs left in state `publishing` (new ones, or ones a crash interrupted).
+    A run's own error is handled inside `publish_pending` (a retry, or the run marked failed
+    and logged once); one reaching this loop came from listing the runs: the next pass
+    lists them again."""
     while True:
+        # cleared before the pass: a run created while it lists runs wakes the next one
+        runtime.publisher_wake.clear()
         try:
             await runs.publish_pending(runtime.engine, batch_size=runtime.settings.batch_size)
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:
-            if is_unavailable(exc):
-                log.warning("publisher: database unavailable")
+            if is_unavailable(exc) or is_busy(exc):
+                log.warning("publisher: database unavailable or busy",
+                            extra={"error_type": type(exc).__name__})
             else:
                 log.exception("publisher failed")
-        runtime.publisher_wake.clear()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(PUBLISHER_POLL_S):
                 await runtime.publisher_wake.wait()
@@ -158,6 +164,12 @@ def create_app(
         lifespan=lifespan,
     )
     install_problem_handlers(app)
+    from service.api.links import install_links
+    install_links(app)  # OpenAPI links for clients and the stateful contract test
+    routers = [health.router, metrics_api.router, policies_api.router, items.router,
+               runs_routes.router, scopes_routes.router, webhooks_routes.router]
+    app.state.route_methods = RouteMethods(
+        [*app.router.routes, *(route for router in routers for route in router.routes)])
     app.include_router(health.router)
     app.include_router(metrics_api.router)
     # operator API: an undeclared query parameter is refused, not ignored
@@ -167,5 +179,7 @@ def create_app(
     app.include_router(runs_routes.router, dependencies=strict_query)
     app.include_router(scopes_routes.router, dependencies=strict_query)
     app.include_router(webhooks_routes.router)
-    app.add_middleware(RequestLog)
+    app.add_middleware(Gate, max_body_bytes=settings.max_body_bytes,
+                       body_timeout_s=settings.body_read_timeout_seconds)
+    app.add_middleware(RequestLog)  # outermost: it logs and times what the gate answers
     return app

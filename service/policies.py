@@ -35,6 +35,10 @@ _DURATION = re.compile(
 
 
 MAX_DURATION = timedelta(days=36_500)
+# A scope's budget, from the policies file or the API: at least one call per 1,000 s (the
+# bucket's arithmetic stays within double precision), at most 100,000 per second.
+MIN_RATE_PER_SECOND = 0.001
+MAX_RATE_PER_SECOND = 100_000
 
 
 def parse_duration(text: str) -> timedelta:
@@ -89,7 +93,7 @@ class UpstreamConfig(_Strict):
 class RateConfig(_Strict):
     """The shared token bucket of a scope: sustained rate and burst."""
 
-    per_second: float = Field(gt=0, le=100_000)
+    per_second: float = Field(ge=MIN_RATE_PER_SECOND, le=MAX_RATE_PER_SECOND)
     burst: int = Field(default=1, ge=1, le=100_000)
 
 

@@ -13,7 +13,7 @@ Errors, each with a reason from the closed set metrics use:
 
     DeliveryRejected(reason)
         signature, timestamp    not authentic or outside the replay window (401)
-        malformed               not JSON, or a header the scheme needs is missing (400)
+        malformed               not a JSON object, or a header the scheme needs is missing (400)
         unmappable              a matching rule's tenant or object id is absent or invalid (422)
         too-large               over the source's max_body_bytes (413)
         too-slow                the body did not arrive in time (408)
@@ -101,11 +101,15 @@ def read_delivery(source: WebhookSource, policies: Policies, headers: Mapping[st
                     event_type=event_type, event_at=verified_at, hints=hints)
 
 
-def _parse_json(body: bytes) -> Any:
+def _parse_json(body: bytes) -> dict[str, Any]:
+    """The event: a JSON object, as the contract says (every storefront sends one)."""
     try:
-        return json.loads(body)
+        event = json.loads(body)
     except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         raise DeliveryRejected("malformed", "the body is not valid JSON") from None
+    if not isinstance(event, dict):
+        raise DeliveryRejected("malformed", "the body must be a JSON object")
+    return event
 
 
 def _printable(value: str, limit: int) -> bool:

@@ -8,6 +8,7 @@ body they read themselves):
     2. the body is read in full, bounded in size (413, refused at once when Content-Length
        says so) and in time (408), and must be UTF-8 (400 `malformed-json`), before the route
        parses it.
+    3. a scope route's path keeps an encoded '/' in the scope's name (`scope_names.routing_path`).
 For every path: HEAD is answered as GET without the body, OPTIONS with the methods the
 path allows.
 """
@@ -23,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.api import scope_names
 from service.api.methods import allow_header
 from service.api.problems import problem_response
 from service.errors import Problem
@@ -75,6 +77,8 @@ class Gate:
                               scope, receive, send)
                 return
             scope[ACTOR] = actor
+            if path.startswith(scope_names.PREFIX) and "raw_path" in scope:
+                scope["path"] = scope_names.routing_path(scope["raw_path"])
             if scope["method"] in _BODY_METHODS:
                 read = await self._read_body(scope, receive)
                 if isinstance(read, Problem):

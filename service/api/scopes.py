@@ -13,14 +13,16 @@ from service import scopes
 from service.api.bodies import JsonInt, RequestBody
 from service.api.deps import OperatorDep, RuntimeDep
 from service.api.problems import problem_responses
+from service.api.scope_names import scope_name
 from service.errors import Problem
+from service.ledger import MAX_SCOPE_BYTES
+from service.policies import MAX_RATE_PER_SECOND, MIN_RATE_PER_SECOND
 
 router = APIRouter(prefix="/v1", tags=["scopes"], responses=problem_responses(401, 503))
 
-# Scope names hold tenant ids, which may contain '/': the routes match the rest of the path
-# (`{scope:path}`), so `tenant:shop/eu` is addressed raw or percent-encoded alike.
-ScopeName = Annotated[str, Path(min_length=1, max_length=512,
-                                description="the scope's name; '/' may stay unencoded")]
+ScopeName = Annotated[str, Path(
+    min_length=1, max_length=3 * MAX_SCOPE_BYTES,
+    description="the scope's name, percent-encoded as one path segment ('/' as %2F)")]
 
 
 class ScopeOut(BaseModel):
@@ -55,7 +57,8 @@ class ScopePage(BaseModel):
 class BudgetIn(RequestBody):
     """A new budget for one scope, effective on every replica within a second."""
 
-    rate_per_second: float = Field(gt=0, le=100_000, examples=[20.0])
+    rate_per_second: float = Field(ge=MIN_RATE_PER_SECOND, le=MAX_RATE_PER_SECOND,
+                                   examples=[20.0])
     burst: Annotated[int, JsonInt] = Field(ge=1, le=100_000, examples=[5])
     weight: Annotated[int, JsonInt] | None = Field(default=None, ge=1, le=1000)
     reason: str | None = Field(default=None, max_length=1000)
@@ -112,36 +115,39 @@ async def list_scopes(runtime: RuntimeDep, _actor: OperatorDep,
                      next_after=str(rows[-1]["name"]) if len(rows) == limit else None)
 
 
-@router.put("/scopes/{scope:path}", operation_id="setScopeBudget", response_model=ScopeOut,
+@router.put("/scopes/{scope}", operation_id="setScopeBudget", response_model=ScopeOut,
             responses=_SCOPE_ERRORS)
 async def set_budget(runtime: RuntimeDep, actor: OperatorDep, scope: ScopeName,
                      body: Annotated[BudgetIn, Body(openapi_examples=BUDGET_EXAMPLES)]
                      ) -> ScopeOut:
     """Change a scope's rate and burst at run time."""
-    found = await scopes.set_budget(runtime.engine, scope, rate=body.rate_per_second,
+    name = scope_name(scope)
+    found = await scopes.set_budget(runtime.engine, name, rate=body.rate_per_second,
                                     burst=body.burst, weight=body.weight, actor=actor,
                                     reason=body.reason)
-    return await _changed(runtime, scope, found)
+    return await _changed(runtime, name, found)
 
 
-@router.post("/scopes/{scope:path}/pause", operation_id="pauseScope", response_model=ScopeOut,
+@router.post("/scopes/{scope}/pause", operation_id="pauseScope", response_model=ScopeOut,
              responses=_SCOPE_ERRORS)
 async def pause_scope(runtime: RuntimeDep, actor: OperatorDep, scope: ScopeName,
                       body: ReasonBody = None) -> ScopeOut:
     """Stop calls for one scope; its items wait, unpunished."""
-    found = await scopes.set_paused(runtime.engine, scope, paused=True, actor=actor,
+    name = scope_name(scope)
+    found = await scopes.set_paused(runtime.engine, name, paused=True, actor=actor,
                                     reason=body.reason if body else None)
-    return await _changed(runtime, scope, found)
+    return await _changed(runtime, name, found)
 
 
-@router.post("/scopes/{scope:path}/resume", operation_id="resumeScope", response_model=ScopeOut,
+@router.post("/scopes/{scope}/resume", operation_id="resumeScope", response_model=ScopeOut,
              responses=_SCOPE_ERRORS)
 async def resume_scope(runtime: RuntimeDep, actor: OperatorDep, scope: ScopeName,
                        body: ReasonBody = None) -> ScopeOut:
     """Reopen a paused (e.g. `unauthorized`) or closed scope."""
-    found = await scopes.set_paused(runtime.engine, scope, paused=False, actor=actor,
+    name = scope_name(scope)
+    found = await scopes.set_paused(runtime.engine, name, paused=False, actor=actor,
                                     reason=body.reason if body else None)
-    return await _changed(runtime, scope, found)
+    return await _changed(runtime, name, found)
 
 
 @router.get("/workers", operation_id="getWorkers", response_model=WorkersOut)

@@ -9,6 +9,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -135,13 +136,13 @@ def test_every_request_body_schema_forbids_additional_properties() -> None:
 
 # --- 7 and 11. scopes -----------------------------------------------------------------------
 
-@pytest.mark.parametrize("encode", [False, True])
-async def test_a_scope_whose_tenant_holds_a_slash_can_be_paused_and_resumed(
-        client: httpx.AsyncClient, encode: bool) -> None:
-    tenant = "shop/eu"
+@pytest.mark.parametrize("tenant", ["shop/eu", "a%2Fb", "50% off/é", "x/pause"])
+async def test_every_scope_name_is_addressable(client: httpx.AsyncClient, tenant: str) -> None:
+    """A scope is one percent-encoded path segment: '/' as %2F, '%' as %25, whatever the
+    tenant id holds, even a name ending in '/pause'."""
     await client.post("/v1/items", json={"items": [{**ITEM, "tenant_id": tenant}]})
     name = f"tenant:{tenant}"
-    path = name.replace("/", "%2F") if encode else name
+    path = quote(name, safe=":")
     paused = await client.post(f"/v1/scopes/{path}/pause", json={"reason": "test"})
     assert paused.status_code == 200, paused.text
     assert paused.json()["name"] == name and paused.json()["paused"] is True
@@ -149,6 +150,14 @@ async def test_a_scope_whose_tenant_holds_a_slash_can_be_paused_and_resumed(
     assert budget.status_code == 200 and budget.json()["burst"] == 3
     resumed = await client.post(f"/v1/scopes/{path}/resume")
     assert resumed.status_code == 200 and resumed.json()["paused"] is False
+
+
+async def test_a_raw_slash_separates_segments(client: httpx.AsyncClient) -> None:
+    await client.post("/v1/items", json={"items": [{**ITEM, "tenant_id": "shop/eu"}]})
+    assert (await client.post("/v1/scopes/tenant:shop/eu/pause")).status_code == 404
+    wrong = await client.put("/v1/scopes/tenant:x/pause", json={"rate_per_second": 1,
+                                                               "burst": 1})
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "OPTIONS, POST"
 
 
 async def test_an_unknown_scope_is_not_echoed(client: httpx.AsyncClient) -> None:
@@ -295,3 +304,23 @@ async def test_integers_written_as_integral_numbers_are_integers(
                                   json={"rate_per_second": 5, **bad})
         assert issues(answer)[0][0] == "body.burst"
 
+
+
+@pytest.mark.parametrize("raw", [b"null", b'"text"', b"[1, 2]", b"7"])
+async def test_a_webhook_body_must_be_a_json_object(live: LiveServer, raw: bytes) -> None:
+    """Even for an event type no rule maps (which is otherwise answered `ignored`)."""
+    async with httpx.AsyncClient(base_url=live.base_url, timeout=10) as hooks:
+        body, headers = shopify("products/update", None, raw=raw)
+        answer = await post(hooks, "shopify", (body, headers))
+    assert answer.status_code == 400
+    assert answer.json()["type"] == "urn:sweeper:problem:malformed-webhook"
+
+
+@pytest.mark.parametrize("rate", [5e-324, 1e-300, 0.0009, 100_000.5])
+async def test_a_budget_outside_the_bucket_range_is_refused(client: httpx.AsyncClient,
+                                                            rate: float) -> None:
+    await client.post("/v1/items", json={"items": [ITEM]})
+    answer = await client.put(f"/v1/scopes/tenant:{SHOP}",
+                              json={"rate_per_second": rate, "burst": 5})
+    assert issues(answer)[0][0] == "body.rate_per_second"
+    assert (await client.get("/v1/scopes")).status_code == 200

@@ -24,7 +24,7 @@ OPERATIONS = {op["operationId"]: (method.upper(), path, op)
 # valid path parameters; `run_id` 1 is the run the setup creates
 VALID = {"run_id": "1", "scope": "tenant:acme.myshopify.com"}
 MISSING = {"run_id": str(2**62), "scope": "tenant:nobody"}
-INVALID = {"run_id": "0", "scope": "x" * 513}
+INVALID = {"run_id": "0", "scope": "x" * 1537}
 
 # One invalid-but-well-formed request per operation that takes input (answers 422).
 INVALID_INPUT: dict[str, dict[str, Any]] = {

@@ -73,7 +73,7 @@ def test_missing_webhook_secret_is_named() -> None:
         (lambda d: d["policies"]["cart-retention"].update(scope="tenant:{shop}"),
          "policies.cart-retention.scope", "unknown placeholder"),
         (lambda d: d["policies"]["cart-retention"]["rate"].update(per_second=0),
-         "policies.cart-retention.rate.per_second", "greater than 0"),
+         "policies.cart-retention.rate.per_second", "greater than or equal to 0.001"),
         (lambda d: d["policies"]["cart-retention"].pop("version"),
          "policies.cart-retention.version", "required key is missing"),
         (lambda d: d["policies"]["cart-retention"].update(method="GET"),
