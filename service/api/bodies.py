@@ -41,7 +41,7 @@ def _rfc3339_text(value: Any) -> Any:
 def _in_range(value: datetime) -> datetime:
     # Aware datetimes compare by instant; the comparison itself never overflows.
     if not MIN_TIMESTAMP <= value <= MAX_TIMESTAMP:
-        raise ValueError(f"must lie between {TIMESTAMP_RANGE}")
+        raise ValueError(f"must be from {TIMESTAMP_RANGE}")
     return value
 
 

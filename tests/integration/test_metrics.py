@@ -10,7 +10,6 @@ import contextlib
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -38,6 +37,7 @@ from service.upstream import Upstreams
 from service.worker import WorkerPool
 from tests.conftest import TOKEN_A, LiveServer, free_port, policies_from, test_settings
 from tests.fakes.upstream import FakeUpstream, Fault
+from tests.integration.test_cli import _stop
 from tests.integration.test_pipeline import drain, make_policies, register, release_all
 
 AUTH = {"Authorization": f"Bearer {TOKEN_A}"}
@@ -288,12 +288,7 @@ def test_sweeper_worker_serves_openmetrics_and_known_series_at_zero(db_url: str,
         openmetrics = httpx.get(url, headers={"Accept": PROMETHEUS_ACCEPT}, timeout=5)
         plain = httpx.get(url, timeout=5)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
+        _stop(proc)
     assert plain.headers["content-type"] == TEXT_FORMAT
     promtool_check(plain.text)
     assert openmetrics.headers["content-type"].startswith("application/openmetrics-text;")
