@@ -366,7 +366,7 @@ def _first_error(exc: ValidationError) -> str:
     key = key.replace(".[", "[")
     message = err["msg"]
     if err["type"] == "extra_forbidden":
-        message = "unknown key (check the spelling; see the README's policies reference)"
+        message = "unknown key (check the spelling; see docs/configuration.md)"
     elif err["type"] == "missing":
         message = "required key is missing"
     more = len(exc.errors()) - 1

@@ -1,7 +1,7 @@
 """Process settings: one pydantic-settings object, built once in main and passed down.
 
 Every field reads from an environment variable with the ``SWEEPER_`` prefix, e.g.
-``SWEEPER_DATABASE_URL``. The README's configuration reference mirrors this class.
+``SWEEPER_DATABASE_URL``. docs/configuration.md mirrors this class.
 """
 
 from __future__ import annotations
