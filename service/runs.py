@@ -36,9 +36,17 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from service import metrics
 from service.claims import NOTIFY_CHANNEL
 from service.db.engine import is_busy, is_unavailable
-from service.errors import Problem
+from service.errors import SweeperError
 
 log = logging.getLogger(__name__)
+
+
+class TriggerKeyReused(SweeperError):
+    """A trigger key that already started a run with a different request."""
+
+    def __init__(self, run_id: int) -> None:
+        super().__init__(f"the trigger key started run {run_id} with a different request")
+        self.run_id = run_id
 
 
 @dataclass(frozen=True)
@@ -70,15 +78,14 @@ _INSERT_RUN = text("""
 async def create_run(engine: AsyncEngine, request: RunRequest, trigger_key: str | None
                      ) -> tuple[int, bool]:
     """Record a run; returns (run id, created). The same trigger key returns the same run;
-    the same key with a different request is a 409."""
+    the same key with a different request raises TriggerKeyReused. Replicas find a new run
+    on their publisher's next poll; this one's is woken by the caller."""
     digest = request.digest()
     params = {"key": trigger_key, "digest": digest, "policy": request.policy,
               "tenant": request.tenant_id, "cutoff": request.cutoff,
               "dry_run": request.dry_run, "max_items": request.max_items}
     async with engine.begin() as conn:
         run_id = (await conn.execute(_INSERT_RUN, params)).scalar()
-        if run_id is not None:
-            await conn.execute(text(f"NOTIFY {NOTIFY_CHANNEL}_runs"))
     if run_id is not None:
         metrics.RUNS_CREATED.labels(str(request.dry_run).lower()).inc()
         return int(run_id), True
@@ -86,8 +93,7 @@ async def create_run(engine: AsyncEngine, request: RunRequest, trigger_key: str 
         row = (await conn.execute(text("SELECT id, request_digest FROM runs "
                                        "WHERE trigger_key = :key"), {"key": trigger_key})).one()
     if row.request_digest != digest:
-        raise Problem(409, "idempotency-key-reused", "Idempotency-Key already used",
-                      "this key started a run with a different request", run_id=row.id)
+        raise TriggerKeyReused(int(row.id))
     return int(row.id), False
 
 

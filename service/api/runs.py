@@ -107,10 +107,15 @@ async def create_run(runtime: RuntimeDep, _actor: OperatorDep, response: Respons
         # the name is not echoed: whatever a caller sent may be customer data
         raise Problem(422, "unknown-policy", "Unknown policy",
                       "no such policy in the policies file (GET /v1/policies lists them)")
-    run_id, created = await runs.create_run(
-        runtime.engine, runs.RunRequest(request.policy, request.tenant_id, request.cutoff,
-                                        request.dry_run, request.max_items),
-        idempotency_key or None)
+    try:
+        run_id, created = await runs.create_run(
+            runtime.engine, runs.RunRequest(request.policy, request.tenant_id, request.cutoff,
+                                            request.dry_run, request.max_items),
+            idempotency_key or None)
+    except runs.TriggerKeyReused as exc:
+        raise Problem(409, "idempotency-key-reused", "Idempotency-Key already used",
+                      "this key started a run with a different request",
+                      run_id=exc.run_id) from None
     if not created:
         response.status_code = 200
     runtime.wake_publisher()
