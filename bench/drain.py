@@ -172,7 +172,7 @@ async def upstream_for(mode: str, how: str, repo_root: Path) -> AsyncIterator[Up
 
         yield UpstreamHandle(MOCK_BASE_URL, httpx.MockTransport(answer), mock_calls)
     elif how == "inline":
-        from tests.fakes.upstream import FakeUpstream
+        from service.drills.upstream import FakeUpstream
 
         async with FakeUpstream() as up:
 
@@ -279,13 +279,9 @@ async def attempt_breakdown(engine: AsyncEngine) -> dict[str, int]:
 # attribute). Whatever does not exist in the service as it is today is skipped.
 TIMED_CALLS: tuple[tuple[str, str, str], ...] = (
     ("admit", "service.claims", "admit"),  # tokens + claim in one statement
-    ("claim", "service.claims", "claim"),
     ("complete", "service.claims", "complete"),
-    ("release", "service.claims", "release"),
-    ("hand_back", "service.claims", "hand_back"),  # release + give_back in one statement
+    ("hand_back", "service.claims", "hand_back"),  # leases and their tokens back
     ("limiter.eligible_scopes", "service.limiter", "eligible_scopes"),
-    ("limiter.take", "service.limiter", "take"),
-    ("limiter.give_back", "service.limiter", "give_back"),
     ("limiter.close", "service.limiter", "close"),
     ("limiter.recovered", "service.limiter", "recovered"),
 )
@@ -320,8 +316,7 @@ async def drain(engine: AsyncEngine, policies: Policies, upstreams: Upstreams, *
             fn = getattr(module, attr, None)
             if fn is None:
                 continue
-            rows = {"claim": _leases_of, "admit": _leases_of,
-                    "complete": completions_of}.get(label)
+            rows = {"admit": _leases_of, "complete": completions_of}.get(label)
             timers[label] = CallTimer()
             stack.enter_context(patched(module, attr, timed(fn, timers[label], rows)))
         if "complete" not in timers:
@@ -360,8 +355,6 @@ async def drain(engine: AsyncEngine, policies: Policies, upstreams: Upstreams, *
             if profiler is not None:
                 profiler.disable()
     calls = {label: t.summary(elapsed) for label, t in timers.items()}
-    # the claim's figures: the admission statement's where it exists (it is the claim)
-    claim_calls = calls.get("admit") if timers.get("admit") and timers["admit"].calls else None
     return {
         "seconds": round(elapsed, 4),
         "items_per_s": round(target / elapsed, 1),
@@ -371,7 +364,7 @@ async def drain(engine: AsyncEngine, policies: Policies, upstreams: Upstreams, *
         "load_average_1m_at_start": load,
         "completed": pool.completed, "fenced": pool.fenced, "reclaimed": pool.reclaimed,
         "succeeded_commits": finished["succeeded"], "dead_commits": finished["dead"],
-        "claim": claim_calls or calls.get("claim", CallTimer().summary()),
+        "claim": calls.get("admit", CallTimer().summary()),  # the admission is the claim
         "complete": calls["complete"],
         "db_calls": calls,
         "db_calls_per_item": round(sum(t.calls for t in timers.values()) / target, 3),
@@ -422,7 +415,7 @@ async def repetition(ctx: BenchContext, args: argparse.Namespace, *, mode: str, 
 
 _PROFILE_ANCHORS: dict[str, tuple[str, str]] = {
     # label: (path suffix, function name); cumulative time, so the shares overlap
-    "claim_statement": ("service/claims.py", "claim"),
+    "claim_statement": ("service/claims.py", "admit"),  # the admission is the claim
     "admit_statement": ("service/claims.py", "admit"),
     "complete_statement": ("service/claims.py", "complete"),
     "upstream_call_httpx": ("service/upstream.py", "delete"),
@@ -430,8 +423,7 @@ _PROFILE_ANCHORS: dict[str, tuple[str, str]] = {
     "logging_info": ("logging/__init__.py", "info"),
     "paused_check": ("service/worker.py", "_workers_paused"),
     "limiter_eligible_scopes": ("service/limiter.py", "eligible_scopes"),
-    "limiter_take": ("service/limiter.py", "take"),
-    "limiter_give_back": ("service/limiter.py", "give_back"),
+    "hand_back": ("service/claims.py", "hand_back"),  # leases and their tokens back
     "attempt_task": ("service/worker.py", "_attempt"),
     "run_once": ("service/worker.py", "run_once"),
     "flush": ("service/worker.py", "flush"),

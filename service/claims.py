@@ -1,4 +1,5 @@
-"""Leases: the claim statement, fenced completion, and hand-back of unstarted leases.
+"""Leases: admission (tokens and claim in one statement), fenced completion, and
+hand-back of unstarted leases.
 
 Only this module (and the limiter) holds hand-written hot SQL. Times come from the
 database clock; `now` parameters exist so tests can pin the clock without sleeping.
@@ -13,10 +14,9 @@ from datetime import datetime
 from typing import Any, Final
 
 from sqlalchemy import Row, text
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.db.statements import Database, fetch, fetch_none
-from service.limiter import LOOKAHEAD_S, Grant, grants_sql
+from service.limiter import GRANTS_SQL, LOOKAHEAD_S, Grant
 
 NOTIFY_CHANNEL = "sweeper_released"
 
@@ -49,24 +49,38 @@ class Lease:
     reclaimed: bool = False  # the claim took over an expired lease
 
 
-# The claim, in one statement, for the tokens a worker holds per scope:
-#  1. `grants`: (scope, n) pairs; a scope gets at most n items; none while workers are
-#     paused.
-#  2. per scope (LATERAL): its expired leases first (their worker died or stalled), then
+def _lease(r: Row[Any]) -> Lease:
+    return Lease(r.id, r.tenant_id, r.object_id, r.policy, r.policy_version, r.operation_key,
+                 r.scope, r.lease_token, r.attempts, r.lease_expires_at, r.reclaimed)
+
+
+# Admission in one statement: take tokens and claim at most that many items per scope.
+#  1. `bucket`, `grants` (limiter.GRANTS_SQL): the scopes' rows locked in name order
+#     (concurrent admitters never deadlock) and refilled from the database clock; whole
+#     tokens available now or within the lookahead, at most what was asked. Closed and
+#     paused scopes, and every scope during a workers-wide pause (FOR KEY SHARE: a pause
+#     waits for admissions in progress), grant nothing.
+#  2. `starts`: each scope's claim position (see FRONT_SCAN_EVERY_S), a range condition on
+#     items_ready; expired leases are looked for only when reading from the front.
+#  3. per scope (LATERAL): its expired leases first (their worker died or stalled), then
 #     released pending items whose next attempt is due, in batch order (webhook releases,
 #     batch key 0, first) via the scope-leading partial indexes; SKIP LOCKED so concurrent
 #     claimers take disjoint rows, and each LIMIT sits inside its subquery so it bounds the
-#     rows locked. `starts`: each scope's claim position (see FRONT_SCAN_EVERY_S), a range
-#     condition on items_ready; expired leases are looked for only when reading the front.
-#  3. an expired lease whose item has used up its policy's attempts is not leased again:
-#     its worker died or stalled on the last allowed attempt (an item that crashes every
-#     worker that calls it would otherwise loop forever), so it goes `dead` here.
-#  4. the UPDATE gives each a fresh lease token and an expiry from the database clock
-#     (lease length per policy), counts the attempt, and returns what the worker needs.
-# Steps 2-4 as CTEs over `clock` and `grants` (scope, n, ready_after_batch, ready_after_id,
-# front_scanned_at), shared by the claim statement and the admission statement below;
-# `claimed` holds the leases, `ready` the pending items taken with their index keys.
-_CLAIM_GRANTED = f"""
+#     rows locked.
+#  4. `exhausted`: an expired lease whose item has used up its policy's attempts is not
+#     leased again: its worker died or stalled on the last allowed attempt (an item that
+#     crashes every worker that calls it would otherwise loop forever), so it goes `dead`.
+#  5. `claimed`: a fresh lease token and an expiry from the database clock (lease length
+#     per policy), the attempt counted, and what the worker needs returned.
+#  6. `spent`: the bucket is charged only for the items actually claimed, so unused tokens
+#     never leave it. The row also records where the scope's next claim reads from: after
+#     the last pending item this one took, or the front (0, 0) once a claim found fewer
+#     items than its tokens.
+# One row per lease with its scope's grant, plus one row (id NULL) per scope that was
+# granted tokens but got no item, or was granted none (with the wait for its next token).
+_ADMIT = text(f"""
+    WITH clock AS (SELECT coalesce(CAST(:now AS timestamptz), now()) AS now),
+    {GRANTS_SQL},
     starts AS (
         SELECT g.scope, g.n, p.front,
                CASE WHEN p.front THEN 0 ELSE g.ready_after_batch END AS after_batch,
@@ -137,85 +151,7 @@ _CLAIM_GRANTED = f"""
         RETURNING i.id, i.tenant_id, i.object_id, i.policy, i.policy_version,
                   i.operation_key, i.scope, i.lease_token, i.attempts, i.lease_expires_at,
                   EXISTS (SELECT 1 FROM expired WHERE expired.id = i.id) AS reclaimed
-    )
-"""  # noqa: S608 - only a constant is interpolated
-
-
-_CLAIM = text(f"""
-    WITH clock AS (SELECT coalesce(CAST(:now AS timestamptz), now()) AS now),
-    grants AS (
-        -- read from the front: only admissions keep claim positions
-        SELECT g.scope, g.n, 0 AS ready_after_batch, 0 AS ready_after_id,
-               NULL::timestamptz AS front_scanned_at
-        FROM unnest(CAST(:scopes AS text[]), CAST(:counts AS integer[])) AS g(scope, n)
-        -- tokens were taken a moment ago: a scope closed or paused since then gets nothing
-        LEFT JOIN scopes s ON s.name = g.scope
-        WHERE (s.name IS NULL OR (NOT s.paused AND (s.closed_until IS NULL
-                                                    OR s.closed_until <= clock_timestamp())))
-          -- a workers-wide pause takes this row FOR UPDATE: it waits for claims in
-          -- progress, and no claim admits work once the pause has committed
-          AND NOT (SELECT workers_paused FROM control FOR KEY SHARE)
     ),
-    {_CLAIM_GRANTED}
-    SELECT * FROM claimed
-""")  # noqa: S608 - only a constant fragment is interpolated
-
-
-@dataclass(frozen=True)
-class Claimed:
-    """The leases of one claim, and how many of them were expired leases taken over."""
-
-    leases: list[Lease]
-    reclaimed: int
-
-
-async def claim(engine: AsyncEngine, *, owner: str, grants: Mapping[str, int],
-                lease_seconds: Mapping[str, int], default_lease_seconds: int = 60,
-                max_attempts: Mapping[str, int] | None = None,
-                now: datetime | None = None) -> Claimed:
-    """Lease up to grants[scope] items of each scope for `owner`; commits before returning
-    (no transaction is held while the caller talks to the upstream). An expired lease of an
-    item with `max_attempts[policy]` attempts used goes `dead` instead of being leased."""
-    wanted = {scope: n for scope, n in grants.items() if n > 0}
-    if not wanted:
-        return Claimed(leases=[], reclaimed=0)
-    params = {"now": now, "scopes": list(wanted), "counts": list(wanted.values()),
-              "owner": owner,
-              "policy_names": list(lease_seconds), "lease_seconds": list(lease_seconds.values()),
-              "limit_policies": list(max_attempts or {}),
-              "limit_attempts": list((max_attempts or {}).values()),
-              "default_lease": default_lease_seconds}
-    async with engine.begin() as conn:
-        rows = (await conn.execute(_CLAIM, params)).all()
-    leases = [_lease(r) for r in rows]
-    return Claimed(leases=leases, reclaimed=sum(1 for r in rows if r.reclaimed))
-
-
-def _lease(r: Row[Any]) -> Lease:
-    return Lease(r.id, r.tenant_id, r.object_id, r.policy, r.policy_version, r.operation_key,
-                 r.scope, r.lease_token, r.attempts, r.lease_expires_at, r.reclaimed)
-
-
-# Admission in one statement: take tokens and claim at most that many items per scope, the
-# claim above with the bucket of limiter.take in front of it and the hand-back of unused
-# tokens folded in (three round trips and two transactions become one).
-#  1. `bucket`: the scopes' rows locked in name order (concurrent admitters never deadlock),
-#     refilled from the database clock; closed and paused scopes, and every scope during a
-#     workers-wide pause (FOR KEY SHARE: a pause waits for admissions in progress), grant
-#     nothing.
-#  2. `grants`: whole tokens available now or within the lookahead, at most what was asked.
-#  3. `expired`, `exhausted`, `ready`, `claimed`: the claim statement above (an expired
-#     lease on an item's last allowed attempt goes dead), for exactly those grants.
-#  4. `spent`: the bucket is charged only for the items actually claimed, so unused tokens
-#     never leave it (what limiter.give_back did in a transaction of its own). The row also
-#     records where the scope's next claim reads from: after the last pending item this
-#     one took, or the front (0, 0) once a claim found fewer items than its tokens.
-# One row per lease with its scope's grant, plus one row (id NULL) per scope that was
-# granted tokens but got no item, or was granted none (with the wait for its next token).
-_ADMIT = text(f"""
-    WITH clock AS (SELECT coalesce(CAST(:now AS timestamptz), now()) AS now),
-    {grants_sql(obey_workers_pause=True)},
-    {_CLAIM_GRANTED},
     used AS (SELECT scope, count(*)::integer AS n FROM claimed GROUP BY scope),
     reached AS (
         SELECT DISTINCT ON (scope) scope, batch_key, id FROM ready
@@ -246,7 +182,7 @@ _ADMIT = text(f"""
     SELECT sp.name AS grant_scope, sp.granted, sp.used, sp.avail, sp.rate, sp.granted_at,
            sp.wait_seconds, c.*
     FROM spent sp LEFT JOIN claimed c ON c.scope = sp.name
-""")  # noqa: S608 - only a constant fragment is interpolated
+""")  # noqa: S608 - only constant fragments are interpolated
 
 
 @dataclass(frozen=True)
@@ -382,29 +318,11 @@ async def complete(db: Database, completions: Sequence[Completion]) -> list[int]
     return [r.item_id for r in rows if r.fenced]
 
 
-# Hand leases back that were claimed but never called (shutdown): the attempt is refunded
-# and the item is immediately claimable again. Fenced on the token like a completion.
-_RELEASE = text("""
-    UPDATE items i
-    SET status = 'pending', lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
-        attempts = greatest(i.attempts - 1, 0), updated_at = now()
-    FROM unnest(CAST(:ids AS bigint[]), CAST(:tokens AS uuid[])) AS r(id, token)
-    WHERE i.id = r.id AND i.lease_token = r.token AND i.status = 'leased'
-""")
-
-
-async def release(engine: AsyncEngine, leases: Sequence[Lease]) -> None:
-    """Return unstarted leases without counting an attempt."""
-    if leases:
-        async with engine.begin() as conn:
-            await conn.execute(_RELEASE, {"ids": [x.item_id for x in leases],
-                                          "tokens": [x.lease_token for x in leases]})
-
-
-# Hand back leases that were claimed but never called, and their tokens, in one statement
-# (release above plus limiter.give_back): the attempt is refunded and the item is claimable
-# again; every lease's token goes back to its scope's bucket (capped at the burst), the
-# bucket rows locked in name order like every other bucket update.
+# Hand back leases that were claimed but never called, and their tokens, in one statement:
+# fenced on the token like a completion, the attempt is refunded and the item is claimable
+# again; every lease's token goes back to its scope's bucket (capped at the burst; no call
+# spent it, whether or not the lease had moved on), the bucket rows locked in name order
+# like every other bucket update.
 _HAND_BACK = text("""
     WITH r AS (
         SELECT * FROM unnest(CAST(:ids AS bigint[]), CAST(:tokens AS uuid[]),

@@ -169,24 +169,16 @@ def tokens_at(instant: str) -> str:
             {instant} - s.refilled_at)::double precision))"""
 
 
-# Take up to n tokens per scope in one statement: refill from the database clock, grant
-# whole tokens available now or within the lookahead (a reservation: the bucket goes below
-# zero and the caller spends each token at its due time), and report the wait for the next
-# one. Without lending, every refill that completes while no worker is asking is lost to
-# the burst cap: at 20/s with burst 1 that was a fifth of the budget. Rows are locked in
-# name order so concurrent takers never deadlock.
-def grants_sql(*, obey_workers_pause: bool) -> str:
-    """CTEs `want` (from :names and :wants), `locked`, `bucket` and `grants` (scope, rate,
-    at, avail, n, and the row's claim position for claims.admit): each scope's bucket
-    locked in name order and refilled from the database clock as of `at`, and the whole
-    tokens it grants now or within :lookahead. The caller writes `refilled_at = at` with
-    `tokens = avail - spent`. Closed and paused scopes grant nothing; with
-    `obey_workers_pause`, neither does any scope during a workers-wide pause (FOR KEY
-    SHARE: the pause waits for grants in progress). `take` and `claims.admit` both build on
-    this, so the tested bucket arithmetic is the one the workers use."""
-    pause = ("\n          AND NOT (SELECT workers_paused FROM control FOR KEY SHARE)"
-             if obey_workers_pause else "")
-    return f"""
+# CTEs `want` (from :names and :wants), `locked`, `bucket` and `grants` (scope, rate, at,
+# avail, n, and the row's claim position), the token half of the admission statement
+# (claims.admit): each scope's bucket locked in name order (concurrent admitters never
+# deadlock) and refilled from the database clock as of `at`, and the whole tokens it grants
+# now or within :lookahead (a reservation: the bucket goes below zero and the caller spends
+# each token at its due time; without lending, every refill that completes while no worker
+# is asking is lost to the burst cap). The caller writes `refilled_at = at` with
+# `tokens = avail - spent`. Closed and paused scopes grant nothing, nor does any scope
+# during a workers-wide pause (FOR KEY SHARE: the pause waits for grants in progress).
+GRANTS_SQL: Final = f"""
     want AS (
         SELECT * FROM unnest(CAST(:names AS text[]), CAST(:wants AS integer[])) AS w(name, n)
     ),
@@ -195,7 +187,8 @@ def grants_sql(*, obey_workers_pause: bool) -> str:
                s.ready_after_batch, s.ready_after_id, s.front_scanned_at
         FROM scopes s JOIN want w ON w.name = s.name
         WHERE NOT s.paused
-          AND (s.closed_until IS NULL OR s.closed_until <= clock_timestamp()){pause}
+          AND (s.closed_until IS NULL OR s.closed_until <= clock_timestamp())
+          AND NOT (SELECT workers_paused FROM control FOR KEY SHARE)
         ORDER BY s.name
         FOR UPDATE OF s
     ),
@@ -213,56 +206,6 @@ def grants_sql(*, obey_workers_pause: bool) -> str:
                ) AS n
         FROM bucket s CROSS JOIN LATERAL (SELECT {tokens_at("s.at")} AS avail) t
     )"""  # noqa: S608 - only constant fragments are interpolated
-
-
-_TAKE = text(f"""
-    WITH {grants_sql(obey_workers_pause=False)}
-    UPDATE scopes s
-    SET tokens = g.avail - g.n, refilled_at = g.at
-    FROM grants g
-    WHERE s.name = g.scope
-    RETURNING s.name, g.n AS granted, g.avail, g.rate,
-              extract(epoch FROM g.at)::double precision AS granted_at,
-              greatest(0.0, (1.0 - (g.avail - g.n)) / g.rate
-                            - CAST(:lookahead AS double precision)) AS wait_seconds
-""")  # noqa: S608 - only constant fragments are interpolated
-
-
-async def take(engine: AsyncEngine, wants: Mapping[str, int],
-               lookahead_s: float = LOOKAHEAD_S) -> list[Grant]:
-    """Take tokens for several scopes at once (closed or paused scopes grant nothing)."""
-    wanted = {k: v for k, v in wants.items() if v > 0}
-    if not wanted:
-        return []
-    names = sorted(wanted)
-    async with engine.begin() as conn:
-        rows = (await conn.execute(_TAKE, {"names": names, "lookahead": lookahead_s,
-                                           "wants": [wanted[n] for n in names]})).all()
-    return [Grant(r.name, int(r.granted), float(r.wait_seconds), float(r.avail),
-                  float(r.rate), float(r.granted_at)) for r in rows]
-
-
-_GIVE_BACK = text("""
-    WITH back AS (
-        SELECT * FROM unnest(CAST(:names AS text[]), CAST(:counts AS integer[])) AS b(name, n)
-    ),
-    locked AS (
-        SELECT s.name FROM scopes s JOIN back b ON b.name = s.name
-        ORDER BY s.name FOR UPDATE OF s
-    )
-    UPDATE scopes s SET tokens = least(s.burst::double precision, s.tokens + b.n)
-    FROM back b JOIN locked l ON l.name = b.name
-    WHERE s.name = b.name
-""")
-
-
-async def give_back(engine: AsyncEngine, unused: Mapping[str, int]) -> None:
-    """Return tokens a worker took but could not use (no claimable item after all)."""
-    back = {k: v for k, v in unused.items() if v > 0}
-    if back:
-        names = sorted(back)
-        async with engine.begin() as conn:
-            await conn.execute(_GIVE_BACK, {"names": names, "counts": [back[n] for n in names]})
 
 
 @dataclass(frozen=True)

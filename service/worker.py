@@ -264,9 +264,8 @@ class WorkerPool:
 
     async def _hand_back(self, leases: list[Lease], reasons: Mapping[LeaseReturn, int]
                          ) -> None:
-        """Return leases that were never called, and their tokens, without an attempt (one
-        statement: under CPU starvation whole rounds come due late, and a release plus a
-        give_back transaction for each lease made the backlog of them grow)."""
+        """Return leases that were never called, and their tokens, without an attempt, in
+        one statement for the whole list (under CPU starvation whole rounds come due late)."""
         async with self._on(self._completing) as db:
             await claims.hand_back(db, leases)
         self._counts.returned(reasons)

@@ -1,20 +1,26 @@
-"""service.claims.claim around its `now` boundaries, as properties over a real database.
+"""service.claims.admit around its `now` boundaries and its claim position, as properties
+over a real database.
 
 An item is claimable iff it is pending, released and next_attempt_at <= now, or leased with
 lease_expires_at <= now. Nothing else (unreleased, succeeded, dead, cancelled, a live lease)
-is ever claimed, whatever its due time. A claimed lease expires at now + the policy's lease
-length, and `limit` bounds both what is returned and what is locked.
+is ever claimed, whatever its due time. An admission reads released items after its scope's
+claim position, or from the front (position (0, 0), never read from the front, or the last
+front read FRONT_SCAN_EVERY_S or longer ago); expired leases are taken over, earliest first,
+on front reads only, and one on its policy's last allowed attempt goes dead instead. A
+claimed lease expires at now + the policy's lease length; the tokens granted bound what is
+returned and what is locked, and the bucket is charged for exactly the leases.
 
 Hypothesis runs many examples inside one test (one fresh database from the `engine`
-fixture), so every example starts by truncating the ledger.
+fixture), so every example starts by truncating the ledger and recreating the scope.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -26,16 +32,25 @@ from hypothesis import strategies as st
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from service.claims import Claimed, claim
+from service import claims
+from service.claims import Admission
 
 # microseconds on purpose: the boundaries are checked at full timestamptz precision
 SCOPE = "tenant:all"  # claims are per scope; these properties are about one scope
 NOW = datetime(2026, 3, 1, 12, 0, 0, 500_000, tzinfo=UTC)
 LEASES = {"carts": 30, "fast": 5}
 DEFAULT_LEASE = 47  # "other" is not in LEASES: it gets the default
+MAX_ATTEMPTS = {"carts": 3, "fast": 5}  # "other" has no limit
 POLICIES = ("carts", "fast", "other")
 TERMINAL = ("succeeded", "dead", "cancelled")
 KINDS = ("ready", "unreleased", "leased", *TERMINAL)
+BATCHES = 3
+# A budget that never runs dry here and barely refills while a test runs, so the tokens
+# an admission leaves are known to a hundredth.
+BURST = 1_000_000
+SPENDABLE = BURST - 1  # limiter.SPENDABLE_BURST_SQL at a rate below 50/s
+RATE = 0.001
+FRONT_EVERY = timedelta(seconds=claims.FRONT_SCAN_EVERY_S)
 
 PROPERTY_SETTINGS = settings(max_examples=35, deadline=None,
                              suppress_health_check=[HealthCheck.function_scoped_fixture,
@@ -56,41 +71,87 @@ class Row:
     next_attempt: timedelta | None  # None: the column default, -infinity
     lease_expires: timedelta        # used by leased rows only
     attempts: int
+    batch: int | None = None        # None: released by a webhook, without a batch
 
     def claimable(self) -> bool:
         if self.kind == "ready":
             return self.next_attempt is None or NOW + self.next_attempt <= NOW
         if self.kind == "leased":
-            return NOW + self.lease_expires <= NOW
+            return NOW + self.lease_expires <= NOW and not self.exhausted()
         return False
 
+    def exhausted(self) -> bool:
+        return self.kind == "leased" and self.attempts >= MAX_ATTEMPTS.get(self.policy,
+                                                                            math.inf)
 
-_row = st.builds(Row, kind=st.sampled_from(KINDS), policy=st.sampled_from(POLICIES),
+
+@dataclass(frozen=True)
+class Position:
+    """A scope's claim position: after (batch key, item id), and its last front read."""
+
+    after: tuple[int, int]
+    front_scanned_at: datetime | None
+
+
+# mostly rows an admission can take, so that claims fill their tokens and pass each other
+_kind = st.sampled_from(("ready", "ready", "ready", "leased", "leased", *KINDS[1:]))
+_row = st.builds(Row, kind=_kind, policy=st.sampled_from(POLICIES),
                  due=_offset, next_attempt=st.none() | _offset, lease_expires=_offset,
-                 attempts=st.integers(0, 5))
+                 attempts=st.integers(0, 5), batch=st.none() | st.integers(1, BATCHES))
+# the front-read interval and the microsecond around it, or anywhere else
+_scanned = st.one_of(st.sampled_from([-1, 0, 1]), st.integers(-3_000_000, 3_000_000)).map(
+    lambda us: NOW - FRONT_EVERY + timedelta(microseconds=us))
+
+
+def key_of(n: int, row: Row) -> tuple[int, int]:
+    """Row n's key in items_ready once inserted (ids restart at 1 in every example)."""
+    return ((row.batch or 0) if row.kind != "unreleased" else 0, n + 1)
+
+
+@st.composite
+def rows_and_position(draw: st.DrawFn, min_size: int = 0) -> tuple[list[Row], Position]:
+    """Rows, and a claim position anywhere, or on a row's key or next to it."""
+    rows = draw(st.lists(_row, min_size=min_size, max_size=14))
+    anywhere = st.tuples(st.integers(0, BATCHES + 1), st.integers(0, len(rows) + 2))
+    near = (st.tuples(st.sampled_from([key_of(n, r) for n, r in enumerate(rows)]),
+                      st.sampled_from([-1, 0, 1])).map(lambda k: (k[0][0], k[0][1] + k[1]))
+            if rows else anywhere)
+    after = draw(st.one_of(st.just((0, 0)), anywhere, near))
+    # never read from the front, read from it a moment ago (the usual case), or about
+    # FRONT_SCAN_EVERY_S ago
+    return rows, Position(after, draw(st.none() | st.just(NOW) | _scanned))
 
 _INSERT = text("""
     INSERT INTO items (tenant_id, object_id, policy, policy_version, operation_key, scope,
-                       status, due_at, next_attempt_at, released_at, attempts, lease_owner,
-                       lease_token, lease_expires_at, completed_at, dead_reason)
+                       status, due_at, next_attempt_at, released_at, batch_id, attempts,
+                       lease_owner, lease_token, lease_expires_at, completed_at, dead_reason)
     VALUES (:tenant_id, :object_id, :policy, 1, :operation_key, :scope, :status, :due_at,
             coalesce(CAST(:next_attempt_at AS timestamptz), '-infinity'), :released_at,
-            :attempts, :lease_owner, :lease_token, :lease_expires_at, :completed_at,
-            :dead_reason)
+            :batch_id, :attempts, :lease_owner, :lease_token, :lease_expires_at,
+            :completed_at, :dead_reason)
     RETURNING id
 """)
 
 _SNAPSHOT = text("""
-    SELECT id, status, attempts, lease_owner, lease_token, lease_expires_at, next_attempt_at,
-           updated_at
+    SELECT id, status, attempts, policy, coalesce(batch_id, 0) AS batch_key, lease_owner,
+           lease_token, lease_expires_at, next_attempt_at, updated_at, dead_reason,
+           status = 'pending' AND released_at IS NOT NULL AND next_attempt_at <= :now
+               AS ready
     FROM items ORDER BY id
 """)
 
 
-async def reset(engine: AsyncEngine) -> None:
+async def reset(engine: AsyncEngine, position: Position | None = None) -> None:
+    pos = position or Position((0, 0), None)
     async with engine.begin() as conn:
-        await conn.execute(text("TRUNCATE items, batches, runs, attempts RESTART IDENTITY "
-                                "CASCADE"))
+        await conn.execute(text("TRUNCATE items, batches, runs, attempts, scopes "
+                                "RESTART IDENTITY CASCADE"))
+        await conn.execute(text(
+            "INSERT INTO scopes (name, rate_per_second, burst, tokens, budget_from_policy, "
+            "ready_after_batch, ready_after_id, front_scanned_at) "
+            "VALUES (:s, :rate, :burst, :tokens, false, :b, :i, :at)"),
+            {"s": SCOPE, "rate": RATE, "burst": BURST, "tokens": SPENDABLE,
+             "b": pos.after[0], "i": pos.after[1], "at": pos.front_scanned_at})
 
 
 async def insert(engine: AsyncEngine, rows: list[Row]) -> list[int]:
@@ -106,7 +167,8 @@ async def insert(engine: AsyncEngine, rows: list[Row]) -> list[int]:
                 ("ready", "unreleased") else "pending",
                 "due_at": NOW + row.due,
                 "next_attempt_at": None if row.next_attempt is None else NOW + row.next_attempt,
-                "released_at": released, "attempts": row.attempts,
+                "released_at": released, "batch_id": row.batch if released else None,
+                "attempts": row.attempts,
                 "lease_owner": "crashed-worker" if leased else None,
                 "lease_token": uuid.uuid4() if leased else None,
                 "lease_expires_at": NOW + row.lease_expires if leased else None,
@@ -119,33 +181,123 @@ async def insert(engine: AsyncEngine, rows: list[Row]) -> list[int]:
 
 async def snapshot(engine: AsyncEngine) -> dict[int, Any]:
     async with engine.connect() as conn:
-        return {r.id: r for r in (await conn.execute(_SNAPSHOT)).all()}
+        return {r.id: r for r in (await conn.execute(_SNAPSHOT, {"now": NOW})).all()}
 
 
-async def claim_at_now(engine: Any, limit: int = 1000, owner: str = "w1") -> Claimed:
-    return await claim(engine, owner=owner, grants={SCOPE: limit}, lease_seconds=LEASES,
-                       default_lease_seconds=DEFAULT_LEASE, now=NOW)
+async def scope_state(engine: AsyncEngine) -> tuple[Position, float]:
+    async with engine.connect() as conn:
+        r = (await conn.execute(text(
+            "SELECT ready_after_batch, ready_after_id, front_scanned_at, tokens FROM scopes "
+            "WHERE name = :s"), {"s": SCOPE})).one()
+    return Position((int(r[0]), int(r[1])), r[2]), float(r[3])
+
+
+async def admit_at_now(db: Any, limit: int = 1000, owner: str = "w1",
+                       now: datetime = NOW) -> Admission:
+    return await claims.admit(db, owner=owner, wants={SCOPE: limit}, lease_seconds=LEASES,
+                              default_lease_seconds=DEFAULT_LEASE, max_attempts=MAX_ATTEMPTS,
+                              now=now)
+
+
+# -- the claim rules, as a reference -------------------------------------------------------
+
+@dataclass(frozen=True)
+class Candidate:
+    """What an admission can see of one item."""
+
+    item_id: int
+    key: tuple[int, int]              # (batch id or 0, item id): the order of items_ready
+    ready: bool                       # pending, released, and its next attempt is due
+    lease_expires: datetime | None    # leased: when its lease ends
+    exhausted: bool                   # leased on its policy's last allowed attempt
+
+
+def candidates(rows: Iterable[Any], max_attempts: dict[str, int]) -> list[Candidate]:
+    """The candidates in snapshot rows (id, status, attempts, policy, batch_key,
+    lease_expires_at, ready)."""
+    return [Candidate(r.id, (r.batch_key, r.id), r.ready,
+                      r.lease_expires_at if r.status == "leased" else None,
+                      r.status == "leased" and r.attempts >= max_attempts.get(r.policy,
+                                                                              math.inf))
+            for r in rows]
+
+
+def reads_the_front(position: Position, now: datetime) -> bool:
+    return (position.after[1] == 0 or position.front_scanned_at is None
+            or position.front_scanned_at <= now - FRONT_EVERY)
+
+
+def verify_admission(seen: Sequence[Candidate], position: Position, now: datetime,
+                     granted: int, leases: Sequence[claims.Lease], dead: set[int]
+                     ) -> Position:
+    """Assert that an admission granted `granted` tokens took what the claim rules allow
+    (leases, and `dead`: expired leases it dead-lettered); the position it must leave."""
+    if granted == 0:
+        assert (list(leases), dead) == ([], set())
+        return position
+    front = reads_the_front(position, now)
+    start = (0, 0) if front else position.after
+    expiry = {c.item_id: c.lease_expires for c in seen
+              if front and c.lease_expires is not None and c.lease_expires <= now}
+    reclaimed = {x.item_id for x in leases if x.reclaimed}
+    touched = reclaimed | dead
+    # expired leases first, as many as the tokens allow, the earliest to expire first
+    # (equal expiries in any order); those on their last attempt go dead, the rest are leased
+    assert len(touched) == min(granted, len(expiry)), (touched, expiry)
+    assert touched <= set(expiry)
+    if touched:
+        last = max(expiry[i] for i in touched)
+        assert all(at >= last for i, at in expiry.items() if i not in touched)
+    assert dead == {c.item_id for c in seen if c.item_id in touched and c.exhausted}
+    # then released items after the start, in batch order, up to the tokens left
+    ready = sorted((c for c in seen if c.ready and c.key > start), key=lambda c: c.key)
+    taken = ready[:granted - len(reclaimed)]
+    assert sorted(x.item_id for x in leases if not x.reclaimed) == sorted(
+        c.item_id for c in taken)
+    # one that came up short sends the next claim to the front
+    after = (0, 0) if len(leases) < granted else taken[-1].key if taken else start
+    return Position(after, now if front else position.front_scanned_at)
+
+
+async def admit_and_verify(engine: AsyncEngine, limit: int, owner: str) -> Admission:
+    """One admission at NOW, checked against the claim rules and the position it left."""
+    before = await snapshot(engine)
+    position, _ = await scope_state(engine)
+    admission = await admit_at_now(engine, limit=limit, owner=owner)
+    after = await snapshot(engine)
+    dead = {i for i, r in after.items() if r.status == "dead" and before[i].status != "dead"}
+    [grant] = admission.grants
+    assert grant.granted == limit
+    expected = verify_admission(candidates(before.values(), MAX_ATTEMPTS), position, NOW,
+                                grant.granted, admission.leases, dead)
+    assert (await scope_state(engine))[0] == expected
+    return admission
 
 
 # -- which rows, at the boundary ------------------------------------------------------------
 
 @PROPERTY_SETTINGS
-@given(rows=st.lists(_row, max_size=14))
-async def test_claim_takes_exactly_the_claimable_rows(engine: AsyncEngine, rows: list[Row]
-                                                      ) -> None:
-    await reset(engine)
+@given(drawn=rows_and_position())
+async def test_an_admission_takes_exactly_the_claimable_rows(
+        engine: AsyncEngine, drawn: tuple[list[Row], Position]) -> None:
+    rows, position = drawn
+    await reset(engine, position)
     ids = await insert(engine, rows)
     by_id = dict(zip(ids, rows, strict=True))
     before = await snapshot(engine)
 
-    claimed = await claim_at_now(engine)
+    admission = await admit_at_now(engine)
 
-    got = {lease.item_id for lease in claimed.leases}
-    assert len(got) == len(claimed.leases)
-    assert got == {i for i, r in by_id.items() if r.claimable()}
-    assert claimed.reclaimed == sum(1 for i in got if by_id[i].kind == "leased")
+    front = reads_the_front(position, NOW)
+    start = (0, 0) if front else position.after
+    got = {lease.item_id for lease in admission.leases}
+    assert len(got) == len(admission.leases)
+    behind = {i for i, r in by_id.items() if ((r.batch or 0), i) <= start}
+    assert got == {i for i, r in by_id.items() if r.claimable()
+                   and (front if r.kind == "leased" else i not in behind)}
+    assert admission.reclaimed == sum(1 for i in got if by_id[i].kind == "leased")
     after = await snapshot(engine)
-    for lease in claimed.leases:
+    for lease in admission.leases:
         row = by_id[lease.item_id]
         assert lease.lease_expires_at == NOW + timedelta(
             seconds=LEASES.get(row.policy, DEFAULT_LEASE))
@@ -155,8 +307,20 @@ async def test_claim_takes_exactly_the_claimable_rows(engine: AsyncEngine, rows:
         assert (db.status, db.lease_owner, db.lease_token, db.lease_expires_at, db.attempts) == (
             "leased", "w1", lease.lease_token, lease.lease_expires_at, lease.attempt)
         assert lease.lease_token != before[lease.item_id].lease_token
-    for item_id in set(ids) - got:
+    # an expired lease on its last allowed attempt goes dead, its attempts as they were
+    dead = {i for i, r in by_id.items()
+            if front and r.exhausted() and NOW + r.lease_expires <= NOW}
+    for item_id in dead:
+        db = after[item_id]
+        assert (db.status, db.dead_reason, db.lease_token, db.attempts) == (
+            "dead", "max_attempts:lease_expired", None, by_id[item_id].attempts)
+    for item_id in set(ids) - got - dead:
         assert after[item_id] == before[item_id]  # untouched, not even updated_at
+    # the bucket is charged for the leases, and no more; the position is the front again
+    # (the claim came up short) and records a front read
+    position_after, tokens = await scope_state(engine)
+    assert SPENDABLE - len(got) <= tokens < SPENDABLE - len(got) + 0.01
+    assert position_after == Position((0, 0), NOW if front else position.front_scanned_at)
 
 
 @PROPERTY_SETTINGS
@@ -167,10 +331,9 @@ async def test_unreleased_and_terminal_items_are_never_claimed(
         n: int) -> None:
     await reset(engine)
     await insert(engine, [Row(kind, "carts", due, next_attempt, timedelta(0), 0)] * n)
-    assert (await claim_at_now(engine)).leases == []
+    assert (await admit_at_now(engine)).leases == []
     # nor later: even far in the future there is nothing to take
-    far = await claim(engine, owner="w", grants={SCOPE: 100}, lease_seconds=LEASES,
-                      now=NOW + timedelta(days=3650))
+    far = await admit_at_now(engine, owner="w", now=NOW + timedelta(days=3650))
     assert far.leases == []
 
 
@@ -181,32 +344,95 @@ async def test_the_boundary_is_inclusive_at_the_microsecond(
     await reset(engine)
     off = timedelta(microseconds=offset_us)
     [item_id] = await insert(engine, [Row(kind, "carts", -off, off, off, 0)])
-    got = [lease.item_id for lease in (await claim_at_now(engine)).leases]
+    got = [lease.item_id for lease in (await admit_at_now(engine)).leases]
     assert got == ([item_id] if offset_us <= 0 else [])
 
 
 @PROPERTY_SETTINGS
-@given(rows=st.lists(_row, max_size=14), limit=st.integers(1, 4))
-async def test_limit_bounds_each_claim_and_repeated_claims_take_each_row_once(
-        engine: AsyncEngine, rows: list[Row], limit: int) -> None:
-    await reset(engine)
+@given(offset_us=st.integers(-2, 2), kind=st.sampled_from(("ready", "leased")))
+async def test_the_front_read_is_due_at_the_interval_to_the_microsecond(
+        engine: AsyncEngine, offset_us: int, kind: str) -> None:
+    # an item behind the position (released ready, or an expired lease) is taken exactly
+    # when the last front read is FRONT_SCAN_EVERY_S old; after the position, one always is
+    scanned = NOW - FRONT_EVERY + timedelta(microseconds=offset_us)
+    await reset(engine, Position((2, 2), scanned))
+    behind, ahead = await insert(engine, [
+        Row(kind, "carts", timedelta(0), None, timedelta(seconds=-1), 0, batch=1),
+        Row("ready", "carts", timedelta(0), None, timedelta(0), 0, batch=3)])
+    got = {lease.item_id for lease in (await admit_at_now(engine)).leases}
+    assert got == ({behind, ahead} if offset_us <= 0 else {ahead})
+
+
+@PROPERTY_SETTINGS
+@given(drawn=rows_and_position(min_size=2), limit=st.integers(1, 4))
+async def test_repeated_admissions_take_every_claimable_row_once_within_their_tokens(
+        engine: AsyncEngine, drawn: tuple[list[Row], Position], limit: int) -> None:
+    # items behind the starting position, expired leases, exhausted leases and webhook
+    # releases (batch key 0) all come due: every claimable row is leased exactly once, each
+    # admission within its tokens, and an admission that finds nothing past the position
+    # makes the next one read from the front
+    rows, position = drawn
+    await reset(engine, position)
     ids = await insert(engine, rows)
     expected = {i for i, r in zip(ids, rows, strict=True) if r.claimable()}
+    exhausted = {i for i, r in zip(ids, rows, strict=True)
+                 if r.exhausted() and NOW + r.lease_expires <= NOW}
     taken: list[int] = []
-    for round_no in range(len(rows) + 2):
-        claimed = await claim_at_now(engine, limit=limit, owner=f"w{round_no}")
-        assert len(claimed.leases) == min(limit, len(expected) - len(taken))
-        taken += [lease.item_id for lease in claimed.leases]
-        if not claimed.leases:
-            break
+    rounds = 0
+    while any(c.ready or (c.lease_expires is not None and c.lease_expires <= NOW)
+              for c in candidates((await snapshot(engine)).values(), MAX_ATTEMPTS)):
+        rounds += 1
+        # each round takes something, or came up short and sends the next one to the front
+        assert rounds <= 2 * len(rows) + 1, (rounds, taken)
+        admission = await admit_and_verify(engine, limit, owner=f"w{rounds}")
+        assert len(admission.leases) <= limit
+        taken += [lease.item_id for lease in admission.leases]
     assert len(taken) == len(set(taken))
     assert set(taken) == expected
+    final = await snapshot(engine)
+    assert {i for i in ids if final[i].dead_reason == "max_attempts:lease_expired"} == exhausted
+    _, tokens = await scope_state(engine)
+    assert SPENDABLE - len(taken) <= tokens < SPENDABLE - len(taken) + 0.01
+
+
+@PROPERTY_SETTINGS
+@given(batches=st.lists(st.none() | st.integers(1, BATCHES), min_size=1, max_size=8),
+       at=st.integers(0, 7), delta=st.sampled_from([-1, 0, 1]), limit=st.integers(1, 8))
+async def test_a_claim_reads_strictly_after_its_position(
+        engine: AsyncEngine, batches: list[int | None], at: int, delta: int,
+        limit: int) -> None:
+    # released items on, just before and just after the position, in batches and without
+    rows = [Row("ready", "carts", timedelta(0), None, timedelta(0), 0, batch=b)
+            for b in batches]
+    batch, item_id = key_of(at % len(rows), rows[at % len(rows)])
+    await reset(engine, Position((batch, item_id + delta), NOW))
+    await insert(engine, rows)
+    await admit_and_verify(engine, limit, owner="w")
+
+
+_expiry = st.sampled_from([-3_000_000, -2, -1, 0, 1]).map(lambda us: timedelta(microseconds=us))
+
+
+@PROPERTY_SETTINGS
+@given(leases=st.lists(st.tuples(_expiry, st.integers(0, 5), st.sampled_from(POLICIES)),
+                       min_size=1, max_size=8),
+       ready=st.integers(0, 3), limit=st.integers(1, 5))
+async def test_expired_leases_are_taken_over_earliest_first(
+        engine: AsyncEngine, leases: list[tuple[timedelta, int, str]], ready: int,
+        limit: int) -> None:
+    # the tokens go to expired leases before released items, earliest expiry first; a lease
+    # on its policy's last allowed attempt takes its token but goes dead, not to a worker
+    await reset(engine)
+    await insert(engine, [Row("leased", policy, timedelta(0), None, expires, attempts)
+                          for expires, attempts, policy in leases]
+                 + [Row("ready", "fast", timedelta(0), None, timedelta(0), 0)] * ready)
+    await admit_and_verify(engine, limit, owner="w")
 
 
 # -- limit and locking ---------------------------------------------------------------------
 
 class HeldTransaction:
-    """Duck-types the engine for `claim`: its statement runs inside a transaction that the
+    """Duck-types the engine for `admit`: its statement runs inside a transaction that the
     test keeps open, so the row locks it took can be observed from another session."""
 
     def __init__(self, conn: AsyncConnection) -> None:
@@ -228,6 +454,20 @@ async def locked_count(engine: AsyncEngine) -> int:
     return int(total - free)
 
 
+async def wait_for_lock_waits(engine: AsyncEngine, sessions: int, timeout_s: float = 10.0
+                              ) -> None:
+    """Until `sessions` sessions of this database wait on a lock."""
+    async with asyncio.timeout(timeout_s):
+        while True:
+            async with engine.connect() as conn:
+                waiting = (await conn.execute(text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock'"))).scalar_one()
+            if waiting >= sessions:
+                return
+            await asyncio.sleep(0.01)
+
+
 def mix(expired: int, ready: int) -> list[Row]:
     lease = Row("leased", "carts", timedelta(0), None, timedelta(seconds=-5), 1)
     pending = Row("ready", "fast", timedelta(0), timedelta(microseconds=-1), timedelta(0), 0)
@@ -246,21 +486,25 @@ def mix(expired: int, ready: int) -> list[Row]:
 async def test_a_claim_locks_no_more_than_its_limit(engine: AsyncEngine, k: int, expired: int,
                                                     ready: int) -> None:
     assert expired + ready == 3 * k
+    await reset(engine)
     await insert(engine, mix(expired, ready))
     async with engine.connect() as conn:
         tx = await conn.begin()
-        first = await claim_at_now(HeldTransaction(conn), limit=k, owner="held")
+        first = await admit_at_now(HeldTransaction(conn), limit=k, owner="held")
         assert len(first.leases) == k
         assert await locked_count(engine) == k
-        # concurrent claimers skip the held rows and take disjoint sets of their own
-        second = await claim_at_now(engine, limit=k, owner="second")
-        third = await claim_at_now(engine, limit=k, owner="third")
+        # concurrent admitters of the scope wait for its bucket row, holding no item rows
+        second = asyncio.create_task(admit_at_now(engine, limit=k, owner="second"))
+        third = asyncio.create_task(admit_at_now(engine, limit=k, owner="third"))
+        await wait_for_lock_waits(engine, 2)
         assert await locked_count(engine) == k
+        assert not second.done() and not third.done()
         await tx.commit()
-    sets = [{lease.item_id for lease in c.leases} for c in (first, second, third)]
+    results = (first, await second, await third)
+    sets = [{lease.item_id for lease in c.leases} for c in results]
     assert [len(s) for s in sets] == [k, k, k]
     assert set.union(*sets) == set(range(1, 3 * k + 1))
-    assert (await claim_at_now(engine, limit=k)).leases == []
+    assert (await admit_at_now(engine, limit=k)).leases == []
     async with engine.connect() as conn:
         owners = dict((await conn.execute(text(
             "SELECT lease_owner, count(*) FROM items WHERE status = 'leased' "
@@ -272,12 +516,15 @@ async def test_a_claim_locks_no_more_than_its_limit(engine: AsyncEngine, k: int,
                                                         (10, 4, 10)])
 async def test_concurrent_claims_are_disjoint_and_bounded(engine: AsyncEngine, k: int,
                                                           claimers: int, expired: int) -> None:
+    await reset(engine)
     await insert(engine, mix(expired, 3 * k - expired))
-    results = await asyncio.gather(*(claim_at_now(engine, limit=k, owner=f"c{n}")
+    results = await asyncio.gather(*(admit_at_now(engine, limit=k, owner=f"c{n}")
                                      for n in range(claimers)))
     sets = [{lease.item_id for lease in r.leases} for r in results]
     assert all(len(s) <= k for s in sets)
     assert sum(len(s) for s in sets) == len(set.union(*sets))  # disjoint
+    # nothing is left behind: together they took all they had tokens for
+    assert len(set.union(*sets)) == min(claimers * k, 3 * k)
     if claimers * k <= 3 * k:
         assert all(len(s) == k for s in sets)
     async with engine.connect() as conn:
@@ -286,3 +533,5 @@ async def test_concurrent_claims_are_disjoint_and_bounded(engine: AsyncEngine, k
             "AND lease_expires_at > :now"), {"now": NOW})).all())
     mine = {lease.item_id: lease.lease_token for r in results for lease in r.leases}
     assert leased == mine
+    _, tokens = await scope_state(engine)
+    assert SPENDABLE - len(mine) <= tokens < SPENDABLE - len(mine) + 0.01

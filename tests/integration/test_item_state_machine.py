@@ -1,41 +1,67 @@
 """The item life cycle as a Hypothesis state machine against a model, on a real database.
 
-Rules drive the real operations (register, publish a run, claim, complete, complete with a
-stale lease, hand a lease back, let leases expire, re-drive, cancel) in random orders; after
-every step each item's row must match the model: status, attempts, released or not. The
-claim's clock is pinned (`now=`) to a virtual time a day ahead of the database's, so leases
-expire when the machine says so, and items a completion sends back with no delay are
-claimable at once.
+Rules drive the operations production runs (register, publish a run, a webhook's release
+without a batch, admit, complete with every kind of outcome, complete or hand back with a
+stale lease, hand back a lease, let leases expire, refill the budget, re-drive, cancel) in
+random orders. Admissions are checked against the claim rules (`verify_admission`) with the
+scope's claim position in play: retries, hand-backs, re-drives and webhook releases put
+items behind it. After every step each item's row, and the scope's bucket and position,
+must match the model. The admission's clock is pinned (`now=`) to a virtual time a day
+ahead of the database's, so leases expire and front reads come due when the machine says
+so, and items a completion sends back with no delay are claimable at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+import asyncpg
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import claims, ledger, runs
+from service import claims, intake, ledger, limiter, runs
 from service.claims import Completion, Lease
 from service.db.engine import make_engine
 from service.settings import async_url
+from service.webhooks import Delivery, Hint
 from tests.conftest import test_settings
+from tests.integration.test_claim_properties import Candidate, Position, verify_admission
 from tests.integration.test_pipeline import make_policies
 
-N_ITEMS = 5
+N_ITEMS = 8
 LEASE_S = 30
-MAX_ATTEMPTS = 3
+MAX_ATTEMPTS = 2
 SCOPE = "tenant:acme"
 POLICIES = make_policies("http://127.0.0.1:9", lease_seconds=LEASE_S, max_attempts=MAX_ATTEMPTS)
 POLICY = POLICIES.policies["carts"]
+# The bucket: scarce enough that admissions run short of tokens. Its rate barely refills
+# it while an example runs; `budget_refills` stands for time passing on its clock.
+BURST = 12  # its spendable part covers every item at once
+SPENDABLE = BURST - 1  # limiter.SPENDABLE_BURST_SQL at a rate below 50/s
+RATE = 0.001
+FIRST_TOKENS = 3
+TOKENS_SLACK = 0.05  # what RATE refills while an example runs
+LATER = timedelta(days=30)  # a retry this far off is not due in any example
+
+# outcome -> (refund the attempt, retry in)
+OUTCOMES = {"succeeded": (False, None), "permanent": (False, None),
+            "transient": (False, timedelta(0)), "transient_later": (False, LATER),
+            "throttled": (True, timedelta(0))}
 
 
 @dataclass
@@ -45,6 +71,8 @@ class Item:
     status: str = "absent"          # absent | pending | leased | succeeded | dead | cancelled
     due: datetime | None = None
     released: bool = False
+    batch: int = 0                  # the batch that released it; 0: a webhook, or none
+    waiting: bool = False           # pending with its next attempt far off
     attempts: int = 0
     lease: Lease | None = None
     lease_expires: datetime | None = None
@@ -58,38 +86,68 @@ class ItemLifeCycle(RuleBasedStateMachine):
         super().__init__()
         self.loop = asyncio.new_event_loop()
         self.engine: AsyncEngine = make_engine(async_url(self.url), test_settings(self.url))
+        self.intake_pool: Any = None
         self.run(self._reset())
         db_now = self.run(self._db_now())
         self.now = db_now + timedelta(days=1)
         self.items = [Item() for _ in range(N_ITEMS)]
         self.ids: dict[int, int] = {}  # model index -> item id
+        self.position = Position((0, 0), None)
+        self.tokens = float(FIRST_TOKENS)  # the bucket row's tokens column
+        self.refilled = 0.0                # tokens refilled since the row was last written
+        self.leased_total = self.returned_total = self.refilled_total = 0
+        self.hints = 0
 
     # -- plumbing ----------------------------------------------------------------------
     def run(self, coro: Any) -> Any:
         return self.loop.run_until_complete(coro)
 
     def teardown(self) -> None:
+        if self.intake_pool is not None:
+            self.run(self.intake_pool.close())
         self.run(self.engine.dispose())
         self.loop.close()
 
     async def _reset(self) -> None:
         async with self.engine.begin() as conn:
-            await conn.execute(text("TRUNCATE items, attempts, batches, runs, "
-                                    "operator_actions RESTART IDENTITY CASCADE"))
+            await conn.execute(text("TRUNCATE items, attempts, batches, runs, scopes, "
+                                    "webhook_receipts, operator_actions RESTART IDENTITY "
+                                    "CASCADE"))
+            await conn.execute(text(
+                "INSERT INTO scopes (name, rate_per_second, burst, tokens, budget_from_policy)"
+                " VALUES (:s, :rate, :burst, :tokens, false)"),
+                {"s": SCOPE, "rate": RATE, "burst": BURST, "tokens": FIRST_TOKENS})
 
     async def _db_now(self) -> datetime:
         async with self.engine.connect() as conn:
             value: datetime = (await conn.execute(text("SELECT now()"))).scalar_one()
             return value
 
+    async def _fetch(self, sql: str, **params: Any) -> list[Any]:
+        async with self.engine.begin() as conn:
+            return list((await conn.execute(text(sql), params)).all())
+
     def completion(self, lease: Lease, outcome: str, status: str) -> Completion:
-        return Completion(lease=lease, worker="machine", outcome=outcome, status=status,
-                          reason=outcome, http_status=204 if outcome == "succeeded" else 500,
-                          retry_after_seconds=None, retry_in_seconds=0.0,
-                          refund_attempt=False, started_at=self.now, finished_at=self.now,
+        refund, retry_in = OUTCOMES[outcome]
+        return Completion(lease=lease, worker="machine", outcome=outcome.split("_")[0],
+                          status=status, reason=outcome,
+                          http_status={"succeeded": 204, "throttled": 429}.get(outcome, 500),
+                          retry_after_seconds=None,
+                          retry_in_seconds=(retry_in or timedelta(0)).total_seconds(),
+                          refund_attempt=refund, started_at=self.now, finished_at=self.now,
                           latency_ms=1.0)
 
+    def index_of(self, item_id: int) -> int:
+        return next(i for i, known in self.ids.items() if known == item_id)
+
     # -- rules -------------------------------------------------------------------------
+    @initialize(minutes=st.lists(st.integers(-120, 120), min_size=N_ITEMS, max_size=N_ITEMS))
+    def a_published_backlog(self, minutes: list[int]) -> None:
+        # most examples start with work in several batches; the rules change it from there
+        for i, m in enumerate(minutes):
+            self.register(i, m)
+        self.publish()
+
     @rule(i=st.integers(0, N_ITEMS - 1), minutes=st.integers(-120, 120))
     def register(self, i: int, minutes: int) -> None:
         due = self.now + timedelta(minutes=minutes)
@@ -117,36 +175,77 @@ class ItemLifeCycle(RuleBasedStateMachine):
         run_id, _ = self.run(runs.create_run(
             self.engine, runs.RunRequest(None, None, self.now, False, None), None))
         assert self.run(runs.publish(self.engine, run_id, batch_size=2))
-        for item in self.items:
+        batches = {r.id: r.batch_id for r in self.run(self._fetch(
+            "SELECT id, batch_id FROM items WHERE released_at IS NOT NULL"))}
+        for i, item in enumerate(self.items):
             if (item.status == "pending" and not item.released and item.due is not None
                     and item.due <= self.now):
-                item.released = True
+                item.released, item.batch = True, batches[self.ids[i]]
+                assert item.batch is not None  # released by this run, in one of its batches
+
+    @rule(i=st.integers(0, N_ITEMS - 1))
+    def webhook_release(self, i: int) -> None:
+        # a webhook makes the obligation due now: inserted, or released, without a batch
+        if self.intake_pool is None:
+            self.intake_pool = self.run(self._intake_pool())
+        self.hints += 1
+        receipt = self.run(intake.record(self.intake_pool, Delivery(
+            "machine", f"hint-{self.hints}", "test", None,
+            (Hint(POLICY, "acme", f"o{i}", None),))))
+        assert not receipt.duplicate
+        item = self.items[i]
+        if item.status == "absent":
+            item.status, item.released, item.batch = "pending", True, 0
+            self.ids[i] = self.run(self._id_of(i))
+        elif item.status == "pending":
+            item.released = True  # if it was not: with no batch, it sits at key 0
+        if item.status == "pending":
+            # due now, on the database's clock (the machine's runs a day ahead)
+            [(item.due,)] = self.run(self._fetch("SELECT due_at FROM items WHERE id = :id",
+                                                 id=self.ids[i]))
+
+    async def _intake_pool(self) -> Any:
+        return await asyncpg.create_pool(self.url, min_size=1, max_size=1)
+
+    def candidates(self) -> list[Candidate]:
+        return [Candidate(self.ids[i], (item.batch, self.ids[i]),
+                          item.status == "pending" and item.released and not item.waiting,
+                          item.lease_expires if item.status == "leased" else None,
+                          item.status == "leased" and item.attempts >= MAX_ATTEMPTS)
+                for i, item in enumerate(self.items) if item.status != "absent"]
 
     def claimable(self) -> list[int]:
-        def ready(item: Item) -> bool:
-            return item.status == "pending" and item.released
+        """Items an admission with tokens to spare must take (or, on their last attempt,
+        dead-letter) once it reads from the front."""
+        return [c.item_id for c in self.candidates()
+                if c.ready or (c.lease_expires is not None and c.lease_expires <= self.now)]
 
-        def expired(item: Item) -> bool:
-            return (item.status == "leased" and item.lease_expires is not None
-                    and item.lease_expires <= self.now)
-
-        return [i for i, item in enumerate(self.items) if ready(item) or expired(item)]
-
-    @rule(n=st.integers(1, N_ITEMS))
-    def claim(self, n: int) -> None:
-        expected = self.claimable()
-        expired = [i for i in expected if self.items[i].status == "leased"]
-        got = self.run(claims.claim(self.engine, owner="machine", grants={SCOPE: n},
-                                    lease_seconds={POLICY.name: LEASE_S}, now=self.now))
-        by_id = {v: k for k, v in self.ids.items()}
-        claimed = [by_id[lease.item_id] for lease in got.leases]
-        assert len(claimed) == min(n, len(expected)), (claimed, expected)
-        assert set(claimed) <= set(expected)
-        # expired leases are taken over before fresh work
-        assert set(expired[:n]) <= set(claimed) or len(expired) > n
-        assert got.reclaimed == len(set(claimed) & set(expired))
+    def admit(self, n: int) -> None:
+        """One admission, checked against the claim rules and the model's bucket."""
+        expired = [c.item_id for c in self.candidates()
+                   if c.lease_expires is not None and c.lease_expires <= self.now]
+        got = self.run(claims.admit(self.engine, owner="machine", wants={SCOPE: n},
+                                    lease_seconds={POLICY.name: LEASE_S},
+                                    max_attempts={POLICY.name: MAX_ATTEMPTS}, now=self.now))
+        [grant] = got.grants
+        available = min(SPENDABLE, self.tokens + self.refilled)
+        # the tokens: what the bucket holds, at most what was asked, never more
+        assert grant.granted == min(n, math.floor(available)), (grant, available)
+        assert len(got.leases) <= grant.granted
+        dead = {r.id for r in self.run(self._fetch(
+            "SELECT id FROM items WHERE id = ANY(:ids) AND status = 'dead'", ids=expired))}
+        self.position = verify_admission(self.candidates(), self.position, self.now,
+                                         grant.granted, got.leases, dead)
+        self.tokens, self.refilled = available - len(got.leases), 0.0
+        self.leased_total += len(got.leases)
+        for item_id in dead:
+            item = self.items[self.index_of(item_id)]
+            assert item.lease is not None
+            item.old_leases.append(item.lease)
+            item.status, item.lease, item.lease_expires = "dead", None, None
         for lease in got.leases:
-            item = self.items[by_id[lease.item_id]]
+            item = self.items[self.index_of(lease.item_id)]
+            assert item.status in ("pending", "leased")
             if item.lease is not None:
                 item.old_leases.append(item.lease)
             item.status, item.lease, item.attempts = "leased", lease, item.attempts + 1
@@ -154,10 +253,24 @@ class ItemLifeCycle(RuleBasedStateMachine):
             assert lease.lease_expires_at == item.lease_expires
             assert lease.attempt == item.attempts
 
+    @rule(n=st.integers(1, 3))
+    def claim(self, n: int) -> None:
+        self.admit(n)
+
+    @rule()
+    def every_due_item_is_claimed_within_two_admissions(self) -> None:
+        # with tokens to spare, a claim from the position comes up short and the next one
+        # reads from the front: nothing due stays behind the position
+        want = len(self.claimable()) + 1
+        self.refill_budget(max(0, want - math.floor(min(SPENDABLE, self.tokens + self.refilled))))
+        for _ in range(2):
+            self.admit(want)
+        assert self.claimable() == []
+
     def leased(self) -> list[int]:
         return [i for i, item in enumerate(self.items) if item.status == "leased"]
 
-    @rule(data=st.data(), outcome=st.sampled_from(["succeeded", "transient", "permanent"]))
+    @rule(data=st.data(), outcome=st.sampled_from(sorted(OUTCOMES)))
     def complete(self, data: st.DataObject, outcome: str) -> None:
         leased = self.leased()
         if not leased:
@@ -165,9 +278,10 @@ class ItemLifeCycle(RuleBasedStateMachine):
         i = data.draw(st.sampled_from(leased))
         item = self.items[i]
         assert item.lease is not None
+        refund, retry_in = OUTCOMES[outcome]
         if outcome == "succeeded":
             status = "succeeded"
-        elif outcome == "permanent" or item.attempts >= MAX_ATTEMPTS:
+        elif outcome == "permanent" or (not refund and item.attempts >= MAX_ATTEMPTS):
             status = "dead"
         else:
             status = "pending"
@@ -176,6 +290,8 @@ class ItemLifeCycle(RuleBasedStateMachine):
         assert fenced == []
         item.old_leases.append(item.lease)
         item.status, item.lease, item.lease_expires = status, None, None
+        item.attempts -= 1 if refund else 0
+        item.waiting = status == "pending" and retry_in == LATER
 
     @rule(data=st.data())
     def complete_with_a_stale_lease(self, data: st.DataObject) -> None:
@@ -196,13 +312,44 @@ class ItemLifeCycle(RuleBasedStateMachine):
         i = data.draw(st.sampled_from(leased))
         item = self.items[i]
         assert item.lease is not None
-        self.run(claims.release(self.engine, [item.lease]))
+        self.run(claims.hand_back(self.engine, [item.lease]))
         item.old_leases.append(item.lease)
         item.status, item.lease, item.lease_expires = "pending", None, None
         item.attempts = max(item.attempts - 1, 0)
+        self.give_back(1)
 
-    @rule(seconds=st.sampled_from([1, LEASE_S - 1, LEASE_S, LEASE_S + 1, 3600]))
-    def time_passes(self, seconds: int) -> None:
+    @rule(data=st.data())
+    def hand_back_a_stale_lease(self, data: st.DataObject) -> None:
+        # a worker whose lease moved on returns it uncalled: the item is untouched, and the
+        # token it never spent goes back
+        stale = [i for i, item in enumerate(self.items) if item.old_leases]
+        if not stale:
+            return
+        i = data.draw(st.sampled_from(stale))
+        self.run(claims.hand_back(self.engine, [
+            data.draw(st.sampled_from(self.items[i].old_leases))]))
+        self.give_back(1)
+
+    def give_back(self, n: int) -> None:
+        self.tokens = min(float(BURST), self.tokens + n)
+        self.returned_total += n
+
+    @rule(tokens=st.integers(1, BURST))
+    def budget_refills(self, tokens: int) -> None:
+        self.refill_budget(tokens)
+
+    def refill_budget(self, tokens: int) -> None:
+        """The bucket's clock is the database's own: `tokens` more refill is the row's last
+        refill that much earlier."""
+        if tokens:
+            self.run(self._fetch(
+                "UPDATE scopes SET refilled_at = refilled_at - make_interval(secs => :s) "
+                "WHERE name = :n RETURNING name", s=tokens / RATE, n=SCOPE))
+            self.refilled += tokens
+            self.refilled_total += tokens
+
+    @rule(seconds=st.sampled_from([0.5, 1, LEASE_S - 1, LEASE_S, LEASE_S + 1, 3600]))
+    def time_passes(self, seconds: float) -> None:
         self.now += timedelta(seconds=seconds)
 
     @rule()
@@ -213,7 +360,7 @@ class ItemLifeCycle(RuleBasedStateMachine):
         assert sorted(got) == sorted(dead)
         for item in self.items:
             if item.status == "dead":
-                item.status, item.attempts = "pending", 0
+                item.status, item.attempts, item.waiting = "pending", 0, False
 
     @rule(i=st.integers(0, N_ITEMS - 1))
     def cancel(self, i: int) -> None:
@@ -228,7 +375,7 @@ class ItemLifeCycle(RuleBasedStateMachine):
         else:
             assert got == []  # in flight or finished: cannot be withdrawn
 
-    # -- the ledger matches the model after every step ------------------------------------
+    # -- the ledger and the bucket match the model after every step -------------------------
     @invariant()
     def ledger_matches_model(self) -> None:
         rows = self.run(self._rows())
@@ -238,20 +385,36 @@ class ItemLifeCycle(RuleBasedStateMachine):
                 assert row is None
                 continue
             assert row is not None
-            status, attempts, released, token = row
+            status, attempts, released, token, due_now = row
             assert status == item.status, (i, row, item)
             assert attempts == item.attempts, (i, row, item)
             assert released == item.released, (i, row, item)
             expected_token = item.lease.lease_token if item.lease else None
             assert token == expected_token
+            if status == "pending" and released:
+                assert due_now == (not item.waiting), (i, row, item)
 
-    async def _rows(self) -> dict[str, tuple[str, int, bool, uuid.UUID | None]]:
+    async def _rows(self) -> dict[str, tuple[str, int, bool, uuid.UUID | None, bool]]:
         async with self.engine.connect() as conn:
             result = await conn.execute(text(
                 "SELECT object_id, status, attempts, released_at IS NOT NULL AS released, "
-                "lease_token FROM items"))
-            return {r.object_id: (r.status, r.attempts, r.released, r.lease_token)
+                "lease_token, next_attempt_at <= :now AS due_now FROM items"),
+                {"now": self.now})
+            return {r.object_id: (r.status, r.attempts, r.released, r.lease_token, r.due_now)
                     for r in result}
+
+    @invariant()
+    def bucket_and_position_match_model(self) -> None:
+        [row] = self.run(self._fetch(
+            f"SELECT ready_after_batch, ready_after_id, front_scanned_at, tokens, "
+            f"{limiter.tokens_at('clock_timestamp()')} AS available FROM scopes s"))
+        assert Position((row[0], row[1]), row[2]) == self.position
+        assert self.tokens <= row.tokens < self.tokens + TOKENS_SLACK
+        available = min(SPENDABLE, self.tokens + self.refilled)
+        assert available <= row.available < available + TOKENS_SLACK
+        # no token over budget: every lease was paid for by the first stock, a refill, or
+        # a token an unstarted lease gave back
+        assert self.leased_total <= FIRST_TOKENS + self.refilled_total + self.returned_total
 
 
 @pytest.mark.slow

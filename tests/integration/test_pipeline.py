@@ -107,22 +107,53 @@ async def test_ids_stay_in_their_path_segment(engine: AsyncEngine, upstream: Fak
     assert "/carts/a%2Fb" in paths and "/carts/..%2F..%2Fadmin" in paths
 
 
+def succeeded(lease: claims.Lease) -> claims.Completion:
+    now = datetime.now(UTC)
+    return claims.Completion(lease=lease, worker="test", outcome="succeeded",
+                             status="succeeded", reason="test", http_status=204,
+                             retry_after_seconds=None, retry_in_seconds=0,
+                             refund_attempt=False, started_at=now, finished_at=now,
+                             latency_ms=1)
+
+
 async def test_concurrent_claimers_never_share_an_item(engine: AsyncEngine) -> None:
+    # Eight admitters drain one scope; a quarter of what each claims goes back uncalled,
+    # behind the scope's claim position. No item is ever leased to two of them at once,
+    # and every item is claimed until it succeeds, exactly once.
     policies = make_policies("http://127.0.0.1:9")
     await register(engine, policies, 400)
     await release_all(engine)
+    rng = random.Random(7)
+    holder: dict[int, str] = {}  # item id -> who holds its lease now
+    done: list[int] = []
 
-    async def claimer(n: int) -> list[int]:
-        got: list[int] = []
-        while True:
-            batch = await claims.claim(engine, owner=f"w{n}", grants={SCOPE: 7}, lease_seconds={})
-            if not batch.leases:
-                return got
-            got += [lease.item_id for lease in batch.leases]
+    async def claimer(name: str) -> None:
+        while len(done) < 400:
+            admitted = await claims.admit(engine, owner=name, wants={SCOPE: 7},
+                                          lease_seconds={})
+            assert len(admitted.leases) <= 7
+            for lease in admitted.leases:
+                assert lease.item_id not in holder, (lease.item_id, holder[lease.item_id])
+                holder[lease.item_id] = name
+            back = [x for x in admitted.leases if rng.random() < 0.25]
+            kept = [x for x in admitted.leases if x not in back]
+            # given up before the statements commit: another claimer may take them at once
+            for lease in admitted.leases:
+                del holder[lease.item_id]
+            await claims.hand_back(engine, back)
+            assert await claims.complete(engine, [succeeded(x) for x in kept]) == []
+            done.extend(x.item_id for x in kept)
+            if not admitted.leases:
+                await asyncio.sleep(0.005)
 
-    results = await asyncio.gather(*(claimer(n) for n in range(8)))
-    flat = [i for r in results for i in r]
-    assert len(flat) == 400 and len(set(flat)) == 400
+    async with asyncio.timeout(60):
+        await asyncio.gather(*(claimer(f"w{n}") for n in range(8)))
+    assert len(done) == 400 and len(set(done)) == 400
+    assert await statuses(engine) == {"succeeded": 400}
+    async with engine.connect() as conn:
+        attempts = dict((await conn.execute(text(
+            "SELECT attempts, count(*) FROM items GROUP BY attempts"))).all())
+    assert attempts == {1: 400}  # an uncalled lease handed back costs no attempt
 
 
 async def test_expired_lease_is_reclaimed_unexpired_never(engine: AsyncEngine) -> None:
@@ -131,15 +162,15 @@ async def test_expired_lease_is_reclaimed_unexpired_never(engine: AsyncEngine) -
     await release_all(engine)
     async with engine.connect() as conn:
         db_now = (await conn.execute(text("SELECT now()"))).scalar_one()
-    first = await claims.claim(engine, owner="a", grants={SCOPE: 5}, lease_seconds={"carts": 30},
-                               now=db_now)
+    first = await claims.admit(engine, owner="a", wants={SCOPE: 5},
+                               lease_seconds={"carts": 30}, now=db_now)
     assert len(first.leases) == 1
     lease = first.leases[0]
     # just before expiry: nothing to take
-    early = await claims.claim(engine, owner="b", grants={SCOPE: 5}, lease_seconds={},
+    early = await claims.admit(engine, owner="b", wants={SCOPE: 5}, lease_seconds={},
                                now=lease.lease_expires_at - timedelta(microseconds=1))
     assert early.leases == []
-    late = await claims.claim(engine, owner="b", grants={SCOPE: 5}, lease_seconds={},
+    late = await claims.admit(engine, owner="b", wants={SCOPE: 5}, lease_seconds={},
                               now=lease.lease_expires_at)
     assert [x.item_id for x in late.leases] == [lease.item_id]
     assert late.reclaimed == 1 and late.leases[0].lease_token != lease.lease_token
@@ -154,14 +185,14 @@ async def test_expired_lease_on_the_last_attempt_goes_dead(engine: AsyncEngine) 
     async with engine.connect() as conn:
         db_now = (await conn.execute(text("SELECT now()"))).scalar_one()
     limits = {"carts": 2}
-    first = await claims.claim(engine, owner="a", grants={SCOPE: 2}, lease_seconds={},
+    first = await claims.admit(engine, owner="a", wants={SCOPE: 2}, lease_seconds={},
                                max_attempts=limits, now=db_now)
     assert [x.attempt for x in first.leases] == [1, 1]
     expiry = first.leases[0].lease_expires_at
-    second = await claims.claim(engine, owner="b", grants={SCOPE: 1}, lease_seconds={},
+    second = await claims.admit(engine, owner="b", wants={SCOPE: 1}, lease_seconds={},
                                 max_attempts=limits, now=expiry)
     assert [x.attempt for x in second.leases] == [2]
-    third = await claims.claim(engine, owner="c", grants={SCOPE: 2}, lease_seconds={},
+    third = await claims.admit(engine, owner="c", wants={SCOPE: 2}, lease_seconds={},
                                max_attempts=limits, now=second.leases[0].lease_expires_at)
     # the item on its second (last) attempt went dead; the other one is leased again
     assert [x.attempt for x in third.leases] == [2]
@@ -172,9 +203,8 @@ async def test_expired_lease_on_the_last_attempt_goes_dead(engine: AsyncEngine) 
                                         ("leased", 2, None)]
 
 
-async def test_admission_dead_letters_an_expired_lease_on_the_last_attempt(
+async def test_an_expired_lease_allowed_one_attempt_goes_dead_at_once(
         engine: AsyncEngine) -> None:
-    # the worker's hot path (take tokens + claim in one statement) applies the same rule
     policies = make_policies("http://127.0.0.1:9")
     await register(engine, policies, 1)
     await release_all(engine)
@@ -198,9 +228,9 @@ async def test_late_completion_is_fenced(engine: AsyncEngine, upstream: FakeUpst
     await release_all(engine)
     async with engine.connect() as conn:
         db_now = (await conn.execute(text("SELECT now()"))).scalar_one()
-    stale = (await claims.claim(engine, owner="stale", grants={SCOPE: 1}, lease_seconds={},
+    stale = (await claims.admit(engine, owner="stale", wants={SCOPE: 1}, lease_seconds={},
                                 now=db_now)).leases[0]
-    fresh = (await claims.claim(engine, owner="fresh", grants={SCOPE: 1}, lease_seconds={},
+    fresh = (await claims.admit(engine, owner="fresh", wants={SCOPE: 1}, lease_seconds={},
                                 now=stale.lease_expires_at)).leases[0]
 
     def done(lease: claims.Lease, outcome: str, status: str) -> claims.Completion:

@@ -382,7 +382,8 @@ async def test_losing_a_race_rolls_the_effect_back(db_url: str, engine: AsyncEng
             {"id": delivery.webhook_id})
         pool = await asyncpg.create_pool(db_url, min_size=1, max_size=1)
         loser = asyncio.create_task(intake.record(pool, delivery))
-        await asyncio.sleep(0.3)  # the loser now waits on the receipt's unique index
+        # the loser's insert waits on the receipt's unique index, for the winner's commit
+        await wait_for_lock_wait(engine)
         assert not loser.done()
         await winner.commit()
         receipt = await loser
