@@ -18,6 +18,7 @@ import asyncpg
 import httpx
 import pytest
 import uvicorn
+from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -177,3 +178,17 @@ async def api(db_url: str) -> AsyncIterator[httpx.AsyncClient]:
 
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+async def wait_for_lock_waits(engine: AsyncEngine, sessions: int, timeout_s: float = 10.0
+                              ) -> None:
+    """Until `sessions` sessions of this database wait on a lock."""
+    async with asyncio.timeout(timeout_s):
+        while True:
+            async with engine.connect() as conn:
+                waiting = (await conn.execute(text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock'"))).scalar_one()
+            if waiting >= sessions:
+                return
+            await asyncio.sleep(0.01)

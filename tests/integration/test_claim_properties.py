@@ -34,6 +34,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service import claims
 from service.claims import Admission
+from tests.conftest import wait_for_lock_waits
 
 # microseconds on purpose: the boundaries are checked at full timestamptz precision
 SCOPE = "tenant:all"  # claims are per scope; these properties are about one scope
@@ -452,20 +453,6 @@ async def locked_count(engine: AsyncEngine) -> int:
         ).scalar_one()
         await tx.rollback()
     return int(total - free)
-
-
-async def wait_for_lock_waits(engine: AsyncEngine, sessions: int, timeout_s: float = 10.0
-                              ) -> None:
-    """Until `sessions` sessions of this database wait on a lock."""
-    async with asyncio.timeout(timeout_s):
-        while True:
-            async with engine.connect() as conn:
-                waiting = (await conn.execute(text(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND wait_event_type = 'Lock'"))).scalar_one()
-            if waiting >= sessions:
-                return
-            await asyncio.sleep(0.01)
 
 
 def mix(expired: int, ready: int) -> list[Row]:

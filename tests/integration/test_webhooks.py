@@ -25,7 +25,7 @@ from standardwebhooks import Webhook
 from service import intake, ledger, metrics, webhooks
 from service.openapi import openapi_document
 from service.policies import Policies
-from tests.conftest import LiveServer, free_port, policies_from, test_settings
+from tests.conftest import LiveServer, free_port, policies_from, test_settings, wait_for_lock_waits
 from tests.fakes.upstream import FakeUpstream
 
 STD_SECRET = "whsec_" + base64.b64encode(b"standard-secret-0123456789abcdef").decode()
@@ -383,7 +383,7 @@ async def test_losing_a_race_rolls_the_effect_back(db_url: str, engine: AsyncEng
         pool = await asyncpg.create_pool(db_url, min_size=1, max_size=1)
         loser = asyncio.create_task(intake.record(pool, delivery))
         # the loser's insert waits on the receipt's unique index, for the winner's commit
-        await wait_for_lock_wait(engine)
+        await wait_for_lock_waits(engine, 1)
         assert not loser.done()
         await winner.commit()
         receipt = await loser
@@ -426,7 +426,7 @@ async def test_intake_limit_answers_503_with_retry_after(db_url: str,
             {"id": headers["X-Shopify-Webhook-Id"]})
         held = asyncio.create_task(client.post("/v1/webhooks/shopify", content=body,
                                                headers=headers))
-        await wait_for_lock_wait(engine)
+        await wait_for_lock_waits(engine, 1)
         refused = await post(client, "shopify", shopify("orders/cancelled", {"id": 2}))
         assert refused.status_code == 503, refused.text
         assert refused.headers["retry-after"] == "2"
@@ -441,18 +441,6 @@ async def test_intake_limit_answers_503_with_retry_after(db_url: str,
     async with engine.connect() as conn:
         assert (await conn.execute(text("SELECT count(*) FROM items"))).scalar() == 4
 
-
-async def wait_for_lock_wait(engine: AsyncEngine, timeout_s: float = 10.0) -> None:
-    """Until some session of this database waits on a lock."""
-    async with asyncio.timeout(timeout_s):
-        while True:
-            async with engine.connect() as conn:
-                waiting = (await conn.execute(text(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND wait_event_type = 'Lock'"))).scalar()
-            if waiting:
-                return
-            await asyncio.sleep(0.02)
 
 
 async def test_hint_drains_through_the_workers_without_a_run(db_url: str,
