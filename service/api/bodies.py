@@ -39,10 +39,12 @@ def _rfc3339_text(value: Any) -> Any:
 
 
 def _in_range(value: datetime) -> datetime:
+    """The instant in UTC, once it is known to lie in the range. RFC 3339 allows offsets up
+    to 23:59, PostgreSQL only up to 15:59, so no offset travels further than here."""
     # Aware datetimes compare by instant; the comparison itself never overflows.
     if not MIN_TIMESTAMP <= value <= MAX_TIMESTAMP:
         raise ValueError(f"must be from {TIMESTAMP_RANGE}")
-    return value
+    return value.astimezone(UTC)
 
 
 def _integral(value: Any) -> Any:

@@ -78,14 +78,17 @@ async def test_registration_refuses_timestamps_out_of_range(
 async def test_the_range_ends_are_accepted_listed_and_published(
         client: httpx.AsyncClient) -> None:
     low, high = "1970-01-01T00:00:00Z", "9999-12-30T10:00:00-13:59"
+    # RFC 3339 offsets reach 23:59; PostgreSQL's stop at 15:59
+    far = "2971-05-04T22:25:51.6-22:57"
     answer = await client.post("/v1/items", json={"items": [
         {**ITEM, "object_id": "low", "due_at": low},
-        {**ITEM, "object_id": "high", "due_at": high}]})
+        {**ITEM, "object_id": "high", "due_at": high},
+        {**ITEM, "object_id": "far", "due_at": far}]})
     assert answer.status_code == 200, answer.text
     listed = await client.get("/v1/items")
     assert listed.status_code == 200
     assert [i["due_at"] for i in listed.json()["items"]] == [
-        "1970-01-01T00:00:00Z", "9999-12-30T23:59:00Z"]
+        "1970-01-01T00:00:00Z", "9999-12-30T23:59:00Z", "2971-05-05T21:22:51.600000Z"]
     run = await client.post("/v1/runs", json={"cutoff": "9999-12-31T00:00:00Z"})
     assert run.status_code == 202, run.text
     for _ in range(200):
@@ -93,7 +96,10 @@ async def test_the_range_ends_are_accepted_listed_and_published(
         if status["state"] != "publishing":
             break
         await asyncio.sleep(0.05)
-    assert status["state"] == "published" and status["released"] == 2
+    assert status["state"] == "published" and status["released"] == 3
+    far_cutoff = await client.post("/v1/runs", json={"cutoff": far, "dry_run": True})
+    assert far_cutoff.status_code == 202, far_cutoff.text
+    assert far_cutoff.json()["cutoff"] == "2971-05-05T21:22:51.600000Z"
 
 
 @pytest.mark.parametrize("cutoff", ["0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59-12:00",
