@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import re
 import sys
-from typing import Final
+from typing import Final, Literal
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -42,16 +42,54 @@ def unauthorized(detail: str) -> Problem:
     return Problem(401, "unauthorized", "Authentication required", detail, headers=CHALLENGE)
 
 
-def body_too_large(limit: int) -> Problem:
-    """The 413 for a body over `limit` bytes; nothing of it was processed."""
-    return Problem(413, "payload-too-large", "Payload too large",
-                   f"the body may be at most {limit} bytes")
+BodyRefusal = Literal["bad-length", "too-large", "too-slow", "gone"]
 
 
-def body_too_slow(seconds: float) -> Problem:
-    """The 408 for a body not received within `seconds`; nothing of it was processed."""
-    return Problem(408, "request-timeout", "Request body too slow",
-                   f"the body must arrive within {seconds:g} s")
+class BodyRefused(Exception):
+    """A body not read: its Content-Length is no number, it passed the size limit, it did
+    not arrive in time, or the client went away. `detail` is for the caller's answer."""
+
+    def __init__(self, reason: BodyRefusal, detail: str) -> None:
+        super().__init__(detail)
+        self.reason: BodyRefusal = reason
+        self.detail = detail
+
+
+async def read_body(scope: Scope, receive: Receive, *, limit: int, timeout_s: float) -> bytes:
+    """The whole body from the ASGI stream, within `timeout_s`, refused as soon as it passes
+    `limit` bytes (at once when Content-Length says it will); raises BodyRefused."""
+    declared = _header(scope, b"content-length")
+    if declared is not None:
+        length = content_length(declared)
+        if length is None:
+            raise BodyRefused("bad-length", "Content-Length is not a number")
+        if length > limit:
+            raise BodyRefused("too-large", f"the body may be at most {limit} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise BodyRefused("gone", "the client went away mid-body")
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > limit:
+                    raise BodyRefused("too-large", f"the body may be at most {limit} bytes")
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    return b"".join(chunks)
+    except TimeoutError:
+        raise BodyRefused("too-slow", f"the body must arrive within {timeout_s:g} s") from None
+
+
+# how the operator API answers each refusal ("gone" has no one to answer)
+_BODY_ANSWERS: Final[dict[BodyRefusal, tuple[int, str, str]]] = {
+    "bad-length": (400, "bad-request", "Bad request"),
+    "too-large": (413, "payload-too-large", "Payload too large"),
+    "too-slow": (408, "request-timeout", "Request body too slow"),
+}
 
 
 class Gate:
@@ -107,32 +145,13 @@ class Gate:
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes | Problem | None:
         """The whole body, or the Problem that refuses it, or None if the client left."""
-        declared = _header(scope, b"content-length")
-        if declared is not None:
-            length = content_length(declared)
-            if length is None:
-                return Problem(400, "bad-request", "Bad request",
-                               "Content-Length is not a number")
-            if length > self.max_body_bytes:
-                return body_too_large(self.max_body_bytes)
-        chunks: list[bytes] = []
-        size = 0
         try:
-            async with asyncio.timeout(self.body_timeout_s):
-                while True:
-                    message = await receive()
-                    if message["type"] == "http.disconnect":
-                        return None
-                    chunk = message.get("body", b"")
-                    size += len(chunk)
-                    if size > self.max_body_bytes:
-                        return body_too_large(self.max_body_bytes)
-                    chunks.append(chunk)
-                    if not message.get("more_body", False):
-                        break
-        except TimeoutError:
-            return body_too_slow(self.body_timeout_s)
-        body = b"".join(chunks)
+            body = await read_body(scope, receive, limit=self.max_body_bytes,
+                                   timeout_s=self.body_timeout_s)
+        except BodyRefused as exc:
+            if exc.reason == "gone":
+                return None
+            return Problem(*_BODY_ANSWERS[exc.reason], exc.detail)
         try:
             body.decode("utf-8")  # RFC 8259: JSON exchanged between systems is UTF-8
         except UnicodeDecodeError:

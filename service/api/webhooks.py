@@ -3,7 +3,6 @@ token). The body is read from the ASGI stream up to the source's limit and no fu
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -13,10 +12,9 @@ from typing import Any, Final, Literal
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
-from starlette.requests import ClientDisconnect
 
 from service import metrics, webhooks
-from service.api.gate import content_length
+from service.api.gate import BodyRefusal, BodyRefused, read_body
 from service.api.problems import RETRY_AFTER_HEADER, problem_doc
 from service.db.engine import is_unavailable
 from service.errors import Problem
@@ -40,6 +38,9 @@ _ANSWERS: Final[dict[Reason, tuple[int, str, str]]] = {
     "unavailable": (503, "database-unavailable", "Database unavailable"),
 }
 _UNAUTHENTIC_DETAIL: Final = "the delivery could not be authenticated"
+_BODY_REASONS: Final[dict[BodyRefusal, Reason]] = {
+    "bad-length": "malformed", "gone": "malformed", "too-large": "too-large",
+    "too-slow": "too-slow"}
 
 @asynccontextmanager
 async def _intake_lifespan(_app: Any) -> AsyncIterator[dict[str, Any]]:
@@ -154,31 +155,12 @@ async def receive_webhook(request: Request, source: str) -> JSONResponse:
 
 
 async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
-    """The body, read chunk by chunk from the ASGI stream within `timeout_s`; refused as
-    soon as it passes `limit` bytes (or at once when Content-Length says it will)."""
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        length = content_length(declared)
-        if length is None:
-            raise DeliveryRejected("malformed", "Content-Length is not a number")
-        if length > limit:
-            raise DeliveryRejected("too-large", f"the body may be at most {limit} bytes")
-    chunks: list[bytes] = []
-    size = 0
+    """The body, bounded in size and time like every body (`gate.read_body`)."""
     try:
-        async with asyncio.timeout(timeout_s):
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise DeliveryRejected("too-large",
-                                           f"the body may be at most {limit} bytes")
-                chunks.append(chunk)
-    except ClientDisconnect:
-        raise DeliveryRejected("malformed", "the client went away mid-body") from None
-    except TimeoutError:
-        raise DeliveryRejected("too-slow",
-                               f"the body must arrive within {timeout_s:g} s") from None
-    return b"".join(chunks)
+        return await read_body(request.scope, request.receive, limit=limit,
+                               timeout_s=timeout_s)
+    except BodyRefused as exc:
+        raise DeliveryRejected(_BODY_REASONS[exc.reason], exc.detail) from None
 
 
 def _rejected(source: str, exc: DeliveryRejected) -> Problem:
