@@ -27,6 +27,7 @@ from service.api import scopes as scopes_routes
 from service.api import webhooks as webhooks_routes
 from service.api.deps import reject_unknown_query
 from service.api.gate import Gate
+from service.api.links import install_links
 from service.api.methods import RouteMethods
 from service.api.problems import REQUEST_ID, install_problem_handlers
 from service.db.engine import is_busy, is_unavailable, make_engine
@@ -164,21 +165,17 @@ def create_app(
         lifespan=lifespan,
     )
     install_problem_handlers(app)
-    from service.api.links import install_links
     install_links(app)  # OpenAPI links for clients and the stateful contract test
-    routers = [health.router, metrics_api.router, policies_api.router, items.router,
-               runs_routes.router, scopes_routes.router, webhooks_routes.router]
-    app.state.route_methods = RouteMethods(
-        [*app.router.routes, *(route for router in routers for route in router.routes)])
-    app.include_router(health.router)
-    app.include_router(metrics_api.router)
     # operator API: an undeclared query parameter is refused, not ignored
     strict_query = [Depends(reject_unknown_query)]
-    app.include_router(policies_api.router, dependencies=strict_query)
-    app.include_router(items.router, dependencies=strict_query)
-    app.include_router(runs_routes.router, dependencies=strict_query)
-    app.include_router(scopes_routes.router, dependencies=strict_query)
-    app.include_router(webhooks_routes.router)
+    routers = [(health.router, []), (metrics_api.router, []),
+               (policies_api.router, strict_query), (items.router, strict_query),
+               (runs_routes.router, strict_query), (scopes_routes.router, strict_query),
+               (webhooks_routes.router, [])]
+    for router, dependencies in routers:
+        app.include_router(router, dependencies=dependencies)
+    app.state.route_methods = RouteMethods(
+        [*app.router.routes, *(route for router, _ in routers for route in router.routes)])
     app.add_middleware(Gate, max_body_bytes=settings.max_body_bytes,
                        body_timeout_s=settings.body_read_timeout_seconds)
     app.add_middleware(RequestLog)  # outermost: it logs and times what the gate answers
