@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, Path, Query
 from fastapi.openapi.models import Example
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field
 
 from service import scopes
 from service.api.bodies import JsonInt, RequestBody
@@ -20,9 +20,11 @@ from service.policies import MAX_RATE_PER_SECOND, MIN_RATE_PER_SECOND
 
 router = APIRouter(prefix="/v1", tags=["scopes"], responses=problem_responses(401, 503))
 
+# the handlers receive the decoded name
 ScopeName = Annotated[str, Path(
     min_length=1, max_length=3 * MAX_SCOPE_BYTES,
-    description="the scope's name, percent-encoded as one path segment ('/' as %2F)")]
+    description="the scope's name, percent-encoded as one path segment ('/' as %2F)"),
+    AfterValidator(scope_name)]
 
 
 class ScopeOut(BaseModel):
@@ -121,11 +123,10 @@ async def set_budget(runtime: RuntimeDep, actor: OperatorDep, scope: ScopeName,
                      body: Annotated[BudgetIn, Body(openapi_examples=BUDGET_EXAMPLES)]
                      ) -> ScopeOut:
     """Change a scope's rate and burst at run time."""
-    name = scope_name(scope)
-    found = await scopes.set_budget(runtime.engine, name, rate=body.rate_per_second,
+    found = await scopes.set_budget(runtime.engine, scope, rate=body.rate_per_second,
                                     burst=body.burst, weight=body.weight, actor=actor,
                                     reason=body.reason)
-    return await _changed(runtime, name, found)
+    return await _changed(runtime, scope, found)
 
 
 @router.post("/scopes/{scope}/pause", operation_id="pauseScope", response_model=ScopeOut,
@@ -133,10 +134,9 @@ async def set_budget(runtime: RuntimeDep, actor: OperatorDep, scope: ScopeName,
 async def pause_scope(runtime: RuntimeDep, actor: OperatorDep, scope: ScopeName,
                       body: ReasonBody = None) -> ScopeOut:
     """Stop calls for one scope; its items wait, unpunished."""
-    name = scope_name(scope)
-    found = await scopes.set_paused(runtime.engine, name, paused=True, actor=actor,
+    found = await scopes.set_paused(runtime.engine, scope, paused=True, actor=actor,
                                     reason=body.reason if body else None)
-    return await _changed(runtime, name, found)
+    return await _changed(runtime, scope, found)
 
 
 @router.post("/scopes/{scope}/resume", operation_id="resumeScope", response_model=ScopeOut,
@@ -144,10 +144,9 @@ async def pause_scope(runtime: RuntimeDep, actor: OperatorDep, scope: ScopeName,
 async def resume_scope(runtime: RuntimeDep, actor: OperatorDep, scope: ScopeName,
                        body: ReasonBody = None) -> ScopeOut:
     """Reopen a paused (e.g. `unauthorized`) or closed scope."""
-    name = scope_name(scope)
-    found = await scopes.set_paused(runtime.engine, name, paused=False, actor=actor,
+    found = await scopes.set_paused(runtime.engine, scope, paused=False, actor=actor,
                                     reason=body.reason if body else None)
-    return await _changed(runtime, name, found)
+    return await _changed(runtime, scope, found)
 
 
 @router.get("/workers", operation_id="getWorkers", response_model=WorkersOut)
