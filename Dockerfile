@@ -11,6 +11,7 @@ RUN python -c "import tomllib; project = tomllib.load(open('pyproject.toml', 'rb
     && /opt/venv/bin/pip install -r requirements.txt
 COPY README.md ./
 COPY service ./service
+COPY drills ./drills
 COPY migrations ./migrations
 RUN /opt/venv/bin/pip install --no-deps .
 

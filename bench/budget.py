@@ -50,8 +50,8 @@ from bench.common import (
     summarize,
 )
 from bench.drain import fake_upstream_process
+from drills.stage import free_port, worst_window
 from service import ledger, limiter, runs
-from service.drills.stage import free_port, worst_window
 from service.policies import load_policies
 
 SCOPE_TENANT = "acme"

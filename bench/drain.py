@@ -172,7 +172,7 @@ async def upstream_for(mode: str, how: str, repo_root: Path) -> AsyncIterator[Up
 
         yield UpstreamHandle(MOCK_BASE_URL, httpx.MockTransport(answer), mock_calls)
     elif how == "inline":
-        from service.drills.upstream import FakeUpstream
+        from drills.upstream import FakeUpstream
 
         async with FakeUpstream() as up:
 

@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
+from importlib.metadata import entry_points
 from pathlib import Path
 from types import FrameType
 
@@ -28,6 +29,7 @@ from service.settings import Settings, async_url
 
 log = logging.getLogger("service.cli")
 
+PLUGIN_GROUP = "sweeper.commands"
 EXIT_CONFIG = 2
 EXIT_DATABASE = 3
 
@@ -186,16 +188,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args.items, args.tenants, args.workers, args.keep)
 
 
-def cmd_drill(args: argparse.Namespace) -> int:
-    from service.drills import command
-
-    if args.list:
-        return command.list_drills()
-    settings = load_settings()
+@contextmanager
+def database_server(settings: Settings) -> Iterator[str]:
+    """The plain postgresql:// URL of the configured database's server (or an embedded
+    one), for commands that create databases of their own there (`sweeper drill`)."""
     with database(settings) as url:
-        # drills create their own databases on this server; never the configured one
-        server = url.set(drivername="postgresql").render_as_string(hide_password=False)
-        return command.run_drills(args, server)
+        yield url.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def add_plugin_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Commands shipped beside the service (`sweeper drill`) register through the
+    `sweeper.commands` entry point group, so the service never imports them."""
+    for entry in sorted(entry_points(group=PLUGIN_GROUP), key=lambda e: e.name):
+        entry.load()(sub)
 
 
 def cmd_openapi(args: argparse.Namespace) -> int:
@@ -256,15 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="keep the demo database in this folder")
     demo.set_defaults(func=cmd_demo)
 
-    drill = sub.add_parser("drill", help="rehearse failure drills (scratch databases on "
-                                         "the configured server)")
-    drill.add_argument("names", nargs="*", metavar="NAME",
-                       help="drill names or numbers, or `all` (see --list)")
-    drill.add_argument("--list", action="store_true", help="describe the drills and exit")
-    drill.add_argument("--json", action="store_true", help="print the verdicts as JSON")
-    drill.add_argument("--keep-logs", type=Path, default=None, metavar="DIR",
-                       help="keep every drill's process logs under DIR")
-    drill.set_defaults(func=cmd_drill)
+    add_plugin_commands(sub)
 
     openapi = sub.add_parser("openapi", help="write the OpenAPI document")
     openapi.add_argument("--output", type=Path, default=Path("openapi/openapi.json"))

@@ -11,7 +11,7 @@ import sys
 import asyncpg
 import pytest
 
-from service.drills.catalog import DRILLS
+from drills.catalog import DRILLS
 
 
 def sweeper(*args: str, database_url: str | None = None) -> subprocess.CompletedProcess[str]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from service.drills.base import run_drill
-from service.drills.catalog import DRILLS, Drill
+from drills.base import run_drill
+from drills.catalog import DRILLS, Drill
 
 
 @pytest.mark.slow

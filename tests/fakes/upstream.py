@@ -1,4 +1,4 @@
-"""The fake upstream now ships in the package (`service.drills.upstream`) so that
+"""The fake upstream now ships in the package (`drills.upstream`) so that
 `sweeper drill` can start it on an operator's machine; this module keeps the old import path
 and `python -m tests.fakes.upstream` working, and adds test-only helpers built on its public
 API."""
@@ -9,7 +9,7 @@ import collections
 import sys
 from collections.abc import Callable
 
-from service.drills.upstream import Call, FakeUpstream, Fault, main
+from drills.upstream import Call, FakeUpstream, Fault, main
 
 __all__ = ["Call", "FakeUpstream", "Fault", "main", "over_limit"]
 

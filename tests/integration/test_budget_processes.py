@@ -1,5 +1,5 @@
 """Fairness under a huge skew. (The shared budget across worker processes is drill 12,
-service/drills/operations.py.)"""
+drills/operations.py.)"""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """`sweeper worker` as a real OS process drains and stops cleanly on SIGTERM, serving its
 counters meanwhile. Crashes, stalls and shared budgets of worker processes are drills
-(tests/drills, service/drills), built on the same stage."""
+(tests/drills, drills), built on the same stage."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.drills.stage import Stage
+from drills.stage import Stage
 
 
 @pytest.mark.slow

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from service.drills.base import Drill, DrillSkipped, Facts, check, run_drill
-from service.drills.catalog import DRILLS, find
+from drills.base import Drill, DrillSkipped, Facts, check, run_drill
+from drills.catalog import DRILLS, find
 
 
 def drill(run: Any) -> Drill:

@@ -1,4 +1,4 @@
-"""`python -m service.drills.agent worker`: the ordinary `sweeper worker`, with the faults a
+"""`python -m drills.agent worker`: the ordinary `sweeper worker`, with the faults a
 drill names installed first. Production never imports this module; the variables below are
 read only here.
 

@@ -33,7 +33,7 @@ def check(condition: bool, message: str) -> None:
 
 @dataclass(frozen=True)
 class Drill:
-    """One scenario. `run` gets a Stage (see service.drills.stage) and returns measured
+    """One scenario. `run` gets a Stage (see drills.stage) and returns measured
     facts; it raises DrillFailed when the assertion does not hold."""
 
     number: int
@@ -94,7 +94,7 @@ def drill_label() -> str:
 async def run_drill(drill: Drill, db_url: str, *, keep_logs: Path | None = None) -> Verdict:
     """Run one drill against a migrated database (plain postgresql:// URL); every process it
     started is stopped before this returns."""
-    from service.drills.stage import Stage
+    from drills.stage import Stage
 
     started = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="sweeper-drill-", dir=keep_logs))

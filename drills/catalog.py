@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from service.drills import answers, crashes, database, intake, operations
-from service.drills.base import Drill
+from drills import answers, crashes, database, intake, operations
+from drills.base import Drill
 
 DRILLS: list[Drill] = sorted(
     [*crashes.DRILLS, *answers.DRILLS, *operations.DRILLS, *database.DRILLS,

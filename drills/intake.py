@@ -19,8 +19,8 @@ from urllib.parse import unquote
 
 import httpx
 
-from service.drills.base import Drill, Facts, check
-from service.drills.stage import Proc, Stage
+from drills.base import Drill, Facts, check
+from drills.stage import Proc, Stage
 
 SHOP = "shop"  # the webhook source's name in the drill's policies file
 SECRET_ENV = "DRILL_SHOP_WEBHOOK_SECRET"  # noqa: S105 - the name of a variable

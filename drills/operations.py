@@ -10,8 +10,8 @@ from collections import Counter
 
 import httpx
 
-from service.drills.base import Drill, Facts, check
-from service.drills.stage import Proc, Stage, worst_window
+from drills.base import Drill, Facts, check
+from drills.stage import Proc, Stage, worst_window
 from service.limiter import LOOKAHEAD_S
 
 # A call may land this long after a pause committed when its token and lease were taken

@@ -17,12 +17,35 @@ import sys
 import uuid
 from pathlib import Path
 
-from service.drills.base import Verdict, run_drill
-from service.drills.catalog import DRILLS, find
-from service.drills.scratch import create_database, drop_database
+from drills.base import Verdict, run_drill
+from drills.catalog import DRILLS, find
+from drills.scratch import create_database, drop_database
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `sweeper drill` to the `sweeper` command (the `sweeper.commands` entry point)."""
+    drill = sub.add_parser("drill", help="rehearse failure drills (scratch databases on "
+                                         "the configured server)")
+    drill.add_argument("names", nargs="*", metavar="NAME",
+                       help="drill names or numbers, or `all` (see --list)")
+    drill.add_argument("--list", action="store_true", help="describe the drills and exit")
+    drill.add_argument("--json", action="store_true", help="print the verdicts as JSON")
+    drill.add_argument("--keep-logs", type=Path, default=None, metavar="DIR",
+                       help="keep every drill's process logs under DIR")
+    drill.set_defaults(func=cmd_drill)
+
+
+def cmd_drill(args: argparse.Namespace) -> int:
+    from service.cli import database_server, load_settings
+
+    if args.list:
+        return list_drills()
+    # drills create their own databases on this server; never the configured one
+    with database_server(load_settings()) as server:
+        return run_drills(args, server)
 
 
 def list_drills() -> int:

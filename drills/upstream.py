@@ -22,7 +22,7 @@ Fault kinds (`Fault`), queued with `FakeUpstream.inject` or ``POST /_control/fau
 Control API (JSON, never recorded, never rate limited) for drivers in other processes:
 ``GET /_control/calls?since=N``, ``GET /_control/stats``, ``POST|DELETE /_control/faults``,
 ``POST /_control/limits``, ``POST /_control/reset``.  Run standalone with
-``python -m service.drills.upstream --port 0 --default-limit 20 --ready-file PATH`` (the old
+``python -m drills.upstream --port 0 --default-limit 20 --ready-file PATH`` (the old
 ``python -m tests.fakes.upstream`` still works). It ships in the package because
 ``sweeper drill`` starts it on an operator's machine.
 """
@@ -589,7 +589,7 @@ async def _serve(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m service.drills.upstream", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m drills.upstream", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0)

@@ -25,10 +25,10 @@ from typing import Any, Final
 import asyncpg
 import httpx
 
+from drills.base import Facts, check
+from drills.upstream import Call, FakeUpstream
 from service import ledger, runs
 from service.db.engine import make_engine
-from service.drills.base import Facts, check
-from service.drills.upstream import Call, FakeUpstream
 from service.policies import Policies, load_policies
 from service.settings import Settings, async_url
 
@@ -117,7 +117,7 @@ class Proc:
 
 
 class RemoteUpstream:
-    """The fake upstream in its own OS process (`python -m service.drills.upstream`), read
+    """The fake upstream in its own OS process (`python -m drills.upstream`), read
     over its control API: its arrival times are then taken by a process that does nothing
     else, which budget precision needs on a crowded machine."""
 
@@ -169,7 +169,7 @@ class Stage:
         """The fake upstream as its own process, limiting every scope to `rate`/`burst`."""
         ready = self.workdir / "upstream.url"
         proc = self._spawn("upstream", [
-            sys.executable, "-m", "service.drills.upstream", "--port", "0",
+            sys.executable, "-m", "drills.upstream", "--port", "0",
             "--default-limit", str(rate), "--default-burst", str(burst),
             "--ready-file", str(ready)], self._env({}))
 
@@ -303,14 +303,14 @@ class Stage:
     def start_worker(self, *, workers: int = 2, env: Mapping[str, str] | None = None,
                      agent: Mapping[str, str] | None = None, metrics: bool = False) -> Proc:
         """`sweeper worker` as its own OS process. With `agent`, the same command runs under
-        service.drills.agent, which installs the named faults (crash points, clock shift)."""
+        drills.agent, which installs the named faults (crash points, clock shift)."""
         extra = {"SWEEPER_WORKERS": str(workers), **(env or {})}
         port = free_port() if metrics else 0
         if metrics:
             extra["SWEEPER_METRICS_PORT"] = str(port)
         module = "service"
         if agent:
-            module = "service.drills.agent"
+            module = "drills.agent"
             extra.update(agent)
         name = f"worker{sum(p.name.startswith('worker') for p in self.procs) + 1}"
         return self._spawn(name, [sys.executable, "-m", module, "worker"], self._env(extra),

@@ -12,10 +12,10 @@ from typing import Any
 import asyncpg
 import httpx
 
-from service.drills.base import Drill, Facts, check
-from service.drills.pgserver import PrivateServer
-from service.drills.scratch import create_database
-from service.drills.stage import Proc, Stage, free_port
+from drills.base import Drill, Facts, check
+from drills.pgserver import PrivateServer
+from drills.scratch import create_database
+from drills.stage import Proc, Stage, free_port
 
 OUTAGE_S = 4.0
 RECOVERY_LIMIT_S = 10.0

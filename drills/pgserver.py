@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 from typing import Final
 
-from service.drills.base import DrillSkipped
+from drills.base import DrillSkipped
 
 START_TIMEOUT_S: Final = 60
 SYSTEM_USER: Final = "embedded_postgres"

@@ -13,9 +13,9 @@ from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from pathlib import Path
 
-from service.drills.base import Drill, Facts, check
-from service.drills.stage import Proc, Stage
-from service.drills.upstream import Call, Fault
+from drills.base import Drill, Facts, check
+from drills.stage import Proc, Stage
+from drills.upstream import Call, Fault
 from service.limiter import LOOKAHEAD_S, late_tolerance
 
 

@@ -9,9 +9,9 @@ from collections.abc import Sequence
 
 import httpx
 
-from service.drills.base import Drill, Facts, check
-from service.drills.stage import PROCESS_START_TIMEOUT_S, Proc, Stage
-from service.drills.upstream import Fault
+from drills.base import Drill, Facts, check
+from drills.stage import PROCESS_START_TIMEOUT_S, Proc, Stage
+from drills.upstream import Fault
 
 LEASE_S = 5  # the shortest lease a policy allows: every reclaim below waits this long
 TIMEOUT_S = 3.0  # upstream deadline, shorter than the lease as the policies file requires
