@@ -3,8 +3,8 @@
 An embedded PostgreSQL in a temporary directory, the real HTTP API and worker pool, and a
 simulated storefront deletion API (in process) that enforces a per-tenant rate limit with
 429 + Retry-After and now and then answers 404 (already gone) or 503 (try later). A few
-thousand items over several tenants are registered over HTTP, a run is triggered, and the
-drain is followed with the progress bar.
+thousand items over several tenants are registered over HTTP, a dry run reports on them,
+then a run is triggered and its drain followed with the progress bar.
 """
 
 from __future__ import annotations

@@ -98,9 +98,9 @@ class Intake:
 
 async def _keep_session(_conn: Any) -> None:
     """Release without asyncpg's default session reset (advisory unlock, CLOSE ALL,
-    UNLISTEN, RESET ALL: a round trip per delivery, measured at an eighth of the intake's
-    CPU): intake connections take no locks, cursors, listeners or settings. asyncpg still
-    rolls back a transaction left open."""
+    UNLISTEN, RESET ALL: one more round trip per delivery): intake connections take no
+    locks, cursors, listeners or settings. asyncpg still rolls back a transaction left
+    open."""
 
 
 @dataclass(frozen=True)
@@ -189,8 +189,8 @@ _RECORD_PARAMS: Final = ("source", "webhook_id", "event_type", "event_at", "resu
 
 # Wakes idle workers after releases. Not part of _RECORD: a transaction that notifies holds
 # a database-wide lock from its commit until its WAL flush, so deliveries that notified
-# would commit one at a time (measured: about 500/s, each waiting out the previous fsync);
-# one notification, sent after the commits, serves every delivery in flight.
+# would commit one at a time, each waiting out the previous one's flush; one notification,
+# sent after the commits, serves every delivery in flight (workers poll anyway).
 _NOTIFY: Final = f"NOTIFY {NOTIFY_CHANNEL}"
 NOTIFY_COALESCE_S: Final = 0.005  # releases within this window share one NOTIFY
 

@@ -1,8 +1,10 @@
 """The worker pipeline's Prometheus series, counted per batch.
 
-Each admission round and each flush updates the counters once per label set (Counter.inc(n))
-through label children cached here, so instrumentation costs a few dict lookups per batch,
-not per item. Labels come from closed sets only: policy names, outcome classes, reasons.
+Each admission round, each hand-back of unstarted leases and each flush updates the
+counters once per label set (Counter.inc(n)), not once per item; the upstream-duration
+histogram alone is observed per call, each call having its own duration. The claim and
+flush series keep their label children cached here. Labels come from closed sets only:
+policy names, outcome classes, reasons.
 """
 
 from __future__ import annotations

@@ -32,8 +32,7 @@ log = logging.getLogger(__name__)
 
 # Between batches: let claims and completions have the disk and the CPU. Pruning rests at
 # least as long as its last batch took, so it keeps at most half of one database backend
-# busy: flat out (a 10 ms pause) it deleted 64,000 rows/s and the drain beside it fell to
-# 85% of its throughput on a two-core machine.
+# busy and the drain beside it keeps most of its throughput (bench/reports/design-notes.md).
 PAUSE_BETWEEN_BATCHES_S: Final = 0.01
 REST_PER_BATCH_SECOND: Final = 1.0
 

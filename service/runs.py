@@ -131,10 +131,10 @@ _RECORD_CANDIDATES = text("""
 
 # One chunk: lock the next unreleased due items of one policy version (SKIP LOCKED: two
 # publishers never take the same rows), oldest first. The order is items_unreleased's own
-# (policy is fixed, so by due_at; ties in index order): no sort, whatever the statistics.
-# `ORDER BY due_at, id` needed one, and with no statistics yet (a backlog registered in
-# bulk before any ANALYZE) the planner sorted every due row for each pick of 500: 363 ms
-# per pick on 200,000 items, 747 s to publish 1,000,000, against 1 ms per pick now.
+# (policy is fixed, so by due_at; ties in index order): an ordered index scan that stops at
+# its limit, never a sort, whatever the statistics (a backlog registered in bulk may not
+# have been analyzed yet). A tie-breaker such as `id`, which the index lacks, would bring
+# the sort back.
 _PICK = text("""
     SELECT id, policy, policy_version FROM items
     WHERE status = 'pending' AND released_at IS NULL AND due_at <= :cutoff
@@ -165,15 +165,13 @@ _RELEASE_BATCH = text("""
 # A publication transaction takes several batches (fewer commits: each one waits for the
 # WAL flush) but stays short: it stops after this many batches or this long, whichever
 # comes first, so no lock is held for long and a crash loses at most one chunk's work.
-# Few batches, because the other lane's picks step over every row a chunk holds locked
-# (SKIP LOCKED tries each one): two lanes of 20 batches released 37,600 rows/s, of 4
-# batches 49,400/s (300,000 items, PostgreSQL 15, two cores; one lane: 26,900/s).
+# Few batches, because the other lanes' picks step over every row a chunk holds locked
+# (SKIP LOCKED tries each one). Measurements: bench/reports/design-notes.md.
 CHUNK_MAX_BATCHES: Final = 4
 CHUNK_MAX_SECONDS: Final = 0.25
-# Chunk transactions of one run at once. Each released row costs its PostgreSQL backend
-# about 30 us of index inserts (a release is never a HOT update), so one lane kept one
-# backend busy and left the database server's other cores idle: 1,000,000 items took 50 s
-# on two cores. A run with `max_items` publishes in one lane, which keeps its count exact.
+# Chunk transactions of one run at once. A release is never a HOT update, so its index
+# inserts keep a backend busy: one lane would leave the database server's other cores idle.
+# A run with `max_items` publishes in one lane, which keeps its count exact.
 PUBLICATION_LANES: Final = 2
 
 
@@ -421,8 +419,7 @@ async def run_progress(engine: AsyncEngine, run_id: int) -> dict[str, Any]:
 
 
 # How old a run's progress may be when the API answers. Counting reads every item and
-# attempt of the run: 2.9-3.3 s for a run of 1,000,000 items half drained (PostgreSQL 15, two
-# cores; 3.0 s of it attempts by outcome), CPU that a dashboard polling every second would
+# attempt of the run, database CPU that a dashboard polling every second would otherwise
 # take from the publication and the drain it watches.
 PROGRESS_MAX_AGE_S: Final = 2.0
 

@@ -5,7 +5,7 @@ valid at once (rotation): every secret is tried against every presented signatur
 `hmac.compare_digest`, without stopping at the first match, so timing says nothing about
 which secret or which signature matched.
 
-    verify(scheme, keys, headers, body, now_s, tolerance_s) -> Verified
+    verify(scheme, keys, headers, body, now_s, tolerance_s, signature_header) -> Verified
         raises SignatureRejected(reason)   reason: "signature" | "timestamp"
 
 The reason is for metrics and logs only; the HTTP answer never says which part failed.

@@ -1,1 +1,2 @@
-"""HTTP routers: they translate HTTP to domain calls and back, and hold no SQL."""
+"""HTTP routers: they translate HTTP to domain calls and back, and hold no SQL (but the
+readiness probe's one query)."""

@@ -58,8 +58,8 @@ CANCEL_EXAMPLES: dict[str, Example] = {
 }
 
 
-# Registration bodies are TypedDicts, not models: validating 10,000 items into plain dicts
-# takes about half the time of building 10,000 model instances (bench/registration.py).
+# Registration bodies are TypedDicts, not models: up to 10,000 items validate into plain
+# dicts, with no model instance built per item; the OpenAPI document is the same.
 @with_config(ConfigDict(strict=True, extra="forbid"))
 class ItemIn(TypedDict):
     """One obligation: remove this object of this tenant under this policy once due."""
