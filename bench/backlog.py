@@ -50,7 +50,7 @@ from bench.common import (
 )
 from bench.drain import MOCK_BASE_URL, POLICY, bench_policies, no_op_answer, seed, status_counts
 from service.upstream import Upstreams
-from service.worker import WorkerPool
+from service.worker import WorkerPool, database_pool
 
 TARGET_RATIO = 0.9
 TENTH = 0.1
@@ -207,7 +207,7 @@ async def one_run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]
             autovacuum = (await conn.execute(text("SHOW autovacuum"))).scalar_one()
         upstreams = Upstreams(policies.upstreams,
                               transport=httpx.MockTransport(no_op_answer))
-        pool = WorkerPool(db.engine, policies, upstreams, concurrency=args.concurrency,
+        pool = database_pool(db.engine, policies, upstreams, concurrency=args.concurrency,
                           name="bench-backlog", rng=random.Random(7))
         try:
             samples = await drain_sampled(db.engine, pool, args.items, args)

@@ -59,7 +59,7 @@ from bench.plans import PlanCatcher, StatementKind
 from service import ledger, runs
 from service.policies import Policies, Policy, resolve_policies
 from service.upstream import Upstreams
-from service.worker import WorkerPool
+from service.worker import database_pool
 
 MODES = ("mock", "loopback")
 DEFAULT_CONCURRENCY = (16, 64, 256)
@@ -295,7 +295,7 @@ async def drain(engine: AsyncEngine, policies: Policies, upstreams: Upstreams, *
                 concurrency: int, deadline_s: float, profiler: cProfile.Profile | None = None
                 ) -> dict[str, Any]:
     """Run one WorkerPool until `target` items reached a terminal state, then stop it."""
-    pool = WorkerPool(engine, policies, upstreams, concurrency=concurrency,
+    pool = database_pool(engine, policies, upstreams, concurrency=concurrency,
                       name=f"bench-worker-{os.getpid()}", rng=random.Random(7))
     finished = {"succeeded": 0, "dead": 0}
 

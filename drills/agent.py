@@ -1,98 +1,135 @@
-"""`python -m drills.agent worker`: the ordinary `sweeper worker`, with the faults a
-drill names installed first. Production never imports this module; the variables below are
-read only here.
+"""`python -m drills.agent worker`: the ordinary `sweeper worker`, with the faults a drill
+names wrapped around the pool's ports (service/worker/ports.py). Production never imports
+this module; the variables below are read only here.
 
-- ``SWEEPER_DRILL_CRASH_AFTER_CLAIM=<object id>``: SIGKILL this process as soon as a claim
-  that leased that object has committed (before any upstream call).
+- ``SWEEPER_DRILL_CRASH_AFTER_CLAIM=<object id>``: SIGKILL this process as soon as an
+  admission that leased that object has committed (before any upstream call).
 - ``SWEEPER_DRILL_CRASH_BEFORE_COMMIT=<object id>``: SIGKILL this process when it is about
   to commit a succeeded outcome for that object (the upstream already said 2xx).
 - ``SWEEPER_DRILL_CRASH_ON_ANSWER=<object id>``: SIGKILL this process whenever the upstream
   answers a call for that object (a poison answer that crashes the worker every time).
-- ``SWEEPER_DRILL_CLOCK_SHIFT_SECONDS=<seconds>``: this process's wall clock (``time.time``
-  and ``datetime.now`` in Sweeper's modules) runs that far ahead (negative: behind). The
-  monotonic clock is left alone, as a real clock step leaves it.
+- ``SWEEPER_DRILL_CLOCK_SHIFT_SECONDS=<seconds>``: the pool's wall clock runs that far
+  ahead (negative: behind). Its monotonic clock is left alone, as a real clock step
+  leaves it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
 import signal
 import sys
-import time
-from collections.abc import Sequence
-from datetime import datetime, tzinfo
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timedelta
 
-from service import claims, upstream, worker
+from service.claims import Admission, Completion, Lease
+from service.policies import Policy
+from service.upstream import CallResult
+from service.worker.ports import AdmissionPort, CallPort, Clock, CompletionPort, Ports
 
 
 def _crash() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def install(env: dict[str, str]) -> None:
-    """Install the faults `env` names (see the module docstring)."""
+@dataclasses.dataclass
+class CrashAfterClaim:
+    inner: AdmissionPort
+    object_id: str
+
+    async def eligible_scopes(self, cursor: str, limit: int) -> list[tuple[str, int]]:
+        return await self.inner.eligible_scopes(cursor, limit)
+
+    async def admit(self, wants: Mapping[str, int]) -> Admission:
+        admitted = await self.inner.admit(wants)  # committed on return
+        if any(lease.object_id == self.object_id for lease in admitted.leases):
+            _crash()
+        return admitted
+
+    async def database_time(self) -> float:
+        return await self.inner.database_time()
+
+
+@dataclasses.dataclass
+class CrashBeforeCommit:
+    inner: CompletionPort
+    object_id: str
+
+    async def complete(self, batch: Sequence[Completion]) -> list[int]:
+        if any(c.lease.object_id == self.object_id and c.outcome == "succeeded"
+               for c in batch):
+            _crash()
+        return await self.inner.complete(batch)
+
+    async def hand_back(self, leases: Sequence[Lease]) -> None:
+        await self.inner.hand_back(leases)
+
+
+@dataclasses.dataclass
+class CrashOnAnswer:
+    inner: CallPort
+    object_id: str
+
+    async def delete(self, policy: Policy, lease: Lease) -> CallResult:
+        result = await self.inner.delete(policy, lease)
+        if lease.object_id == self.object_id:
+            _crash()
+        return result
+
+    async def warm_up(self) -> None:
+        await self.inner.warm_up()
+
+
+@dataclasses.dataclass
+class ShiftedClock:
+    inner: Clock
+    shift: timedelta
+
+    def monotonic(self) -> float:
+        return self.inner.monotonic()
+
+    def now(self) -> datetime:
+        return self.inner.now() + self.shift
+
+    async def sleep(self, seconds: float) -> None:
+        await self.inner.sleep(seconds)
+
+
+def faults_from(env: Mapping[str, str]) -> Callable[[Ports], Ports]:
+    """The port wrapper installing the faults `env` names (see the module docstring)."""
     after_claim = env.get("SWEEPER_DRILL_CRASH_AFTER_CLAIM")
     before_commit = env.get("SWEEPER_DRILL_CRASH_BEFORE_COMMIT")
     on_answer = env.get("SWEEPER_DRILL_CRASH_ON_ANSWER")
     shift = float(env.get("SWEEPER_DRILL_CLOCK_SHIFT_SECONDS", "0"))
 
-    if after_claim:
-        real_admit = claims.admit
+    def wrap(ports: Ports) -> Ports:
+        if after_claim:
+            ports = dataclasses.replace(
+                ports, admission=CrashAfterClaim(ports.admission, after_claim))
+        if before_commit:
+            ports = dataclasses.replace(
+                ports, completion=CrashBeforeCommit(ports.completion, before_commit))
+        if on_answer:
+            ports = dataclasses.replace(ports, calls=CrashOnAnswer(ports.calls, on_answer))
+        if shift:
+            ports = dataclasses.replace(
+                ports, clock=ShiftedClock(ports.clock, timedelta(seconds=shift)))
+        return ports
 
-        async def admit(*args: Any, **kwargs: Any) -> claims.Admission:
-            admitted = await real_admit(*args, **kwargs)  # committed on return
-            if any(lease.object_id == after_claim for lease in admitted.leases):
-                _crash()
-            return admitted
-
-        claims.admit = admit
-
-    if before_commit:
-        real_complete = claims.complete
-
-        async def complete(db: Any, completions: Sequence[claims.Completion]) -> list[int]:
-            if any(c.lease.object_id == before_commit and c.outcome == "succeeded"
-                   for c in completions):
-                _crash()
-            return await real_complete(db, completions)
-
-        claims.complete = complete
-
-    if on_answer:
-        real_delete = upstream.UpstreamClient.delete
-
-        async def delete(self: upstream.UpstreamClient, *args: Any, **kwargs: Any
-                         ) -> upstream.CallResult:
-            result = await real_delete(self, *args, **kwargs)
-            if kwargs.get("object_id") == on_answer:
-                _crash()
-            return result
-
-        upstream.UpstreamClient.delete = delete  # type: ignore[method-assign]
-
-    if shift:
-        real_time = time.time
-
-        def shifted_time() -> float:
-            return real_time() + shift
-
-        class ShiftedDateTime(datetime):
-            @classmethod
-            def now(cls, tz: tzinfo | None = None) -> ShiftedDateTime:
-                return cls.fromtimestamp(shifted_time(), tz)
-
-        time.time = shifted_time
-        for module in (worker, upstream):
-            module.__dict__["datetime"] = ShiftedDateTime
+    return wrap
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Install the faults, then run the `sweeper` command line unchanged."""
-    from service.cli import main as sweeper_main
+    """`sweeper worker` with the faults of this process's environment."""
+    from service import cli
 
-    install(dict(os.environ))
-    return sweeper_main(argv if argv is not None else sys.argv[1:])
+    args = cli.build_parser().parse_args(argv if argv is not None else sys.argv[1:])
+    if args.command != "worker":
+        print("drills.agent runs `worker` only", file=sys.stderr)
+        return cli.EXIT_CONFIG
+    args.func = functools.partial(cli.cmd_worker, faults=faults_from(os.environ))
+    return cli.run(args)
 
 
 if __name__ == "__main__":

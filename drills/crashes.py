@@ -341,7 +341,7 @@ DRILLS = [
           "instead of looping; the rest succeed", poison_items),
     Drill(19, "clock-jump",
           "a worker holds a lease and freezes; workers whose wall clock is +1 h or -1 h",
-          "the reclaiming worker's clock is an hour off (time.time and datetime.now)",
+          "the reclaiming worker's wall clock is an hour off",
           "reclaimed at the lease's database expiry, never before, not an hour late",
           clock_jump),
 ]

@@ -1,5 +1,6 @@
-"""The FastAPI application: routers, problem handlers, and a lifespan that owns the engine
-(and, from the pipeline on, the worker pool)."""
+"""The FastAPI application: the gate and request log, routers, problem handlers, and a
+lifespan that owns the engine, the publisher and retention loops and (with `run_workers`
+and SWEEPER_WORKERS above 0) the worker pool and its upstream clients."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ from service.policies import Policies
 from service.runtime import Runtime, TokenSet
 from service.settings import Settings
 from service.upstream import Upstreams
-from service.worker import WorkerPool, listen_url_of
+from service.worker import database_pool, listen_url_of
 
 log = logging.getLogger("service.http")
 
@@ -139,7 +140,7 @@ def create_app(
         pool = upstreams = None
         if run_workers and settings.workers > 0:
             upstreams = Upstreams(policies.upstreams, upstream_transport)
-            pool = WorkerPool(engine, policies, upstreams, concurrency=settings.workers,
+            pool = database_pool(engine, policies, upstreams, concurrency=settings.workers,
                               listen_url=listen_url_of(database_url),
                               grace_seconds=settings.shutdown_grace_seconds)
             tasks.append(asyncio.create_task(pool.run(), name="workers"))

@@ -16,6 +16,7 @@ from contextlib import AbstractContextManager, contextmanager
 from importlib.metadata import entry_points
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 from sqlalchemy.engine import URL
@@ -26,6 +27,9 @@ from service.follow import RunFailed
 from service.logs import configure_logging
 from service.policies import Policies, load_policies
 from service.settings import Settings, async_url
+
+if TYPE_CHECKING:
+    from service.worker.process import Faults
 
 log = logging.getLogger("service.cli")
 
@@ -146,7 +150,8 @@ def _signals_to(handler: Callable[[int, FrameType | None], None]) -> Iterator[No
             signal.signal(sig, old)
 
 
-def cmd_worker(_args: argparse.Namespace) -> int:
+def cmd_worker(_args: argparse.Namespace, faults: Faults | None = None) -> int:
+    """`sweeper worker`; `faults` wraps the pool's ports (drills/agent.py)."""
     from service.worker import run_worker_process
 
     settings, policies = load_config()
@@ -168,7 +173,7 @@ def cmd_worker(_args: argparse.Namespace) -> int:
     with database(settings) as url:
         if settings.migrate_on_start:
             asyncio.run(migrate_database(url, settings))
-        asyncio.run(run_worker_process(settings, policies, url))
+        asyncio.run(run_worker_process(settings, policies, url, faults=faults))
     return 0
 
 
@@ -272,7 +277,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `sweeper` console script."""
-    args = build_parser().parse_args(argv)
+    return run(build_parser().parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run a parsed command; expected failures become one line and an exit code."""
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)

@@ -1,13 +1,15 @@
 """Classify one upstream answer (or transport failure) into exactly one outcome class.
 
-Pure: no I/O, no clock. The worker only applies what this returns. DESIGN.md's table:
+Pure: no I/O, no clock. The worker only applies what this returns. The outcome table of
+docs/architecture.md (Outcomes), in full:
 
     succeeded     2xx; 404/410 when the policy says absent = deleted
     throttled     429, or 503 with a usable Retry-After (> 0) -> pending at retry time,
                   attempt not counted
-    transient     other 5xx (a 503 without a usable Retry-After too), 408, connect error,
-                  timeout before the request was sent
-    unknown       timeout or reset after the request was sent (the duplicate window)
+    transient     other 5xx (a 503 without a usable Retry-After too), 408, 1xx/3xx,
+                  connect error, timeout before the request was sent
+    unknown       timeout or reset after the request was sent (the duplicate window), a
+                  protocol error, no status at all
     permanent     other 4xx (400, 404, 409, 422...), malformed id  -> dead at once
     unauthorized  401/403                            -> scope paused, item unpunished
 """
@@ -60,7 +62,8 @@ class Answer:
     status: int | None = None
     retry_after: str | None = None
     failure: Failure | None = None
-    quota_reset_seconds: float | None = None  # the upstream said its quota is used up
+    # the rate-limit header fields as received (lower-case names), read by scope_signals
+    rate_limits: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,6 @@ import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Final
 from urllib.parse import quote, urlsplit
 
@@ -29,7 +28,7 @@ import anyio
 import anyio.lowlevel
 import httpx
 
-from service.outcomes import Answer, Failure, exhausted_for
+from service.outcomes import Answer, Failure
 from service.policies import Policy, Upstream
 
 BODY_CAP_BYTES: Final = 4096
@@ -178,8 +177,7 @@ class UpstreamClient:
         limits = {k: v for k, v in response.headers.items() if "ratelimit" in k}
         return Answer(status=response.status_code,
                       retry_after=response.headers.get("retry-after"),
-                      quota_reset_seconds=exhausted_for(limits, datetime.now(UTC))
-                      if limits else None)
+                      rate_limits=limits or None)
 
     def _prepare(self, method: str) -> httpx.Headers:
         """The headers httpx.Request adds to a bodiless request of `method` (Host, and

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.upstream import Upstreams
-from service.worker import WorkerPool
+from service.worker import database_pool
 from tests.fakes.upstream import FakeUpstream
 from tests.integration.test_pipeline import make_policies, register, release_all
 
@@ -51,7 +51,7 @@ async def test_a_huge_backlog_does_not_starve_a_small_scope(engine: AsyncEngine,
             await conn.close()
         await release_all(engine)
         ups = Upstreams(policies.upstreams)
-        pool = WorkerPool(engine, policies, ups, concurrency=8)
+        pool = database_pool(engine, policies, ups, concurrency=8)
         started = time.monotonic()
         task = asyncio.create_task(pool.run())
         try:

@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service import claims, ledger, runs
 from service.policies import Policies
 from service.upstream import Upstreams
-from service.worker import WorkerPool
+from service.worker import WorkerPool, database_pool
 from tests.conftest import TOKEN_A, LiveServer, policies_from, test_settings
 from tests.fakes.upstream import FakeUpstream, Fault
 
@@ -77,7 +77,7 @@ async def test_register_run_drain_each_item_once(engine: AsyncEngine, upstream: 
     await register(engine, policies, 120)
     run_id = await release_all(engine)
     ups = Upstreams(policies.upstreams)
-    pool = WorkerPool(engine, policies, ups, concurrency=8)
+    pool = database_pool(engine, policies, ups, concurrency=8)
     await drain(pool, engine)
     await ups.aclose()
     assert await statuses(engine) == {"succeeded": 120}
@@ -100,7 +100,7 @@ async def test_ids_stay_in_their_path_segment(engine: AsyncEngine, upstream: Fak
     await ledger.register(engine, [ledger.Registration("acme", i, pol, PAST) for i in ids])
     await release_all(engine)
     ups = Upstreams(policies.upstreams)
-    await drain(WorkerPool(engine, policies, ups, concurrency=4), engine)
+    await drain(database_pool(engine, policies, ups, concurrency=4), engine)
     await ups.aclose()
     paths = sorted(c.path for c in upstream.calls())
     assert all(p.startswith("/carts/") and p.count("/") == 2 for p in paths), paths
@@ -257,7 +257,7 @@ async def test_permanent_is_dead_at_once(engine: AsyncEngine, upstream: FakeUpst
     await release_all(engine)
     upstream.inject(Fault.STATUS, status=422)
     ups = Upstreams(policies.upstreams)
-    await drain(WorkerPool(engine, policies, ups, concurrency=1), engine)
+    await drain(database_pool(engine, policies, ups, concurrency=1), engine)
     await ups.aclose()
     async with engine.connect() as conn:
         row = (await conn.execute(text("SELECT status, attempts, dead_reason FROM items"))).one()
@@ -272,7 +272,7 @@ async def test_transient_backs_off_then_dies_with_the_same_key(engine: AsyncEngi
     await release_all(engine)
     upstream.inject(Fault.STATUS, times=None, status=503)
     ups = Upstreams(policies.upstreams)
-    await drain(WorkerPool(engine, policies, ups, concurrency=1, rng=random.Random(1)),
+    await drain(database_pool(engine, policies, ups, concurrency=1, rng=random.Random(1)),
                 engine)
     await ups.aclose()
     async with engine.connect() as conn:
@@ -289,7 +289,7 @@ async def test_reset_after_send_is_unknown_and_retried_with_same_key(
     await release_all(engine)
     upstream.inject(Fault.RESET)
     ups = Upstreams(policies.upstreams)
-    await drain(WorkerPool(engine, policies, ups, concurrency=1), engine)
+    await drain(database_pool(engine, policies, ups, concurrency=1), engine)
     await ups.aclose()
     async with engine.connect() as conn:
         outcomes = (await conn.execute(text(
@@ -304,7 +304,7 @@ async def test_429_refunds_the_attempt(engine: AsyncEngine, upstream: FakeUpstre
     await release_all(engine)
     upstream.inject(Fault.STATUS, times=3, status=429, headers={"Retry-After": "0"})
     ups = Upstreams(policies.upstreams)
-    await drain(WorkerPool(engine, policies, ups, concurrency=1), engine)
+    await drain(database_pool(engine, policies, ups, concurrency=1), engine)
     await ups.aclose()
     async with engine.connect() as conn:
         row = (await conn.execute(text("SELECT status, attempts FROM items"))).one()

@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service import ledger
 from service.metrics import REGISTRY
 from service.upstream import Upstreams
-from service.worker import WorkerPool
+from service.worker import database_pool
 from tests.fakes.upstream import FakeUpstream, Fault
 from tests.integration.test_pipeline import PAST, make_policies, release_all, statuses
 
@@ -79,7 +79,7 @@ async def test_pool_metrics_count_what_the_ledger_shows(engine: AsyncEngine) -> 
         upstream.inject(Fault.HANG, seconds=1.0, match="cart-fenced")
         before = snapshot()
         ups = Upstreams(policies.upstreams)
-        pool = WorkerPool(engine, policies, ups, concurrency=8)
+        pool = database_pool(engine, policies, ups, concurrency=8)
         task = asyncio.create_task(pool.run())
         try:
             # while the fenced item's call hangs, its lease moves on (expired and re-claimed

@@ -1,0 +1,91 @@
+"""What one upstream answer does to its scope (the rate budget shared by every replica).
+
+Pure, like `outcomes`: no I/O and no clock of its own. The worker applies what this returns.
+
+    answer                          scope effect
+    429 / 503 with a date           closed until that date (at most retry_after_max_seconds),
+                                    held locally until then
+    429 without a usable date       closed by the scope's own backoff (its level grows),
+                                    held locally for at most LOCAL_HOLD_S
+    401 / 403                       paused as `unauthorized`, held locally for LOCAL_HOLD_S
+    2xx after this process backed   the scope's backoff level is reset
+    off the scope
+    RateLimit fields: quota spent   closed until the quota resets (any status)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Final
+
+from service.limiter import Closure
+from service.metrics import ScopeSignal
+from service.outcomes import Answer, Classified, Outcome, exhausted_for
+from service.policies import PolicyConfig
+
+# How long a scope this process saw throttled (without a date) or refused is held locally
+# until the database closure or pause, which every replica obeys, is certainly in place.
+LOCAL_HOLD_S: Final = 1.0
+
+
+@dataclass(frozen=True)
+class ScopeEffects:
+    """The effects of one answer on its scope. `closure` is None when the scope stays
+    open; `hold_seconds` is how long this process keeps it out of its own rounds."""
+
+    signals: tuple[ScopeSignal, ...] = ()
+    closure: Closure | None = None
+    pause: bool = False
+    hold_seconds: float | None = None
+    backs_off: bool = False  # closed by its own backoff: a later success must reset it
+    succeeded: bool = False
+
+
+NO_EFFECT: Final = ScopeEffects()
+SUCCESS: Final = ScopeEffects(succeeded=True)
+
+
+def effects_of(verdict: Classified, answer: Answer, cfg: PolicyConfig, now: datetime
+               ) -> ScopeEffects:
+    """The scope effects of `answer` (classified as `verdict`), `now` being the moment it
+    arrived (RateLimit reset fields may name an HTTP date)."""
+    if verdict.outcome is Outcome.SUCCEEDED and not answer.rate_limits:
+        return SUCCESS  # the bulk of answers: nothing to compute
+    signals: list[ScopeSignal] = []
+    closure: Closure | None = None
+    pause = backs_off = False
+    hold: float | None = None
+    base, max_s = cfg.backoff.base_seconds, cfg.backoff.max_seconds
+    if verdict.outcome is Outcome.THROTTLED:
+        delay = verdict.retry_after_seconds
+        if delay is not None:
+            delay = min(delay, cfg.retry_after_max_seconds)
+        signals.append(ScopeSignal.THROTTLED)
+        closure = Closure(delay, base, max_s)
+        backs_off = delay is None
+        hold = delay if delay is not None else min(LOCAL_HOLD_S, base)
+    elif verdict.outcome is Outcome.UNAUTHORIZED:
+        signals.append(ScopeSignal.UNAUTHORIZED)
+        pause = True
+        hold = LOCAL_HOLD_S
+    reset = exhausted_for(answer.rate_limits, now) if answer.rate_limits else None
+    if reset is not None and reset > 0:
+        # the upstream says the quota is spent: slow down before it answers 429. A reset
+        # due now names no wait, and must not displace a throttle's backoff closure.
+        signals.append(ScopeSignal.QUOTA_EXHAUSTED)
+        closure = merged(closure, Closure(min(reset, cfg.retry_after_max_seconds), base, max_s))
+    if not signals:
+        return SUCCESS if verdict.outcome is Outcome.SUCCEEDED else NO_EFFECT
+    return ScopeEffects(signals=tuple(signals), closure=closure, pause=pause,
+                        hold_seconds=hold, backs_off=backs_off,
+                        succeeded=verdict.outcome is Outcome.SUCCEEDED)
+
+
+def merged(known: Closure | None, new: Closure) -> Closure:
+    """One closure per scope: the longest delay the upstream named wins over a shorter one
+    and over the scope's own backoff (a closure without a delay)."""
+    if known is None or (new.delay_seconds is not None and (
+            known.delay_seconds is None or new.delay_seconds > known.delay_seconds)):
+        return new
+    return known

@@ -1,0 +1,138 @@
+"""The worker's ports: everything the pool needs from outside its own event loop.
+
+The pool (`pool.py`) sees only these. `postgres.py` implements the ledger ports on the
+database, `process.py` wires a process; tests drive the pool's rounds with in-memory
+implementations (tests/unit/test_worker_rounds.py) and drills wrap the real ones to inject
+faults (drills/agent.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Protocol
+
+from service.claims import Admission, Completion, Lease
+from service.limiter import Closure
+from service.policies import Policy
+from service.upstream import CallResult, Upstreams
+
+
+class AdmissionPort(Protocol):
+    """Which scopes have work, and one admission: tokens taken and items leased together,
+    committed on return."""
+
+    async def eligible_scopes(self, cursor: str, limit: int) -> list[tuple[str, int]]:
+        """Up to `limit` (scope, weight) pairs with ready items, round-robin after `cursor`."""
+        ...
+
+    async def admit(self, wants: Mapping[str, int]) -> Admission:
+        """Take up to wants[scope] tokens per scope and lease that many items."""
+        ...
+
+    async def database_time(self) -> float:
+        """The database's clock now, Unix seconds: the budget's schedule runs on it."""
+        ...
+
+
+class CompletionPort(Protocol):
+    """Where attempts end: outcomes committed, unstarted leases handed back."""
+
+    async def complete(self, batch: Sequence[Completion]) -> list[int]:
+        """Commit the outcomes; the ids whose lease was no longer ours (fenced)."""
+        ...
+
+    async def hand_back(self, leases: Sequence[Lease]) -> None:
+        """Return leases never called, and their tokens, without counting an attempt."""
+        ...
+
+
+class ScopeSignalPort(Protocol):
+    """What answers do to scopes, for every replica (see service.scope_signals)."""
+
+    async def close(self, closures: Mapping[str, Closure]) -> None: ...
+
+    async def pause(self, scopes: Sequence[str], reason: str) -> list[str]:
+        """Pause scopes; the ones that were running."""
+        ...
+
+    async def recovered(self, scopes: Sequence[str]) -> None: ...
+
+
+class CallPort(Protocol):
+    """The upstream deletion call of one lease."""
+
+    async def delete(self, policy: Policy, lease: Lease) -> CallResult: ...
+
+    async def warm_up(self) -> None: ...
+
+
+class Clock(Protocol):
+    """This process's clocks: monotonic for schedules, wall time for what is recorded."""
+
+    def monotonic(self) -> float: ...
+
+    def now(self) -> datetime: ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
+class WakeupPort(Protocol):
+    """Tells an idle pool that items were released (instead of waiting for its poll)."""
+
+    async def listen(self, wake: Callable[[], None]) -> None:
+        """Call `wake` on each release until cancelled; survives outages."""
+        ...
+
+
+class SystemClock:
+    """The real clocks."""
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+class UpstreamCalls:
+    """Calls through the pooled HTTP clients of the policies' upstreams."""
+
+    def __init__(self, upstreams: Upstreams) -> None:
+        self.upstreams = upstreams
+
+    async def delete(self, policy: Policy, lease: Lease) -> CallResult:
+        return await self.upstreams.for_policy(policy).delete(
+            policy, tenant_id=lease.tenant_id, object_id=lease.object_id,
+            operation_key=lease.operation_key)
+
+    async def warm_up(self) -> None:
+        await self.upstreams.warm_up()
+
+
+class NoWakeups:
+    """No release notifications: the pool polls (with backoff) alone."""
+
+    async def listen(self, wake: Callable[[], None]) -> None:
+        await asyncio.Event().wait()
+
+
+@dataclass(frozen=True)
+class Ports:
+    """The pool's ports. `hold` keeps what a running pool reuses (the ledger's
+    connections) open for as long as its loop runs."""
+
+    admission: AdmissionPort
+    completion: CompletionPort
+    signals: ScopeSignalPort
+    calls: CallPort
+    clock: Clock
+    wakeups: WakeupPort
+    hold: Callable[[], AbstractAsyncContextManager[None]]

@@ -1,0 +1,145 @@
+"""The worker's ledger ports on PostgreSQL, and the LISTEN wake-ups.
+
+While a pool runs, admissions use one held connection and completions another (a pooled
+checkout per statement cost more than the statement); outside a running loop (tests driving
+single rounds) each statement checks out a pooled connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any, Final
+
+import asyncpg
+from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service import claims, limiter
+from service.claims import Admission, Completion, Lease
+from service.db.statements import Database, HeldConnection
+from service.policies import Policies
+from service.upstream import Upstreams
+from service.worker.ports import NoWakeups, Ports, SystemClock, UpstreamCalls
+
+LISTEN_PROBE_INTERVAL_S: Final = 10.0
+
+
+class PostgresLedger:
+    """Admission, completion and scope signals for one pool (`owner`) on `engine`."""
+
+    def __init__(self, engine: AsyncEngine, policies: Policies, *, owner: str,
+                 rng: random.Random | None = None) -> None:
+        self.engine = engine
+        self.owner = owner
+        self._rng = rng or random.Random()
+        self._lease_seconds = {n: p.config.lease_seconds for n, p in policies.policies.items()}
+        self._max_attempts = {n: p.config.max_attempts for n, p in policies.policies.items()}
+        self._admitting: HeldConnection | None = None
+        self._completing: HeldConnection | None = None
+
+    @contextlib.asynccontextmanager
+    async def hold(self) -> AsyncIterator[None]:
+        """Hold one connection for admissions and one for completions until the block ends."""
+        self._admitting = HeldConnection(self.engine)
+        self._completing = HeldConnection(self.engine)
+        try:
+            yield
+        finally:
+            for held in (self._admitting, self._completing):
+                await held.close()
+            self._admitting = self._completing = None
+
+    @contextlib.asynccontextmanager
+    async def _on(self, held: HeldConnection | None) -> AsyncIterator[Database]:
+        if held is None:
+            yield self.engine
+        else:
+            async with held.use() as conn:
+                yield conn
+
+    # -- admission -------------------------------------------------------------------
+
+    async def eligible_scopes(self, cursor: str, limit: int) -> list[tuple[str, int]]:
+        async with self._on(self._admitting) as db:
+            return await limiter.eligible_scopes(db, cursor=cursor, limit=limit)
+
+    async def admit(self, wants: Mapping[str, int]) -> Admission:
+        async with self._on(self._admitting) as db:
+            return await claims.admit(db, owner=self.owner, wants=wants,
+                                      lease_seconds=self._lease_seconds,
+                                      max_attempts=self._max_attempts)
+
+    async def database_time(self) -> float:
+        return await limiter.database_time(self.engine)
+
+    # -- completion ------------------------------------------------------------------
+
+    async def complete(self, batch: Sequence[Completion]) -> list[int]:
+        async with self._on(self._completing) as db:
+            return await claims.complete(db, batch)
+
+    async def hand_back(self, leases: Sequence[Lease]) -> None:
+        async with self._on(self._completing) as db:
+            await claims.hand_back(db, leases)
+
+    # -- scope signals ---------------------------------------------------------------
+
+    async def close(self, closures: Mapping[str, limiter.Closure]) -> None:
+        await limiter.close(self.engine, closures, self._rng)
+
+    async def pause(self, scopes: Sequence[str], reason: str) -> list[str]:
+        return await limiter.pause(self.engine, list(scopes), reason)
+
+    async def recovered(self, scopes: Sequence[str]) -> None:
+        await limiter.recovered(self.engine, list(scopes))
+
+
+class Listener:
+    """LISTEN for releases on a connection of its own; reconnects after outages (polling
+    covers any gap)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    async def listen(self, wake: Callable[[], None]) -> None:
+        def on_notify(*_args: Any) -> None:
+            wake()
+
+        while True:
+            try:
+                conn = await asyncpg.connect(self.url, timeout=5)
+                closed = asyncio.Event()
+                conn.add_termination_listener(lambda _c, ev=closed: ev.set())
+                try:
+                    await conn.add_listener(claims.NOTIFY_CHANNEL, on_notify)
+                    while not closed.is_set():
+                        # a silent network loss is only seen on use: probe now and then
+                        with contextlib.suppress(TimeoutError):
+                            async with asyncio.timeout(LISTEN_PROBE_INTERVAL_S):
+                                await closed.wait()
+                        await conn.execute("SELECT 1", timeout=5)
+                finally:
+                    await conn.close(timeout=1)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                await asyncio.sleep(1)
+
+
+def listen_url_of(url: URL) -> str:
+    """A plain postgresql:// URL for asyncpg's LISTEN connection."""
+    return url.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def database_ports(engine: AsyncEngine, policies: Policies, upstreams: Upstreams, *,
+                   owner: str, listen_url: str | None = None,
+                   rng: random.Random | None = None) -> Ports:
+    """The ports of a pool on this database, calling these upstreams, on the real clock."""
+    ledger = PostgresLedger(engine, policies, owner=owner, rng=rng)
+    return Ports(admission=ledger, completion=ledger, signals=ledger,
+                 calls=UpstreamCalls(upstreams), clock=SystemClock(),
+                 wakeups=Listener(listen_url) if listen_url else NoWakeups(),
+                 hold=ledger.hold)

@@ -1,0 +1,63 @@
+"""Wiring: a pool on a database, and the `sweeper worker` process."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import signal
+from collections.abc import Callable
+
+from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.db.engine import make_engine
+from service.metrics import initialise_series
+from service.policies import Policies
+from service.settings import Settings
+from service.upstream import Upstreams
+from service.worker.pool import WorkerPool, worker_name
+from service.worker.ports import Ports
+from service.worker.postgres import database_ports, listen_url_of
+
+log = logging.getLogger("service.worker")
+
+Faults = Callable[[Ports], Ports]
+
+
+def database_pool(engine: AsyncEngine, policies: Policies, upstreams: Upstreams, *,
+                  concurrency: int, listen_url: str | None = None,
+                  grace_seconds: float = 20.0, name: str | None = None,
+                  rng: random.Random | None = None, faults: Faults | None = None
+                  ) -> WorkerPool:
+    """A pool claiming from `engine`'s ledger and calling `upstreams`. `faults` may wrap
+    its ports (the drills' fault injection)."""
+    name = name or worker_name()
+    rng = rng or random.Random()
+    ports = database_ports(engine, policies, upstreams, owner=name, listen_url=listen_url,
+                           rng=rng)
+    if faults is not None:
+        ports = faults(ports)
+    return WorkerPool(ports, policies, concurrency=concurrency, name=name,
+                      grace_seconds=grace_seconds, rng=rng)
+
+
+async def run_worker_process(settings: Settings, policies: Policies, url: URL, *,
+                             faults: Faults | None = None) -> None:
+    """`sweeper worker`: the pool alone, until SIGTERM or SIGINT."""
+    initialise_series(policies.policies)
+    engine = make_engine(url, settings)
+    upstreams = Upstreams(policies.upstreams)
+    pool = database_pool(engine, policies, upstreams, concurrency=settings.workers,
+                         listen_url=listen_url_of(url),
+                         grace_seconds=settings.shutdown_grace_seconds, faults=faults)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, pool.stop)
+    log.info("worker started", extra={"worker": pool.name, "concurrency": settings.workers})
+    try:
+        await pool.run()
+    finally:
+        await upstreams.aclose()
+        await engine.dispose()
+        log.info("worker stopped", extra={"worker": pool.name, "completed": pool.completed})

@@ -1,0 +1,60 @@
+"""Scope effects gathered between flushes, applied for every replica in a few statements."""
+
+from __future__ import annotations
+
+import logging
+
+from service import scope_signals
+from service.limiter import Closure
+from service.metrics import SCOPE_SIGNALS
+from service.scope_signals import ScopeEffects
+from service.worker.ports import ScopeSignalPort
+
+log = logging.getLogger("service.worker")
+
+
+class SignalBuffer:
+    """Closures, pauses and recoveries waiting to be applied. A closure is never lost to an
+    outage: what fails to apply is kept for the next attempt."""
+
+    def __init__(self) -> None:
+        self._closures: dict[str, Closure] = {}
+        self._pauses: set[str] = set()
+        self._recovered: set[str] = set()
+        self._backed_off: set[str] = set()  # scopes this process saw back off
+
+    @property
+    def urgent(self) -> bool:
+        """A closure or pause waits: it must reach every replica's next round now."""
+        return bool(self._closures or self._pauses)
+
+    def note(self, scope: str, effects: ScopeEffects) -> None:
+        for signal in effects.signals:
+            SCOPE_SIGNALS.labels(signal).inc()
+        if effects.closure is not None:
+            self._closures[scope] = scope_signals.merged(self._closures.get(scope),
+                                                         effects.closure)
+        if effects.pause:
+            self._pauses.add(scope)
+        if effects.backs_off:
+            self._backed_off.add(scope)
+        elif effects.succeeded and scope in self._backed_off:
+            # only scopes this process saw back off need their level reset
+            self._backed_off.discard(scope)
+            self._recovered.add(scope)
+
+    async def apply(self, port: ScopeSignalPort) -> None:
+        closures, self._closures = self._closures, {}
+        pauses, self._pauses = self._pauses, set()
+        recovered, self._recovered = self._recovered - set(closures) - pauses, set()
+        try:
+            await port.close(closures)
+            for scope in await port.pause(sorted(pauses), "unauthorized"):
+                log.warning("scope paused: the upstream refused our credentials",
+                            extra={"scope": scope})
+            await port.recovered(sorted(recovered))
+        except Exception:
+            for scope, closure in closures.items():
+                self._closures.setdefault(scope, closure)
+            self._pauses |= pauses
+            raise

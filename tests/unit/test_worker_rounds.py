@@ -1,0 +1,345 @@
+"""The worker's rounds driven through in-memory ports: no database, no real sleeps.
+
+The ledger here grants every token at once (due now) unless a test says otherwise; the
+clock is virtual (a sleep moves it forward). What is checked is the pool's own logic: fair
+shares, the schedule of a grant, hand-backs, scope signals, local holds, the call limit,
+and that no outcome is lost when a port fails. The same pool on PostgreSQL is covered by
+tests/integration (test_pipeline.py and the drills).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from service.claims import Admission, Completion, Lease
+from service.limiter import Closure, Grant
+from service.outcomes import Answer, Failure
+from service.policies import Policies, Policy
+from service.upstream import CallResult
+from service.worker import Ports, WorkerPool
+from service.worker.ports import NoWakeups
+from tests.conftest import policies_from
+
+START = datetime(2026, 6, 1, tzinfo=UTC)
+DB_EPOCH = 1_780_000_000.0  # the database's clock when the virtual clock reads 0
+
+
+def make_policies(**policy: object) -> Policies:
+    cfg: dict[str, object] = {"version": 1, "upstream": "shop", "path": "/carts/{object_id}",
+                              "scope": "tenant:{tenant_id}",
+                              "rate": {"per_second": 100, "burst": 100},
+                              "lease_seconds": 30, "max_attempts": 3,
+                              "backoff": {"base_seconds": 0.5, "max_seconds": 8}}
+    cfg.update(policy)
+    return policies_from({"upstreams": {"shop": {"base_url": "http://127.0.0.1:9"}},
+                          "policies": {"carts": cfg}})
+
+
+class VirtualClock:
+    """Monotonic seconds from 0. Sleepers wake in deadline order: once the tasks that can
+    run have run, the clock jumps to the earliest deadline (no real time passes)."""
+
+    YIELDS_BEFORE_A_JUMP = 10
+
+    def __init__(self) -> None:
+        self.t = 0.0
+        self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._order = itertools.count()
+        self._driver: asyncio.Task[None] | None = None
+
+    def monotonic(self) -> float:
+        return self.t
+
+    def now(self) -> datetime:
+        return START + timedelta(seconds=self.t)
+
+    async def sleep(self, seconds: float) -> None:
+        woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._sleepers, (self.t + max(0.0, seconds), next(self._order), woken))
+        if self._driver is None or self._driver.done():
+            self._driver = asyncio.create_task(self._drive())
+        await woken
+
+    async def _drive(self) -> None:
+        while self._sleepers:
+            for _ in range(self.YIELDS_BEFORE_A_JUMP):
+                await asyncio.sleep(0)
+            deadline, _, woken = heapq.heappop(self._sleepers)
+            self.t = max(self.t, deadline)
+            woken.set_result(None)
+
+
+@dataclass
+class MemoryLedger:
+    """Items waiting per scope; every admission and completion recorded."""
+
+    clock: VirtualClock
+    rate: float = 100.0
+    ready: dict[str, list[Lease]] = field(default_factory=dict)
+    # seconds the database says each grant happened before the admission returned
+    grant_age: float = 0.0
+    # tokens already in the bucket at the grant (the rest are due one per 1/rate)
+    available: float | None = None
+    on_admit: Callable[[], None] | None = None
+    fail_completes: int = 0
+    wants: list[dict[str, int]] = field(default_factory=list)
+    completed: list[Completion] = field(default_factory=list)
+    handed_back: list[Lease] = field(default_factory=list)
+    closures: list[dict[str, Closure]] = field(default_factory=list)
+    paused: list[tuple[list[str], str]] = field(default_factory=list)
+    recovered_scopes: list[str] = field(default_factory=list)
+
+    def add(self, scope: str, n: int, *, version: int = 1) -> list[Lease]:
+        queue = self.ready.setdefault(scope, [])
+        made = [Lease(item_id=len(queue) + 1000 * (len(self.ready)) + i, tenant_id=scope,
+                      object_id=f"{scope}-{len(queue) + i}", policy="carts",
+                      policy_version=version, operation_key=uuid.uuid4().hex, scope=scope,
+                      lease_token=uuid.uuid4(), attempt=1,
+                      lease_expires_at=START + timedelta(seconds=30)) for i in range(n)]
+        queue.extend(made)
+        return made
+
+    async def eligible_scopes(self, cursor: str, limit: int) -> list[tuple[str, int]]:
+        names = sorted(s for s, q in self.ready.items() if q)
+        after = [s for s in names if s > cursor] + [s for s in names if s <= cursor]
+        return [(s, 1) for s in after[:limit]]
+
+    async def admit(self, wants: Mapping[str, int]) -> Admission:
+        self.wants.append(dict(wants))
+        grants, leases = [], []
+        for scope, n in wants.items():
+            queue = self.ready.get(scope, [])
+            taken, self.ready[scope] = queue[:n], queue[n:]
+            granted = len(taken)
+            grants.append(Grant(scope, granted, 0.0 if granted else 1.0,
+                                available=granted if self.available is None else self.available,
+                                rate=self.rate,
+                                granted_at=DB_EPOCH + self.clock.t - self.grant_age))
+            leases.extend(taken)
+        if self.on_admit is not None:
+            self.on_admit()
+        return Admission(grants=grants, leases=leases)
+
+    async def database_time(self) -> float:
+        return DB_EPOCH + self.clock.t
+
+    async def complete(self, batch: Sequence[Completion]) -> list[int]:
+        if self.fail_completes:
+            self.fail_completes -= 1
+            raise ConnectionError("the ledger is unreachable")
+        self.completed.extend(batch)
+        return []
+
+    async def hand_back(self, leases: Sequence[Lease]) -> None:
+        self.handed_back.extend(leases)
+
+    async def close(self, closures: Mapping[str, Closure]) -> None:
+        if closures:
+            self.closures.append(dict(closures))
+
+    async def pause(self, scopes: Sequence[str], reason: str) -> list[str]:
+        if scopes:
+            self.paused.append((list(scopes), reason))
+        return list(scopes)
+
+    async def recovered(self, scopes: Sequence[str]) -> None:
+        self.recovered_scopes.extend(scopes)
+
+
+@dataclass
+class ScriptedCalls:
+    """Answers by object id (default 204); every call recorded with its virtual moment."""
+
+    clock: VirtualClock
+    answers: dict[str, Answer] = field(default_factory=dict)
+    crash_on: set[str] = field(default_factory=set)
+    calls: list[tuple[str, float]] = field(default_factory=list)
+
+    async def delete(self, policy: Policy, lease: Lease) -> CallResult:
+        self.calls.append((lease.object_id, self.clock.t))
+        await asyncio.sleep(0)
+        if lease.object_id in self.crash_on:
+            raise RuntimeError("a bug in the client")
+        return CallResult(self.answers.get(lease.object_id, Answer(status=204)), 1.0)
+
+    async def warm_up(self) -> None:
+        return None
+
+
+@contextlib.asynccontextmanager
+async def nothing_held() -> AsyncIterator[None]:
+    yield
+
+
+@dataclass
+class Rig:
+    clock: VirtualClock
+    ledger: MemoryLedger
+    calls: ScriptedCalls
+    pool: WorkerPool
+
+    def outcomes(self) -> dict[str, tuple[str, str, str]]:
+        return {c.lease.object_id: (c.outcome, c.status, c.reason)
+                for c in self.ledger.completed}
+
+
+def rig(concurrency: int = 8, policies: Policies | None = None, **ledger: object) -> Rig:
+    clock = VirtualClock()
+    memory = MemoryLedger(clock, **ledger)  # type: ignore[arg-type]
+    calls = ScriptedCalls(clock)
+    ports = Ports(admission=memory, completion=memory, signals=memory, calls=calls,
+                  clock=clock, wakeups=NoWakeups(), hold=nothing_held)
+    pool = WorkerPool(ports, policies or make_policies(), concurrency=concurrency,
+                      name="unit-worker")
+    return Rig(clock, memory, calls, pool)
+
+
+async def test_a_round_shares_the_free_slots_fairly_and_commits_every_outcome() -> None:
+    r = rig(concurrency=8)
+    r.ledger.add("tenant:a", 10)
+    r.ledger.add("tenant:b", 10)
+    assert await r.pool.run_once() == 8
+    assert r.ledger.wants == [{"tenant:a": 4, "tenant:b": 4}]
+    await r.pool.drain()
+    assert len(r.calls.calls) == 8
+    assert {v for v in r.outcomes().values()} == {("succeeded", "succeeded", "http_204")}
+    assert r.pool.completed == 8 and r.ledger.handed_back == []
+
+
+async def test_tokens_are_spent_on_the_grants_schedule_not_all_at_once() -> None:
+    # one token in stock, the rest due one per 1/rate: calls 0.1 s apart at 10/s
+    r = rig(concurrency=4, rate=10.0, available=1.0)
+    r.ledger.add("tenant:a", 4)
+    await r.pool.run_once()
+    await r.pool.drain()
+    moments = [t for _, t in r.calls.calls]
+    assert moments == pytest.approx([0.0, 0.1, 0.2, 0.3])
+
+
+async def test_a_429_with_a_date_closes_the_scope_and_holds_it_locally() -> None:
+    r = rig(concurrency=2)
+    [first, _] = r.ledger.add("tenant:a", 2)
+    r.ledger.add("tenant:b", 4)
+    r.calls.answers[first.object_id] = Answer(status=429, retry_after="30")
+    await r.pool.run_once()
+    await r.pool.drain()
+    assert r.ledger.closures == [{"tenant:a": Closure(30.0, 0.5, 8.0)}]
+    assert r.outcomes()[first.object_id] == ("throttled", "pending", "http_429")
+    # the next rounds serve only b, without waiting for the database closure
+    await r.pool.run_once()
+    await r.pool.run_once()
+    assert all("tenant:a" not in wants for wants in r.ledger.wants[1:])
+    await r.pool.drain()
+    r.clock.t += 31  # the hold ends with the date the upstream named
+    await r.pool.run_once()
+    assert "tenant:a" in r.ledger.wants[-1]
+
+
+async def test_a_401_pauses_the_scope_and_its_later_tokens_go_back_unspent() -> None:
+    r = rig(concurrency=4, rate=10.0, available=1.0)
+    leases = r.ledger.add("tenant:a", 3)
+    r.calls.answers[leases[0].object_id] = Answer(status=401)
+    await r.pool.run_once()
+    await r.pool.drain()
+    assert r.ledger.paused == [(["tenant:a"], "unauthorized")]
+    assert [o for o, _ in r.calls.calls] == [leases[0].object_id]
+    assert r.ledger.handed_back == leases[1:]
+    assert r.outcomes() == {leases[0].object_id: ("unauthorized", "pending", "http_401")}
+
+
+async def test_a_success_after_a_backoff_resets_the_scopes_level() -> None:
+    r = rig(concurrency=1)
+    [throttled, _] = r.ledger.add("tenant:a", 2)
+    r.calls.answers[throttled.object_id] = Answer(status=429)  # no date: own backoff
+    await r.pool.run_once()
+    await r.pool.drain()
+    assert r.ledger.closures == [{"tenant:a": Closure(None, 0.5, 8.0)}]
+    assert r.ledger.recovered_scopes == []
+    r.clock.t += 1  # past the local hold (the backoff base, at most a second)
+    await r.pool.run_once()
+    await r.pool.drain()
+    assert r.ledger.recovered_scopes == ["tenant:a"]
+
+
+async def test_a_spent_quota_closes_the_scope_even_on_success() -> None:
+    r = rig(concurrency=1)
+    [item] = r.ledger.add("tenant:a", 1)
+    r.calls.answers[item.object_id] = Answer(
+        status=204, rate_limits={"x-ratelimit-remaining": "0", "x-ratelimit-reset": "20"})
+    await r.pool.run_once()
+    await r.pool.drain()
+    assert r.outcomes()[item.object_id][1] == "succeeded"
+    assert r.ledger.closures == [{"tenant:a": Closure(20.0, 0.5, 8.0)}]
+
+
+async def test_late_tokens_go_back_and_the_next_round_asks_for_fewer() -> None:
+    r = rig(concurrency=64)
+    r.ledger.add("tenant:a", 200)
+    await r.pool.run_once()  # calibrates the database clock: grants are due on receipt
+    await r.pool.drain()
+    r.ledger.grant_age = 1.0  # the database granted a second before the answer arrived
+    late = await r.pool.run_once()
+    await r.pool.drain()
+    assert late == 64 and len(r.ledger.handed_back) == 64
+    assert len(r.calls.calls) == 64  # only the first round's items were called
+    r.ledger.grant_age = 0.0
+    await r.pool.run_once()
+    assert sum(r.ledger.wants[-1].values()) == 32  # the calls allowed in flight halved
+
+
+async def test_stop_during_an_admission_hands_every_lease_back_uncalled() -> None:
+    r = rig(concurrency=8)
+    r.ledger.add("tenant:a", 5)
+    r.ledger.on_admit = r.pool.stop
+    assert await r.pool.run_once() == 0
+    assert len(r.ledger.handed_back) == 5 and r.calls.calls == []
+
+
+async def test_a_failed_commit_loses_no_outcome() -> None:
+    r = rig(concurrency=8)
+    r.ledger.add("tenant:a", 6)
+    r.ledger.fail_completes = 1
+    await r.pool.run_once()
+    with pytest.raises(ConnectionError):
+        await r.pool.drain()
+    assert r.ledger.completed == []
+    await r.pool.flush()
+    assert len(r.ledger.completed) == 6 and r.pool.completed == 6
+
+
+async def test_an_unknown_policy_version_dies_without_a_call() -> None:
+    r = rig(concurrency=1)
+    [item] = r.ledger.add("tenant:a", 1, version=7)
+    await r.pool.run_once()
+    await r.pool.drain()
+    assert r.calls.calls == []
+    assert r.outcomes()[item.object_id] == ("permanent", "dead", "unknown_policy_version")
+
+
+async def test_a_crashing_call_is_unknown_and_retried_later() -> None:
+    r = rig(concurrency=1)
+    [item] = r.ledger.add("tenant:a", 1)
+    r.calls.crash_on.add(item.object_id)
+    await r.pool.run_once()
+    await r.pool.drain()
+    outcome, status, _ = r.outcomes()[item.object_id]
+    assert (outcome, status) == ("unknown", "pending")
+
+
+async def test_a_transport_failure_before_sending_is_transient() -> None:
+    r = rig(concurrency=1)
+    [item] = r.ledger.add("tenant:a", 1)
+    r.calls.answers[item.object_id] = Answer(failure=Failure.CONNECT)
+    await r.pool.run_once()
+    await r.pool.drain()
+    assert r.outcomes()[item.object_id][:2] == ("transient", "pending")
+    assert r.ledger.closures == [] and r.ledger.paused == []
