@@ -1,7 +1,7 @@
-"""The fake upstream now ships in the package (`drills.upstream`) so that
-`sweeper drill` can start it on an operator's machine; this module keeps the old import path
-and `python -m tests.fakes.upstream` working, and adds test-only helpers built on its public
-API."""
+"""The tests' import path for the fake upstream, which ships in the package
+(`drills.upstream`) so that `sweeper drill` can start it on an operator's machine. Re-exports
+its public names, keeps `python -m tests.fakes.upstream` working, and adds test-only helpers
+built on its public API."""
 
 from __future__ import annotations
 

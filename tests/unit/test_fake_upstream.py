@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import base64
 import signal
@@ -14,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+import drills.upstream
 from tests.fakes.upstream import Call, FakeUpstream, Fault, over_limit
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -390,6 +392,15 @@ async def test_keep_alive_and_connection_close(up: FakeUpstream) -> None:
     assert [c.path for c in up.calls()] == ["/a", "/b"]
 
 
+def _wait_for_ready_file(proc: subprocess.Popen[bytes], ready: Path) -> str:
+    deadline = time.monotonic() + 10
+    while not ready.exists():
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        assert time.monotonic() < deadline, "ready file never appeared"
+        time.sleep(0.02)
+    return ready.read_text()
+
+
 def test_module_entry_point_runs_until_sigterm(tmp_path: Path) -> None:
     ready = tmp_path / "url"
     with subprocess.Popen(
@@ -398,12 +409,7 @@ def test_module_entry_point_runs_until_sigterm(tmp_path: Path) -> None:
         cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     ) as proc:
         try:
-            deadline = time.monotonic() + 10
-            while not ready.exists():
-                assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-                assert time.monotonic() < deadline, "ready file never appeared"
-                time.sleep(0.02)
-            base_url = ready.read_text()
+            base_url = _wait_for_ready_file(proc, ready)
             assert base_url.startswith("http://127.0.0.1:")
             with httpx.Client(base_url=base_url, timeout=5.0) as c:
                 assert c.delete("/a", headers={"Idempotency-Key": "p"}).status_code == 204
@@ -414,3 +420,52 @@ def test_module_entry_point_runs_until_sigterm(tmp_path: Path) -> None:
         finally:
             if proc.poll() is None:
                 proc.kill()
+
+
+@pytest.mark.parametrize(("limit", "window", "statuses"), [
+    ("0.5", False, [200, 200, 429]),  # a bucket of 2, one token back every 2 s
+    ("1", True, [200, 429, 429]),  # one call in any trailing second; the burst plays no part
+])
+def test_package_entry_point_takes_every_option(
+    tmp_path: Path, limit: str, window: bool, statuses: list[int]
+) -> None:
+    ready = tmp_path / "url"
+    options = ["--host", "127.0.0.1", "--port", "0", "--default-limit", limit,
+               "--default-burst", "2", "--success-status", "200", "--ready-file", str(ready),
+               "--log-level", "debug", *(["--default-window"] if window else [])]
+    with subprocess.Popen(
+        [sys.executable, "-m", "drills.upstream", *options],
+        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    ) as proc:
+        try:
+            base_url = _wait_for_ready_file(proc, ready)
+            assert base_url.startswith("http://127.0.0.1:")
+            with httpx.Client(base_url=base_url, timeout=5.0) as c:
+                assert [c.delete("/a").status_code for _ in range(3)] == statuses
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=5) == 0
+            assert proc.stdout is not None and proc.stdout.read().decode().strip() == base_url
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+
+
+def test_each_module_of_the_package_imports_only_those_listed_before_it() -> None:
+    """The package docstring's module map is also the import order, so no cycle can form."""
+    doc = drills.upstream.__doc__ or ""
+    order = [line.split("`")[1] for line in doc.splitlines() if line.startswith("- `")]
+    package = REPO_ROOT / "drills" / "upstream"
+    assert {p.stem for p in package.glob("*.py")} == {*order, "__init__", "__main__"}
+    for i, name in enumerate(order):
+        tree = ast.parse((package / f"{name}.py").read_text())
+        used: set[str] = set()
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                used.add(f"a relative import ({node.module})")
+            elif node.module == "drills.upstream":
+                used |= {alias.name for alias in node.names}
+            elif node.module and node.module.startswith("drills.upstream."):
+                used.add(node.module.removeprefix("drills.upstream."))
+        assert used <= set(order[:i]), f"{name} imports {sorted(used - set(order[:i]))}"

@@ -1,0 +1,185 @@
+"""The server: listening on loopback, the connection loop, and the deletion call path.
+
+Every request whose path is not under ``/_control`` is a *deletion call*: it is recorded as
+a `Call`, rate limited per scope (token bucket, or with ``--default-window`` at most N calls
+in any trailing second; ``429`` with an integer ``Retry-After``), then answered with the
+next queued fault matching it, or with ``success_status`` (default ``204``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import threading
+import time
+from types import TracebackType
+
+from drills.upstream.calls import Call
+from drills.upstream.control import Controls, is_control
+from drills.upstream.faults import apply
+from drills.upstream.limits import ScopeFn, default_scope
+from drills.upstream.wire import BadRequest, Request, read_request, response
+
+log = logging.getLogger(__name__)
+
+
+class FakeUpstream(Controls):
+    """The fake deletion API; see the `drills.upstream` docstring."""
+
+    def __init__(self, *, host: str = "127.0.0.1", port: int = 0,
+                 default_limit: float | None = None, default_burst: int = 1,
+                 default_window: bool = False, success_status: int = 204,
+                 scope_fn: ScopeFn | None = None) -> None:
+        super().__init__(default_limit=default_limit, default_burst=default_burst,
+                         default_window=default_window)
+        self._host, self._port = host, port
+        self._success_status = success_status
+        self._scope_fn = scope_fn or default_scope
+        self._server: asyncio.Server | None = None
+        self._conns: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    # ----------------------------------------------------------------- lifecycle
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, self._host, self._port,
+                                                  limit=64 * 1024)
+        self._port = self._server.sockets[0].getsockname()[1]
+
+    async def close(self) -> None:
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.close()
+        tasks = list(self._conns)
+        for task, writer in list(self._conns.items()):
+            writer.transport.abort()
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=1.0)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(server.wait_closed(), 1.0)
+
+    def start_in_thread(self) -> None:
+        ready = threading.Event()
+        errors: list[BaseException] = []
+        loop = asyncio.new_event_loop()
+
+        def run() -> None:
+            try:
+                loop.run_until_complete(self.start())
+            except BaseException as exc:  # reported to the caller below
+                errors.append(exc)
+                ready.set()
+                loop.close()
+                return
+            ready.set()
+            try:
+                loop.run_forever()
+            finally:
+                loop.close()
+
+        self._loop = loop
+        self._thread = threading.Thread(target=run, name="fake-upstream", daemon=True)
+        self._thread.start()
+        ready.wait()
+        if errors:
+            raise errors[0]
+
+    def stop_thread(self) -> None:
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return
+        asyncio.run_coroutine_threadsafe(self.close(), loop).result(timeout=5)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=5)
+        self._loop = self._thread = None
+
+    async def __aenter__(self) -> FakeUpstream:
+        await self.start()
+        return self
+
+    async def __aexit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
+
+    def __enter__(self) -> FakeUpstream:
+        self.start_in_thread()
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop_thread()
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self._host}:{self._port}"
+
+    # ----------------------------------------------------------------- connections
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._conns[task] = writer
+        try:
+            keep = True
+            while keep:
+                try:
+                    req = await read_request(reader)
+                except BadRequest as exc:
+                    writer.write(response(exc.status, {}, str(exc).encode(), keep=False))
+                    await writer.drain()
+                    break
+                if req is None:
+                    break
+                if is_control(req.path):
+                    status, body = self._control(req)
+                    ctype = {"Content-Type": "application/json"}
+                    keep = req.keep_alive
+                    writer.write(response(status, ctype, body, keep=keep))
+                    await writer.drain()
+                else:
+                    keep = await self._deletion(req, reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        except asyncio.CancelledError:
+            pass  # close(): end quietly (3.11's stream callback logs cancelled handler tasks)
+        except Exception:
+            log.debug("fake upstream: connection failed", exc_info=True)
+        finally:
+            self._conns.pop(task, None)
+            writer.close()
+
+    async def _deletion(self, req: Request, reader: asyncio.StreamReader,
+                        writer: asyncio.StreamWriter) -> bool:
+        """Record, limit and answer one deletion call; returns whether to keep the connection."""
+        now = time.monotonic()
+        scope = self._scope_fn(req.method, req.path, req.headers)
+        key = req.headers.get("idempotency-key")
+        call = Call(req.method, req.path, req.query, key, scope, dict(req.headers), now,
+                    time.time(), "")
+        with self._lock:
+            retry_after = self._limits.take(scope, now)
+            fault = None if retry_after is not None else self._faults.pop(call)
+            outcome = "throttled" if retry_after is not None else fault.kind if fault else "ok"
+            self._log.record(dataclasses.replace(call, outcome=str(outcome)))
+            self._log.enter(key, +1)
+        keep = req.keep_alive
+        try:
+            if retry_after is not None:
+                hdrs = {"Retry-After": str(retry_after), "Content-Type": "application/json"}
+                writer.write(response(429, hdrs, b'{"error":"rate limited"}', keep=keep))
+            elif fault is None:
+                writer.write(response(self._success_status, {}, b"", keep=keep))
+            else:
+                return await apply(fault, req, reader, writer)
+            await writer.drain()
+            return keep
+        finally:
+            with self._lock:
+                self._log.enter(key, -1)
