@@ -321,11 +321,6 @@ async def drain(engine: AsyncEngine, policies: Policies, upstreams: Upstreams, *
             stack.enter_context(patched(module, attr, timed(fn, timers[label], rows)))
         if "complete" not in timers:
             raise RuntimeError("service.claims.complete is gone: the drain cannot count")
-        paused = getattr(pool, "_workers_paused", None)  # an older worker's extra query
-        if paused is not None:
-            timers["paused_check"] = CallTimer()
-            stack.enter_context(patched(pool, "_workers_paused",
-                                        timed(paused, timers["paused_check"])))
         gc.collect()
         load = os.getloadavg()[0]
         cpu_started = time.process_time()
@@ -415,18 +410,16 @@ async def repetition(ctx: BenchContext, args: argparse.Namespace, *, mode: str, 
 
 _PROFILE_ANCHORS: dict[str, tuple[str, str]] = {
     # label: (path suffix, function name); cumulative time, so the shares overlap
-    "claim_statement": ("service/claims.py", "admit"),  # the admission is the claim
-    "admit_statement": ("service/claims.py", "admit"),
+    "admit_statement": ("service/claims.py", "admit"),  # tokens and leases: the claim
     "complete_statement": ("service/claims.py", "complete"),
     "upstream_call_httpx": ("service/upstream.py", "delete"),
-    "worker_completion_incl_logging": ("service/worker.py", "_completion"),
+    "worker_completion_incl_logging": ("service/worker/pool.py", "_completion"),
     "logging_info": ("logging/__init__.py", "info"),
-    "paused_check": ("service/worker.py", "_workers_paused"),
     "limiter_eligible_scopes": ("service/limiter.py", "eligible_scopes"),
     "hand_back": ("service/claims.py", "hand_back"),  # leases and their tokens back
-    "attempt_task": ("service/worker.py", "_attempt"),
-    "run_once": ("service/worker.py", "run_once"),
-    "flush": ("service/worker.py", "flush"),
+    "attempt_task": ("service/worker/pool.py", "_attempt"),
+    "run_once": ("service/worker/pool.py", "run_once"),
+    "flush": ("service/worker/pool.py", "flush"),
 }
 
 _IDLE = "<method 'poll' of 'select.epoll' objects>"
@@ -500,9 +493,9 @@ def profile_report(profiler: cProfile.Profile, elapsed: float, top: int) -> dict
 # -- EXPLAIN -------------------------------------------------------------------------------
 
 STATEMENTS = (
-    StatementKind("claim", ("UPDATE items", "SKIP LOCKED", "RETURNING")),  # admission too
+    # the admission: tokens taken and items leased in one statement
+    StatementKind("claim", ("UPDATE items", "SKIP LOCKED", "RETURNING")),
     StatementKind("complete", ("INSERT INTO attempts",)),
-    StatementKind("limiter.take", ("UPDATE scopes", "FOR UPDATE OF s")),
     StatementKind("limiter.eligible_scopes", ("open_scopes", "SELECT")),
 )
 
@@ -558,7 +551,7 @@ async def explain_section(ctx: BenchContext, args: argparse.Namespace, concurren
                                     concurrency=concurrency, deadline_s=args.drain_timeout)
                 doc["worker_prepared_statements"] = await prepared_plan_usage(db.engine)
                 doc["table_half_drained"] = await table_stats(db.engine)
-                for kind in ("claim", "complete", "limiter.take", "limiter.eligible_scopes"):
+                for kind in ("claim", "complete", "limiter.eligible_scopes"):
                     catcher.arm(kind, f"{kind}_half_drained")
                 # the first pool can finish more than half before it stops (a small
                 # --items): top the backlog up so the second pool has work to explain

@@ -71,7 +71,7 @@ def test_drain_benchmark_smoke(pg_server_url: str, tmp_path: Path,
 
     profile = drain["profile"]
     assert profile["run"]["items"] == PROFILE_ITEMS
-    assert {"claim_statement", "complete_statement", "upstream_call_httpx",
+    assert {"admit_statement", "complete_statement", "upstream_call_httpx",
             "logging_info"} <= set(profile["anchors_cumulative"])
     assert profile["top_cumulative"] and profile["top_self"]
 
