@@ -1,8 +1,12 @@
 """Leases: admission (tokens and claim in one statement), fenced completion, and
-hand-back of unstarted leases.
+hand-back of unstarted leases: the worker's hot statements.
 
-Only this module (and the limiter) holds hand-written hot SQL. Times come from the
-database clock; `now` parameters exist so tests can pin the clock without sleeping.
+Which items a claim may take is `service.db.statements.ready_item` and `expired_lease`;
+the token half of the admission is `limiter.GRANTS_SQL`. Times come from the database
+clock. `admit(now=...)` pins the clock the items are read and leased on (the bucket keeps
+the database's own); tests move the buckets' clock by moving their stored instants
+(tests/integration/db_clock.py). The measurements behind the rules stated in comments here
+are in bench/reports/design-notes.md.
 """
 
 from __future__ import annotations
@@ -13,9 +17,16 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
-from sqlalchemy import Row, text
+from sqlalchemy import Row
 
-from service.db.statements import Database, fetch, fetch_none
+from service.db.statements import (
+    Database,
+    Statement,
+    expired_lease,
+    fetch,
+    fetch_none,
+    ready_item,
+)
 from service.limiter import GRANTS_SQL, LOOKAHEAD_S, Grant
 
 NOTIFY_CHANNEL = "sweeper_released"
@@ -23,12 +34,12 @@ NOTIFY_CHANNEL = "sweeper_released"
 # A claim reads a scope's released items from its claim position: after the last item its
 # last claim took (scopes.ready_after_batch, ready_after_id). Claimed items leave their
 # entries in items_ready until VACUUM, at the index's front, and a claim from the front
-# walks them all (a 1,000,000-item drain without VACUUM read 2,368 index pages per claim at
-# its end). Items come back behind the position (retries, hand-backs, webhook releases, a
-# batch whose publication committed late), so a claim reads from the front once this
-# often, and whenever a claim found fewer items than its tokens. Expired leases are looked
-# for on those front reads only (items_leased has the same walk; leases last tens of
-# seconds, so one more second before a takeover changes little).
+# walks them all, a walk that grows with the drain. Items come back behind the position
+# (retries, hand-backs, webhook releases, a batch whose publication committed late), so a
+# claim reads from the front once this often, and whenever a claim found fewer items than
+# its tokens. Expired leases are looked for on those front reads only (items_leased has the
+# same walk; leases last tens of seconds, so one more second before a takeover changes
+# little).
 FRONT_SCAN_EVERY_S: Final = 1
 
 
@@ -78,7 +89,9 @@ def _lease(r: Row[Any]) -> Lease:
 #     items than its tokens.
 # One row per lease with its scope's grant, plus one row (id NULL) per scope that was
 # granted tokens but got no item, or was granted none (with the wait for its next token).
-_ADMIT = text(f"""
+_ADMIT = Statement("claims.admit", (
+    "Take tokens and lease at most that many claimable items per scope in one statement, "
+    "charging each bucket only for the items leased."), f"""
     WITH clock AS (SELECT coalesce(CAST(:now AS timestamptz), now()) AS now),
     {GRANTS_SQL},
     starts AS (
@@ -101,8 +114,7 @@ _ADMIT = text(f"""
                        (SELECT m.n FROM attempt_limits m WHERE m.policy = i.policy),
                        2147483647) AS exhausted
             FROM items i
-            WHERE i.scope = g.scope AND i.status = 'leased'
-              AND i.lease_expires_at <= clock.now
+            WHERE i.scope = g.scope AND {expired_lease("clock.now")}
             ORDER BY i.lease_expires_at
             LIMIT g.n
             FOR UPDATE OF i SKIP LOCKED
@@ -121,9 +133,8 @@ _ADMIT = text(f"""
     ready AS (
         SELECT r.id, r.batch_key, g.scope FROM starts g, clock CROSS JOIN LATERAL (
             SELECT i.id, coalesce(i.batch_id, 0) AS batch_key FROM items i
-            WHERE i.scope = g.scope AND i.status = 'pending' AND i.released_at IS NOT NULL
+            WHERE i.scope = g.scope AND {ready_item("clock.now")}
               AND (coalesce(i.batch_id, 0), i.id) > (g.after_batch, g.after_id)
-              AND i.next_attempt_at <= clock.now
             ORDER BY coalesce(i.batch_id, 0), i.id
             LIMIT g.n - (SELECT count(*) FROM expired x
                          WHERE x.scope = g.scope AND NOT x.exhausted)
@@ -254,7 +265,9 @@ class Completion:
 #  2. `applied`: update only items still leased under the same token. A worker whose lease
 #     expired and was re-claimed elsewhere matches nothing here: it changes nothing.
 #  3. every attempt is appended to the audit trail, fenced ones flagged as such.
-_COMPLETE = text("""
+_COMPLETE = Statement("claims.complete", (
+    "Apply attempts' outcomes to items still leased under the same token and append every "
+    "attempt, fenced ones flagged."), """
     WITH done AS (
         SELECT * FROM unnest(
             CAST(:ids AS bigint[]), CAST(:tokens AS uuid[]), CAST(:statuses AS text[]),
@@ -323,7 +336,9 @@ async def complete(db: Database, completions: Sequence[Completion]) -> list[int]
 # again; every lease's token goes back to its scope's bucket (capped at the burst; no call
 # spent it, whether or not the lease had moved on), the bucket rows locked in name order
 # like every other bucket update.
-_HAND_BACK = text("""
+_HAND_BACK = Statement("claims.hand_back", (
+    "Return unstarted leases without counting an attempt, and their tokens to the buckets."),
+    """
     WITH r AS (
         SELECT * FROM unnest(CAST(:ids AS bigint[]), CAST(:tokens AS uuid[]),
                              CAST(:scopes AS text[])) AS r(id, token, scope)

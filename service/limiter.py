@@ -1,14 +1,18 @@
 """The shared rate budget: one token bucket row per scope in PostgreSQL.
 
-Every worker of every replica takes tokens from the same row, so adding replicas never
-multiplies the rate. Tokens are taken *before* items are claimed, a worker claims only as
-many items of a scope as it holds tokens for, and unused tokens go back at once; a lease
-therefore never waits for budget. All times are the database's: `clock_timestamp()` (not
-`now()`, which is the start of a transaction that may have waited for the row lock).
+Every worker of every replica draws from the same row, so adding replicas never multiplies
+the rate. The limiter's statements: which scopes have work and an open bucket
+(`eligible_scopes`), the token half of the admission statement (`GRANTS_SQL`, composed by
+claims.admit, which charges the bucket only for the items it claims, so unused tokens never
+leave it), creating bucket rows from the policies (`ensure_scopes`), and the signals from
+upstream answers. Bucket times are the database's `clock_timestamp()` (not `now()`, the
+start of a transaction that may have waited for the row lock), never a worker's clock.
 
-Signals from upstream answers act on the scope: a 429 closes it until the retry time
-(`closed_until` only ever moves later, plus a little jitter, never earlier); 429s without a
-date back off exponentially per scope; 401/403 pause it with reason `unauthorized`.
+Signals act on the scope: a 429 closes it until the retry time (`closed_until` only ever
+moves later, plus a little jitter, never earlier); 429s without a date back off
+exponentially per scope; 401/403 pause it with reason `unauthorized`. What "open" means is
+`service.db.statements.OPEN_SCOPE`. The measurements behind the rules stated in comments
+here are in bench/reports/design-notes.md.
 """
 
 from __future__ import annotations
@@ -18,10 +22,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from service.db.statements import Database, fetch
+from service.db.statements import (
+    OPEN_SCOPE,
+    Database,
+    Statement,
+    expired_lease,
+    fetch,
+    fetch_none,
+    ready_item,
+    run,
+)
 from service.policies import Policy
 
 MAX_JITTER_S: Final = 1.0
@@ -42,11 +54,11 @@ def late_tolerance(rate: float) -> float:
 
 # What a bucket may hold: its burst minus the tokens that can be spent late (up to
 # late_tolerance after their moment, bunching with the ones after them), but at least one.
-# A call spent late lands in the same second as the tokens due after it: with the whole
-# burst in stock on top, a 1-second window at the upstream held rate + burst + rate x
-# lateness (measured 1,056 at 1,000/s with burst 50). Keeping that allowance out of the
-# stock bounds every window by rate + burst. It costs only refill that arrives while the
-# bucket is nearly full, that is while no worker is asking.
+# A call spent late lands in the same second as the tokens due after it; with the whole
+# burst in stock on top, a 1-second window at the upstream could hold rate + burst + rate x
+# lateness. Keeping that allowance out of the stock bounds every window by rate + burst. It
+# costs only refill that arrives while the bucket is nearly full, that is while no worker
+# is asking.
 SPENDABLE_BURST_SQL: Final = f"""greatest(1.0, s.burst - ceil(greatest(
         s.rate_per_second * {LATE_TOLERANCE_MIN_S}, 1.0)))"""
 
@@ -69,16 +81,13 @@ class Grant:
         return max(0.0, (i + 1 - self.available) / self.rate)
 
 
-# Create scope rows on first use from the policy's budget; a policy change reaches rows
-# whose budget no operator has set by hand (tokens never exceed the new burst).
-#
 # Registration runs this in the transaction that inserts its items, so a row locked here
 # stays locked for the whole insert. Only a row whose budget changes is locked (in name
 # order: two registrations never deadlock), and an existing row is not even probed for a
-# conflict. The earlier `ON CONFLICT DO UPDATE ... WHERE` locked every row, its WHERE false
-# or not: each 10,000-item registration held its tenants' buckets for about 250 ms, which
-# queued other registrations of those tenants, and workers taking tokens, behind it.
-_ENSURE = text("""
+# conflict: `ON CONFLICT DO UPDATE ... WHERE` locks the row whether its WHERE holds or not.
+_ENSURE = Statement("limiter.ensure_scopes", (
+    "Create missing bucket rows from the policies' budgets; a policy change reaches rows no "
+    "operator has set (tokens never above the new burst)."), """
     WITH budget AS (
         SELECT * FROM unnest(CAST(:names AS text[]), CAST(:rates AS double precision[]),
                              CAST(:bursts AS integer[])) AS b(name, rate, burst)
@@ -110,9 +119,9 @@ async def ensure_scopes(conn: AsyncConnection, budgets: Mapping[str, tuple[float
     if not budgets:
         return
     names = sorted(budgets)
-    await conn.execute(_ENSURE, {"names": names,
-                                 "rates": [budgets[n][0] for n in names],
-                                 "bursts": [budgets[n][1] for n in names]})
+    await run(conn, _ENSURE, {"names": names,
+                              "rates": [budgets[n][0] for n in names],
+                              "bursts": [budgets[n][1] for n in names]})
 
 
 def budget_of(policy: Policy) -> tuple[float, int]:
@@ -120,38 +129,34 @@ def budget_of(policy: Policy) -> tuple[float, int]:
     return (policy.config.rate.per_second, policy.config.rate.burst)
 
 
-# Scopes a worker may serve now, round-robin from a cursor: open, not paused, and with
-# claimable work (a released pending item due now, or an expired lease). Both probes are
-# index lookups on the scope-leading partial indexes. Workers-wide pause stops all.
-_ELIGIBLE = text("""
+# Work is a ready item or an expired lease; the workers-wide pause stops every scope. The
+# probes are ordered LIMIT 1 subqueries so the planner walks the scope-leading partial
+# indexes (an EXISTS may be planned as a scan of items, which grows with history); ready
+# items are looked for after the scope's claim position first, as claims read them
+# (claims.FRONT_SCAN_EVERY_S), and from the front only if none is there.
+_ELIGIBLE = Statement("limiter.eligible_scopes", (
+    "Scopes with an open bucket and claimable work, round-robin after a cursor: where a "
+    "worker's next admission asks for tokens."), f"""
     WITH open_scopes AS (
         SELECT s.name, s.weight FROM scopes s
-        WHERE NOT s.paused
-          AND (s.closed_until IS NULL OR s.closed_until <= clock_timestamp())
+        WHERE {OPEN_SCOPE}
           AND NOT (SELECT workers_paused FROM control)
-          -- written as ordered LIMIT 1 probes so the planner walks the partial indexes
-          -- (an EXISTS here became a sequential scan of items as history grew); released
-          -- items are looked for from the scope's claim position first, as claims read
-          -- them (claims.FRONT_SCAN_EVERY_S), and from the front only if none is there
           AND ((SELECT i.id FROM items i
-                WHERE i.scope = s.name AND i.status = 'pending'
-                  AND i.released_at IS NOT NULL AND i.next_attempt_at <= now()
+                WHERE i.scope = s.name AND {ready_item("now()")}
                   AND (coalesce(i.batch_id, 0), i.id) > (s.ready_after_batch,
                                                          s.ready_after_id)
                 ORDER BY i.scope, coalesce(i.batch_id, 0), i.id LIMIT 1) IS NOT NULL
                OR (s.ready_after_id > 0 AND (SELECT i.id FROM items i
-                   WHERE i.scope = s.name AND i.status = 'pending'
-                     AND i.released_at IS NOT NULL AND i.next_attempt_at <= now()
+                   WHERE i.scope = s.name AND {ready_item("now()")}
                    ORDER BY i.scope, coalesce(i.batch_id, 0), i.id LIMIT 1) IS NOT NULL)
                OR (SELECT i.id FROM items i
-                   WHERE i.scope = s.name AND i.status = 'leased'
-                     AND i.lease_expires_at <= now()
+                   WHERE i.scope = s.name AND {expired_lease("now()")}
                    ORDER BY i.scope, i.lease_expires_at LIMIT 1) IS NOT NULL)
     )
     (SELECT name, weight FROM open_scopes WHERE name > :cursor ORDER BY name LIMIT :limit)
     UNION ALL
     (SELECT name, weight FROM open_scopes WHERE name <= :cursor ORDER BY name LIMIT :limit)
-""")
+""")  # noqa: S608 - only constant fragments are interpolated
 
 
 async def eligible_scopes(db: Database, *, cursor: str, limit: int
@@ -178,6 +183,8 @@ def tokens_at(instant: str) -> str:
 # is asking is lost to the burst cap). The caller writes `refilled_at = at` with
 # `tokens = avail - spent`. Closed and paused scopes grant nothing, nor does any scope
 # during a workers-wide pause (FOR KEY SHARE: the pause waits for grants in progress).
+# `at` is read once per row, after its lock: the refill granted and the `refilled_at`
+# recorded must be the same instant, or the refill in between is lost.
 GRANTS_SQL: Final = f"""
     want AS (
         SELECT * FROM unnest(CAST(:names AS text[]), CAST(:wants AS integer[])) AS w(name, n)
@@ -186,15 +193,11 @@ GRANTS_SQL: Final = f"""
         SELECT s.name, w.n, s.rate_per_second, s.burst, s.tokens, s.refilled_at,
                s.ready_after_batch, s.ready_after_id, s.front_scanned_at
         FROM scopes s JOIN want w ON w.name = s.name
-        WHERE NOT s.paused
-          AND (s.closed_until IS NULL OR s.closed_until <= clock_timestamp())
+        WHERE {OPEN_SCOPE}
           AND NOT (SELECT workers_paused FROM control FOR KEY SHARE)
         ORDER BY s.name
         FOR UPDATE OF s
     ),
-    -- One reading of the clock per row, taken once the row is locked: the refill granted
-    -- and the `refilled_at` recorded are the same instant. (Reading it again when the row
-    -- was written lost the refill in between, the whole claim: 3% of a 100/s budget.)
     bucket AS MATERIALIZED (
         SELECT s.*, clock_timestamp() AS at FROM locked s
     ),
@@ -222,7 +225,9 @@ class Closure:
 # never shorter than the policy's base (max_s >= base is validated): the floor that a 429
 # without a usable Retry-After relies on.
 # The bucket restarts empty at reopening, so the first call after it is not a burst.
-_CLOSE = text("""
+_CLOSE = Statement("limiter.close", (
+    "Close scopes after throttling signals: until the upstream's date, or by the scope's "
+    "growing backoff; closed_until only moves later."), """
     WITH c AS (
         SELECT * FROM unnest(CAST(:names AS text[]), CAST(:delays AS double precision[]),
                              CAST(:bases AS double precision[]),
@@ -267,40 +272,53 @@ async def close(engine: AsyncEngine, closures: Mapping[str, Closure],
     r = rng or random.Random()
     names = sorted(closures)
     cs = [closures[n] for n in names]
-    async with engine.begin() as conn:
-        await conn.execute(_CLOSE, {
-            "names": names, "delays": [c.delay_seconds for c in cs],
-            "bases": [c.backoff_base_s for c in cs], "maxes": [c.backoff_max_s for c in cs],
-            "jitters": [jitter_for(c.delay_seconds, c.backoff_base_s, r) for c in cs]})
+    await fetch_none(engine, _CLOSE, {
+        "names": names, "delays": [c.delay_seconds for c in cs],
+        "bases": [c.backoff_base_s for c in cs], "maxes": [c.backoff_max_s for c in cs],
+        "jitters": [jitter_for(c.delay_seconds, c.backoff_base_s, r) for c in cs]})
+
+
+_RECOVERED = Statement("limiter.recovered", (
+    "Reset the 429 backoff of scopes that answered a success (rows already at 0 are not "
+    "written)."), """
+    UPDATE scopes SET backoff_level = 0
+    WHERE name = ANY(CAST(:names AS text[])) AND backoff_level > 0
+""")
 
 
 async def recovered(engine: AsyncEngine, scopes: list[str]) -> None:
     """A success resets the scope's 429 backoff."""
     if scopes:
-        async with engine.begin() as conn:
-            await conn.execute(text(
-                "UPDATE scopes SET backoff_level = 0 WHERE name = ANY(CAST(:names AS text[])) "
-                "AND backoff_level > 0"), {"names": sorted(scopes)})
+        await fetch_none(engine, _RECOVERED, {"names": sorted(scopes)})
+
+
+_PAUSE = Statement("limiter.pause", (
+    "Pause scopes after a credential fault (401/403), returning those that were running so "
+    "each pause is signalled once."), """
+    UPDATE scopes SET paused = true, paused_reason = :reason, updated_at = now()
+    WHERE name = ANY(CAST(:names AS text[])) AND NOT paused
+    RETURNING name
+""")
 
 
 async def pause(engine: AsyncEngine, scopes: list[str], reason: str) -> list[str]:
     """Pause scopes (e.g. `unauthorized`); returns those that were running."""
     if not scopes:
         return []
-    async with engine.begin() as conn:
-        rows = await conn.execute(text(
-            "UPDATE scopes SET paused = true, paused_reason = :reason, updated_at = now() "
-            "WHERE name = ANY(CAST(:names AS text[])) AND NOT paused RETURNING name"),
-            {"names": sorted(scopes), "reason": reason})
-        return [r.name for r in rows]
+    rows = await fetch(engine, _PAUSE, {"names": sorted(scopes), "reason": reason})
+    return [r.name for r in rows]
+
+
+_DATABASE_TIME = Statement("limiter.database_time", (
+    "The database's clock in Unix seconds, the clock every bucket and grant is on."), """
+    SELECT extract(epoch FROM clock_timestamp())::double precision AS now
+""")
 
 
 async def database_time(engine: AsyncEngine) -> float:
     """The database's clock now, Unix seconds (to calibrate a worker's schedule)."""
-    async with engine.connect() as conn:
-        value = (await conn.execute(text(
-            "SELECT extract(epoch FROM clock_timestamp())::double precision"))).scalar_one()
-    return float(value)
+    [row] = await fetch(engine, _DATABASE_TIME, {})
+    return float(row.now)
 
 
 def fair_shares(scopes: list[tuple[str, int]], free: int) -> dict[str, int]:

@@ -37,10 +37,10 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import service
+from service.db.statements import CLOSURE_OVER, Statement, expired_lease, ready_item, run
 from service.outcomes import Outcome
 
 log = logging.getLogger(__name__)
@@ -173,25 +173,34 @@ def status_class(status: int) -> str:
 # Each query reads a small table or walks an index of claimable rows only; none grows with
 # finished history. Dead items are counted through their partial index: they stay until an
 # operator re-drives or cancels them (or retention prunes them).
-_LEDGER_SQL: Final = {
-    "eligible": """
-        SELECT policy, count(*) AS n,
-               coalesce(extract(epoch FROM now() - min(due_at)), 0) AS oldest
-          FROM items
-         WHERE status = 'pending' AND released_at IS NOT NULL AND next_attempt_at <= now()
-         GROUP BY policy""",
-    "leased": """
-        SELECT policy, count(*) AS n,
-               count(*) FILTER (WHERE lease_expires_at <= now()) AS expired
-          FROM items WHERE status = 'leased' GROUP BY policy""",
-    "dead": "SELECT policy, count(*) AS n FROM items WHERE status = 'dead' GROUP BY policy",
-    "scopes": """
-        SELECT count(*) FILTER (WHERE closed_until > now()) AS closed,
-               count(*) FILTER (WHERE paused) AS paused,
-               count(*) AS total
-          FROM scopes""",
-    "control": "SELECT workers_paused FROM control",
-}
+_LEDGER_TIMEOUT = Statement("metrics.ledger_timeout", (
+    "Bound the ledger reading, so a slow database cannot hold a scrape."),
+    f"SET LOCAL statement_timeout = {LEDGER_QUERY_TIMEOUT_MS}")
+_LEDGER_ELIGIBLE = Statement("metrics.ledger_eligible", (
+    "Ready items per policy and the age of the oldest: the backlog workers could claim now."),
+    f"""
+    SELECT i.policy, count(*) AS n,
+           coalesce(extract(epoch FROM now() - min(i.due_at)), 0) AS oldest
+    FROM items i
+    WHERE {ready_item("now()")}
+    GROUP BY i.policy""")  # noqa: S608 - only a constant fragment is interpolated
+_LEDGER_LEASED = Statement("metrics.ledger_leased", (
+    "Leased items per policy, and those whose lease ran out (a worker died or stalled)."),
+    f"""
+    SELECT i.policy, count(*) AS n,
+           count(*) FILTER (WHERE {expired_lease("now()")}) AS expired
+    FROM items i WHERE i.status = 'leased' GROUP BY i.policy""")  # noqa: S608 - as above
+_LEDGER_DEAD = Statement("metrics.ledger_dead", (
+    "Dead items per policy, through their partial index."),
+    "SELECT policy, count(*) AS n FROM items WHERE status = 'dead' GROUP BY policy")
+_LEDGER_SCOPES = Statement("metrics.ledger_scopes", (
+    "Scopes closed by the upstream, paused, and in all."), f"""
+    SELECT count(*) FILTER (WHERE NOT {CLOSURE_OVER}) AS closed,
+           count(*) FILTER (WHERE s.paused) AS paused,
+           count(*) AS total
+    FROM scopes s""")  # noqa: S608 - only a constant fragment is interpolated
+_LEDGER_CONTROL = Statement("metrics.ledger_control", (
+    "Whether workers are paused everywhere."), "SELECT workers_paused FROM control")
 
 
 @dataclass
@@ -214,20 +223,19 @@ async def read_ledger(engine: AsyncEngine) -> LedgerSnapshot:
     """Read every ledger-wide figure in one short read-only transaction."""
     snap = LedgerSnapshot()
     async with engine.connect() as conn:
-        await conn.execute(text(
-            f"SET LOCAL statement_timeout = {LEDGER_QUERY_TIMEOUT_MS}"))
-        for row in await conn.execute(text(_LEDGER_SQL["eligible"])):
+        await run(conn, _LEDGER_TIMEOUT)
+        for row in await run(conn, _LEDGER_ELIGIBLE):
             snap.eligible[row.policy] = row.n
             snap.oldest_eligible_s[row.policy] = max(0.0, float(row.oldest))
-        for row in await conn.execute(text(_LEDGER_SQL["leased"])):
+        for row in await run(conn, _LEDGER_LEASED):
             snap.leased[row.policy] = row.n
             snap.leases_expired[row.policy] = row.expired
-        for row in await conn.execute(text(_LEDGER_SQL["dead"])):
+        for row in await run(conn, _LEDGER_DEAD):
             snap.dead[row.policy] = row.n
-        scopes = (await conn.execute(text(_LEDGER_SQL["scopes"]))).one()
+        scopes = (await run(conn, _LEDGER_SCOPES)).one()
         snap.scopes_closed, snap.scopes_paused, snap.scopes = (
             scopes.closed, scopes.paused, scopes.total)
-        snap.workers_paused = bool((await conn.execute(text(_LEDGER_SQL["control"]))).scalar())
+        snap.workers_paused = bool((await run(conn, _LEDGER_CONTROL)).scalar())
         await conn.rollback()
     snap.up = True
     return snap

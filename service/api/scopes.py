@@ -43,9 +43,13 @@ class ScopeOut(BaseModel):
     paused: bool
     paused_reason: str | None
     budget_from_policy: bool
-    eligible: int = Field(description="released pending items")
-    oldest_due_at: datetime | None
-    oldest_eligible_age_seconds: float | None
+    eligible: int = Field(description=(
+        "items a worker may claim now: pending, released, and their next attempt due (not "
+        "waiting out a retry delay); the set the sweeper_items_eligible gauge counts, here "
+        "per scope, whether or not the scope is open"))
+    oldest_due_at: datetime | None = Field(description="the earliest due_at of those items")
+    oldest_eligible_age_seconds: float | None = Field(description=(
+        "seconds since oldest_due_at, on the database's clock"))
     updated_at: datetime
 
 

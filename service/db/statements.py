@@ -1,14 +1,95 @@
-"""Running one hot statement on an engine or on a connection the caller holds."""
+"""SQL statements: how they are written and run, and the predicates they share.
+
+Where statements live: beside their domain module (claims, limiter, scopes, metrics), each
+a module-level `Statement` constant next to the function that binds its parameters and
+reads its rows. The SQL is that module's algorithm (the admission statement *is* the
+claim rules); moving it here would split every change across two files. This module holds
+only what they share:
+
+- `Statement`: a name (`module.what`) and a one-line summary (what it does and why) for
+  every statement. The name is also sent to the server as a leading comment, so
+  pg_stat_activity, pg_stat_statements and auto_explain say which statement is which.
+- One way to run them: `fetch` and `fetch_none` run a statement as its own transaction,
+  on an engine or on a held connection (`Database`); `run` runs one inside a transaction
+  the caller holds (registration, an operator change and its audit row, one reading).
+- The predicates several modules' statements compose, defined once so no copy drifts:
+  `ready_item` (an item a worker may claim now), `expired_lease`, `CLOSURE_OVER` and
+  `OPEN_SCOPE`. They are SQL text interpolated when a module loads, not views or
+  functions: the server receives the SQL a hand-written copy would be, so the planner
+  still finds `status = 'pending' AND released_at IS NOT NULL` to match the partial index
+  `items_ready` and the admission's plan is what it was (bench/reports/design-notes.md).
+  Each fragment reads items as `i` and scopes as `s`.
+
+Times are the database's (now(), clock_timestamp()), never a worker's. Tests that need
+time to pass move the stored instants back instead (tests/integration/db_clock.py).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Final
 
-from sqlalchemy import Row, TextClause
+from sqlalchemy import CursorResult, Row, TextClause
+from sqlalchemy import text as sql_text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+_NAME = re.compile(r"[a-z_]+(\.[a-z_]+)+")
+
+
+@dataclass(frozen=True)
+class Statement:
+    """One SQL statement with `:name` parameters, its `name` ("module.what") and a one-line
+    `summary` of what it does and why."""
+
+    name: str
+    summary: str
+    sql: str
+    clause: TextClause = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not _NAME.fullmatch(self.name):
+            raise ValueError(f"statement name {self.name!r} is not module.what")
+        if not self.summary.strip() or "\n" in self.summary:
+            raise ValueError(f"statement {self.name}: the summary is one line")
+        object.__setattr__(self, "clause", sql_text(f"/* {self.name} */ {self.sql.strip()}"))
+
+    @property
+    def text(self) -> str:
+        """The SQL as sent, its name first (EXPLAIN it by prefixing this)."""
+        return self.clause.text
+
+
+# -- the predicates -------------------------------------------------------------------------
+
+def ready_item(now: str = "now()") -> str:
+    """Item `i` may be claimed at `now`: pending, released, and its next attempt is due. The
+    workers claim exactly these (with expired leases); `sweeper_items_eligible` and the
+    scopes' `eligible` count them. Its first two terms are items_ready's WHERE."""
+    return (f"i.status = 'pending' AND i.released_at IS NOT NULL"
+            f" AND i.next_attempt_at <= {now}")
+
+
+def expired_lease(now: str = "now()") -> str:
+    """Item `i` is leased and its lease has run out at `now`: a claim may take it over. Its
+    first term is items_leased's WHERE."""
+    return f"i.status = 'leased' AND i.lease_expires_at <= {now}"
+
+
+# Scope `s`'s closure, if it has one, is over: a throttling signal closes a scope until
+# `closed_until`, a moment on the database's clock. clock_timestamp(), not now(): a
+# transaction may have waited for the row's lock. (NOT this: the scope is closed.)
+CLOSURE_OVER: Final = "(s.closed_until IS NULL OR s.closed_until <= clock_timestamp())"
+
+# Scope `s`'s bucket may grant tokens: neither paused nor closed. (A workers-wide pause,
+# `control.workers_paused`, stops every scope; statements read it beside this.)
+OPEN_SCOPE: Final = f"NOT s.paused AND {CLOSURE_OVER}"
+
+
+# -- running them ---------------------------------------------------------------------------
 
 # Where a statement runs: an engine (a pooled connection and a transaction of its own), or a
 # connection the caller holds. The worker holds AUTOCOMMIT connections across rounds, so a
@@ -17,25 +98,31 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 Database = AsyncEngine | AsyncConnection
 
 
-async def fetch(db: Database, statement: TextClause, params: Mapping[str, Any]
+async def fetch(db: Database, statement: Statement, params: Mapping[str, Any]
                 ) -> Sequence[Row[Any]]:
     """Run one statement and commit it before returning (no transaction stays open)."""
     if isinstance(db, AsyncConnection):
-        rows = (await db.execute(statement, params)).all()
+        rows = (await db.execute(statement.clause, params)).all()
         await db.commit()
         return rows
     async with db.begin() as conn:
-        return (await conn.execute(statement, params)).all()
+        return (await conn.execute(statement.clause, params)).all()
 
 
-async def fetch_none(db: Database, statement: TextClause, params: Mapping[str, Any]) -> None:
+async def fetch_none(db: Database, statement: Statement, params: Mapping[str, Any]) -> None:
     """Run one statement that returns no rows, committed before returning."""
     if isinstance(db, AsyncConnection):
-        await db.execute(statement, params)
+        await db.execute(statement.clause, params)
         await db.commit()
         return
     async with db.begin() as conn:
-        await conn.execute(statement, params)
+        await conn.execute(statement.clause, params)
+
+
+async def run(conn: AsyncConnection, statement: Statement,
+              params: Mapping[str, Any] | None = None) -> CursorResult[Any]:
+    """Run one statement inside the caller's transaction (nothing is committed here)."""
+    return await conn.execute(statement.clause, params or {})
 
 
 class HeldConnection:

@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service import claims, limiter, runs
 from service.claims import Admission
+from tests.integration.db_clock import advance
 from tests.integration.test_pipeline import SCOPE, make_policies, register
 
 
@@ -47,11 +48,7 @@ async def position(engine: AsyncEngine) -> tuple[int, int, datetime | None]:
 
 async def front_scan_due(engine: AsyncEngine) -> None:
     """As if FRONT_SCAN_EVERY_S had passed since the last claim from the front."""
-    async with engine.begin() as conn:
-        await conn.execute(text(
-            "UPDATE scopes SET front_scanned_at = front_scanned_at"
-            " - make_interval(secs => :s + 1) WHERE name = :n"),
-            {"s": claims.FRONT_SCAN_EVERY_S, "n": SCOPE})
+    await advance(engine, claims.FRONT_SCAN_EVERY_S + 1, scopes=[SCOPE])
 
 
 async def test_claims_continue_after_the_last_item_claimed(engine: AsyncEngine) -> None:

@@ -1,22 +1,29 @@
 """The shared budget on a real database: token math on the database clock, closures,
-pauses, budgets changed at run time, and the pool obeying them against the fake upstream."""
+pauses, budgets changed at run time, and the pool obeying them against the fake upstream.
+
+Where only the database's clock has to pass (a refill, a closure's end), the tests move it
+(tests/integration/db_clock.py) instead of sleeping; the pool's tests run in real time, as
+the pool and the fake upstream do."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
 import httpx
+import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service import claims, limiter
 from service.upstream import Upstreams
-from service.worker import WorkerPool
+from service.worker import WorkerPool, database_pool
 from tests.conftest import TOKEN_A, LiveServer, test_settings
 from tests.fakes.upstream import FakeUpstream, Fault
+from tests.integration.db_clock import advance
 from tests.integration.test_pipeline import (
     SCOPE,
     make_policies,
@@ -98,9 +105,15 @@ async def test_admission_grants_burst_then_refills_at_rate(engine: AsyncEngine) 
     assert grant.granted == len(first.leases) == 4 and 0 < grant.wait_seconds <= 0.1
     [empty] = (await admit(engine, {"s": 8}, lookahead_s=0)).grants
     assert empty.granted == 0
-    await asyncio.sleep(0.35)
+    await advance(engine, 0.35)
     later = await admit(engine, {"s": 8}, lookahead_s=0)
-    assert 3 <= later.grants[0].granted == len(later.leases) <= 4  # 0.35 s at 10/s
+    [refilled] = later.grants
+    # exactly the 0.35 s the clock moved at 10/s, plus the real time between the grants
+    # (a few ms), at most the spendable burst
+    real = refilled.granted_at - empty.granted_at
+    assert refilled.available == pytest.approx(
+        min(4.0, empty.available + 10 * (0.35 + real)), abs=1e-3)
+    assert 3 <= refilled.granted == len(later.leases) == math.floor(refilled.available) <= 4
     await claims.hand_back(engine, later.leases[:2])
     back = await admit(engine, {"s": 2}, lookahead_s=0)
     assert back.grants[0].granted == len(back.leases) == 2
@@ -130,10 +143,14 @@ async def test_reservations_lend_only_the_lookahead_and_carry_due_times(engine: 
     assert [round(g.due_in(i), 3) for i in range(3)] == [0.0, 0.05, 0.1]
     [none] = (await admit(engine, {"s": 10}, lookahead_s=0.1)).grants
     assert none.granted == 0 and none.wait_seconds > 0
-    # reserved tokens handed back with their leases cancel the debt
+    # reserved tokens handed back with their leases cancel the debt, not turned into
+    # credit: the bucket holds its one token less the one spent, plus the refill since the
+    # first grant (the real time the statements took: under 50 ms, no whole token)
     await claims.hand_back(engine, lent.leases[1:])
     [again] = (await admit(engine, {"s": 10}, lookahead_s=0)).grants
-    assert again.granted == 0  # the debt was cancelled, not turned into credit
+    assert again.available == pytest.approx(
+        min(1.0, g.available - 1 + 20 * (again.granted_at - g.granted_at)), abs=1e-3)
+    assert again.granted == math.floor(again.available)
     async with engine.connect() as conn:
         tokens = (await conn.execute(text("SELECT tokens FROM scopes"))).scalar_one()
     assert tokens <= 1
@@ -174,7 +191,7 @@ async def test_stock_leaves_room_for_tokens_spent_late(engine: AsyncEngine) -> N
     await make_scope(engine, "fast", rate=1000, burst=50)
     await make_scope(engine, "slow", rate=2, burst=3)
     await make_scope(engine, "tiny", rate=10, burst=1)
-    await asyncio.sleep(0.1)
+    await advance(engine, 3600)  # however long the buckets sat unused
     grants = {g.scope: g.granted for g in (await admit(
         engine, {"fast": 100, "slow": 10, "tiny": 10}, lookahead_s=0)).grants}
     assert grants == {"fast": 50 - 20, "slow": 3 - 1, "tiny": 1}
@@ -190,23 +207,25 @@ async def test_concurrent_admitters_never_exceed_the_budget(engine: AsyncEngine)
 
     async def admitter() -> None:
         nonlocal leased
-        while time.monotonic() - started < 1.0:
-            admitted = await claims.admit(engine, owner="w", wants={"hot": 3},
-                                          lease_seconds={})
-            [g] = admitted.grants
-            assert len(admitted.leases) == g.granted  # items to spare: every token used
-            leased += g.granted
-            await asyncio.sleep(0.005)
+        admitted = await claims.admit(engine, owner="w", wants={"hot": 3}, lease_seconds={})
+        [g] = admitted.grants
+        assert len(admitted.leases) == g.granted  # items to spare: every token used
+        leased += g.granted
 
-    await asyncio.gather(*(admitter() for _ in range(8)))
-    elapsed = time.monotonic() - started
+    # a second of the database's clock in steps, eight admitters racing for each step's
+    # refill (and the real time the rounds take, which refills too)
+    steps, step_s = 10, 0.1
+    for _ in range(steps):
+        await advance(engine, step_s)
+        await asyncio.gather(*(admitter() for _ in range(8)))
+    elapsed = steps * step_s + time.monotonic() - started
     # an admission may also lend the tokens due within the look-ahead (reservations)
     assert leased <= 5 + 50 * (elapsed + limiter.LOOKAHEAD_S) + 1
-    assert leased >= 0.8 * 50 * 1.0  # and the budget is used, not wasted
+    assert leased >= 0.8 * 50 * steps * step_s  # and the budget is used, not wasted
 
 
 async def test_closed_until_only_moves_later_and_blocks_tokens(engine: AsyncEngine) -> None:
-    await make_scope(engine, "s", rate=100, burst=10)
+    await make_scope(engine, "s", rate=10, burst=10)
     await limiter.close(engine, {"s": limiter.Closure(5.0, 1.0, 60.0)})
     assert (await admit(engine, {"s": 3}, lookahead_s=limiter.LOOKAHEAD_S)).grants == []
     async with engine.connect() as conn:
@@ -217,6 +236,22 @@ async def test_closed_until_only_moves_later_and_blocks_tokens(engine: AsyncEngi
         db_now = (await conn.execute(text("SELECT now()"))).scalar_one()
     assert second == first
     assert timedelta(seconds=5) <= first - db_now <= timedelta(seconds=6.1)
+
+    # a second before closed_until on the database's clock: still closed
+    left = (first - db_now).total_seconds()
+    await advance(engine, left - 1.0)
+    assert (await admit(engine, {"s": 3}, lookahead_s=0)).grants == []
+    # past it: open again, and the bucket restarted empty at closed_until: it holds only
+    # the refill since then (10/s for the 0.3 s moved past it, plus the real time), not
+    # its spendable burst of 9
+    await advance(engine, 1.3)
+    [reopened] = (await admit(engine, {"s": 30}, lookahead_s=0)).grants
+    async with engine.connect() as conn:
+        until = (await conn.execute(text(
+            "SELECT extract(epoch FROM closed_until)::float8 FROM scopes"))).scalar_one()
+    assert reopened.available == pytest.approx(
+        min(9.0, 10 * (reopened.granted_at - until)), abs=1e-3)
+    assert 3 <= reopened.granted == math.floor(reopened.available) < 9
 
 
 async def test_backoff_without_retry_after_grows_per_scope(engine: AsyncEngine) -> None:
@@ -261,7 +296,7 @@ async def test_429_with_retry_after_closes_only_its_scope(engine: AsyncEngine) -
         upstream.inject(Fault.STATUS, status=429, headers={"Retry-After": "2"},
                         match=lambda c: c.scope == "a")
         ups = Upstreams(policies.upstreams)
-        await drain_with(WorkerPool(engine, policies, ups, concurrency=4), engine, 15)
+        await drain_with(database_pool(engine, policies, ups, concurrency=4), engine, 15)
         await ups.aclose()
     calls = upstream.calls()
     a = [c.received_at for c in calls if c.scope == "a"]
@@ -285,7 +320,7 @@ async def test_429_with_http_date_closes_until_that_date(engine: AsyncEngine) ->
         upstream.inject(Fault.STATUS, status=429,
                         headers={"Retry-After": format_datetime(when, usegmt=True)})
         ups = Upstreams(policies.upstreams)
-        await drain_with(WorkerPool(engine, policies, ups, concurrency=2), engine, 15)
+        await drain_with(database_pool(engine, policies, ups, concurrency=2), engine, 15)
         await ups.aclose()
     walls = [c.wall_time for c in upstream.calls()]
     assert len(walls) == 4

@@ -34,7 +34,7 @@ from service import metrics
 from service.metrics import LeaseReturn, ScopeSignal
 from service.outcomes import Outcome
 from service.upstream import Upstreams
-from service.worker import WorkerPool
+from service.worker import database_pool
 from tests.conftest import TOKEN_A, LiveServer, free_port, policies_from, test_settings
 from tests.fakes.upstream import FakeUpstream, Fault
 from tests.integration.test_cli import _stop
@@ -185,7 +185,7 @@ async def test_openmetrics_when_asked_after_real_traffic(db_url: str, engine: As
         upstream.inject(Fault.STATUS, status=422, match="cart-0")
         ups = Upstreams(policies.upstreams)
         try:
-            await drain(WorkerPool(engine, policies, ups, concurrency=2), engine)
+            await drain(database_pool(engine, policies, ups, concurrency=2), engine)
         finally:
             await ups.aclose()
     async with LiveServer(test_settings(db_url, workers=0), policies, db_url) as live:

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.upstream import Upstreams
-from service.worker import WorkerPool
+from service.worker import database_pool
 from tests.fakes.upstream import FakeUpstream, Fault, over_limit
 from tests.integration.test_pipeline import make_policies, register, release_all
 
@@ -39,7 +39,7 @@ async def test_an_unusable_retry_after_still_holds_calls_near_the_upstream_limit
                         headers={"Retry-After": retry_after},
                         match=over_limit(UPSTREAM_PER_SECOND))
         ups = Upstreams(policies.upstreams)
-        pool = WorkerPool(engine, policies, ups, concurrency=16)
+        pool = database_pool(engine, policies, ups, concurrency=16)
         task = asyncio.create_task(pool.run())
         await asyncio.sleep(RUN_S)
         pool.stop()
