@@ -4,6 +4,10 @@
                     the NOTIFY that wakes workers after releases
     record          one statement per delivery: its receipt and its hints' effect on items,
                     exactly once per (source, webhook id)
+
+The statements are named `Statement`s like every other module's, but run on the intake's
+own asyncpg pool, so they take asyncpg's positional `$n` parameters and are sent as their
+`.text` (service/db/statements.py: why intake does not go through `fetch` or `run`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from sqlalchemy.engine import URL
 from service import ledger, limiter
 from service.claims import NOTIFY_CHANNEL
 from service.db.engine import CONNECT_TIMEOUT_SECONDS
+from service.db.statements import Statement
 from service.settings import Settings
 from service.webhooks import Delivery, DeliveryRejected, Hint
 
@@ -81,7 +86,7 @@ class Intake:
             self._wake_wanted = False
             try:
                 async with self._pool.acquire(timeout=1.0) as conn:
-                    await conn.execute(_NOTIFY)
+                    await conn.execute(_NOTIFY.text)
             except Exception as exc:
                 log.warning("webhooks: could not notify workers (they will poll)",
                             extra={"error": type(exc).__name__})
@@ -125,7 +130,9 @@ class Receipt:
 #  4. `receipt`: the receipt with the ids of the items touched. A concurrent delivery of
 #     the same id that also found no receipt fails here on webhook_receipts_once, and its
 #     whole statement (its effect included) rolls back: one effect per webhook id.
-_RECORD: Final = """
+_RECORD = Statement("intake.record", (
+    "Apply one webhook delivery once per (source, webhook id): its receipt, new bucket rows, "
+    "and its hints' inserts and releases, or the original's receipt."), """
     WITH existing AS (
         SELECT result, item_ids FROM webhook_receipts
         WHERE source = $1 AND webhook_id = $2
@@ -182,7 +189,7 @@ _RECORD: Final = """
            (SELECT result FROM existing) AS original_result,
            (SELECT item_ids FROM existing) AS original_item_ids,
            (SELECT count(*) FROM touched WHERE released) AS released
-"""
+""")
 _RECORD_PARAMS: Final = ("source", "webhook_id", "event_type", "event_at", "result", "tenants",
                          "objects", "policies", "versions", "keys", "scopes", "delays",
                          "budget_scopes", "rates", "bursts")
@@ -191,11 +198,15 @@ _RECORD_PARAMS: Final = ("source", "webhook_id", "event_type", "event_at", "resu
 # a database-wide lock from its commit until its WAL flush, so deliveries that notified
 # would commit one at a time, each waiting out the previous one's flush; one notification,
 # sent after the commits, serves every delivery in flight (workers poll anyway).
-_NOTIFY: Final = f"NOTIFY {NOTIFY_CHANNEL}"
+_NOTIFY = Statement("intake.notify_released", (
+    "Wake idle workers after deliveries released items (one for every delivery in a short "
+    "window)."), f"NOTIFY {NOTIFY_CHANNEL}")
 NOTIFY_COALESCE_S: Final = 0.005  # releases within this window share one NOTIFY
 
-_ORIGINAL: Final = ("SELECT result, item_ids FROM webhook_receipts "
-                    "WHERE source = $1 AND webhook_id = $2")
+_ORIGINAL = Statement("intake.original", (
+    "The receipt of the delivery that won a race for the same webhook id, to answer as a "
+    "duplicate."),
+    "SELECT result, item_ids FROM webhook_receipts WHERE source = $1 AND webhook_id = $2")
 
 RECEIPT_CONSTRAINT: Final = "webhook_receipts_once"
 
@@ -246,7 +257,8 @@ async def record(pool: Any, delivery: Delivery, *, acquire_timeout_s: float = 5.
     params = _params(delivery)
     async with pool.acquire(timeout=acquire_timeout_s) as conn:
         try:
-            row = await conn.fetchrow(_RECORD, *(params[name] for name in _RECORD_PARAMS))
+            row = await conn.fetchrow(_RECORD.text,
+                                      *(params[name] for name in _RECORD_PARAMS))
         except asyncpg.CheckViolationError:
             # an id read_delivery let through but a ledger constraint refuses (e.g. a
             # tenant whose limiter scope passes 512 bytes): bad input, a 422
@@ -258,7 +270,8 @@ async def record(pool: Any, delivery: Delivery, *, acquire_timeout_s: float = 5.
                 raise
             # lost a race with a concurrent delivery of the same id, whose receipt is
             # committed by now (the unique index waited for it)
-            original = await conn.fetchrow(_ORIGINAL, delivery.source, delivery.webhook_id)
+            original = await conn.fetchrow(_ORIGINAL.text, delivery.source,
+                                           delivery.webhook_id)
             return Receipt(result=original["result"], item_ids=tuple(original["item_ids"]),
                            duplicate=True)
     if row["original_result"] is not None:

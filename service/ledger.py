@@ -14,10 +14,10 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from pydantic import AwareDatetime, TypeAdapter
-from sqlalchemy import TextClause, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service import audit, limiter
+from service.db.statements import Statement, fetch, run
 from service.policies import Policy
 
 if TYPE_CHECKING:
@@ -163,7 +163,9 @@ class Obligations:
 # the API's one process then pays for a join, not for asyncpg encoding an array element by
 # element. No id, policy name, scope or key contains a control character (the API refuses
 # them, the schema CHECKs them, and `_column` refuses U+001F).
-_REGISTER = text("""
+_REGISTER = Statement("ledger.register", (
+    "Insert a request's obligations or move their due_at earlier (pending items only), "
+    "all or nothing, returning only the counts."), """
     WITH changed AS (
         INSERT INTO items AS i (tenant_id, object_id, policy, policy_version, operation_key,
                                 scope, due_at)
@@ -223,7 +225,7 @@ async def register(engine: AsyncEngine, obligations: Obligations | Sequence[Regi
     }
     async with engine.begin() as conn:
         await limiter.ensure_scopes(conn, budgets)
-        counts = (await conn.execute(_REGISTER, params)).one()
+        counts = (await run(conn, _REGISTER, params)).one()
     inserted = int(counts.inserted)
     advanced = int(counts.changed) - inserted
     return RegistrationResult(inserted=inserted, advanced=advanced,
@@ -265,23 +267,28 @@ ITEM_COLUMNS = ("id, tenant_id, object_id, policy, policy_version, operation_key
                 "updated_at, completed_at")
 
 
-async def list_items(engine: AsyncEngine, *, status: str | None, item_filter: ItemFilter,
-                     after: int | None, limit: int) -> list[dict[str, object]]:
-    """Items by id (keyset pagination: pass the last id seen as `after`)."""
-    sql = text(f"""
+_LIST = Statement("ledger.list_items", (
+    "Items of one status (or any) matching an operator's filter, by id after a keyset "
+    "cursor."), f"""
         SELECT {ITEM_COLUMNS} FROM items
         WHERE (CAST(:status AS text) IS NULL OR status = :status)
           AND (CAST(:after AS bigint) IS NULL OR id > :after)
           {_FILTER_SQL}
         ORDER BY id LIMIT :limit
     """)  # noqa: S608 - only constant fragments are interpolated
+
+
+async def list_items(engine: AsyncEngine, *, status: str | None, item_filter: ItemFilter,
+                     after: int | None, limit: int) -> list[dict[str, object]]:
+    """Items by id (keyset pagination: pass the last id seen as `after`)."""
     params = {"status": status, "after": after, "limit": limit, **_filter_params(item_filter)}
-    async with engine.connect() as conn:
-        return [dict(r) for r in (await conn.execute(sql, params)).mappings()]
+    return [dict(r._mapping) for r in await fetch(engine, _LIST, params)]
 
 
 # Operator changes: bounded by :limit, each in one transaction together with its audit row.
-_REDRIVE = text(f"""
+_REDRIVE = Statement("ledger.redrive", (
+    "Dead items matching an operator's filter back to pending with their attempts reset, "
+    "at most :limit, skipping rows another change holds."), f"""
     WITH chosen AS (
         SELECT id FROM items WHERE status = 'dead' {_FILTER_SQL}
         ORDER BY id LIMIT :limit FOR UPDATE SKIP LOCKED
@@ -293,7 +300,9 @@ _REDRIVE = text(f"""
     RETURNING i.id
 """)  # noqa: S608 - only constant fragments are interpolated
 
-_CANCEL = text(f"""
+_CANCEL = Statement("ledger.cancel", (
+    "Withdraw pending items matching an operator's filter, at most :limit, skipping rows "
+    "another change holds."), f"""
     WITH chosen AS (
         SELECT id FROM items WHERE status = 'pending' {_FILTER_SQL}
         ORDER BY id LIMIT :limit FOR UPDATE SKIP LOCKED
@@ -317,12 +326,12 @@ async def cancel(engine: AsyncEngine, item_filter: ItemFilter, *, actor: str, re
     return await _operator_change(engine, _CANCEL, "cancel", item_filter, actor, reason, limit)
 
 
-async def _operator_change(engine: AsyncEngine, statement: TextClause, action: str,
+async def _operator_change(engine: AsyncEngine, statement: Statement, action: str,
                            item_filter: ItemFilter, actor: str, reason: str, limit: int
                            ) -> list[int]:
     async with engine.begin() as conn:
-        ids = [int(r.id) for r in await conn.execute(
-            statement, {**_filter_params(item_filter), "limit": limit})]
+        ids = [int(r.id) for r in await run(
+            conn, statement, {**_filter_params(item_filter), "limit": limit})]
         details = {"filter": {k: v for k, v in asdict(item_filter).items() if v is not None},
                    "count": len(ids), "item_ids": ids[:1000]}
         await audit.record(conn, actor=actor, action=action, reason=reason, details=details)

@@ -22,11 +22,11 @@ import time
 from dataclasses import dataclass
 from typing import Final
 
-from sqlalchemy import TextClause, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service import metrics
 from service.db.engine import is_unavailable
+from service.db.statements import Statement, run
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,9 @@ log = logging.getLogger(__name__)
 PAUSE_BETWEEN_BATCHES_S: Final = 0.01
 REST_PER_BATCH_SECOND: Final = 1.0
 
-_PRUNE_ITEMS = text("""
+_PRUNE_ITEMS = Statement("retention.prune_items", (
+    "Delete one batch of succeeded and cancelled items finished before the retention "
+    "period (their attempts go with them), skipping rows another replica holds."), """
     WITH doomed AS (
         SELECT id FROM items
         WHERE status IN ('succeeded', 'cancelled')
@@ -48,7 +50,9 @@ _PRUNE_ITEMS = text("""
     DELETE FROM items i USING doomed WHERE i.id = doomed.id
 """)
 
-_PRUNE_RECEIPTS = text("""
+_PRUNE_RECEIPTS = Statement("retention.prune_receipts", (
+    "Delete one batch of webhook receipts older than the retention period, skipping rows "
+    "another replica holds."), """
     WITH doomed AS (
         SELECT id FROM webhook_receipts
         WHERE received_at < now() - make_interval(secs => :keep_s)
@@ -68,13 +72,13 @@ class Pruned:
     receipts: int
 
 
-async def _prune_table(engine: AsyncEngine, statement: TextClause, kind: str, keep_s: float,
+async def _prune_table(engine: AsyncEngine, statement: Statement, kind: str, keep_s: float,
                        batch: int, max_batches: int | None) -> int:
     total = batches = 0
     while max_batches is None or batches < max_batches:
         started = time.monotonic()
         async with engine.begin() as conn:
-            result = await conn.execute(statement, {"keep_s": keep_s, "batch": batch})
+            result = await run(conn, statement, {"keep_s": keep_s, "batch": batch})
             deleted = result.rowcount
         batches += 1
         total += deleted

@@ -30,12 +30,13 @@ from datetime import datetime
 from typing import Any, Final
 
 from sqlalchemy import exc as sa_exc
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service import metrics
 from service.claims import NOTIFY_CHANNEL
 from service.db.engine import is_busy, is_unavailable
+from service.db.statements import Statement, fetch
+from service.db.statements import run as run_statement
 from service.errors import SweeperError
 
 log = logging.getLogger(__name__)
@@ -66,13 +67,17 @@ class RunRequest:
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
-_INSERT_RUN = text("""
+_INSERT_RUN = Statement("runs.insert", (
+    "Record a triggered run, or nothing when its trigger key already started one."), """
     INSERT INTO runs (trigger_key, request_digest, policy, tenant_id, cutoff, dry_run, max_items)
     VALUES (:key, :digest, :policy, :tenant, coalesce(CAST(:cutoff AS timestamptz), now()),
             :dry_run, :max_items)
     ON CONFLICT (trigger_key) DO NOTHING
     RETURNING id
 """)
+_BY_TRIGGER_KEY = Statement("runs.by_trigger_key", (
+    "The run a trigger key started and its request's digest, to tell a retry from a reuse."),
+    "SELECT id, request_digest FROM runs WHERE trigger_key = :key")
 
 
 async def create_run(engine: AsyncEngine, request: RunRequest, trigger_key: str | None
@@ -85,13 +90,11 @@ async def create_run(engine: AsyncEngine, request: RunRequest, trigger_key: str 
               "tenant": request.tenant_id, "cutoff": request.cutoff,
               "dry_run": request.dry_run, "max_items": request.max_items}
     async with engine.begin() as conn:
-        run_id = (await conn.execute(_INSERT_RUN, params)).scalar()
+        run_id = (await run_statement(conn, _INSERT_RUN, params)).scalar()
     if run_id is not None:
         metrics.RUNS_CREATED.labels(str(request.dry_run).lower()).inc()
         return int(run_id), True
-    async with engine.connect() as conn:
-        row = (await conn.execute(text("SELECT id, request_digest FROM runs "
-                                       "WHERE trigger_key = :key"), {"key": trigger_key})).one()
+    [row] = await fetch(engine, _BY_TRIGGER_KEY, {"key": trigger_key})
     if row.request_digest != digest:
         raise TriggerKeyReused(int(row.id))
     return int(row.id), False
@@ -105,7 +108,9 @@ async def create_run(engine: AsyncEngine, request: RunRequest, trigger_key: str 
 # the run row decodes, are raised to 0001-01-01, Python's earliest instant (per row: no
 # candidates still leaves them NULL). Candidates are due by the run's cutoff, which Python
 # holds (runs_cutoff_range), so no upper bound is needed.
-_RECORD_CANDIDATES = text("""
+_RECORD_CANDIDATES = Statement("runs.record_candidates", (
+    "Count the run's candidates per policy, with their oldest and newest due_at, onto the "
+    "run row and its report."), """
     WITH per_policy AS (
         SELECT policy, count(*) AS n, min(due_at) AS oldest, max(due_at) AS newest
         FROM items
@@ -135,7 +140,9 @@ _RECORD_CANDIDATES = text("""
 # its limit, never a sort, whatever the statistics (a backlog registered in bulk may not
 # have been analyzed yet). A tie-breaker such as `id`, which the index lacks, would bring
 # the sort back.
-_PICK = text("""
+_PICK = Statement("runs.pick", (
+    "Lock the next unreleased due items of one policy version, oldest first, skipping rows "
+    "another lane holds: one batch's items."), """
     SELECT id, policy, policy_version FROM items
     WHERE status = 'pending' AND released_at IS NULL AND due_at <= :cutoff
       AND (CAST(:policy AS text) IS NULL OR policy = :policy)
@@ -154,7 +161,8 @@ _PICK = text("""
 
 # The batch row and the release of its items in one statement (one round trip per batch).
 # `seq` comes from a sequence: lanes publishing one run side by side never share a number.
-_RELEASE_BATCH = text("""
+_RELEASE_BATCH = Statement("runs.release_batch", (
+    "Insert a batch row and release its items into it, in one round trip."), """
     WITH batch AS (
         INSERT INTO batches (run_id, seq, digest, policy, policy_version, item_count)
         VALUES (:run, nextval('batches_seq'), :digest, :policy, :version, :n) RETURNING id
@@ -187,7 +195,7 @@ async def publish(engine: AsyncEngine, run_id: int, *, batch_size: int,
     """Publish one run to completion. False when another publisher holds it."""
     started = time.perf_counter()
     async with engine.begin() as conn:
-        run = await _publishing_run(conn, run_id, "FOR UPDATE SKIP LOCKED")
+        run = await _publishing_run(conn, run_id, _TAKE_RUN)
         if run is None:
             return False
         if not run["report"]:
@@ -197,23 +205,32 @@ async def publish(engine: AsyncEngine, run_id: int, *, batch_size: int,
         await _all_lanes(engine, run_id, batch_size, 1 if serial else max(1, lanes))
     async with engine.begin() as conn:
         # waits for chunk transactions still open elsewhere (their KEY SHARE locks)
-        run = await _publishing_run(conn, run_id, "FOR UPDATE")
+        run = await _publishing_run(conn, run_id, _FINISH_RUN)
         if run is not None:
             await _finish(conn, run)
     metrics.PUBLICATION_DURATION.observe(time.perf_counter() - started)
     return True
 
 
-_PUBLISHING_RUN = {
-    lock: text("SELECT * FROM runs WHERE id = :id AND state = 'publishing' "  # noqa: S608
-               + lock)  # the lock clauses are the constants below
-    for lock in ("FOR UPDATE SKIP LOCKED", "FOR UPDATE", "FOR KEY SHARE")}
+# The run's row while it is still publishing, under the lock each step needs.
+_TAKE_RUN = Statement("runs.take_run", (
+    "A publishing run's row for its first step, taken alone or not at all (another "
+    "publisher has it)."),
+    "SELECT * FROM runs WHERE id = :id AND state = 'publishing' FOR UPDATE SKIP LOCKED")
+_LANE_RUN = Statement("runs.lane_run", (
+    "A publishing run's row shared by the lanes for one chunk, so it is not finished under "
+    "them."),
+    "SELECT * FROM runs WHERE id = :id AND state = 'publishing' FOR KEY SHARE")
+_FINISH_RUN = Statement("runs.finish_run", (
+    "A publishing run's row locked to finish it, once every lane's chunk has committed."),
+    "SELECT * FROM runs WHERE id = :id AND state = 'publishing' FOR UPDATE")
 
 
-async def _publishing_run(conn: AsyncConnection, run_id: int, lock: str) -> Any:
-    """The run's row while it is still publishing (None otherwise), under `lock`: the
-    first step takes it alone or not at all, lanes share it, and finishing waits for them."""
-    return (await conn.execute(_PUBLISHING_RUN[lock], {"id": run_id})).mappings().one_or_none()
+async def _publishing_run(conn: AsyncConnection, run_id: int, statement: Statement) -> Any:
+    """The run's row while it is still publishing (None otherwise), under the lock of
+    `statement`: the first step takes it alone or not at all, lanes share it, and finishing
+    waits for them."""
+    return (await run_statement(conn, statement, {"id": run_id})).mappings().one_or_none()
 
 
 async def _all_lanes(engine: AsyncEngine, run_id: int, batch_size: int, lanes: int) -> None:
@@ -236,7 +253,7 @@ async def _publish_lane(engine: AsyncEngine, run_id: int, batch_size: int) -> No
     them; each chunk adds its counts to the row as it commits."""
     while True:
         async with engine.begin() as conn:
-            run = await _publishing_run(conn, run_id, "FOR KEY SHARE")
+            run = await _publishing_run(conn, run_id, _LANE_RUN)
             if run is None or await _release_chunk(conn, run, batch_size) == 0:
                 return
 
@@ -245,22 +262,41 @@ def _filters(run: Any) -> dict[str, Any]:
     return {"cutoff": run["cutoff"], "policy": run["policy"], "tenant": run["tenant_id"]}
 
 
+_REPORT_IN_UTC = Statement("runs.report_in_utc", (
+    "Render the report's due_at figures in UTC for the rest of this transaction."),
+    "SET LOCAL TIME ZONE 'UTC'")
+_PREVIOUS_DRY_RUN = Statement("runs.previous_dry_run", (
+    "The latest published dry run before this one with the same policy and tenant, to "
+    "report the change in candidates."),
+    "SELECT id, candidates FROM runs WHERE dry_run AND state = 'published' "
+    "AND id < :id AND policy IS NOT DISTINCT FROM :policy "
+    "AND tenant_id IS NOT DISTINCT FROM :tenant ORDER BY id DESC LIMIT 1")
+_REPORT_COMPARISON = Statement("runs.report_comparison", (
+    "Add the comparison with the previous dry run (or null) to a dry run's report."),
+    "UPDATE runs SET report = report || jsonb_build_object("
+    "'previous_dry_run', CAST(:comparison AS jsonb)) WHERE id = :id")
+
+
 async def _record_candidates(conn: AsyncConnection, run: Any) -> None:
-    await conn.execute(text("SET LOCAL TIME ZONE 'UTC'"))  # the report's rendering of due_at
-    total = (await conn.execute(_RECORD_CANDIDATES, {**_filters(run), "id": run["id"]}
-                                )).scalar_one()
+    await run_statement(conn, _REPORT_IN_UTC)  # the report's rendering of due_at
+    total = (await run_statement(conn, _RECORD_CANDIDATES, {**_filters(run), "id": run["id"]}
+                                 )).scalar_one()
     if run["dry_run"]:
-        previous = (await conn.execute(text(
-            "SELECT id, candidates FROM runs WHERE dry_run AND state = 'published' "
-            "AND id < :id AND policy IS NOT DISTINCT FROM :policy "
-            "AND tenant_id IS NOT DISTINCT FROM :tenant ORDER BY id DESC LIMIT 1"),
-            {"id": run["id"], "policy": run["policy"], "tenant": run["tenant_id"]})).first()
+        previous = (await run_statement(conn, _PREVIOUS_DRY_RUN, {
+            "id": run["id"], "policy": run["policy"], "tenant": run["tenant_id"]})).first()
         comparison = ({"run_id": previous.id, "candidates": previous.candidates,
                        "difference": total - previous.candidates} if previous else None)
-        await conn.execute(text(
-            "UPDATE runs SET report = report || jsonb_build_object("
-            "'previous_dry_run', CAST(:comparison AS jsonb)) WHERE id = :id"),
-            {"comparison": json.dumps(comparison), "id": run["id"]})
+        await run_statement(conn, _REPORT_COMPARISON,
+                            {"comparison": json.dumps(comparison), "id": run["id"]})
+
+
+_ADD_RELEASED = Statement("runs.add_released", (
+    "Add a chunk's released items and batches to the run row, in the chunk's transaction."),
+    "UPDATE runs SET released = released + :n, batches = batches + :b WHERE id = :id")
+# Sent inside the chunk's transaction: delivered to the workers when it commits.
+_NOTIFY_RELEASED = Statement("runs.notify_released", (
+    "Wake idle workers: items were released (delivered when the chunk commits)."),
+    f"NOTIFY {NOTIFY_CHANNEL}")
 
 
 async def _release_chunk(conn: AsyncConnection, run: Any, batch_size: int,
@@ -275,12 +311,12 @@ async def _release_chunk(conn: AsyncConnection, run: Any, batch_size: int,
             limit = min(limit, run["max_items"] - run["released"] - released)
             if limit <= 0:
                 break
-        rows = (await conn.execute(_PICK, {**_filters(run), "limit": limit})).all()
+        rows = (await run_statement(conn, _PICK, {**_filters(run), "limit": limit})).all()
         if not rows:
             break
         ids = [r.id for r in rows]
         policy, version = rows[0].policy, rows[0].policy_version
-        await conn.execute(_RELEASE_BATCH, {
+        await run_statement(conn, _RELEASE_BATCH, {
             "run": run["id"], "policy": policy,
             "version": version, "digest": batch_digest(policy, version, run["cutoff"], ids),
             "n": len(ids), "ids": ids})
@@ -289,27 +325,35 @@ async def _release_chunk(conn: AsyncConnection, run: Any, batch_size: int,
         if len(ids) < limit or time.perf_counter() - started > CHUNK_MAX_SECONDS:
             break
     if released:
-        await conn.execute(text(
-            "UPDATE runs SET released = released + :n, batches = batches + :b WHERE id = :id"),
-            {"n": released, "b": batches, "id": run["id"]})
-        await conn.execute(text(f"NOTIFY {NOTIFY_CHANNEL}"))
+        await run_statement(conn, _ADD_RELEASED, {"n": released, "b": batches, "id": run["id"]})
+        await run_statement(conn, _NOTIFY_RELEASED)
         metrics.ITEMS_RELEASED.inc(released)  # counted a moment before the commit
     return released
+
+
+_REMAINING = Statement("runs.remaining", (
+    "Candidates of the run still unreleased once every lane is done (left for a later run)."),
+    "SELECT count(*) FROM items WHERE status = 'pending' AND released_at IS NULL "
+    "AND due_at <= :cutoff AND (CAST(:policy AS text) IS NULL OR policy = :policy) "
+    "AND (CAST(:tenant AS text) IS NULL OR tenant_id = :tenant)")
+_MARK_PUBLISHED = Statement("runs.mark_published", (
+    "Mark the run published, with the candidates it left unreleased."),
+    "UPDATE runs SET state = 'published', published_at = clock_timestamp(), "
+    "remaining = :remaining WHERE id = :id")
 
 
 async def _finish(conn: AsyncConnection, run: Any) -> None:
     remaining = 0
     if not run["dry_run"]:
-        remaining = (await conn.execute(text(
-            "SELECT count(*) FROM items WHERE status = 'pending' AND released_at IS NULL "
-            "AND due_at <= :cutoff AND (CAST(:policy AS text) IS NULL OR policy = :policy) "
-            "AND (CAST(:tenant AS text) IS NULL OR tenant_id = :tenant)"),
-            _filters(run))).scalar_one()
-    await conn.execute(text(
-        "UPDATE runs SET state = 'published', published_at = clock_timestamp(), "
-        "remaining = :remaining WHERE id = :id"), {"remaining": remaining, "id": run["id"]})
+        remaining = (await run_statement(conn, _REMAINING, _filters(run))).scalar_one()
+    await run_statement(conn, _MARK_PUBLISHED, {"remaining": remaining, "id": run["id"]})
     log.info("run published", extra={"run_id": run["id"], "dry_run": run["dry_run"],
                                      "remaining": remaining})
+
+
+_PUBLISHING_RUNS = Statement("runs.publishing", (
+    "Runs still publishing (new, or left by a crash), oldest first: the publisher's work."),
+    "SELECT id FROM runs WHERE state = 'publishing' ORDER BY id")
 
 
 async def publish_pending(engine: AsyncEngine, *, batch_size: int) -> int:
@@ -317,9 +361,7 @@ async def publish_pending(engine: AsyncEngine, *, batch_size: int) -> int:
     own: a run that raises is left for the next pass (database unavailable or busy) or
     marked failed, and the runs after it are published all the same. Returns the runs
     published."""
-    async with engine.connect() as conn:
-        ids = (await conn.execute(text(
-            "SELECT id FROM runs WHERE state = 'publishing' ORDER BY id"))).scalars().all()
+    ids = [row.id for row in await fetch(engine, _PUBLISHING_RUNS, {})]
     done = 0
     deferred: list[int] = []
     for run_id in ids:
@@ -340,7 +382,9 @@ async def publish_pending(engine: AsyncEngine, *, batch_size: int) -> int:
 # A run whose publication cannot complete stops here, its error on the row and in its
 # report. Batches already released stay released (workers drain them); items not released
 # are left for a later run, whose predicate finds them.
-_FAIL_RUN = text("""
+_FAIL_RUN = Statement("runs.fail", (
+    "Mark a still-publishing run failed with an error code and message in its report, "
+    "returning it only to the replica that marked it."), """
     UPDATE runs SET state = 'failed', error = :code,
            report = report || jsonb_build_object('error', jsonb_build_object(
                'code', CAST(:code AS text), 'message', CAST(:message AS text)))
@@ -355,15 +399,14 @@ async def _fail(engine: AsyncEngine, run_id: int, exc: Exception) -> bool:
     publishing and the next pass tries it again."""
     code, message = _failure_report(exc)
     try:
-        async with engine.begin() as conn:
-            marked = (await conn.execute(_FAIL_RUN, {"id": run_id, "code": code,
-                                                     "message": message})).first()
+        marked = await fetch(engine, _FAIL_RUN, {"id": run_id, "code": code,
+                                                 "message": message})
     except Exception as mark_exc:
         if not (is_unavailable(mark_exc) or is_busy(mark_exc)):
             log.exception("run publication failed and could not be marked failed",
                           extra={"run_id": run_id, "error_code": code})
         return False
-    if marked is not None:
+    if marked:
         log.error("run publication failed", exc_info=exc,
                   extra={"run_id": run_id, "error_code": code})
     return True
@@ -384,37 +427,48 @@ def _failure_report(exc: BaseException) -> tuple[str, str]:
     return "publication-error", f"publication stopped by an unexpected {type(exc).__name__}"
 
 
+_RUN = Statement("runs.get", "One run's row by id.", "SELECT * FROM runs WHERE id = :id")
+
+
 async def run_status(engine: AsyncEngine, run_id: int,
                      progress: ProgressCache | None = None) -> dict[str, Any] | None:
     """A run with its progress: items by status, attempts by outcome, oldest remaining
     (through `progress` when given: shared and at most its max age old)."""
-    async with engine.connect() as conn:
-        run = (await conn.execute(text("SELECT * FROM runs WHERE id = :id"),
-                                  {"id": run_id})).mappings().one_or_none()
-    if run is None:
+    rows = await fetch(engine, _RUN, {"id": run_id})
+    if not rows:
         return None
+    run = rows[0]._mapping
     counts = await (progress.get(engine, run_id, (run["state"], run["released"]))
                     if progress is not None else run_progress(engine, run_id))
     return {**dict(run), **counts}
 
 
+_ITEMS_BY_STATUS = Statement("runs.items_by_status", (
+    "A run's items counted by status (reads every item of the run)."),
+    "SELECT i.status, count(*) FROM items i JOIN batches b ON b.id = i.batch_id "
+    "WHERE b.run_id = :id GROUP BY i.status")
+_ATTEMPTS_BY_OUTCOME = Statement("runs.attempts_by_outcome", (
+    "A run's attempts counted by outcome (reads every attempt of the run)."),
+    "SELECT a.outcome, count(*) FROM attempts a JOIN items i ON i.id = a.item_id "
+    "JOIN batches b ON b.id = i.batch_id WHERE b.run_id = :id GROUP BY a.outcome")
+# raised to Python's earliest instant as in _RECORD_CANDIDATES (per row: none is NULL)
+_OLDEST_REMAINING = Statement("runs.oldest_remaining", (
+    "The earliest due_at among a run's items not yet finished (pending or leased)."),
+    "SELECT min(greatest(i.due_at, '0001-01-01 00:00:00+00')) "
+    "FROM items i JOIN batches b ON b.id = i.batch_id "
+    "WHERE b.run_id = :id AND i.status IN ('pending', 'leased')")
+
+
 async def run_progress(engine: AsyncEngine, run_id: int) -> dict[str, Any]:
     """Count a run's items by status and its attempts by outcome, and find its oldest
     remaining item: every item and attempt of the run is read."""
+    params = {"id": run_id}
     async with engine.connect() as conn:
-        by_status: dict[str, int] = dict((await conn.execute(text(
-            "SELECT i.status, count(*) FROM items i JOIN batches b ON b.id = i.batch_id "
-            "WHERE b.run_id = :id GROUP BY i.status"), {"id": run_id})).all())
-        by_outcome: dict[str, int] = dict((await conn.execute(text(
-            "SELECT a.outcome, count(*) FROM attempts a JOIN items i ON i.id = a.item_id "
-            "JOIN batches b ON b.id = i.batch_id WHERE b.run_id = :id GROUP BY a.outcome"),
-            {"id": run_id})).all())
-        # raised to Python's earliest instant as in _RECORD_CANDIDATES (per row: none is NULL)
-        oldest = (await conn.execute(text(
-            "SELECT min(greatest(i.due_at, '0001-01-01 00:00:00+00')) "
-            "FROM items i JOIN batches b ON b.id = i.batch_id "
-            "WHERE b.run_id = :id AND i.status IN ('pending', 'leased')"),
-            {"id": run_id})).scalar()
+        by_status: dict[str, int] = dict(
+            map(tuple, await run_statement(conn, _ITEMS_BY_STATUS, params)))
+        by_outcome: dict[str, int] = dict(
+            map(tuple, await run_statement(conn, _ATTEMPTS_BY_OUTCOME, params)))
+        oldest = (await run_statement(conn, _OLDEST_REMAINING, params)).scalar()
     return {"items": by_status, "attempts": by_outcome, "oldest_remaining_due_at": oldest}
 
 
@@ -475,22 +529,25 @@ class ProgressCache:
             del self._counts[oldest]
 
 
+_EXISTS = Statement("runs.exists", "Whether a run exists (one primary-key lookup).",
+                    "SELECT 1 FROM runs WHERE id = :id")
+
+
 async def run_exists(engine: AsyncEngine, run_id: int) -> bool:
     """Whether the run exists (one primary-key lookup)."""
-    async with engine.connect() as conn:
-        found = (await conn.execute(text("SELECT 1 FROM runs WHERE id = :id"),
-                                    {"id": run_id})).first()
-    return found is not None
+    return bool(await fetch(engine, _EXISTS, {"id": run_id}))
+
+
+_LIST = Statement("runs.list", "Runs newest first, before a keyset cursor (a run id).",
+                  "SELECT * FROM runs WHERE (CAST(:before AS bigint) IS NULL OR id < :before) "
+                  "ORDER BY id DESC LIMIT :limit")
 
 
 async def list_runs(engine: AsyncEngine, *, limit: int, before: int | None
                     ) -> list[dict[str, Any]]:
     """Newest first; `before` is the keyset cursor (a run id)."""
-    async with engine.connect() as conn:
-        rows = (await conn.execute(text(
-            "SELECT * FROM runs WHERE (CAST(:before AS bigint) IS NULL OR id < :before) "
-            "ORDER BY id DESC LIMIT :limit"), {"before": before, "limit": limit})).mappings()
-        return [dict(r) for r in rows]
+    rows = await fetch(engine, _LIST, {"before": before, "limit": limit})
+    return [dict(r._mapping) for r in rows]
 
 
 # Records per evidence page: each page is one short read whose connection goes back to the
@@ -500,7 +557,9 @@ EVIDENCE_PAGE_ROWS: Final = 1000
 
 # One page of deletion evidence: the run's succeeded items after `after`, in id order
 # (keyset: the next page starts past the last id sent, so no record is sent twice).
-_EVIDENCE_PAGE = text("""
+_EVIDENCE_PAGE = Statement("runs.evidence_page", (
+    "One page of a run's deletion evidence: its succeeded items after a keyset cursor, by "
+    "id."), """
     SELECT i.id, i.tenant_id, i.object_id, i.policy, i.policy_version, i.operation_key,
            i.last_outcome AS outcome, i.last_status_code AS upstream_status, i.attempts,
            i.completed_at
@@ -521,9 +580,8 @@ async def evidence_pages(engine: AsyncEngine, run_id: int, *,
     after = sent = 0
     while True:
         try:
-            async with engine.connect() as conn:
-                rows = (await conn.execute(_EVIDENCE_PAGE, {
-                    "id": run_id, "after": after, "page": page_rows})).mappings().all()
+            rows = await fetch(engine, _EVIDENCE_PAGE, {
+                "id": run_id, "after": after, "page": page_rows})
         except Exception as exc:
             if sent:  # the caller has passed part of the evidence on: say where it broke
                 log.warning("evidence read failed part way", extra={
@@ -532,7 +590,7 @@ async def evidence_pages(engine: AsyncEngine, run_id: int, *,
         # the connection is back in the pool before the caller sees the page
         if not rows:
             return
-        page = [dict(row) for row in rows]
+        page = [dict(row._mapping) for row in rows]
         after, sent = page[-1]["id"], sent + len(page)
         for record in page:
             record["item_id"] = record.pop("id")

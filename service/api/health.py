@@ -7,17 +7,21 @@ from typing import Final
 
 from fastapi import APIRouter
 from pydantic import BaseModel
-from sqlalchemy import text
 
 from service.api.deps import RuntimeDep
 from service.api.problems import problem_responses
 from service.db.engine import is_unavailable
 from service.db.migrate import is_known
+from service.db.statements import Statement, fetch
 from service.errors import Problem
 
 READY_CHECK_TIMEOUT_SECONDS: Final = 2.0
 
 router = APIRouter(tags=["health"])
+
+_SCHEMA_REVISION = Statement("health.schema_revision", (
+    "The schema revision Alembic recorded, for readiness (fails before the first "
+    "migration)."), "SELECT version_num FROM alembic_version")
 
 
 class Health(BaseModel):
@@ -41,9 +45,9 @@ async def readyz(runtime: RuntimeDep) -> Health:
     pre-upgrade migration (migrations only expand), so old pods stay ready while it rolls."""
     try:
         async with asyncio.timeout(READY_CHECK_TIMEOUT_SECONDS):
-            async with runtime.engine.connect() as conn:
-                revision = (await conn.execute(
-                    text("SELECT version_num FROM alembic_version"))).scalar_one_or_none()
+            rows = await fetch(runtime.engine, _SCHEMA_REVISION, {})
+        # one row at most (more, like none, is no revision this build can be ready at)
+        revision = rows[0].version_num if len(rows) == 1 else None
     except Exception as exc:
         if isinstance(exc, TimeoutError) or is_unavailable(exc):
             raise Problem(503, "database-unavailable", "Not ready",

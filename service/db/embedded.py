@@ -17,6 +17,7 @@ from typing import Any
 import asyncpg
 from sqlalchemy.engine import make_url
 
+from service.db.statements import Statement
 from service.errors import ConfigError, DatabaseUnavailable
 
 log = logging.getLogger(__name__)
@@ -67,13 +68,28 @@ class EmbeddedPostgres:
             self._server = None
 
 
+# Run on the embedded server's admin database before Sweeper's exists, over a plain asyncpg
+# connection: `$n` parameters, sent as `.text`.
+_DATABASE_EXISTS = Statement("embedded.database_exists", (
+    "Whether the embedded server already has Sweeper's database."),
+    "SELECT 1 FROM pg_database WHERE datname = $1")
+
+
+def _create_database(name: str) -> Statement:
+    """The database's name is an identifier, which no parameter can carry: `name` is
+    DATABASE_NAME, a constant."""
+    return Statement("embedded.create_database", (
+        "Create Sweeper's database on the embedded server (first start only)."),
+        f'CREATE DATABASE "{name}"')
+
+
 async def _ensure_database(admin_url: str, name: str) -> None:
     conn = await asyncpg.connect(admin_url)
     try:
-        exists = await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name)
+        exists = await conn.fetchval(_DATABASE_EXISTS.text, name)
         if not exists:
             # another process may create it first
             with contextlib.suppress(asyncpg.DuplicateDatabaseError):
-                await conn.execute(f'CREATE DATABASE "{name}"')
+                await conn.execute(_create_database(name).text)
     finally:
         await conn.close()

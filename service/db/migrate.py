@@ -11,17 +11,23 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import service
+from service.db.statements import Statement, run
 
 log = logging.getLogger(__name__)
 
 # pg_advisory_lock key: replicas starting together take turns; the later ones find the
 # schema at head and do nothing. (ASCII "SWEEPMIG" as a signed 64-bit integer.)
 MIGRATION_LOCK_KEY: Final = 0x535745_45504D4947
+
+_LOCK = Statement("migrate.lock", (
+    "Wait for the migration lock (a session advisory lock): replicas migrate one at a "
+    "time."), "SELECT pg_advisory_lock(:key)")
+_UNLOCK = Statement("migrate.unlock", (
+    "Release the migration lock for the next replica."), "SELECT pg_advisory_unlock(:key)")
 
 
 def script_location() -> Path:
@@ -76,15 +82,14 @@ def _current(connection: Connection) -> str | None:
 async def upgrade(engine: AsyncEngine, target: str = "head") -> None:
     """Bring the schema to `target` under the migration lock, in one transaction."""
     async with engine.connect() as conn:
-        await conn.execute(text("SELECT pg_advisory_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+        await run(conn, _LOCK, {"key": MIGRATION_LOCK_KEY})
         try:
             before = await conn.run_sync(_current)
             await conn.run_sync(_upgrade, target)
             await conn.commit()
             after = await conn.run_sync(_current)
         finally:
-            await conn.execute(text("SELECT pg_advisory_unlock(:key)"),
-                               {"key": MIGRATION_LOCK_KEY})
+            await run(conn, _UNLOCK, {"key": MIGRATION_LOCK_KEY})
             await conn.commit()
     if before != after:
         log.info("schema migrated", extra={"from_revision": before, "to_revision": after})
@@ -93,13 +98,12 @@ async def upgrade(engine: AsyncEngine, target: str = "head") -> None:
 async def downgrade(engine: AsyncEngine, target: str) -> None:
     """Step the schema back to `target` ("base" removes everything) under the lock."""
     async with engine.connect() as conn:
-        await conn.execute(text("SELECT pg_advisory_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+        await run(conn, _LOCK, {"key": MIGRATION_LOCK_KEY})
         try:
             await conn.run_sync(_downgrade, target)
             await conn.commit()
         finally:
-            await conn.execute(text("SELECT pg_advisory_unlock(:key)"),
-                               {"key": MIGRATION_LOCK_KEY})
+            await run(conn, _UNLOCK, {"key": MIGRATION_LOCK_KEY})
             await conn.commit()
 
 

@@ -1,10 +1,12 @@
 """SQL statements: how they are written and run, and the predicates they share.
 
-Where statements live: beside their domain module (claims, limiter, scopes, metrics), each
-a module-level `Statement` constant next to the function that binds its parameters and
-reads its rows. The SQL is that module's algorithm (the admission statement *is* the
-claim rules); moving it here would split every change across two files. This module holds
-only what they share:
+Where statements live: beside their domain module (claims, limiter, scopes, metrics, runs,
+ledger, retention, intake, audit, the readiness check, the migration lock), each a
+module-level `Statement` constant next to the function that binds its parameters and reads
+its rows. The SQL is that module's algorithm (the admission statement *is* the claim
+rules); moving it here would split every change across two files. No module builds
+`text()` or runs SQL of its own (tests/unit/test_statements.py holds every module under
+service/ to that). This module holds only what they share:
 
 - `Statement`: a name (`module.what`) and a one-line summary (what it does and why) for
   every statement. The name is also sent to the server as a leading comment, so
@@ -12,6 +14,13 @@ only what they share:
 - One way to run them: `fetch` and `fetch_none` run a statement as its own transaction,
   on an engine or on a held connection (`Database`); `run` runs one inside a transaction
   the caller holds (registration, an operator change and its audit row, one reading).
+  Two exceptions, both on plain asyncpg connections with no SQLAlchemy in between, whose
+  statements take asyncpg's positional `$n` parameters and are sent as their `.text`:
+  webhook intake (service/intake.py: its own pool, one round trip per delivery, no BEGIN or
+  COMMIT) and the embedded server's bootstrap (service/db/embedded.py: the admin database,
+  before Sweeper's exists). A statement whose text depends on a value no parameter can
+  carry (CREATE DATABASE's identifier) is a function returning a `Statement`, named like
+  the constants.
 - The predicates several modules' statements compose, defined once so no copy drifts:
   `ready_item` (an item a worker may claim now), `expired_lease`, `CLOSURE_OVER` and
   `OPEN_SCOPE`. They are SQL text interpolated when a module loads, not views or

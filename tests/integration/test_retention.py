@@ -102,6 +102,6 @@ async def test_pruning_finds_rows_through_its_index(engine: AsyncEngine, table: 
     async with engine.begin() as conn:
         await conn.execute(text("SET LOCAL enable_seqscan = off"))
         plan = "\n".join((await conn.execute(
-            text("EXPLAIN " + str(statement[table])), {"keep_s": 30 * DAY, "batch": 1000}
+            text("EXPLAIN " + statement[table].text), {"keep_s": 30 * DAY, "batch": 1000}
         )).scalars().all())
     assert index in plan, plan
