@@ -26,6 +26,9 @@ from service.api.links import LINKS
 from tests.contract import hooks  # noqa: F401 - registers the auth and signing hooks
 from tests.contract.seeded import SOURCE, Seeded
 
+# every test here fuzzes a live server for seconds (see the marker in pyproject.toml)
+pytestmark = pytest.mark.slow
+
 CONTRACT = Path(__file__).resolve().parents[2] / "openapi" / "openapi.json"
 CONFIG = SchemathesisConfig.from_path(Path(__file__).with_name("schemathesis.toml"))
 # stateful: scenarios, and calls per scenario
@@ -57,7 +60,6 @@ def test_a_case_sent_to_the_source_is_signed_and_applied(sweeper: Seeded) -> Non
     assert response.json()["result"] == "applied" and response.json()["item_ids"]
 
 
-@pytest.mark.slow
 @schema.parametrize()
 @hypothesis.settings(deadline=None, suppress_health_check=list(HealthCheck), database=None)
 def test_operation_honours_the_contract(case: Any, sweeper: Seeded) -> None:
@@ -71,7 +73,6 @@ def test_every_declared_link_is_a_transition() -> None:
     assert fresh.statistic.transitions.total == sum(len(links) for links in LINKS.values())
 
 
-@pytest.mark.slow
 def test_linked_calls_honour_the_contract(sweeper: Seeded) -> None:
     failures: list[str] = []
 

@@ -13,6 +13,9 @@ import pytest
 
 from drills.catalog import DRILLS
 
+# every test here starts processes (see the marker in pyproject.toml)
+pytestmark = pytest.mark.slow
+
 
 def sweeper(*args: str, database_url: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_")}
@@ -36,7 +39,6 @@ def test_unknown_drill_is_a_usage_error() -> None:
     assert "no-such-drill" in out.stderr
 
 
-@pytest.mark.slow
 async def test_a_drill_runs_in_a_scratch_database_and_reports_json(pg_server_url: str
                                                                     ) -> None:
     out = sweeper("concurrent-cron-triggers", "--json", database_url=pg_server_url)

@@ -36,6 +36,7 @@ def restore_logging() -> Iterator[None]:
         logging.getLogger(name).setLevel(lvl)
 
 
+@pytest.mark.slow
 def test_drain_benchmark_smoke(pg_server_url: str, tmp_path: Path,
                                restore_logging: None) -> None:
     out = tmp_path / "bench.json"

@@ -277,6 +277,7 @@ async def admit_and_verify(engine: AsyncEngine, limit: int, owner: str) -> Admis
 
 # -- which rows, at the boundary ------------------------------------------------------------
 
+@pytest.mark.slow
 @PROPERTY_SETTINGS
 @given(drawn=rows_and_position())
 async def test_an_admission_takes_exactly_the_claimable_rows(
@@ -327,6 +328,7 @@ async def test_an_admission_takes_exactly_the_claimable_rows(
 @PROPERTY_SETTINGS
 @given(kind=st.sampled_from(("unreleased", *TERMINAL)), next_attempt=st.none() | _offset,
        due=_offset, n=st.integers(1, 6))
+@pytest.mark.slow
 async def test_unreleased_and_terminal_items_are_never_claimed(
         engine: AsyncEngine, kind: str, next_attempt: timedelta | None, due: timedelta,
         n: int) -> None:
@@ -364,6 +366,7 @@ async def test_the_front_read_is_due_at_the_interval_to_the_microsecond(
     assert got == ({behind, ahead} if offset_us <= 0 else {ahead})
 
 
+@pytest.mark.slow
 @PROPERTY_SETTINGS
 @given(drawn=rows_and_position(min_size=2), limit=st.integers(1, 4))
 async def test_repeated_admissions_take_every_claimable_row_once_within_their_tokens(
@@ -399,6 +402,7 @@ async def test_repeated_admissions_take_every_claimable_row_once_within_their_to
 @PROPERTY_SETTINGS
 @given(batches=st.lists(st.none() | st.integers(1, BATCHES), min_size=1, max_size=8),
        at=st.integers(0, 7), delta=st.sampled_from([-1, 0, 1]), limit=st.integers(1, 8))
+@pytest.mark.slow
 async def test_a_claim_reads_strictly_after_its_position(
         engine: AsyncEngine, batches: list[int | None], at: int, delta: int,
         limit: int) -> None:
@@ -418,6 +422,7 @@ _expiry = st.sampled_from([-3_000_000, -2, -1, 0, 1]).map(lambda us: timedelta(m
 @given(leases=st.lists(st.tuples(_expiry, st.integers(0, 5), st.sampled_from(POLICIES)),
                        min_size=1, max_size=8),
        ready=st.integers(0, 3), limit=st.integers(1, 5))
+@pytest.mark.slow
 async def test_expired_leases_are_taken_over_earliest_first(
         engine: AsyncEngine, leases: list[tuple[timedelta, int, str]], ready: int,
         limit: int) -> None:

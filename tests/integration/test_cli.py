@@ -15,6 +15,9 @@ import pytest
 
 from tests.conftest import REPO_ROOT, free_port
 
+# every test here starts processes (see the marker in pyproject.toml)
+pytestmark = pytest.mark.slow
+
 EXAMPLE = REPO_ROOT / "policies.example.toml"
 GOOD_ENV = {"STOREFRONT_API_AUTH": "Bearer x", "SHOPIFY_WEBHOOK_SECRET": "s"}
 
@@ -115,7 +118,6 @@ def _stop(proc: subprocess.Popen[str]) -> None:
         raise
 
 
-@pytest.mark.slow
 def test_serve_on_embedded_database_then_reuse_its_data(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     port = free_port()
@@ -149,7 +151,6 @@ def test_tls_needs_both_files(tmp_path: Path) -> None:
     assert_one_clean_line(missing, 2, "SWEEPER_TLS_KEY_FILE", "not a readable file")
 
 
-@pytest.mark.slow
 def test_serve_speaks_https_when_given_a_certificate(db_url: str, tmp_path: Path) -> None:
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",

@@ -24,6 +24,9 @@ import pytest
 
 from tests.conftest import REPO_ROOT, free_port
 
+# every test here starts processes (see the marker in pyproject.toml)
+pytestmark = pytest.mark.slow
+
 DOCKERFILE = REPO_ROOT / "Dockerfile"
 VENV_IN_IMAGE = "/opt/venv"
 
@@ -165,7 +168,6 @@ def _wait_healthy(url: str, proc: subprocess.Popen[str], deadline_s: float) -> N
     raise AssertionError(f"{url} did not answer within {deadline_s} s")
 
 
-@pytest.mark.slow
 def test_the_entrypoint_runs_from_an_installed_wheel(empty_db_url: str, tmp_path: Path
                                                      ) -> None:
     build, runtime = stages()

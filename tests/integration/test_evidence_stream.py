@@ -125,6 +125,7 @@ async def transactions_held(db_url: str) -> list[tuple[Any, ...]]:
         await conn.close()
 
 
+@pytest.mark.slow
 async def test_stalled_readers_hold_no_connection(live: tuple[str, int, list[int]],
                                                   db_url: str,
                                                   caplog: pytest.LogCaptureFixture) -> None:

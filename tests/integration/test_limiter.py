@@ -286,6 +286,7 @@ async def drain_with(pool: WorkerPool, engine: AsyncEngine, seconds: float) -> N
     await task
 
 
+@pytest.mark.slow
 async def test_429_with_retry_after_closes_only_its_scope(engine: AsyncEngine) -> None:
     async with FakeUpstream(scope_fn=lambda _m, path, _h: path.split("/")[2]) as upstream:
         policies = make_policies(upstream.base_url, path="/t/{tenant_id}/{object_id}",
@@ -311,6 +312,7 @@ async def test_429_with_retry_after_closes_only_its_scope(engine: AsyncEngine) -
     assert b[-1] - a[0] < 2.0  # b was never held back by a's closure
 
 
+@pytest.mark.slow
 async def test_429_with_http_date_closes_until_that_date(engine: AsyncEngine) -> None:
     async with FakeUpstream() as upstream:
         policies = make_policies(upstream.base_url, rate={"per_second": 50, "burst": 1})
@@ -328,6 +330,7 @@ async def test_429_with_http_date_closes_until_that_date(engine: AsyncEngine) ->
     assert walls[1] >= when.replace(microsecond=0).timestamp() - 0.05
 
 
+@pytest.mark.slow
 async def test_401_pauses_only_its_scope_and_resume_reopens(db_url: str) -> None:
     async with FakeUpstream(scope_fn=lambda _m, path, _h: path.split("/")[2]) as upstream:
         policies = make_policies(upstream.base_url, path="/t/{tenant_id}/{object_id}")
@@ -370,6 +373,7 @@ async def test_401_pauses_only_its_scope_and_resume_reopens(db_url: str) -> None
                 assert missing.status_code == 404
 
 
+@pytest.mark.slow
 async def test_budget_set_at_run_time_holds(db_url: str) -> None:
     async with FakeUpstream() as upstream:
         policies = make_policies(upstream.base_url, rate={"per_second": 100, "burst": 1})
@@ -396,6 +400,7 @@ async def test_budget_set_at_run_time_holds(db_url: str) -> None:
     assert len(after) >= 10 * 2 * 0.8
 
 
+@pytest.mark.slow
 async def test_workers_pause_stops_claims_and_resume_continues(db_url: str) -> None:
     async with FakeUpstream() as upstream:
         policies = make_policies(upstream.base_url, rate={"per_second": 50, "burst": 1})

@@ -319,6 +319,7 @@ def concrete(template: str) -> str:
     return out
 
 
+@pytest.mark.slow
 async def test_http_series_stay_bounded_whatever_the_method_or_path(db_url: str) -> None:
     methods = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "PROPFIND",
                "TRACE", "MKCOL", "LOCK"]

@@ -45,6 +45,7 @@ def entries(n: int, prefix: str = "c") -> list[dict[str, str]]:
             for i in range(n)]
 
 
+@pytest.mark.slow
 async def test_dead_items_listed_redriven_and_audited(setup: Any) -> None:
     api, upstream, db_url = setup
     await api.post("/v1/items", json={"items": entries(6)})

@@ -344,6 +344,7 @@ async def test_crash_mid_publication_resumes_without_duplicates(engine: AsyncEng
     assert tuple(run) == (130, 3, "published")
 
 
+@pytest.mark.slow
 async def test_api_register_trigger_and_drain(db_url: str, upstream: FakeUpstream) -> None:
     policies = make_policies(upstream.base_url)
     settings = test_settings(db_url, workers=4)

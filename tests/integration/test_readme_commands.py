@@ -28,6 +28,9 @@ from tests.conftest import (
     test_settings,
 )
 
+# every test here starts processes (see the marker in pyproject.toml)
+pytestmark = pytest.mark.slow
+
 README = REPO_ROOT / "README.md"
 DOCS = sorted((REPO_ROOT / "docs").glob("*.md"))
 OPERATIONS = REPO_ROOT / "docs" / "operations.md"

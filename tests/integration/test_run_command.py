@@ -17,6 +17,9 @@ from tests.conftest import TOKEN_A, LiveServer, test_settings
 from tests.fakes.upstream import FakeUpstream
 from tests.integration.test_pipeline import make_policies
 
+# every test here starts processes (see the marker in pyproject.toml)
+pytestmark = pytest.mark.slow
+
 
 async def test_trigger_and_follow_until_drained(db_url: str) -> None:
     async with FakeUpstream() as upstream:
@@ -47,7 +50,6 @@ def test_run_command_without_a_server_is_one_clear_line() -> None:
     assert result.stderr.strip().count("\n") == 0 and "cannot reach" in result.stderr
 
 
-@pytest.mark.slow
 def test_demo_drains_everything(tmp_path: object) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_")}
     result = subprocess.run([sys.executable, "-m", "service", "demo", "--items", "100",

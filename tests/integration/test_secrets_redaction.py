@@ -29,6 +29,9 @@ from sqlalchemy.engine import make_url
 from tests.conftest import free_port
 from tests.fakes.upstream import FakeUpstream, Fault
 
+# every test here starts processes (see the marker in pyproject.toml)
+pytestmark = pytest.mark.slow
+
 RUN = uuid.uuid4().hex[:10]
 API_TOKEN = f"sk-live-apitoken-{RUN}"
 DB_PASSWORD = f"db-pass-{RUN}"
@@ -247,7 +250,6 @@ def _settle(client: httpx.Client) -> dict[str, str]:
         time.sleep(0.2)
 
 
-@pytest.mark.slow
 def test_no_secret_or_customer_data_in_logs_errors_or_metrics(db_url: str, tmp_path: Path
                                                              ) -> None:
     with FakeUpstream() as up:

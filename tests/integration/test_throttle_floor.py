@@ -25,6 +25,7 @@ BACKOFF_S = 1.0
 RUN_S = 4.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("retry_after", ["0", "Sun, 06 Nov 1994 08:49:37 GMT"])
 async def test_an_unusable_retry_after_still_holds_calls_near_the_upstream_limit(
         engine: AsyncEngine, retry_after: str) -> None:

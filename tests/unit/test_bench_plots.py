@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from bench.plots import PLOTTERS, write_charts
 
 DOC = {"benchmarks": {
@@ -35,6 +37,7 @@ DOC = {"benchmarks": {
 }}
 
 
+@pytest.mark.slow
 def test_each_plotter_writes_a_png(tmp_path: Path) -> None:
     written = write_charts(DOC, tmp_path)
     assert sorted(p.name for p in written) == sorted(f"{n}.png" for n in PLOTTERS)
