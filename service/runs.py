@@ -100,6 +100,14 @@ async def create_run(engine: AsyncEngine, request: RunRequest, trigger_key: str 
     return int(row.id), False
 
 
+# A candidate of a run: an item the run's cutoff (and its optional policy and tenant)
+# selects that no batch has released yet. Its first terms are items_unreleased's WHERE; the
+# figures, the chunks and the remainder all count exactly this set.
+_CANDIDATE: Final = """status = 'pending' AND released_at IS NULL AND due_at <= :cutoff
+      AND (CAST(:policy AS text) IS NULL OR policy = :policy)
+      AND (CAST(:tenant AS text) IS NULL OR tenant_id = :tenant)"""
+
+
 # Record the candidate figures for the run's exact predicate, per policy (dry runs report
 # only these), in SQL: no due_at passes through Python, so publication does not depend on
 # items_due_at_range keeping due_at where Python's datetime reaches (asyncpg cannot decode
@@ -110,13 +118,11 @@ async def create_run(engine: AsyncEngine, request: RunRequest, trigger_key: str 
 # holds (runs_cutoff_range), so no upper bound is needed.
 _RECORD_CANDIDATES = Statement("runs.record_candidates", (
     "Count the run's candidates per policy, with their oldest and newest due_at, onto the "
-    "run row and its report."), """
+    "run row and its report."), f"""
     WITH per_policy AS (
         SELECT policy, count(*) AS n, min(due_at) AS oldest, max(due_at) AS newest
         FROM items
-        WHERE status = 'pending' AND released_at IS NULL AND due_at <= :cutoff
-          AND (CAST(:policy AS text) IS NULL OR policy = :policy)
-          AND (CAST(:tenant AS text) IS NULL OR tenant_id = :tenant)
+        WHERE {_CANDIDATE}
         GROUP BY policy
     )
     UPDATE runs SET
@@ -128,11 +134,11 @@ _RECORD_CANDIDATES = Statement("runs.record_candidates", (
         report = jsonb_build_object('policies', (
             SELECT coalesce(jsonb_object_agg(policy, jsonb_build_object(
                        'candidates', n, 'oldest_due_at', oldest, 'newest_due_at', newest)),
-                   '{}')
+                   '{{}}')
             FROM per_policy))
     WHERE id = :id
     RETURNING candidates
-""")
+""")  # noqa: S608 - only a constant fragment is interpolated
 
 # One chunk: lock the next unreleased due items of one policy version (SKIP LOCKED: two
 # publishers never take the same rows), oldest first. The order is items_unreleased's own
@@ -142,21 +148,17 @@ _RECORD_CANDIDATES = Statement("runs.record_candidates", (
 # the sort back.
 _PICK = Statement("runs.pick", (
     "Lock the next unreleased due items of one policy version, oldest first, skipping rows "
-    "another lane holds: one batch's items."), """
+    "another lane holds: one batch's items."), f"""
     SELECT id, policy, policy_version FROM items
-    WHERE status = 'pending' AND released_at IS NULL AND due_at <= :cutoff
-      AND (CAST(:policy AS text) IS NULL OR policy = :policy)
-      AND (CAST(:tenant AS text) IS NULL OR tenant_id = :tenant)
+    WHERE {_CANDIDATE}
       AND (policy, policy_version) = (
           SELECT policy, policy_version FROM items
-          WHERE status = 'pending' AND released_at IS NULL AND due_at <= :cutoff
-            AND (CAST(:policy AS text) IS NULL OR policy = :policy)
-            AND (CAST(:tenant AS text) IS NULL OR tenant_id = :tenant)
+          WHERE {_CANDIDATE}
           ORDER BY policy, due_at LIMIT 1)
     ORDER BY due_at
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
-""")
+""")  # noqa: S608 - only a constant fragment is interpolated
 
 
 # The batch row and the release of its items in one statement (one round trip per batch).
@@ -333,9 +335,7 @@ async def _release_chunk(conn: AsyncConnection, run: Any, batch_size: int,
 
 _REMAINING = Statement("runs.remaining", (
     "Candidates of the run still unreleased once every lane is done (left for a later run)."),
-    "SELECT count(*) FROM items WHERE status = 'pending' AND released_at IS NULL "
-    "AND due_at <= :cutoff AND (CAST(:policy AS text) IS NULL OR policy = :policy) "
-    "AND (CAST(:tenant AS text) IS NULL OR tenant_id = :tenant)")
+    f"SELECT count(*) FROM items WHERE {_CANDIDATE}")  # noqa: S608 - constant fragment
 _MARK_PUBLISHED = Statement("runs.mark_published", (
     "Mark the run published, with the candidates it left unreleased."),
     "UPDATE runs SET state = 'published', published_at = clock_timestamp(), "
