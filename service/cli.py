@@ -205,7 +205,12 @@ def add_plugin_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     """Commands shipped beside the service (`sweeper drill`) register through the
     `sweeper.commands` entry point group, so the service never imports them."""
     for entry in sorted(entry_points(group=PLUGIN_GROUP), key=lambda e: e.name):
-        entry.load()(sub)
+        try:
+            register = entry.load()
+        except ImportError as exc:  # a partial install must not take the other commands down
+            print(f"sweeper: command {entry.name!r} is unavailable: {exc}", file=sys.stderr)
+            continue
+        register(sub)
 
 
 def cmd_openapi(args: argparse.Namespace) -> int:
