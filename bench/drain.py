@@ -10,7 +10,7 @@ afterwards: exactly N items `succeeded`, N attempts.
 Upstream modes:
   mock      in-process `httpx.MockTransport` answering an empty streamed 204: the cost of
             Sweeper (and httpx's client machinery) alone.
-  loopback  the fake upstream (tests/fakes/upstream.py, no rate limit) over loopback TCP, in
+  loopback  the fake upstream (drills/upstream, no rate limit) over loopback TCP, in
             its own process by default (`--fake-upstream inline` runs it in this event loop).
             At most 2000 items per repetition unless --loopback-items says otherwise.
 
@@ -193,10 +193,10 @@ async def upstream_for(mode: str, how: str, repo_root: Path) -> AsyncIterator[Up
 
 @contextlib.asynccontextmanager
 async def fake_upstream_process(repo_root: Path, *options: str) -> AsyncIterator[str]:
-    """`python -m tests.fakes.upstream --port 0 [options]` (by default no rate limit);
+    """`python -m drills.upstream --port 0 [options]` (by default no rate limit);
     yields its base URL."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.fakes.upstream", "--port", "0", *options,
+        sys.executable, "-m", "drills.upstream", "--port", "0", *options,
         cwd=str(repo_root), stdout=asyncio.subprocess.PIPE)
     try:
         assert proc.stdout is not None

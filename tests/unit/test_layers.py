@@ -68,3 +68,11 @@ def test_the_rules_see_imports_at_any_depth(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
     module.write_text("def f():\n    from tests.fakes import upstream\n    import bench.drain\n")
     assert imported(module) >= {"tests.fakes", "tests.fakes.upstream", "bench.drain"}
+
+
+@pytest.mark.parametrize("folder", ["bench", "drills"])
+def test_bench_and_drills_never_start_test_modules(folder: str) -> None:
+    # a process started as `python -m tests.x` depends on tests as much as an import does
+    starting = {p.relative_to(REPO_ROOT).as_posix() for p in modules(folder)
+                if '"-m", "tests.' in p.read_text()}
+    assert starting == set()
