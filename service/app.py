@@ -35,9 +35,9 @@ from service.db.engine import is_busy, is_unavailable, make_engine
 from service.db.migrate import head_revision
 from service.policies import Policies
 from service.runtime import Runtime, TokenSet
-from service.settings import Settings
+from service.settings import Settings, plain_url
 from service.upstream import Upstreams
-from service.worker import database_pool, listen_url_of
+from service.worker import database_pool
 
 log = logging.getLogger("service.http")
 
@@ -141,7 +141,7 @@ def create_app(
         if run_workers and settings.workers > 0:
             upstreams = Upstreams(policies.upstreams, upstream_transport)
             pool = database_pool(engine, policies, upstreams, concurrency=settings.workers,
-                              listen_url=listen_url_of(database_url),
+                              listen_url=plain_url(database_url),
                               grace_seconds=settings.shutdown_grace_seconds)
             tasks.append(asyncio.create_task(pool.run(), name="workers"))
         if not settings.api_tokens:

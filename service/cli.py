@@ -26,7 +26,7 @@ from service.errors import ConfigError, DatabaseUnavailable
 from service.follow import RunFailed
 from service.logs import configure_logging
 from service.policies import Policies, load_policies
-from service.settings import Settings, async_url
+from service.settings import Settings, async_url, plain_url
 
 if TYPE_CHECKING:
     from service.worker.process import Faults
@@ -198,7 +198,7 @@ def database_server(settings: Settings) -> Iterator[str]:
     """The plain postgresql:// URL of the configured database's server (or an embedded
     one), for commands that create databases of their own there (`sweeper drill`)."""
     with database(settings) as url:
-        yield url.set(drivername="postgresql").render_as_string(hide_password=False)
+        yield plain_url(url)
 
 
 def add_plugin_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

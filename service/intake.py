@@ -24,7 +24,7 @@ from service import ledger, limiter
 from service.claims import NOTIFY_CHANNEL
 from service.db.engine import CONNECT_TIMEOUT_SECONDS
 from service.db.statements import Statement
-from service.settings import Settings
+from service.settings import Settings, plain_url
 from service.webhooks import Delivery, DeliveryRejected, Hint
 
 log = logging.getLogger(__name__)
@@ -62,10 +62,8 @@ class Intake:
         if self._pool is None:
             async with self._opening:
                 if self._pool is None:
-                    dsn = url.set(drivername="postgresql").render_as_string(
-                        hide_password=False)
                     self._pool = await asyncpg.create_pool(
-                        dsn, min_size=0, max_size=settings.webhook_db_pool_size,
+                        plain_url(url), min_size=0, max_size=settings.webhook_db_pool_size,
                         timeout=CONNECT_TIMEOUT_SECONDS, reset=_keep_session,
                         server_settings={
                             "application_name": INTAKE_APPLICATION_NAME,

@@ -156,3 +156,9 @@ class Settings(BaseSettings):
 def async_url(raw: str) -> URL:
     """Normalise any postgresql URL to the asyncpg driver SQLAlchemy needs."""
     return make_url(raw).set(drivername="postgresql+asyncpg")
+
+
+def plain_url(url: URL) -> str:
+    """`url` as a plain postgresql:// DSN (password included), for asyncpg's own
+    connections (LISTEN, the webhook intake's pool) and for naming a server."""
+    return url.set(drivername="postgresql").render_as_string(hide_password=False)

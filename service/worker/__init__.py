@@ -11,8 +11,6 @@
 
 from service.worker.pool import WorkerPool, worker_name
 from service.worker.ports import Ports
-from service.worker.postgres import listen_url_of
 from service.worker.process import database_pool, run_worker_process
 
-__all__ = ["Ports", "WorkerPool", "database_pool", "listen_url_of", "run_worker_process",
-           "worker_name"]
+__all__ = ["Ports", "WorkerPool", "database_pool", "run_worker_process", "worker_name"]

@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Final
 
 import asyncpg
-from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service import claims, limiter
@@ -127,11 +126,6 @@ class Listener:
                 raise
             except Exception:
                 await asyncio.sleep(1)
-
-
-def listen_url_of(url: URL) -> str:
-    """A plain postgresql:// URL for asyncpg's LISTEN connection."""
-    return url.set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 def database_ports(engine: AsyncEngine, policies: Policies, upstreams: Upstreams, *,

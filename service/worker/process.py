@@ -14,11 +14,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.db.engine import make_engine
 from service.metrics import initialise_series
 from service.policies import Policies
-from service.settings import Settings
+from service.settings import Settings, plain_url
 from service.upstream import Upstreams
 from service.worker.pool import WorkerPool, worker_name
 from service.worker.ports import Ports
-from service.worker.postgres import database_ports, listen_url_of
+from service.worker.postgres import database_ports
 
 log = logging.getLogger("service.worker")
 
@@ -49,7 +49,7 @@ async def run_worker_process(settings: Settings, policies: Policies, url: URL, *
     engine = make_engine(url, settings)
     upstreams = Upstreams(policies.upstreams)
     pool = database_pool(engine, policies, upstreams, concurrency=settings.workers,
-                         listen_url=listen_url_of(url),
+                         listen_url=plain_url(url),
                          grace_seconds=settings.shutdown_grace_seconds, faults=faults)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
