@@ -123,11 +123,12 @@ def faults_from(env: Mapping[str, str]) -> Callable[[Ports], Ports]:
 def main(argv: list[str] | None = None) -> int:
     """`sweeper worker` with the faults of this process's environment."""
     from service import cli
+    from service.exits import Exit
 
     args = cli.build_parser().parse_args(argv if argv is not None else sys.argv[1:])
     if args.command != "worker":
         print("drills.agent runs `worker` only", file=sys.stderr)
-        return cli.EXIT_CONFIG
+        return Exit.USAGE
     args.func = functools.partial(cli.cmd_worker, faults=faults_from(os.environ))
     return cli.run(args)
 

@@ -16,16 +16,15 @@ import json
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 from drills.base import Verdict, run_drill
 from drills.catalog import DRILLS, find
 from drills.scratch import create_database, drop_database
-
-EXIT_FAILED = 1
-EXIT_USAGE = 2
+from service.exits import Exit
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(sub: argparse._SubParsersAction[Any]) -> None:
     """Add `sweeper drill` to the `sweeper` command (the `sweeper.commands` entry point)."""
     drill = sub.add_parser("drill", help="rehearse failure drills (scratch databases on "
                                          "the configured server)")
@@ -34,18 +33,26 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     drill.add_argument("--list", action="store_true", help="describe the drills and exit")
     drill.add_argument("--json", action="store_true", help="print the verdicts as JSON")
     drill.add_argument("--keep-logs", type=Path, default=None, metavar="DIR",
-                       help="keep every drill's process logs under DIR")
+                       help="keep every drill's process logs under DIR (default: only "
+                            "a failed drill's logs are kept, in a temporary folder)")
     drill.set_defaults(func=cmd_drill)
 
 
 def cmd_drill(args: argparse.Namespace) -> int:
-    from service.cli import database_server, load_settings
+    from service.cli import database_server
+    from service.settings import load_settings
 
     if args.list:
         return list_drills()
+    names = [d.name for d in DRILLS] if args.names == ["all"] else list(args.names)
+    unknown = [n for n in names if find(n) is None]
+    if not names or unknown:
+        print(f"sweeper drill: unknown drill(s) {unknown}; `sweeper drill --list` shows them"
+              if unknown else "sweeper drill: name a drill, or `all`", file=sys.stderr)
+        return Exit.USAGE
     # drills create their own databases on this server; never the configured one
     with database_server(load_settings()) as server:
-        return run_drills(args, server)
+        return run_drills(args, names, server)
 
 
 def list_drills() -> int:
@@ -74,17 +81,11 @@ async def _run(names: list[str], server_url: str, keep_logs: Path | None, quiet:
     return verdicts
 
 
-def run_drills(args: argparse.Namespace, server_url: str) -> int:
+def run_drills(args: argparse.Namespace, names: list[str], server_url: str) -> int:
     """Run the named drills one after another; the exit code."""
-    names = [d.name for d in DRILLS] if args.names == ["all"] else list(args.names)
-    unknown = [n for n in names if find(n) is None]
-    if not names or unknown:
-        print(f"sweeper drill: unknown drill(s) {unknown}; `sweeper drill --list` shows them"
-              if unknown else "sweeper drill: name a drill, or `all`", file=sys.stderr)
-        return EXIT_USAGE
     if args.keep_logs is not None:
         args.keep_logs.mkdir(parents=True, exist_ok=True)
     verdicts = asyncio.run(_run(names, server_url, args.keep_logs, quiet=args.json))
     if args.json:
         print(json.dumps([v.as_json() for v in verdicts], indent=2, default=str))
-    return 0 if all(v.status != "fail" for v in verdicts) else EXIT_FAILED
+    return Exit.OK if all(v.status != "fail" for v in verdicts) else Exit.INCOMPLETE

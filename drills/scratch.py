@@ -5,8 +5,21 @@ from __future__ import annotations
 import asyncpg
 from sqlalchemy.engine import make_url
 
-from service.db.engine import make_engine
+from service.db.engine import is_unavailable, make_engine
+from service.errors import DatabaseUnavailable
 from service.settings import Settings, async_url
+
+
+async def _connect(server_url: str) -> asyncpg.Connection:
+    """A connection to the server; DatabaseUnavailable (exit 3) when it cannot be reached."""
+    try:
+        return await asyncpg.connect(server_url)
+    except Exception as exc:
+        if not is_unavailable(exc):
+            raise
+        where = make_url(server_url).render_as_string(hide_password=True)
+        raise DatabaseUnavailable(f"cannot reach PostgreSQL at {where}: "
+                                  f"{str(exc) or type(exc).__name__}") from None
 
 
 async def create_database(server_url: str, name: str) -> str:
@@ -15,7 +28,7 @@ async def create_database(server_url: str, name: str) -> str:
     of a drill and of a real deployment sharing one database would be each other's poison."""
     from service.db import migrate
 
-    conn = await asyncpg.connect(server_url)
+    conn = await _connect(server_url)
     try:
         await conn.execute(f'CREATE DATABASE "{name}"')
     finally:
@@ -31,7 +44,7 @@ async def create_database(server_url: str, name: str) -> str:
 
 async def drop_database(server_url: str, name: str) -> None:
     """Drop a drill's database, cutting any connection left."""
-    conn = await asyncpg.connect(server_url)
+    conn = await _connect(server_url)
     try:
         await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     finally:

@@ -1,7 +1,8 @@
-"""The `sweeper` command: serve, worker, migrate, check-config, run, demo, drill, openapi.
+"""The `sweeper` command: serve, worker, migrate, check-config, run, local, demo, drill,
+openapi.
 
-Exit codes: 0 success, 2 configuration refused, 3 database unreachable. Expected failures
-print one line to stderr, never a traceback.
+Exit codes are service/exits.py's. Expected failures print one line per problem to
+stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -12,21 +13,26 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
-from importlib.metadata import entry_points
+from contextlib import contextmanager
+from importlib.metadata import PackageNotFoundError, entry_points, version
 from pathlib import Path
-from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from pydantic import ValidationError
 from sqlalchemy.engine import URL
 
 from service.db.engine import is_unavailable, make_engine
-from service.errors import ConfigError, DatabaseUnavailable
+from service.errors import ConfigError, DatabaseUnavailable, ListenError
+from service.exits import Exit
 from service.follow import RunFailed
 from service.logs import configure_logging
 from service.policies import Policies, load_policies
-from service.settings import Settings, async_url, plain_url
+from service.settings import (
+    Settings,
+    async_url,
+    load_settings,
+    plain_url,
+    unknown_variables,
+)
 
 if TYPE_CHECKING:
     from service.worker.process import Faults
@@ -34,26 +40,17 @@ if TYPE_CHECKING:
 log = logging.getLogger("service.cli")
 
 PLUGIN_GROUP = "sweeper.commands"
-EXIT_CONFIG = 2
-EXIT_DATABASE = 3
-
-
-def load_settings() -> Settings:
-    """Settings from the environment, with pydantic's errors turned into one message."""
-    try:
-        return Settings()
-    except ValidationError as exc:
-        err = exc.errors(include_input=False, include_url=False)[0]
-        field = ".".join(str(p) for p in err["loc"])
-        name = f"SWEEPER_{field.upper()}" if field else "settings"
-        message = str(err["msg"]).removeprefix("Value error, ")
-        raise ConfigError(message if not field else f"{name}: {message}") from None
 
 
 def load_config() -> tuple[Settings, Policies]:
-    """Settings and the policies file they name, both validated."""
+    """Settings and the policies file they name, both validated; unknown SWEEPER_*
+    variables are logged as warnings (they are ignored, so a misspelt one is a mistake)."""
     settings = load_settings()
-    return settings, load_policies(settings.policies_file)
+    policies = load_policies(settings.policies_file)
+    configure_logging(settings)
+    for warning in unknown_variables(os.environ):
+        log.warning(warning)
+    return settings, policies
 
 
 @contextmanager
@@ -90,16 +87,39 @@ async def migrate_database(url: URL, settings: Settings, target: str = "head") -
 
 
 def cmd_check_config(_args: argparse.Namespace) -> int:
-    settings, policies = load_config()
+    """Every problem of the settings and the policies file at once, then the warnings."""
+    problems: list[str] = []
+    settings: Settings | None = None
+    try:
+        settings = load_settings()
+        policies_file = settings.policies_file
+    except ConfigError as exc:
+        problems += exc.problems
+        policies_file = Path(os.environ["SWEEPER_POLICIES_FILE"]) if os.environ.get(
+            "SWEEPER_POLICIES_FILE") else None
+    try:
+        policies = load_policies(policies_file)
+    except ConfigError as exc:
+        problems += exc.problems
+        policies = None
+    warnings = unknown_variables(os.environ)
+    if policies_file is None:
+        warnings.append("SWEEPER_POLICIES_FILE is not set: there are no policies, so no item "
+                        "can be registered and no webhook accepted")
+    for warning in warnings:
+        print(f"sweeper: warning: {warning}", file=sys.stderr)
+    if problems:
+        raise ConfigError(*problems)
+    assert settings is not None
+    assert policies is not None
     print(f"ok: {len(policies.upstreams)} upstream(s), {len(policies.policies)} policy(ies), "
           f"{len(policies.webhooks)} webhook source(s) from {policies.source}; "
           f"database: {'configured' if settings.database_url else 'embedded'}")
-    return 0
+    return Exit.OK
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     settings, _ = load_config()
-    configure_logging(settings)
     with database(settings) as url:
         asyncio.run(migrate_database(url, settings, args.revision))
     print(f"schema at {args.revision}")
@@ -108,46 +128,26 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from service.app import create_app
-    from service.serving import server_config
+    from service.serving import GracefulServer, listening_socket, server_config
 
     settings, policies = load_config()
-    configure_logging(settings)
-    with database(settings) as url:
-        if settings.migrate_on_start:
-            asyncio.run(migrate_database(url, settings))
-        app = create_app(settings, policies, url, run_workers=not args.api_only)
-        host = args.host or settings.host
-        port = settings.port if args.port is None else args.port
-        log.info("serving", extra={"host": host, "port": port, "workers": settings.workers,
-                                   "tls": settings.tls_cert_file is not None})
-        server = _graceful_server_class()(server_config(app, settings, host=host, port=port))
-        server.run()
-    return 0
-
-
-def _graceful_server_class() -> type:
-    import uvicorn
-
-    class GracefulServer(uvicorn.Server):
-        """uvicorn re-raises SIGTERM after its graceful shutdown, which would kill the process
-        before the embedded database is stopped; a requested shutdown is a clean exit here."""
-
-        def capture_signals(self) -> AbstractContextManager[None]:  # type: ignore[override]
-            return _signals_to(self.handle_exit)
-
-    return GracefulServer
-
-
-@contextmanager
-def _signals_to(handler: Callable[[int, FrameType | None], None]) -> Iterator[None]:
-    import signal
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    host = args.host or settings.host
+    port = settings.port if args.port is None else args.port
+    # bound before the database starts: a port in use is refused at once, with exit 4
+    sock = listening_socket(host, port)
     try:
-        yield
+        with database(settings) as url:
+            if settings.migrate_on_start:
+                asyncio.run(migrate_database(url, settings))
+            app = create_app(settings, policies, url, run_workers=not args.api_only)
+            log.info("serving", extra={"host": host, "port": sock.getsockname()[1],
+                                       "workers": 0 if args.api_only else settings.workers,
+                                       "tls": settings.tls_cert_file is not None})
+            GracefulServer(server_config(app, settings, host=host, port=port)).run(
+                sockets=[sock])
     finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
+        sock.close()
+    return Exit.OK
 
 
 def cmd_worker(_args: argparse.Namespace, faults: Faults | None = None) -> int:
@@ -155,7 +155,6 @@ def cmd_worker(_args: argparse.Namespace, faults: Faults | None = None) -> int:
     from service.worker import run_worker_process
 
     settings, policies = load_config()
-    configure_logging(settings)
     if settings.workers < 1:
         raise ConfigError("SWEEPER_WORKERS: must be at least 1 for `sweeper worker`")
     if settings.metrics_port:
@@ -168,13 +167,13 @@ def cmd_worker(_args: argparse.Namespace, faults: Faults | None = None) -> int:
         try:
             start_http_server(settings.metrics_port, addr=settings.host, registry=REGISTRY)
         except OSError as exc:
-            raise ConfigError(f"SWEEPER_METRICS_PORT: cannot listen on {settings.host}:"
-                              f"{settings.metrics_port} ({exc.strerror})") from None
+            raise ListenError(f"SWEEPER_METRICS_PORT: cannot listen on {settings.host}:"
+                              f"{settings.metrics_port}: {exc.strerror}") from None
     with database(settings) as url:
         if settings.migrate_on_start:
             asyncio.run(migrate_database(url, settings))
         asyncio.run(run_worker_process(settings, policies, url, faults=faults))
-    return 0
+    return Exit.OK
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -193,6 +192,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args.items, args.tenants, args.workers, args.keep)
 
 
+def cmd_local(args: argparse.Namespace) -> int:
+    from service.local import run_local
+
+    if args.port == args.store_port:
+        raise ConfigError(f"--port and --store-port must differ (both {args.port})")
+    return run_local(args.port, args.store_port, args.workers, args.data_dir)
+
+
 @contextmanager
 def database_server(settings: Settings) -> Iterator[str]:
     """The plain postgresql:// URL of the configured database's server (or an embedded
@@ -201,7 +208,7 @@ def database_server(settings: Settings) -> Iterator[str]:
         yield plain_url(url)
 
 
-def add_plugin_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_plugin_commands(sub: argparse._SubParsersAction[Any]) -> None:
     """Commands shipped beside the service (`sweeper drill`) register through the
     `sweeper.commands` entry point group, so the service never imports them."""
     for entry in sorted(entry_points(group=PLUGIN_GROUP), key=lambda e: e.name):
@@ -231,51 +238,153 @@ def cmd_openapi(args: argparse.Namespace) -> int:
     return 0
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with usage errors on their own exit code (64), told apart from a refused
+    configuration (2), and option defaults shown in --help."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(Exit.USAGE, f"{self.prog}: usage error: {message}\n")
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Appends an option's default to its help, unless the help already tells it: `off`
+    for a flag, the value otherwise (options without one say what happens instead)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "default" in text or not action.option_strings or action.default in (
+                None, argparse.SUPPRESS):
+            return text
+        if action.default is False:
+            return f"{text} (default off)"
+        return f"{text} (default %(default)s)"
+
+
+def port_number(text: str) -> int:
+    """A TCP port, 1-65535: larger numbers would wrap to another port, 0 picks any."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port (1-65535)")
+    return port
+
+
+def bounded(low: int, high: int) -> Callable[[str], int]:
+    """An integer option within [low, high]."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is outside {low}-{high}")
+        return value
+    parse.__name__ = "number"
+    return parse
+
+
+def sweeper_version() -> str:
+    try:
+        return version("sweeper")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        from service import __version__
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sweeper", description=__doc__.splitlines()[0])
+    parser = Parser(prog="sweeper", description=__doc__.splitlines()[0],
+                    epilog="Exit codes: 0 success, 1 a run left dead items (run --follow), a "
+                           "stale file (openapi --check) or a failed drill, 2 configuration "
+                           "refused, 3 database unreachable, 4 cannot listen on the address, "
+                           "5 the server could not be reached or refused (run), 6 the run "
+                           "failed (run --follow), 64 usage error, 130 interrupted.")
+    parser.add_argument("--version", action="version", version=f"sweeper {sweeper_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    serve = sub.add_parser("serve", help="run the HTTP API and the worker pool")
-    serve.add_argument("--host", default=None, help="bind address (default SWEEPER_HOST)")
-    serve.add_argument("--port", type=int, default=None, help="port (default SWEEPER_PORT)")
+    serve = sub.add_parser("serve", help="run the HTTP API and the worker pool",
+                           description="Run the HTTP API, the run publisher and the worker "
+                                       "pool (configured by SWEEPER_* variables).")
+    serve.add_argument("--host", default=None,
+                       help="bind address (default SWEEPER_HOST, 127.0.0.1)")
+    serve.add_argument("--port", type=port_number, default=None,
+                       help="port, 1-65535 (default SWEEPER_PORT, 8080)")
     serve.add_argument("--api-only", action="store_true", help="do not start workers")
     serve.set_defaults(func=cmd_serve)
 
-    worker = sub.add_parser("worker", help="run only the worker pool (no HTTP API)")
+    worker = sub.add_parser("worker", help="run only the worker pool (no HTTP API)",
+                            description="Run only the worker pool (SWEEPER_WORKERS of them).")
     worker.set_defaults(func=cmd_worker)
 
     migrate = sub.add_parser("migrate", help="bring the database schema to a revision")
-    migrate.add_argument("--revision", default="head", help="target revision (default head)")
+    migrate.add_argument("--revision", default="head", help="target revision")
     migrate.set_defaults(func=cmd_migrate)
 
-    check = sub.add_parser("check-config", help="validate settings and the policies file")
+    check = sub.add_parser("check-config", help="validate settings and the policies file",
+                           description="List every problem of the SWEEPER_* settings and the "
+                                       "policies file, and warn about unknown SWEEPER_* "
+                                       "variables; exit 2 if there are problems.")
     check.set_defaults(func=cmd_check_config)
 
-    run = sub.add_parser("run", help="trigger a run on a server (and follow it)")
+    run = sub.add_parser("run", help="trigger a run on a server (and follow it)",
+                         description="Trigger a run on a server; with --follow, show its "
+                                     "progress and exit 0 only if it ended with no dead item "
+                                     "(1: dead items, 5: server unreachable or refused, "
+                                     "6: the run failed).")
     run.add_argument("--url", default=os.environ.get("SWEEPER_URL", "http://127.0.0.1:8080"),
                      help="server base URL (default SWEEPER_URL or http://127.0.0.1:8080)")
     run.add_argument("--token", default=None, help="bearer token (default SWEEPER_TOKEN)")
-    run.add_argument("--policy", default=None)
-    run.add_argument("--tenant", default=None, help="only this tenant (rollouts)")
-    run.add_argument("--dry-run", action="store_true", help="report only; release nothing")
-    run.add_argument("--max-items", type=int, default=None)
-    run.add_argument("--idempotency-key", default=None)
-    run.add_argument("--follow", action="store_true", help="show progress until it drains")
+    run.add_argument("--policy", default=None, help="only this policy (default: all)")
+    run.add_argument("--tenant", default=None, help="only this tenant (default: all)")
+    run.add_argument("--dry-run", action="store_true",
+                     help="report only: count candidates, release nothing")
+    run.add_argument("--max-items", type=bounded(1, 10_000_000), default=None,
+                     help="release at most this many items (default: every due item)")
+    run.add_argument("--idempotency-key", default=None,
+                     help="the trigger's Idempotency-Key: the same key gives the same run "
+                          "(default: none, every call is a new run)")
+    run.add_argument("--follow", action="store_true",
+                     help="show progress until the run drains, and exit by how it ended")
     run.set_defaults(func=cmd_run)
 
+    local = sub.add_parser("local", help="try it locally: the service, a simulated store and "
+                                         "a ready configuration",
+                           description="Serve the API and workers on 127.0.0.1 with an "
+                                       "embedded database, a simulated store and the policies "
+                                       "of service/local/policies.toml; prints a token and "
+                                       "three curl commands to try.")
+    local.add_argument("--port", type=port_number, default=8080, help="API port")
+    local.add_argument("--store-port", type=port_number, default=8081,
+                       help="the simulated store's port")
+    local.add_argument("--workers", type=bounded(1, 256), default=8, help="workers")
+    local.add_argument("--data-dir", type=Path, default=None,
+                       help="keep the database in this folder (default: a temporary one, "
+                            "removed on exit)")
+    local.set_defaults(func=cmd_local)
+
     demo = sub.add_parser("demo", help="run everything locally against a simulated store")
-    demo.add_argument("--items", type=int, default=3000)
-    demo.add_argument("--tenants", type=int, default=6)
-    demo.add_argument("--workers", type=int, default=32)
+    demo.add_argument("--items", type=bounded(1, 1_000_000), default=3000,
+                      help="expired carts to register")
+    demo.add_argument("--tenants", type=bounded(1, 10_000), default=6,
+                      help="tenants they belong to")
+    demo.add_argument("--workers", type=bounded(1, 1024), default=32, help="workers")
     demo.add_argument("--keep", type=Path, default=None,
-                      help="keep the demo database in this folder")
+                      help="keep the demo database in this folder (default: a temporary one)")
     demo.set_defaults(func=cmd_demo)
 
     add_plugin_commands(sub)
 
     openapi = sub.add_parser("openapi", help="write the OpenAPI document")
-    openapi.add_argument("--output", type=Path, default=Path("openapi/openapi.json"))
-    openapi.add_argument("--check", action="store_true", help="fail if the file is stale")
+    openapi.add_argument("--output", type=Path, default=Path("openapi/openapi.json"),
+                         help="file to write or check")
+    openapi.add_argument("--check", action="store_true",
+                         help="only check the file is current; exit 1 if stale")
     openapi.set_defaults(func=cmd_openapi)
     return parser
 
@@ -286,18 +395,22 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run a parsed command; expected failures become one line and an exit code."""
+    """Run a parsed command; expected failures become one line each and an exit code."""
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)
     except ConfigError as exc:
-        print(f"sweeper: configuration error: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
+        for problem in exc.problems or (str(exc),):
+            print(f"sweeper: configuration error: {problem}", file=sys.stderr)
+        return Exit.CONFIG
     except DatabaseUnavailable as exc:
         print(f"sweeper: database unavailable: {exc}", file=sys.stderr)
-        return EXIT_DATABASE
+        return Exit.DATABASE
+    except ListenError as exc:
+        print(f"sweeper: {exc}", file=sys.stderr)
+        return Exit.LISTEN
     except RunFailed as exc:
         print(f"sweeper: {exc}", file=sys.stderr)
-        return 1
+        return Exit.SERVER
     except KeyboardInterrupt:
-        return 130
+        return Exit.INTERRUPTED

@@ -10,14 +10,12 @@ then a run is triggered and its drain followed with the progress bar.
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
-import random
 import secrets
 import shutil
 import socket
 import tempfile
-import time
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -28,6 +26,7 @@ from service import follow
 from service.app import create_app
 from service.cli import migrate_database
 from service.db.embedded import EmbeddedPostgres
+from service.local.store import SimulatedStore, Weather
 from service.policies import Policies, resolve_policies
 from service.settings import LogFormat, Settings, async_url
 
@@ -35,40 +34,7 @@ log = logging.getLogger(__name__)
 
 TENANT_RATE_PER_S = 40.0
 STORE_BURST = 4  # like real storefront APIs, the store tolerates a few calls of jitter
-LATENCY_S = (0.005, 0.03)
-ABSENT_SHARE = 0.03
-UNAVAILABLE_SHARE = 0.01
-
-
-@dataclass
-class SimulatedStore:
-    """A deletion API with a per-tenant token bucket and a little bad weather."""
-
-    rate_per_s: float = TENANT_RATE_PER_S
-    rng: random.Random = field(default_factory=random.Random)
-    buckets: dict[str, tuple[float, float]] = field(default_factory=dict)
-    calls: int = 0
-    throttled: int = 0
-
-    async def handle(self, request: httpx.Request) -> httpx.Response:
-        self.calls += 1
-        tenant = request.url.path.split("/")[2]
-        now = time.monotonic()
-        tokens, at = self.buckets.get(tenant, (float(STORE_BURST), now))
-        tokens = min(float(STORE_BURST), tokens + (now - at) * self.rate_per_s)
-        if tokens < 1.0:
-            self.buckets[tenant] = (tokens, now)
-            self.throttled += 1
-            wait = (1.0 - tokens) / self.rate_per_s
-            return httpx.Response(429, headers={"Retry-After": str(max(1, round(wait)))})
-        self.buckets[tenant] = (tokens - 1.0, now)
-        await asyncio.sleep(self.rng.uniform(*LATENCY_S))
-        roll = self.rng.random()
-        if roll < UNAVAILABLE_SHARE:
-            return httpx.Response(503)
-        if roll < UNAVAILABLE_SHARE + ABSENT_SHARE:
-            return httpx.Response(404)
-        return httpx.Response(204)
+BAD_WEATHER = Weather(unavailable=0.01, absent=0.03)
 
 
 def demo_policies() -> Policies:
@@ -96,7 +62,7 @@ async def _demo(url: str, items: int, tenants: int, workers: int) -> int:
     settings = Settings(database_url=url, api_tokens=token, workers=workers,
                         batch_size=250, log_format=LogFormat.CONSOLE, log_level="WARNING")
     await migrate_database(async_url(url), settings)
-    store = SimulatedStore()
+    store = SimulatedStore(rate_per_s=TENANT_RATE_PER_S, burst=STORE_BURST, weather=BAD_WEATHER)
     app = create_app(settings, demo_policies(), async_url(url),
                      upstream_transport=httpx.MockTransport(store.handle))
     port = _free_port()
@@ -124,7 +90,10 @@ async def _demo(url: str, items: int, tenants: int, workers: int) -> int:
                 response.raise_for_status()
             print(f"registered {items} expired carts over {tenants} tenants")
             dry = await follow.trigger(client, {"dry_run": True}, None)
-            print(f"report-only run {dry['id']} first (the runbook's advice)")
+            report = await follow.follow(client, int(dry["id"]), out=io.StringIO())
+            print(f"report-only run {dry['id']} first (the runbook's advice): "
+                  f"{report['candidates']} candidates, the oldest due "
+                  f"{report['oldest_due_at']}; nothing released")
             run = await follow.trigger(client, {}, f"demo-{datetime.now(UTC):%Y%m%dT%H%M}")
             print(f"run {run['id']} published; draining:")
             final = await follow.follow(client, int(run["id"]))

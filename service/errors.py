@@ -3,6 +3,7 @@
     SweeperError
     ├── ConfigError            settings or policies file refused at start-up (exit 2)
     ├── DatabaseUnavailable    could not reach PostgreSQL (API answers 503, CLI exits 3)
+    ├── ListenError            an address the process cannot listen on (CLI exits 4)
     └── Problem                an HTTP-facing failure rendered as RFC 9457 problem details
 """
 
@@ -18,11 +19,20 @@ class SweeperError(Exception):
 
 
 class ConfigError(SweeperError):
-    """Configuration refused; the message names the source, the key and what is wrong."""
+    """Configuration refused; each problem names the source, the key and what is wrong.
+    Checks that can see several problems report them all at once."""
+
+    def __init__(self, *problems: str) -> None:
+        super().__init__("; ".join(problems))
+        self.problems: tuple[str, ...] = problems
 
 
 class DatabaseUnavailable(SweeperError):
     """PostgreSQL could not be reached or refused the connection."""
+
+
+class ListenError(SweeperError):
+    """A port in use, an address not on this host, or one the process may not bind."""
 
 
 class Problem(SweeperError):

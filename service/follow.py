@@ -1,8 +1,11 @@
-"""`sweeper run`: trigger a run on a server and, with --follow, show its progress live."""
+"""`sweeper run`: trigger a run on a server and, with --follow, show its progress live
+and exit by how it ended (service/exits.py): 0 drained with no dead item (or nothing was
+due), 1 some items went dead, 6 the run failed, 5 the server was unreachable or refused."""
 
 from __future__ import annotations
 
 import asyncio
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -11,6 +14,7 @@ from typing import Any, TextIO
 import httpx
 
 from service.errors import ConfigError, SweeperError
+from service.exits import Exit
 
 TERMINAL = ("succeeded", "dead", "cancelled")
 POLL_INTERVAL_S = 0.5
@@ -45,7 +49,7 @@ class Progress:
         outcomes = " ".join(f"{k}={v}" for k, v in sorted(attempts.items()))
         state = "" if run.get("state") == "published" else f" ({run.get('state')})"
         return (f"[{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {done}/{total} "
-                f"{share:4.0%} {rate:7.1f}/s ETA {eta}{state}  {outcomes}")
+                f"{share:4.0%} {rate:7.1f}/s ETA {eta}{state}  attempts: {outcomes or '-'}")
 
 
 def finished(run: dict[str, Any]) -> bool:
@@ -71,8 +75,8 @@ async def trigger(client: httpx.AsyncClient, body: dict[str, Any], key: str | No
 
 async def follow(client: httpx.AsyncClient, run_id: int, out: TextIO = sys.stderr,
                  timeout_s: float | None = None) -> dict[str, Any]:
-    """Poll the run until it drains, drawing a progress bar (a line every few seconds when
-    `out` is not a terminal). Returns the final run."""
+    """Poll the run until it drains or fails, drawing a progress bar (a line every few
+    seconds when `out` is not a terminal). Returns the final run."""
     progress = Progress(started=time.monotonic())
     tty = out.isatty()
     last_plain = 0.0
@@ -86,19 +90,18 @@ async def follow(client: httpx.AsyncClient, run_id: int, out: TextIO = sys.stder
         line = progress.line(run, now)
         done = finished(run)
         if tty:
-            out.write("\r\x1b[2K" + line)
+            # one terminal row: `\r` returns to the start of the last row only, so a wrapped
+            # line would leave an older bar above newer counts
+            width = shutil.get_terminal_size().columns
+            out.write("\r\x1b[2K" + line[:max(width - 1, 1)])
         elif done or now - last_plain >= PLAIN_REPORT_EVERY_S:
             out.write(line + "\n")
             last_plain = now
         out.flush()
-        if done:
+        if done or run.get("state") == "failed":
             if tty:
                 out.write("\n")
             return run
-        if run.get("state") == "failed":
-            error = run.get("report", {}).get("error") or {}
-            raise RunFailed(f"run {run_id} failed: {error.get('code')}: "
-                            f"{error.get('message')}")
         if deadline is not None and now > deadline:
             raise RunFailed(f"run {run_id} did not drain within {timeout_s:.0f} s")
         await asyncio.sleep(POLL_INTERVAL_S)
@@ -112,9 +115,29 @@ def _problem_text(response: httpx.Response) -> str:
         return f"HTTP {response.status_code}"
 
 
+def outcome(run: dict[str, Any]) -> tuple[Exit, str]:
+    """How a followed run ended: the exit code and the line that says so."""
+    name = f"run {run['id']}"
+    if run.get("state") == "failed":
+        error = run.get("report", {}).get("error") or {}
+        return Exit.RUN_FAILED, f"{name} failed: {error.get('code')}: {error.get('message')}"
+    if run["dry_run"]:
+        return Exit.OK, (f"{name} (report only): {run['candidates']} candidate(s), oldest due "
+                         f"{run['oldest_due_at'] or '-'}; nothing released")
+    if not run.get("released"):
+        return Exit.OK, f"{name}: nothing was due by the cutoff {run['cutoff']}; no item released"
+    items = run.get("items", {})
+    drained = f"{name} drained: " + ", ".join(f"{k}={v}" for k, v in sorted(items.items()))
+    if items.get("dead"):
+        return Exit.INCOMPLETE, (f"{drained}; {items['dead']} item(s) went dead "
+                                 "(GET /v1/items?status=dead shows why)")
+    return Exit.OK, drained
+
+
 async def run_command(url: str, token: str | None, body: dict[str, Any], key: str | None,
                       follow_run: bool) -> int:
-    """The `sweeper run` command body; prints the run id, then follows if asked."""
+    """The `sweeper run` command body; prints the run id, then follows if asked and exits
+    by how the run ended."""
     if not token:
         raise ConfigError("SWEEPER_TOKEN (or --token) is required to call the API")
     async with httpx.AsyncClient(base_url=url, timeout=10,
@@ -122,12 +145,9 @@ async def run_command(url: str, token: str | None, body: dict[str, Any], key: st
         run = await trigger(client, body, key)
         print(f"run {run['id']}: cutoff {run['cutoff']}, state {run['state']}"
               f"{' (dry run)' if run['dry_run'] else ''}")
-        if follow_run:
-            final = await follow(client, int(run["id"]))
-            items = final.get("items", {})
-            print(f"run {run['id']} drained: " + ", ".join(
-                f"{k}={v}" for k, v in sorted(items.items())))
-            if final["dry_run"]:
-                print(f"candidates: {final['candidates']} "
-                      f"(oldest due {final['oldest_due_at']})")
-    return 0
+        if not follow_run:
+            return Exit.OK
+        final = await follow(client, int(run["id"]))
+    code, line = outcome(final)
+    print(line, file=sys.stdout if code is Exit.OK else sys.stderr)
+    return code

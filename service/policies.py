@@ -3,8 +3,8 @@
 Parsed with stdlib ``tomllib`` and validated with pydantic (unknown keys are refused, so a
 typo never silently falls back to a default). Secrets are never written in the file: it
 names environment variables, which are resolved here, and a missing one is an error.
-Any problem raises :class:`ConfigError` with one message naming the file, the key and what
-is wrong.
+Problems raise one :class:`ConfigError` listing each (the file, the key and what is wrong),
+so a file is fixed in one pass.
 """
 
 from __future__ import annotations
@@ -281,26 +281,34 @@ def load_policies(path: Path | None, environ: Mapping[str, str] | None = None) -
 
 
 def resolve_policies(raw: Mapping[str, Any], env: Mapping[str, str], *, source: str) -> Policies:
-    """Validate a parsed file, resolve names and secrets; ConfigError on the first fault."""
+    """Validate a parsed file, resolve names and secrets; ConfigError listing every fault."""
     try:
         parsed = PoliciesFile.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(f"policies file {source}: {_first_error(exc)}") from None
+        raise ConfigError(*(f"policies file {source}: {problem}"
+                            for problem in _schema_problems(exc))) from None
 
-    def fail(key: str, message: str) -> ConfigError:
-        return ConfigError(f"policies file {source}: {key}: {message}")
+    problems: list[str] = []
+
+    def fail(key: str, message: str) -> None:
+        problems.append(f"policies file {source}: {key}: {message}")
+
+    def secret(var: str, key: str) -> str:
+        value = env.get(var)
+        if not value:
+            fail(key, f"environment variable {var} is not set")
+        return str(value or "")
 
     for section in ("upstreams", "policies", "webhooks"):
         for name in getattr(parsed, section):
             if not re.match(NAME_PATTERN, name):
-                raise fail(f"{section}.{name}", "names are lower-case letters, digits, '-', '_' "
-                                                "or '.', at most 63 characters")
+                fail(f"{section}.{name}", "names are lower-case letters, digits, '-', '_' "
+                                          "or '.', at most 63 characters")
 
     upstreams: dict[str, Upstream] = {}
     for name, up in parsed.upstreams.items():
-        headers = {}
-        for header, var in up.headers_from_env.items():
-            headers[header] = _secret(env, var, fail, f"upstreams.{name}.headers_from_env.{header}")
+        headers = {header: secret(var, f"upstreams.{name}.headers_from_env.{header}")
+                   for header, var in up.headers_from_env.items()}
         upstreams[name] = Upstream(name=name, config=up, headers=headers)
 
     policies: dict[str, Policy] = {}
@@ -308,15 +316,15 @@ def resolve_policies(raw: Mapping[str, Any], env: Mapping[str, str], *, source: 
         key = f"policies.{name}"
         upstream = upstreams.get(pol.upstream)
         if upstream is None:
-            raise fail(f"{key}.upstream", f"unknown upstream {pol.upstream!r}; declared: "
-                                          f"{sorted(upstreams) or 'none'}")
+            fail(f"{key}.upstream", f"unknown upstream {pol.upstream!r}; declared: "
+                                    f"{sorted(upstreams) or 'none'}")
         # The call's deadline must end before the lease does, or a slow upstream would let a
         # second worker reclaim an item whose first call is still in flight.
-        if upstream.config.timeout_seconds >= pol.lease_seconds:
-            raise fail(f"{key}.lease_seconds", f"must be longer than upstream "
-                       f"{pol.upstream!r} timeout_seconds ({upstream.config.timeout_seconds})")
+        elif upstream.config.timeout_seconds >= pol.lease_seconds:
+            fail(f"{key}.lease_seconds", f"must be longer than upstream {pol.upstream!r} "
+                                         f"timeout_seconds ({upstream.config.timeout_seconds})")
         if pol.backoff.max_seconds < pol.backoff.base_seconds:
-            raise fail(f"{key}.backoff.max_seconds", "must be at least base_seconds")
+            fail(f"{key}.backoff.max_seconds", "must be at least base_seconds")
         policies[name] = Policy(name=name, config=pol)
 
     webhooks: dict[str, WebhookSource] = {}
@@ -324,24 +332,26 @@ def resolve_policies(raw: Mapping[str, Any], env: Mapping[str, str], *, source: 
         key = f"webhooks.{name}"
         names = ([src.secret_env] if src.secret_env else []) + list(src.secrets_env)
         if not names:
-            raise fail(key, "set secret_env (or secrets_env for rotation)")
-        secrets = tuple(_secret(env, var, fail, f"{key}.secret_env") for var in names)
+            fail(key, "set secret_env (or secrets_env for rotation)")
+        secrets = tuple(secret(var, f"{key}.secret_env") for var in names)
         if src.scheme == "hmac-sha256" and not src.signature_header:
-            raise fail(f"{key}.signature_header", "required for scheme 'hmac-sha256'")
+            fail(f"{key}.signature_header", "required for scheme 'hmac-sha256'")
         for option in ("signature_header", "id_header", "topic_header"):
             if src.scheme != "hmac-sha256" and getattr(src, option) is not None:
-                raise fail(f"{key}.{option}", f"only for scheme 'hmac-sha256' (scheme "
-                                              f"{src.scheme!r} names its own headers)")
+                fail(f"{key}.{option}", f"only for scheme 'hmac-sha256' (scheme "
+                                        f"{src.scheme!r} names its own headers)")
         if src.scheme == "standard":
-            for var, secret in zip(names, secrets, strict=True):
-                if not _standard_secret_ok(secret):
-                    raise fail(f"{key}.secret_env", f"environment variable {var}: not a "
-                                                    "Standard Webhooks secret ('whsec_' + base64)")
+            for var, value in zip(names, secrets, strict=True):
+                if value and not _standard_secret_ok(value):
+                    fail(f"{key}.secret_env", f"environment variable {var}: not a "
+                                              "Standard Webhooks secret ('whsec_' + base64)")
         for i, rule in enumerate(src.rules):
-            if rule.policy not in policies:
-                raise fail(f"{key}.rules[{i}].policy", f"unknown policy {rule.policy!r}")
+            if rule.policy not in parsed.policies:
+                fail(f"{key}.rules[{i}].policy", f"unknown policy {rule.policy!r}")
         webhooks[name] = WebhookSource(name=name, config=src, secrets=secrets)
 
+    if problems:
+        raise ConfigError(*problems)
     return Policies(upstreams=upstreams, policies=policies, webhooks=webhooks, source=source)
 
 
@@ -353,22 +363,16 @@ def _standard_secret_ok(secret: str) -> bool:
     return True
 
 
-def _secret(env: Mapping[str, str], var: str, fail: Any, key: str) -> str:
-    value = env.get(var)
-    if not value:
-        raise fail(key, f"environment variable {var} is not set")
-    return str(value)
-
-
-def _first_error(exc: ValidationError) -> str:
-    err = exc.errors(include_input=False, include_url=False)[0]
-    key = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in err["loc"])
-    key = key.replace(".[", "[")
-    message = err["msg"]
-    if err["type"] == "extra_forbidden":
-        message = "unknown key (check the spelling; see docs/configuration.md)"
-    elif err["type"] == "missing":
-        message = "required key is missing"
-    more = len(exc.errors()) - 1
-    suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
-    return f"{key}: {message}{suffix}"
+def _schema_problems(exc: ValidationError) -> list[str]:
+    """Each schema error as `key: message`, the key in the file's own notation."""
+    problems = []
+    for err in exc.errors(include_input=False, include_url=False):
+        key = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in err["loc"])
+        key = key.replace(".[", "[")
+        message = str(err["msg"]).removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            message = "unknown key (check the spelling; see docs/configuration.md)"
+        elif err["type"] == "missing":
+            message = "required key is missing"
+        problems.append(f"{key}: {message}")
+    return problems

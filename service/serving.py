@@ -4,11 +4,16 @@ tests, bounding what a connection may hold (connections, idle time, time to send
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
+import socket
+from collections.abc import Iterator
 from typing import Any
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from service.errors import ListenError
 from service.settings import Settings
 
 KEEP_ALIVE_TIMEOUT_S = 5  # an idle keep-alive connection is closed after this long
@@ -67,3 +72,50 @@ def server_config(app: Any, settings: Settings, *, host: str, port: int,
                           timeout_graceful_shutdown=int(settings.shutdown_grace_seconds),
                           ssl_certfile=settings.tls_cert_file,
                           ssl_keyfile=settings.tls_key_file, **overrides)
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port, ready for uvicorn's `sockets=`. Bound here rather than
+    by uvicorn, which logs a failure and exits 1: a port in use is a ListenError (exit 4),
+    told apart from an unreachable database, and is found before the database starts."""
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as exc:
+        raise ListenError(f"cannot listen on {where}: {exc.strerror}") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise ListenError(f"cannot listen on {where}: {exc.strerror}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+class GracefulServer(uvicorn.Server):
+    """uvicorn re-raises SIGTERM after its graceful shutdown, which would kill the process
+    before the embedded database is stopped; a requested shutdown is a clean exit here."""
+
+    def capture_signals(self) -> contextlib.AbstractContextManager[None]:  # type: ignore[override]
+        return _signals_to(self.handle_exit)
+
+
+class CompanionServer(uvicorn.Server):
+    """A second server in the same loop (the local simulated store): it leaves signals to
+    the main server, whose shutdown stops it."""
+
+    def capture_signals(self) -> contextlib.AbstractContextManager[None]:  # type: ignore[override]
+        return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _signals_to(handler: Any) -> Iterator[None]:
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)

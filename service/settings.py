@@ -6,14 +6,21 @@ Every field reads from an environment variable with the ``SWEEPER_`` prefix, e.g
 
 from __future__ import annotations
 
+import difflib
+import ssl
+from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
+
+from service.errors import ConfigError
+
+ENV_PREFIX = "SWEEPER_"
 
 
 class Environment(StrEnum):
@@ -34,7 +41,9 @@ class LogFormat(StrEnum):
 class Settings(BaseSettings):
     """All process-level configuration. Policies live in the TOML file it names."""
 
-    model_config = SettingsConfigDict(env_prefix="SWEEPER_", extra="ignore", frozen=True)
+    # An empty variable (`SWEEPER_POLICIES_FILE=`) means "not set", as in most shells' idiom.
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True,
+                                      env_ignore_empty=True)
 
     environment: Environment = Environment.DEVELOPMENT
     database_url: SecretStr | None = Field(
@@ -126,14 +135,33 @@ class Settings(BaseSettings):
             raise ValueError("log_level must be DEBUG, INFO, WARNING or ERROR")
         return level
 
+    @field_validator("tls_cert_file", "tls_key_file")
+    @classmethod
+    def _readable_file(cls, path: Path | None) -> Path | None:
+        if path is not None:
+            try:
+                with path.open("rb"):
+                    pass
+            except OSError as exc:
+                raise ValueError(f"{path}: cannot be read ({exc.strerror})") from None
+        return path
+
     @model_validator(mode="after")
     def _tls_pair(self) -> Settings:
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("SWEEPER_TLS_CERT_FILE and SWEEPER_TLS_KEY_FILE go together")
-        for name, path in (("SWEEPER_TLS_CERT_FILE", self.tls_cert_file),
-                           ("SWEEPER_TLS_KEY_FILE", self.tls_key_file)):
-            if path is not None and not path.is_file():
-                raise ValueError(f"{name}: {path} is not a readable file")
+        if self.tls_cert_file is not None and self.tls_key_file is not None:
+            # the same load uvicorn does at start, here so that a bad pair is refused by
+            # check-config too; an encrypted key is refused rather than prompted for
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            try:
+                context.load_cert_chain(self.tls_cert_file, self.tls_key_file,
+                                        password=lambda: b"")
+            except ssl.SSLError as exc:
+                raise ValueError(
+                    f"SWEEPER_TLS_CERT_FILE {self.tls_cert_file} and SWEEPER_TLS_KEY_FILE "
+                    f"{self.tls_key_file}: not a PEM certificate and its unencrypted private "
+                    f"key ({exc.reason or exc})") from None
         return self
 
     @model_validator(mode="after")
@@ -162,3 +190,52 @@ def plain_url(url: URL) -> str:
     """`url` as a plain postgresql:// DSN (password included), for asyncpg's own
     connections (LISTEN, the webhook intake's pool) and for naming a server."""
     return url.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+# SWEEPER_* variables read by commands and tools rather than by Settings.
+OTHER_VARIABLES: Mapping[str, str] = {
+    "SWEEPER_URL": "the server `sweeper run` calls",
+    "SWEEPER_TOKEN": "the bearer token `sweeper run` sends",
+    "SWEEPER_TEST_DATABASE_URL": "the test suite's PostgreSQL server",
+    "SWEEPER_REQUIRE_TOOLS": "the test suite fails rather than skips without its tools",
+    "SWEEPER_BENCH_DATABASE_URL": "the benchmarks' PostgreSQL server",
+}
+OTHER_PREFIXES = ("SWEEPER_DRILL_",)  # faults of a drill's own processes
+
+
+def setting_variables() -> list[str]:
+    """The environment variable of every setting."""
+    return [ENV_PREFIX + name.upper() for name in Settings.model_fields]
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """One warning per SWEEPER_* variable nothing reads (a misspelt setting is otherwise
+    silently ignored), with the closest known name when one is near."""
+    known = [*setting_variables(), *OTHER_VARIABLES]
+    warnings = []
+    for name in sorted(environ):
+        if (not name.startswith(ENV_PREFIX) or name in known
+                or name.startswith(OTHER_PREFIXES)):
+            continue
+        near = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+        hint = f" (did you mean {near[0]}?)" if near else ""
+        warnings.append(f"{name} is not a setting Sweeper knows; it is ignored{hint}")
+    return warnings
+
+
+def settings_problems(exc: ValidationError) -> list[str]:
+    """Each of pydantic's errors as one line naming the variable."""
+    problems = []
+    for err in exc.errors(include_input=False, include_url=False):
+        field = ".".join(str(p) for p in err["loc"])
+        message = str(err["msg"]).removeprefix("Value error, ")
+        problems.append(f"{ENV_PREFIX}{field.upper()}: {message}" if field else message)
+    return problems
+
+
+def load_settings() -> Settings:
+    """Settings from the environment; ConfigError listing every problem."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        raise ConfigError(*settings_problems(exc)) from None

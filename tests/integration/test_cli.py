@@ -60,7 +60,8 @@ def test_missing_secret_env_var() -> None:
 
 
 def test_bad_setting_is_named() -> None:
-    result = sweeper("check-config", env={"SWEEPER_WORKERS": "many"})
+    result = sweeper("check-config", env={"SWEEPER_WORKERS": "many",
+                                          "SWEEPER_POLICIES_FILE": str(EXAMPLE), **GOOD_ENV})
     assert_one_clean_line(result, 2, "SWEEPER_WORKERS")
 
 
@@ -144,11 +145,13 @@ def test_serve_on_embedded_database_then_reuse_its_data(tmp_path: Path) -> None:
 def test_tls_needs_both_files(tmp_path: Path) -> None:
     cert = tmp_path / "cert.pem"
     cert.write_text("x")
-    result = sweeper("check-config", env={"SWEEPER_TLS_CERT_FILE": str(cert)})
+    result = sweeper("check-config", env={"SWEEPER_TLS_CERT_FILE": str(cert),
+                                          "SWEEPER_POLICIES_FILE": str(EXAMPLE), **GOOD_ENV})
     assert_one_clean_line(result, 2, "SWEEPER_TLS_CERT_FILE and SWEEPER_TLS_KEY_FILE")
     missing = sweeper("check-config", env={"SWEEPER_TLS_CERT_FILE": str(cert),
-                                           "SWEEPER_TLS_KEY_FILE": str(tmp_path / "no.pem")})
-    assert_one_clean_line(missing, 2, "SWEEPER_TLS_KEY_FILE", "not a readable file")
+                                           "SWEEPER_TLS_KEY_FILE": str(tmp_path / "no.pem"),
+                                           "SWEEPER_POLICIES_FILE": str(EXAMPLE), **GOOD_ENV})
+    assert_one_clean_line(missing, 2, "SWEEPER_TLS_KEY_FILE", "cannot be read")
 
 
 def test_serve_speaks_https_when_given_a_certificate(db_url: str, tmp_path: Path) -> None:

@@ -34,6 +34,7 @@ pytestmark = pytest.mark.slow
 README = REPO_ROOT / "README.md"
 DOCS = sorted((REPO_ROOT / "docs").glob("*.md"))
 OPERATIONS = REPO_ROOT / "docs" / "operations.md"
+CONFIGURATION = REPO_ROOT / "docs" / "configuration.md"
 SCRIPT_TIMEOUT_S = 60
 EXIT_WAIT_S = 10
 
@@ -112,9 +113,10 @@ async def _end_session(pgid: int) -> None:
                 return
 
 
-async def test_readme_walkthrough_works(db_url: str, tmp_path: Path) -> None:
-    """The README's "Try it locally" block, on a free port and the test's database."""
-    blocks = shell_block_list(section(README, "## Try it locally"))
+async def test_first_configuration_walkthrough_works(db_url: str, tmp_path: Path) -> None:
+    """docs/configuration.md's "A first configuration" block, on a free port and the
+    test's database."""
+    blocks = shell_block_list(section(CONFIGURATION, "## A first configuration"))
     walkthrough = next(b for b in blocks if "serve --api-only" in b)
     port = free_port()
     venv_bin = str(Path(sys.executable).parent) + "/"

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import subprocess
 import sys
+from typing import Any
 
 import httpx
 import pytest
@@ -13,8 +15,9 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service import follow
+from service.exits import Exit
 from tests.conftest import TOKEN_A, LiveServer, test_settings
-from tests.fakes.upstream import FakeUpstream
+from tests.fakes.upstream import FakeUpstream, Fault
 from tests.integration.test_pipeline import make_policies
 
 # every test here starts processes (see the marker in pyproject.toml)
@@ -46,7 +49,7 @@ def test_run_command_without_a_server_is_one_clear_line() -> None:
     result = subprocess.run([sys.executable, "-m", "service", "run", "--url",
                              "http://127.0.0.1:1", "--follow"], env=env, capture_output=True,
                             text=True, timeout=30, check=False)
-    assert result.returncode == 1
+    assert result.returncode == Exit.SERVER
     assert result.stderr.strip().count("\n") == 0 and "cannot reach" in result.stderr
 
 
@@ -57,16 +60,55 @@ def test_demo_drains_everything(tmp_path: object) -> None:
                             timeout=120, check=False)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "done: succeeded=100" in result.stdout
+    # the report-only run's figures, as announced
+    assert re.search(r"report-only run 1 first .*: 100 candidates, the oldest due 20",
+                     result.stdout)
     assert "Traceback" not in result.stderr
 
 
 async def test_following_a_failed_run_stops_with_its_error(api: httpx.AsyncClient,
                                                            engine: AsyncEngine) -> None:
+    """follow() returns a failed run at once; `sweeper run --follow` exits 6 with its
+    error."""
     async with engine.begin() as conn:
         run_id = (await conn.execute(text(
             "INSERT INTO runs (request_digest, cutoff, dry_run, state, error, report) "
             "VALUES ('d', now(), false, 'failed', 'database-error', jsonb_build_object("
             "'error', jsonb_build_object('code', 'database-error', 'message', "
             "'UniqueViolationError (SQLSTATE 23505)'))) RETURNING id"))).scalar_one()
-    with pytest.raises(follow.RunFailed, match="failed: database-error: UniqueViolationError"):
-        await follow.follow(api, run_id, out=io.StringIO(), timeout_s=10)
+    final = await follow.follow(api, run_id, out=io.StringIO(), timeout_s=10)
+    code, line = follow.outcome(final)
+    assert code == Exit.RUN_FAILED
+    assert line == f"run {run_id} failed: database-error: UniqueViolationError (SQLSTATE 23505)"
+
+
+async def test_run_follow_exit_codes(db_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`sweeper run --follow` (its command body, against a live server): 0 when nothing was
+    due, saying so; 1 when items went dead; 0 when everything succeeded."""
+    async with FakeUpstream() as upstream:
+        policies = make_policies(upstream.base_url, max_attempts=1)
+        async with LiveServer(test_settings(db_url, workers=4), policies, db_url) as live:
+            def command(**body: object) -> Any:
+                return follow.run_command(live.base_url, TOKEN_A, dict(body), None, True)
+
+            assert await command(policy="carts") == Exit.OK
+            assert "nothing was due by the cutoff" in capsys.readouterr().out
+
+            async with httpx.AsyncClient(base_url=live.base_url, headers={
+                    "Authorization": f"Bearer {TOKEN_A}"}) as api:
+                items = [{"tenant_id": "t", "object_id": f"o{i}", "policy": "carts",
+                          "due_at": "2026-01-01T00:00:00Z"} for i in range(4)]
+                assert (await api.post("/v1/items", json={"items": items})).status_code == 200
+            upstream.inject(Fault.STATUS, times=2, status=400)  # permanent: dead at once
+            assert await command(policy="carts") == Exit.INCOMPLETE
+            err = capsys.readouterr().err
+            assert "dead=2" in err and "succeeded=2" in err and "2 item(s) went dead" in err
+
+            assert await command(policy="carts", dry_run=True) == Exit.OK
+            assert "0 candidate(s)" in capsys.readouterr().out
+
+
+def test_outcome_of_a_drained_run() -> None:
+    run = {"id": 7, "state": "published", "dry_run": False, "released": 3,
+           "items": {"succeeded": 2, "cancelled": 1}, "cutoff": "2026-01-01T00:00:00Z"}
+    assert follow.outcome(run) == (Exit.OK, "run 7 drained: cancelled=1, succeeded=2")

@@ -1,0 +1,21 @@
+"""The `sweeper` command's exit codes, one per kind of outcome, so scripts can tell a
+refused configuration from an unreachable database or a run that left items dead.
+README.md (Commands) lists them; keep the two in step."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class Exit(IntEnum):
+    OK = 0
+    # `run --follow`: the run drained with dead items; `openapi --check`: the file is stale;
+    # `drill`: a drill failed
+    INCOMPLETE = 1
+    CONFIG = 2  # a setting, option value or the policies file refused
+    DATABASE = 3  # PostgreSQL unreachable (or the embedded one did not start)
+    LISTEN = 4  # an address that cannot be listened on: in use, not on this host, no right
+    SERVER = 5  # `run`: the server could not be reached or refused the request
+    RUN_FAILED = 6  # `run --follow`: the run itself failed (publication gave up)
+    USAGE = 64  # the command line itself: unknown option, missing argument (sysexits)
+    INTERRUPTED = 130  # Ctrl-C

@@ -1,0 +1,90 @@
+"""`sweeper local` and the README's three commands: the newcomer's first deletion, run as
+written against a real `sweeper local` process (its embedded database, its simulated store
+over loopback)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from service.exits import Exit
+from service.local import LOCAL_TOKEN, try_commands
+from tests.conftest import REPO_ROOT, free_port
+from tests.integration.test_readme_commands import bash, section, shell_block_list
+
+README = REPO_ROOT / "README.md"
+
+
+def readme_commands() -> str:
+    blocks = shell_block_list(section(README, "## Try it locally"))
+    return next(b for b in blocks if b.startswith("curl "))
+
+
+def test_the_readme_shows_the_commands_sweeper_local_prints() -> None:
+    assert readme_commands() == try_commands(8080)
+    assert f"`{LOCAL_TOKEN}`" in section(README, "## Try it locally")
+
+
+@pytest.mark.slow
+async def test_first_deletion_with_the_readme_commands(tmp_path: Path) -> None:
+    port, store_port = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service", "local", "--port", str(port), "--store-port",
+         str(store_port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.communicate()
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "sweeper local did not get ready in 60 s"
+            time.sleep(0.2)
+
+        register, trigger, status = (readme_commands().replace(
+            "127.0.0.1:8080", f"127.0.0.1:{port}").split("\ncurl "))
+        code, out, err = await bash(register, {})
+        assert code == 0, err
+        assert json.loads(out) == {"inserted": 3, "advanced": 0, "unchanged": 0}
+        code, out, err = await bash("curl " + trigger, {})
+        assert code == 0, err
+        assert json.loads(out)["id"] == 1
+
+        for _ in range(100):  # the reader's "a second later"
+            code, out, err = await bash("curl " + status, {})
+            assert code == 0, err
+            run, *evidence = [json.loads(line) for line in out.splitlines() if line]
+            if run["items"] == {"succeeded": 3}:
+                break
+            time.sleep(0.1)
+        assert run["items"] == {"succeeded": 3}, run
+        assert sorted((e["tenant_id"], e["object_id"], e["upstream_status"])
+                      for e in evidence) == [("shop-1.example", "cart-1", 204),
+                                             ("shop-1.example", "cart-2", 204),
+                                             ("shop-2.example", "cart-3", 204)]
+        assert len({e["operation_key"] for e in evidence}) == 3
+        store = httpx.get(f"http://127.0.0.1:{store_port}/").json()
+        assert (store["deleted"], store["throttled"]) == (3, 0)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == Exit.OK, err
+    assert "Traceback" not in err
+    assert f"bearer token {LOCAL_TOKEN}" in out
+    # the temporary database is gone once it stops
+    folder = re.search(r"host=(%2F[^ .]+)", out)
+    assert folder is not None, out
+    assert not Path(folder.group(1).replace("%2F", "/")).parent.exists()

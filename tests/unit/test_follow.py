@@ -1,0 +1,57 @@
+"""The progress display of `sweeper run --follow` and `sweeper demo`, against a mock API."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import httpx
+import pytest
+
+from service import follow
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def api(*runs: dict[str, Any]) -> httpx.AsyncClient:
+    answers = iter(runs)
+
+    def handle(_request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json=next(answers))
+
+    return httpx.AsyncClient(base_url="http://sweeper.test",
+                             transport=httpx.MockTransport(handle))
+
+
+def run(state: str, **items: int) -> dict[str, Any]:
+    return {"id": 3, "state": state, "released": 3000, "dry_run": False, "items": items,
+            "attempts": {"succeeded": items.get("succeeded", 0), "throttled": 41,
+                         "transient": 7}}
+
+
+async def test_a_terminal_line_never_wraps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A line wider than the terminal wraps, and `\\r` then redraws only its last row,
+    leaving an older bar above newer counts."""
+    monkeypatch.setattr(follow, "POLL_INTERVAL_S", 0)
+    monkeypatch.setenv("COLUMNS", "60")
+    out = Terminal()
+    async with api(run("published", pending=2412, succeeded=588),
+                   run("published", succeeded=3000)) as client:
+        final = await follow.follow(client, 3, out=out)
+    assert final["items"] == {"succeeded": 3000}
+    drawn = [row for row in out.getvalue().split("\r\x1b[2K") if row.strip()]
+    assert len(drawn) == 2
+    assert all(len(row.rstrip("\n")) <= 59 for row in drawn)
+    assert drawn[0].startswith("[#####") and "588/3000" in drawn[0]
+
+
+async def test_bar_and_attempts_come_from_one_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(follow, "POLL_INTERVAL_S", 0)
+    out = io.StringIO()
+    async with api(run("published", succeeded=3000)) as client:
+        await follow.follow(client, 3, out=out)
+    assert out.getvalue().endswith(
+        "3000/3000 100%     0.0/s ETA -  attempts: succeeded=3000 throttled=41 transient=7\n")
