@@ -5,6 +5,8 @@ problem and no traceback."""
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import re
 import socket
 from collections.abc import Iterator
@@ -18,13 +20,17 @@ from tests.conftest import REPO_ROOT
 
 
 @pytest.fixture(autouse=True)
-def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No SWEEPER_* variable of the machine leaks into these commands."""
-    import os
-
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No SWEEPER_* variable of the machine leaks into these commands, and the logging a
+    command configures (onto the captured stderr) is undone after it."""
     for name in list(os.environ):
         if name.startswith("SWEEPER_"):
             monkeypatch.delenv(name)
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 def sweeper(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -255,3 +261,18 @@ def test_run_without_a_token_is_a_configuration_error(capsys: pytest.CaptureFixt
     assert code == Exit.CONFIG
     assert one_line(err) == ("sweeper: configuration error: SWEEPER_TOKEN (or --token) is "
                              "required to call the API")
+
+
+def test_serve_warns_about_unknown_variables(capsys: pytest.CaptureFixture[str],
+                                             monkeypatch: pytest.MonkeyPatch,
+                                             busy_port: int) -> None:
+    """`serve` and `worker` log what check-config warns about, then go on (here to the
+    busy port's refusal)."""
+    monkeypatch.setenv("SWEEPER_WORKRES", "8")
+    monkeypatch.setenv("SWEEPER_LOG_FORMAT", "console")
+    code, _, err = sweeper(capsys, "serve", "--port", str(busy_port))
+    assert code == Exit.LISTEN
+    warning, refusal = err.strip().splitlines()
+    assert "SWEEPER_WORKRES is not a setting Sweeper knows; it is ignored (did you mean " \
+           "SWEEPER_WORKERS?)" in warning
+    assert refusal.startswith("sweeper: cannot listen on 127.0.0.1:")
