@@ -20,11 +20,12 @@ text, which may quote customer values), logged once by the publisher that marked
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Hashable
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
@@ -427,7 +428,12 @@ def _failure_report(exc: BaseException) -> tuple[str, str]:
     return "publication-error", f"publication stopped by an unexpected {type(exc).__name__}"
 
 
-_RUN = Statement("runs.get", "One run's row by id.", "SELECT * FROM runs WHERE id = :id")
+# The newest operator action's id (one look at the end of the primary key), read with the
+# run rows: a count is shared only beside the action it began after (see ProgressCache).
+_LAST_ACTION: Final = "(SELECT coalesce(max(id), 0) FROM operator_actions) AS last_action"
+_RUN = Statement("runs.get", (
+    "One run's row by id, with the newest operator action's id (what its counts are shared "
+    "beside)."), f"SELECT *, {_LAST_ACTION} FROM runs WHERE id = :id")  # noqa: S608
 
 
 async def run_status(engine: AsyncEngine, run_id: int,
@@ -437,85 +443,177 @@ async def run_status(engine: AsyncEngine, run_id: int,
     rows = await fetch(engine, _RUN, {"id": run_id})
     if not rows:
         return None
-    run = rows[0]._mapping
-    counts = await (progress.get(engine, run_id, (run["state"], run["released"]))
-                    if progress is not None else run_progress(engine, run_id))
-    return {**dict(run), **counts}
+    run = dict(rows[0]._mapping)
+    version = _version(run)
+    counts = await (progress.get(engine, run_id, version) if progress is not None
+                    else run_progress(engine, run_id))
+    return {**run, **counts}
 
 
-_ITEMS_BY_STATUS = Statement("runs.items_by_status", (
-    "A run's items counted by status (reads every item of the run)."),
-    "SELECT i.status, count(*) FROM items i JOIN batches b ON b.id = i.batch_id "
-    "WHERE b.run_id = :id GROUP BY i.status")
-_ATTEMPTS_BY_OUTCOME = Statement("runs.attempts_by_outcome", (
-    "A run's attempts counted by outcome (reads every attempt of the run)."),
-    "SELECT a.outcome, count(*) FROM attempts a JOIN items i ON i.id = a.item_id "
-    "JOIN batches b ON b.id = i.batch_id WHERE b.run_id = :id GROUP BY a.outcome")
-# raised to Python's earliest instant as in _RECORD_CANDIDATES (per row: none is NULL)
-_OLDEST_REMAINING = Statement("runs.oldest_remaining", (
-    "The earliest due_at among a run's items not yet finished (pending or leased)."),
-    "SELECT min(greatest(i.due_at, '0001-01-01 00:00:00+00')) "
-    "FROM items i JOIN batches b ON b.id = i.batch_id "
-    "WHERE b.run_id = :id AND i.status IN ('pending', 'leased')")
+def _version(run: dict[str, Any]) -> RunVersion:
+    """What a count of `run` is shared beside (and `last_action` leaves the row)."""
+    return RunVersion(run["state"], run["released"], run.pop("last_action"))
+
+
+# One statement (one snapshot: items and attempts agree) for any number of runs: rows of
+# (run, 'items', status, n), (run, 'attempts', outcome, n) and (run, 'oldest', due_at).
+# Each part reaches the items through the runs' batches (batches' (run_id, seq) key, then
+# items_batch); only the oldest remaining reads item rows, and only unfinished ones. The
+# oldest is raised to Python's earliest instant as in _RECORD_CANDIDATES (per row: none is
+# NULL).
+_PROGRESS = Statement("runs.progress", (
+    "Runs' items counted by status, attempts by outcome and oldest unfinished due_at, for "
+    "several runs at once (reads every item and attempt of those runs)."), """
+    SELECT b.run_id, 'items' AS kind, i.status AS key, count(*) AS n,
+           CAST(NULL AS timestamptz) AS oldest
+    FROM items i JOIN batches b ON b.id = i.batch_id
+    WHERE b.run_id = ANY(CAST(:ids AS bigint[]))
+    GROUP BY b.run_id, i.status
+    UNION ALL
+    SELECT b.run_id, 'attempts', a.outcome, count(*), NULL
+    FROM attempts a JOIN items i ON i.id = a.item_id JOIN batches b ON b.id = i.batch_id
+    WHERE b.run_id = ANY(CAST(:ids AS bigint[]))
+    GROUP BY b.run_id, a.outcome
+    UNION ALL
+    SELECT b.run_id, 'oldest', NULL, 0, min(greatest(i.due_at, '0001-01-01 00:00:00+00'))
+    FROM items i JOIN batches b ON b.id = i.batch_id
+    WHERE b.run_id = ANY(CAST(:ids AS bigint[])) AND i.status IN ('pending', 'leased')
+    GROUP BY b.run_id
+""")
+
+
+async def runs_progress(engine: AsyncEngine, run_ids: Sequence[int]
+                        ) -> dict[int, dict[str, Any]]:
+    """Count each run's items by status and attempts by outcome, and find its oldest
+    remaining item, in one statement: every item and attempt of these runs is read. A run
+    with no items (or no such run) has empty counts."""
+    progress: dict[int, dict[str, Any]] = {
+        run_id: {"items": {}, "attempts": {}, "oldest_remaining_due_at": None}
+        for run_id in run_ids}
+    if not progress:
+        return progress
+    for row in await fetch(engine, _PROGRESS, {"ids": list(progress)}):
+        counts = progress[row.run_id]
+        if row.kind == "oldest":
+            counts["oldest_remaining_due_at"] = row.oldest
+        else:
+            counts[row.kind][row.key] = row.n
+    return progress
 
 
 async def run_progress(engine: AsyncEngine, run_id: int) -> dict[str, Any]:
-    """Count a run's items by status and its attempts by outcome, and find its oldest
-    remaining item: every item and attempt of the run is read."""
-    params = {"id": run_id}
-    async with engine.connect() as conn:
-        by_status: dict[str, int] = dict(
-            map(tuple, await run_statement(conn, _ITEMS_BY_STATUS, params)))
-        by_outcome: dict[str, int] = dict(
-            map(tuple, await run_statement(conn, _ATTEMPTS_BY_OUTCOME, params)))
-        oldest = (await run_statement(conn, _OLDEST_REMAINING, params)).scalar()
-    return {"items": by_status, "attempts": by_outcome, "oldest_remaining_due_at": oldest}
+    """One run's counts (runs_progress)."""
+    return (await runs_progress(engine, [run_id]))[run_id]
 
 
 # How old a run's progress may be when the API answers. Counting reads every item and
 # attempt of the run, database CPU that a dashboard polling every second would otherwise
 # take from the publication and the drain it watches.
 PROGRESS_MAX_AGE_S: Final = 2.0
+# How old a drained run's may be: publication is over and none of its items is pending or
+# leased, so only a re-drive moves its items again (and that is an operator action, which
+# ends the wait at once on every replica). What this bounds: retention pruning its finished
+# items and a fenced late attempt recorded after it drained.
+DRAINED_MAX_AGE_S: Final = 60.0
+# Runs whose publication is over: no item joins their batches any more.
+_SETTLED: Final = frozenset({"published", "failed"})
+_UNFINISHED: Final = ("pending", "leased")
+
+
+@dataclass(frozen=True)
+class RunVersion:
+    """What a count is shown beside: the run row's state and released total, and the
+    newest operator action's id, as they were when the count began."""
+
+    state: str
+    released: int
+    last_action: int = 0
+
+
+def _drained(version: RunVersion, progress: dict[str, Any]) -> bool:
+    """The run's publication is over and none of its items is pending or leased."""
+    return version.state in _SETTLED and not any(progress["items"].get(s)
+                                                  for s in _UNFINISHED)
 
 
 @dataclass
 class _Count:
     started: float
-    run_version: Hashable  # what the run row said when the count began
+    version: RunVersion  # what the run row and the audit trail said when the count began
     result: asyncio.Future[dict[str, Any]]
+    # the statement counting this run and the others begun with it (held here: the event
+    # loop keeps only a weak reference to a task)
+    batch: asyncio.Future[dict[int, dict[str, Any]]]
 
 
 @dataclass
 class ProgressCache:
-    """Run progress counted at most once per `max_age_s` per process: callers within that
-    age share the last count, and callers arriving while a count runs wait for it.
+    """Run progress counted at most once per `max_age_s` per process (a drained run's at
+    most once per `drained_max_age_s`): callers within that age share the last count,
+    callers arriving while a count runs wait for it, and the runs one caller needs that
+    have no count to share are counted together, in one statement.
 
     A count is only shared while the run row still says what it said when the count began
-    (`run_version`: its state and released total), so no count taken before a publication
-    step is shown beside the row after it (a run published with no items counted yet would
-    look finished). Within a published run items only move forward, except when an
-    operator re-drives them: `forget` drops every count."""
+    (its state and released total), so no count taken before a publication step is shown
+    beside the row after it (a run published with no items counted yet would look
+    finished), and while no operator action has been recorded since (a re-drive, on any
+    replica, puts a drained run's items back to pending). `forget` drops every count."""
 
     max_age_s: float = PROGRESS_MAX_AGE_S
-    max_runs: int = 256
+    drained_max_age_s: float = DRAINED_MAX_AGE_S
+    max_runs: int = 1024
+    # statements run and runs counted, since the process started
+    statements: int = 0
+    runs_counted: int = 0
     _counts: dict[int, _Count] = field(default_factory=dict, repr=False)
 
-    async def get(self, engine: AsyncEngine, run_id: int, run_version: Hashable
+    async def get(self, engine: AsyncEngine, run_id: int, version: RunVersion
                   ) -> dict[str, Any]:
-        count = self._counts.get(run_id)
-        if count is None or count.run_version != run_version or (
-                count.result.done() and time.monotonic() - count.started > self.max_age_s):
-            count = _Count(time.monotonic(), run_version,
-                           asyncio.ensure_future(run_progress(engine, run_id)))
-            self._counts[run_id] = count
-            count.result.add_done_callback(lambda done: self._forget_failure(run_id, done))
+        """One run's progress."""
+        return (await self.get_many(engine, {run_id: version}))[run_id]
+
+    async def get_many(self, engine: AsyncEngine, versions: Mapping[int, RunVersion]
+                       ) -> dict[int, dict[str, Any]]:
+        """Each run's progress, counting those without a count to share in one statement."""
+        now = time.monotonic()
+        results: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        missing: list[int] = []
+        for run_id, version in versions.items():
+            count = self._counts.get(run_id)
+            if count is not None and self._shareable(count, version, now):
+                results[run_id] = count.result
+            else:
+                missing.append(run_id)
+        if missing:
+            self.statements += 1
+            self.runs_counted += len(missing)
+            batch = asyncio.ensure_future(runs_progress(engine, missing))
+            loop = asyncio.get_running_loop()
+            for run_id in missing:
+                result: asyncio.Future[dict[str, Any]] = loop.create_future()
+                result.add_done_callback(functools.partial(self._forget_failure, run_id))
+                self._counts.pop(run_id, None)  # re-inserted: the dict stays oldest first
+                self._counts[run_id] = _Count(now, versions[run_id], result, batch)
+                results[run_id] = result
+            batch.add_done_callback(functools.partial(
+                _settle, {run_id: results[run_id] for run_id in missing}))
             self._evict()
         # shielded: a caller that goes away does not cancel the count the others wait for
-        return await asyncio.shield(count.result)
+        return {run_id: await asyncio.shield(result) for run_id, result in results.items()}
 
     def forget(self) -> None:
         """Drop every count (items of some runs changed state backwards)."""
         self._counts.clear()
+
+    def _shareable(self, count: _Count, version: RunVersion, now: float) -> bool:
+        if count.version != version:
+            return False
+        if not count.result.done():
+            return True  # wait for the count in progress
+        if count.result.cancelled() or count.result.exception() is not None:
+            return False
+        drained = _drained(version, count.result.result())
+        return now - count.started <= (self.drained_max_age_s if drained else self.max_age_s)
 
     def _forget_failure(self, run_id: int, result: asyncio.Future[dict[str, Any]]) -> None:
         count = self._counts.get(run_id)
@@ -525,8 +623,21 @@ class ProgressCache:
 
     def _evict(self) -> None:
         while len(self._counts) > self.max_runs:
-            oldest = min(self._counts, key=lambda run: self._counts[run].started)
-            del self._counts[oldest]
+            del self._counts[next(iter(self._counts))]  # the oldest count
+
+
+def _settle(results: dict[int, asyncio.Future[dict[str, Any]]],
+            batch: asyncio.Future[dict[int, dict[str, Any]]]) -> None:
+    """Hand each run its part of a finished batch count (or the batch's failure)."""
+    for run_id, result in results.items():
+        if result.done():
+            continue
+        if batch.cancelled():
+            result.cancel()
+        elif (error := batch.exception()) is not None:
+            result.set_exception(error)
+        else:
+            result.set_result(batch.result()[run_id])
 
 
 _EXISTS = Statement("runs.exists", "Whether a run exists (one primary-key lookup).",
@@ -538,16 +649,26 @@ async def run_exists(engine: AsyncEngine, run_id: int) -> bool:
     return bool(await fetch(engine, _EXISTS, {"id": run_id}))
 
 
-_LIST = Statement("runs.list", "Runs newest first, before a keyset cursor (a run id).",
-                  "SELECT * FROM runs WHERE (CAST(:before AS bigint) IS NULL OR id < :before) "
-                  "ORDER BY id DESC LIMIT :limit")
+_LIST = Statement("runs.list", (
+    "Runs newest first, before a keyset cursor (a run id), with the newest operator "
+    "action's id."), f"""
+    SELECT *, {_LAST_ACTION} FROM runs
+    WHERE (CAST(:before AS bigint) IS NULL OR id < :before)
+    ORDER BY id DESC LIMIT :limit
+""")  # noqa: S608 - only a constant fragment is interpolated
 
 
-async def list_runs(engine: AsyncEngine, *, limit: int, before: int | None
-                    ) -> list[dict[str, Any]]:
-    """Newest first; `before` is the keyset cursor (a run id)."""
-    rows = await fetch(engine, _LIST, {"before": before, "limit": limit})
-    return [dict(r._mapping) for r in rows]
+async def list_runs(engine: AsyncEngine, *, limit: int, before: int | None,
+                    progress: ProgressCache | None = None) -> list[dict[str, Any]]:
+    """Newest first; `before` is the keyset cursor (a run id). Each run with its progress
+    as run_status gives it (through `progress` when given); the runs without a count to
+    share are counted together in one statement."""
+    rows = [dict(r._mapping) for r in await fetch(engine, _LIST, {"before": before,
+                                                                   "limit": limit})]
+    versions = {row["id"]: _version(row) for row in rows}
+    counts = await (progress.get_many(engine, versions) if progress is not None
+                    else runs_progress(engine, list(versions)))
+    return [{**row, **counts[row["id"]]} for row in rows]
 
 
 # Records per evidence page: each page is one short read whose connection goes back to the

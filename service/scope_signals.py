@@ -4,7 +4,7 @@ Pure, like `outcomes`: no I/O and no clock of its own. The worker applies what t
 
     answer                          scope effect
     429 / 503 with a date           closed until that date (at most retry_after_max_seconds),
-                                    held locally until then
+                                    held locally for at most LOCAL_HOLD_S
     429 without a usable date       closed by the scope's own backoff (its level grows),
                                     held locally for at most LOCAL_HOLD_S
     401 / 403                       paused as `unauthorized`, held locally for LOCAL_HOLD_S
@@ -64,7 +64,9 @@ def effects_of(verdict: Classified, answer: Answer, cfg: PolicyConfig, now: date
         signals.append(ScopeSignal.THROTTLED)
         closure = Closure(delay, base, max_s)
         backs_off = delay is None
-        hold = delay if delay is not None else min(LOCAL_HOLD_S, base)
+        # held only until the database closure is in place: that closure is what every
+        # replica obeys, and what an operator's `lift_closure` ends for all of them
+        hold = min(LOCAL_HOLD_S, delay if delay is not None else base)
     elif verdict.outcome is Outcome.UNAUTHORIZED:
         signals.append(ScopeSignal.UNAUTHORIZED)
         pause = True

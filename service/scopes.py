@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service import audit
-from service.db.statements import Statement, fetch, ready_item, run
+from service.db.statements import CLOSURE_OVER, Statement, fetch, ready_item, run
 from service.limiter import tokens_at
 
 # `eligible` is the set sweeper_items_eligible counts (ready_item on the same clock), per
@@ -69,31 +69,67 @@ async def set_budget(engine: AsyncEngine, scope: str, *, rate: float, burst: int
     return True
 
 
-_SET_PAUSED = Statement("scopes.set_paused", (
-    "An operator pauses one scope (with a reason) or resumes it, which also lifts a closure "
-    "and its backoff."), """
+_PAUSE = Statement("scopes.pause", (
+    "An operator pauses one scope, with a reason; a closure and its backoff stay as they "
+    "are."), """
     UPDATE scopes
-    SET paused = CAST(:paused AS boolean),
-        paused_reason = CASE WHEN CAST(:paused AS boolean)
-                             THEN coalesce(CAST(:reason AS text), 'operator') END,
-        closed_until = CASE WHEN CAST(:paused AS boolean) THEN closed_until END,
-        backoff_level = CASE WHEN CAST(:paused AS boolean) THEN backoff_level ELSE 0 END,
+    SET paused = true, paused_reason = coalesce(CAST(:reason AS text), 'operator'),
         updated_at = now()
     WHERE name = :name RETURNING name
 """)
 
 
-async def set_paused(engine: AsyncEngine, scope: str, *, paused: bool, actor: str,
-                     reason: str | None) -> bool:
-    """Pause (with a reason) or resume a scope; resuming also lifts a closure. False if the
-    scope does not exist."""
+async def pause(engine: AsyncEngine, scope: str, *, actor: str, reason: str | None) -> bool:
+    """Pause a scope (with a reason). False if the scope does not exist."""
     async with engine.begin() as conn:
-        row = (await run(conn, _SET_PAUSED, {"paused": paused, "reason": reason,
-                                             "name": scope})).first()
+        row = (await run(conn, _PAUSE, {"reason": reason, "name": scope})).first()
         if row is None:
             return False
-        await audit.record(conn, actor=actor, reason=reason, details={"scope": scope},
-                           action="scope.pause" if paused else "scope.resume")
+        await audit.record(conn, actor=actor, action="scope.pause", reason=reason,
+                           details={"scope": scope})
+    return True
+
+
+# A resume lifts a pause: the operator's, or `unauthorized` after a 401/403. A closure is
+# the upstream's word (a 429's Retry-After, an exhausted RateLimit header, or the backoff
+# after 429s without a date), so it stays unless the operator overrides it (`lift`): then
+# the closure ends, the backoff resets, and the bucket refills from now, starting from the
+# empty bucket the closure left (not from the end of the closure it no longer waits for).
+# Returns the closure as it was (the end of one in force, else NULL: CLOSURE_OVER) and the
+# backoff level, for the audit row.
+_RESUME = Statement("scopes.resume", (
+    "An operator resumes one scope, keeping an upstream closure unless told to lift it and "
+    "its backoff; returns the closure as it was."), f"""
+    WITH before AS (
+        SELECT s.name, CASE WHEN NOT {CLOSURE_OVER} THEN s.closed_until END AS closed_until,
+               s.backoff_level
+        FROM scopes s WHERE s.name = :name FOR UPDATE
+    )
+    UPDATE scopes s
+    SET paused = false, paused_reason = NULL,
+        closed_until = CASE WHEN CAST(:lift AS boolean) THEN NULL ELSE s.closed_until END,
+        backoff_level = CASE WHEN CAST(:lift AS boolean) THEN 0 ELSE s.backoff_level END,
+        refilled_at = CASE WHEN CAST(:lift AS boolean)
+                           THEN least(s.refilled_at, clock_timestamp()) ELSE s.refilled_at END,
+        updated_at = now()
+    FROM before WHERE s.name = before.name
+    RETURNING s.name, before.closed_until, before.backoff_level
+""")  # noqa: S608 - only a constant fragment is interpolated
+
+
+async def resume(engine: AsyncEngine, scope: str, *, actor: str, reason: str | None,
+                 lift_closure: bool = False) -> bool:
+    """Resume a scope. An upstream closure and its backoff stay unless `lift_closure`
+    (an operator overriding the upstream's Retry-After); the audit row records the choice
+    and the closure as it was. False if the scope does not exist."""
+    async with engine.begin() as conn:
+        row = (await run(conn, _RESUME, {"lift": lift_closure, "name": scope})).first()
+        if row is None:
+            return False
+        closed_until = row.closed_until.isoformat() if row.closed_until else None
+        await audit.record(conn, actor=actor, action="scope.resume", reason=reason, details={
+            "scope": scope, "lift_closure": lift_closure, "closed_until": closed_until,
+            "backoff_level": row.backoff_level})
     return True
 
 

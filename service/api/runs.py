@@ -71,9 +71,13 @@ class RunOut(BaseModel):
     report: dict[str, Any]
     created_at: datetime
     published_at: datetime | None
-    items: dict[str, int] = Field(default_factory=dict, description="items by status")
+    items: dict[str, int] = Field(default_factory=dict, description=(
+        "items by status; counted at most every 2 s per replica, like `attempts` and "
+        "`oldest_remaining_due_at` (a drained run's, published or failed with nothing "
+        "pending or leased, at most every 60 s until an operator acts)"))
     attempts: dict[str, int] = Field(default_factory=dict, description="attempts by outcome")
-    oldest_remaining_due_at: datetime | None = None
+    oldest_remaining_due_at: datetime | None = Field(default=None, description=(
+        "the earliest due_at among the run's items still pending or leased"))
 
 
 class RunPage(BaseModel):
@@ -130,8 +134,10 @@ async def list_runs(runtime: RuntimeDep, _actor: OperatorDep,
                     limit: Annotated[int, Query(ge=1, le=500)] = 50,
                     before: Annotated[int | None, Query(ge=1, le=MAX_BIGINT)] = None
                     ) -> RunPage:
-    """Runs, newest first."""
-    rows = await runs.list_runs(runtime.engine, limit=limit, before=before)
+    """Runs, newest first, each with its counts as `GET /v1/runs/{run_id}` shows them (the
+    same per-replica counts; the runs without a recent one are counted together)."""
+    rows = await runs.list_runs(runtime.engine, limit=limit, before=before,
+                                progress=runtime.run_progress)
     return RunPage(runs=[RunOut.model_validate(r) for r in rows],
                    next_before=rows[-1]["id"] if len(rows) == limit else None)
 
@@ -141,7 +147,8 @@ async def list_runs(runtime: RuntimeDep, _actor: OperatorDep,
 async def get_run(runtime: RuntimeDep, _actor: OperatorDep,
                   run_id: Annotated[int, Path(ge=1, le=MAX_BIGINT)]) -> RunOut:
     """A run with counts by item status, attempts by outcome and the oldest remaining item
-    (counted at most every 2 s per replica: the counts read every item of the run)."""
+    (counted at most every 2 s per replica, a drained run's at most every 60 s: the counts
+    read every item of the run)."""
     status = await runs.run_status(runtime.engine, run_id, runtime.run_progress)
     if status is None:
         raise Problem(404, "run-not-found", "Run not found", f"no run {run_id}")

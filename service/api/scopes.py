@@ -38,8 +38,13 @@ class ScopeOut(BaseModel):
         "tokens in the bucket now; below zero while workers hold tokens reserved ahead. "
         "At most the burst less the tokens a worker may still spend late "
         "(burst - ceil(max(rate x 0.02, 1)), at least 1)"))
-    closed_until: datetime | None
-    backoff_level: int
+    closed_until: datetime | None = Field(description=(
+        "the upstream's closure: no call before this moment (a 429's Retry-After, an "
+        "exhausted RateLimit header, or the backoff after 429s without a date); null or "
+        "past: not closed. A resume keeps it unless its body says lift_closure"))
+    backoff_level: int = Field(description=(
+        "429s without a usable date since the last success: the next one closes the scope "
+        "for the policy's backoff base x 2^level, at most its backoff max"))
     paused: bool
     paused_reason: str | None
     budget_from_policy: bool
@@ -76,6 +81,16 @@ class ReasonIn(RequestBody):
     reason: str | None = Field(default=None, max_length=1000)
 
 
+class ResumeIn(RequestBody):
+    """Why (recorded in the audit trail), and whether to override the upstream's closure."""
+
+    reason: str | None = Field(default=None, max_length=1000)
+    lift_closure: bool = Field(default=False, description=(
+        "also end a closure the upstream imposed (a 429's Retry-After or its backoff) and "
+        "reset the backoff: an operator overriding the upstream, recorded in the audit "
+        "trail. Without it a closed scope stays closed until closed_until"))
+
+
 class WorkersOut(BaseModel):
     """Whether every replica has stopped claiming."""
 
@@ -99,6 +114,14 @@ REASON_EXAMPLES: dict[str, Example] = {
             "value": {"reason": "upstream maintenance window"}},
 }
 ReasonBody = Annotated[ReasonIn | None, Body(openapi_examples=REASON_EXAMPLES)]
+RESUME_EXAMPLES: dict[str, Example] = {
+    "lift-pause": {"summary": "lift a pause; a closure the upstream imposed (429) stays",
+                   "value": {"reason": "migration done"}},
+    "override-closure": {"summary": "also lift the upstream's closure and backoff, once it "
+                                    "confirms its limit is reset",
+                         "value": {"reason": "upstream reset our limit (ticket 4412)",
+                                   "lift_closure": True}},
+}
 
 
 async def _changed(runtime: RuntimeDep, name: str, found: bool) -> ScopeOut:
@@ -138,18 +161,23 @@ async def set_budget(runtime: RuntimeDep, actor: OperatorDep, scope: ScopeName,
 async def pause_scope(runtime: RuntimeDep, actor: OperatorDep, scope: ScopeName,
                       body: ReasonBody = None) -> ScopeOut:
     """Stop calls for one scope; its items wait, unpunished."""
-    found = await scopes.set_paused(runtime.engine, scope, paused=True, actor=actor,
-                                    reason=body.reason if body else None)
+    found = await scopes.pause(runtime.engine, scope, actor=actor,
+                               reason=body.reason if body else None)
     return await _changed(runtime, scope, found)
 
 
 @router.post("/scopes/{scope}/resume", operation_id="resumeScope", response_model=ScopeOut,
              responses=_SCOPE_ERRORS)
 async def resume_scope(runtime: RuntimeDep, actor: OperatorDep, scope: ScopeName,
-                       body: ReasonBody = None) -> ScopeOut:
-    """Reopen a paused (e.g. `unauthorized`) or closed scope."""
-    found = await scopes.set_paused(runtime.engine, scope, paused=False, actor=actor,
-                                    reason=body.reason if body else None)
+                       body: Annotated[ResumeIn | None, Body(
+                           openapi_examples=RESUME_EXAMPLES)] = None) -> ScopeOut:
+    """Lift a scope's pause (an operator's, or `unauthorized` after a 401/403). A closure
+    the upstream imposed (a 429's Retry-After, or its backoff) stays until `closed_until`,
+    which the answer shows, unless `lift_closure` is true: then the closure ends and the
+    backoff resets, paused or not. The audit trail records the choice."""
+    request = body or ResumeIn()
+    found = await scopes.resume(runtime.engine, scope, actor=actor, reason=request.reason,
+                                lift_closure=request.lift_closure)
     return await _changed(runtime, scope, found)
 
 

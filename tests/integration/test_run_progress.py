@@ -1,30 +1,41 @@
 """Run progress is counted over every item and attempt of a run, so the API shares one
-count among its callers for a short while instead of counting per request."""
+count among its callers for a short while instead of counting per request, and counts the
+runs a list lacks together, in one statement."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import contextlib
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Final
 
+import httpx
 import pytest
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import runs
+from service import ledger, runs
+from tests.conftest import TOKEN_A, LiveServer, test_settings
 from tests.integration.test_pipeline import make_policies, register, release_all
+
+V: Final = runs.RunVersion("published", 3)
 
 
 @pytest.fixture
 def counted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Each real count's run id, in order; each count takes at least 50 ms."""
+    """Each real count's run ids, in order (one count may take several runs); each count
+    takes at least 50 ms."""
     calls: list[int] = []
-    real = runs.run_progress
+    real = runs.runs_progress
 
-    async def slow_count(engine: AsyncEngine, run_id: int) -> dict[str, Any]:
-        calls.append(run_id)
+    async def slow_count(engine: AsyncEngine, run_ids: Sequence[int]
+                         ) -> dict[int, dict[str, Any]]:
+        calls.extend(run_ids)
         await asyncio.sleep(0.05)
-        return await real(engine, run_id)
+        return await real(engine, run_ids)
 
-    monkeypatch.setattr(runs, "run_progress", slow_count)
+    monkeypatch.setattr(runs, "runs_progress", slow_count)
     return calls
 
 
@@ -68,18 +79,18 @@ async def test_a_failed_count_is_not_kept(engine: AsyncEngine,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     await register(engine, make_policies("http://127.0.0.1:9"), 3)
     run_id = await release_all(engine)
-    real, failures = runs.run_progress, [OSError("database went away")]
+    real, failures = runs.runs_progress, [OSError("database went away")]
 
-    async def flaky(engine: AsyncEngine, run_id: int) -> dict[str, Any]:
+    async def flaky(engine: AsyncEngine, run_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
         if failures:
             raise failures.pop()
-        return await real(engine, run_id)
+        return await real(engine, run_ids)
 
-    monkeypatch.setattr(runs, "run_progress", flaky)
+    monkeypatch.setattr(runs, "runs_progress", flaky)
     cache = runs.ProgressCache()
     with pytest.raises(OSError, match="went away"):
-        await cache.get(engine, run_id, "v")
-    assert (await cache.get(engine, run_id, "v"))["items"] == {"pending": 3}
+        await cache.get(engine, run_id, V)
+    assert (await cache.get(engine, run_id, V))["items"] == {"pending": 3}
 
 
 async def test_a_caller_that_leaves_does_not_cancel_the_others_count(
@@ -87,8 +98,8 @@ async def test_a_caller_that_leaves_does_not_cancel_the_others_count(
     await register(engine, make_policies("http://127.0.0.1:9"), 3)
     run_id = await release_all(engine)
     cache = runs.ProgressCache()
-    leaving = asyncio.create_task(cache.get(engine, run_id, "v"))
-    staying = asyncio.create_task(cache.get(engine, run_id, "v"))
+    leaving = asyncio.create_task(cache.get(engine, run_id, V))
+    staying = asyncio.create_task(cache.get(engine, run_id, V))
     await asyncio.sleep(0.01)
     leaving.cancel()
     assert (await staying)["items"] == {"pending": 3}
@@ -98,5 +109,169 @@ async def test_a_caller_that_leaves_does_not_cancel_the_others_count(
 async def test_the_cache_holds_a_bounded_number_of_runs(engine: AsyncEngine) -> None:
     cache = runs.ProgressCache(max_runs=3)
     for run_id in range(1, 6):
-        await cache.get(engine, run_id, "v")  # no such runs: empty counts, still cached
+        await cache.get(engine, run_id, V)  # no such runs: empty counts, still cached
     assert sorted(cache._counts) == [3, 4, 5]
+
+
+async def finish(engine: AsyncEngine, run_id: int, n: int, status: str, outcome: str) -> None:
+    """`n` of the run's pending items finished as a worker leaves them, one attempt each."""
+    async with engine.begin() as conn:
+        await conn.execute(text("""
+            WITH chosen AS (
+                SELECT i.id FROM items i JOIN batches b ON b.id = i.batch_id
+                WHERE b.run_id = :run AND i.status = 'pending' ORDER BY i.id LIMIT :n
+            ),
+            done AS (
+                UPDATE items i SET status = CAST(:status AS text), completed_at = now(),
+                    attempts = 1, last_outcome = CAST(:outcome AS text),
+                    dead_reason = CASE WHEN CAST(:status AS text) = 'dead'
+                                       THEN 'http_422' END
+                FROM chosen WHERE i.id = chosen.id RETURNING i.id
+            )
+            INSERT INTO attempts (item_id, attempt_no, worker, lease_token, started_at,
+                                  finished_at, outcome, latency_ms)
+            SELECT id, 1, 'test', gen_random_uuid(), now(), now(), CAST(:outcome AS text), 1
+            FROM done"""), {"run": run_id, "n": n, "status": status, "outcome": outcome})
+
+
+async def three_runs(engine: AsyncEngine) -> list[int]:
+    """Three published runs, oldest first: 2 items (1 succeeded), 3 (all dead), 4 pending."""
+    policies = make_policies("http://127.0.0.1:9")
+    run_ids = []
+    for tenant, n in (("a", 2), ("b", 3), ("c", 4)):
+        await register(engine, policies, n, tenant=tenant)
+        run_ids.append(await release_all(engine))
+    await finish(engine, run_ids[0], 1, "succeeded", "succeeded")
+    await finish(engine, run_ids[1], 3, "dead", "permanent")
+    return run_ids
+
+
+EXPECTED: Final = [  # three_runs's, newest first
+    ({"pending": 4}, {}),
+    ({"dead": 3}, {"permanent": 3}),
+    ({"succeeded": 1, "pending": 1}, {"succeeded": 1}),
+]
+
+
+async def test_a_list_counts_the_runs_it_lacks_in_one_statement(
+        engine: AsyncEngine, counted: list[int]) -> None:
+    first, second, third = await three_runs(engine)
+    cache = runs.ProgressCache()
+    assert (await runs.run_status(engine, first, cache) or {})["items"] == EXPECTED[2][0]
+    listed = await runs.list_runs(engine, limit=10, before=None, progress=cache)
+    assert [r["id"] for r in listed] == [third, second, first]
+    assert [(r["items"], r["attempts"]) for r in listed] == EXPECTED
+    assert listed[1]["oldest_remaining_due_at"] is None  # nothing left to do
+    assert all("last_action" not in run for run in listed)
+    # the first run's count was shared; the other two were counted in one statement
+    assert counted == [first, third, second]
+    assert (cache.statements, cache.runs_counted) == (2, 3)
+    assert await runs.list_runs(engine, limit=10, before=None, progress=cache) == listed
+    assert (cache.statements, cache.runs_counted) == (2, 3)
+    # pages count only their own runs
+    page = await runs.list_runs(engine, limit=1, before=third, progress=runs.ProgressCache())
+    assert [r["id"] for r in page] == [second] and counted[3:] == [second]
+    for run in listed:  # the same figures as a count of each run alone
+        assert {k: run[k] for k in ("items", "attempts", "oldest_remaining_due_at")} == \
+            await runs.run_progress(engine, run["id"])
+
+
+async def test_a_drained_runs_count_is_kept_longer_until_an_operator_acts(
+        engine: AsyncEngine, counted: list[int]) -> None:
+    first, second, third = await three_runs(engine)
+    cache = runs.ProgressCache(max_age_s=0.05, drained_max_age_s=60)
+    await runs.list_runs(engine, limit=10, before=None, progress=cache)
+    assert counted == [third, second, first]
+    await asyncio.sleep(0.1)
+    # the run still pending and the half-done one are counted again; the drained one is not
+    await runs.list_runs(engine, limit=10, before=None, progress=cache)
+    assert counted[3:] == [third, first]
+    # a re-drive (an operator action, here on another replica: this cache is not told)
+    # puts the drained run's items back to pending: its count is not shared any more
+    assert len(await ledger.redrive(engine, ledger.ItemFilter(policy="carts"),
+                                    actor="test", reason="fixed", limit=10)) == 3
+    status = await runs.run_status(engine, second, cache)
+    assert status is not None and status["items"] == {"pending": 3}
+    assert counted[5:] == [second]
+
+
+# -- over HTTP: GET /v1/runs shows what GET /v1/runs/{id} shows, from the same counts ------
+
+@contextlib.asynccontextmanager
+async def served(db_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    """A replica (API only) on the test's database, and a client for it."""
+    async with LiveServer(test_settings(db_url), make_policies("http://127.0.0.1:9"),
+                          db_url) as live:
+        async with httpx.AsyncClient(base_url=live.base_url, timeout=10, headers={
+                "Authorization": f"Bearer {TOKEN_A}"}) as api:
+            yield api
+
+
+async def listing(api: httpx.AsyncClient) -> dict[int, dict[str, Any]]:
+    answer = await api.get("/v1/runs")
+    assert answer.status_code == 200, answer.text
+    return {run["id"]: run for run in answer.json()["runs"]}
+
+
+async def test_the_run_list_shows_each_runs_counts(db_url: str, engine: AsyncEngine) -> None:
+    run_ids = await three_runs(engine)
+    async with served(db_url) as api:
+        listed = await listing(api)
+        assert [(listed[r]["items"], listed[r]["attempts"]) for r in reversed(run_ids)] == \
+            EXPECTED
+        assert listed[run_ids[2]]["oldest_remaining_due_at"] == "2026-01-01T00:00:00Z"
+        assert listed[run_ids[1]]["oldest_remaining_due_at"] is None
+        for run_id in run_ids:
+            assert (await api.get(f"/v1/runs/{run_id}")).json() == listed[run_id]
+
+
+@pytest.mark.slow
+async def test_list_requests_within_the_window_share_one_count(db_url: str,
+                                                               engine: AsyncEngine) -> None:
+    await register(engine, make_policies("http://127.0.0.1:9"), 5)
+    run_id = await release_all(engine)
+    async with served(db_url) as api:
+        for _ in range(5):
+            started = time.monotonic()
+            # an operator action: no count this replica took before it is shared after it
+            assert (await api.post("/v1/workers/resume")).status_code == 200
+            before = (await listing(api))[run_id]
+            await finish(engine, run_id, 1, "succeeded", "succeeded")  # as a worker does
+            again = (await listing(api))[run_id]
+            single = (await api.get(f"/v1/runs/{run_id}")).json()
+            if time.monotonic() - started < runs.PROGRESS_MAX_AGE_S:
+                break  # else too slow to tell a shared count from a new one: again
+        else:
+            pytest.fail("the machine never answered three requests within the window")
+        # not counted again: the item that succeeded in between is not seen yet
+        assert again == single == before
+        await asyncio.sleep(runs.PROGRESS_MAX_AGE_S + 0.1)
+        after = (await listing(api))[run_id]
+        assert after["items"]["succeeded"] == before["items"].get("succeeded", 0) + 1
+        assert (await api.get(f"/v1/runs/{run_id}")).json() == after
+
+
+@pytest.mark.slow
+async def test_a_drained_runs_count_waits_for_an_operator_action_on_any_replica(
+        db_url: str, engine: AsyncEngine) -> None:
+    await register(engine, make_policies("http://127.0.0.1:9"), 3)
+    run_id = await release_all(engine)
+    await finish(engine, run_id, 3, "dead", "permanent")
+    async with served(db_url) as one, served(db_url) as other:
+        assert (await listing(one))[run_id]["attempts"] == {"permanent": 3}
+        # a late completion fenced out after the run drained: an attempt row, nothing else
+        async with engine.begin() as conn:
+            await conn.execute(text(
+                "INSERT INTO attempts (item_id, attempt_no, worker, lease_token, started_at, "
+                "finished_at, outcome, latency_ms, fenced) SELECT min(id), 1, 'late', "
+                "gen_random_uuid(), now(), now(), 'succeeded', 1, true FROM items"))
+        await asyncio.sleep(runs.PROGRESS_MAX_AGE_S + 0.2)
+        kept = (await listing(one))[run_id]  # drained: the count is kept longer
+        assert (kept["items"], kept["attempts"]) == ({"dead": 3}, {"permanent": 3})
+        redriven = await other.post("/v1/items/redrive", json={
+            "policy": "carts", "reason": "http_422", "why": "upstream fixed"})
+        assert redriven.status_code == 200 and redriven.json()["count"] == 3
+        # the other replica's re-drive is an operator action: this one counts again at once
+        seen = (await listing(one))[run_id]
+        assert seen["items"] == {"pending": 3}
+        assert seen["attempts"] == {"permanent": 3, "succeeded": 1}

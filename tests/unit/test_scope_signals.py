@@ -40,10 +40,10 @@ def effects(answer: Answer, **policy: object) -> object:
     (Answer(failure=Failure.CONNECT), NO_EFFECT),
     (Answer(status=429, retry_after="30"),
      {"signals": (ScopeSignal.THROTTLED,), "closure": Closure(30.0, 2.0, 60.0),
-      "hold_seconds": 30.0, "backs_off": False}),
+      "hold_seconds": LOCAL_HOLD_S, "backs_off": False}),
     # a date beyond retry_after_max_seconds is cut to it
     (Answer(status=429, retry_after="86400"),
-     {"closure": Closure(600.0, 2.0, 60.0), "hold_seconds": 600.0}),
+     {"closure": Closure(600.0, 2.0, 60.0), "hold_seconds": LOCAL_HOLD_S}),
     (Answer(status=429),
      {"signals": (ScopeSignal.THROTTLED,), "closure": Closure(None, 2.0, 60.0),
       "hold_seconds": LOCAL_HOLD_S, "backs_off": True}),
@@ -59,7 +59,7 @@ def effects(answer: Answer, **policy: object) -> object:
     # a quota reset longer than the 429's date wins; the throttle still counts
     (Answer(status=429, retry_after="5", rate_limits=SPENT),
      {"signals": (ScopeSignal.THROTTLED, ScopeSignal.QUOTA_EXHAUSTED),
-      "closure": Closure(20.0, 2.0, 60.0), "hold_seconds": 5.0}),
+      "closure": Closure(20.0, 2.0, 60.0), "hold_seconds": LOCAL_HOLD_S}),
     # a quota with calls left, or reset now, names no wait
     (Answer(status=204, rate_limits={"x-ratelimit-remaining": "3",
                                      "x-ratelimit-reset": "20"}), SUCCESS),
