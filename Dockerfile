@@ -1,22 +1,30 @@
 # syntax=docker/dockerfile:1
-# Build stage: a virtualenv with Sweeper and its dependencies. The dependency layer is built
-# from pyproject.toml alone (no project build, so no source is needed yet): a code change
-# reuses it, and only the last layer installs the project itself, without its dependencies.
-FROM python:3.12-slim AS build
+# The base of both stages, pinned by digest: the multi-platform index (linux/amd64 and
+# linux/arm64 among its platforms) that Docker Hub published for python:3.12.14-slim-bookworm
+# on 2026-08-25. The tag says what it is; the digest is what is pulled, so two builds of one
+# commit start from the same bytes. Moving it (a new patch release, a rebuilt Debian base) and
+# keeping it in step with requirements/image.txt: docs/operations.md#the-image.
+FROM python:3.12.14-slim-bookworm@sha256:0f5b26b9518d002b6173fd61daad821fa340635ebfec5bba471013f9ca114579 AS base
+
+# Build stage: a virtualenv with Sweeper and its dependencies. The dependency layer installs
+# the lock file alone: every package pinned and checked against its sha256, wheels only (no
+# build of anything at install time), nothing from the extras (no embedded PostgreSQL). A code
+# change reuses that layer; only the last one installs the project itself, without its
+# dependencies.
+FROM base AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 WORKDIR /src
 RUN python -m venv /opt/venv
-COPY pyproject.toml ./
-RUN python -c "import tomllib; project = tomllib.load(open('pyproject.toml', 'rb'))['project']; open('requirements.txt', 'w').write('\n'.join(project['dependencies']))" \
-    && /opt/venv/bin/pip install -r requirements.txt
-COPY README.md ./
+COPY requirements/image.txt ./requirements/
+RUN /opt/venv/bin/pip install --require-hashes --only-binary=:all: -r requirements/image.txt
+COPY pyproject.toml README.md ./
 COPY service ./service
 COPY drills ./drills
 COPY migrations ./migrations
 RUN /opt/venv/bin/pip install --no-deps .
 
 # Runtime stage: only the virtualenv, a non-root user, no compilers, no curl.
-FROM python:3.12-slim
+FROM base
 RUN useradd --system --uid 10001 --home-dir /var/lib/sweeper --create-home sweeper
 COPY --from=build /opt/venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
