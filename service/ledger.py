@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
@@ -108,6 +108,41 @@ class ScopeTooLong(ValueError):
         self.tenant_id = tenant_id
 
 
+class HostRefused(ValueError):
+    """An obligation whose tenant (or object) id would make a host its policy's upstream
+    refuses (service/templates.py); nothing was written."""
+
+    def __init__(self, index: int, field: str, problem: str) -> None:
+        super().__init__(problem)
+        self.index = index
+        self.field = field
+
+
+def host_problems(tenant_ids: Sequence[str], object_ids: Sequence[str],
+                  policy_names: Sequence[str], policies: Mapping[str, Policy | None]
+                  ) -> Iterator[tuple[int, str, str]]:
+    """(index, field, problem) of each obligation whose policy's upstream has a templated
+    host and refuses the host its ids make. Nothing to do for fixed hosts; each distinct
+    host is checked once."""
+    templated = {name: policy.request for name, policy in policies.items()
+                 if policy is not None and policy.request.host_format is not None}
+    if not templated:
+        return
+    seen: dict[tuple[str, str, str], str | None] = {}
+    for n, name in enumerate(policy_names):
+        request = templated.get(name)
+        if request is None:
+            continue
+        tenant = tenant_ids[n] if "tenant_id" in request.host_uses else ""
+        obj = object_ids[n] if "object_id" in request.host_uses else ""
+        key = (name, tenant, obj)
+        if key not in seen:
+            seen[key] = request.host_problem(tenant, obj)
+        problem = seen[key]
+        if problem is not None:
+            yield n, request.host_field, problem
+
+
 @dataclass(frozen=True)
 class RegistrationResult:
     """How many rows were new, had their due_at moved earlier, or stayed as they were."""
@@ -197,11 +232,15 @@ def _column(values: Sequence[str]) -> str:
 
 async def register(engine: AsyncEngine, obligations: Obligations | Sequence[Registration]
                    ) -> RegistrationResult:
-    """Register obligations idempotently in one transaction. ValueError (ScopeTooLong
-    among them) for a value the ledger cannot hold, before anything is written."""
+    """Register obligations idempotently in one transaction. ValueError (ScopeTooLong and
+    HostRefused among them) for a value the ledger cannot hold or the upstream could never be
+    called with, before anything is written."""
     given = obligations if isinstance(obligations, Obligations) else Obligations.of(obligations)
     if any(due.tzinfo is None for due in given.due_ats):
         raise ValueError("due_at must be timezone-aware")
+    for n, field, problem in host_problems(given.tenant_ids, given.object_ids,
+                                           given.policy_names, given.policies):
+        raise HostRefused(n, field, problem)
     rows = given.earliest_per_obligation()
     policies = [rows.policies[name] for name in rows.policy_names]
     versions = [policy.version for policy in policies]

@@ -23,9 +23,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from service.errors import ConfigError
 from service.signatures import standard_key
+from service.templates import (
+    FIELDS,
+    Origin,
+    RequestTemplate,
+    TemplateProblems,
+    compile_origin,
+    compile_request,
+    parse_json_body,
+)
 
 SCOPE_FIELDS = frozenset({"tenant_id", "upstream", "policy"})
-PATH_FIELDS = frozenset({"object_id", "tenant_id"})
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
 
 _DURATION = re.compile(
@@ -77,9 +85,12 @@ class _Strict(BaseModel):
 
 
 class UpstreamConfig(_Strict):
-    """An HTTP deletion API and how to reach it."""
+    """An HTTP deletion API and how to reach it. The base_url may hold placeholders in the
+    host (then host_pattern, a regular expression every host must fully match, is required)
+    and in the path: see service/templates.py."""
 
     base_url: Annotated[str, Field(pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$")]
+    host_pattern: str | None = Field(default=None, min_length=1, max_length=1000)
     headers_from_env: dict[str, str] = Field(default_factory=dict)
     timeout_seconds: float = Field(default=10.0, gt=0, le=300)
     max_connections: int = Field(default=100, ge=1, le=10_000)
@@ -111,6 +122,8 @@ class PolicyConfig(_Strict):
     upstream: str
     method: Literal["DELETE", "POST", "PUT", "PATCH"] = "DELETE"
     path: str
+    # the JSON body: a TOML table or array, or JSON text; its strings are templates
+    body: dict[str, Any] | list[Any] | None = None
     scope: str = "credential:{upstream}"
     rate: RateConfig
     lease_seconds: int = Field(default=60, ge=5, le=86_400)
@@ -124,12 +137,21 @@ class PolicyConfig(_Strict):
     def _path_template(cls, value: str) -> str:
         if not value.startswith("/"):
             raise ValueError("must start with '/'")
-        unknown = template_fields(value) - PATH_FIELDS
+        if "#" in value:
+            raise ValueError("must not contain '#' (a fragment is never sent)")
+        unknown = template_fields(value) - set(FIELDS)
         if unknown:
             raise ValueError(f"unknown placeholder(s) {sorted(unknown)}; allowed: "
-                             f"{sorted(PATH_FIELDS)}")
-        if "{object_id}" not in value:
-            raise ValueError("must contain {object_id}")
+                             f"{sorted(FIELDS)}")
+        return value
+
+    @field_validator("body", mode="before")
+    @classmethod
+    def _body(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return parse_json_body(value)
+        if value is not None and not isinstance(value, (dict, list)):
+            raise ValueError("must be a table or an array (the JSON body), or JSON text")
         return value
 
     @field_validator("scope")
@@ -213,11 +235,13 @@ class PoliciesFile(_Strict):
 
 @dataclass(frozen=True)
 class Upstream:
-    """A resolved upstream: its config plus header values read from the environment."""
+    """A resolved upstream: its config plus header values read from the environment, and
+    its base_url compiled."""
 
     name: str
     config: UpstreamConfig
     headers: Mapping[str, str] = field(repr=False)
+    origin: Origin = field(repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -226,6 +250,7 @@ class Policy:
 
     name: str
     config: PolicyConfig
+    request: RequestTemplate = field(repr=False, compare=False)  # what each call sends
 
     @property
     def version(self) -> int:
@@ -309,15 +334,22 @@ def resolve_policies(raw: Mapping[str, Any], env: Mapping[str, str], *, source: 
     for name, up in parsed.upstreams.items():
         headers = {header: secret(var, f"upstreams.{name}.headers_from_env.{header}")
                    for header, var in up.headers_from_env.items()}
-        upstreams[name] = Upstream(name=name, config=up, headers=headers)
+        try:
+            origin = compile_origin(name, up.base_url, up.host_pattern)
+        except TemplateProblems as exc:
+            for sub, message in exc.problems:
+                fail(f"upstreams.{name}.{sub}", message)
+            continue
+        upstreams[name] = Upstream(name=name, config=up, headers=headers, origin=origin)
 
     policies: dict[str, Policy] = {}
     for name, pol in parsed.policies.items():
         key = f"policies.{name}"
         upstream = upstreams.get(pol.upstream)
         if upstream is None:
-            fail(f"{key}.upstream", f"unknown upstream {pol.upstream!r}; declared: "
-                                    f"{sorted(upstreams) or 'none'}")
+            if pol.upstream not in parsed.upstreams:  # else its own problem is listed
+                fail(f"{key}.upstream", f"unknown upstream {pol.upstream!r}; declared: "
+                                        f"{sorted(parsed.upstreams) or 'none'}")
         # The call's deadline must end before the lease does, or a slow upstream would let a
         # second worker reclaim an item whose first call is still in flight.
         elif upstream.config.timeout_seconds >= pol.lease_seconds:
@@ -325,7 +357,16 @@ def resolve_policies(raw: Mapping[str, Any], env: Mapping[str, str], *, source: 
                                          f"timeout_seconds ({upstream.config.timeout_seconds})")
         if pol.backoff.max_seconds < pol.backoff.base_seconds:
             fail(f"{key}.backoff.max_seconds", "must be at least base_seconds")
-        policies[name] = Policy(name=name, config=pol)
+        if upstream is None:
+            continue
+        try:
+            request = compile_request(upstream.origin, policy=name, version=pol.version,
+                                      path=pol.path, body=pol.body)
+        except TemplateProblems as exc:
+            for sub, message in exc.problems:
+                fail(f"{key}.{sub}", message)
+            continue
+        policies[name] = Policy(name=name, config=pol, request=request)
 
     webhooks: dict[str, WebhookSource] = {}
     for name, src in parsed.webhooks.items():

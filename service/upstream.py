@@ -9,8 +9,11 @@ Transport errors are mapped here, once, to :class:`service.outcomes.Failure`:
     ├── ReadError, RemoteProtocolError             -> RESET_AFTER_SEND
     └── other protocol errors                      -> PROTOCOL
 
-Ids are percent-encoded into their own path segment, so `/`, `..`, `?`, `#` or unicode in
-an id can never reach another path. Response bodies are read up to a small cap and dropped.
+What a call sends is the policy's compiled request template (service/templates.py): ids are
+percent-encoded into their own path segment or query value, so `/`, `..`, `?`, `#` or
+unicode in an id can never reach another path; a templated host is checked against the
+upstream's host_pattern on every call; a JSON body carries ids as JSON strings. Response
+bodies are read up to a small cap and dropped.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
-from urllib.parse import quote, urlsplit
+from urllib.parse import urlsplit
 
 import anyio
 import anyio.lowlevel
@@ -34,60 +37,83 @@ from service.policies import Policy, Upstream
 BODY_CAP_BYTES: Final = 4096
 CONNECTIONS_PER_POOL: Final = 16  # connections per httpcore pool (see UpstreamClient)
 USER_AGENT: Final = "sweeper/0.1"
-
-
-_UNRESERVED: Final = re.compile(r"[A-Za-z0-9_.~-]*", re.ASCII)  # what quote() keeps as is
-
-
-def _segment(value: str) -> str:
-    # most ids need no escaping; quote() costs ten times the check
-    return value if _UNRESERVED.fullmatch(value) else quote(value, safe="")
-
-
-def render_path(template: str, *, tenant_id: str, object_id: str) -> str:
-    """Fill a path template; every value becomes exactly one percent-encoded segment."""
-    if object_id in (".", "..") or tenant_id in (".", ".."):
-        raise ValueError("dot segments cannot be an id")
-    return template.format(object_id=_segment(object_id), tenant_id=_segment(tenant_id))
+JSON_CONTENT_TYPE: Final = "application/json"
 
 
 # A path httpx would take exactly as it is: ASCII path characters and valid percent escapes
-# (no `?`, `#`, spaces or unicode to encode), and no dot segment to normalise away.
+# (no `?`, `#`, spaces or unicode to encode), and no dot segment to normalise away. A query
+# likewise (`?` and `/` are plain there).
 _PLAIN_PATH: Final = re.compile(r"(?:[A-Za-z0-9\-._~!$&'()*+,;=:@/]|%[0-9A-Fa-f]{2})*")
+_PLAIN_QUERY: Final = re.compile(r"(?:[A-Za-z0-9\-._~!$&'()*+,;=:@/?]|%[0-9A-Fa-f]{2})*")
 _PROBE_PATH: Final = "/probe/a%2Fb/c-d_e~f"
+_PROBE_QUERY: Final = "a=b%26c&d=%3D/?e"
+PROBE_HOST: Final = "sweeper-host.invalid"  # stands for a templated host until a call fills it
 
 
 class UrlMaker:
     """Request URLs under one base URL, without parsing each one.
 
     Parsing a URL string (httpx validates and normalises every character) was the largest
-    single cost per call in the drain benchmark. A rendered path is already percent-encoded,
-    so for plain paths the parsed base URL is reused with only its path replaced. That uses
-    httpx's parsed form (`URL._uri_reference`), which is not public API: the shortcut is
-    checked against a real parse once, at construction, and any other path, or an httpx
-    whose internals differ, takes the ordinary parse."""
+    single cost per call in the drain benchmark. A rendered path and query are already
+    percent-encoded, and a templated host already checked to be a plain lower-case host name
+    (service/templates.py), so for plain paths and queries the parsed base URL is reused with
+    only its path, query (and host) replaced. That uses httpx's parsed form
+    (`URL._uri_reference`), which is not public API: the shortcut is checked against a real
+    parse once, at construction, and any other path, or an httpx whose internals differ,
+    takes the ordinary parse.
+
+    A base URL whose host is PROBE_HOST stands for a templated host: every URL names its
+    host."""
 
     def __init__(self, base_url: str) -> None:
         self._base_url = base_url
         self._base_path = urlsplit(base_url).path
+        before, found, after = base_url.partition(PROBE_HOST)
+        self._host_slot = (before, after) if found else None
         self._fast = False
         try:
             self._reference = httpx.URL(base_url)._uri_reference
-            made = self.url(_PROBE_PATH, fast=True)
-            parsed = httpx.URL(base_url + _PROBE_PATH)
-            self._fast = (made == parsed and made.raw_path == parsed.raw_path
-                          and str(made) == str(parsed))
+            host = "probe.example" if found else None
+            probes = [(self.url(_PROBE_PATH, host=host, fast=True),
+                       httpx.URL(self._with_host(host) + _PROBE_PATH)),
+                      (self.url(_PROBE_PATH, query=_PROBE_QUERY, host=host, fast=True),
+                       httpx.URL(self._with_host(host) + _PROBE_PATH + "?" + _PROBE_QUERY))]
+            self._fast = all(made == parsed and made.raw_path == parsed.raw_path
+                             and str(made) == str(parsed) and made.netloc == parsed.netloc
+                             for made, parsed in probes)
         except Exception:  # httpx changed shape: parse every URL, as httpx intends
             self._fast = False
 
-    def url(self, path: str, *, fast: bool | None = None) -> httpx.URL:
-        """The URL of `path` (already rendered and percent-encoded) under the base URL."""
+    @property
+    def fixed_host(self) -> bool:
+        return self._host_slot is None
+
+    def _with_host(self, host: str | None) -> str:
+        if host is None:
+            return self._base_url
+        if self._host_slot is None:
+            raise ValueError("this base URL has a fixed host")
+        return self._host_slot[0] + host + self._host_slot[1]
+
+    def url(self, path: str, *, query: str | None = None, host: str | None = None,
+            fast: bool | None = None) -> httpx.URL:
+        """The URL of `path` and `query` (already rendered and percent-encoded; None: no
+        query) under the base URL, with `host` (a checked host name) in place of its own."""
         if (self._fast if fast is None else fast) and _PLAIN_PATH.fullmatch(path) and (
-                "/." not in path):
+                "/." not in path) and (query is None or _PLAIN_QUERY.fullmatch(query)):
             url = httpx.URL.__new__(httpx.URL)
-            url._uri_reference = self._reference._replace(path=self._base_path + path)
+            if host is None and query is None:
+                url._uri_reference = self._reference._replace(path=self._base_path + path)
+            elif host is None:
+                url._uri_reference = self._reference._replace(path=self._base_path + path,
+                                                              query=query)
+            elif self._host_slot is None:
+                raise ValueError("this base URL has a fixed host")
+            else:
+                url._uri_reference = self._reference._replace(path=self._base_path + path,
+                                                              query=query, host=host)
             return url
-        return httpx.URL(self._base_url + path)
+        return httpx.URL(self._with_host(host) + path + ("" if query is None else "?" + query))
 
 
 @dataclass(frozen=True)
@@ -124,10 +150,13 @@ class UpstreamClient:
                 limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
                 retries=0) for n in sizes]
         self._busy = [0] * len(self._transports)
-        self._urls = UrlMaker(cfg.base_url)
+        # the policies' paths hold the base path: the URL maker has the origin alone
+        origin = upstream.origin
+        self._urls = UrlMaker(origin.base(origin.host or PROBE_HOST))
         self._headers = httpx.Headers({"User-Agent": USER_AGENT, **upstream.headers})
-        self._host = httpx.URL(cfg.base_url).netloc
+        self._host = httpx.URL(origin.base(origin.host or PROBE_HOST)).netloc
         self._headers_for: dict[str, httpx.Headers] = {}
+        self._templated_for: dict[tuple[str, bool], list[tuple[bytes, bytes]]] = {}
         connect = min(5.0, cfg.timeout_seconds)
         self._timeouts = {"connect": connect, "read": cfg.timeout_seconds,
                           "write": cfg.timeout_seconds, "pool": cfg.timeout_seconds}
@@ -141,15 +170,22 @@ class UpstreamClient:
 
     async def _call(self, policy: Policy, tenant_id: str, object_id: str,
                     operation_key: str) -> Answer:
-        try:
-            path = render_path(policy.config.path, tenant_id=tenant_id, object_id=object_id)
-        except (ValueError, KeyError):
-            return Answer(failure=Failure.INVALID_REQUEST)
+        template = policy.request
         method = policy.config.method
-        headers = httpx.Headers(self._headers_for.get(method) or self._prepare(method))
-        headers["Idempotency-Key"] = operation_key
-        request = httpx.Request(method, self._urls.url(path), headers=headers,
-                                stream=_NO_BODY, extensions={"timeout": self._timeouts})
+        try:
+            path, query = template.target(tenant_id, object_id)
+            if template.host_format is None and template.body_pieces is None:
+                # the common call: fixed host, no body (headers prepared once per method)
+                headers = httpx.Headers(self._headers_for.get(method) or self._prepare(method))
+                headers["Idempotency-Key"] = operation_key
+                request = httpx.Request(method, self._urls.url(path, query=query),
+                                        headers=headers, stream=_NO_BODY,
+                                        extensions={"timeout": self._timeouts})
+            else:
+                request = self._request(policy, tenant_id, object_id, path, query,
+                                        operation_key)
+        except (ValueError, KeyError, httpx.InvalidURL):
+            return Answer(failure=Failure.INVALID_REQUEST)
         busy = self._busy
         shard = busy.index(min(busy)) if len(busy) > 1 else 0
         busy[shard] += 1
@@ -178,6 +214,46 @@ class UpstreamClient:
         return Answer(status=response.status_code,
                       retry_after=response.headers.get("retry-after"),
                       rate_limits=limits or None)
+
+    def _request(self, policy: Policy, tenant_id: str, object_id: str, path: str,
+                 query: str | None, operation_key: str) -> httpx.Request:
+        """A call with a templated host or a JSON body: the headers httpx.Request would build
+        (Host, the body's Content-Type and Content-Length), prepared once per method as for
+        the common call. ValueError for a host the upstream refuses: checked here again, on
+        every call, whatever registration checked."""
+        template = policy.request
+        method = policy.config.method
+        host = None if template.host_format is None else template.host(tenant_id, object_id)
+        body = template.body(tenant_id, object_id)
+        url = self._urls.url(path, query=query, host=host)
+        prepared = (self._templated_for.get((method, body is not None))
+                    or self._prepare_templated(method, body is not None))
+        raw = [*prepared]
+        if host is not None and "Host" not in self._headers:
+            raw.insert(0, (b"Host", url.netloc))
+        if body is not None:
+            raw.append((b"Content-Length", str(len(body)).encode("ascii")))
+        headers = httpx.Headers(raw)
+        headers["Idempotency-Key"] = operation_key
+        return httpx.Request(method, url, headers=headers,
+                             stream=_NO_BODY if body is None else httpx.ByteStream(body),
+                             extensions={"timeout": self._timeouts})
+
+    def _prepare_templated(self, method: str, body: bool) -> list[tuple[bytes, bytes]]:
+        """`_prepare` for `_request`: the Host of a fixed host (a templated one is each
+        call's), Content-Length: 0 where the method expects a body and there is none, and a
+        JSON body's Content-Type (unless headers_from_env sets one)."""
+        auto: list[tuple[bytes, bytes]] = []
+        if "Host" not in self._headers and self._urls.fixed_host:
+            auto.append((b"Host", self._host))
+        if not body and method.upper() in _LENGTH_REQUIRED and not (
+                "Content-Length" in self._headers or "Transfer-Encoding" in self._headers):
+            auto.append((b"Content-Length", b"0"))
+        ours = list(self._headers.raw)
+        if body and "Content-Type" not in self._headers:
+            ours.append((b"Content-Type", JSON_CONTENT_TYPE.encode("ascii")))
+        prepared = self._templated_for[method, body] = [*auto, *ours]
+        return prepared
 
     def _prepare(self, method: str) -> httpx.Headers:
         """The headers httpx.Request adds to a bodiless request of `method` (Host, and

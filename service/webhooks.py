@@ -192,6 +192,12 @@ def _hint(index: int, rule: WebhookRule, policies: Policies, headers: Mapping[st
                                                  f"{field} from {extractor} {problem}")
         assert value is not None
         ids[field] = value
+    problem = policy.request.host_problem(ids["tenant"], ids["object_id"])
+    if problem:
+        field, extractor = (("tenant", rule.tenant) if policy.request.host_field == "tenant_id"
+                            else ("object_id", rule.object_id))
+        raise DeliveryRejected("unmappable", f"rules[{index}] (topic {rule.topic!r}): "
+                                             f"{field} from {extractor} {problem}")
     delay = None if rule.due == "now" else parse_duration(rule.due).total_seconds()
     return Hint(policy=policy, tenant_id=ids["tenant"], object_id=ids["object_id"],
                 delay_seconds=delay)

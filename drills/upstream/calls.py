@@ -8,7 +8,8 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Call:
-    """One deletion call as the fake saw it; ``outcome`` is "ok", "throttled" or a fault name."""
+    """One deletion call as the fake saw it; ``outcome`` is "ok", "throttled" or a fault name,
+    ``body`` the request body as text (UTF-8, undecodable bytes replaced)."""
 
     method: str
     path: str
@@ -19,6 +20,7 @@ class Call:
     received_at: float
     wall_time: float
     outcome: str
+    body: str = ""
 
 
 class CallLog:

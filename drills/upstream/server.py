@@ -162,7 +162,7 @@ class FakeUpstream(Controls):
         scope = self._scope_fn(req.method, req.path, req.headers)
         key = req.headers.get("idempotency-key")
         call = Call(req.method, req.path, req.query, key, scope, dict(req.headers), now,
-                    time.time(), "")
+                    time.time(), "", req.body.decode("utf-8", "replace") if req.body else "")
         with self._lock:
             retry_after = self._limits.take(scope, now)
             fault = None if retry_after is not None else self._faults.pop(call)

@@ -112,7 +112,18 @@ async def register_items(runtime: RuntimeDep, _actor: OperatorDep,
                 if problem:
                     errors.append({"loc": ["body", "items", str(n), field], "type": "invalid_id",
                                    "message": problem})
+    if any(p is not None and p.request.host_format is not None for p in policies.values()):
+        # a policy whose upstream makes its host from the item: one that host_pattern
+        # refuses could never be called
+        for n, field, problem in ledger.host_problems(
+                [i["tenant_id"] for i in items], [i["object_id"] for i in items],
+                [i["policy"] for i in items], policies):
+            errors.append({"loc": ["body", "items", str(n), field], "type": "invalid_host",
+                           "message": problem})
+            if len(errors) > 100:
+                break
     if errors:
+        errors.sort(key=lambda error: int(error["loc"][2]))
         raise validation_problem(errors[:100])
     try:
         result = await ledger.register(runtime.engine, ledger.Obligations(
@@ -124,6 +135,9 @@ async def register_items(runtime: RuntimeDep, _actor: OperatorDep,
                  if (i["policy"], i["tenant_id"]) == (exc.policy, exc.tenant_id))
         raise validation_problem([{"loc": ["body", "items", str(n), "tenant_id"],
                                    "type": "scope_too_long", "message": str(exc)}]) from None
+    except ledger.HostRefused as exc:  # the check above reports these first, all of them
+        raise validation_problem([{"loc": ["body", "items", str(exc.index), exc.field],
+                                   "type": "invalid_host", "message": str(exc)}]) from None
     return RegistrationOut(inserted=result.inserted, advanced=result.advanced,
                            unchanged=result.unchanged)
 

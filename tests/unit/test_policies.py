@@ -2,21 +2,34 @@
 
 from __future__ import annotations
 
+import json
+import re
 import tomllib
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from service.errors import ConfigError
 from service.policies import load_policies, parse_duration, resolve_policies
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "policies.example.toml"
-ENV = {"STOREFRONT_API_AUTH": "Bearer s3cr3t-upstream", "SHOPIFY_WEBHOOK_SECRET": "whsec-x"}
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "policies.example.toml"
+ENV = {"STOREFRONT_API_AUTH": "Bearer s3cr3t-upstream", "SHOPIFY_WEBHOOK_SECRET": "whsec-x",
+       "SHOPIFY_ADMIN_TOKEN": "shpat-s3cr3t"}
+
+
+def templates_example() -> str:
+    """The per-shop GraphQL example of docs/configuration.md (Request templates)."""
+    text = (REPO / "docs" / "configuration.md").read_text(encoding="utf-8")
+    section = text[text.index("### Request templates"):]
+    return re.findall(r"^```toml\n(.*?)^```", section, re.MULTILINE | re.DOTALL)[0]
 
 
 def example() -> dict[str, object]:
-    return tomllib.loads(EXAMPLE.read_text())
+    """The example file and the documentation's request-template example together."""
+    return tomllib.loads(EXAMPLE.read_text() + "\n" + templates_example())
 
 
 def refused(doc: dict[str, object], env: dict[str, str] | None = None) -> str:
@@ -26,7 +39,9 @@ def refused(doc: dict[str, object], env: dict[str, str] | None = None) -> str:
 
 
 def test_example_file_loads_with_secrets_resolved() -> None:
-    policies = load_policies(EXAMPLE, ENV)
+    assert set(load_policies(EXAMPLE, ENV).policies) == {
+        "cart-retention", "customer-redact", "shop-redact"}
+    policies = resolve_policies(example(), ENV, source="example")
     cart = policies.policies["cart-retention"]
     assert cart.version == 1
     assert cart.scope_for("acme") == "tenant:acme"
@@ -34,6 +49,17 @@ def test_example_file_loads_with_secrets_resolved() -> None:
     assert policies.upstreams["storefront"].headers == {"Authorization": "Bearer s3cr3t-upstream"}
     assert policies.webhooks["shopify"].secrets == ("whsec-x",)
     assert "s3cr3t" not in repr(policies)
+    erasure = policies.policies["customer-erasure"].request
+    assert erasure.host("acme.myshopify.com", "6901") == "acme.myshopify.com"
+    assert erasure.host_problem("evil.example", "6901") is not None
+    assert erasure.target("acme.myshopify.com", "6901") == (
+        "/admin/api/2025-01/graphql.json", None)
+    body = erasure.body("acme.myshopify.com", '6901"}')
+    assert body is not None
+    assert json.loads(body)["variables"] == {"input": {"id": 'gid://shopify/Customer/6901"}'}}
+    assert json.loads(body)["query"].startswith("mutation customerDelete($input:")
+    assert policies.policies["customer-erasure"].scope_for("acme.myshopify.com") == (
+        "shopify-admin:acme.myshopify.com")
 
 
 def test_no_file_means_no_policies() -> None:
@@ -88,6 +114,60 @@ def test_missing_webhook_secret_is_named() -> None:
          "upstreams.storefront.base_url", "pattern"),
         (lambda d: d["policies"].update({"Bad Name": d["policies"]["cart-retention"]}),
          "policies.Bad Name", "lower-case"),
+        # request templates: the URL, the host and its allow-list, the body
+        (lambda d: d["policies"]["cart-retention"].update(path="/carts/{tenant_id}"),
+         "policies.cart-retention.path", "must contain {object_id}"),
+        (lambda d: d["policies"]["cart-retention"].update(path="/carts/{object_id}#x"),
+         "policies.cart-retention.path", "'#'"),
+        (lambda d: d["policies"]["cart-retention"].update(path="/carts/{object_id}?v={ver}"),
+         "policies.cart-retention.path", "unknown placeholder(s) ['ver']"),
+        (lambda d: d["upstreams"]["shopify-admin"].pop("host_pattern"),
+         "upstreams.shopify-admin.host_pattern", "required when the base_url's host has"),
+        (lambda d: d["upstreams"]["shopify-admin"].update(host_pattern=r".*\.myshopify\.com"),
+         "upstreams.shopify-admin.host_pattern", "'evil.example/x.myshopify.com', which is no "
+                                                 "host name"),
+        (lambda d: d["upstreams"]["shopify-admin"].update(host_pattern="[a-z0-9.-]+"),
+         "upstreams.shopify-admin.host_pattern", "accepts any host (e.g. 'evil.example')"),
+        (lambda d: d["upstreams"]["shopify-admin"].update(host_pattern="(["),
+         "upstreams.shopify-admin.host_pattern", "not a regular expression"),
+        (lambda d: d["upstreams"]["storefront"].update(host_pattern="shop\\.example\\.com"),
+         "upstreams.storefront.host_pattern", "only for a base_url whose host has"),
+        (lambda d: d["upstreams"]["shopify-admin"].update(base_url="https://{shop}/admin"),
+         "upstreams.shopify-admin.base_url", "unknown placeholder(s) ['shop']; allowed: "
+                                             "['object_id', 'policy', 'policy_version', "
+                                             "'tenant_id', 'upstream']"),
+        (lambda d: d["upstreams"]["shopify-admin"].update(
+            base_url="https://{tenant_id}@x.myshopify.com"),
+         "upstreams.shopify-admin.base_url", "a placeholder cannot be in the user info"),
+        (lambda d: d["upstreams"]["shopify-admin"].update(
+            base_url="https://x.myshopify.com:{tenant_id}"),
+         "upstreams.shopify-admin.base_url", "a placeholder cannot be in the port"),
+        (lambda d: d["upstreams"]["shopify-admin"].update(base_url="{tenant_id}://x"),
+         "upstreams.shopify-admin.base_url", "pattern"),
+        (lambda d: d["upstreams"]["shopify-admin"].update(base_url="https://{tenant_id}%2f.x"),
+         "upstreams.shopify-admin.base_url", "letters, digits, '-' and '.'"),
+        (lambda d: d["policies"]["customer-erasure"]["body"]["variables"]["input"].update(
+            id="gid://shopify/Customer/{customer_id}"),
+         "policies.customer-erasure.body.variables.input.id",
+         "unknown placeholder(s) ['customer_id']"),
+        (lambda d: d["policies"]["customer-erasure"]["body"].update(at=datetime(2026, 1, 1)),
+         "policies.customer-erasure.body.at", "a TOML date or time has no JSON form"),
+        (lambda d: d["policies"]["customer-erasure"]["body"].update(n=float("inf")),
+         "policies.customer-erasure.body.n", "no JSON form"),
+        (lambda d: d["policies"]["customer-erasure"]["body"].update({"{tenant_id}": "x"}),
+         'policies.customer-erasure.body."{tenant_id}"', "a key is sent as written"),
+        (lambda d: d["policies"]["customer-erasure"].update(body='{"query": "x", '),
+         "policies.customer-erasure.body", "not JSON"),
+        (lambda d: d["policies"]["customer-erasure"].update(body='{"id": NaN}'),
+         "policies.customer-erasure.body", "NaN is not JSON"),
+        (lambda d: d["policies"]["customer-erasure"].update(body='{"a": 1, "a": 2}'),
+         "policies.customer-erasure.body", "the key 'a' appears twice"),
+        (lambda d: d["policies"]["customer-erasure"].update(body='"{object_id}"'),
+         "policies.customer-erasure.body", "must be a JSON object or array"),
+        (lambda d: d["policies"]["customer-erasure"].update(body=3),
+         "policies.customer-erasure.body", "must be a table or an array"),
+        (lambda d: d["policies"]["customer-erasure"].update(body={"q": "{ x }"}),
+         "policies.customer-erasure.path", "must contain {object_id}"),
     ],
 )
 def test_each_fault_is_refused_with_its_key(mutate, key, words) -> None:  # type: ignore[no-untyped-def]
@@ -96,6 +176,45 @@ def test_each_fault_is_refused_with_its_key(mutate, key, words) -> None:  # type
     message = refused(doc)
     assert message.startswith(f"policies file p.toml: {key}"), message
     assert words in message, message
+
+
+def test_a_refused_upstream_is_not_also_unknown_to_its_policies() -> None:
+    doc = example()
+    doc["upstreams"]["shopify-admin"].pop("host_pattern")  # type: ignore[index]
+    message = refused(doc)
+    assert "upstreams.shopify-admin.host_pattern" in message
+    assert "unknown upstream" not in message
+
+
+def test_a_body_may_be_json_text() -> None:
+    doc: Any = example()
+    body = doc["policies"]["customer-erasure"]["body"]
+    doc["policies"]["customer-erasure"]["body"] = json.dumps(body, indent=2)
+    as_text = resolve_policies(doc, ENV, source="p.toml").policies["customer-erasure"]
+    as_toml = resolve_policies(example(), ENV, source="p.toml").policies["customer-erasure"]
+    assert as_text.request.body("t", "1") == as_toml.request.body("t", "1")
+
+
+def test_every_template_problem_is_listed_at_once() -> None:
+    doc: Any = example()
+    doc["upstreams"]["shopify-admin"]["host_pattern"] = ".*"
+    doc["policies"]["cart-retention"]["path"] = "/carts/{cart}"
+    doc["policies"]["customer-erasure"]["body"]["x"] = "{customer}"
+    doc["policies"]["customer-redact"]["path"] = "/customers"
+    with pytest.raises(ConfigError) as info:
+        resolve_policies(doc, ENV, source="p.toml")
+    keys = sorted(p.split(": ")[1] for p in info.value.problems)
+    assert keys == ["policies.cart-retention.path"], keys  # the schema's problems come first
+    doc["policies"]["cart-retention"]["path"] = "/carts/{object_id}"
+    with pytest.raises(ConfigError) as info:
+        resolve_policies(doc, ENV, source="p.toml")
+    keys = sorted(p.split(": ")[1] for p in info.value.problems)
+    assert keys == ["policies.customer-redact.path", "upstreams.shopify-admin.host_pattern"]
+    doc["upstreams"]["shopify-admin"]["host_pattern"] = r"[a-z0-9-]+\.myshopify\.com"
+    with pytest.raises(ConfigError) as info:
+        resolve_policies(doc, ENV, source="p.toml")
+    keys = sorted(p.split(": ")[1] for p in info.value.problems)
+    assert keys == ["policies.customer-erasure.body.x", "policies.customer-redact.path"]
 
 
 def test_toml_syntax_error_names_file(tmp_path: Path) -> None:

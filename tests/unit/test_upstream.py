@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 from service.outcomes import Answer, Failure, Outcome, classify
 from service.policies import Policies, resolve_policies
-from service.upstream import BODY_CAP_BYTES, USER_AGENT, Upstreams, render_path
+from service.templates import compile_origin, compile_request
+from service.upstream import BODY_CAP_BYTES, USER_AGENT, Upstreams
 
 TEMPLATE = "/tenants/{tenant_id}/carts/{object_id}"
 KEY = "ab" * 32
@@ -79,7 +80,19 @@ async def call(handler: Handler, *, tenant_id: str = "acme", object_id: str = "c
     return result.answer, result.latency_ms
 
 
-# -- render_path -------------------------------------------------------------------------
+# -- the path a call sends ----------------------------------------------------------------
+
+_ORIGIN = compile_origin("shop", "https://shop.example.com", None)
+
+
+def render_path(template: str, *, tenant_id: str, object_id: str) -> str:
+    """The path a policy with `template` as its path sends (its compiled request template,
+    as the worker calls it)."""
+    request = compile_request(_ORIGIN, policy="carts", version=1,
+                              path=template if template.startswith("/") else "/" + template)
+    path, query = request.target(tenant_id, object_id)
+    assert query is None
+    return path if template.startswith("/") else path[1:]
 
 @pytest.mark.parametrize(("object_id", "segment"), [
     ("cart-1", "cart-1"),

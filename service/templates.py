@@ -1,0 +1,490 @@
+"""Request templates: the URL (host included) and the JSON body of a policy's upstream call,
+compiled once at start-up from the policies file and filled per call with an item's fields.
+
+    [upstreams.shopify]
+    base_url = "https://{tenant_id}/admin/api/2025-01"
+    host_pattern = '[a-z0-9][a-z0-9-]*\\.myshopify\\.com'
+    [policies.customer-erasure]
+    path = "/graphql.json"                  # or "/customers/{object_id}?version=2"
+    body = { query = "...", variables = { id = "gid://shopify/Customer/{object_id}" } }
+
+The fields are `tenant_id` and `object_id` (the item's) and `policy`, `policy_version` and
+`upstream` (the policy's, filled in when the template is compiled). Each is substituted by
+where it goes, never by formatting text into text:
+
+- host: as written, lower-cased; the whole host must then be a host name (ASCII letters,
+  digits and '-' in dot-separated labels, or an IPv4 address) that the upstream's
+  `host_pattern` fully matches. So no value can add a port, a user, a path or another host:
+  `/`, `?`, `#`, `@`, `:`, `%`, whitespace or unicode make no host name.
+- path and query: percent-encoded, everything but the unreserved characters, so a value is
+  exactly one path segment or one query value; `.` and `..` are refused.
+- body: as JSON values. A string that is exactly one placeholder becomes the value itself (a
+  JSON string; `policy_version` a number); placeholders among text are substituted inside
+  that JSON string; keys are sent as written. A value full of quotes and braces stays a
+  string: it is JSON-encoded, never spliced into JSON text.
+
+Problems are `(key, message)` pairs, the key relative to the upstream or policy
+(`base_url`, `host_pattern`, `path`, `body.variables.id`), listed all at once.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import math
+import re
+import string
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import date, datetime, time
+from typing import Any, Final, NamedTuple
+from urllib.parse import quote
+
+FIELDS: Final = ("tenant_id", "object_id", "policy", "policy_version", "upstream")
+ITEM_FIELDS: Final = frozenset({"tenant_id", "object_id"})  # the rest are the policy's
+DOT_SEGMENTS: Final = frozenset((".", ".."))
+
+_UNRESERVED: Final = re.compile(r"[A-Za-z0-9_.~-]*", re.ASCII)  # what quote() keeps as is
+
+
+def segment(value: str) -> str:
+    """`value` percent-encoded as one path segment or query value."""
+    # most ids need no escaping; quote() costs ten times the check
+    return value if _UNRESERVED.fullmatch(value) else quote(value, safe="")
+
+
+class TemplateProblems(ValueError):
+    """Everything wrong with a template, as (key, message) pairs."""
+
+    def __init__(self, problems: list[tuple[str, str]]) -> None:
+        super().__init__("; ".join(f"{key}: {message}" for key, message in problems))
+        self.problems = problems
+
+
+# -- str.format templates: base_url, path --------------------------------------------------
+
+
+def parse_format(template: str) -> list[tuple[str, str | None]]:
+    """(literal text, placeholder or None) pairs of a str.format template; ValueError for
+    a placeholder that is not a plain name, or an unmatched brace."""
+    pieces: list[tuple[str, str | None]] = []
+    for literal, name, spec, conversion in string.Formatter().parse(template):
+        if name is not None and (not name or spec or conversion):
+            raise ValueError(f"placeholder {{{name}}} must be a plain name like {{tenant_id}}")
+        pieces.append((literal, name))
+    return pieces
+
+
+def _unknown(names: set[str], allowed: frozenset[str] | tuple[str, ...]) -> str | None:
+    unknown = names - set(allowed)
+    if not unknown:
+        return None
+    return f"unknown placeholder(s) {sorted(unknown)}; allowed: {sorted(allowed)}"
+
+
+def _escape(text: str) -> str:
+    return text.replace("{", "{{").replace("}", "}}")
+
+
+def _format_string(pieces: list[tuple[str, str | None]], constants: Mapping[str, str],
+                   encode: Callable[[str], str]) -> str:
+    """A str.format template of only the item's fields: literal text escaped, the policy's
+    fields filled in (encoded) at once."""
+    out = []
+    for literal, name in pieces:
+        out.append(_escape(literal))
+        if name is None:
+            continue
+        if name in constants:
+            out.append(_escape(encode(constants[name])))
+        else:
+            out.append("{" + name + "}")
+    return "".join(out)
+
+
+# -- hosts ---------------------------------------------------------------------------------
+
+_LABEL: Final = r"(?!-)[a-z0-9-]{1,63}(?<!-)"
+_HOST_NAME: Final = re.compile(rf"{_LABEL}(?:\.{_LABEL})*", re.ASCII)
+_HOST_LITERAL: Final = re.compile(r"[A-Za-z0-9.-]*", re.ASCII)
+MAX_HOST_CHARS: Final = 253
+HOST_NAME_RULE: Final = ("ASCII letters, digits and '-' in dot-separated labels, "
+                         "or an IPv4 address")
+
+
+def host_name_problem(host: str) -> str | None:
+    """Why `host` is no host name (compared lower-cased), or None. A last label of digits
+    makes it an IPv4 address, which must then be dotted decimal (no `2130706433`, `0x7f.1`
+    or `1.2.3`, which resolvers read as addresses too). ASCII is checked before lower-casing:
+    the Kelvin sign lower-cases to `k`."""
+    if not host.isascii():
+        return f"not a host name ({HOST_NAME_RULE})"
+    host = host.lower()
+    if len(host) > MAX_HOST_CHARS or not _HOST_NAME.fullmatch(host):
+        return f"not a host name ({HOST_NAME_RULE})"
+    if host.rpartition(".")[2].isdigit():
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            return "not a host name (a last label of digits makes it an IPv4 address, " \
+                   "which this is not)"
+    return None
+
+
+# Values a hostile item could carry into a host: each must make a host the pattern refuses,
+# or a pattern lets a value escape the host (`.*\.myshopify\.com` accepts
+# `evil.example/x.myshopify.com`).
+HOSTILE_HOST_VALUES: Final = tuple(
+    [f"evil.example{c}x" for c in "/?#@:\\ %[]"] + [f"a{c}b" for c in "/?#@:\\ %"])
+# Hosts no allow-list of a real upstream accepts: a pattern that matches one accepts any host
+# (the last is the cloud metadata address).
+ARBITRARY_HOSTS: Final = ("evil.example", "sweeper-probe.invalid", "169.254.169.254")
+
+
+@dataclass(frozen=True)
+class Origin:
+    """An upstream's base_url, compiled: `prefix` (scheme and user info), the host (fixed, or
+    a template guarded by `pattern`), `port` (":8443" or "") and the base path's pieces."""
+
+    upstream: str
+    prefix: str
+    host: str | None  # the fixed host; None when templated
+    host_pieces: list[tuple[str, str | None]] | None
+    pattern: re.Pattern[str] | None
+    port: str
+    path_pieces: list[tuple[str, str | None]]
+
+    def base(self, host: str) -> str:
+        """scheme://[userinfo@]host[:port], for a client's URL maker."""
+        return f"{self.prefix}{host}{self.port}"
+
+
+_BASE_URL: Final = re.compile(r"(?P<scheme>https?)://(?P<authority>[^/]*)(?P<path>/.*)?",
+                              re.DOTALL)
+
+
+def compile_origin(upstream: str, base_url: str, host_pattern: str | None) -> Origin:
+    """Compile a base_url (already checked against the schema's pattern, trailing '/'
+    stripped); TemplateProblems naming `base_url` or `host_pattern`."""
+    problems: list[tuple[str, str]] = []
+    match = _BASE_URL.fullmatch(base_url)
+    if match is None:  # the schema's pattern refused it already
+        raise TemplateProblems([("base_url", "must be http(s)://host[:port][/path]")])
+    authority, path = match["authority"], match["path"] or ""
+    userinfo, at, hostport = authority.rpartition("@")
+    if hostport.startswith("["):
+        host, _, port = hostport.partition("]")
+        host += "]"
+    else:
+        host, colon, port = hostport.partition(":")
+        port = colon + port
+    try:
+        pieces = {part: parse_format(text) for part, text in (
+            ("user info", userinfo), ("host", host), ("port", port), ("path", path))}
+    except ValueError as exc:
+        raise TemplateProblems([("base_url", str(exc))]) from None
+    names = {part: {n for _, n in p if n is not None} for part, p in pieces.items()}
+    problem = _unknown(set().union(*names.values()), FIELDS)
+    if problem:
+        problems.append(("base_url", problem))
+    for part in ("user info", "port"):
+        if names[part]:
+            problems.append(("base_url", f"a placeholder cannot be in the {part}; only in "
+                                         "the host and the path"))
+    if port and not names["port"] and not re.fullmatch(r":[0-9]{1,5}", port):
+        problems.append(("base_url", "the port must be a number"))
+    templated = bool(names["host"])
+    if templated:
+        literals = [literal for literal, _ in pieces["host"]]
+        if not all(_HOST_LITERAL.fullmatch(text) for text in literals):
+            problems.append(("base_url", "in a host with a placeholder, the text around it "
+                                         "may only be letters, digits, '-' and '.'"))
+    if templated and host_pattern is None:
+        problems.append(("host_pattern", "required when the base_url's host has a "
+                                         "placeholder: the hosts an item may make, e.g. "
+                                         "'[a-z0-9][a-z0-9-]*\\.myshopify\\.com'"))
+    if not templated and host_pattern is not None:
+        problems.append(("host_pattern", "only for a base_url whose host has a placeholder"))
+    pattern = None
+    if templated and host_pattern is not None:
+        try:
+            pattern = re.compile(host_pattern)
+        except re.error as exc:
+            problems.append(("host_pattern", f"not a regular expression: {exc}"))
+        else:
+            problems.extend(("host_pattern", p) for p in _pattern_problems(
+                pattern, pieces["host"]))
+    if problems:
+        raise TemplateProblems(problems)
+    prefix = f"{match['scheme']}://" + (userinfo + at if at else "")
+    return Origin(upstream=upstream, prefix=prefix, host=None if templated else host,
+                  host_pieces=pieces["host"] if templated else None, pattern=pattern,
+                  port=port, path_pieces=pieces["path"])
+
+
+# A run of literal host characters at the start or end of a pattern (`\\.myshopify\\.com`)
+_LITERAL_RUN: Final = r"(?:\\[.-]|[A-Za-z0-9-])+"
+_LEADING: Final = re.compile(rf"\^?({_LITERAL_RUN})")
+_TRAILING: Final = re.compile(rf"({_LITERAL_RUN})\$?\Z")
+
+
+def _affixes(pattern: str) -> tuple[str, str]:
+    """The literal text a pattern starts and ends with, if any (`.*\\.myshopify\\.com` ends
+    with `.myshopify.com`): hostile probes wear them, or a whole-host template would never
+    meet the pattern with one."""
+    lead, tail = _LEADING.match(pattern), _TRAILING.search(pattern)
+
+    def text(found: re.Match[str] | None) -> str:
+        return "" if found is None else re.sub(r"\\(.)", r"\1", found[1])
+    return text(lead), text(tail)
+
+
+def _pattern_problems(pattern: re.Pattern[str], host: list[tuple[str, str | None]]
+                      ) -> list[str]:
+    """Why `pattern` could let a value escape the host template, or accept any host. (A
+    heuristic, probing with hostile values: the host itself is checked on every call.)"""
+    prefix, suffix = _affixes(pattern.pattern)
+    values = [*HOSTILE_HOST_VALUES,
+              *(prefix + value + suffix for value in HOSTILE_HOST_VALUES if prefix or suffix)]
+    for value in values:
+        made = "".join(literal + (value if name else "") for literal, name in host).lower()
+        if pattern.fullmatch(made):
+            return [f"accepts {made!r}, which is no host name (an item's id would carry the "
+                    "call out of the host): allow only letters, digits, '-' and '.' where a "
+                    "placeholder goes, e.g. '[a-z0-9-]+'"]
+    accepted = [host for host in ARBITRARY_HOSTS if pattern.fullmatch(host)]
+    if accepted:
+        return [f"accepts any host (e.g. {accepted[0]!r}): anchor it to the upstream's own "
+                f"domain, e.g. '[a-z0-9][a-z0-9-]*\\.myshopify\\.com'"]
+    return []
+
+
+# -- JSON bodies ---------------------------------------------------------------------------
+
+_PLACEHOLDER: Final = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+class _Slot(NamedTuple):
+    """Where an item's field goes in the body: the whole JSON value, or inside a string."""
+
+    name: str
+    whole: bool
+
+
+def _key_path(at: str, key: str) -> str:
+    return f"{at}.{key}" if re.fullmatch(r"[A-Za-z0-9_-]+", key) else f"{at}.{json.dumps(key)}"
+
+
+def parse_json_body(text: str) -> Any:
+    """A body written as JSON text: an object or array, no NaN or Infinity, no key twice."""
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        keys = [k for k, _ in items]
+        twice = sorted({k for k in keys if keys.count(k) > 1})
+        if twice:
+            raise ValueError(f"the key {twice[0]!r} appears twice in one object")
+        return dict(items)
+
+    def constant(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+
+    try:
+        value = json.loads(text, object_pairs_hook=pairs, parse_constant=constant)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    except ValueError as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    if not isinstance(value, (dict, list)):
+        raise ValueError("must be a JSON object or array")
+    return value
+
+
+def compile_body(template: Any, constants: Mapping[str, str | int]) -> tuple[str | _Slot, ...]:
+    """The body template as JSON text with slots for the item's fields (the policy's are
+    filled in now); TemplateProblems naming each faulty key under `body`."""
+    out: list[str | _Slot] = []
+    problems: list[tuple[str, str]] = []
+
+    def literal_string(text: str) -> str:
+        return json.dumps(text)[1:-1]
+
+    def walk(value: Any, at: str) -> None:
+        if isinstance(value, dict):
+            out.append("{")
+            for n, (key, item) in enumerate(value.items()):
+                if _PLACEHOLDER.search(key):
+                    problems.append((_key_path(at, key), "a key is sent as written, never "
+                                                        "filled in: put the placeholder in "
+                                                        "a value"))
+                out.append(("," if n else "") + json.dumps(key) + ":")
+                walk(item, _key_path(at, key))
+            out.append("}")
+        elif isinstance(value, list):
+            out.append("[")
+            for n, item in enumerate(value):
+                if n:
+                    out.append(",")
+                walk(item, f"{at}[{n}]")
+            out.append("]")
+        elif isinstance(value, str):
+            string_template(value, at)
+        elif isinstance(value, (bool, int)) or value is None:
+            out.append(json.dumps(value))
+        elif isinstance(value, float):
+            if not math.isfinite(value):
+                problems.append((at, f"{value} has no JSON form"))
+            out.append(json.dumps(value))
+        elif isinstance(value, (datetime, date, time)):
+            problems.append((at, "a TOML date or time has no JSON form: write it as a "
+                                 "string"))
+        else:
+            problems.append((at, f"a {type(value).__name__} has no JSON form"))
+
+    def string_template(text: str, at: str) -> None:
+        names = _PLACEHOLDER.findall(text)
+        problem = _unknown(set(names), FIELDS)
+        if problem:
+            problems.append((at, problem + " (a placeholder is {name}; any other brace is "
+                                           "text, e.g. a GraphQL selection '{ id }')"))
+            return
+        whole = _PLACEHOLDER.fullmatch(text)
+        if whole:
+            name = whole[1]
+            out.append(json.dumps(constants[name]) if name in constants
+                       else _Slot(name, whole=True))
+            return
+        out.append('"')
+        at_char = 0
+        for found in _PLACEHOLDER.finditer(text):
+            out.append(literal_string(text[at_char:found.start()]))
+            name = found[1]
+            out.append(literal_string(str(constants[name])) if name in constants
+                       else _Slot(name, whole=False))
+            at_char = found.end()
+        out.append(literal_string(text[at_char:]) + '"')
+
+    try:
+        walk(template, "body")
+    except RecursionError:
+        problems.append(("body", "nested too deeply"))
+    if problems:
+        raise TemplateProblems(problems)
+    merged: list[str | _Slot] = []
+    for piece in out:
+        if isinstance(piece, str) and merged and isinstance(merged[-1], str):
+            merged[-1] += piece
+        else:
+            merged.append(piece)
+    return tuple(merged)
+
+
+# -- a policy's request --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RequestTemplate:
+    """A policy's upstream call, compiled: what varies per item is filled by `target`,
+    `host` and `body`, everything else was filled in when it was compiled."""
+
+    upstream: str
+    origin: Origin = field(repr=False)
+    path_format: str  # the whole path (base path included); only item fields remain
+    query_format: str | None
+    host_format: str | None  # None: the upstream's host is fixed
+    host_uses: frozenset[str]  # the item's fields the host is made of
+    body_pieces: tuple[str | _Slot, ...] | None = field(repr=False)
+
+    @property
+    def host_field(self) -> str:
+        """The item field a refused host is reported on."""
+        return "tenant_id" if "tenant_id" in self.host_uses or not self.host_uses \
+            else "object_id"
+
+    def target(self, tenant_id: str, object_id: str) -> tuple[str, str | None]:
+        """The path and query (None: none), each value percent-encoded in its own segment
+        or query value; ValueError for a dot segment."""
+        if object_id in DOT_SEGMENTS or tenant_id in DOT_SEGMENTS:
+            raise ValueError("dot segments cannot be an id")
+        obj, tenant = segment(object_id), segment(tenant_id)
+        path = self.path_format.format(object_id=obj, tenant_id=tenant)
+        if self.query_format is None:
+            return path, None
+        return path, self.query_format.format(object_id=obj, tenant_id=tenant)
+
+    def host(self, tenant_id: str, object_id: str) -> str:
+        """The host of a templated upstream for this item (lower-cased); ValueError saying
+        why the item cannot have it (without the value: answers never echo input)."""
+        assert self.host_format is not None
+        assert self.origin.pattern is not None
+        made = self.host_format.format(tenant_id=tenant_id, object_id=object_id)
+        problem = host_name_problem(made)
+        if problem:
+            raise ValueError(f"would make a host of upstream {self.upstream!r} that is "
+                             f"{problem}")
+        made = made.lower()
+        if not self.origin.pattern.fullmatch(made):
+            raise ValueError(f"would make a host that upstream {self.upstream!r} does not "
+                             "allow (its host_pattern)")
+        return made
+
+    def host_problem(self, tenant_id: str, object_id: str) -> str | None:
+        """Why this item's host would be refused, or None (always None for a fixed host)."""
+        if self.host_format is None:
+            return None
+        try:
+            self.host(tenant_id, object_id)
+        except ValueError as exc:
+            return str(exc)
+        return None
+
+    def body(self, tenant_id: str, object_id: str) -> bytes | None:
+        """The JSON body for this item (None: the policy sends none)."""
+        pieces = self.body_pieces
+        if pieces is None:
+            return None
+        values = {"tenant_id": tenant_id, "object_id": object_id}
+        parts = []
+        for piece in pieces:
+            if isinstance(piece, str):
+                parts.append(piece)
+            else:
+                encoded = json.dumps(values[piece.name])
+                parts.append(encoded if piece.whole else encoded[1:-1])
+        return "".join(parts).encode("ascii")
+
+
+def compile_request(origin: Origin, *, policy: str, version: int, path: str,
+                    body: Any = None) -> RequestTemplate:
+    """A policy's request under its upstream's origin; TemplateProblems naming `path` or
+    keys under `body`."""
+    constants: dict[str, str | int] = {"policy": policy, "policy_version": version,
+                                       "upstream": origin.upstream}
+    text = {name: str(value) for name, value in constants.items()}
+    problems: list[tuple[str, str]] = []
+    route, _, query = path.partition("?")
+    path_pieces = parse_format(route)  # the schema validated the placeholders
+    query_pieces = parse_format(query) if "?" in path else None
+    body_pieces = None
+    if body is not None:
+        try:
+            body_pieces = compile_body(body, constants)
+        except TemplateProblems as exc:
+            problems.extend(exc.problems)
+    uses = {name for pieces in (origin.host_pieces or [], origin.path_pieces, path_pieces,
+                                query_pieces or []) for _, name in pieces if name}
+    uses |= {p.name for p in body_pieces or () if isinstance(p, _Slot)}
+    if "object_id" not in uses and not (body is not None and problems):
+        problems.append(("path", "must contain {object_id} (or the body, or the upstream's "
+                                 "base_url, must): each item is its own call"))
+    if problems:
+        raise TemplateProblems(problems)
+    host_format = None
+    if origin.host_pieces is not None:
+        host_format = _format_string(origin.host_pieces, text, str.lower)
+    return RequestTemplate(
+        upstream=origin.upstream, origin=origin,
+        path_format=_format_string(origin.path_pieces + path_pieces, text, segment),
+        query_format=None if query_pieces is None else _format_string(query_pieces, text,
+                                                                      segment),
+        host_format=host_format,
+        host_uses=frozenset(name for _, name in origin.host_pieces or [] if name) & ITEM_FIELDS,
+        body_pieces=body_pieces)
