@@ -234,9 +234,9 @@ def _affixes(pattern: str) -> tuple[str, str]:
     meet the pattern with one."""
     lead, tail = _LEADING.match(pattern), _TRAILING.search(pattern)
 
-    def text(found: re.Match[str] | None) -> str:
+    def literal(found: re.Match[str] | None) -> str:
         return "" if found is None else re.sub(r"\\(.)", r"\1", found[1])
-    return text(lead), text(tail)
+    return literal(lead), literal(tail)
 
 
 def _pattern_problems(pattern: re.Pattern[str], host: list[tuple[str, str | None]]

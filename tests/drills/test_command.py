@@ -12,6 +12,7 @@ import asyncpg
 import pytest
 
 from drills.catalog import DRILLS
+from service.exits import Exit
 
 # every test here starts processes (see the marker in pyproject.toml)
 pytestmark = pytest.mark.slow
@@ -35,7 +36,7 @@ def test_list_describes_every_drill() -> None:
 
 def test_unknown_drill_is_a_usage_error() -> None:
     out = sweeper("no-such-drill", database_url="postgresql://postgres@127.0.0.1:1/x")
-    assert out.returncode == 2
+    assert out.returncode == Exit.USAGE  # told before the (unreachable) database is tried
     assert "no-such-drill" in out.stderr
 
 
