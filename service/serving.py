@@ -77,18 +77,15 @@ def server_config(app: Any, settings: Settings, *, host: str, port: int,
 def listening_socket(host: str, port: int) -> socket.socket:
     """A socket bound to host:port, ready for uvicorn's `sockets=`. Bound here rather than
     by uvicorn, which logs a failure and exits 1: a port in use is a ListenError (exit 4),
-    told apart from an unreachable database, and is found before the database starts."""
+    told apart from an unreachable database, and is found before the database starts. The
+    family is chosen as uvicorn chooses it (IPv6 only for an address with a colon), so a
+    name like `localhost` binds its IPv4 address, as before."""
     where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-    except socket.gaierror as exc:
-        raise ListenError(f"cannot listen on {where}: {exc.strerror}") from None
-    sock = socket.socket(family, kind, proto)
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-    except OSError as exc:
+        sock.bind((host, port))
+    except OSError as exc:  # socket.gaierror too: a name that does not resolve
         sock.close()
         raise ListenError(f"cannot listen on {where}: {exc.strerror}") from None
     sock.set_inheritable(True)

@@ -121,10 +121,19 @@ def test_a_port_in_use_is_not_a_database_failure(capsys: pytest.CaptureFixture[s
                              "Address already in use")
 
 
-def test_an_address_not_on_this_host(capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = sweeper(capsys, "serve", "--host", "192.0.2.1", "--port", "8080")
+@pytest.mark.parametrize("host", ["192.0.2.1", "no-such-host.invalid", "::ffff:zz"])
+def test_an_address_not_on_this_host(capsys: pytest.CaptureFixture[str], host: str) -> None:
+    code, _, err = sweeper(capsys, "serve", "--host", host, "--port", "8080")
     assert code == Exit.LISTEN
-    assert "cannot listen on 192.0.2.1:8080" in one_line(err)
+    where = f"[{host}]:8080" if ":" in host else f"{host}:8080"
+    assert one_line(err).startswith(f"sweeper: cannot listen on {where}: ")
+
+
+def test_localhost_binds_its_ipv4_address_as_uvicorn_did() -> None:
+    from service.serving import listening_socket
+
+    with listening_socket("localhost", 0) as sock:
+        assert sock.family == socket.AF_INET and sock.getsockname()[0] == "127.0.0.1"
 
 
 def test_local_refuses_a_busy_store_port_before_starting_anything(
