@@ -36,6 +36,12 @@ class RateLimits:
 
     def __init__(self, default_limit: float | None, default_burst: int,
                  default_window: bool) -> None:
+        if (default_limit is not None and default_limit <= 0) or default_burst < 1:
+            raise ValueError("the default limit must be > 0 and its burst >= 1")
+        if default_window and (default_limit is None or default_limit < 1
+                               or default_limit != int(default_limit)):
+            raise ValueError("a window limit counts whole calls per second: give a default "
+                             "limit of at least 1, a whole number")
         self._default_limit, self._default_burst = default_limit, default_burst
         # the default limit as "at most N calls in any trailing second" instead of a bucket
         self._default_window = default_window

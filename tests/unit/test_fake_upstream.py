@@ -454,6 +454,24 @@ def test_package_entry_point_takes_every_option(
                 proc.kill()
 
 
+@pytest.mark.parametrize(("options", "words"), [
+    (["--default-limit", "0.5", "--default-window"], "a window limit counts whole calls"),
+    (["--default-window"], "a window limit counts whole calls"),
+    (["--default-limit", "0"], "must be > 0"),
+    (["--default-limit", "5", "--default-burst", "0"], "burst >= 1"),
+])
+def test_limits_that_cannot_work_are_refused_at_start(
+        capsys: pytest.CaptureFixture[str], options: list[str], words: str) -> None:
+    """A window of under one call per second used to crash the first call (an empty window
+    read from its front): refused when the fake starts, before it listens."""
+    from drills.upstream.cli import main as upstream_main
+
+    with pytest.raises(SystemExit) as exited:
+        upstream_main(["--port", "0", *options])
+    assert exited.value.code == 2
+    assert words in capsys.readouterr().err
+
+
 def test_each_module_of_the_package_imports_only_those_listed_before_it() -> None:
     """The package docstring's module map is also the import order, so no cycle can form."""
     doc = drills.upstream.__doc__ or ""
