@@ -60,13 +60,10 @@ def database(settings: Settings) -> Iterator[URL]:
     if url is not None:
         yield url
         return
-    from service.db.embedded import EmbeddedPostgres
+    from service.db.embedded import embedded_database
 
-    embedded = EmbeddedPostgres(settings.data_dir)
-    try:
-        yield async_url(embedded.start())
-    finally:
-        embedded.stop()
+    with embedded_database(settings.data_dir) as embedded:
+        yield async_url(embedded)
 
 
 async def migrate_database(url: URL, settings: Settings, target: str = "head") -> None:

@@ -13,9 +13,6 @@ import asyncio
 import io
 import logging
 import secrets
-import shutil
-import socket
-import tempfile
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -25,9 +22,10 @@ import uvicorn
 from service import follow
 from service.app import create_app
 from service.cli import migrate_database
-from service.db.embedded import EmbeddedPostgres
+from service.db.embedded import embedded_database
 from service.local.store import SimulatedStore, Weather
 from service.policies import Policies, resolve_policies
+from service.serving import listening_socket
 from service.settings import LogFormat, Settings, async_url
 
 log = logging.getLogger(__name__)
@@ -51,12 +49,6 @@ def demo_policies() -> Policies:
     }, {}, source="<demo>")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def _demo(url: str, items: int, tenants: int, workers: int) -> int:
     token = secrets.token_urlsafe(24)
     settings = Settings(database_url=url, api_tokens=token, workers=workers,
@@ -65,10 +57,11 @@ async def _demo(url: str, items: int, tenants: int, workers: int) -> int:
     store = SimulatedStore(rate_per_s=TENANT_RATE_PER_S, burst=STORE_BURST, weather=BAD_WEATHER)
     app = create_app(settings, demo_policies(), async_url(url),
                      upstream_transport=httpx.MockTransport(store.handle))
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None,
-                                           access_log=False))
-    serving = asyncio.create_task(server.serve())
+    # bound here and handed to uvicorn: no window in which another process takes the port
+    sock = listening_socket("127.0.0.1", 0)
+    port = int(sock.getsockname()[1])
+    server = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False))
+    serving = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:
         if serving.done():
             serving.result()
@@ -107,12 +100,5 @@ async def _demo(url: str, items: int, tenants: int, workers: int) -> int:
 
 def run_demo(items: int, tenants: int, workers: int, keep: Path | None) -> int:
     """Start an embedded database (a temporary one unless `keep` names a folder) and run."""
-    folder = keep or Path(tempfile.mkdtemp(prefix="sweeper-demo-"))
-    embedded = EmbeddedPostgres(folder)
-    try:
-        url = embedded.start()
+    with embedded_database(keep, prefix="sweeper-demo-") as url:
         return asyncio.run(_demo(url, items, tenants, workers))
-    finally:
-        embedded.stop()
-        if keep is None:
-            shutil.rmtree(folder, ignore_errors=True)

@@ -9,8 +9,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
 import subprocess
+import tempfile
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +70,21 @@ class EmbeddedPostgres:
         if self._server is not None:
             self._server.cleanup()
             self._server = None
+
+
+@contextlib.contextmanager
+def embedded_database(keep: Path | None, *, prefix: str = "sweeper-") -> Iterator[str]:
+    """The URL of Sweeper's database on an embedded server, for as long as the block runs:
+    its data under `keep`, reused next time, or in a temporary folder (named with `prefix`)
+    removed afterwards."""
+    folder = keep or Path(tempfile.mkdtemp(prefix=prefix))
+    embedded = EmbeddedPostgres(folder)
+    try:
+        yield embedded.start()
+    finally:
+        embedded.stop()
+        if keep is None:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 # Run on the embedded server's admin database before Sweeper's exists, over a plain asyncpg

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
 import socket
-import tempfile
 import tomllib
 from pathlib import Path
 
@@ -61,22 +59,13 @@ def run_local(port: int, store_port: int, workers: int, data_dir: Path | None) -
     """Bind both ports first (a port in use is refused before anything starts), then the
     embedded database, then serve until Ctrl-C. The database is discarded on exit unless
     `data_dir` names a folder to keep it in."""
-    from service.db.embedded import EmbeddedPostgres
+    from service.db.embedded import embedded_database
     from service.serving import listening_socket
 
-    api_socket = listening_socket(HOST, port)
-    store_socket = listening_socket(HOST, store_port)
-    folder = data_dir or Path(tempfile.mkdtemp(prefix="sweeper-local-"))
-    embedded = EmbeddedPostgres(folder)
-    try:
-        url = embedded.start()
+    with (listening_socket(HOST, port) as api_socket,
+          listening_socket(HOST, store_port) as store_socket,
+          embedded_database(data_dir, prefix="sweeper-local-") as url):
         asyncio.run(_serve(url, api_socket, store_socket, workers))
-    finally:
-        embedded.stop()
-        api_socket.close()
-        store_socket.close()
-        if data_dir is None:
-            shutil.rmtree(folder, ignore_errors=True)
     return 0
 
 
