@@ -437,16 +437,14 @@ _RUN = Statement("runs.get", (
 
 
 async def run_status(engine: AsyncEngine, run_id: int,
-                     progress: ProgressCache | None = None) -> dict[str, Any] | None:
+                     progress: ProgressCache) -> dict[str, Any] | None:
     """A run with its progress: items by status, attempts by outcome, oldest remaining
-    (through `progress` when given: shared and at most its max age old)."""
+    (through `progress`: shared and at most its max age old)."""
     rows = await fetch(engine, _RUN, {"id": run_id})
     if not rows:
         return None
     run = dict(rows[0]._mapping)
-    version = _version(run)
-    counts = await (progress.get(engine, run_id, version) if progress is not None
-                    else run_progress(engine, run_id))
+    counts = await progress.get(engine, run_id, _version(run))
     return {**run, **counts}
 
 
@@ -499,11 +497,6 @@ async def runs_progress(engine: AsyncEngine, run_ids: Sequence[int]
         else:
             counts[row.kind][row.key] = row.n
     return progress
-
-
-async def run_progress(engine: AsyncEngine, run_id: int) -> dict[str, Any]:
-    """One run's counts (runs_progress)."""
-    return (await runs_progress(engine, [run_id]))[run_id]
 
 
 # How old a run's progress may be when the API answers. Counting reads every item and
@@ -659,15 +652,13 @@ _LIST = Statement("runs.list", (
 
 
 async def list_runs(engine: AsyncEngine, *, limit: int, before: int | None,
-                    progress: ProgressCache | None = None) -> list[dict[str, Any]]:
+                    progress: ProgressCache) -> list[dict[str, Any]]:
     """Newest first; `before` is the keyset cursor (a run id). Each run with its progress
-    as run_status gives it (through `progress` when given); the runs without a count to
-    share are counted together in one statement."""
+    as run_status gives it (through `progress`); the runs without a count to share are
+    counted together in one statement."""
     rows = [dict(r._mapping) for r in await fetch(engine, _LIST, {"before": before,
                                                                    "limit": limit})]
-    versions = {row["id"]: _version(row) for row in rows}
-    counts = await (progress.get_many(engine, versions) if progress is not None
-                    else runs_progress(engine, list(versions)))
+    counts = await progress.get_many(engine, {row["id"]: _version(row) for row in rows})
     return [{**row, **counts[row["id"]]} for row in rows]
 
 

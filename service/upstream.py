@@ -152,9 +152,10 @@ class UpstreamClient:
         self._busy = [0] * len(self._transports)
         # the policies' paths hold the base path: the URL maker has the origin alone
         origin = upstream.origin
-        self._urls = UrlMaker(origin.base(origin.host or PROBE_HOST))
+        base = origin.base(origin.host or PROBE_HOST)
+        self._urls = UrlMaker(base)
         self._headers = httpx.Headers({"User-Agent": USER_AGENT, **upstream.headers})
-        self._host = httpx.URL(origin.base(origin.host or PROBE_HOST)).netloc
+        self._host = httpx.URL(base).netloc
         self._headers_for: dict[str, httpx.Headers] = {}
         self._templated_for: dict[tuple[str, bool], list[tuple[bytes, bytes]]] = {}
         connect = min(5.0, cfg.timeout_seconds)
@@ -239,10 +240,11 @@ class UpstreamClient:
                              stream=_NO_BODY if body is None else httpx.ByteStream(body),
                              extensions={"timeout": self._timeouts})
 
-    def _prepare_templated(self, method: str, body: bool) -> list[tuple[bytes, bytes]]:
-        """`_prepare` for `_request`: the Host of a fixed host (a templated one is each
-        call's), Content-Length: 0 where the method expects a body and there is none, and a
-        JSON body's Content-Type (unless headers_from_env sets one)."""
+    def _base_headers(self, method: str, body: bool) -> list[tuple[bytes, bytes]]:
+        """The headers httpx.Request adds, in its order, before ours: the Host of a fixed
+        host (a templated one is each call's) and Content-Length: 0 where the method expects
+        a body and there is none; then ours, and a JSON body's Content-Type (unless
+        headers_from_env sets one)."""
         auto: list[tuple[bytes, bytes]] = []
         if "Host" not in self._headers and self._urls.fixed_host:
             auto.append((b"Host", self._host))
@@ -252,22 +254,18 @@ class UpstreamClient:
         ours = list(self._headers.raw)
         if body and "Content-Type" not in self._headers:
             ours.append((b"Content-Type", JSON_CONTENT_TYPE.encode("ascii")))
-        prepared = self._templated_for[method, body] = [*auto, *ours]
+        return [*auto, *ours]
+
+    def _prepare_templated(self, method: str, body: bool) -> list[tuple[bytes, bytes]]:
+        """`_base_headers` for `_request`, built once per method and body."""
+        prepared = self._templated_for[method, body] = self._base_headers(method, body)
         return prepared
 
     def _prepare(self, method: str) -> httpx.Headers:
-        """The headers httpx.Request adds to a bodiless request of `method` (Host, and
-        Content-Length: 0 where the method expects a body), in its order, before ours:
-        built once per method, each call copies them (a list copy) and adds its key, and
-        the request carries an explicit empty body, which skips httpx's per-request
-        preparation of the same headers."""
-        auto: list[tuple[bytes, bytes]] = []
-        if "Host" not in self._headers:
-            auto.append((b"Host", self._host))
-        if method.upper() in _LENGTH_REQUIRED and not (
-                "Content-Length" in self._headers or "Transfer-Encoding" in self._headers):
-            auto.append((b"Content-Length", b"0"))
-        headers = self._headers_for[method] = httpx.Headers([*auto, *self._headers.raw])
+        """The headers of a bodiless call to the fixed host: built once per method, each call
+        copies them (a list copy) and adds its key, and the request carries an explicit
+        empty body, which skips httpx's per-request preparation of the same headers."""
+        headers = self._headers_for[method] = httpx.Headers(self._base_headers(method, False))
         return headers
 
     async def aclose(self) -> None:

@@ -85,7 +85,7 @@ async def test_register_run_drain_each_item_once(engine: AsyncEngine, upstream: 
     assert len(keys) == 120 and len(set(keys)) == 120
     assert set(keys) == {ledger.operation_key("acme", f"cart-{i}", "carts", 1)
                          for i in range(120)}
-    status = await runs.run_status(engine, run_id)
+    status = await runs.run_status(engine, run_id, runs.ProgressCache())
     assert status is not None
     assert status["released"] == 120 and status["batches"] == 3  # batch_size 50
     assert status["items"] == {"succeeded": 120}
@@ -426,7 +426,7 @@ async def test_parallel_lanes_release_each_item_once(engine: AsyncEngine, lanes:
     run_id, _ = await runs.create_run(engine, runs.RunRequest(None, None, None, False, None),
                                       None)
     assert await runs.publish(engine, run_id, batch_size=20, lanes=lanes)
-    status = await runs.run_status(engine, run_id)
+    status = await runs.run_status(engine, run_id, runs.ProgressCache())
     assert status is not None
     assert (status["state"], status["released"], status["remaining"]) == ("published", 1_043, 0)
     async with engine.connect() as conn:
@@ -450,14 +450,14 @@ async def test_max_items_leaves_the_rest_for_the_next_run(engine: AsyncEngine) -
     first, _ = await runs.create_run(engine, runs.RunRequest(None, "acme", None, False, 60),
                                      None)
     assert await runs.publish(engine, first, batch_size=25)
-    status = await runs.run_status(engine, first)
+    status = await runs.run_status(engine, first, runs.ProgressCache())
     assert status is not None
     assert (status["released"], status["batches"], status["remaining"]) == (60, 3, 10)
     assert status["candidates"] == 70  # the tenant filter kept 'other' out
     second, _ = await runs.create_run(engine, runs.RunRequest(None, "acme", None, False,
                                                               None), None)
     assert await runs.publish(engine, second, batch_size=25)
-    status = await runs.run_status(engine, second)
+    status = await runs.run_status(engine, second, runs.ProgressCache())
     assert status is not None
     assert (status["released"], status["remaining"]) == (10, 0)
     async with engine.connect() as conn:
@@ -473,11 +473,11 @@ async def test_future_items_wait_for_a_later_cutoff(engine: AsyncEngine) -> None
     run_id, _ = await runs.create_run(engine, runs.RunRequest(None, None, None, False, None),
                                       None)
     assert await runs.publish(engine, run_id, batch_size=50)
-    status = await runs.run_status(engine, run_id)
+    status = await runs.run_status(engine, run_id, runs.ProgressCache())
     assert status is not None and status["released"] == 0
     later, _ = await runs.create_run(
         engine, runs.RunRequest(None, None, datetime.now(UTC) + timedelta(days=3), False,
                                 None), None)
     assert await runs.publish(engine, later, batch_size=50)
-    status = await runs.run_status(engine, later)
+    status = await runs.run_status(engine, later, runs.ProgressCache())
     assert status is not None and status["released"] == 3

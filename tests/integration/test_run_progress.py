@@ -173,7 +173,7 @@ async def test_a_list_counts_the_runs_it_lacks_in_one_statement(
     assert [r["id"] for r in page] == [second] and counted[3:] == [second]
     for run in listed:  # the same figures as a count of each run alone
         assert {k: run[k] for k in ("items", "attempts", "oldest_remaining_due_at")} == \
-            await runs.run_progress(engine, run["id"])
+            (await runs.runs_progress(engine, [run["id"]]))[run["id"]]
 
 
 async def test_a_drained_runs_count_is_kept_longer_until_an_operator_acts(
