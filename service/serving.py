@@ -81,7 +81,11 @@ def listening_socket(host: str, port: int) -> socket.socket:
     family is chosen as uvicorn chooses it (IPv6 only for an address with a colon), so a
     name like `localhost` binds its IPv4 address, as before."""
     where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    # IPPROTO_TCP named, not left 0: asyncio sets TCP_NODELAY on an accepted connection only
+    # when its socket says so, and without it a keep-alive client waits out delayed ACKs
+    # (~40 ms per request under `sweeper local`, which serves on the plain asyncio loop)
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM,
+                         socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))

@@ -4,6 +4,8 @@ problem and no traceback."""
 
 from __future__ import annotations
 
+import asyncio
+
 import argparse
 import logging
 import os
@@ -134,6 +136,31 @@ def test_localhost_binds_its_ipv4_address_as_uvicorn_did() -> None:
 
     with listening_socket("localhost", 0) as sock:
         assert sock.family == socket.AF_INET and sock.getsockname()[0] == "127.0.0.1"
+
+
+async def test_connections_to_our_socket_send_without_delay_on_plain_asyncio() -> None:
+    """`sweeper local` serves on the standard event loop, which sets TCP_NODELAY on an
+    accepted connection only when the listening socket names IPPROTO_TCP: without it a
+    keep-alive client's requests waited out delayed ACKs (~40 ms each)."""
+    from service.serving import listening_socket
+
+    nodelay: list[int] = []
+
+    async def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = writer.get_extra_info("socket")
+        nodelay.append(conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+        writer.close()
+
+    sock = listening_socket("127.0.0.1", 0)
+    server = await asyncio.start_server(accepted, sock=sock)
+    async with server:
+        _, writer = await asyncio.open_connection("127.0.0.1", sock.getsockname()[1])
+        for _ in range(100):
+            if nodelay:
+                break
+            await asyncio.sleep(0.01)
+        writer.close()
+    assert nodelay and nodelay[0] != 0
 
 
 def test_local_refuses_a_busy_store_port_before_starting_anything(
