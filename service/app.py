@@ -20,6 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import service
 from service import metrics, retention, runs
+from service.api import credentials as credentials_routes
 from service.api import health, items
 from service.api import metrics as metrics_api
 from service.api import policies as policies_api
@@ -31,6 +32,7 @@ from service.api.gate import Gate
 from service.api.links import install_links
 from service.api.methods import RouteMethods
 from service.api.problems import REQUEST_ID, install_problem_handlers
+from service.credentials import CredentialStore, Keyring
 from service.db.engine import is_busy, is_unavailable, make_engine
 from service.db.migrate import head_revision
 from service.policies import Policies
@@ -126,9 +128,12 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[State]:
         engine = make_engine(database_url, settings)
+        keyring = Keyring.from_settings(settings)
         runtime = Runtime(settings=settings, policies=policies, engine=engine,
                           tokens=TokenSet.from_settings(settings), schema_head=head_revision(),
-                          exporter=metrics.install_ledger(engine, policies.policies))
+                          exporter=metrics.install_ledger(engine, policies.policies),
+                          keyring=keyring,
+                          credentials=CredentialStore(engine, keyring) if keyring else None)
         # background loops, cancelled on shutdown; the worker pool stops by itself (grace)
         loops = [asyncio.create_task(_publisher(runtime), name="publisher")]
         if settings.retention_days > 0:
@@ -172,6 +177,7 @@ def create_app(
     routers = [(health.router, []), (metrics_api.router, []),
                (policies_api.router, strict_query), (items.router, strict_query),
                (runs_routes.router, strict_query), (scopes_routes.router, strict_query),
+               (credentials_routes.router, strict_query),
                (webhooks_routes.router, [])]
     for router, dependencies in routers:
         app.include_router(router, dependencies=dependencies)

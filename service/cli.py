@@ -1,5 +1,5 @@
 """The `sweeper` command: serve, worker, migrate, check-config, run, local, demo, drill,
-openapi.
+openapi, credentials.
 
 Exit codes are service/exits.py's. Expected failures print one line per problem to
 stderr, never a traceback.
@@ -35,6 +35,8 @@ from service.settings import (
 )
 
 if TYPE_CHECKING:
+    from service.credentials import Keyring
+    from service.credentials.tenant_credentials import Reencryption
     from service.worker.process import Faults
 
 log = logging.getLogger("service.cli")
@@ -121,6 +123,40 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         asyncio.run(migrate_database(url, settings, args.revision))
     print(f"schema at {args.revision}")
     return 0
+
+
+def cmd_rotate_credentials_key(_args: argparse.Namespace) -> int:
+    """Re-encrypt every stored credential under SWEEPER_CREDENTIALS_KEY; exit 1 if some
+    row opens under no configured key (each is logged with its tenant and upstream)."""
+    from service.credentials import Keyring
+
+    settings = load_settings()
+    configure_logging(settings)
+    keyring = Keyring.from_settings(settings)
+    if keyring is None:
+        raise ConfigError("SWEEPER_CREDENTIALS_KEY: must be set: stored credentials are "
+                          "re-encrypted under it")
+    with database(settings) as url:
+        done = asyncio.run(_reencrypt(url, settings, keyring))
+    print(f"{done.reencrypted} credential(s) re-encrypted under key {keyring.current_id}, "
+          f"{done.replaced_meanwhile} replaced meanwhile, {len(done.unreadable)} unreadable")
+    return Exit.INCOMPLETE if done.unreadable else Exit.OK
+
+
+async def _reencrypt(url: URL, settings: Settings, keyring: Keyring) -> Reencryption:
+    from service.credentials import tenant_credentials
+
+    engine = make_engine(url, settings)
+    try:
+        return await tenant_credentials.reencrypt(engine, keyring,
+                                                  actor="cli:credentials rotate-key")
+    except Exception as exc:
+        if is_unavailable(exc):
+            where = url.set(drivername="postgresql").render_as_string(hide_password=True)
+            raise DatabaseUnavailable(f"cannot reach PostgreSQL at {where}") from None
+        raise
+    finally:
+        await engine.dispose()
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -374,6 +410,20 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--keep", type=Path, default=None,
                       help="keep the demo database in this folder (default: a temporary one)")
     demo.set_defaults(func=cmd_demo)
+
+    credentials = sub.add_parser(
+        "credentials", help="manage tenants' stored upstream credentials",
+        description="Manage the upstream credentials stored through the API (encrypted "
+                    "under SWEEPER_CREDENTIALS_KEY).")
+    actions = credentials.add_subparsers(dest="action", required=True, metavar="ACTION",
+                                         help="what to do")
+    rotate = actions.add_parser(
+        "rotate-key", help="re-encrypt every stored credential under the current key",
+        description="Re-encrypt every stored credential under SWEEPER_CREDENTIALS_KEY (rows "
+                    "under a key of SWEEPER_CREDENTIALS_PREVIOUS_KEYS); afterwards the "
+                    "previous keys may be removed. Exit 1 if a row opens under no configured "
+                    "key (logged by tenant and upstream, left as it is).")
+    rotate.set_defaults(func=cmd_rotate_credentials_key)
 
     add_plugin_commands(sub)
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.credentials import CredentialStore, Keyring
 from service.metrics import Exporter
 from service.policies import Policies
 from service.runs import ProgressCache
@@ -52,6 +53,15 @@ class Runtime:
     exporter: Exporter
     publisher_wake: asyncio.Event = field(default_factory=asyncio.Event)
     run_progress: ProgressCache = field(default_factory=ProgressCache)
+    # SWEEPER_CREDENTIALS_KEY's keyring and this replica's cached read side over it; both
+    # None when no key is configured (the API refuses to store credentials)
+    keyring: Keyring | None = None
+    credentials: CredentialStore | None = None
+
+    def credential_upstreams(self) -> frozenset[str]:
+        """The upstreams whose credentials operators may store through the API. (Every
+        upstream for now; the policies file's `credentials = { api = true }` narrows it.)"""
+        return frozenset(self.policies.upstreams)
 
     def wake_publisher(self) -> None:
         """Ask this process's publisher to look for runs now rather than at its next poll."""

@@ -6,6 +6,8 @@ Every field reads from an environment variable with the ``SWEEPER_`` prefix, e.g
 
 from __future__ import annotations
 
+import base64
+import binascii
 import difflib
 import ssl
 from collections.abc import Mapping
@@ -42,8 +44,10 @@ class Settings(BaseSettings):
     """All process-level configuration. Policies live in the TOML file it names."""
 
     # An empty variable (`SWEEPER_POLICIES_FILE=`) means "not set", as in most shells' idiom.
+    # No error shows the value it refused: several are secrets (tokens, keys, the URL's
+    # password), and a ValidationError's text ends up in tracebacks.
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True,
-                                      env_ignore_empty=True)
+                                      env_ignore_empty=True, hide_input_in_errors=True)
 
     environment: Environment = Environment.DEVELOPMENT
     database_url: SecretStr | None = Field(
@@ -98,6 +102,14 @@ class Settings(BaseSettings):
     tls_key_file: Path | None = Field(default=None, description="private key of tls_cert_file")
     log_level: str = "INFO"
     log_format: LogFormat = LogFormat.AUTO
+    credentials_key: SecretStr | None = Field(
+        default=None,
+        description="32 bytes, base64: encrypts tenants' upstream credentials stored through "
+                    "the API (unset: the API refuses to store them)")
+    credentials_previous_keys: Annotated[list[SecretStr], NoDecode] = Field(
+        default_factory=list,
+        description="comma-separated earlier values of credentials_key: rows written under "
+                    "them still open until `sweeper credentials rotate-key` moves them")
 
     @field_validator("api_tokens", mode="before")
     @classmethod
@@ -113,6 +125,31 @@ class Settings(BaseSettings):
             if len(token.get_secret_value()) < 16:
                 raise ValueError("each API token must be at least 16 characters long")
         return tokens
+
+    @field_validator("credentials_previous_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [k.strip() for k in value.split(",") if k.strip()]
+        return value
+
+    @field_validator("credentials_key")
+    @classmethod
+    def _credentials_key(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None or not value.get_secret_value().strip():
+            return None
+        credential_key_bytes(value.get_secret_value())  # raises, naming no value
+        return value
+
+    @field_validator("credentials_previous_keys")
+    @classmethod
+    def _previous_keys(cls, keys: list[SecretStr]) -> list[SecretStr]:
+        for n, key in enumerate(keys, 1):
+            try:
+                credential_key_bytes(key.get_secret_value())
+            except ValueError as exc:
+                raise ValueError(f"key {n} of {len(keys)}: {exc}") from None
+        return keys
 
     @field_validator("database_url")
     @classmethod
@@ -165,6 +202,13 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _previous_keys_need_a_key(self) -> Settings:
+        if self.credentials_previous_keys and self.credentials_key is None:
+            raise ValueError("SWEEPER_CREDENTIALS_PREVIOUS_KEYS needs SWEEPER_CREDENTIALS_KEY: "
+                             "every write uses the current key")
+        return self
+
+    @model_validator(mode="after")
     def _safe_in_production(self) -> Settings:
         if self.environment is Environment.PRODUCTION:
             if not self.api_tokens:
@@ -174,11 +218,35 @@ class Settings(BaseSettings):
                                  "(the embedded database is for development)")
         return self
 
+    def credential_keys(self) -> list[bytes]:
+        """The credential encryption keys, the current one first; empty when unset."""
+        if self.credentials_key is None:
+            return []
+        return [credential_key_bytes(k.get_secret_value())
+                for k in (self.credentials_key, *self.credentials_previous_keys)]
+
     def sqlalchemy_url(self) -> URL | None:
         """The configured URL with the asyncpg driver, or None for the embedded server."""
         if self.database_url is None:
             return None
         return async_url(self.database_url.get_secret_value())
+
+
+CREDENTIAL_KEY_BYTES = 32  # AES-256
+
+
+def credential_key_bytes(text: str) -> bytes:
+    """A credential key from its base64 text, standard or URL-safe alphabet, padded or not.
+    The error never quotes the text: it is a secret."""
+    raw = text.strip().replace("-", "+").replace("_", "/")
+    try:
+        key = base64.b64decode(raw + "=" * (-len(raw) % 4), validate=True)
+    except (binascii.Error, ValueError):
+        key = b""
+    if len(key) != CREDENTIAL_KEY_BYTES:
+        raise ValueError(f"must be {CREDENTIAL_KEY_BYTES} random bytes in base64 (standard or "
+                         "URL-safe), such as `openssl rand -base64 32` prints")
+    return key
 
 
 def async_url(raw: str) -> URL:

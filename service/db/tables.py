@@ -18,7 +18,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
-from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.dialects.postgresql import BYTEA, JSONB, UUID
 
 metadata = MetaData()
 
@@ -165,4 +165,17 @@ control = Table(
     Column("workers_paused", Boolean, nullable=False),
     Column("paused_reason", Text),
     _ts("updated_at"),
+)
+
+tenant_credentials = Table(
+    "tenant_credentials",
+    metadata,
+    Column("tenant_id", Text, primary_key=True),
+    Column("upstream", Text, primary_key=True),
+    Column("key_id", Text, nullable=False),
+    Column("nonce", BYTEA, nullable=False),
+    Column("ciphertext", BYTEA, nullable=False),
+    Column("fingerprint", Text, nullable=False),
+    _ts("updated_at"),
+    Column("updated_by", Text, nullable=False),
 )

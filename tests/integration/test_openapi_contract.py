@@ -4,6 +4,7 @@ really gives, and every request-body example is accepted."""
 
 from __future__ import annotations
 
+import base64
 import re
 from typing import Any
 
@@ -22,9 +23,14 @@ OPERATIONS = {op["operationId"]: (method.upper(), path, op)
               for path, ops in DOC["paths"].items() for method, op in ops.items()
               if not path.startswith("/v1/webhooks/")}
 # valid path parameters; `run_id` 1 is the run the setup creates
-VALID = {"run_id": "1", "scope": "tenant:acme.myshopify.com"}
-MISSING = {"run_id": str(2**62), "scope": "tenant:nobody"}
-INVALID = {"run_id": "0", "scope": "x" * 1537}
+VALID = {"run_id": "1", "scope": "tenant:acme.myshopify.com", "tenant_id": "acme.myshopify.com",
+         "upstream": "shop"}
+MISSING = {"run_id": str(2**62), "scope": "tenant:nobody", "tenant_id": "nobody",
+           "upstream": "nowhere"}
+INVALID = {"run_id": "0", "scope": "x" * 1537, "tenant_id": "x" * 513, "upstream": "x" * 64}
+# SWEEPER_CREDENTIALS_KEY for the servers that store credentials (the first one does not:
+# there storing one answers 409)
+CREDENTIALS_KEY = base64.b64encode(bytes(32)).decode()
 
 # One invalid-but-well-formed request per operation that takes input (answers 422).
 INVALID_INPUT: dict[str, dict[str, Any]] = {
@@ -42,6 +48,9 @@ INVALID_INPUT: dict[str, dict[str, Any]] = {
     "resumeScope": {"path": INVALID},
     "pauseWorkers": {"json": {"reason": ["not", "text"]}},
     "resumeWorkers": {"json": {"reason": 7}},
+    "putTenantCredential": {"json": {"secret": ""}},
+    "deleteTenantCredential": {"path": INVALID},
+    "listTenantCredentials": {"path": INVALID},
 }
 # a valid body per operation: its first documented example
 VALID_BODY: dict[str, Any] = {
@@ -96,6 +105,8 @@ async def test_declared_errors_are_the_answers(db_url: str, policies: Policies) 
             assert first.json()["id"] == 1
             check("createRun", await client.post("/v1/runs", json={"dry_run": True},
                                                  headers={"Idempotency-Key": "k"}), 409, seen)
+            check("putTenantCredential", await answer(  # no SWEEPER_CREDENTIALS_KEY here
+                client, "putTenantCredential", json=VALID_BODY["putTenantCredential"]), 409, seen)
             for operation, (_, template, op) in OPERATIONS.items():
                 if template.startswith("/v1/"):
                     check(operation, await answer(client, operation, headers={
@@ -113,7 +124,8 @@ async def test_declared_errors_are_the_answers(db_url: str, policies: Policies) 
                           404, seen)
     # the database is gone: every route that reads it says so, and says when to retry
     gone = "postgresql://postgres@127.0.0.1:1/nowhere"
-    async with LiveServer(test_settings(gone), policies, gone) as live:
+    async with LiveServer(test_settings(gone, credentials_key=CREDENTIALS_KEY), policies,
+                          gone) as live:
         async with httpx.AsyncClient(base_url=live.base_url, timeout=20, headers={
                 "Authorization": f"Bearer {TOKEN_A}"}) as client:
             for operation, (_, _, op) in OPERATIONS.items():
@@ -132,7 +144,8 @@ async def test_declared_errors_are_the_answers(db_url: str, policies: Policies) 
 async def test_every_request_example_is_accepted(db_url: str, policies: Policies) -> None:
     examples = {operation: op["requestBody"]["content"]["application/json"]["examples"]
                 for operation, (_, _, op) in OPERATIONS.items() if "requestBody" in op}
-    async with LiveServer(test_settings(db_url), policies, db_url) as live:
+    async with LiveServer(test_settings(db_url, credentials_key=CREDENTIALS_KEY), policies,
+                          db_url) as live:
         async with httpx.AsyncClient(base_url=live.base_url, timeout=10, headers={
                 "Authorization": f"Bearer {TOKEN_A}"}) as client:
             # registration first: it creates the scope the scope examples change
