@@ -25,6 +25,7 @@ from typing import Final
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service.db.statements import (
+    CLOSURE_OVER,
     OPEN_SCOPE,
     Database,
     Statement,
@@ -227,7 +228,7 @@ class Closure:
 # The bucket restarts empty at reopening, so the first call after it is not a burst.
 _CLOSE = Statement("limiter.close", (
     "Close scopes after throttling signals: until the upstream's date, or by the scope's "
-    "growing backoff; closed_until only moves later."), """
+    "growing backoff (once per closure); closed_until only moves later."), f"""
     WITH c AS (
         SELECT * FROM unnest(CAST(:names AS text[]), CAST(:delays AS double precision[]),
                              CAST(:bases AS double precision[]),
@@ -236,25 +237,31 @@ _CLOSE = Statement("limiter.close", (
         AS c(name, delay, base, max_s, jitter)
     ),
     locked AS (
-        SELECT s.name, s.backoff_level, s.closed_until FROM scopes s JOIN c ON c.name = s.name
+        SELECT s.name, s.backoff_level, NOT {CLOSURE_OVER} AS in_force
+        FROM scopes s JOIN c ON c.name = s.name
         ORDER BY s.name FOR UPDATE OF s
     ),
     target AS (
         SELECT l.name, (c.delay IS NULL) AS from_backoff,
+               -- a closure in force absorbs the dateless 429s of calls sent before it: a
+               -- burst of them is one step of backoff, not one per call in flight
+               (c.delay IS NULL AND l.in_force) AS absorbed,
                clock_timestamp() + make_interval(secs => coalesce(
                    c.delay, least(c.max_s, c.base * power(2.0, least(l.backoff_level, 60))))
                    * 1.0 + c.jitter) AS until
         FROM locked l JOIN c ON c.name = l.name
     )
     UPDATE scopes s
-    SET closed_until = greatest(coalesce(s.closed_until, '-infinity'), t.until),
-        refilled_at = greatest(coalesce(s.closed_until, '-infinity'), t.until),
+    SET closed_until = CASE WHEN t.absorbed THEN s.closed_until
+                            ELSE greatest(coalesce(s.closed_until, '-infinity'), t.until) END,
+        refilled_at = CASE WHEN t.absorbed THEN s.refilled_at
+                           ELSE greatest(coalesce(s.closed_until, '-infinity'), t.until) END,
         tokens = 0,
-        backoff_level = CASE WHEN t.from_backoff THEN s.backoff_level + 1
-                             ELSE s.backoff_level END,
+        backoff_level = CASE WHEN t.from_backoff AND NOT t.absorbed
+                             THEN s.backoff_level + 1 ELSE s.backoff_level END,
         updated_at = now()
     FROM target t WHERE s.name = t.name
-""")
+""")  # noqa: S608 - only a constant fragment is interpolated
 
 
 def jitter_for(delay: float | None, base: float, rng: random.Random) -> float:

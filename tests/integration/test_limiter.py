@@ -287,6 +287,20 @@ async def test_backoff_without_retry_after_grows_per_scope(engine: AsyncEngine) 
         assert (await conn.execute(text("SELECT backoff_level FROM scopes"))).scalar() == 0
 
 
+async def test_429s_of_calls_sent_before_a_closure_are_one_step(engine: AsyncEngine) -> None:
+    """A burst of calls in flight meets the same throttle: their 429s arrive one by one
+    while the first one's closure holds, and each would otherwise double the backoff (seven
+    answers of one burst once closed a scope for 2^7 s)."""
+    await make_scope(engine, "s", rate=100, burst=10)
+    for _ in range(5):
+        await limiter.close(engine, {"s": limiter.Closure(None, 1.0, 60.0)})
+    async with engine.connect() as conn:
+        wait, level = (await conn.execute(text(
+            "SELECT extract(epoch FROM closed_until - now()), backoff_level FROM scopes"
+        ))).one()
+    assert level == 1 and 0.9 <= wait < 1.2
+
+
 async def drain_with(pool: WorkerPool, engine: AsyncEngine, seconds: float) -> None:
     task = asyncio.create_task(pool.run())
     deadline = time.monotonic() + seconds

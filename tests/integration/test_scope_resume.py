@@ -35,8 +35,12 @@ async def client(db_url: str, engine: AsyncEngine) -> AsyncIterator[httpx.AsyncC
 
 async def close(engine: AsyncEngine, delay_s: float | None, times: int = 1) -> None:
     """Close the scope as a 429 does: until `delay_s` from now (a Retry-After), or (None)
-    by its backoff, which grows with each such 429."""
-    for _ in range(times):
+    by its backoff, which grows with each such 429 after the closure before it ended."""
+    for n in range(times):
+        if n:
+            async with engine.begin() as conn:  # the closure before this 429 has ended
+                await conn.execute(text("UPDATE scopes SET closed_until = now() - "
+                                        "interval '1 s' WHERE name = :n"), {"n": SCOPE})
         await limiter.close(engine, {SCOPE: limiter.Closure(delay_s, 60.0, 120.0)})
 
 
