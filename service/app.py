@@ -33,6 +33,7 @@ from service.api.links import install_links
 from service.api.methods import RouteMethods
 from service.api.problems import REQUEST_ID, install_problem_handlers
 from service.credentials import CredentialStore, Keyring
+from service.credentials.waits import Credentials, waiting_loop
 from service.db.engine import is_busy, is_unavailable, make_engine
 from service.db.migrate import head_revision
 from service.policies import Policies
@@ -129,11 +130,12 @@ def create_app(
     async def lifespan(_app: FastAPI) -> AsyncIterator[State]:
         engine = make_engine(database_url, settings)
         keyring = Keyring.from_settings(settings)
+        store = CredentialStore(engine, keyring) if keyring else None
         runtime = Runtime(settings=settings, policies=policies, engine=engine,
                           tokens=TokenSet.from_settings(settings), schema_head=head_revision(),
                           exporter=metrics.install_ledger(engine, policies.policies),
-                          keyring=keyring,
-                          credentials=CredentialStore(engine, keyring) if keyring else None)
+                          keyring=keyring, credentials=store,
+                          tenant_credentials=Credentials.of(policies, engine, keyring, store))
         # background loops, cancelled on shutdown; the worker pool stops by itself (grace)
         loops = [asyncio.create_task(_publisher(runtime), name="publisher")]
         if settings.retention_days > 0:
@@ -146,9 +148,14 @@ def create_app(
         if run_workers and settings.workers > 0:
             upstreams = Upstreams(policies.upstreams, upstream_transport)
             pool = database_pool(engine, policies, upstreams, concurrency=settings.workers,
-                              listen_url=plain_url(database_url),
-                              grace_seconds=settings.shutdown_grace_seconds)
+                                 listen_url=plain_url(database_url),
+                                 grace_seconds=settings.shutdown_grace_seconds,
+                                 credentials=runtime.tenant_credentials)
             tasks.append(asyncio.create_task(pool.run(), name="workers"))
+            if runtime.tenant_credentials.upstreams:
+                loops.append(asyncio.create_task(waiting_loop(
+                    engine, policies, runtime.tenant_credentials), name="credential-waits"))
+                tasks.append(loops[-1])
         if not settings.api_tokens:
             log.warning("no API tokens configured: every /v1 request will answer 401 "
                         "(set SWEEPER_API_TOKENS)")

@@ -58,11 +58,13 @@ class Lease:
     attempt: int
     lease_expires_at: datetime
     reclaimed: bool = False  # the claim took over an expired lease
+    object_version: str | None = None  # the version a conflict answer named, if any
 
 
 def _lease(r: Row[Any]) -> Lease:
     return Lease(r.id, r.tenant_id, r.object_id, r.policy, r.policy_version, r.operation_key,
-                 r.scope, r.lease_token, r.attempts, r.lease_expires_at, r.reclaimed)
+                 r.scope, r.lease_token, r.attempts, r.lease_expires_at, r.reclaimed,
+                 r.object_version)
 
 
 # Admission in one statement: take tokens and claim at most that many items per scope.
@@ -161,6 +163,7 @@ _ADMIT = Statement("claims.admit", (
         WHERE i.id = picked.id
         RETURNING i.id, i.tenant_id, i.object_id, i.policy, i.policy_version,
                   i.operation_key, i.scope, i.lease_token, i.attempts, i.lease_expires_at,
+                  i.object_version,
                   EXISTS (SELECT 1 FROM expired WHERE expired.id = i.id) AS reclaimed
     ),
     used AS (SELECT scope, count(*)::integer AS n FROM claimed GROUP BY scope),
@@ -258,6 +261,7 @@ class Completion:
     started_at: datetime
     finished_at: datetime
     latency_ms: float
+    object_version: str | None = None  # a conflict's current version: the next call's
 
 
 # Fenced completion, for a whole set of attempts in one statement:
@@ -275,9 +279,10 @@ _COMPLETE = Statement("claims.complete", (
             CAST(:retry_after AS double precision[]), CAST(:retry_in AS double precision[]),
             CAST(:refund AS boolean[]), CAST(:attempt_nos AS integer[]),
             CAST(:workers AS text[]), CAST(:started AS timestamptz[]),
-            CAST(:finished AS timestamptz[]), CAST(:latency AS double precision[]))
+            CAST(:finished AS timestamptz[]), CAST(:latency AS double precision[]),
+            CAST(:versions AS text[]))
         AS d(id, token, status, outcome, reason, http, retry_after, retry_in, refund,
-             attempt_no, worker, started_at, finished_at, latency_ms)
+             attempt_no, worker, started_at, finished_at, latency_ms, object_version)
     ),
     applied AS (
         UPDATE items i
@@ -292,6 +297,7 @@ _COMPLETE = Statement("claims.complete", (
             last_error = CASE WHEN d.outcome = 'succeeded' THEN NULL ELSE d.reason END,
             dead_reason = CASE WHEN d.status = 'dead' THEN d.reason END,
             completed_at = CASE WHEN d.status IN ('succeeded', 'dead') THEN now() END,
+            object_version = coalesce(d.object_version, i.object_version),
             updated_at = now()
         FROM done d
         -- the token alone fences: only leased rows carry one (CHECK items_lease), and
@@ -326,6 +332,7 @@ async def complete(db: Database, completions: Sequence[Completion]) -> list[int]
         "attempt_nos": [x.lease.attempt for x in c], "workers": [x.worker for x in c],
         "started": [x.started_at for x in c], "finished": [x.finished_at for x in c],
         "latency": [x.latency_ms for x in c],
+        "versions": [x.object_version for x in c],
     }
     rows = await fetch(db, _COMPLETE, params)
     return [r.item_id for r in rows if r.fenced]

@@ -47,8 +47,14 @@ PLUGIN_GROUP = "sweeper.commands"
 def load_config() -> tuple[Settings, Policies]:
     """Settings and the policies file they name, both validated; unknown SWEEPER_*
     variables are logged as warnings (they are ignored, so a misspelt one is a mistake)."""
+    from service.credentials import Keyring
+    from service.credentials.waits import missing_key
+
     settings = load_settings()
     policies = load_policies(settings.policies_file)
+    problems = missing_key(policies, Keyring.from_settings(settings))
+    if problems:
+        raise ConfigError(*problems)
     configure_logging(settings)
     for warning in unknown_variables(os.environ):
         log.warning(warning)
@@ -107,6 +113,11 @@ def cmd_check_config(_args: argparse.Namespace) -> int:
                         "can be registered and no webhook accepted")
     for warning in warnings:
         print(f"sweeper: warning: {warning}", file=sys.stderr)
+    if settings is not None and policies is not None:
+        from service.credentials import Keyring
+        from service.credentials.waits import missing_key
+
+        problems += missing_key(policies, Keyring.from_settings(settings))
     if problems:
         raise ConfigError(*problems)
     assert settings is not None

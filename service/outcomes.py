@@ -11,7 +11,9 @@ docs/architecture.md (Outcomes), in full:
     unknown       timeout or reset after the request was sent (the duplicate window), a
                   protocol error, no status at all
     permanent     other 4xx (400, 404, 409, 422...), malformed id  -> dead at once
-    unauthorized  401/403                            -> scope paused, item unpunished
+    unauthorized  401/403; the tenant has no credential -> scope paused, item unpunished
+
+A policy's answer rules (service/answers.py) are read first and passed in as `ruled`.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from enum import StrEnum
@@ -53,6 +55,7 @@ class Failure(StrEnum):
     RESET_AFTER_SEND = "reset_after_send"
     PROTOCOL = "protocol_error"          # garbage where an HTTP answer should be
     INVALID_REQUEST = "invalid_request"  # the id cannot form a URL: a poison item
+    NO_CREDENTIAL = "no_credential"      # the tenant has no credential: never called
 
 
 @dataclass(frozen=True)
@@ -64,16 +67,21 @@ class Answer:
     failure: Failure | None = None
     # the rate-limit header fields as received (lower-case names), read by scope_signals
     rate_limits: Mapping[str, str] | None = None
+    # the body, read only where a policy's answer rules look at it (service/answers.py),
+    # and only up to the policy's cap: None otherwise. Never logged or stored.
+    body: bytes | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
 class Classified:
     """An outcome with the reason code recorded in the ledger and, for throttling, the
-    upstream's requested delay (seconds, unclamped; the limiter bounds it)."""
+    upstream's requested delay (seconds, unclamped; the limiter bounds it). `version` is the
+    version an optimistic-concurrency conflict named: retried at once with it."""
 
     outcome: Outcome
     reason: str
     retry_after_seconds: float | None = None
+    version: str | None = None
 
 
 def parse_retry_after(value: str | None, now: datetime) -> float | None:
@@ -108,14 +116,20 @@ def _whole_seconds(digits: str) -> float:
     return float(int(significant)) if len(significant) <= 12 else 1e12
 
 
-def classify(answer: Answer, *, absent_means_deleted: bool, now: datetime) -> Classified:
-    """The one switch from an answer to an outcome."""
+def classify(answer: Answer, *, absent_means_deleted: bool, now: datetime,
+             ruled: Classified | None = None) -> Classified:
+    """The one switch from an answer to an outcome. `ruled` is what the policy's answer
+    rules made of it (service/answers.py), which takes precedence over the status table."""
     if answer.failure is not None:
         return _classify_failure(answer.failure)
     status = answer.status
     if status is None:
         return Classified(Outcome.UNKNOWN, "no_status")
     retry_after = parse_retry_after(answer.retry_after, now)
+    if ruled is not None:
+        if ruled.outcome is Outcome.THROTTLED:
+            return Classified(Outcome.THROTTLED, ruled.reason, retry_after)
+        return ruled
     if 200 <= status < 300:
         return Classified(Outcome.SUCCEEDED, f"http_{status}")
     if status in (404, 410):
@@ -141,6 +155,9 @@ def _classify_failure(failure: Failure) -> Classified:
         return Classified(Outcome.TRANSIENT, failure.value)
     if failure is Failure.INVALID_REQUEST:
         return Classified(Outcome.PERMANENT, failure.value)
+    if failure is Failure.NO_CREDENTIAL:
+        # not the item's fault: it waits, unpunished, in a scope paused until one arrives
+        return Classified(Outcome.UNAUTHORIZED, failure.value)
     return Classified(Outcome.UNKNOWN, failure.value)
 
 
@@ -178,6 +195,10 @@ def plan(result: Classified, *, attempt: int, max_attempts: int, backoff_base_s:
     # transient or unknown: retried with the same key after backoff, dead when exhausted
     if attempt >= max_attempts:
         return Plan("dead", 0.0, False, f"max_attempts:{result.reason}")
+    if result.version is not None:
+        # an optimistic-concurrency conflict that named the current version: the next call
+        # carries it, at once (the attempt counts, so conflicts stay bounded)
+        return Plan("pending", 0.0, False, result.reason)
     return Plan("pending", ceiling * jitter, False, result.reason)
 
 

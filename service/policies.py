@@ -13,23 +13,40 @@ import os
 import re
 import string
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
+from service.answers import (
+    DEFAULT_MAX_BYTES,
+    MAX_BODY_BYTES,
+    NO_RULES,
+    AnswerRule,
+    AnswerRules,
+    compile_rules,
+)
 from service.errors import ConfigError
 from service.signatures import standard_key
 from service.templates import (
-    FIELDS,
+    DOT_SEGMENTS,
+    REQUEST_FIELDS,
     Origin,
     RequestTemplate,
     TemplateProblems,
     compile_origin,
     compile_request,
+    parse_format,
     parse_json_body,
 )
 
@@ -80,18 +97,40 @@ def template_fields(template: str) -> set[str]:
     return names
 
 
+HeaderName = Annotated[str, Field(pattern=r"^[A-Za-z0-9-]{1,100}$")]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CredentialsConfig(_Strict):
+    """Where each tenant's credential for an upstream comes from: a directory holding one
+    file per tenant (a Kubernetes Secret volume), or the write-only API
+    (`PUT /v1/tenants/{tenant}/credentials/{upstream}`), stored encrypted."""
+
+    directory: Path | None = None
+    api: bool = False
+
+    @model_validator(mode="after")
+    def _one(self) -> CredentialsConfig:
+        if (self.directory is not None) == self.api:
+            raise ValueError("name exactly one source: directory = \"/path\" or api = true")
+        return self
 
 
 class UpstreamConfig(_Strict):
     """An HTTP deletion API and how to reach it. The base_url may hold placeholders in the
     host (then host_pattern, a regular expression every host must fully match, is required)
-    and in the path: see service/templates.py."""
+    and in the path: see service/templates.py. `headers` are sent with every call; their
+    one placeholder is `{credential}`, the tenant's, from `credentials`."""
 
     base_url: Annotated[str, Field(pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$")]
     host_pattern: str | None = Field(default=None, min_length=1, max_length=1000)
     headers_from_env: dict[str, str] = Field(default_factory=dict)
+    headers: dict[HeaderName, Annotated[str, Field(max_length=1000)]] = Field(
+        default_factory=dict, max_length=20)
+    credentials: CredentialsConfig | None = None
     timeout_seconds: float = Field(default=10.0, gt=0, le=300)
     max_connections: int = Field(default=100, ge=1, le=10_000)
 
@@ -131,6 +170,18 @@ class PolicyConfig(_Strict):
     absent_means_deleted: bool = False
     backoff: BackoffConfig = Field(default_factory=BackoffConfig)
     retry_after_max_seconds: float = Field(default=3600.0, gt=0, le=86_400)
+    # how answers are read beyond their status: service/answers.py
+    answers: list[AnswerRule] = Field(default_factory=list, max_length=100)
+    answer_max_bytes: int = Field(default=DEFAULT_MAX_BYTES, ge=1024, le=MAX_BODY_BYTES)
+    # {object_version} until a conflict answer names the current one
+    initial_object_version: str = Field(default="1", pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
+
+    @field_validator("initial_object_version")
+    @classmethod
+    def _not_dots(cls, value: str) -> str:
+        if value in DOT_SEGMENTS:
+            raise ValueError("'.' and '..' are no version")
+        return value
 
     @field_validator("path")
     @classmethod
@@ -139,10 +190,10 @@ class PolicyConfig(_Strict):
             raise ValueError("must start with '/'")
         if "#" in value:
             raise ValueError("must not contain '#' (a fragment is never sent)")
-        unknown = template_fields(value) - set(FIELDS)
+        unknown = template_fields(value) - set(REQUEST_FIELDS)
         if unknown:
             raise ValueError(f"unknown placeholder(s) {sorted(unknown)}; allowed: "
-                             f"{sorted(FIELDS)}")
+                             f"{sorted(REQUEST_FIELDS)}")
         return value
 
     @field_validator("body", mode="before")
@@ -165,7 +216,6 @@ class PolicyConfig(_Strict):
 
 
 Extractor = Annotated[str, Field(pattern=r"^(header:[A-Za-z0-9-]+|body:[A-Za-z0-9_.\-\[\]]+)$")]
-HeaderName = Annotated[str, Field(pattern=r"^[A-Za-z0-9-]{1,100}$")]
 
 _PATH_STEP = re.compile(r"([A-Za-z0-9_\-]+)((?:\[\d{1,6}\])*)")
 
@@ -242,6 +292,12 @@ class Upstream:
     config: UpstreamConfig
     headers: Mapping[str, str] = field(repr=False)
     origin: Origin = field(repr=False, compare=False)
+    # header -> (text before, text after) the tenant's {credential}
+    credential_headers: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+
+    @property
+    def per_tenant_credentials(self) -> bool:
+        return self.config.credentials is not None
 
 
 @dataclass(frozen=True)
@@ -251,6 +307,7 @@ class Policy:
     name: str
     config: PolicyConfig
     request: RequestTemplate = field(repr=False, compare=False)  # what each call sends
+    answers: AnswerRules = field(default=NO_RULES, repr=False, compare=False)  # how it is read
 
     @property
     def version(self) -> int:
@@ -334,13 +391,18 @@ def resolve_policies(raw: Mapping[str, Any], env: Mapping[str, str], *, source: 
     for name, up in parsed.upstreams.items():
         headers = {header: secret(var, f"upstreams.{name}.headers_from_env.{header}")
                    for header, var in up.headers_from_env.items()}
+        templated = _header_templates(f"upstreams.{name}", up, fail)
+        headers.update({h: before for h, (before, after) in templated.items() if after is None})
+        credential_headers = {h: (before, after) for h, (before, after) in templated.items()
+                              if after is not None}
         try:
             origin = compile_origin(name, up.base_url, up.host_pattern)
         except TemplateProblems as exc:
             for sub, message in exc.problems:
                 fail(f"upstreams.{name}.{sub}", message)
             continue
-        upstreams[name] = Upstream(name=name, config=up, headers=headers, origin=origin)
+        upstreams[name] = Upstream(name=name, config=up, headers=headers, origin=origin,
+                                   credential_headers=credential_headers)
 
     policies: dict[str, Policy] = {}
     for name, pol in parsed.policies.items():
@@ -357,6 +419,11 @@ def resolve_policies(raw: Mapping[str, Any], env: Mapping[str, str], *, source: 
                                          f"timeout_seconds ({upstream.config.timeout_seconds})")
         if pol.backoff.max_seconds < pol.backoff.base_seconds:
             fail(f"{key}.backoff.max_seconds", "must be at least base_seconds")
+        if upstream is not None and upstream.per_tenant_credentials and (
+                "tenant_id" not in template_fields(pol.scope)):
+            # one tenant without a credential pauses its scope: never other tenants' items
+            fail(f"{key}.scope", f"upstream {pol.upstream!r} has per-tenant credentials: the "
+                                 "scope must contain {tenant_id}")
         if upstream is None:
             continue
         try:
@@ -366,7 +433,12 @@ def resolve_policies(raw: Mapping[str, Any], env: Mapping[str, str], *, source: 
             for sub, message in exc.problems:
                 fail(f"{key}.{sub}", message)
             continue
-        policies[name] = Policy(name=name, config=pol, request=request)
+        for i, answer in enumerate(pol.answers):
+            if answer.version is not None and not request.uses_object_version:
+                fail(f"{key}.answers[{i}].version", "the request must carry "
+                                                     "{object_version} for a retry to use it")
+        policies[name] = Policy(name=name, config=pol, request=request,
+                                answers=compile_rules(pol.answers, pol.answer_max_bytes))
 
     webhooks: dict[str, WebhookSource] = {}
     for name, src in parsed.webhooks.items():
@@ -394,6 +466,57 @@ def resolve_policies(raw: Mapping[str, Any], env: Mapping[str, str], *, source: 
     if problems:
         raise ConfigError(*problems)
     return Policies(upstreams=upstreams, policies=policies, webhooks=webhooks, source=source)
+
+
+# Headers a call sets itself: a policies file never names them.
+_CALL_HEADERS = frozenset({"host", "content-length", "content-type", "transfer-encoding",
+                           "idempotency-key", "connection"})
+# Text an HTTP header value may hold around a credential: visible ASCII, space and tab.
+_HEADER_TEXT = re.compile(r"[\x20-\x7e\t]*")
+
+
+def _header_templates(key: str, up: UpstreamConfig, fail: Callable[[str, str], None]
+                      ) -> dict[str, tuple[str, str | None]]:
+    """Each of `headers` as (text, None) when it is plain text, or (before, after) around
+    its `{credential}`. Problems go to `fail(key, message)`."""
+    out: dict[str, tuple[str, str | None]] = {}
+    from_env = {h.lower() for h in up.headers_from_env}
+    for header, value in up.headers.items():
+        at = f"{key}.headers.{header}"
+        if header.lower() in _CALL_HEADERS:
+            fail(at, "is set by each call itself")
+            continue
+        if header.lower() in from_env:
+            fail(at, "is also in headers_from_env: name a header once")
+            continue
+        try:
+            pieces = parse_format(value)
+        except ValueError as exc:
+            fail(at, str(exc))
+            continue
+        names = [name for _, name in pieces if name is not None]
+        if set(names) - {"credential"}:
+            fail(at, "the one placeholder a header takes is {credential}")
+            continue
+        literals = [text for text, _ in pieces]
+        if not all(_HEADER_TEXT.fullmatch(text) for text in literals):
+            fail(at, "a header value is visible ASCII, spaces and tabs")
+            continue
+        if len(names) > 1:
+            fail(at, "{credential} may appear once")
+        elif names and up.credentials is None:
+            fail(at, "{credential} needs the upstream's credentials (a directory or the API)")
+        elif names:
+            out[header] = (literals[0], "".join(literals[1:]))
+        else:
+            out[header] = ("".join(literals), None)
+    if up.credentials is not None and not any(after is not None for _, after in out.values()):
+        fail(f"{key}.credentials", "no header uses {credential}: add one, e.g. headers = "
+                                   "{ Authorization = \"Bearer {credential}\" }")
+    directory = up.credentials.directory if up.credentials is not None else None
+    if directory is not None and not directory.is_dir():
+        fail(f"{key}.credentials.directory", f"{directory} is not a directory")
+    return out
 
 
 def _standard_secret_ok(secret: str) -> bool:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.credentials import CredentialStore, Keyring
+from service.credentials.waits import Credentials
 from service.metrics import Exporter
 from service.policies import Policies
 from service.runs import ProgressCache
@@ -57,11 +58,14 @@ class Runtime:
     # None when no key is configured (the API refuses to store credentials)
     keyring: Keyring | None = None
     credentials: CredentialStore | None = None
+    # every upstream's per-tenant credential source, the store above among them
+    tenant_credentials: Credentials = field(default_factory=lambda: Credentials({}))
 
     def credential_upstreams(self) -> frozenset[str]:
-        """The upstreams whose credentials operators may store through the API. (Every
-        upstream for now; the policies file's `credentials = { api = true }` narrows it.)"""
-        return frozenset(self.policies.upstreams)
+        """The upstreams whose credentials operators may store through the API: those the
+        policies file gives `credentials = { api = true }`."""
+        return frozenset(name for name, up in self.policies.upstreams.items()
+                         if up.config.credentials is not None and up.config.credentials.api)
 
     def wake_publisher(self) -> None:
         """Ask this process's publisher to look for runs now rather than at its next poll."""

@@ -8,6 +8,7 @@ Pure, like `outcomes`: no I/O and no clock of its own. The worker applies what t
     429 without a usable date       closed by the scope's own backoff (its level grows),
                                     held locally for at most LOCAL_HOLD_S
     401 / 403                       paused as `unauthorized`, held locally for LOCAL_HOLD_S
+    the tenant has no credential    paused as `no-credential`, held locally likewise
     2xx after this process backed   the scope's backoff level is reset
     off the scope
     RateLimit fields: quota spent   closed until the quota resets (any status)
@@ -21,12 +22,15 @@ from typing import Final
 
 from service.limiter import Closure
 from service.metrics import ScopeSignal
-from service.outcomes import Answer, Classified, Outcome, exhausted_for
+from service.outcomes import Answer, Classified, Failure, Outcome, exhausted_for
 from service.policies import PolicyConfig
 
 # How long a scope this process saw throttled (without a date) or refused is held locally
 # until the database closure or pause, which every replica obeys, is certainly in place.
 LOCAL_HOLD_S: Final = 1.0
+# A scope's pause reasons set by answers (an operator's pause carries the operator's reason).
+UNAUTHORIZED: Final = "unauthorized"
+NO_CREDENTIAL: Final = "no-credential"
 
 
 @dataclass(frozen=True)
@@ -36,7 +40,7 @@ class ScopeEffects:
 
     signals: tuple[ScopeSignal, ...] = ()
     closure: Closure | None = None
-    pause: bool = False
+    pause: str | None = None  # the pause's reason
     hold_seconds: float | None = None
     backs_off: bool = False  # closed by its own backoff: a later success must reset it
     succeeded: bool = False
@@ -54,7 +58,8 @@ def effects_of(verdict: Classified, answer: Answer, cfg: PolicyConfig, now: date
         return SUCCESS  # the bulk of answers: nothing to compute
     signals: list[ScopeSignal] = []
     closure: Closure | None = None
-    pause = backs_off = False
+    pause: str | None = None
+    backs_off = False
     hold: float | None = None
     base, max_s = cfg.backoff.base_seconds, cfg.backoff.max_seconds
     if verdict.outcome is Outcome.THROTTLED:
@@ -69,7 +74,7 @@ def effects_of(verdict: Classified, answer: Answer, cfg: PolicyConfig, now: date
         hold = min(LOCAL_HOLD_S, delay if delay is not None else base)
     elif verdict.outcome is Outcome.UNAUTHORIZED:
         signals.append(ScopeSignal.UNAUTHORIZED)
-        pause = True
+        pause = NO_CREDENTIAL if answer.failure is Failure.NO_CREDENTIAL else UNAUTHORIZED
         hold = LOCAL_HOLD_S
     reset = exhausted_for(answer.rate_limits, now) if answer.rate_limits else None
     if reset is not None and reset > 0:

@@ -9,8 +9,9 @@ compiled once at start-up from the policies file and filled per call with an ite
     body = { query = "...", variables = { id = "gid://shopify/Customer/{object_id}" } }
 
 The fields are `tenant_id` and `object_id` (the item's) and `policy`, `policy_version` and
-`upstream` (the policy's, filled in when the template is compiled). Each is substituted by
-where it goes, never by formatting text into text:
+`upstream` (the policy's, filled in when the template is compiled); the path, query and
+body may also use `object_version` (service/answers.py: a conflict names the next one).
+Each is substituted by where it goes, never by formatting text into text:
 
 - host: as written, lower-cased; the whole host must then be a host name (ASCII letters,
   digits and '-' in dot-separated labels, or an IPv4 address) that the upstream's
@@ -42,6 +43,9 @@ from urllib.parse import quote
 
 FIELDS: Final = ("tenant_id", "object_id", "policy", "policy_version", "upstream")
 ITEM_FIELDS: Final = frozenset({"tenant_id", "object_id"})  # the rest are the policy's
+# The path, query and body may also carry the object's version for an optimistic-concurrency
+# API: the policy's initial_object_version, then the one a conflict answer named.
+REQUEST_FIELDS: Final = (*FIELDS, "object_version")
 DOT_SEGMENTS: Final = frozenset((".", ".."))
 
 _UNRESERVED: Final = re.compile(r"[A-Za-z0-9_.~-]*", re.ASCII)  # what quote() keeps as is
@@ -341,7 +345,7 @@ def compile_body(template: Any, constants: Mapping[str, str | int]) -> tuple[str
 
     def string_template(text: str, at: str) -> None:
         names = _PLACEHOLDER.findall(text)
-        problem = _unknown(set(names), FIELDS)
+        problem = _unknown(set(names), REQUEST_FIELDS)
         if problem:
             problems.append((at, problem + " (a placeholder is {name}; any other brace is "
                                            "text, e.g. a GraphQL selection '{ id }')"))
@@ -392,6 +396,7 @@ class RequestTemplate:
     host_format: str | None  # None: the upstream's host is fixed
     host_uses: frozenset[str]  # the item's fields the host is made of
     body_pieces: tuple[str | _Slot, ...] | None = field(repr=False)
+    uses_object_version: bool = False
 
     @property
     def host_field(self) -> str:
@@ -399,16 +404,20 @@ class RequestTemplate:
         return "tenant_id" if "tenant_id" in self.host_uses or not self.host_uses \
             else "object_id"
 
-    def target(self, tenant_id: str, object_id: str) -> tuple[str, str | None]:
+    def target(self, tenant_id: str, object_id: str, object_version: str = ""
+               ) -> tuple[str, str | None]:
         """The path and query (None: none), each value percent-encoded in its own segment
         or query value; ValueError for a dot segment."""
-        if object_id in DOT_SEGMENTS or tenant_id in DOT_SEGMENTS:
+        if object_id in DOT_SEGMENTS or tenant_id in DOT_SEGMENTS or (
+                object_version in DOT_SEGMENTS):
             raise ValueError("dot segments cannot be an id")
         obj, tenant = segment(object_id), segment(tenant_id)
-        path = self.path_format.format(object_id=obj, tenant_id=tenant)
+        version = segment(object_version)
+        path = self.path_format.format(object_id=obj, tenant_id=tenant, object_version=version)
         if self.query_format is None:
             return path, None
-        return path, self.query_format.format(object_id=obj, tenant_id=tenant)
+        return path, self.query_format.format(object_id=obj, tenant_id=tenant,
+                                              object_version=version)
 
     def host(self, tenant_id: str, object_id: str) -> str:
         """The host of a templated upstream for this item (lower-cased); ValueError saying
@@ -436,12 +445,13 @@ class RequestTemplate:
             return str(exc)
         return None
 
-    def body(self, tenant_id: str, object_id: str) -> bytes | None:
+    def body(self, tenant_id: str, object_id: str, object_version: str = "") -> bytes | None:
         """The JSON body for this item (None: the policy sends none)."""
         pieces = self.body_pieces
         if pieces is None:
             return None
-        values = {"tenant_id": tenant_id, "object_id": object_id}
+        values = {"tenant_id": tenant_id, "object_id": object_id,
+                  "object_version": object_version}
         parts = []
         for piece in pieces:
             if isinstance(piece, str):
@@ -487,4 +497,4 @@ def compile_request(origin: Origin, *, policy: str, version: int, path: str,
                                                                       segment),
         host_format=host_format,
         host_uses=frozenset(name for _, name in origin.host_pieces or [] if name) & ITEM_FIELDS,
-        body_pieces=body_pieces)
+        body_pieces=body_pieces, uses_object_version="object_version" in uses)

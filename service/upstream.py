@@ -13,7 +13,8 @@ What a call sends is the policy's compiled request template (service/templates.p
 percent-encoded into their own path segment or query value, so `/`, `..`, `?`, `#` or
 unicode in an id can never reach another path; a templated host is checked against the
 upstream's host_pattern on every call; a JSON body carries ids as JSON strings. Response
-bodies are read up to a small cap and dropped.
+bodies are read up to a small cap and dropped, except where the policy's answer rules read
+them (service/answers.py): then whole, up to the policy's answer_max_bytes.
 """
 
 from __future__ import annotations
@@ -155,6 +156,7 @@ class UpstreamClient:
         base = origin.base(origin.host or PROBE_HOST)
         self._urls = UrlMaker(base)
         self._headers = httpx.Headers({"User-Agent": USER_AGENT, **upstream.headers})
+        self._credential_headers = dict(upstream.credential_headers)
         self._host = httpx.URL(base).netloc
         self._headers_for: dict[str, httpx.Headers] = {}
         self._templated_for: dict[tuple[str, bool], list[tuple[bytes, bytes]]] = {}
@@ -163,38 +165,57 @@ class UpstreamClient:
                           "write": cfg.timeout_seconds, "pool": cfg.timeout_seconds}
 
     async def delete(self, policy: Policy, *, tenant_id: str, object_id: str,
-                     operation_key: str) -> CallResult:
-        """One deletion call carrying the operation key as Idempotency-Key."""
+                     operation_key: str, object_version: str | None = None,
+                     credential: str | None = None) -> CallResult:
+        """One deletion call carrying the operation key as Idempotency-Key; the object's
+        version is the one a conflict named, else the policy's initial one; `credential` is
+        the tenant's, for an upstream whose headers use one."""
         started = time.perf_counter()
-        answer = await self._call(policy, tenant_id, object_id, operation_key)
+        version = policy.config.initial_object_version if object_version is None \
+            else object_version
+        if self._credential_headers and credential is None:
+            answer = Answer(failure=Failure.NO_CREDENTIAL)
+        else:
+            answer = await self._call(policy, tenant_id, object_id, operation_key, version,
+                                      credential)
         return CallResult(answer, (time.perf_counter() - started) * 1000)
 
     async def _call(self, policy: Policy, tenant_id: str, object_id: str,
-                    operation_key: str) -> Answer:
+                    operation_key: str, object_version: str, credential: str | None
+                    ) -> Answer:
         template = policy.request
         method = policy.config.method
         try:
-            path, query = template.target(tenant_id, object_id)
+            path, query = template.target(tenant_id, object_id, object_version)
             if template.host_format is None and template.body_pieces is None:
                 # the common call: fixed host, no body (headers prepared once per method)
                 headers = httpx.Headers(self._headers_for.get(method) or self._prepare(method))
                 headers["Idempotency-Key"] = operation_key
+                if credential is not None:
+                    self._with_credential(headers, credential)
                 request = httpx.Request(method, self._urls.url(path, query=query),
                                         headers=headers, stream=_NO_BODY,
                                         extensions={"timeout": self._timeouts})
             else:
                 request = self._request(policy, tenant_id, object_id, path, query,
-                                        operation_key)
+                                        operation_key, object_version)
+                if credential is not None:
+                    self._with_credential(request.headers, credential)
         except (ValueError, KeyError, httpx.InvalidURL):
             return Answer(failure=Failure.INVALID_REQUEST)
         busy = self._busy
         shard = busy.index(min(busy)) if len(busy) > 1 else 0
         busy[shard] += 1
+        rules = policy.answers
+        body: bytes | None = None
         try:
             async with asyncio.timeout(self.deadline_seconds):
                 response = await self._transports[shard].handle_async_request(request)
                 try:
-                    await _drain_capped(response)
+                    if rules.wants_body(response.status_code) and _identity(response):
+                        body = await _read_capped(response, rules.max_bytes)
+                    else:
+                        await _drain_capped(response)
                 finally:
                     await response.aclose()
         except TimeoutError:
@@ -214,10 +235,11 @@ class UpstreamClient:
         limits = {k: v for k, v in response.headers.items() if "ratelimit" in k}
         return Answer(status=response.status_code,
                       retry_after=response.headers.get("retry-after"),
-                      rate_limits=limits or None)
+                      rate_limits=limits or None, body=body)
 
     def _request(self, policy: Policy, tenant_id: str, object_id: str, path: str,
-                 query: str | None, operation_key: str) -> httpx.Request:
+                 query: str | None, operation_key: str, object_version: str
+                 ) -> httpx.Request:
         """A call with a templated host or a JSON body: the headers httpx.Request would build
         (Host, the body's Content-Type and Content-Length), prepared once per method as for
         the common call. ValueError for a host the upstream refuses: checked here again, on
@@ -225,7 +247,7 @@ class UpstreamClient:
         template = policy.request
         method = policy.config.method
         host = None if template.host_format is None else template.host(tenant_id, object_id)
-        body = template.body(tenant_id, object_id)
+        body = template.body(tenant_id, object_id, object_version)
         url = self._urls.url(path, query=query, host=host)
         prepared = (self._templated_for.get((method, body is not None))
                     or self._prepare_templated(method, body is not None))
@@ -239,6 +261,12 @@ class UpstreamClient:
         return httpx.Request(method, url, headers=headers,
                              stream=_NO_BODY if body is None else httpx.ByteStream(body),
                              extensions={"timeout": self._timeouts})
+
+    def _with_credential(self, headers: httpx.Headers, credential: str) -> None:
+        """The tenant's credential in its headers. httpx refuses a value it cannot send
+        (ValueError, UnicodeEncodeError): the sources only hand out ones it can."""
+        for name, (before, after) in self._credential_headers.items():
+            headers[name] = before + credential + after
 
     def _base_headers(self, method: str, body: bool) -> list[tuple[bytes, bytes]]:
         """The headers httpx.Request adds, in its order, before ours: the Host of a fixed
@@ -291,6 +319,30 @@ async def _drain_capped(response: httpx.Response) -> None:
         seen += len(chunk)
         if seen >= BODY_CAP_BYTES:
             break
+
+
+def _identity(response: httpx.Response) -> bool:
+    """The body is sent as is (no Accept-Encoding is sent, so an upstream should not
+    compress it; a compressed one is not read: rules on its body do not match)."""
+    return response.headers.get("content-encoding", "identity").lower() in ("identity", "")
+
+
+async def _read_capped(response: httpx.Response, cap: int) -> bytes | None:
+    """The whole body when it is at most `cap` bytes, else None: a body is never read in
+    part, so no rule ever sees half a document."""
+    if response.is_stream_consumed:  # an in-memory response (tests, the demo store)
+        return response.content if len(response.content) <= cap else None
+    stream = response.stream
+    if not isinstance(stream, httpx.AsyncByteStream):
+        raise RuntimeError("an async transport answered with a sync stream")
+    chunks: list[bytes] = []
+    seen = 0
+    async for chunk in stream:
+        seen += len(chunk)
+        if seen > cap:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 class Upstreams:

@@ -4,6 +4,7 @@ rule, never echoed (service/api/problems.py)."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import asdict
 from datetime import datetime
 from typing import Annotated, Any
@@ -16,7 +17,7 @@ from service import ledger
 from service.api.bodies import ID_PATTERN, MAX_ID_CHARS, RequestBody
 from service.api.deps import OperatorDep, RuntimeDep
 from service.api.problems import problem_doc, problem_responses
-from service.credentials import tenant_credentials
+from service.credentials import tenant_credentials, waits
 from service.credentials.source import HEADER_VALUE_PATTERN, MAX_SECRET_CHARS, secret_problem
 from service.errors import Problem
 from service.policies import NAME_PATTERN
@@ -131,6 +132,11 @@ async def put_credential(runtime: RuntimeDep, actor: OperatorDep, tenant_id: Ten
                                body.secret.get_secret_value(), actor=actor, reason=body.reason)
     if runtime.credentials is not None:
         runtime.credentials.invalidate(tenant_id, upstream)
+    # the tenant's scopes waiting for it resume now (other replicas' checks would within
+    # seconds); the credential is stored whatever this finds
+    with contextlib.suppress(Exception):
+        await waits.resume_arrived(runtime.engine, runtime.policies,
+                                   runtime.tenant_credentials, tenant_id=tenant_id)
     return CredentialOut(**asdict(stored))
 
 

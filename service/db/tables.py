@@ -112,6 +112,7 @@ items = Table(
     _ts("created_at"),
     _ts("updated_at"),
     _ts("completed_at", nullable=True),
+    Column("object_version", Text),  # named by a conflict answer (0011)
     UniqueConstraint("tenant_id", "object_id", "policy", "policy_version",
                      name="items_obligation"),
 )

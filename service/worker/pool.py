@@ -238,7 +238,11 @@ class WorkerPool:
                     started: datetime, reason_override: str | None) -> Completion:
         finished = self._clock.now()
         cfg = policy.config if policy is not None else None
-        verdict = classify(result.answer, now=finished,
+        answer = result.answer
+        ruled = None
+        if policy is not None and reason_override is None and answer.status is not None:
+            ruled = policy.answers.classify(answer.status, answer.body)
+        verdict = classify(answer, now=finished, ruled=ruled,
                            absent_means_deleted=bool(cfg and cfg.absent_means_deleted))
         if cfg is None or reason_override is not None:
             next_step = plan(verdict, attempt=lease.attempt, max_attempts=1, backoff_base_s=1,
@@ -267,7 +271,8 @@ class WorkerPool:
             retry_after_seconds=(verdict.retry_after_seconds
                                  if verdict.outcome is Outcome.THROTTLED else None),
             retry_in_seconds=next_step.retry_in_seconds, refund_attempt=next_step.refund_attempt,
-            started_at=started, finished_at=finished, latency_ms=result.latency_ms)
+            started_at=started, finished_at=finished, latency_ms=result.latency_ms,
+            object_version=verdict.version)
 
     # -- the loop --------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from service.claims import Admission, Completion, Lease
+from service.credentials.waits import Credentials
 from service.limiter import Closure
 from service.policies import Policy
 from service.upstream import CallResult, Upstreams
@@ -103,15 +104,22 @@ class SystemClock:
 
 
 class UpstreamCalls:
-    """Calls through the pooled HTTP clients of the policies' upstreams."""
+    """Calls through the pooled HTTP clients of the policies' upstreams, with the tenant's
+    credential where the upstream takes one per tenant."""
 
-    def __init__(self, upstreams: Upstreams) -> None:
+    def __init__(self, upstreams: Upstreams, credentials: Credentials | None = None) -> None:
         self.upstreams = upstreams
+        self.credentials = credentials or Credentials({})
 
     async def delete(self, policy: Policy, lease: Lease) -> CallResult:
+        upstream = policy.config.upstream
+        credential = None
+        if upstream in self.credentials.upstreams:
+            credential = await self.credentials.get(lease.tenant_id, upstream)
         return await self.upstreams.for_policy(policy).delete(
             policy, tenant_id=lease.tenant_id, object_id=lease.object_id,
-            operation_key=lease.operation_key)
+            operation_key=lease.operation_key, object_version=lease.object_version,
+            credential=credential)
 
     async def warm_up(self) -> None:
         await self.upstreams.warm_up()

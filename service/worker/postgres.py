@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service import claims, limiter
 from service.claims import Admission, Completion, Lease
+from service.credentials.waits import Credentials
 from service.db.statements import Database, HeldConnection
 from service.policies import Policies
 from service.upstream import Upstreams
@@ -130,10 +131,12 @@ class Listener:
 
 def database_ports(engine: AsyncEngine, policies: Policies, upstreams: Upstreams, *,
                    owner: str, listen_url: str | None = None,
-                   rng: random.Random | None = None) -> Ports:
-    """The ports of a pool on this database, calling these upstreams, on the real clock."""
+                   rng: random.Random | None = None,
+                   credentials: Credentials | None = None) -> Ports:
+    """The ports of a pool on this database, calling these upstreams with these tenants'
+    credentials, on the real clock."""
     ledger = PostgresLedger(engine, policies, owner=owner, rng=rng)
     return Ports(admission=ledger, completion=ledger, signals=ledger,
-                 calls=UpstreamCalls(upstreams), clock=SystemClock(),
+                 calls=UpstreamCalls(upstreams, credentials), clock=SystemClock(),
                  wakeups=Listener(listen_url) if listen_url else NoWakeups(),
                  hold=ledger.hold)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import signal
@@ -11,6 +12,8 @@ from collections.abc import Callable
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.credentials import Keyring
+from service.credentials.waits import Credentials, waiting_loop
 from service.db.engine import make_engine
 from service.metrics import initialise_series
 from service.policies import Policies
@@ -28,14 +31,17 @@ Faults = Callable[[Ports], Ports]
 def database_pool(engine: AsyncEngine, policies: Policies, upstreams: Upstreams, *,
                   concurrency: int, listen_url: str | None = None,
                   grace_seconds: float = 20.0, name: str | None = None,
-                  rng: random.Random | None = None, faults: Faults | None = None
-                  ) -> WorkerPool:
-    """A pool claiming from `engine`'s ledger and calling `upstreams`. `faults` may wrap
+                  rng: random.Random | None = None, faults: Faults | None = None,
+                  credentials: Credentials | None = None) -> WorkerPool:
+    """A pool claiming from `engine`'s ledger and calling `upstreams` with `credentials`
+    (default: the policies' sources; the API's store needs the keyring). `faults` may wrap
     its ports (the drills' fault injection)."""
     name = name or worker_name()
     rng = rng or random.Random()
+    if credentials is None:
+        credentials = Credentials.of(policies, engine, None)
     ports = database_ports(engine, policies, upstreams, owner=name, listen_url=listen_url,
-                           rng=rng)
+                           rng=rng, credentials=credentials)
     if faults is not None:
         ports = faults(ports)
     return WorkerPool(ports, policies, concurrency=concurrency, name=name,
@@ -48,9 +54,13 @@ async def run_worker_process(settings: Settings, policies: Policies, url: URL, *
     initialise_series(policies.policies)
     engine = make_engine(url, settings)
     upstreams = Upstreams(policies.upstreams)
+    credentials = Credentials.of(policies, engine, Keyring.from_settings(settings))
     pool = database_pool(engine, policies, upstreams, concurrency=settings.workers,
                          listen_url=plain_url(url),
-                         grace_seconds=settings.shutdown_grace_seconds, faults=faults)
+                         grace_seconds=settings.shutdown_grace_seconds, faults=faults,
+                         credentials=credentials)
+    waits = asyncio.create_task(waiting_loop(engine, policies, credentials), name="waits") \
+        if credentials.upstreams else None
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, pool.stop)
@@ -58,6 +68,10 @@ async def run_worker_process(settings: Settings, policies: Policies, url: URL, *
     try:
         await pool.run()
     finally:
+        if waits is not None:
+            waits.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await waits
         await upstreams.aclose()
         await engine.dispose()
         log.info("worker stopped", extra={"worker": pool.name, "completed": pool.completed})

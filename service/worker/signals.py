@@ -12,6 +12,10 @@ from service.worker.ports import ScopeSignalPort
 
 log = logging.getLogger("service.worker")
 
+_PAUSED = {scope_signals.UNAUTHORIZED: "scope paused: the upstream refused our credentials",
+           scope_signals.NO_CREDENTIAL: "scope paused: its tenant has no credential for the "
+                                        "upstream; it resumes when one arrives"}
+
 
 class SignalBuffer:
     """Closures, pauses and recoveries waiting to be applied. A closure is never lost to an
@@ -19,7 +23,7 @@ class SignalBuffer:
 
     def __init__(self) -> None:
         self._closures: dict[str, Closure] = {}
-        self._pauses: set[str] = set()
+        self._pauses: dict[str, str] = {}  # scope -> reason
         self._recovered: set[str] = set()
         self._backed_off: set[str] = set()  # scopes this process saw back off
 
@@ -34,8 +38,8 @@ class SignalBuffer:
         if effects.closure is not None:
             self._closures[scope] = scope_signals.merged(self._closures.get(scope),
                                                          effects.closure)
-        if effects.pause:
-            self._pauses.add(scope)
+        if effects.pause is not None:
+            self._pauses[scope] = effects.pause
         if effects.backs_off:
             self._backed_off.add(scope)
         elif effects.succeeded and scope in self._backed_off:
@@ -45,16 +49,17 @@ class SignalBuffer:
 
     async def apply(self, port: ScopeSignalPort) -> None:
         closures, self._closures = self._closures, {}
-        pauses, self._pauses = self._pauses, set()
-        recovered, self._recovered = self._recovered - set(closures) - pauses, set()
+        pauses, self._pauses = self._pauses, {}
+        recovered, self._recovered = self._recovered - set(closures) - set(pauses), set()
         try:
             await port.close(closures)
-            for scope in await port.pause(sorted(pauses), "unauthorized"):
-                log.warning("scope paused: the upstream refused our credentials",
-                            extra={"scope": scope})
+            for reason in sorted(set(pauses.values())):
+                scopes = sorted(scope for scope, why in pauses.items() if why == reason)
+                for scope in await port.pause(scopes, reason):
+                    log.warning(_PAUSED.get(reason, "scope paused"), extra={"scope": scope})
             await port.recovered(sorted(recovered))
         except Exception:
             for scope, closure in closures.items():
                 self._closures.setdefault(scope, closure)
-            self._pauses |= pauses
+            self._pauses = {**pauses, **self._pauses}
             raise

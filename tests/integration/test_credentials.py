@@ -53,8 +53,10 @@ def b64(key: bytes) -> str:
 
 @pytest.fixture
 def policies() -> Policies:
-    return policies_from({"upstreams": {"shop": {"base_url": "http://127.0.0.1:9"},
-                                        "ads": {"base_url": "http://127.0.0.1:9"}}})
+    stored = {"credentials": {"api": True}, "headers": {"Authorization": "Bearer {credential}"}}
+    return policies_from({"upstreams": {"shop": {"base_url": "http://127.0.0.1:9", **stored},
+                                        "ads": {"base_url": "http://127.0.0.1:9", **stored},
+                                        "fixed": {"base_url": "http://127.0.0.1:9"}}})
 
 
 @asynccontextmanager
@@ -226,6 +228,9 @@ async def test_an_unknown_upstream_is_404_naming_it(api: httpx.AsyncClient) -> N
                               json={"secret": SECRET})
     assert response.status_code == 404 and problem_type(response) == "upstream-not-found"
     assert "'nowhere'" in response.json()["detail"] and SECRET not in response.text
+    # an upstream whose credentials do not come from the API takes none
+    fixed = await api.put(f"/v1/tenants/{TENANT}/credentials/fixed", json={"secret": SECRET})
+    assert fixed.status_code == 404 and problem_type(fixed) == "upstream-not-found"
 
 
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer not-a-valid-token-at-all"}])

@@ -86,7 +86,9 @@ def check(operation: str, response: httpx.Response, status: int,
 @pytest.fixture
 def policies() -> Policies:
     return policies_from({
-        "upstreams": {"shop": {"base_url": "http://127.0.0.1:9"}},
+        "upstreams": {"shop": {"base_url": "http://127.0.0.1:9",
+                               "credentials": {"api": True},
+                               "headers": {"Authorization": "Bearer {credential}"}}},
         "policies": {"cart-retention": {"version": 1, "upstream": "shop",
                                         "path": "/carts/{object_id}",
                                         "scope": "tenant:{tenant_id}",

@@ -312,3 +312,17 @@ def test_serve_warns_about_unknown_variables(capsys: pytest.CaptureFixture[str],
     assert "SWEEPER_WORKRES is not a setting Sweeper knows; it is ignored (did you mean " \
            "SWEEPER_WORKERS?)" in warning
     assert refusal.startswith("sweeper: cannot listen on 127.0.0.1:")
+
+
+@pytest.mark.parametrize("command", [["check-config"], ["worker"]])
+def test_credentials_through_the_api_without_a_key_is_a_config_error(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        command: list[str]) -> None:
+    policies = tmp_path / "policies.toml"
+    policies.write_text(
+        '[upstreams.stripe]\nbase_url = "https://api.stripe.com"\n'
+        'credentials = { api = true }\nheaders = { Authorization = "Bearer {credential}" }\n')
+    monkeypatch.setenv("SWEEPER_POLICIES_FILE", str(policies))
+    code, _, err = sweeper(capsys, *command)
+    assert code == Exit.CONFIG
+    assert "upstreams.stripe.credentials: api = true needs SWEEPER_CREDENTIALS_KEY" in err

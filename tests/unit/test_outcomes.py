@@ -93,6 +93,8 @@ CLASSIFY_TABLE: list[tuple[Answer, bool, Outcome, str, float | None]] = [
     (Answer(failure=Failure.RESET_AFTER_SEND), True, UK, "reset_after_send", None),
     (Answer(failure=Failure.PROTOCOL), False, UK, "protocol_error", None),
     (Answer(failure=Failure.INVALID_REQUEST), True, PE, "invalid_request", None),
+    # the tenant has no credential: never called, the item waits unpunished
+    (Answer(failure=Failure.NO_CREDENTIAL), True, UA, "no_credential", None),
     (Answer(status=200, failure=Failure.TIMEOUT_AFTER_SEND), True, UK, "timeout_after_send",
      None),
     (Answer(status=429, retry_after="5", failure=Failure.CONNECT), False, TR, "connect_error",

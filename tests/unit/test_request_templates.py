@@ -253,8 +253,8 @@ def test_a_hostile_object_id_stays_one_json_string(object_id: str) -> None:
 def test_body_property(tenant_id: str, object_id: str, version: int, text: str) -> None:
     template = {"a": [text, "{object_id}", f"{text}{{tenant_id}}{text}"],
                 "v": "{policy_version}", "v2": "v{policy_version}", text: {"k": "{tenant_id}"}}
-    if "{" in text:
-        return  # a text holding a placeholder is a template of its own
+    if "{" in text or text in ("a", "v", "v2"):
+        return  # a text holding a placeholder is a template of its own; a key replaces one
     pieces = compile_body(template, {"policy": "p", "policy_version": version,
                                      "upstream": "u"})
     origin = compile_origin("u", "https://x.example", None)

@@ -1,0 +1,266 @@
+"""The vendor examples of policies.example.toml, end to end: each block as written (only its
+base URL pointed at the vendor's fake on loopback, and a shop's host pattern at loopback
+addresses) drives the real worker against a fake that follows the vendor's documentation,
+with per-tenant credentials from a directory or the write-only API. A tenant without a
+credential waits, its scope paused `no-credential`, and resumes when the credential arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import re
+import tomllib
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service import ledger
+from service.credentials import CredentialStore, Keyring, tenant_credentials
+from service.credentials.waits import Credentials, resume_arrived
+from service.policies import Policies
+from service.upstream import Upstreams
+from service.worker.process import database_pool
+from tests.conftest import REPO_ROOT, TOKEN_A, LiveServer, policies_from, test_settings
+from tests.fakes.vendors.bigcommerce import FakeBigCommerce
+from tests.fakes.vendors.commercetools import FakeCommercetools
+from tests.fakes.vendors.serve import serve
+from tests.fakes.vendors.shopify import FakeShopify
+from tests.fakes.vendors.stripe import FakeStripe
+from tests.integration.test_pipeline import PAST, release_all
+
+EXAMPLE = REPO_ROOT / "policies.example.toml"
+KEY = bytes(range(32))
+SHOPS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
+
+
+def vendor_block(name: str) -> dict[str, Any]:
+    """The commented `# >>> name` ... `# <<<` block of the example file, uncommented."""
+    text_ = EXAMPLE.read_text(encoding="utf-8")
+    found = re.search(rf"^# >>> {name}:.*?\n(.*?)^# <<<", text_, re.MULTILINE | re.DOTALL)
+    assert found, f"no {name} block in policies.example.toml"
+    lines = [line.removeprefix("# ").removeprefix("#") for line in found[1].splitlines()]
+    return tomllib.loads("\n".join(lines))
+
+
+def on_loopback(name: str, base_url: str, **upstream: Any) -> Policies:
+    doc = vendor_block(name)
+    [up] = doc["upstreams"].values()
+    up.update(base_url=base_url, **upstream)
+    return policies_from(doc)
+
+
+async def drain(engine: AsyncEngine, policies: Policies, credentials: Credentials,
+                done: Callable[[dict[str, int]], bool], timeout_s: float = 20) -> None:
+    """Run a pool until `done(statuses)`."""
+    ups = Upstreams(policies.upstreams)
+    pool = database_pool(engine, policies, ups, concurrency=8, credentials=credentials)
+    try:
+        async with asyncio.timeout(timeout_s):
+            while not done(await statuses(engine)):
+                await pool.run_once()
+                await asyncio.sleep(0.02)
+                await pool.flush()
+            await pool.drain()
+    finally:
+        await pool.drain()
+        await ups.aclose()
+
+
+async def statuses(engine: AsyncEngine) -> dict[str, int]:
+    async with engine.connect() as conn:
+        return dict((await conn.execute(text(
+            "SELECT status, count(*) FROM items GROUP BY status"))).all())
+
+
+async def items_of(engine: AsyncEngine) -> dict[tuple[str, str], tuple[Any, ...]]:
+    async with engine.connect() as conn:
+        rows = (await conn.execute(text(
+            "SELECT tenant_id, object_id, status, coalesce(dead_reason, last_error), attempts "
+            "FROM items"))).all()
+    return {(r[0], r[1]): tuple(r[2:]) for r in rows}
+
+
+async def scope_pause(engine: AsyncEngine, scope: str) -> tuple[bool, str | None]:
+    async with engine.connect() as conn:
+        row = (await conn.execute(text("SELECT paused, paused_reason FROM scopes WHERE name = :n"),
+                                  {"n": scope})).one()
+    return row[0], row[1]
+
+
+async def register(engine: AsyncEngine, policies: Policies, pairs: list[tuple[str, str]]
+                   ) -> None:
+    [policy] = policies.policies.values()
+    await ledger.register(engine, [ledger.Registration(t, o, policy, PAST) for t, o in pairs])
+    await release_all(engine)
+
+
+def settled(expected: int) -> Callable[[dict[str, int]], bool]:
+    return lambda s: s.get("succeeded", 0) + s.get("dead", 0) >= expected
+
+
+@pytest.fixture
+async def shopify() -> AsyncIterator[tuple[FakeShopify, int]]:
+    fake = FakeShopify()
+    for n, shop in enumerate(SHOPS):
+        fake.add_shop(shop, f"shpat_{n}")
+    async with serve(fake, hosts=SHOPS) as port:
+        yield fake, port
+
+
+async def test_shopify_per_shop_hosts_tokens_and_answers(
+        engine: AsyncEngine, shopify: tuple[FakeShopify, int], tmp_path: Path) -> None:
+    fake, port = shopify
+    fake.add_customers(SHOPS[0], [1, 2])
+    fake.add_customers(SHOPS[1], [3])
+    fake.add_customers(SHOPS[2], [5])
+    (tmp_path / SHOPS[0]).write_text("shpat_0\n")  # a Secret's file: one trailing newline
+    (tmp_path / SHOPS[1]).write_text("shpat_1")
+    policies = on_loopback("shopify", f"http://{{tenant_id}}:{port}/admin/api/2025-10",
+                           host_pattern=r"127\.0\.0\.[0-9]+",
+                           credentials={"directory": str(tmp_path)})
+    credentials = Credentials.of(policies, engine, None)
+    # customer 99 does not exist: Shopify's userErrors say so, which counts as deleted
+    await register(engine, policies, [(SHOPS[0], "1"), (SHOPS[0], "2"), (SHOPS[1], "3"),
+                                      (SHOPS[1], "99"), (SHOPS[2], "5")])
+    await drain(engine, policies, credentials, settled(4))
+
+    got = await items_of(engine)
+    for key in [(SHOPS[0], "1"), (SHOPS[0], "2"), (SHOPS[1], "3"), (SHOPS[1], "99")]:
+        assert got[key] == ("succeeded", None, 1), key
+    assert fake.customers(SHOPS[0]) == set() and fake.customers(SHOPS[1]) == set()
+    # the shop without a credential was never called: it waits, unpunished
+    assert got[(SHOPS[2], "5")] == ("pending", "no_credential", 0)
+    assert await scope_pause(engine, f"shopify:{SHOPS[2]}") == (True, "no-credential")
+    assert {c.tenant for c in fake.calls} == {SHOPS[0], SHOPS[1]}
+    assert all(c.status == 200 for c in fake.calls)
+
+    (tmp_path / SHOPS[2]).write_text("shpat_2")
+    await asyncio.sleep(1.1)  # the directory is re-read at most once a second
+    assert await resume_arrived(engine, policies, credentials) == [f"shopify:{SHOPS[2]}"]
+    await drain(engine, policies, credentials, settled(5))
+    assert (await items_of(engine))[(SHOPS[2], "5")] == ("succeeded", None, 1)
+    assert fake.customers(SHOPS[2]) == set()
+
+
+async def test_shopify_throttled_in_a_200_is_retried_not_lost(
+        engine: AsyncEngine, shopify: tuple[FakeShopify, int], tmp_path: Path) -> None:
+    fake, port = shopify
+    # a nearly empty bucket: the first calls meet THROTTLED answers, which close the scope
+    fake.set_limits(SHOPS[0], maximum_available=30, restore_rate=100,
+                    currently_available=0)
+    fake.add_customers(SHOPS[0], range(1, 21))
+    (tmp_path / SHOPS[0]).write_text("shpat_0")
+    policies = on_loopback("shopify", f"http://{{tenant_id}}:{port}/admin/api/2025-10",
+                           host_pattern=r"127\.0\.0\.[0-9]+",
+                           credentials={"directory": str(tmp_path)})
+    doc_policy = policies.policies["shopify-customer-redact"]
+    assert doc_policy.config.rate.per_second == 9.5
+    await register(engine, policies, [(SHOPS[0], str(i)) for i in range(1, 21)])
+    await drain(engine, policies, Credentials.of(policies, engine, None), settled(20))
+    assert await statuses(engine) == {"succeeded": 20}
+    assert fake.customers(SHOPS[0]) == set()
+    assert fake.throttled >= 1
+    async with engine.connect() as conn:
+        throttled = (await conn.execute(text(
+            "SELECT count(*) FROM attempts WHERE outcome = 'throttled' "
+            "AND error_code = 'http_200:throttled'"))).scalar_one()
+    assert throttled == fake.throttled
+
+
+async def test_stripe_credentials_through_the_api(db_url: str, engine: AsyncEngine) -> None:
+    fake = FakeStripe(per_second=None)
+    fake.add_account("acct_a", "sk_test_a")
+    fake.add_account("acct_b", "sk_test_b")
+    fake.add_customers("acct_a", ["cus_1", "cus_2"])
+    fake.add_customers("acct_b", ["cus_3"])
+    async with serve(fake) as port:
+        policies = on_loopback("stripe", f"http://127.0.0.1:{port}")
+        settings = test_settings(db_url, workers=2,
+                                 credentials_key=base64.b64encode(KEY).decode())
+        async with LiveServer(settings, policies, db_url) as live, httpx.AsyncClient(
+                base_url=live.base_url, timeout=10,
+                headers={"Authorization": f"Bearer {TOKEN_A}"}) as api:
+            put = await api.put("/v1/tenants/acct_a/credentials/stripe",
+                                json={"secret": "sk_test_a"})
+            assert put.status_code == 200, put.text
+            items = [{"tenant_id": t, "object_id": o, "policy": "stripe-customers",
+                      "due_at": "2026-01-01T00:00:00Z"}
+                     for t, o in [("acct_a", "cus_1"), ("acct_a", "cus_2"),
+                                  ("acct_a", "cus_gone"), ("acct_b", "cus_3")]]
+            assert (await api.post("/v1/items", json={"items": items})).status_code == 200
+            assert (await api.post("/v1/runs", json={})).status_code == 202
+            async with asyncio.timeout(20):
+                while (await statuses(engine)).get("succeeded", 0) < 3 or \
+                        await scope_pause(engine, "stripe:acct_b") != (True, "no-credential"):
+                    await asyncio.sleep(0.05)
+            # the credential arrives: the replica that took it resumes the scope at once
+            put = await api.put("/v1/tenants/acct_b/credentials/stripe",
+                                json={"secret": "sk_test_b"})
+            assert put.status_code == 200, put.text
+            assert "sk_test_b" not in put.text
+            assert await scope_pause(engine, "stripe:acct_b") == (False, None)
+            async with asyncio.timeout(20):
+                while (await statuses(engine)).get("succeeded", 0) < 4:
+                    await asyncio.sleep(0.05)
+    assert fake.customers("acct_a") == set() and fake.customers("acct_b") == set()
+    got = await items_of(engine)
+    assert got[("acct_a", "cus_gone")] == ("succeeded", None, 1)  # 404: deleted already
+    assert {c.tenant for c in fake.calls} == {"acct_a", "acct_b"}
+    assert all(c.idempotency_key for c in fake.calls)
+
+
+async def stored(engine: AsyncEngine, secrets: dict[str, str], upstream: str) -> Credentials:
+    """Credentials put through the API's store (the write path of the PUT route)."""
+    keyring = Keyring([KEY])
+    for tenant, secret in secrets.items():
+        await tenant_credentials.put(engine, keyring, tenant, upstream, secret, actor="test")
+    return Credentials({upstream: CredentialStore(engine, keyring)})
+
+
+async def test_commercetools_conflicts_are_retried_with_the_current_version(
+        engine: AsyncEngine) -> None:
+    fake = FakeCommercetools()
+    fake.add_project("proj-a", "tok-a")
+    fake.add_customers("proj-a", ["c1", "c2"], version=4)
+    fake.add_customers("proj-a", ["c3"], version=1)
+    async with serve(fake) as port:
+        policies = on_loopback("commercetools", f"http://127.0.0.1:{port}")
+        credentials = await stored(engine, {"proj-a": "tok-a"}, "commercetools")
+        await register(engine, policies, [("proj-a", "c1"), ("proj-a", "c2"), ("proj-a", "c3"),
+                                          ("proj-a", "missing")])
+        await drain(engine, policies, credentials, settled(4))
+    assert fake.customers("proj-a") == {}
+    got = await items_of(engine)
+    # a stale version costs one call, retried at once with the version the 409 named
+    assert got[("proj-a", "c1")] == ("succeeded", None, 2)
+    assert got[("proj-a", "c3")] == ("succeeded", None, 1)
+    assert got[("proj-a", "missing")] == ("succeeded", None, 1)
+    versions = sorted((c.path.rsplit("/", 1)[1], c.query) for c in fake.calls)
+    assert versions == [("c1", "version=1"), ("c1", "version=4"), ("c2", "version=1"),
+                        ("c2", "version=4"), ("c3", "version=1"), ("missing", "version=1")]
+
+
+async def test_bigcommerce_store_tokens_and_its_quota(engine: AsyncEngine) -> None:
+    fake = FakeBigCommerce(quota=5, window_s=1.0)
+    fake.add_store("abc123", "tok-abc")
+    fake.add_store("def456", "tok-def")
+    fake.add_customers("abc123", range(1, 9))
+    fake.add_customers("def456", [9])
+    async with serve(fake) as port:
+        policies = on_loopback("bigcommerce", f"http://127.0.0.1:{port}/stores")
+        credentials = await stored(engine, {"abc123": "tok-abc", "def456": "wrong"},
+                                   "bigcommerce")
+        await register(engine, policies, [("abc123", str(i)) for i in range(1, 9)]
+                       + [("def456", "9")])
+        await drain(engine, policies, credentials, settled(8))
+    assert fake.customers("abc123") == set()
+    # a refused token pauses that store's scope alone, as `unauthorized`, for an operator
+    assert await scope_pause(engine, "bigcommerce:def456") == (True, "unauthorized")
+    assert fake.customers("def456") == {9}
+    assert (await items_of(engine))[("def456", "9")][0] == "pending"
