@@ -219,36 +219,81 @@ def _status_set(value: StatusValue | list[StatusValue] | None) -> frozenset[int]
 
 
 @dataclass(frozen=True)
+class Costs:
+    """What an answer says of the upstream's cost budget (points; None: not said)."""
+
+    actual: float | None
+    available: float | None
+
+
+def number_at(document: Any, steps: tuple[Step, ...] | None) -> float | None:
+    """The first finite, non-negative number the path reaches, else None."""
+    if steps is None:
+        return None
+    for value in values_at(document, steps):
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and (
+                0 <= value < float("inf")):
+            return float(value)
+    return None
+
+
+class _Document:
+    """A body parsed at most once, and only when a path asks."""
+
+    def __init__(self, body: bytes | None) -> None:
+        self._body = body
+        self._parsed: Any = None
+
+    def get(self) -> Any:
+        if self._parsed is None:
+            self._parsed = NOT_JSON if self._body is None else read_json(self._body)
+        return self._parsed
+
+
+@dataclass(frozen=True)
 class AnswerRules:
-    """A policy's rules, compiled. `body_statuses` are the statuses whose body some rule
-    reads (None: every status); others are never read."""
+    """A policy's rules and cost paths, compiled. `body_statuses` are the statuses whose
+    body some rule reads (None: every status); others are never read."""
 
     rules: tuple[_Rule, ...]
     max_bytes: int
     body_statuses: frozenset[int] | None
+    actual_cost: tuple[Step, ...] | None = None
+    available_cost: tuple[Step, ...] | None = None
 
     def wants_body(self, status: int) -> bool:
-        return bool(self.rules) and (self.body_statuses is None or status in self.body_statuses)
+        return self.body_statuses is None or status in self.body_statuses
 
     def classify(self, status: int, body: bytes | None) -> Classified | None:
-        """The first matching rule's verdict, or None (the status table decides). `body` is
-        None when it was not read (too long, or not wanted). A throttle's wait is the
-        answer's Retry-After, which `outcomes.classify` adds."""
-        document: Any = NOT_JSON if body is None else None
+        """The first matching rule's verdict, or None (the status table decides)."""
+        return self.read(status, body)[0]
+
+    def read(self, status: int, body: bytes | None) -> tuple[Classified | None, Costs | None]:
+        """The first matching rule's verdict (None: the status table decides), and the
+        costs the answer names (None: the policy reads none). `body` is None when it was
+        not read (too long, or not wanted). A throttle's wait is the answer's Retry-After,
+        which `outcomes.classify` adds."""
+        document = _Document(body)
+        verdict = None
         for rule in self.rules:
-            if rule.steps is not None and document is None:
-                document = read_json(body or b"")
-            if rule.matches(status, document):
-                return rule.verdict(status, document)
-        return None
+            if rule.matches(status, document.get() if rule.steps is not None else None):
+                needs = rule.code is not None or rule.version is not None
+                verdict = rule.verdict(status, document.get() if needs else None)
+                break
+        costs = None
+        if self.actual_cost is not None or self.available_cost is not None:
+            costs = Costs(number_at(document.get(), self.actual_cost),
+                          number_at(document.get(), self.available_cost))
+        return verdict, costs
 
 
 NO_RULES: Final = AnswerRules(rules=(), max_bytes=DEFAULT_MAX_BYTES, body_statuses=frozenset())
 
 
-def compile_rules(rules: Sequence[AnswerRule], max_bytes: int = DEFAULT_MAX_BYTES
+def compile_rules(rules: Sequence[AnswerRule], max_bytes: int = DEFAULT_MAX_BYTES, *,
+                  actual_cost: str | None = None, available_cost: str | None = None
                   ) -> AnswerRules:
-    """Compile validated rules (the paths parsed once, statuses expanded)."""
+    """Compile validated rules and cost paths (parsed once, statuses expanded)."""
     compiled = tuple(_Rule(
         statuses=_status_set(r.status),
         steps=parse_path(r.path) if r.path is not None else None,
@@ -258,12 +303,17 @@ def compile_rules(rules: Sequence[AnswerRule], max_bytes: int = DEFAULT_MAX_BYTE
         version=parse_path(r.version) if r.version is not None else None)
         for n, r in enumerate(rules, start=1))
     body_statuses: frozenset[int] | None = frozenset()
+    if actual_cost is not None or available_cost is not None:
+        body_statuses = None  # every answer may say what it cost
     for rule in compiled:
+        if body_statuses is None:
+            break
         if rule.steps is None and rule.code is None and rule.version is None:
             continue
         if rule.statuses is None:
             body_statuses = None
-            break
-        assert body_statuses is not None
-        body_statuses |= rule.statuses
-    return AnswerRules(rules=compiled, max_bytes=max_bytes, body_statuses=body_statuses)
+        else:
+            body_statuses |= rule.statuses
+    return AnswerRules(rules=compiled, max_bytes=max_bytes, body_statuses=body_statuses,
+                       actual_cost=parse_path(actual_cost) if actual_cost else None,
+                       available_cost=parse_path(available_cost) if available_cost else None)

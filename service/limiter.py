@@ -126,8 +126,14 @@ async def ensure_scopes(conn: AsyncConnection, budgets: Mapping[str, tuple[float
 
 
 def budget_of(policy: Policy) -> tuple[float, int]:
-    """A scope's budget as its policy states it: (rate per second, burst)."""
-    return (policy.config.rate.per_second, policy.config.rate.burst)
+    """A scope's budget as its policy states it: (calls per second, burst in calls). A
+    budget in points is counted in calls of the requested cost: the bucket, the claim and
+    GET /v1/scopes stay in calls, and an answer's actual cost refunds the fraction of a
+    call it did not spend (scope_signals)."""
+    rate, cost = policy.config.rate, policy.config.cost
+    if cost is None:
+        return (rate.per_second, rate.burst)
+    return (rate.per_second / cost.requested, max(1, int(rate.burst // cost.requested)))
 
 
 # Work is a ready item or an expired lease; the workers-wide pause stops every scope. The
@@ -297,6 +303,42 @@ async def recovered(engine: AsyncEngine, scopes: list[str]) -> None:
     """A success resets the scope's 429 backoff."""
     if scopes:
         await fetch_none(engine, _RECOVERED, {"names": sorted(scopes)})
+
+
+# What answers say of a budget (scope_signals): a refund of the cost a call did not spend,
+# and the upstream's view of what is left, which lowers the bucket when it knows better
+# (another client of the same budget, or our estimate drifting). The bucket is refilled as
+# of now first (tokens_at), then adjusted; refilled_at never moves back (a closed scope's
+# lies ahead). A refund never lifts the bucket above its spendable burst.
+_ADJUST = Statement("limiter.adjust", (
+    "Refund unspent cost to buckets and lower them to what the upstream says is left."),
+    f"""
+    WITH a AS (
+        SELECT * FROM unnest(CAST(:names AS text[]), CAST(:refunds AS double precision[]),
+                             CAST(:caps AS double precision[])) AS a(name, refund, cap)
+    ),
+    locked AS (
+        SELECT s.name, clock_timestamp() AS at, a.refund, a.cap
+        FROM scopes s JOIN a ON a.name = s.name
+        ORDER BY s.name FOR UPDATE OF s
+    )
+    UPDATE scopes s
+    SET tokens = least(coalesce(l.cap, 'Infinity'::double precision),
+                       least({SPENDABLE_BURST_SQL}, {tokens_at("l.at")} + l.refund)),
+        refilled_at = greatest(s.refilled_at, l.at),
+        updated_at = now()
+    FROM locked l WHERE s.name = l.name
+""")  # noqa: S608 - only constant fragments are interpolated
+
+
+async def adjust(engine: AsyncEngine, refunds: Mapping[str, float],
+                 caps: Mapping[str, float]) -> None:
+    """Apply refunds and caps (calls' worth of tokens) to buckets in one statement."""
+    names = sorted(set(refunds) | set(caps))
+    if names:
+        await fetch_none(engine, _ADJUST, {
+            "names": names, "refunds": [refunds.get(n, 0.0) for n in names],
+            "caps": [caps.get(n) for n in names]})
 
 
 _PAUSE = Statement("limiter.pause", (

@@ -271,8 +271,16 @@ def _count(value: object) -> int | None:
     return None
 
 
+def remaining_for(headers: Mapping[str, str], now: datetime) -> float | None:
+    """The fewest units any quota the upstream names has left, else None (the same fields
+    as exhausted_for)."""
+    quotas = [*_ratelimit_field(headers.get("ratelimit")), *_split_fields(headers, now)]
+    return min(remaining for remaining, _ in quotas) if quotas else None
+
+
 def _split_fields(headers: Mapping[str, str], now: datetime) -> list[_Quota]:
-    """The policy of each `RateLimit-*` and `X-RateLimit-*` pair that is present and readable."""
+    """The policy of each `RateLimit-*` and `X-RateLimit-*` pair that is present and
+    readable, and BigCommerce's `X-Rate-Limit-Requests-Left` with `-Time-Reset-Ms`."""
     quotas: list[_Quota] = []
     for prefix in ("ratelimit-", "x-ratelimit-"):
         remaining = _digits(headers.get(prefix + "remaining"))
@@ -283,6 +291,10 @@ def _split_fields(headers: Mapping[str, str], now: datetime) -> list[_Quota]:
             # a Unix time; one already past has reset, which names no wait
             reset -= now.timestamp()
         quotas.append((remaining, max(0.0, reset)))
+    left = _digits(headers.get("x-rate-limit-requests-left"))
+    reset_ms = _digits(headers.get("x-rate-limit-time-reset-ms"))
+    if left is not None and reset_ms is not None:
+        quotas.append((left, reset_ms / 1000.0))
     return quotas
 
 

@@ -35,6 +35,7 @@ from service.answers import (
     AnswerRule,
     AnswerRules,
     compile_rules,
+    parse_path,
 )
 from service.errors import ConfigError
 from service.signatures import standard_key
@@ -141,10 +142,29 @@ class UpstreamConfig(_Strict):
 
 
 class RateConfig(_Strict):
-    """The shared token bucket of a scope: sustained rate and burst."""
+    """The shared token bucket of a scope: sustained rate and burst, in calls or (with the
+    policy's `cost`) in the upstream's cost points."""
 
     per_second: float = Field(ge=MIN_RATE_PER_SECOND, le=MAX_RATE_PER_SECOND)
     burst: int = Field(default=1, ge=1, le=100_000)
+    unit: Literal["calls", "points"] = "calls"
+
+
+class CostConfig(_Strict):
+    """What a call costs in points: `requested` is taken before it runs; `actual` and
+    `available` are paths into the answer's JSON body (service/answers.py): the actual
+    cost refunds the difference, the upstream's points left lower the shared bucket."""
+
+    requested: float = Field(gt=0, le=1_000_000)
+    actual: str | None = Field(default=None, min_length=1, max_length=500)
+    available: str | None = Field(default=None, min_length=1, max_length=500)
+
+    @field_validator("actual", "available")
+    @classmethod
+    def _path(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_path(value)
+        return value
 
 
 class BackoffConfig(_Strict):
@@ -165,6 +185,7 @@ class PolicyConfig(_Strict):
     body: dict[str, Any] | list[Any] | None = None
     scope: str = "credential:{upstream}"
     rate: RateConfig
+    cost: CostConfig | None = None
     lease_seconds: int = Field(default=60, ge=5, le=86_400)
     max_attempts: int = Field(default=8, ge=1, le=1000)
     absent_means_deleted: bool = False
@@ -419,6 +440,14 @@ def resolve_policies(raw: Mapping[str, Any], env: Mapping[str, str], *, source: 
                                          f"timeout_seconds ({upstream.config.timeout_seconds})")
         if pol.backoff.max_seconds < pol.backoff.base_seconds:
             fail(f"{key}.backoff.max_seconds", "must be at least base_seconds")
+        if (pol.rate.unit == "points") != (pol.cost is not None):
+            fail(f"{key}.cost" if pol.cost is None else f"{key}.rate.unit",
+                 "a budget in points needs the cost of a call: cost = { requested = ... }"
+                 if pol.cost is None else "a call's cost counts against a budget in "
+                 "points: rate = { ..., unit = \"points\" }")
+        elif pol.cost is not None and pol.cost.requested > pol.rate.burst:
+            fail(f"{key}.cost.requested", f"a call costs more than the burst "
+                                          f"({pol.rate.burst} points): no call could start")
         if upstream is not None and upstream.per_tenant_credentials and (
                 "tenant_id" not in template_fields(pol.scope)):
             # one tenant without a credential pauses its scope: never other tenants' items
@@ -438,7 +467,10 @@ def resolve_policies(raw: Mapping[str, Any], env: Mapping[str, str], *, source: 
                 fail(f"{key}.answers[{i}].version", "the request must carry "
                                                      "{object_version} for a retry to use it")
         policies[name] = Policy(name=name, config=pol, request=request,
-                                answers=compile_rules(pol.answers, pol.answer_max_bytes))
+                                answers=compile_rules(
+                                    pol.answers, pol.answer_max_bytes,
+                                    actual_cost=pol.cost.actual if pol.cost else None,
+                                    available_cost=pol.cost.available if pol.cost else None))
 
     webhooks: dict[str, WebhookSource] = {}
     for name, src in parsed.webhooks.items():

@@ -12,6 +12,10 @@ Pure, like `outcomes`: no I/O and no clock of its own. The worker applies what t
     2xx after this process backed   the scope's backoff level is reset
     off the scope
     RateLimit fields: quota spent   closed until the quota resets (any status)
+    RateLimit fields: units left    a budget in calls: the bucket lowered to what is left
+    a cost budget's answer          the unspent part of the requested cost refunded (all
+                                    of it when throttled without an actual cost); the
+                                    points left lower the bucket (in calls of that cost)
 """
 
 from __future__ import annotations
@@ -20,9 +24,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Final
 
+from service.answers import Costs
 from service.limiter import Closure
 from service.metrics import ScopeSignal
-from service.outcomes import Answer, Classified, Failure, Outcome, exhausted_for
+from service.outcomes import Answer, Classified, Failure, Outcome, exhausted_for, remaining_for
 from service.policies import PolicyConfig
 
 # How long a scope this process saw throttled (without a date) or refused is held locally
@@ -44,18 +49,22 @@ class ScopeEffects:
     hold_seconds: float | None = None
     backs_off: bool = False  # closed by its own backoff: a later success must reset it
     succeeded: bool = False
+    refund: float = 0.0  # calls' worth of tokens back to the bucket (negative: taken)
+    cap: float | None = None  # the bucket holds at most this many calls' worth now
 
 
 NO_EFFECT: Final = ScopeEffects()
 SUCCESS: Final = ScopeEffects(succeeded=True)
 
 
-def effects_of(verdict: Classified, answer: Answer, cfg: PolicyConfig, now: datetime
-               ) -> ScopeEffects:
+def effects_of(verdict: Classified, answer: Answer, cfg: PolicyConfig, now: datetime,
+               costs: Costs | None = None) -> ScopeEffects:
     """The scope effects of `answer` (classified as `verdict`), `now` being the moment it
-    arrived (RateLimit reset fields may name an HTTP date)."""
-    if verdict.outcome is Outcome.SUCCEEDED and not answer.rate_limits:
+    arrived (RateLimit reset fields may name an HTTP date); `costs` what its body said of
+    a cost budget."""
+    if verdict.outcome is Outcome.SUCCEEDED and not answer.rate_limits and costs is None:
         return SUCCESS  # the bulk of answers: nothing to compute
+    refund, cap = _budget(verdict, answer, cfg, costs, now)
     signals: list[ScopeSignal] = []
     closure: Closure | None = None
     pause: str | None = None
@@ -82,11 +91,32 @@ def effects_of(verdict: Classified, answer: Answer, cfg: PolicyConfig, now: date
         # due now names no wait, and must not displace a throttle's backoff closure.
         signals.append(ScopeSignal.QUOTA_EXHAUSTED)
         closure = merged(closure, Closure(min(reset, cfg.retry_after_max_seconds), base, max_s))
-    if not signals:
+    if not signals and not refund and cap is None:
         return SUCCESS if verdict.outcome is Outcome.SUCCEEDED else NO_EFFECT
     return ScopeEffects(signals=tuple(signals), closure=closure, pause=pause,
                         hold_seconds=hold, backs_off=backs_off,
-                        succeeded=verdict.outcome is Outcome.SUCCEEDED)
+                        succeeded=verdict.outcome is Outcome.SUCCEEDED, refund=refund,
+                        cap=cap)
+
+
+def _budget(verdict: Classified, answer: Answer, cfg: PolicyConfig, costs: Costs | None,
+            now: datetime) -> tuple[float, float | None]:
+    """(refund, cap) in calls' worth of tokens: what the answer says the bucket should give
+    back, and the most it should hold."""
+    if cfg.cost is None:
+        left = remaining_for(answer.rate_limits, now) if answer.rate_limits else None
+        return 0.0, left
+    if costs is None:
+        return 0.0, None
+    requested = cfg.cost.requested
+    if costs.actual is not None:
+        refund = (requested - costs.actual) / requested
+    elif verdict.outcome is Outcome.THROTTLED:
+        refund = 1.0  # refused before it ran: it spent nothing
+    else:
+        refund = 0.0
+    cap = costs.available / requested if costs.available is not None else None
+    return refund, cap
 
 
 def merged(known: Closure | None, new: Closure) -> Closure:

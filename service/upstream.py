@@ -232,7 +232,9 @@ class UpstreamClient:
             return Answer(failure=Failure.PROTOCOL)
         finally:
             busy[shard] -= 1
-        limits = {k: v for k, v in response.headers.items() if "ratelimit" in k}
+        # RateLimit, X-RateLimit-* and BigCommerce's X-Rate-Limit-* (outcomes.exhausted_for)
+        limits = {k: v for k, v in response.headers.items()
+                  if "ratelimit" in k or k.startswith("x-rate-limit-")}
         return Answer(status=response.status_code,
                       retry_after=response.headers.get("retry-after"),
                       rate_limits=limits or None, body=body)

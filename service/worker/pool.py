@@ -239,9 +239,9 @@ class WorkerPool:
         finished = self._clock.now()
         cfg = policy.config if policy is not None else None
         answer = result.answer
-        ruled = None
+        ruled = costs = None
         if policy is not None and reason_override is None and answer.status is not None:
-            ruled = policy.answers.classify(answer.status, answer.body)
+            ruled, costs = policy.answers.read(answer.status, answer.body)
         verdict = classify(answer, now=finished, ruled=ruled,
                            absent_means_deleted=bool(cfg and cfg.absent_means_deleted))
         if cfg is None or reason_override is not None:
@@ -253,7 +253,7 @@ class WorkerPool:
                              backoff_max_s=cfg.backoff.max_seconds,
                              retry_after_max_s=cfg.retry_after_max_seconds,
                              jitter=self._rng.random())
-            effects = scope_signals.effects_of(verdict, result.answer, cfg, finished)
+            effects = scope_signals.effects_of(verdict, answer, cfg, finished, costs)
             self._signals.note(lease.scope, effects)
             if effects.hold_seconds is not None:
                 self._holds.hold(lease.scope, self._clock.monotonic() + effects.hold_seconds)

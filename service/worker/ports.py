@@ -63,6 +63,11 @@ class ScopeSignalPort(Protocol):
 
     async def recovered(self, scopes: Sequence[str]) -> None: ...
 
+    async def adjust(self, refunds: Mapping[str, float], caps: Mapping[str, float]) -> None:
+        """Give tokens back (or take them) and lower buckets to what the upstream says is
+        left; both in calls' worth of tokens."""
+        ...
+
 
 class CallPort(Protocol):
     """The upstream deletion call of one lease."""

@@ -96,6 +96,9 @@ class PostgresLedger:
     async def recovered(self, scopes: Sequence[str]) -> None:
         await limiter.recovered(self.engine, list(scopes))
 
+    async def adjust(self, refunds: Mapping[str, float], caps: Mapping[str, float]) -> None:
+        await limiter.adjust(self.engine, refunds, caps)
+
 
 class Listener:
     """LISTEN for releases on a connection of its own; reconnects after outages (polling

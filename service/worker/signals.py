@@ -26,6 +26,8 @@ class SignalBuffer:
         self._pauses: dict[str, str] = {}  # scope -> reason
         self._recovered: set[str] = set()
         self._backed_off: set[str] = set()  # scopes this process saw back off
+        self._refunds: dict[str, float] = {}  # calls' worth of tokens to give back
+        self._caps: dict[str, float] = {}  # the least the upstream said a bucket holds
 
     @property
     def urgent(self) -> bool:
@@ -40,6 +42,10 @@ class SignalBuffer:
                                                          effects.closure)
         if effects.pause is not None:
             self._pauses[scope] = effects.pause
+        if effects.refund:
+            self._refunds[scope] = self._refunds.get(scope, 0.0) + effects.refund
+        if effects.cap is not None:
+            self._caps[scope] = min(effects.cap, self._caps.get(scope, effects.cap))
         if effects.backs_off:
             self._backed_off.add(scope)
         elif effects.succeeded and scope in self._backed_off:
@@ -51,8 +57,13 @@ class SignalBuffer:
         closures, self._closures = self._closures, {}
         pauses, self._pauses = self._pauses, {}
         recovered, self._recovered = self._recovered - set(closures) - set(pauses), set()
+        refunds, self._refunds = self._refunds, {}
+        caps, self._caps = self._caps, {}
         try:
             await port.close(closures)
+            # a closed scope's bucket restarts empty when it reopens: nothing to adjust
+            await port.adjust({s: r for s, r in refunds.items() if s not in closures},
+                              {s: c for s, c in caps.items() if s not in closures})
             for reason in sorted(set(pauses.values())):
                 scopes = sorted(scope for scope, why in pauses.items() if why == reason)
                 for scope in await port.pause(scopes, reason):

@@ -301,6 +301,27 @@ async def test_429s_of_calls_sent_before_a_closure_are_one_step(engine: AsyncEng
     assert level == 1 and 0.9 <= wait < 1.2
 
 
+async def test_answers_refund_and_lower_buckets(engine: AsyncEngine) -> None:
+    """limiter.adjust: a refund adds to the bucket as of now (never past its spendable
+    burst, 10 - 1 here), a cap lowers it, and both apply to every replica's next grant."""
+    await make_scope(engine, "s", rate=0.001, burst=10)
+    await make_scope(engine, "t", rate=0.001, burst=10)
+
+    async def tokens() -> dict[str, float]:
+        return {name: row[2] for name, row in (await scope_rows(engine)).items()}
+
+    async with engine.begin() as conn:
+        await conn.execute(text("UPDATE scopes SET tokens = 2, refilled_at = now()"))
+    await limiter.adjust(engine, {"s": 1.5, "t": -0.5}, {})
+    got = await tokens()
+    assert got["s"] == pytest.approx(3.5, abs=0.01) and got["t"] == pytest.approx(1.5, abs=0.01)
+    await limiter.adjust(engine, {"s": 100}, {"t": 0.25})
+    got = await tokens()
+    assert got["s"] == pytest.approx(9.0) and got["t"] == pytest.approx(0.25)
+    await limiter.adjust(engine, {}, {"s": 50})  # a cap above the bucket changes nothing
+    assert (await tokens())["s"] == pytest.approx(9.0, abs=0.01)
+
+
 async def drain_with(pool: WorkerPool, engine: AsyncEngine, seconds: float) -> None:
     task = asyncio.create_task(pool.run())
     deadline = time.monotonic() + seconds

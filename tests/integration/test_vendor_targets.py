@@ -160,7 +160,7 @@ async def test_shopify_throttled_in_a_200_is_retried_not_lost(
                            host_pattern=r"127\.0\.0\.[0-9]+",
                            credentials={"directory": str(tmp_path)})
     doc_policy = policies.policies["shopify-customer-redact"]
-    assert doc_policy.config.rate.per_second == 9.5
+    assert doc_policy.config.rate.unit == "points"
     await register(engine, policies, [(SHOPS[0], str(i)) for i in range(1, 21)])
     await drain(engine, policies, Credentials.of(policies, engine, None), settled(20))
     assert await statuses(engine) == {"succeeded": 20}
@@ -171,6 +171,33 @@ async def test_shopify_throttled_in_a_200_is_retried_not_lost(
             "SELECT count(*) FROM attempts WHERE outcome = 'throttled' "
             "AND error_code = 'http_200:throttled'"))).scalar_one()
     assert throttled == fake.throttled
+
+
+async def test_shopify_cost_refunds_and_the_shops_view_reach_the_shared_bucket(
+        engine: AsyncEngine, shopify: tuple[FakeShopify, int], tmp_path: Path) -> None:
+    """Each answer's actualQueryCost refunds what the call did not spend, and the shop's
+    currentlyAvailable lowers the bucket every replica draws from."""
+    fake, port = shopify
+    fake.set_costs(requested=10, actual=4)
+    fake.set_limits(SHOPS[0], maximum_available=2000, restore_rate=100,
+                    currently_available=300)
+    fake.add_customers(SHOPS[0], range(1, 11))
+    (tmp_path / SHOPS[0]).write_text("shpat_0")
+    policies = on_loopback("shopify", f"http://{{tenant_id}}:{port}/admin/api/2025-10",
+                           host_pattern=r"127\.0\.0\.[0-9]+",
+                           credentials={"directory": str(tmp_path)})
+    await register(engine, policies, [(SHOPS[0], str(i)) for i in range(1, 11)])
+    async with engine.begin() as conn:  # a full bucket: 100 calls of 10 points
+        await conn.execute(text("UPDATE scopes SET tokens = 100, refilled_at = now()"))
+    await drain(engine, policies, Credentials.of(policies, engine, None), settled(10))
+    assert await statuses(engine) == {"succeeded": 10} and fake.throttled == 0
+    async with engine.connect() as conn:
+        tokens = (await conn.execute(text(
+            "SELECT tokens FROM scopes WHERE name = :n"), {"n": f"shopify:{SHOPS[0]}"})
+        ).scalar_one()
+    # the shop said about 300 - 10 x 4 points were left: 26 calls' worth, not 100 - 10
+    # (each call refunded 0.6 of its 1.0, which the shop's lower view then capped)
+    assert 20 <= tokens <= 30
 
 
 async def test_stripe_credentials_through_the_api(db_url: str, engine: AsyncEngine) -> None:

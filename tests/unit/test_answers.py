@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from service.answers import (
     ANY,
     AnswerRule,
+    Costs,
     code_of,
     compile_rules,
     parse_path,
@@ -63,7 +64,7 @@ def test_paths_parse_into_steps(path: str, steps: tuple[Any, ...]) -> None:
 @pytest.mark.parametrize("path", ["", ".", "a..b", "a[", "a[-1]", "a[x]", "a b", "$.a",
                                   "a[1234567]", "ü", ".".join(["a"] * 33)])
 def test_unparseable_paths_are_refused(path: str) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"body path|more than"):
         parse_path(path)
 
 
@@ -262,3 +263,33 @@ def test_the_body_cap_is_bounded(size: int) -> None:
     with pytest.raises(ConfigError) as refused:
         resolve_policies(policies_with(answer_max_bytes=size), {}, source="f.toml")
     assert "policies.p.answer_max_bytes" in refused.value.problems[0]
+
+
+def test_costs_are_read_from_every_answer() -> None:
+    compiled = compile_rules([], actual_cost="extensions.cost.actualQueryCost",
+                             available_cost="extensions.cost.throttleStatus.currentlyAvailable")
+    assert compiled.wants_body(200) and compiled.wants_body(503)
+    answer = {"extensions": {"cost": {"actualQueryCost": 4, "throttleStatus": {
+        "currentlyAvailable": 1996.5}}}}
+    assert compiled.read(200, body(answer)) == (None, Costs(4.0, 1996.5))
+    # throttled: no actual cost; what is not a number is not read
+    throttled = {"extensions": {"cost": {"actualQueryCost": None, "throttleStatus": {
+        "currentlyAvailable": "lots"}}}}
+    assert compiled.read(200, body(throttled)) == (None, Costs(None, None))
+    assert compiled.read(200, b"garbage") == (None, Costs(None, None))
+    assert compiled.read(200, body({"extensions": {"cost": {"actualQueryCost": -1}}})) == (
+        None, Costs(None, None))
+
+
+@pytest.mark.parametrize(("policy", "key"), [
+    ({"rate": {"per_second": 100, "burst": 1000, "unit": "points"}}, "policies.p.cost"),
+    ({"cost": {"requested": 10}}, "policies.p.rate.unit"),
+    ({"rate": {"per_second": 100, "burst": 5, "unit": "points"}, "cost": {"requested": 10}},
+     "policies.p.cost.requested"),
+    ({"rate": {"per_second": 100, "burst": 1000, "unit": "points"},
+      "cost": {"requested": 10, "actual": "a..b"}}, "policies.p.cost.actual"),
+])
+def test_a_cost_budget_that_cannot_work_is_refused(policy: dict[str, Any], key: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        resolve_policies(policies_with(**policy), {}, source="f.toml")
+    assert refused.value.problems[0].startswith(f"policies file f.toml: {key}:")

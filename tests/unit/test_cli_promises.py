@@ -4,9 +4,8 @@ problem and no traceback."""
 
 from __future__ import annotations
 
-import asyncio
-
 import argparse
+import asyncio
 import logging
 import os
 import re

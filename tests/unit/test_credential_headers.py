@@ -59,7 +59,7 @@ def test_a_credential_header_is_split_around_the_credential(tmp_path: Path) -> N
     ({"credentials": {"directory": "/nonexistent/sweeper"}},
      "upstreams.api.credentials.directory: /nonexistent/sweeper is not a directory"),
     ({"credentials": {}}, "upstreams.api.credentials: name exactly one source"),
-    ({"credentials": {"api": True, "directory": "/tmp"}}, "name exactly one source"),
+    ({"credentials": {"api": True, "directory": "/srv/x"}}, "name exactly one source"),
     ({"credentials": {"api": False}}, "name exactly one source"),
 ])
 def test_a_credential_setup_that_cannot_work_is_refused(

@@ -6,9 +6,10 @@ from datetime import UTC, datetime
 
 import pytest
 
+from service.answers import Costs
 from service.limiter import Closure
 from service.metrics import ScopeSignal
-from service.outcomes import Answer, Failure, classify
+from service.outcomes import Answer, Classified, Failure, Outcome, classify
 from service.policies import PolicyConfig
 from service.scope_signals import LOCAL_HOLD_S, NO_EFFECT, SUCCESS, effects_of, merged
 from tests.conftest import policies_from
@@ -65,8 +66,18 @@ def effects(answer: Answer, **policy: object) -> object:
      {"signals": (ScopeSignal.THROTTLED, ScopeSignal.QUOTA_EXHAUSTED),
       "closure": Closure(20.0, 2.0, 60.0), "hold_seconds": LOCAL_HOLD_S}),
     # a quota with calls left, or reset now, names no wait
+    # ...but what is left lowers the bucket (a budget in calls)
     (Answer(status=204, rate_limits={"x-ratelimit-remaining": "3",
-                                     "x-ratelimit-reset": "20"}), SUCCESS),
+                                     "x-ratelimit-reset": "20"}),
+     {"signals": (), "closure": None, "succeeded": True, "cap": 3.0}),
+    # BigCommerce's fields likewise
+    (Answer(status=204, rate_limits={"x-rate-limit-requests-left": "7",
+                                     "x-rate-limit-time-reset-ms": "1500"}),
+     {"succeeded": True, "cap": 7.0}),
+    (Answer(status=429, rate_limits={"x-rate-limit-requests-left": "0",
+                                     "x-rate-limit-time-reset-ms": "1500"}),
+     {"signals": (ScopeSignal.THROTTLED, ScopeSignal.QUOTA_EXHAUSTED),
+      "closure": Closure(1.5, 2.0, 60.0), "cap": 0.0}),
     (Answer(status=429, rate_limits={"x-ratelimit-remaining": "0",
                                      "x-ratelimit-reset": "0"}),
      {"closure": Closure(None, 2.0, 60.0), "backs_off": True}),
@@ -93,3 +104,41 @@ def test_a_404_that_means_deleted_is_a_success() -> None:
 def test_the_longest_named_delay_wins(known: Closure | None, new: Closure,
                                       expected: Closure) -> None:
     assert merged(known, new) == expected
+
+
+POINTS = {"rate": {"per_second": 100, "burst": 1000, "unit": "points"},
+          "cost": {"requested": 10, "actual": "cost.actual", "available": "cost.left"}}
+
+
+@pytest.mark.parametrize(("costs", "outcome", "refund", "cap"), [
+    (Costs(actual=10, available=500), "succeeded", 0.0, 50.0),
+    (Costs(actual=1, available=None), "succeeded", 0.9, None),  # a not-found costs 1 point
+    (Costs(actual=15, available=0), "succeeded", -0.5, 0.0),     # it cost more: taken
+    (Costs(actual=None, available=4), "throttled", 1.0, 0.4),    # refused before it ran
+    (Costs(actual=None, available=None), "transient", 0.0, None),
+])
+def test_a_cost_budget_refunds_and_lowers_the_bucket_in_calls(
+        costs: Costs, outcome: str, refund: float, cap: float | None) -> None:
+    cfg = config(**POINTS)
+    verdict = Classified(Outcome(outcome), "x")
+    got = effects_of(verdict, Answer(status=200), cfg, NOW, costs)
+    assert (got.refund, got.cap) == (pytest.approx(refund), cap)
+
+
+def test_a_cost_budget_ignores_quota_headers_in_calls() -> None:
+    """A budget in points is not lowered by a header counting requests."""
+    cfg = config(**POINTS)
+    answer = Answer(status=200, rate_limits={"x-ratelimit-remaining": "3",
+                                             "x-ratelimit-reset": "20"})
+    got = effects_of(Classified(Outcome.SUCCEEDED, "x"), answer, cfg, NOW,
+                     Costs(actual=10, available=None))
+    assert got.cap is None
+
+
+def test_a_budget_in_points_is_kept_in_calls_of_the_requested_cost() -> None:
+    from service.limiter import budget_of
+    policy = policies_from({"upstreams": {"shop": {"base_url": "http://127.0.0.1:9"}},
+                            "policies": {"p": {"version": 1, "upstream": "shop",
+                                               "path": "/c/{object_id}", **POINTS}}}
+                           ).policies["p"]
+    assert budget_of(policy) == (10.0, 100)

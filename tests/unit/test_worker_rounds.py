@@ -97,6 +97,7 @@ class MemoryLedger:
     closures: list[dict[str, Closure]] = field(default_factory=list)
     paused: list[tuple[list[str], str]] = field(default_factory=list)
     recovered_scopes: list[str] = field(default_factory=list)
+    adjusted: list[tuple[dict[str, float], dict[str, float]]] = field(default_factory=list)
 
     def add(self, scope: str, n: int, *, version: int = 1) -> list[Lease]:
         queue = self.ready.setdefault(scope, [])
@@ -153,6 +154,10 @@ class MemoryLedger:
 
     async def recovered(self, scopes: Sequence[str]) -> None:
         self.recovered_scopes.extend(scopes)
+
+    async def adjust(self, refunds: Mapping[str, float], caps: Mapping[str, float]) -> None:
+        if refunds or caps:
+            self.adjusted.append((dict(refunds), dict(caps)))
 
 
 @dataclass

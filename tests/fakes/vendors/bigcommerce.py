@@ -164,7 +164,9 @@ class FakeBigCommerce(VendorFake):
         allowed = store.used < store.quota
         if allowed:
             store.used += 1
-        reset_ms = max(0, math.ceil((store.window_end - now) * 1000))
+        # never above the window (float arithmetic can make 0.3 s 300.00000001 ms)
+        reset_ms = max(0, min(round(store.window_s * 1000),
+                              math.ceil((store.window_end - now) * 1000)))
         headers = {"X-Rate-Limit-Time-Window-Ms": str(round(store.window_s * 1000)),
                    "X-Rate-Limit-Time-Reset-Ms": str(reset_ms),
                    "X-Rate-Limit-Requests-Left": str(store.quota - store.used),
