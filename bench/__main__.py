@@ -29,6 +29,7 @@ from bench import (
     drain,
     history,
     memory,
+    points,
     publication,
     registration,
     webhooks,
@@ -45,7 +46,8 @@ from bench.common import (
 
 BENCHMARKS: tuple[Benchmark, ...] = (drain.BENCHMARK, budget.BENCHMARK, registration.BENCHMARK,
                                       publication.BENCHMARK, webhooks.BENCHMARK,
-                                      history.BENCHMARK, backlog.BENCHMARK, memory.BENCHMARK)
+                                      history.BENCHMARK, backlog.BENCHMARK, memory.BENCHMARK,
+                                      points.BENCHMARK)
 
 
 def add_common(parser: argparse.ArgumentParser) -> None:
