@@ -3,7 +3,7 @@
 The policy is policies.example.toml's Shopify block as written (its base URL pointed at the
 fake on loopback, one shop at 127.0.0.2): 100 points/s, burst 1,000, customerDelete
 requesting 10 points, the actual cost refunded and the shop's currentlyAvailable lowering
-the shared bucket. The fake (tests/fakes/vendors/shopify.py, in a thread of this process)
+the shared bucket. The fake (drills/vendors/shopify.py, in a thread of this process)
 restores `--restore` points a second into a bucket of 2,000 and charges `--actual` points a
 deletion. N `sweeper worker` processes share the scope's bucket in PostgreSQL; items are
 released once all are connected. From the fake's own record, over `--seconds` after the
@@ -31,13 +31,13 @@ from typing import Any
 
 from bench.budget import connected_workers, start_worker
 from bench.common import BenchContext, Benchmark, fresh_database, int_list, progress, summarize
+from drills.vendors.serve import serve_in_thread
+from drills.vendors.shopify import FakeShopify
 from service import ledger, runs
 from service.policies import load_policies
-from tests.fakes.vendors.serve import serve_in_thread
-from tests.fakes.vendors.shopify import FakeShopify
 
 SHOP = "127.0.0.2"
-TOKEN = "shpat_bench"
+TOKEN = "shpat_bench"  # noqa: S105 - the fake shop's token, on loopback
 BUCKET = 2000.0
 REGISTER_CHUNK = 10_000
 

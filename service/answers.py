@@ -27,6 +27,7 @@ other part of the payload.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -198,7 +199,9 @@ class _Rule:
             reason += f":{codes[0]}" if codes else ":no_code"
         version = None
         if self.version is not None:
-            versions = [c for v in values_at(document, self.version) if (c := code_of(v))]
+            # a version goes into a URL: `.` and `..` are code-like but no path segment
+            versions = [c for v in values_at(document, self.version)
+                        if (c := code_of(v)) and c not in (".", "..")]
             version = versions[0] if versions else None
             if version is None:
                 reason += ":no_version"  # retried after the backoff like any transient
@@ -227,25 +230,33 @@ class Costs:
 
 
 def number_at(document: Any, steps: tuple[Step, ...] | None) -> float | None:
-    """The first finite, non-negative number the path reaches, else None."""
+    """The first finite, non-negative number the path reaches that a float holds, else
+    None (JSON integers have no bound: a 400-digit one overflows a float)."""
     if steps is None:
         return None
     for value in values_at(document, steps):
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and (
-                0 <= value < float("inf")):
-            return float(value)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            try:
+                number = float(value)
+            except OverflowError:
+                continue
+            if math.isfinite(number) and number >= 0:
+                return number
     return None
 
 
+_UNPARSED: Final = object()
+
+
 class _Document:
-    """A body parsed at most once, and only when a path asks."""
+    """A body parsed at most once, and only when a path asks (a JSON `null` is parsed)."""
 
     def __init__(self, body: bytes | None) -> None:
         self._body = body
-        self._parsed: Any = None
+        self._parsed: Any = _UNPARSED
 
     def get(self) -> Any:
-        if self._parsed is None:
+        if self._parsed is _UNPARSED:
             self._parsed = NOT_JSON if self._body is None else read_json(self._body)
         return self._parsed
 

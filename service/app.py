@@ -152,10 +152,10 @@ def create_app(
                                  grace_seconds=settings.shutdown_grace_seconds,
                                  credentials=runtime.tenant_credentials)
             tasks.append(asyncio.create_task(pool.run(), name="workers"))
-            if runtime.tenant_credentials.upstreams:
-                loops.append(asyncio.create_task(waiting_loop(
-                    engine, policies, runtime.tenant_credentials), name="credential-waits"))
-                tasks.append(loops[-1])
+            # always: a scope paused before the policies file changed must resume too
+            loops.append(asyncio.create_task(waiting_loop(
+                engine, policies, runtime.tenant_credentials), name="credential-waits"))
+            tasks.append(loops[-1])
         if not settings.api_tokens:
             log.warning("no API tokens configured: every /v1 request will answer 401 "
                         "(set SWEEPER_API_TOKENS)")

@@ -308,8 +308,8 @@ async def recovered(engine: AsyncEngine, scopes: list[str]) -> None:
 # What answers say of a budget (scope_signals): a refund of the cost a call did not spend,
 # and the upstream's view of what is left, which lowers the bucket when it knows better
 # (another client of the same budget, or our estimate drifting). The bucket is refilled as
-# of now first (tokens_at), then adjusted; refilled_at never moves back (a closed scope's
-# lies ahead). A refund never lifts the bucket above its spendable burst.
+# of now first (tokens_at), then adjusted, never above its spendable burst nor below minus
+# its burst. A closed scope is left alone: it restarts empty when it reopens.
 _ADJUST = Statement("limiter.adjust", (
     "Refund unspent cost to buckets and lower them to what the upstream says is left."),
     f"""
@@ -320,12 +320,14 @@ _ADJUST = Statement("limiter.adjust", (
     locked AS (
         SELECT s.name, clock_timestamp() AS at, a.refund, a.cap
         FROM scopes s JOIN a ON a.name = s.name
+        WHERE {CLOSURE_OVER}
         ORDER BY s.name FOR UPDATE OF s
     )
     UPDATE scopes s
-    SET tokens = least(coalesce(l.cap, 'Infinity'::double precision),
-                       least({SPENDABLE_BURST_SQL}, {tokens_at("l.at")} + l.refund)),
-        refilled_at = greatest(s.refilled_at, l.at),
+    SET tokens = greatest(-s.burst::double precision, least(
+                     coalesce(l.cap, 'Infinity'::double precision),
+                     least({SPENDABLE_BURST_SQL}, {tokens_at("l.at")} + l.refund))),
+        refilled_at = l.at,
         updated_at = now()
     FROM locked l WHERE s.name = l.name
 """)  # noqa: S608 - only constant fragments are interpolated

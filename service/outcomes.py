@@ -12,6 +12,7 @@ docs/architecture.md (Outcomes), in full:
                   protocol error, no status at all
     permanent     other 4xx (400, 404, 409, 422...), malformed id  -> dead at once
     unauthorized  401/403; the tenant has no credential -> scope paused, item unpunished
+    (a credential lookup that failed is `throttled`: nothing was sent, the item unpunished)
 
 A policy's answer rules (service/answers.py) are read first and passed in as `ruled`.
 """
@@ -56,6 +57,7 @@ class Failure(StrEnum):
     PROTOCOL = "protocol_error"          # garbage where an HTTP answer should be
     INVALID_REQUEST = "invalid_request"  # the id cannot form a URL: a poison item
     NO_CREDENTIAL = "no_credential"      # the tenant has no credential: never called
+    CREDENTIAL_UNAVAILABLE = "credential_unavailable"  # its lookup failed: never called
 
 
 @dataclass(frozen=True)
@@ -155,6 +157,10 @@ def _classify_failure(failure: Failure) -> Classified:
         return Classified(Outcome.TRANSIENT, failure.value)
     if failure is Failure.INVALID_REQUEST:
         return Classified(Outcome.PERMANENT, failure.value)
+    if failure is Failure.CREDENTIAL_UNAVAILABLE:
+        # our side failed before the call: the item is not punished and the scope waits
+        # out its backoff, as after a 429 without a date
+        return Classified(Outcome.THROTTLED, failure.value)
     if failure is Failure.NO_CREDENTIAL:
         # not the item's fault: it waits, unpunished, in a scope paused until one arrives
         return Classified(Outcome.UNAUTHORIZED, failure.value)

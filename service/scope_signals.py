@@ -110,7 +110,9 @@ def _budget(verdict: Classified, answer: Answer, cfg: PolicyConfig, costs: Costs
         return 0.0, None
     requested = cfg.cost.requested
     if costs.actual is not None:
-        refund = (requested - costs.actual) / requested
+        # an answer's word, bounded: it may take at most a burst's worth (an upstream
+        # claiming 1e300 points must not empty the bucket for good)
+        refund = max(-cfg.rate.burst / requested, (requested - costs.actual) / requested)
     elif verdict.outcome is Outcome.THROTTLED:
         refund = 1.0  # refused before it ran: it spent nothing
     else:

@@ -79,10 +79,16 @@ _PAUSE = Statement("scopes.pause", (
 """)
 
 
+# The reasons answers pause scopes with: an operator's pause never takes one of them as it
+# is (`no-credential` would be lifted by itself when the tenant's credential arrives).
+RESERVED_REASONS = frozenset({"unauthorized", "no-credential"})
+
+
 async def pause(engine: AsyncEngine, scope: str, *, actor: str, reason: str | None) -> bool:
     """Pause a scope (with a reason). False if the scope does not exist."""
+    stored = f"operator: {reason}" if reason in RESERVED_REASONS else reason
     async with engine.begin() as conn:
-        row = (await run(conn, _PAUSE, {"reason": reason, "name": scope})).first()
+        row = (await run(conn, _PAUSE, {"reason": stored, "name": scope})).first()
         if row is None:
             return False
         await audit.record(conn, actor=actor, action="scope.pause", reason=reason,

@@ -30,7 +30,7 @@ from service.scope_signals import NO_CREDENTIAL
 log = logging.getLogger(__name__)
 
 WAIT_CHECK_S: Final = 5.0
-WAITING_SCOPES_PER_CHECK: Final = 1000
+WAITING_PAGE: Final = 500
 SYSTEM_ACTOR: Final = "sweeper:credentials"
 
 
@@ -79,20 +79,21 @@ def missing_key(policies: Policies, keyring: Keyring | None) -> list[str]:
             if up.config.credentials is not None and up.config.credentials.api]
 
 
-# A scope paused for want of a credential, with one of its waiting items' tenant and policy:
-# per-tenant credentials require a scope per tenant (policies.py), so one item names the
-# scope's tenant. The items_ready index (scope first, pending and released) serves the
-# lateral read.
+# Scopes paused for want of a credential, a page at a time after :after, each with one of
+# its waiting items' tenant and policy (NULL when none waits any more): per-tenant
+# credentials require a scope per tenant (policies.py), so one item names the scope's
+# tenant. The items_ready index (scope first, pending and released) serves the lateral read.
 _WAITING = Statement("waits.waiting", (
-    "Scopes paused for want of a credential, each with one waiting item's tenant and "
-    "policy."), f"""
+    "Scopes paused for want of a credential, a page after a name, each with one waiting "
+    "item's tenant and policy."), f"""
     SELECT s.name, i.tenant_id, i.policy
-    FROM scopes s CROSS JOIN LATERAL (
+    FROM scopes s LEFT JOIN LATERAL (
         SELECT tenant_id, policy FROM items
         WHERE scope = s.name AND status = 'pending' AND released_at IS NOT NULL
         LIMIT 1
-    ) i
-    WHERE s.paused AND s.paused_reason = '{NO_CREDENTIAL}'
+    ) i ON true
+    WHERE s.paused AND s.paused_reason = '{NO_CREDENTIAL}' AND s.name > :after
+      AND (CAST(:tenant AS text) IS NULL OR i.tenant_id = CAST(:tenant AS text))
     ORDER BY s.name
     LIMIT :limit
 """)  # noqa: S608 - a constant
@@ -107,16 +108,21 @@ _RESUME = Statement("waits.resume", (
 
 async def resume_arrived(engine: AsyncEngine, policies: Policies, credentials: Credentials,
                          *, tenant_id: str | None = None) -> list[str]:
-    """Resume the scopes paused `no-credential` whose tenant now has its credential (only
-    `tenant_id`'s, when given); returns them. Each resume leaves an audit row."""
-    rows = await fetch(engine, _WAITING, {"limit": WAITING_SCOPES_PER_CHECK})
-    arrived = []
-    for row in rows:
-        policy = policies.policy(row.policy)
-        if policy is None or (tenant_id is not None and row.tenant_id != tenant_id):
-            continue
-        if await credentials.get(row.tenant_id, policy.config.upstream) is not None:
-            arrived.append(row.name)
+    """Resume the scopes paused `no-credential` that wait for nothing any more (only
+    `tenant_id`'s, when given): their tenant's credential arrived, or no item waits, or the
+    policies file no longer asks for one (the policy or its credentials were removed).
+    Returns them; each resume leaves an audit row."""
+    arrived: list[str] = []
+    after = ""
+    while True:
+        rows = await fetch(engine, _WAITING, {"after": after, "tenant": tenant_id,
+                                              "limit": WAITING_PAGE})
+        for row in rows:
+            if await _waits_for_nothing(row.tenant_id, row.policy, policies, credentials):
+                arrived.append(row.name)
+        if len(rows) < WAITING_PAGE:
+            break
+        after = rows[-1].name
     if not arrived:
         return []
     async with engine.begin() as conn:
@@ -128,6 +134,17 @@ async def resume_arrived(engine: AsyncEngine, policies: Policies, credentials: C
     for scope in resumed:
         log.info("scope resumed: its tenant's credential arrived", extra={"scope": scope})
     return resumed
+
+
+async def _waits_for_nothing(tenant_id: str | None, policy_name: str | None,
+                             policies: Policies, credentials: Credentials) -> bool:
+    policy = policies.policy(policy_name) if policy_name is not None else None
+    if tenant_id is None or policy is None:
+        return True  # nothing waits, or nothing that can still be called
+    upstream = policy.config.upstream
+    if upstream not in credentials.upstreams:
+        return True  # the upstream takes no per-tenant credential (any more)
+    return await credentials.get(tenant_id, upstream) is not None
 
 
 async def waiting_loop(engine: AsyncEngine, policies: Policies, credentials: Credentials,

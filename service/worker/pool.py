@@ -25,7 +25,15 @@ from service import limiter, scope_signals
 from service.claims import Completion, Lease
 from service.db.engine import is_unavailable
 from service.metrics import IN_FLIGHT, LIMITER_WAITS, TOKENS_GRANTED, TOKENS_RETURNED, LeaseReturn
-from service.outcomes import UNKNOWN_POLICY_VERSION, Answer, Failure, Outcome, classify, plan
+from service.outcomes import (
+    UNKNOWN_POLICY_VERSION,
+    Answer,
+    Classified,
+    Failure,
+    Outcome,
+    classify,
+    plan,
+)
 from service.pipeline_counts import PipelineCounts
 from service.policies import Policies, Policy
 from service.upstream import CallResult
@@ -241,7 +249,17 @@ class WorkerPool:
         answer = result.answer
         ruled = costs = None
         if policy is not None and reason_override is None and answer.status is not None:
-            ruled, costs = policy.answers.read(answer.status, answer.body)
+            try:
+                ruled, costs = policy.answers.read(answer.status, answer.body)
+            except Exception:
+                # an answer the rules cannot read is read by its status alone: a hostile
+                # body must never leave an item without an outcome
+                log.exception("answer rules failed", extra={"item_id": lease.item_id})
+        if ruled is not None and ruled.version is not None and ruled.version == (
+                lease.object_version or (cfg.initial_object_version if cfg else None)):
+            # the conflict named the version just sent (a concurrent writer): retrying at
+            # once would spend the attempts in seconds, so it backs off like any transient
+            ruled = Classified(ruled.outcome, ruled.reason + ":same_version")
         verdict = classify(answer, now=finished, ruled=ruled,
                            absent_means_deleted=bool(cfg and cfg.absent_means_deleted))
         if cfg is None or reason_override is not None:

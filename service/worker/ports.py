@@ -9,6 +9,7 @@ faults (drills/agent.py).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -19,8 +20,11 @@ from typing import Protocol
 from service.claims import Admission, Completion, Lease
 from service.credentials.waits import Credentials
 from service.limiter import Closure
+from service.outcomes import Answer, Failure
 from service.policies import Policy
 from service.upstream import CallResult, Upstreams
+
+log = logging.getLogger("service.worker")
 
 
 class AdmissionPort(Protocol):
@@ -120,7 +124,12 @@ class UpstreamCalls:
         upstream = policy.config.upstream
         credential = None
         if upstream in self.credentials.upstreams:
-            credential = await self.credentials.get(lease.tenant_id, upstream)
+            try:
+                credential = await self.credentials.get(lease.tenant_id, upstream)
+            except Exception as exc:  # the store's database: nothing was sent
+                log.warning("credential lookup failed; the call waits",
+                            extra={"scope": lease.scope, "error": type(exc).__name__})
+                return CallResult(Answer(failure=Failure.CREDENTIAL_UNAVAILABLE), 0.0)
         return await self.upstreams.for_policy(policy).delete(
             policy, tenant_id=lease.tenant_id, object_id=lease.object_id,
             operation_key=lease.operation_key, object_version=lease.object_version,

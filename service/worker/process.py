@@ -59,8 +59,8 @@ async def run_worker_process(settings: Settings, policies: Policies, url: URL, *
                          listen_url=plain_url(url),
                          grace_seconds=settings.shutdown_grace_seconds, faults=faults,
                          credentials=credentials)
-    waits = asyncio.create_task(waiting_loop(engine, policies, credentials), name="waits") \
-        if credentials.upstreams else None
+    # always: a scope paused before the policies file changed must resume too
+    waits = asyncio.create_task(waiting_loop(engine, policies, credentials), name="waits")
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, pool.stop)
@@ -68,10 +68,9 @@ async def run_worker_process(settings: Settings, policies: Policies, url: URL, *
     try:
         await pool.run()
     finally:
-        if waits is not None:
-            waits.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await waits
+        waits.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waits
         await upstreams.aclose()
         await engine.dispose()
         log.info("worker stopped", extra={"worker": pool.name, "completed": pool.completed})

@@ -140,3 +140,19 @@ async def test_a_conflict_is_retried_at_once_with_the_version_it_names(
     assert [c.query for c in upstream.calls()] == ["version=1", "version=5"]
     assert await error_codes(engine, "c-1") == [("transient", "http_409:conflict"),
                                                 ("succeeded", None)]
+
+
+async def test_a_conflict_naming_the_version_just_sent_backs_off(
+        engine: AsyncEngine, upstream: FakeUpstream) -> None:
+    """A concurrent writer keeps the version where it was: retrying at once would spend
+    every attempt in seconds, so the item waits out the backoff like any transient."""
+    conflict = {"errors": [{"code": "ConcurrentModification", "currentVersion": 1}]}
+    upstream.inject(Fault.STATUS, times=None, status=409,
+                    headers={"Content-Type": "application/json"},
+                    body=json.dumps(conflict).encode())
+    slow = make_policies(upstream.port, backoff={"base_seconds": 600, "max_seconds": 600})
+    await run(engine, slow, "versioned", ["c-1"])
+    status, outcome, reason, attempts, version = (await items(engine))["c-1"]
+    assert (status, outcome, attempts) == ("pending", "transient", 1)
+    assert reason == "http_409:conflict:same_version" and version is None
+    assert len(upstream.calls()) == 1

@@ -320,6 +320,12 @@ async def test_answers_refund_and_lower_buckets(engine: AsyncEngine) -> None:
     assert got["s"] == pytest.approx(9.0) and got["t"] == pytest.approx(0.25)
     await limiter.adjust(engine, {}, {"s": 50})  # a cap above the bucket changes nothing
     assert (await tokens())["s"] == pytest.approx(9.0, abs=0.01)
+    await limiter.adjust(engine, {"t": -1e12}, {})  # never below minus the burst
+    assert (await tokens())["t"] == pytest.approx(-10.0)
+    # a closed scope restarts empty when it reopens: answers do not refill it meanwhile
+    await limiter.close(engine, {"s": limiter.Closure(30.0, 1.0, 60.0)})
+    await limiter.adjust(engine, {"s": 5.0}, {})
+    assert (await tokens())["s"] == 0.0
 
 
 async def drain_with(pool: WorkerPool, engine: AsyncEngine, seconds: float) -> None:

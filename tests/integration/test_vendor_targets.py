@@ -20,18 +20,18 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import ledger
+from drills.vendors.bigcommerce import FakeBigCommerce
+from drills.vendors.commercetools import FakeCommercetools
+from drills.vendors.serve import serve
+from drills.vendors.shopify import FakeShopify
+from drills.vendors.stripe import FakeStripe
+from service import ledger, scopes
 from service.credentials import CredentialStore, Keyring, tenant_credentials
 from service.credentials.waits import Credentials, resume_arrived
 from service.policies import Policies
 from service.upstream import Upstreams
 from service.worker.process import database_pool
 from tests.conftest import REPO_ROOT, TOKEN_A, LiveServer, policies_from, test_settings
-from tests.fakes.vendors.bigcommerce import FakeBigCommerce
-from tests.fakes.vendors.commercetools import FakeCommercetools
-from tests.fakes.vendors.serve import serve
-from tests.fakes.vendors.shopify import FakeShopify
-from tests.fakes.vendors.stripe import FakeStripe
 from tests.integration.test_pipeline import PAST, release_all
 
 EXAMPLE = REPO_ROOT / "policies.example.toml"
@@ -242,7 +242,8 @@ async def test_stripe_credentials_through_the_api(db_url: str, engine: AsyncEngi
     assert all(c.idempotency_key for c in fake.calls)
 
 
-async def stored(engine: AsyncEngine, secrets: dict[str, str], upstream: str) -> Credentials:
+async def stored_credentials(engine: AsyncEngine, secrets: dict[str, str], upstream: str
+                             ) -> Credentials:
     """Credentials put through the API's store (the write path of the PUT route)."""
     keyring = Keyring([KEY])
     for tenant, secret in secrets.items():
@@ -258,7 +259,7 @@ async def test_commercetools_conflicts_are_retried_with_the_current_version(
     fake.add_customers("proj-a", ["c3"], version=1)
     async with serve(fake) as port:
         policies = on_loopback("commercetools", f"http://127.0.0.1:{port}")
-        credentials = await stored(engine, {"proj-a": "tok-a"}, "commercetools")
+        credentials = await stored_credentials(engine, {"proj-a": "tok-a"}, "commercetools")
         await register(engine, policies, [("proj-a", "c1"), ("proj-a", "c2"), ("proj-a", "c3"),
                                           ("proj-a", "missing")])
         await drain(engine, policies, credentials, settled(4))
@@ -281,7 +282,7 @@ async def test_bigcommerce_store_tokens_and_its_quota(engine: AsyncEngine) -> No
     fake.add_customers("def456", [9])
     async with serve(fake) as port:
         policies = on_loopback("bigcommerce", f"http://127.0.0.1:{port}/stores")
-        credentials = await stored(engine, {"abc123": "tok-abc", "def456": "wrong"},
+        credentials = await stored_credentials(engine, {"abc123": "tok-abc", "def456": "wrong"},
                                    "bigcommerce")
         await register(engine, policies, [("abc123", str(i)) for i in range(1, 9)]
                        + [("def456", "9")])
@@ -291,3 +292,33 @@ async def test_bigcommerce_store_tokens_and_its_quota(engine: AsyncEngine) -> No
     assert await scope_pause(engine, "bigcommerce:def456") == (True, "unauthorized")
     assert fake.customers("def456") == {9}
     assert (await items_of(engine))[("def456", "9")][0] == "pending"
+
+
+async def test_a_scope_waiting_for_nothing_any_more_resumes(engine: AsyncEngine,
+                                                            tmp_path: Path) -> None:
+    """Paused `no-credential` under one policies file, the scope resumes under a file whose
+    upstream no longer takes per-tenant credentials, and an operator's pause that happens
+    to say `no-credential` is never lifted by it."""
+    policies = on_loopback("stripe", "http://127.0.0.1:9")
+    await register(engine, policies, [("acct_a", "cus_1"), ("acct_b", "cus_2")])
+    async with engine.begin() as conn:
+        await conn.execute(text("UPDATE scopes SET paused = true, "
+                                "paused_reason = 'no-credential'"))
+    stored = await stored_credentials(engine, {}, "stripe")
+    # the PUT path looks at its tenant only; nobody has a credential yet
+    assert await resume_arrived(engine, policies, stored, tenant_id="acct_a") == []
+    assert await scope_pause(engine, "stripe:acct_b") == (True, "no-credential")
+    await tenant_credentials.put(engine, Keyring([KEY]), "acct_b", "stripe", "sk_b",
+                                 actor="test")
+    assert await resume_arrived(engine, policies, stored, tenant_id="acct_a") == []
+    assert await resume_arrived(engine, policies, stored) == ["stripe:acct_b"]
+    # the policies file changed: the upstream takes no per-tenant credential any more
+    doc = vendor_block("stripe")
+    doc["upstreams"]["stripe"] = {"base_url": "http://127.0.0.1:9"}
+    doc["policies"]["stripe-customers"]["scope"] = "stripe:{tenant_id}"
+    assert await resume_arrived(engine, policies_from(doc), Credentials({})) == [
+        "stripe:acct_a"]
+    # an operator's pause keeps its reason apart from the answers' own
+    assert await scopes.pause(engine, "stripe:acct_a", actor="op", reason="no-credential")
+    assert await scope_pause(engine, "stripe:acct_a") == (True, "operator: no-credential")
+    assert await resume_arrived(engine, policies_from(doc), Credentials({})) == []

@@ -293,3 +293,19 @@ def test_a_cost_budget_that_cannot_work_is_refused(policy: dict[str, Any], key: 
     with pytest.raises(ConfigError) as refused:
         resolve_policies(policies_with(**policy), {}, source="f.toml")
     assert refused.value.problems[0].startswith(f"policies file f.toml: {key}:")
+
+
+def test_a_number_no_float_holds_is_no_cost() -> None:
+    compiled = compile_rules([], actual_cost="cost", available_cost="left")
+    huge = b'{"cost": 1' + b"0" * 400 + b', "left": 1e400}'
+    assert compiled.read(200, huge) == (None, Costs(None, None))
+
+
+@pytest.mark.parametrize("version", [".", ".."])
+def test_a_dot_version_is_no_version(version: str) -> None:
+    """`.` and `..` are code-like, but no path segment: the item backs off instead of
+    dying on a URL it cannot make."""
+    compiled = rules([{"status": 409, "outcome": "transient", "reason": "conflict",
+                       "version": "currentVersion"}])
+    assert compiled.classify(409, body({"currentVersion": version})) == Classified(
+        Outcome.TRANSIENT, "http_409:conflict:no_version")

@@ -95,6 +95,8 @@ CLASSIFY_TABLE: list[tuple[Answer, bool, Outcome, str, float | None]] = [
     (Answer(failure=Failure.INVALID_REQUEST), True, PE, "invalid_request", None),
     # the tenant has no credential: never called, the item waits unpunished
     (Answer(failure=Failure.NO_CREDENTIAL), True, UA, "no_credential", None),
+    # its lookup failed (the store's database): nothing sent, the item unpunished
+    (Answer(failure=Failure.CREDENTIAL_UNAVAILABLE), True, TH, "credential_unavailable", None),
     (Answer(status=200, failure=Failure.TIMEOUT_AFTER_SEND), True, UK, "timeout_after_send",
      None),
     (Answer(status=429, retry_after="5", failure=Failure.CONNECT), False, TR, "connect_error",

@@ -142,3 +142,10 @@ def test_a_budget_in_points_is_kept_in_calls_of_the_requested_cost() -> None:
                                                "path": "/c/{object_id}", **POINTS}}}
                            ).policies["p"]
     assert budget_of(policy) == (10.0, 100)
+
+
+def test_an_upstreams_word_on_cost_is_bounded() -> None:
+    """An answer claiming a call cost 1e300 points takes at most a burst's worth."""
+    got = effects_of(Classified(Outcome.SUCCEEDED, "x"), Answer(status=200),
+                     config(**POINTS), NOW, Costs(actual=1e300, available=None))
+    assert got.refund == -100.0  # burst 1,000 points / 10 per call

@@ -1,4 +1,4 @@
-"""Tests of the vendor fakes themselves (tests/fakes/vendors), over real loopback HTTP."""
+"""Tests of the vendor fakes themselves (drills/vendors), over real loopback HTTP."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.fakes.vendors import VendorFake
-from tests.fakes.vendors.bigcommerce import FakeBigCommerce
-from tests.fakes.vendors.commercetools import FakeCommercetools
-from tests.fakes.vendors.serve import serve, serve_in_thread
-from tests.fakes.vendors.shopify import INVALID_TOKEN, FakeShopify
-from tests.fakes.vendors.stripe import FakeStripe
+from drills.vendors import VendorFake
+from drills.vendors.bigcommerce import FakeBigCommerce
+from drills.vendors.commercetools import FakeCommercetools
+from drills.vendors.serve import serve, serve_in_thread
+from drills.vendors.shopify import INVALID_TOKEN, FakeShopify
+from drills.vendors.stripe import FakeStripe
 
 SHOP_A, SHOP_B, NO_SHOP = "127.0.0.2", "127.0.0.3", "127.0.0.4"
 TOKEN_A, TOKEN_B = "shpat_aaaaaaaa", "shpat_bbbbbbbb"

@@ -41,7 +41,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from tests.fakes.vendors import Exchange, TokenBucket, VendorFake, json_response
+from drills.vendors import Exchange, TokenBucket, VendorFake, json_response
 
 __all__ = ["FakeStripe"]
 

@@ -42,7 +42,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from tests.fakes.vendors import (
+from drills.vendors import (
     Exchange,
     TokenBucket,
     VendorFake,
@@ -54,7 +54,8 @@ from tests.fakes.vendors import (
 __all__ = ["FakeShopify", "Spend"]
 
 # Shopify's answer to a missing or wrong access token (its REST and GraphQL Admin APIs alike)
-INVALID_TOKEN = "[API] Invalid API key or access token (unrecognized login or wrong password)"
+INVALID_TOKEN = ("[API] Invalid API key or access token "  # noqa: S105 - an error text
+                 "(unrecognized login or wrong password)")
 THROTTLE_DOCS = "https://shopify.dev/api/usage/rate-limits"
 MISSING_QUERY = "Required parameter missing or invalid"
 # The docs give Standard's restore rate (100 points/s) but the bucket size only by example; the

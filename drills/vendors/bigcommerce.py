@@ -40,7 +40,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from tests.fakes.vendors import Exchange, VendorFake, json_response
+from drills.vendors import Exchange, VendorFake, json_response
 
 __all__ = ["Deletion", "FakeBigCommerce"]
 

@@ -51,7 +51,8 @@ class _FakeServer(uvicorn.Server):
             connection.shutdown()
         try:
             async with asyncio.timeout(self.config.timeout_graceful_shutdown or 2):
-                while self.server_state.connections or self.server_state.tasks:
+                # uvicorn's state has no event to wait on
+                while self.server_state.connections or self.server_state.tasks:  # noqa: ASYNC110
                     await asyncio.sleep(0.002)
         except TimeoutError:  # a call still in a slow fault: end it
             for task in self.server_state.tasks:
