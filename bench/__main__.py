@@ -26,6 +26,7 @@ from typing import Any
 from bench import (
     backlog,
     budget,
+    bulk,
     drain,
     history,
     memory,
@@ -47,7 +48,7 @@ from bench.common import (
 BENCHMARKS: tuple[Benchmark, ...] = (drain.BENCHMARK, budget.BENCHMARK, registration.BENCHMARK,
                                       publication.BENCHMARK, webhooks.BENCHMARK,
                                       history.BENCHMARK, backlog.BENCHMARK, memory.BENCHMARK,
-                                      points.BENCHMARK)
+                                      points.BENCHMARK, bulk.BENCHMARK)
 
 
 def add_common(parser: argparse.ArgumentParser) -> None:

@@ -62,8 +62,9 @@ class CrashBeforeCommit:
             _crash()
         return await self.inner.complete(batch)
 
-    async def hand_back(self, leases: Sequence[Lease]) -> None:
-        await self.inner.hand_back(leases)
+    async def hand_back(self, leases: Sequence[Lease], tokens: Sequence[int] | None = None
+                        ) -> None:
+        await self.inner.hand_back(leases, tokens)
 
 
 @dataclasses.dataclass
@@ -74,6 +75,12 @@ class CrashOnAnswer:
     async def delete(self, policy: Policy, lease: Lease) -> CallResult:
         result = await self.inner.delete(policy, lease)
         if lease.object_id == self.object_id:
+            _crash()
+        return result
+
+    async def delete_batch(self, policy: Policy, leases: Sequence[Lease]) -> CallResult:
+        result = await self.inner.delete_batch(policy, leases)
+        if any(lease.object_id == self.object_id for lease in leases):
             _crash()
         return result
 

@@ -31,7 +31,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Final, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -221,6 +221,16 @@ def _status_set(value: StatusValue | list[StatusValue] | None) -> frozenset[int]
     return frozenset(statuses)
 
 
+class Reading(NamedTuple):
+    """What a policy's rules read in an answer: the first matching rule's verdict (None:
+    the status table decides), the costs it names (None: the policy reads none), and for
+    a batch the ids of the objects it says failed (None: it names none)."""
+
+    verdict: Classified | None
+    costs: Costs | None = None
+    failed: frozenset[str] | None = None
+
+
 @dataclass(frozen=True)
 class Costs:
     """What an answer says of the upstream's cost budget (points; None: not said)."""
@@ -271,6 +281,7 @@ class AnswerRules:
     body_statuses: frozenset[int] | None
     actual_cost: tuple[Step, ...] | None = None
     available_cost: tuple[Step, ...] | None = None
+    failed_ids: tuple[Step, ...] | None = None
 
     def wants_body(self, status: int) -> bool:
         return self.body_statuses is None or status in self.body_statuses
@@ -279,11 +290,10 @@ class AnswerRules:
         """The first matching rule's verdict, or None (the status table decides)."""
         return self.read(status, body)[0]
 
-    def read(self, status: int, body: bytes | None) -> tuple[Classified | None, Costs | None]:
-        """The first matching rule's verdict (None: the status table decides), and the
-        costs the answer names (None: the policy reads none). `body` is None when it was
-        not read (too long, or not wanted). A throttle's wait is the answer's Retry-After,
-        which `outcomes.classify` adds."""
+    def read(self, status: int, body: bytes | None) -> Reading:
+        """What the rules read in an answer (`body` None: not read, too long or not
+        wanted). A throttle's wait is the answer's Retry-After, which `outcomes.classify`
+        adds."""
         document = _Document(body)
         verdict = None
         for rule in self.rules:
@@ -291,20 +301,26 @@ class AnswerRules:
                 needs = rule.code is not None or rule.version is not None
                 verdict = rule.verdict(status, document.get() if needs else None)
                 break
-        costs = None
+        costs = failed = None
         if self.actual_cost is not None or self.available_cost is not None:
             costs = Costs(number_at(document.get(), self.actual_cost),
                           number_at(document.get(), self.available_cost))
-        return verdict, costs
+        if self.failed_ids is not None:
+            # ids as the answer writes them, strings or numbers, compared as text
+            failed = frozenset(str(v) for v in values_at(document.get(), self.failed_ids)
+                               if isinstance(v, (str, int)) and not isinstance(v, bool))
+        return Reading(verdict, costs, failed)
 
 
 NO_RULES: Final = AnswerRules(rules=(), max_bytes=DEFAULT_MAX_BYTES, body_statuses=frozenset())
+NOTHING_READ: Final = Reading(None)
 
 
 def compile_rules(rules: Sequence[AnswerRule], max_bytes: int = DEFAULT_MAX_BYTES, *,
-                  actual_cost: str | None = None, available_cost: str | None = None
-                  ) -> AnswerRules:
-    """Compile validated rules and cost paths (parsed once, statuses expanded)."""
+                  actual_cost: str | None = None, available_cost: str | None = None,
+                  failed_ids: str | None = None) -> AnswerRules:
+    """Compile validated rules and the cost and failed-ids paths (parsed once, statuses
+    expanded)."""
     compiled = tuple(_Rule(
         statuses=_status_set(r.status),
         steps=parse_path(r.path) if r.path is not None else None,
@@ -314,8 +330,8 @@ def compile_rules(rules: Sequence[AnswerRule], max_bytes: int = DEFAULT_MAX_BYTE
         version=parse_path(r.version) if r.version is not None else None)
         for n, r in enumerate(rules, start=1))
     body_statuses: frozenset[int] | None = frozenset()
-    if actual_cost is not None or available_cost is not None:
-        body_statuses = None  # every answer may say what it cost
+    if actual_cost is not None or available_cost is not None or failed_ids is not None:
+        body_statuses = None  # every answer may say what it cost, or which objects failed
     for rule in compiled:
         if body_statuses is None:
             break
@@ -327,4 +343,5 @@ def compile_rules(rules: Sequence[AnswerRule], max_bytes: int = DEFAULT_MAX_BYTE
             body_statuses |= rule.statuses
     return AnswerRules(rules=compiled, max_bytes=max_bytes, body_statuses=body_statuses,
                        actual_cost=parse_path(actual_cost) if actual_cost else None,
-                       available_cost=parse_path(available_cost) if available_cost else None)
+                       available_cost=parse_path(available_cost) if available_cost else None,
+                       failed_ids=parse_path(failed_ids) if failed_ids else None)

@@ -89,15 +89,18 @@ def _lease(r: Row[Any]) -> Lease:
 #     never leave it. The row also records where the scope's next claim reads from: after
 #     the last pending item this one took, or the front (0, 0) once a claim found fewer
 #     items than its tokens.
+# A token is one call: of one item, or of up to `objects_per_call` items for a scope whose
+# policy sends many per call (3 takes that many items per token, 6 charges a token per
+# started group of them; the worker sends each group as one call).
 # One row per lease with its scope's grant, plus one row (id NULL) per scope that was
 # granted tokens but got no item, or was granted none (with the wait for its next token).
 _ADMIT = Statement("claims.admit", (
-    "Take tokens and lease at most that many claimable items per scope in one statement, "
-    "charging each bucket only for the items leased."), f"""
+    "Take tokens and lease at most that many calls' worth of claimable items per scope in "
+    "one statement, charging each bucket only for the calls the items leased make."), f"""
     WITH clock AS (SELECT coalesce(CAST(:now AS timestamptz), now()) AS now),
     {GRANTS_SQL},
     starts AS (
-        SELECT g.scope, g.n, p.front,
+        SELECT g.scope, g.n, g.per_call, p.front,
                CASE WHEN p.front THEN 0 ELSE g.ready_after_batch END AS after_batch,
                CASE WHEN p.front THEN 0 ELSE g.ready_after_id END AS after_id
         FROM grants g, clock CROSS JOIN LATERAL (
@@ -118,7 +121,7 @@ _ADMIT = Statement("claims.admit", (
             FROM items i
             WHERE i.scope = g.scope AND {expired_lease("clock.now")}
             ORDER BY i.lease_expires_at
-            LIMIT g.n
+            LIMIT g.n * g.per_call
             FOR UPDATE OF i SKIP LOCKED
         ) e
         WHERE g.n > 0 AND g.front
@@ -138,8 +141,8 @@ _ADMIT = Statement("claims.admit", (
             WHERE i.scope = g.scope AND {ready_item("clock.now")}
               AND (coalesce(i.batch_id, 0), i.id) > (g.after_batch, g.after_id)
             ORDER BY coalesce(i.batch_id, 0), i.id
-            LIMIT g.n - (SELECT count(*) FROM expired x
-                         WHERE x.scope = g.scope AND NOT x.exhausted)
+            LIMIT g.n * g.per_call - (SELECT count(*) FROM expired x
+                                      WHERE x.scope = g.scope AND NOT x.exhausted)
             FOR UPDATE OF i SKIP LOCKED
         ) r
         WHERE g.n > 0
@@ -173,14 +176,16 @@ _ADMIT = Statement("claims.admit", (
     ),
     spent AS (
         UPDATE scopes s
-        SET tokens = g.avail - coalesce(u.n, 0), refilled_at = g.at,
+        -- a token is a call of up to per_call items (1 but for batch policies)
+        SET tokens = g.avail - ceil(coalesce(u.n, 0)::double precision / g.per_call),
+            refilled_at = g.at,
             -- a scope granted nothing read nothing: its position stands
             (ready_after_batch, ready_after_id) = (
                 CASE WHEN g.n = 0 THEN s.ready_after_batch
-                     WHEN coalesce(u.n, 0) < g.n THEN 0
+                     WHEN coalesce(u.n, 0) < g.n * g.per_call THEN 0
                      ELSE coalesce(r.batch_key, st.after_batch) END,
                 CASE WHEN g.n = 0 THEN s.ready_after_id
-                     WHEN coalesce(u.n, 0) < g.n THEN 0
+                     WHEN coalesce(u.n, 0) < g.n * g.per_call THEN 0
                      ELSE coalesce(r.id, st.after_id) END),
             front_scanned_at = CASE WHEN g.n > 0 AND st.front THEN clock.now
                                     ELSE s.front_scanned_at END
@@ -189,11 +194,13 @@ _ADMIT = Statement("claims.admit", (
              LEFT JOIN reached r ON r.scope = g.scope, clock
         WHERE s.name = g.scope
         RETURNING s.name, g.n AS granted, coalesce(u.n, 0) AS used, g.avail, g.rate,
+                  g.per_call,
                   extract(epoch FROM g.at)::double precision AS granted_at,
                   greatest(0.0, (1.0 - (g.avail - g.n)) / g.rate
                                 - CAST(:lookahead AS double precision)) AS wait_seconds
     )
     SELECT sp.name AS grant_scope, sp.granted, sp.used, sp.avail, sp.rate, sp.granted_at,
+           sp.per_call,
            sp.wait_seconds, c.*
     FROM spent sp LEFT JOIN claimed c ON c.scope = sp.name
 """)  # noqa: S608 - only constant fragments are interpolated
@@ -235,7 +242,8 @@ async def admit(db: Database, *, owner: str, wants: Mapping[str, int],
         if r.grant_scope not in grants:
             grants[r.grant_scope] = Grant(r.grant_scope, int(r.granted),
                                           float(r.wait_seconds), float(r.avail),
-                                          float(r.rate), float(r.granted_at))
+                                          float(r.rate), float(r.granted_at),
+                                          int(r.per_call))
         if r.id is not None:
             leases.append(_lease(r))
     return Admission(grants=list(grants.values()), leases=leases)
@@ -348,7 +356,8 @@ _HAND_BACK = Statement("claims.hand_back", (
     """
     WITH r AS (
         SELECT * FROM unnest(CAST(:ids AS bigint[]), CAST(:tokens AS uuid[]),
-                             CAST(:scopes AS text[])) AS r(id, token, scope)
+                             CAST(:scopes AS text[]), CAST(:calls AS integer[]))
+        AS r(id, token, scope, calls)
     ),
     released AS (
         UPDATE items i
@@ -359,7 +368,7 @@ _HAND_BACK = Statement("claims.hand_back", (
         WHERE i.id = r.id AND i.lease_token = r.token AND i.status = 'leased'
         RETURNING i.id
     ),
-    back AS (SELECT scope AS name, count(*)::integer AS n FROM r GROUP BY scope),
+    back AS (SELECT scope AS name, sum(calls)::integer AS n FROM r GROUP BY scope),
     locked AS (
         SELECT s.name FROM scopes s JOIN back b ON b.name = s.name
         ORDER BY s.name FOR UPDATE OF s
@@ -370,9 +379,13 @@ _HAND_BACK = Statement("claims.hand_back", (
 """)
 
 
-async def hand_back(db: Database, leases: Sequence[Lease]) -> None:
-    """Return unstarted leases without counting an attempt, and give back their tokens."""
+async def hand_back(db: Database, leases: Sequence[Lease],
+                    tokens: Sequence[int] | None = None) -> None:
+    """Return unstarted leases without counting an attempt, and give back their tokens:
+    `tokens[i]` for lease i (default 1 each; a batch's call returns its one token with its
+    first lease)."""
     if leases:
         await fetch_none(db, _HAND_BACK, {"ids": [x.item_id for x in leases],
                                           "tokens": [x.lease_token for x in leases],
-                                          "scopes": [x.scope for x in leases]})
+                                          "scopes": [x.scope for x in leases],
+                                          "calls": list(tokens or [1] * len(leases))})

@@ -148,10 +148,11 @@ _RECORD = Statement("intake.record", (
         WHERE NOT EXISTS (SELECT 1 FROM existing)
     ),
     new_scopes AS (
-        INSERT INTO scopes (name, rate_per_second, burst, tokens)
-        SELECT b.name, b.rate, b.burst, b.burst
+        INSERT INTO scopes (name, rate_per_second, burst, tokens, objects_per_call)
+        SELECT b.name, b.rate, b.burst, b.burst, b.per_call
         FROM unnest(CAST($13 AS text[]), CAST($14 AS double precision[]),
-                    CAST($15 AS integer[])) AS b(name, rate, burst)
+                    CAST($15 AS integer[]), CAST($16 AS integer[]))
+             AS b(name, rate, burst, per_call)
         WHERE NOT EXISTS (SELECT 1 FROM existing)
           AND NOT EXISTS (SELECT 1 FROM scopes s WHERE s.name = b.name)
         ORDER BY b.name
@@ -190,7 +191,7 @@ _RECORD = Statement("intake.record", (
 """)
 _RECORD_PARAMS: Final = ("source", "webhook_id", "event_type", "event_at", "result", "tenants",
                          "objects", "policies", "versions", "keys", "scopes", "delays",
-                         "budget_scopes", "rates", "bursts")
+                         "budget_scopes", "rates", "bursts", "per_call")
 
 # Wakes idle workers after releases. Not part of _RECORD: a transaction that notifies holds
 # a database-wide lock from its commit until its WAL flush, so deliveries that notified
@@ -243,6 +244,7 @@ def _params(delivery: Delivery) -> dict[str, Any]:
         "delays": [h.delay_seconds for h in hints],
         "budget_scopes": scopes, "rates": [budgets[s][0] for s in scopes],
         "bursts": [budgets[s][1] for s in scopes],
+        "per_call": [budgets[s][2] for s in scopes],
     }
 
 

@@ -76,6 +76,7 @@ class Grant:
     available: float = 0.0  # tokens in the bucket at the grant (may be below zero: lent)
     rate: float = 1.0
     granted_at: float = 0.0  # the database's clock at the grant, Unix seconds
+    per_call: int = 1  # items one token's call carries (a batch policy's max_objects)
 
     def due_in(self, i: int) -> float:
         """Seconds from the grant until token i may be spent."""
@@ -91,49 +92,64 @@ _ENSURE = Statement("limiter.ensure_scopes", (
     "operator has set (tokens never above the new burst)."), """
     WITH budget AS (
         SELECT * FROM unnest(CAST(:names AS text[]), CAST(:rates AS double precision[]),
-                             CAST(:bursts AS integer[])) AS b(name, rate, burst)
+                             CAST(:bursts AS integer[]), CAST(:per_call AS integer[]))
+        AS b(name, rate, burst, per_call)
     ),
     stale AS (
-        SELECT s.name, b.rate, b.burst FROM scopes s JOIN budget b ON b.name = s.name
-        WHERE s.budget_from_policy AND (s.rate_per_second, s.burst) <> (b.rate, b.burst)
+        SELECT s.name, b.rate, b.burst, b.per_call, s.budget_from_policy AS from_policy
+        FROM scopes s JOIN budget b ON b.name = s.name
+        WHERE (s.budget_from_policy AND (s.rate_per_second, s.burst) <> (b.rate, b.burst))
+           OR s.objects_per_call <> b.per_call
         ORDER BY s.name
         FOR NO KEY UPDATE OF s
     ),
     changed AS (
+        -- an operator's budget stays; the objects a call carries are always the policy's
         UPDATE scopes s
-        SET rate_per_second = stale.rate, burst = stale.burst,
-            tokens = least(s.tokens, stale.burst), updated_at = now()
+        SET rate_per_second = CASE WHEN stale.from_policy THEN stale.rate
+                                   ELSE s.rate_per_second END,
+            burst = CASE WHEN stale.from_policy THEN stale.burst ELSE s.burst END,
+            tokens = CASE WHEN stale.from_policy THEN least(s.tokens, stale.burst)
+                          ELSE s.tokens END,
+            objects_per_call = stale.per_call, updated_at = now()
         FROM stale WHERE s.name = stale.name
     )
-    INSERT INTO scopes (name, rate_per_second, burst, tokens)
-    SELECT name, rate, burst, burst FROM budget b
+    INSERT INTO scopes (name, rate_per_second, burst, tokens, objects_per_call)
+    SELECT name, rate, burst, burst, per_call FROM budget b
     WHERE NOT EXISTS (SELECT 1 FROM scopes s WHERE s.name = b.name)
     ORDER BY name
     ON CONFLICT (name) DO NOTHING
 """)
 
 
-async def ensure_scopes(conn: AsyncConnection, budgets: Mapping[str, tuple[float, int]]
-                        ) -> None:
-    """Make sure a bucket row exists for each scope (rate per second, burst), inside the
-    caller's transaction (registration creates the scopes of the items it writes)."""
+async def ensure_scopes(conn: AsyncConnection, budgets: Mapping[str, Budget]) -> None:
+    """Make sure a bucket row exists for each scope (rate per second, burst, objects per
+    call), inside the caller's transaction (registration creates the scopes of the items
+    it writes)."""
     if not budgets:
         return
     names = sorted(budgets)
     await run(conn, _ENSURE, {"names": names,
                               "rates": [budgets[n][0] for n in names],
-                              "bursts": [budgets[n][1] for n in names]})
+                              "bursts": [budgets[n][1] for n in names],
+                              "per_call": [budgets[n][2] for n in names]})
 
 
-def budget_of(policy: Policy) -> tuple[float, int]:
-    """A scope's budget as its policy states it: (calls per second, burst in calls). A
-    budget in points is counted in calls of the requested cost: the bucket, the claim and
-    GET /v1/scopes stay in calls, and an answer's actual cost refunds the fraction of a
-    call it did not spend (scope_signals)."""
-    rate, cost = policy.config.rate, policy.config.cost
+Budget = tuple[float, int, int]  # calls per second, burst in calls, objects per call
+
+
+def budget_of(policy: Policy) -> Budget:
+    """A scope's budget as its policy states it: (calls per second, burst in calls, objects
+    per call). A budget in points is counted in calls of the requested cost: the bucket,
+    the claim and GET /v1/scopes stay in calls, and an answer's actual cost refunds the
+    fraction of a call it did not spend (scope_signals). A batch policy's token is one call
+    of up to `max_objects` items."""
+    rate, cost, batch = policy.config.rate, policy.config.cost, policy.config.batch
+    per_call = batch.max_objects if batch is not None else 1
     if cost is None:
-        return (rate.per_second, rate.burst)
-    return (rate.per_second / cost.requested, max(1, int(rate.burst // cost.requested)))
+        return (rate.per_second, rate.burst, per_call)
+    return (rate.per_second / cost.requested, max(1, int(rate.burst // cost.requested)),
+            per_call)
 
 
 # Work is a ready item or an expired lease; the workers-wide pause stops every scope. The
@@ -198,7 +214,7 @@ GRANTS_SQL: Final = f"""
     ),
     locked AS (
         SELECT s.name, w.n, s.rate_per_second, s.burst, s.tokens, s.refilled_at,
-               s.ready_after_batch, s.ready_after_id, s.front_scanned_at
+               s.ready_after_batch, s.ready_after_id, s.front_scanned_at, s.objects_per_call
         FROM scopes s JOIN want w ON w.name = s.name
         WHERE {OPEN_SCOPE}
           AND NOT (SELECT workers_paused FROM control FOR KEY SHARE)
@@ -210,7 +226,7 @@ GRANTS_SQL: Final = f"""
     ),
     grants AS (
         SELECT name AS scope, rate_per_second AS rate, at, avail, ready_after_batch,
-               ready_after_id, front_scanned_at,
+               ready_after_id, front_scanned_at, objects_per_call AS per_call,
                greatest(0, least(n, floor(
                    avail + rate_per_second * CAST(:lookahead AS double precision))::integer)
                ) AS n

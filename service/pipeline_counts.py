@@ -78,11 +78,12 @@ class PipelineCounts:
             self._series(LEASES_RECLAIMED, policy).inc(n)
         return sum(reclaimed.values())
 
-    def returned(self, reasons: Mapping[LeaseReturn, int]) -> None:
-        """Count leases handed back unstarted (and their tokens), by reason."""
+    def returned(self, reasons: Mapping[LeaseReturn, int], tokens: int | None = None) -> None:
+        """Count leases handed back unstarted by reason, and their tokens (one a lease,
+        unless told: a batch's call holds one token for its many leases)."""
         for reason, n in reasons.items():
             LEASES_RETURNED.labels(reason).inc(n)
-        TOKENS_RETURNED.inc(sum(reasons.values()))
+        TOKENS_RETURNED.inc(sum(reasons.values()) if tokens is None else tokens)
 
     def completed(self, batch: Iterable[Completion], fenced: set[int]) -> None:
         """Count a flushed batch: outcomes, dead items, fenced (late) completions, and the

@@ -174,6 +174,25 @@ class BackoffConfig(_Strict):
     max_seconds: float = Field(default=900.0, gt=0, le=86_400)
 
 
+MAX_OBJECTS_PER_CALL = 1000
+
+
+class BatchConfig(_Strict):
+    """Many objects of one scope per call: up to `max_objects`, named by {object_ids}.
+    `failed`, a path into the answer's JSON body, lists the ids of objects the call did not
+    delete (the others did); without it a call succeeds or fails as a whole."""
+
+    max_objects: int = Field(ge=2, le=MAX_OBJECTS_PER_CALL)
+    failed: str | None = Field(default=None, min_length=1, max_length=500)
+
+    @field_validator("failed")
+    @classmethod
+    def _path(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_path(value)
+        return value
+
+
 class PolicyConfig(_Strict):
     """A versioned retention rule: what to call, how fast, and how to read the answer."""
 
@@ -186,6 +205,7 @@ class PolicyConfig(_Strict):
     scope: str = "credential:{upstream}"
     rate: RateConfig
     cost: CostConfig | None = None
+    batch: BatchConfig | None = None
     lease_seconds: int = Field(default=60, ge=5, le=86_400)
     max_attempts: int = Field(default=8, ge=1, le=1000)
     absent_means_deleted: bool = False
@@ -440,6 +460,10 @@ def resolve_policies(raw: Mapping[str, Any], env: Mapping[str, str], *, source: 
                                          f"timeout_seconds ({upstream.config.timeout_seconds})")
         if pol.backoff.max_seconds < pol.backoff.base_seconds:
             fail(f"{key}.backoff.max_seconds", "must be at least base_seconds")
+        if pol.batch is not None and not {"tenant_id", "policy"} <= template_fields(pol.scope):
+            # a call is one scope's objects: one tenant's, sent with one policy's template
+            fail(f"{key}.scope", "a policy with batch needs a scope holding {tenant_id} and "
+                                 "{policy}, e.g. \"{policy}:{tenant_id}\"")
         if (pol.rate.unit == "points") != (pol.cost is not None):
             fail(f"{key}.cost" if pol.cost is None else f"{key}.rate.unit",
                  "a budget in points needs the cost of a call: cost = { requested = ... }"
@@ -457,7 +481,8 @@ def resolve_policies(raw: Mapping[str, Any], env: Mapping[str, str], *, source: 
             continue
         try:
             request = compile_request(upstream.origin, policy=name, version=pol.version,
-                                      path=pol.path, body=pol.body)
+                                      path=pol.path, body=pol.body,
+                                      batch=pol.batch is not None)
         except TemplateProblems as exc:
             for sub, message in exc.problems:
                 fail(f"{key}.{sub}", message)
@@ -470,7 +495,8 @@ def resolve_policies(raw: Mapping[str, Any], env: Mapping[str, str], *, source: 
                                 answers=compile_rules(
                                     pol.answers, pol.answer_max_bytes,
                                     actual_cost=pol.cost.actual if pol.cost else None,
-                                    available_cost=pol.cost.available if pol.cost else None))
+                                    available_cost=pol.cost.available if pol.cost else None,
+                                    failed_ids=pol.batch.failed if pol.batch else None))
 
     webhooks: dict[str, WebhookSource] = {}
     for name, src in parsed.webhooks.items():

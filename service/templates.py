@@ -35,7 +35,7 @@ import json
 import math
 import re
 import string
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, time
 from typing import Any, Final, NamedTuple
@@ -45,7 +45,10 @@ FIELDS: Final = ("tenant_id", "object_id", "policy", "policy_version", "upstream
 ITEM_FIELDS: Final = frozenset({"tenant_id", "object_id"})  # the rest are the policy's
 # The path, query and body may also carry the object's version for an optimistic-concurrency
 # API: the policy's initial_object_version, then the one a conflict answer named.
-REQUEST_FIELDS: Final = (*FIELDS, "object_version")
+REQUEST_FIELDS: Final = (*FIELDS, "object_version", "object_ids")
+# A policy that sends many objects per call names them all with {object_ids}: in a path or
+# query the ids percent-encoded and joined with commas, in a body a JSON array of strings
+# (inside a longer string, joined with commas).
 DOT_SEGMENTS: Final = frozenset((".", ".."))
 
 _UNRESERVED: Final = re.compile(r"[A-Za-z0-9_.~-]*", re.ASCII)  # what quote() keeps as is
@@ -404,20 +407,21 @@ class RequestTemplate:
         return "tenant_id" if "tenant_id" in self.host_uses or not self.host_uses \
             else "object_id"
 
-    def target(self, tenant_id: str, object_id: str, object_version: str = ""
-               ) -> tuple[str, str | None]:
+    def target(self, tenant_id: str, object_id: str, object_version: str = "",
+               object_ids: Sequence[str] = ()) -> tuple[str, str | None]:
         """The path and query (None: none), each value percent-encoded in its own segment
-        or query value; ValueError for a dot segment."""
+        or query value (`object_ids` each, joined with commas); ValueError for a dot
+        segment."""
         if object_id in DOT_SEGMENTS or tenant_id in DOT_SEGMENTS or (
-                object_version in DOT_SEGMENTS):
+                object_version in DOT_SEGMENTS) or any(i in DOT_SEGMENTS for i in object_ids):
             raise ValueError("dot segments cannot be an id")
-        obj, tenant = segment(object_id), segment(tenant_id)
-        version = segment(object_version)
-        path = self.path_format.format(object_id=obj, tenant_id=tenant, object_version=version)
+        values = {"object_id": segment(object_id), "tenant_id": segment(tenant_id),
+                  "object_version": segment(object_version),
+                  "object_ids": ",".join(segment(i) for i in object_ids)}
+        path = self.path_format.format(**values)
         if self.query_format is None:
             return path, None
-        return path, self.query_format.format(object_id=obj, tenant_id=tenant,
-                                              object_version=version)
+        return path, self.query_format.format(**values)
 
     def host(self, tenant_id: str, object_id: str) -> str:
         """The host of a templated upstream for this item (lower-cased); ValueError saying
@@ -445,27 +449,33 @@ class RequestTemplate:
             return str(exc)
         return None
 
-    def body(self, tenant_id: str, object_id: str, object_version: str = "") -> bytes | None:
-        """The JSON body for this item (None: the policy sends none)."""
+    def body(self, tenant_id: str, object_id: str, object_version: str = "",
+             object_ids: Sequence[str] = ()) -> bytes | None:
+        """The JSON body for this item, or these items (None: the policy sends none)."""
         pieces = self.body_pieces
         if pieces is None:
             return None
-        values = {"tenant_id": tenant_id, "object_id": object_id,
-                  "object_version": object_version}
+        values: dict[str, str | list[str]] = {
+            "tenant_id": tenant_id, "object_id": object_id, "object_version": object_version,
+            "object_ids": list(object_ids)}
         parts = []
         for piece in pieces:
             if isinstance(piece, str):
                 parts.append(piece)
-            else:
-                encoded = json.dumps(values[piece.name])
-                parts.append(encoded if piece.whole else encoded[1:-1])
+                continue
+            value = values[piece.name]
+            if piece.whole:
+                parts.append(json.dumps(value))
+            else:  # inside a longer string: a list goes in joined with commas
+                text = value if isinstance(value, str) else ",".join(value)
+                parts.append(json.dumps(text)[1:-1])
         return "".join(parts).encode("ascii")
 
 
 def compile_request(origin: Origin, *, policy: str, version: int, path: str,
-                    body: Any = None) -> RequestTemplate:
-    """A policy's request under its upstream's origin; TemplateProblems naming `path` or
-    keys under `body`."""
+                    body: Any = None, batch: bool = False) -> RequestTemplate:
+    """A policy's request under its upstream's origin (`batch`: many objects per call);
+    TemplateProblems naming `path` or keys under `body`."""
     constants: dict[str, str | int] = {"policy": policy, "policy_version": version,
                                        "upstream": origin.upstream}
     text = {name: str(value) for name, value in constants.items()}
@@ -482,7 +492,17 @@ def compile_request(origin: Origin, *, policy: str, version: int, path: str,
     uses = {name for pieces in (origin.host_pieces or [], origin.path_pieces, path_pieces,
                                 query_pieces or []) for _, name in pieces if name}
     uses |= {p.name for p in body_pieces or () if isinstance(p, _Slot)}
-    if "object_id" not in uses and not (body is not None and problems):
+    if batch:
+        if "object_ids" not in uses and not (body is not None and problems):
+            problems.append(("path", "a policy with batch must send {object_ids} (in the "
+                                     "path, query or body): the objects of the call"))
+        for name in sorted(uses & {"object_id", "object_version"}):
+            problems.append(("path", f"{{{name}}} names one object: a call of a batch "
+                                     "carries many, as {object_ids}"))
+    elif "object_ids" in uses:
+        problems.append(("path", "{object_ids} is for a policy with batch = "
+                                 "{ max_objects = N }: this one sends one object per call"))
+    elif "object_id" not in uses and not (body is not None and problems):
         problems.append(("path", "must contain {object_id} (or the body, or the upstream's "
                                  "base_url, must): each item is its own call"))
     if problems:

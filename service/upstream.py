@@ -23,7 +23,7 @@ import asyncio
 import math
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 from urllib.parse import urlsplit
@@ -166,10 +166,12 @@ class UpstreamClient:
 
     async def delete(self, policy: Policy, *, tenant_id: str, object_id: str,
                      operation_key: str, object_version: str | None = None,
-                     credential: str | None = None) -> CallResult:
+                     credential: str | None = None, object_ids: Sequence[str] = ()
+                     ) -> CallResult:
         """One deletion call carrying the operation key as Idempotency-Key; the object's
         version is the one a conflict named, else the policy's initial one; `credential` is
-        the tenant's, for an upstream whose headers use one."""
+        the tenant's, for an upstream whose headers use one; `object_ids` a batch's
+        objects, for a policy sending many per call."""
         started = time.perf_counter()
         version = policy.config.initial_object_version if object_version is None \
             else object_version
@@ -177,16 +179,16 @@ class UpstreamClient:
             answer = Answer(failure=Failure.NO_CREDENTIAL)
         else:
             answer = await self._call(policy, tenant_id, object_id, operation_key, version,
-                                      credential)
+                                      credential, object_ids)
         return CallResult(answer, (time.perf_counter() - started) * 1000)
 
     async def _call(self, policy: Policy, tenant_id: str, object_id: str,
-                    operation_key: str, object_version: str, credential: str | None
-                    ) -> Answer:
+                    operation_key: str, object_version: str, credential: str | None,
+                    object_ids: Sequence[str]) -> Answer:
         template = policy.request
         method = policy.config.method
         try:
-            path, query = template.target(tenant_id, object_id, object_version)
+            path, query = template.target(tenant_id, object_id, object_version, object_ids)
             if template.host_format is None and template.body_pieces is None:
                 # the common call: fixed host, no body (headers prepared once per method)
                 headers = httpx.Headers(self._headers_for.get(method) or self._prepare(method))
@@ -198,7 +200,7 @@ class UpstreamClient:
                                         extensions={"timeout": self._timeouts})
             else:
                 request = self._request(policy, tenant_id, object_id, path, query,
-                                        operation_key, object_version)
+                                        operation_key, object_version, object_ids)
                 if credential is not None:
                     self._with_credential(request.headers, credential)
         except (ValueError, KeyError, httpx.InvalidURL):
@@ -240,8 +242,8 @@ class UpstreamClient:
                       rate_limits=limits or None, body=body)
 
     def _request(self, policy: Policy, tenant_id: str, object_id: str, path: str,
-                 query: str | None, operation_key: str, object_version: str
-                 ) -> httpx.Request:
+                 query: str | None, operation_key: str, object_version: str,
+                 object_ids: Sequence[str] = ()) -> httpx.Request:
         """A call with a templated host or a JSON body: the headers httpx.Request would build
         (Host, the body's Content-Type and Content-Length), prepared once per method as for
         the common call. ValueError for a host the upstream refuses: checked here again, on
@@ -249,7 +251,7 @@ class UpstreamClient:
         template = policy.request
         method = policy.config.method
         host = None if template.host_format is None else template.host(tenant_id, object_id)
-        body = template.body(tenant_id, object_id, object_version)
+        body = template.body(tenant_id, object_id, object_version, object_ids)
         url = self._urls.url(path, query=query, host=host)
         prepared = (self._templated_for.get((method, body is not None))
                     or self._prepare_templated(method, body is not None))

@@ -46,6 +46,7 @@ scopes = Table(
     _ts("front_scanned_at", nullable=True),
     _ts("created_at"),
     _ts("updated_at"),
+    Column("objects_per_call", Integer, nullable=False),  # a batch policy's (0012)
 )
 
 runs = Table(

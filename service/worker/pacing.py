@@ -69,11 +69,12 @@ class ScopeCache:
         if not self._scopes:
             return
         used = Counter(lease.scope for lease in admission.leases)
-        granted = {g.scope: g.granted for g in admission.grants}
-        # a scope that is closed or paused (no grant row) or had fewer items than tokens
-        # is read again with the others; one that only lacked tokens still has work
-        if any(scope not in granted or used[scope] < granted[scope]
-               for scope, _ in self._scopes):
+        grants = {g.scope: g for g in admission.grants}
+        # a scope that is closed or paused (no grant row) or had fewer items than its
+        # tokens' calls carry is read again with the others; one that only lacked tokens
+        # still has work
+        if any(scope not in grants or used[scope] < grants[scope].granted
+               * grants[scope].per_call for scope, _ in self._scopes):
             self._scopes = []
 
 

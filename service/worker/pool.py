@@ -17,13 +17,15 @@ import random
 import socket
 import uuid
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Final
 
 from service import limiter, scope_signals
+from service.answers import NOTHING_READ
 from service.claims import Completion, Lease
 from service.db.engine import is_unavailable
+from service.limiter import Grant
 from service.metrics import IN_FLIGHT, LIMITER_WAITS, TOKENS_GRANTED, TOKENS_RETURNED, LeaseReturn
 from service.outcomes import (
     UNKNOWN_POLICY_VERSION,
@@ -35,7 +37,7 @@ from service.outcomes import (
     plan,
 )
 from service.pipeline_counts import PipelineCounts
-from service.policies import Policies, Policy
+from service.policies import Policies, Policy, PolicyConfig
 from service.upstream import CallResult
 from service.worker.pacing import CallLimit, DatabaseClock, LocalHolds, ScopeCache
 from service.worker.ports import Ports
@@ -56,6 +58,31 @@ MAX_ITEMS_PER_ROUND: Final = 64
 CLOCK_SAMPLES: Final = 8  # round trips that calibrate the database-clock offset
 # No real scope can carry this name (scope names have no control characters).
 WARM_UP_SCOPE: Final = "\x01warm-up"
+
+
+# The items of one upstream call: one, or up to a batch policy's max_objects of one scope.
+Call = tuple[Lease, ...]
+
+
+def calls_of(leases: Sequence[Lease], grants: Mapping[str, Grant]) -> list[Call]:
+    """Group a round's leases into calls: each alone, except in a scope whose calls carry
+    many (its grant's per_call), where they go in order, per_call at most to a call."""
+    if all(g.per_call == 1 for g in grants.values()):
+        return [(lease,) for lease in leases]
+    calls: list[Call] = []
+    open_call: dict[str, list[Lease]] = {}
+    for lease in leases:
+        per_call = grants[lease.scope].per_call
+        if per_call == 1:
+            calls.append((lease,))
+            continue
+        group = open_call.setdefault(lease.scope, [])
+        group.append(lease)
+        if len(group) == per_call:
+            calls.append(tuple(group))
+            del open_call[lease.scope]
+    calls.extend(tuple(group) for group in open_call.values())
+    return calls
 
 
 def worker_name() -> str:
@@ -87,7 +114,7 @@ class WorkerPool:
         self._cursor = ""
         self._slot_freed = asyncio.Event()
         self._done: list[Completion] = []
-        self._unstarted: list[tuple[Lease, LeaseReturn]] = []
+        self._unstarted: list[tuple[Call, LeaseReturn]] = []
         self._counts = PipelineCounts()
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -122,10 +149,12 @@ class WorkerPool:
         self._scopes.admitted(admitted)
         received = self._clock.monotonic()
         leases = admitted.leases
+        by_scope = {g.scope: g for g in admitted.grants}
+        calls = calls_of(leases, by_scope)
         granted = sum(g.granted for g in admitted.grants)
         TOKENS_GRANTED.inc(granted)
-        if granted - len(leases):
-            TOKENS_RETURNED.inc(granted - len(leases))
+        if granted - len(calls):
+            TOKENS_RETURNED.inc(granted - len(calls))
         if not granted:
             waits = [g.wait_seconds for g in admitted.grants]
             if waits:  # scopes with work, open, and no token for any of them
@@ -138,23 +167,23 @@ class WorkerPool:
         if self._stopping.is_set():
             # stop() arrived while the claim was committing: nothing was called yet, so the
             # leases and their tokens go straight back without counting an attempt
-            await self._hand_back(leases, {LeaseReturn.SHUTDOWN: len(leases)})
+            await self._hand_back([(c, LeaseReturn.SHUTDOWN) for c in calls])
             return 0
-        by_scope = {g.scope: g for g in admitted.grants}
         position: Counter[str] = Counter()
         # the local moment of each grant, on this process's calibrated database clock
         granted_at = {g.scope: self._db_clock.local(g.granted_at, received)
                       for g in admitted.grants if g.granted}
-        IN_FLIGHT.inc(len(leases))
-        for lease in leases:
-            # each item is called when its token is due on the database's schedule (at most
+        IN_FLIGHT.inc(len(calls))
+        for call in calls:
+            # each call is made when its token is due on the database's schedule (at most
             # the lookahead from now); a token whose moment passed long ago (a slow claim)
             # is handed back rather than spent late, where it would crowd the next ones
-            grant = by_scope[lease.scope]
-            due = granted_at[lease.scope] + grant.due_in(position[lease.scope])
-            position[lease.scope] += 1
+            scope = call[0].scope
+            grant = by_scope[scope]
+            due = granted_at[scope] + grant.due_in(position[scope])
+            position[scope] += 1
             give_up = due + limiter.late_tolerance(grant.rate)
-            task = asyncio.create_task(self._attempt(lease, due, give_up, round_no))
+            task = asyncio.create_task(self._attempt(call, due, give_up, round_no))
             self._in_flight.add(task)
             task.add_done_callback(self._call_done)
         return len(leases)
@@ -163,12 +192,17 @@ class WorkerPool:
         self._in_flight.discard(task)
         self._slot_freed.set()
 
-    async def _hand_back(self, leases: list[Lease], reasons: Mapping[LeaseReturn, int]
-                         ) -> None:
-        """Return leases that were never called, and their tokens, without an attempt, in
-        one statement for the whole list (under CPU starvation whole rounds come due late)."""
-        await self.ports.completion.hand_back(leases)
-        self._counts.returned(reasons)
+    async def _hand_back(self, calls: list[tuple[Call, LeaseReturn]]) -> None:
+        """Return the leases of calls that were never made, and their tokens (one a call),
+        without an attempt, in one statement for the whole list (under CPU starvation whole
+        rounds come due late)."""
+        leases = [lease for call, _ in calls for lease in call]
+        tokens = [1 if i == 0 else 0 for call, _ in calls for i in range(len(call))]
+        await self.ports.completion.hand_back(leases, tokens)
+        reasons: Counter[LeaseReturn] = Counter()
+        for call, reason in calls:
+            reasons[reason] += len(call)
+        self._counts.returned(reasons, tokens=len(calls))
 
     async def drain(self) -> None:
         """Wait for every call in flight and commit their outcomes."""
@@ -183,8 +217,7 @@ class WorkerPool:
         unstarted, self._unstarted = self._unstarted, []
         if unstarted:
             try:
-                await self._hand_back([lease for lease, _ in unstarted],
-                                      Counter(reason for _, reason in unstarted))
+                await self._hand_back(unstarted)
             except Exception:
                 self._unstarted = unstarted + self._unstarted
                 raise
@@ -202,9 +235,10 @@ class WorkerPool:
 
     # -- one attempt -----------------------------------------------------------------
 
-    async def _attempt(self, lease: Lease, due: float = 0.0, give_up: float = math.inf,
+    async def _attempt(self, call: Call, due: float = 0.0, give_up: float = math.inf,
                        round_no: int = 0) -> None:
         clock = self._clock
+        lease = call[0]
         try:
             delay = due - clock.monotonic()
             if delay > 0:
@@ -215,9 +249,9 @@ class WorkerPool:
             if unstarted is LeaseReturn.LATE_START:
                 self._calls.started_late(round_no)
             if unstarted is not None:
-                # not called: the lease and its token go back with the next flush (one
+                # not called: the leases and their token go back with the next flush (one
                 # statement for all of them), no attempt counted
-                self._unstarted.append((lease, unstarted))
+                self._unstarted.append((call, unstarted))
                 return
             policy = self.policies.policy(lease.policy)
             started = clock.now()
@@ -227,13 +261,16 @@ class WorkerPool:
             else:
                 reason_override = None
                 try:
-                    result = await self.ports.calls.delete(policy, lease)
+                    result = await (self.ports.calls.delete(policy, lease) if len(call) == 1
+                                    and policy.config.batch is None
+                                    else self.ports.calls.delete_batch(policy, call))
                 except Exception:
                     # A bug or an unforeseen client error must still end in an outcome; the
                     # request may have been sent, so it is `unknown` (same key next time).
                     log.exception("upstream call crashed", extra={"item_id": lease.item_id})
                     result = CallResult(Answer(failure=Failure.PROTOCOL), 0.0)
-            self._done.append(self._completion(lease, policy, result, started, reason_override))
+            self._done.extend(self._completions(call, policy, result, started,
+                                                reason_override))
             if self._signals.urgent:
                 # a throttle or credential signal acts now, not at the next flush: every
                 # replica's next admission round must already see the scope closed
@@ -242,19 +279,24 @@ class WorkerPool:
         finally:
             IN_FLIGHT.dec()
 
-    def _completion(self, lease: Lease, policy: Policy | None, result: CallResult,
-                    started: datetime, reason_override: str | None) -> Completion:
+    def _completions(self, call: Call, policy: Policy | None, result: CallResult,
+                     started: datetime, reason_override: str | None) -> list[Completion]:
+        """The outcome of one call for each of its items: classified once, its scope
+        effects noted once, and each item planned by its own attempt count (an object the
+        answer names as failed is retried alone, as a transient)."""
         finished = self._clock.now()
+        lease = call[0]
         cfg = policy.config if policy is not None else None
         answer = result.answer
-        ruled = costs = None
+        reading = NOTHING_READ
         if policy is not None and reason_override is None and answer.status is not None:
             try:
-                ruled, costs = policy.answers.read(answer.status, answer.body)
+                reading = policy.answers.read(answer.status, answer.body)
             except Exception:
                 # an answer the rules cannot read is read by its status alone: a hostile
                 # body must never leave an item without an outcome
                 log.exception("answer rules failed", extra={"item_id": lease.item_id})
+        ruled = reading.verdict
         if ruled is not None and ruled.version is not None and ruled.version == (
                 lease.object_version or (cfg.initial_object_version if cfg else None)):
             # the conflict named the version just sent (a concurrent writer): retrying at
@@ -262,6 +304,21 @@ class WorkerPool:
             ruled = Classified(ruled.outcome, ruled.reason + ":same_version")
         verdict = classify(answer, now=finished, ruled=ruled,
                            absent_means_deleted=bool(cfg and cfg.absent_means_deleted))
+        if cfg is not None and reason_override is None:
+            effects = scope_signals.effects_of(verdict, answer, cfg, finished, reading.costs)
+            self._signals.note(lease.scope, effects)
+            if effects.hold_seconds is not None:
+                self._holds.hold(lease.scope, self._clock.monotonic() + effects.hold_seconds)
+        failed = reading.failed if verdict.outcome is Outcome.SUCCEEDED else None
+        return [self._completion(each, cfg, result, verdict, started, finished,
+                                 reason_override, failed) for each in call]
+
+    def _completion(self, lease: Lease, cfg: PolicyConfig | None, result: CallResult,
+                    verdict: Classified, started: datetime, finished: datetime,
+                    reason_override: str | None, failed: frozenset[str] | None
+                    ) -> Completion:
+        if failed and lease.object_id in failed:
+            verdict = Classified(Outcome.TRANSIENT, verdict.reason + ":object_failed")
         if cfg is None or reason_override is not None:
             next_step = plan(verdict, attempt=lease.attempt, max_attempts=1, backoff_base_s=1,
                              backoff_max_s=1, retry_after_max_s=1, jitter=0)
@@ -271,10 +328,6 @@ class WorkerPool:
                              backoff_max_s=cfg.backoff.max_seconds,
                              retry_after_max_s=cfg.retry_after_max_seconds,
                              jitter=self._rng.random())
-            effects = scope_signals.effects_of(verdict, answer, cfg, finished, costs)
-            self._signals.note(lease.scope, effects)
-            if effects.hold_seconds is not None:
-                self._holds.hold(lease.scope, self._clock.monotonic() + effects.hold_seconds)
         # successes are the bulk: DEBUG; anything else is worth a line at INFO
         level = logging.DEBUG if verdict.outcome is Outcome.SUCCEEDED else logging.INFO
         if log.isEnabledFor(level):  # the extra dict is built only for a line written

@@ -9,6 +9,7 @@ faults (drills/agent.py).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -51,8 +52,10 @@ class CompletionPort(Protocol):
         """Commit the outcomes; the ids whose lease was no longer ours (fenced)."""
         ...
 
-    async def hand_back(self, leases: Sequence[Lease]) -> None:
-        """Return leases never called, and their tokens, without counting an attempt."""
+    async def hand_back(self, leases: Sequence[Lease], tokens: Sequence[int] | None = None
+                        ) -> None:
+        """Return leases never called, and their tokens (`tokens[i]` for lease i, default
+        one each: a batch's call holds one for all its leases), without an attempt."""
         ...
 
 
@@ -77,6 +80,10 @@ class CallPort(Protocol):
     """The upstream deletion call of one lease."""
 
     async def delete(self, policy: Policy, lease: Lease) -> CallResult: ...
+
+    async def delete_batch(self, policy: Policy, leases: Sequence[Lease]) -> CallResult:
+        """One call deleting every lease's object (a batch policy's, one scope's)."""
+        ...
 
     async def warm_up(self) -> None: ...
 
@@ -121,22 +128,48 @@ class UpstreamCalls:
         self.credentials = credentials or Credentials({})
 
     async def delete(self, policy: Policy, lease: Lease) -> CallResult:
-        upstream = policy.config.upstream
-        credential = None
-        if upstream in self.credentials.upstreams:
-            try:
-                credential = await self.credentials.get(lease.tenant_id, upstream)
-            except Exception as exc:  # the store's database: nothing was sent
-                log.warning("credential lookup failed; the call waits",
-                            extra={"scope": lease.scope, "error": type(exc).__name__})
-                return CallResult(Answer(failure=Failure.CREDENTIAL_UNAVAILABLE), 0.0)
+        found = await self._credential(policy, lease)
+        if isinstance(found, CallResult):
+            return found
         return await self.upstreams.for_policy(policy).delete(
             policy, tenant_id=lease.tenant_id, object_id=lease.object_id,
             operation_key=lease.operation_key, object_version=lease.object_version,
-            credential=credential)
+            credential=found)
+
+    async def delete_batch(self, policy: Policy, leases: Sequence[Lease]) -> CallResult:
+        first = leases[0]
+        found = await self._credential(policy, first)
+        if isinstance(found, CallResult):
+            return found
+        return await self.upstreams.for_policy(policy).delete(
+            policy, tenant_id=first.tenant_id, object_id="",
+            operation_key=batch_key(policy, leases), credential=found,
+            object_ids=[lease.object_id for lease in leases])
+
+    async def _credential(self, policy: Policy, lease: Lease) -> str | CallResult | None:
+        """The tenant's credential (None: the upstream takes none, or it has none), or the
+        result of a call that cannot be made because its lookup failed."""
+        upstream = policy.config.upstream
+        if upstream not in self.credentials.upstreams:
+            return None
+        try:
+            return await self.credentials.get(lease.tenant_id, upstream)
+        except Exception as exc:  # the store's database: nothing was sent
+            log.warning("credential lookup failed; the call waits",
+                        extra={"scope": lease.scope, "error": type(exc).__name__})
+            return CallResult(Answer(failure=Failure.CREDENTIAL_UNAVAILABLE), 0.0)
 
     async def warm_up(self) -> None:
         await self.upstreams.warm_up()
+
+
+def batch_key(policy: Policy, leases: Sequence[Lease]) -> str:
+    """A batch call's Idempotency-Key: the batch's identity, from the policy's version and
+    its items' own operation keys in order (the same items sent again send the same key)."""
+    digest = hashlib.sha256(f"{policy.name}\x00{policy.version}".encode())
+    for key in sorted(lease.operation_key for lease in leases):
+        digest.update(b"\x00" + key.encode())
+    return digest.hexdigest()
 
 
 class NoWakeups:

@@ -81,9 +81,10 @@ class PostgresLedger:
         async with self._on(self._completing) as db:
             return await claims.complete(db, batch)
 
-    async def hand_back(self, leases: Sequence[Lease]) -> None:
+    async def hand_back(self, leases: Sequence[Lease], tokens: Sequence[int] | None = None
+                        ) -> None:
         async with self._on(self._completing) as db:
-            await claims.hand_back(db, leases)
+            await claims.hand_back(db, leases, tokens)
 
     # -- scope signals ---------------------------------------------------------------
 

@@ -35,7 +35,7 @@ from tests.integration.test_pipeline import (
 
 async def make_scope(engine: AsyncEngine, name: str, rate: float, burst: int) -> None:
     async with engine.begin() as conn:
-        await limiter.ensure_scopes(conn, {name: (rate, burst)})
+        await limiter.ensure_scopes(conn, {name: (rate, burst, 1)})
 
 
 async def scope_rows(engine: AsyncEngine) -> dict[str, tuple[float, int, float]]:
@@ -66,13 +66,13 @@ async def test_ensuring_an_unchanged_scope_leaves_its_row_unlocked(engine: Async
     meanwhile, and a token take in flight does not hold up the registration."""
     await make_scope(engine, "s", rate=10, burst=8)
     async with engine.begin() as registering:
-        await limiter.ensure_scopes(registering, {"s": (10, 8)})
+        await limiter.ensure_scopes(registering, {"s": (10, 8, 1)})
         async with engine.connect() as worker:
             await worker.execute(text("SET lock_timeout = '2s'"))
             await worker.execute(text("UPDATE scopes SET tokens = 1 WHERE name = 's'"))
             async with engine.connect() as other:
                 await other.execute(text("SET lock_timeout = '2s'"))
-                await limiter.ensure_scopes(other, {"s": (10, 8)})
+                await limiter.ensure_scopes(other, {"s": (10, 8, 1)})
                 await other.commit()
             await worker.commit()
     assert await scope_rows(engine) == {"s": (10, 8, 1)}

@@ -289,9 +289,31 @@ async def test_bigcommerce_store_tokens_and_its_quota(engine: AsyncEngine) -> No
         await drain(engine, policies, credentials, settled(8))
     assert fake.customers("abc123") == set()
     # a refused token pauses that store's scope alone, as `unauthorized`, for an operator
-    assert await scope_pause(engine, "bigcommerce:def456") == (True, "unauthorized")
+    assert await scope_pause(engine, "bigcommerce-customers:def456") == (True, "unauthorized")
     assert fake.customers("def456") == {9}
     assert (await items_of(engine))[("def456", "9")][0] == "pending"
+
+
+async def test_bigcommerce_deletes_250_customers_a_call(engine: AsyncEngine) -> None:
+    """600 of a store's customers in 3 calls (250, 250, 100), the ids in the query; every
+    item has its own attempt and outcome; each call's key is its batch's identity."""
+    fake = FakeBigCommerce(quota=150, window_s=30.0)
+    fake.add_store("abc123", "tok-abc")
+    fake.add_customers("abc123", range(1, 601))
+    async with serve(fake) as port:
+        policies = on_loopback("bigcommerce", f"http://127.0.0.1:{port}/stores")
+        credentials = await stored_credentials(engine, {"abc123": "tok-abc"}, "bigcommerce")
+        await register(engine, policies, [("abc123", str(i)) for i in range(1, 601)])
+        await drain(engine, policies, credentials, settled(600))
+    assert fake.customers("abc123") == set()
+    assert await statuses(engine) == {"succeeded": 600}
+    assert sorted(len(d.requested) for d in fake.deletions) == [100, 250, 250]
+    keys = [c.idempotency_key for c in fake.calls]
+    assert len(set(keys)) == 3 and all(keys)
+    async with engine.connect() as conn:
+        attempts = (await conn.execute(text(
+            "SELECT count(*), count(DISTINCT item_id) FROM attempts"))).one()
+    assert tuple(attempts) == (600, 600)
 
 
 async def test_a_scope_waiting_for_nothing_any_more_resumes(engine: AsyncEngine,

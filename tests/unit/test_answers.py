@@ -271,14 +271,14 @@ def test_costs_are_read_from_every_answer() -> None:
     assert compiled.wants_body(200) and compiled.wants_body(503)
     answer = {"extensions": {"cost": {"actualQueryCost": 4, "throttleStatus": {
         "currentlyAvailable": 1996.5}}}}
-    assert compiled.read(200, body(answer)) == (None, Costs(4.0, 1996.5))
+    assert compiled.read(200, body(answer)).costs == Costs(4.0, 1996.5)
     # throttled: no actual cost; what is not a number is not read
     throttled = {"extensions": {"cost": {"actualQueryCost": None, "throttleStatus": {
         "currentlyAvailable": "lots"}}}}
-    assert compiled.read(200, body(throttled)) == (None, Costs(None, None))
-    assert compiled.read(200, b"garbage") == (None, Costs(None, None))
-    assert compiled.read(200, body({"extensions": {"cost": {"actualQueryCost": -1}}})) == (
-        None, Costs(None, None))
+    assert compiled.read(200, body(throttled)).costs == Costs(None, None)
+    assert compiled.read(200, b"garbage").costs == Costs(None, None)
+    assert compiled.read(200, body({"extensions": {"cost": {"actualQueryCost": -1}}})
+                         ).costs == Costs(None, None)
 
 
 @pytest.mark.parametrize(("policy", "key"), [
@@ -298,7 +298,7 @@ def test_a_cost_budget_that_cannot_work_is_refused(policy: dict[str, Any], key: 
 def test_a_number_no_float_holds_is_no_cost() -> None:
     compiled = compile_rules([], actual_cost="cost", available_cost="left")
     huge = b'{"cost": 1' + b"0" * 400 + b', "left": 1e400}'
-    assert compiled.read(200, huge) == (None, Costs(None, None))
+    assert compiled.read(200, huge).costs == Costs(None, None)
 
 
 @pytest.mark.parametrize("version", [".", ".."])

@@ -141,7 +141,7 @@ def test_a_budget_in_points_is_kept_in_calls_of_the_requested_cost() -> None:
                             "policies": {"p": {"version": 1, "upstream": "shop",
                                                "path": "/c/{object_id}", **POINTS}}}
                            ).policies["p"]
-    assert budget_of(policy) == (10.0, 100)
+    assert budget_of(policy) == (10.0, 100, 1)
 
 
 def test_an_upstreams_word_on_cost_is_bounded() -> None:

@@ -140,7 +140,8 @@ class MemoryLedger:
         self.completed.extend(batch)
         return []
 
-    async def hand_back(self, leases: Sequence[Lease]) -> None:
+    async def hand_back(self, leases: Sequence[Lease], tokens: Sequence[int] | None = None
+                        ) -> None:
         self.handed_back.extend(leases)
 
     async def close(self, closures: Mapping[str, Closure]) -> None:
