@@ -286,6 +286,11 @@ class AnswerRules:
     def wants_body(self, status: int) -> bool:
         return self.body_statuses is None or status in self.body_statuses
 
+    @property
+    def reads_nothing(self) -> bool:
+        """No rule and no path: every answer goes to the status table as it is."""
+        return not self.rules and self.body_statuses is not None
+
     def classify(self, status: int, body: bytes | None) -> Classified | None:
         """The first matching rule's verdict, or None (the status table decides)."""
         return self.read(status, body)[0]

@@ -40,6 +40,7 @@ class Credentials:
 
     def __init__(self, sources: Mapping[str, CredentialSource]) -> None:
         self._sources = dict(sources)
+        self._upstreams = frozenset(self._sources)  # asked on every call
 
     @classmethod
     def of(cls, policies: Policies, engine: AsyncEngine, keyring: Keyring | None,
@@ -60,7 +61,7 @@ class Credentials:
 
     @property
     def upstreams(self) -> frozenset[str]:
-        return frozenset(self._sources)
+        return self._upstreams
 
     async def get(self, tenant_id: str, upstream: str) -> str | None:
         """The tenant's credential for `upstream`; None when it has none (or the upstream

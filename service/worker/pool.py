@@ -289,7 +289,8 @@ class WorkerPool:
         cfg = policy.config if policy is not None else None
         answer = result.answer
         reading = NOTHING_READ
-        if policy is not None and reason_override is None and answer.status is not None:
+        if policy is not None and reason_override is None and answer.status is not None \
+                and not policy.answers.reads_nothing:
             try:
                 reading = policy.answers.read(answer.status, answer.body)
             except Exception:
