@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import math
 import os
 import secrets
@@ -32,6 +33,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -39,6 +41,7 @@ from typing import Any
 import asyncpg
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from bench.common import (
     BenchContext,
@@ -169,6 +172,40 @@ async def connected_workers(url: str) -> int:
         await conn.close()
 
 
+@contextlib.asynccontextmanager
+async def worker_processes(url: str, policies_file: Path, workers: int, replicas: int,
+                           metrics_ports: list[int] | None = None) -> AsyncIterator[None]:
+    """`replicas` `sweeper worker` processes on `url`, yielded once all are connected and
+    their start-up CPU has settled; SIGTERM (then SIGKILL after 30 s) on the way out."""
+    ports = metrics_ports or [0] * replicas
+    procs = [await start_worker(url, policies_file, workers, port) for port in ports]
+    try:
+        deadline = time.monotonic() + 60
+        while await connected_workers(url) < replicas:
+            if time.monotonic() > deadline:
+                raise RuntimeError("worker processes did not connect within 60 s")
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1.0)  # let their start-up CPU settle
+        yield
+    finally:
+        for proc in procs:
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                await asyncio.wait_for(proc.wait(), 30)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+
+
+async def release_everything(engine: AsyncEngine) -> None:
+    """A run over every due item, published at once."""
+    run_id, _ = await runs.create_run(engine, runs.RunRequest(None, None, None, False, None),
+                                      None)
+    await runs.publish(engine, run_id, batch_size=5_000)
+
+
 def upstream_options(budget: int, burst: int, kind: str) -> list[str]:
     """The fake upstream's limit. `window`: the budget is the upstream's limit minus the
     burst, as the budget issue states its zero-429 target, and the limit is "so many calls
@@ -199,32 +236,12 @@ async def one_configuration(ctx: BenchContext, replicas: int, budget: int, secon
                     for i in range(start, min(items, start + REGISTER_CHUNK))])
             workers = concurrency_for(budget, replicas)
             ports = [free_port() for _ in range(replicas)]
-            procs = [await start_worker(db.url, policies_file, workers, port)
-                     for port in ports]
-            try:
-                deadline = time.monotonic() + 60
-                while await connected_workers(db.url) < replicas:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError("worker processes did not connect within 60 s")
-                    await asyncio.sleep(0.1)
-                await asyncio.sleep(1.0)  # let their start-up CPU settle
+            async with worker_processes(db.url, policies_file, workers, replicas, ports):
                 released_at = time.monotonic()
-                run_id, _ = await runs.create_run(
-                    db.engine, runs.RunRequest(None, None, None, False, None), None)
-                await runs.publish(db.engine, run_id, batch_size=5_000)
+                await release_everything(db.engine)
                 publish_s = time.monotonic() - released_at
                 await asyncio.sleep(seconds + 2.0 + publish_s)
                 counters = await worker_counters(ports)
-            finally:
-                for proc in procs:
-                    if proc.returncode is None:
-                        proc.send_signal(signal.SIGTERM)
-                for proc in procs:
-                    try:
-                        await asyncio.wait_for(proc.wait(), 30)
-                    except TimeoutError:
-                        proc.kill()
-                        await proc.wait()
             async with httpx.AsyncClient(base_url=base_url, timeout=60) as client:
                 calls = (await client.get("/_control/calls")).json()
     if not calls:

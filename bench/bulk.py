@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import math
 import re
-import signal
 import tempfile
 import time
 from datetime import UTC, datetime, timedelta
@@ -36,11 +35,11 @@ from typing import Any
 
 from sqlalchemy import text
 
-from bench.budget import connected_workers, start_worker
+from bench.budget import release_everything, worker_processes
 from bench.common import BenchContext, Benchmark, fresh_database, progress, summarize
 from drills.vendors.bigcommerce import FakeBigCommerce
 from drills.vendors.serve import serve_in_thread
-from service import ledger, runs
+from service import ledger
 from service.policies import load_policies
 
 STORE = "abc123"
@@ -107,18 +106,8 @@ async def one_run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]
                 await ledger.register(db.engine, [
                     ledger.Registration(STORE, str(i), policy, due)
                     for i in range(start, min(args.customers + 1, start + REGISTER_CHUNK))])
-            procs = [await start_worker(db.url, policies_file, args.workers)
-                     for _ in range(args.replicas)]
-            try:
-                deadline = time.monotonic() + 60
-                while await connected_workers(db.url) < args.replicas:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError("worker processes did not connect within 60 s")
-                    await asyncio.sleep(0.1)
-                await asyncio.sleep(1.0)
-                run_id, _ = await runs.create_run(
-                    db.engine, runs.RunRequest(None, None, None, False, None), None)
-                await runs.publish(db.engine, run_id, batch_size=5_000)
+            async with worker_processes(db.url, policies_file, args.workers, args.replicas):
+                await release_everything(db.engine)
                 give_up = time.monotonic() + args.timeout
                 # the fake runs in another thread: its state is polled
                 while fake.customers(STORE) and time.monotonic() < give_up:  # noqa: ASYNC110
@@ -126,18 +115,8 @@ async def one_run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]
                 finished = time.monotonic()
                 await asyncio.sleep(2.0)  # let the last completions commit
                 async with db.engine.connect() as conn:
-                    statuses = dict((await conn.execute(text(
+                    statuses: dict[str, int] = dict((await conn.execute(text(
                         "SELECT status, count(*) FROM items GROUP BY status"))).all())
-            finally:
-                for proc in procs:
-                    if proc.returncode is None:
-                        proc.send_signal(signal.SIGTERM)
-                for proc in procs:
-                    try:
-                        await asyncio.wait_for(proc.wait(), 30)
-                    except TimeoutError:
-                        proc.kill()
-                        await proc.wait()
         deletions = list(fake.deletions)
         left = len(fake.customers(STORE))
     if not deletions:

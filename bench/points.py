@@ -22,18 +22,16 @@ import argparse
 import asyncio
 import math
 import re
-import signal
 import tempfile
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from bench.budget import connected_workers, start_worker
+from bench.budget import release_everything, worker_processes
 from bench.common import BenchContext, Benchmark, fresh_database, int_list, progress, summarize
 from drills.vendors.serve import serve_in_thread
 from drills.vendors.shopify import FakeShopify
-from service import ledger, runs
+from service import ledger
 from service.policies import load_policies
 
 SHOP = "127.0.0.2"
@@ -89,43 +87,23 @@ async def one_run(ctx: BenchContext, args: argparse.Namespace, actual: int) -> d
                 await ledger.register(db.engine, [
                     ledger.Registration(SHOP, str(i), policy, due)
                     for i in range(start, min(calls + 1, start + REGISTER_CHUNK))])
-            procs = [await start_worker(db.url, policies_file, args.workers)
-                     for _ in range(args.replicas)]
-            try:
-                deadline = time.monotonic() + 60
-                while await connected_workers(db.url) < args.replicas:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError("worker processes did not connect within 60 s")
-                    await asyncio.sleep(0.1)
-                await asyncio.sleep(1.0)
-                run_id, _ = await runs.create_run(
-                    db.engine, runs.RunRequest(None, None, None, False, None), None)
-                await runs.publish(db.engine, run_id, batch_size=5_000)
+            async with worker_processes(db.url, policies_file, args.workers, args.replicas):
+                await release_everything(db.engine)
                 await asyncio.sleep(args.seconds + 3.0)
-            finally:
-                for proc in procs:
-                    if proc.returncode is None:
-                        proc.send_signal(signal.SIGTERM)
-                for proc in procs:
-                    try:
-                        await asyncio.wait_for(proc.wait(), 30)
-                    except TimeoutError:
-                        proc.kill()
-                        await proc.wait()
         spent = list(fake.spent)
         throttled = list(fake.throttled_at)
     if not spent:
         raise RuntimeError("the fake saw no deletion")
     t0 = min([s.at for s in spent] + throttled)
-    start, end = t0 + 1.0, t0 + 1.0 + args.seconds
-    points = sum(s.points for s in spent if start <= s.at < end)
-    deletions = sum(1 for s in spent if start <= s.at < end)
+    begin, end = t0 + 1.0, t0 + 1.0 + args.seconds
+    points = sum(s.points for s in spent if begin <= s.at < end)
+    deletions = sum(1 for s in spent if begin <= s.at < end)
     return {"actual_cost": actual, "replicas": args.replicas, "seconds": args.seconds,
             "points_per_second": round(points / args.seconds, 2),
             "points_percent": round(100 * points / args.seconds / args.restore, 2),
             "calls_per_second": round(deletions / args.seconds, 2),
             "throttled": len(throttled),
-            "throttled_after_first": sum(1 for t in throttled if t >= start)}
+            "throttled_after_first": sum(1 for t in throttled if t >= begin)}
 
 
 async def run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
