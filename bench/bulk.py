@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
-import re
 import tempfile
 import time
 from datetime import UTC, datetime, timedelta
@@ -37,6 +36,7 @@ from sqlalchemy import text
 
 from bench.budget import release_everything, worker_processes
 from bench.common import BenchContext, Benchmark, fresh_database, progress, summarize
+from drills.vendors import example_block
 from drills.vendors.bigcommerce import FakeBigCommerce
 from drills.vendors.serve import serve_in_thread
 from service import ledger
@@ -50,13 +50,7 @@ REGISTER_CHUNK = 10_000
 def bigcommerce_policies(example: Path, port: int, secrets_dir: Path) -> str:
     """The example file's BigCommerce block, uncommented, on loopback, its tokens in a
     directory (the API's store needs a key the worker processes would share)."""
-    text = example.read_text(encoding="utf-8")
-    block = re.search(r"^# >>> bigcommerce:.*?\n(.*?)^# <<<", text, re.MULTILINE | re.DOTALL)
-    if block is None:
-        raise RuntimeError("policies.example.toml has no bigcommerce block")
-    toml = "\n".join(line.removeprefix("# ").removeprefix("#")
-                     for line in block[1].splitlines())
-    toml = toml.replace('"https://api.bigcommerce.com/stores"',
+    toml = example_block(example, "bigcommerce").replace('"https://api.bigcommerce.com/stores"',
                         f'"http://127.0.0.1:{port}/stores"')
     return toml.replace("credentials = { api = true }",
                         f'credentials = {{ directory = "{secrets_dir}" }}')

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
-import re
 import tempfile
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Any
 
 from bench.budget import release_everything, worker_processes
 from bench.common import BenchContext, Benchmark, fresh_database, int_list, progress, summarize
+from drills.vendors import example_block
 from drills.vendors.serve import serve_in_thread
 from drills.vendors.shopify import FakeShopify
 from service import ledger
@@ -42,13 +42,7 @@ REGISTER_CHUNK = 10_000
 
 def shopify_policies(example: Path, port: int, secrets_dir: Path) -> str:
     """The example file's Shopify block, uncommented, on loopback."""
-    text = example.read_text(encoding="utf-8")
-    block = re.search(r"^# >>> shopify:.*?\n(.*?)^# <<<", text, re.MULTILINE | re.DOTALL)
-    if block is None:
-        raise RuntimeError("policies.example.toml has no shopify block")
-    lines = [line.removeprefix("# ").removeprefix("#") for line in block[1].splitlines()]
-    toml = "\n".join(lines)
-    toml = toml.replace('"https://{tenant_id}/admin/api/2025-10"',
+    toml = example_block(example, "shopify").replace('"https://{tenant_id}/admin/api/2025-10"',
                         f'"http://{{tenant_id}}:{port}/admin/api/2025-10"')
     toml = toml.replace("'[a-z0-9][a-z0-9-]*\\.myshopify\\.com'", "'127\\.0\\.0\\.[0-9]+'")
     return toml.replace('"/var/run/secrets/shopify"', f'"{secrets_dir}"')

@@ -28,17 +28,31 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-__all__ = ["Call", "Exchange", "TokenBucket", "VendorFake", "host_without_port", "json_response",
-           "parse_json"]
+__all__ = ["Call", "Exchange", "TokenBucket", "VendorFake", "example_block",
+           "host_without_port", "json_response", "parse_json"]
+
+
+def example_block(example: Path, vendor: str) -> str:
+    """The commented `# >>> vendor: ...` ... `# <<<` block of policies.example.toml,
+    uncommented: TOML text the tests and benchmarks run as written."""
+    text = example.read_text(encoding="utf-8")
+    found = re.search(rf"^# >>> {re.escape(vendor)}:.*?\n(.*?)^# <<<", text,
+                      re.MULTILINE | re.DOTALL)
+    if found is None:
+        raise LookupError(f"{example} has no {vendor} block")
+    return "\n".join(line.removeprefix("# ").removeprefix("#")
+                     for line in found[1].splitlines())
 
 
 @dataclass(frozen=True, slots=True)

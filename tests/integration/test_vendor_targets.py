@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import re
 import tomllib
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from drills.vendors import example_block
 from drills.vendors.bigcommerce import FakeBigCommerce
 from drills.vendors.commercetools import FakeCommercetools
 from drills.vendors.serve import serve
@@ -41,11 +41,7 @@ SHOPS = ("127.0.0.2", "127.0.0.3", "127.0.0.4")
 
 def vendor_block(name: str) -> dict[str, Any]:
     """The commented `# >>> name` ... `# <<<` block of the example file, uncommented."""
-    text_ = EXAMPLE.read_text(encoding="utf-8")
-    found = re.search(rf"^# >>> {name}:.*?\n(.*?)^# <<<", text_, re.MULTILINE | re.DOTALL)
-    assert found, f"no {name} block in policies.example.toml"
-    lines = [line.removeprefix("# ").removeprefix("#") for line in found[1].splitlines()]
-    return tomllib.loads("\n".join(lines))
+    return tomllib.loads(example_block(EXAMPLE, name))
 
 
 def on_loopback(name: str, base_url: str, **upstream: Any) -> Policies:
