@@ -48,12 +48,14 @@ TenantId = Annotated[str, Path(
 UpstreamName = Annotated[str, Path(
     min_length=1, max_length=63, pattern=NAME_PATTERN,
     description="an upstream of the policies file", examples=["storefront"])]
+# the bounds are checked by secret_problem (pydantic's own length error on a SecretStr
+# speaks of "items"); the schema still states them
 Secret = Annotated[SecretStr, Field(
-    min_length=1, max_length=MAX_SECRET_CHARS,
     description=("the credential as the upstream takes it, sent in the header the upstream's "
                  "template names; printable ASCII, no space at either end. Never answered "
                  "back, logged or stored in the clear"),
-    json_schema_extra={"pattern": HEADER_VALUE_PATTERN}), AfterValidator(_usable)]
+    json_schema_extra={"pattern": HEADER_VALUE_PATTERN, "minLength": 1,
+                       "maxLength": MAX_SECRET_CHARS}), AfterValidator(_usable)]
 
 
 class CredentialIn(RequestBody):
