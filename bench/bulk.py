@@ -47,11 +47,18 @@ TOKEN = "bc_bench_token"  # noqa: S105 - the fake store's token, on loopback
 REGISTER_CHUNK = 10_000
 
 
-def bigcommerce_policies(example: Path, port: int, secrets_dir: Path) -> str:
+def bigcommerce_policies(example: Path, port: int, secrets_dir: Path,
+                         burst: int | None = None) -> str:
     """The example file's BigCommerce block, uncommented, on loopback, its tokens in a
-    directory (the API's store needs a key the worker processes would share)."""
+    directory (the API's store needs a key the worker processes would share); `burst`
+    replaces the block's burst of 5."""
     toml = example_block(example, "bigcommerce").replace('"https://api.bigcommerce.com/stores"',
                         f'"http://127.0.0.1:{port}/stores"')
+    if burst is not None:
+        block_rate = "rate = { per_second = 5, burst = 5 }"
+        if block_rate not in toml:
+            raise RuntimeError(f"the BigCommerce block no longer says {block_rate!r}")
+        toml = toml.replace(block_rate, f"rate = {{ per_second = 5, burst = {burst} }}")
     return toml.replace("credentials = { api = true }",
                         f'credentials = {{ directory = "{secrets_dir}" }}')
 
@@ -77,6 +84,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replicas", type=int, default=2, help="worker processes (default 2)")
     parser.add_argument("--workers", type=int, default=4,
                         help="concurrent calls per process (default 4)")
+    parser.add_argument("--burst", type=int, default=None,
+                        help="the policy's burst instead of the example's 5 (150 spends a "
+                             "window's whole quota at its start)")
     parser.add_argument("--timeout", type=float, default=900.0,
                         help="give up a repetition after this many seconds (default 900)")
 
@@ -92,7 +102,7 @@ async def one_run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]
         (secrets_dir / STORE).write_text(TOKEN)
         policies_file = Path(tmp) / "policies.toml"
         policies_file.write_text(bigcommerce_policies(ctx.repo_root / "policies.example.toml",
-                                                      port, secrets_dir))
+                                                      port, secrets_dir, args.burst))
         policy = load_policies(policies_file).policies["bigcommerce-customers"]
         async with fresh_database(ctx.server_url, "bulk") as db:
             due = datetime.now(UTC) - timedelta(days=1)
