@@ -175,7 +175,8 @@ async def test_shopify_cost_refunds_and_the_shops_view_reach_the_shared_bucket(
     currentlyAvailable lowers the bucket every replica draws from."""
     fake, port = shopify
     fake.set_costs(requested=10, actual=4)
-    fake.set_limits(SHOPS[0], maximum_available=2000, restore_rate=100,
+    # the shop restores 1 point/s, so its view stays near 300 - 40 however slow the drain
+    fake.set_limits(SHOPS[0], maximum_available=2000, restore_rate=1,
                     currently_available=300)
     fake.add_customers(SHOPS[0], range(1, 11))
     (tmp_path / SHOPS[0]).write_text("shpat_0")
