@@ -1,4 +1,5 @@
-"""The HTTP client of an upstream deletion API: one pooled httpx.AsyncClient per upstream.
+"""The HTTP client of an upstream deletion API: one connection pool per upstream, driven
+through httpx's transport interface (service/transport.py).
 
 Transport errors are mapped here, once, to :class:`service.outcomes.Failure`:
 
@@ -20,7 +21,6 @@ them (service/answers.py): then whole, up to the policy's answer_max_bytes.
 from __future__ import annotations
 
 import asyncio
-import math
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -28,15 +28,13 @@ from dataclasses import dataclass
 from typing import Final
 from urllib.parse import urlsplit
 
-import anyio
-import anyio.lowlevel
 import httpx
 
 from service.outcomes import Answer, Failure
 from service.policies import Policy, Upstream
+from service.transport import AiohttpTransport
 
 BODY_CAP_BYTES: Final = 4096
-CONNECTIONS_PER_POOL: Final = 16  # connections per httpcore pool (see UpstreamClient)
 USER_AGENT: Final = "sweeper/0.1"
 JSON_CONTENT_TYPE: Final = "application/json"
 
@@ -133,24 +131,11 @@ class UpstreamClient:
                  ) -> None:
         cfg = upstream.config
         self.deadline_seconds = cfg.timeout_seconds
-        # The pooled transport is driven directly: httpx.AsyncClient's per-request URL
-        # merging and cookie handling were 44% of a worker's CPU per call (profiled in
-        # bench/drain.py), and a deletion call needs neither cookies nor redirects.
-        if transport is not None:
-            self._transports: list[httpx.AsyncBaseTransport] = [transport]
-        else:
-            # httpcore's pool walks every connection of the pool (a readability syscall
-            # each) whenever a request arrives or an answer ends: with 100-256 connections
-            # that was 1.5 ms of CPU per call on loopback. Several small pools, each call
-            # on the least busy, keep that walk short; together they hold at most
-            # max_connections.
-            shards = math.ceil(cfg.max_connections / CONNECTIONS_PER_POOL)
-            sizes = [cfg.max_connections // shards + (1 if i < cfg.max_connections % shards
-                                                      else 0) for i in range(shards)]
-            self._transports = [httpx.AsyncHTTPTransport(
-                limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
-                retries=0) for n in sizes]
-        self._busy = [0] * len(self._transports)
+        # The transport is driven directly: httpx.AsyncClient's per-request URL merging and
+        # cookie handling were 44% of a worker's CPU per call (profiled in bench/drain.py),
+        # and a deletion call needs neither cookies nor redirects.
+        self._transport: httpx.AsyncBaseTransport = transport or AiohttpTransport(
+            cfg.max_connections)
         # the policies' paths hold the base path: the URL maker has the origin alone
         origin = upstream.origin
         base = origin.base(origin.host or PROBE_HOST)
@@ -205,14 +190,11 @@ class UpstreamClient:
                     self._with_credential(request.headers, credential)
         except (ValueError, KeyError, httpx.InvalidURL):
             return Answer(failure=Failure.INVALID_REQUEST)
-        busy = self._busy
-        shard = busy.index(min(busy)) if len(busy) > 1 else 0
-        busy[shard] += 1
         rules = policy.answers
         body: bytes | None = None
         try:
             async with asyncio.timeout(self.deadline_seconds):
-                response = await self._transports[shard].handle_async_request(request)
+                response = await self._transport.handle_async_request(request)
                 try:
                     if rules.wants_body(response.status_code) and _identity(response):
                         body = await _read_capped(response, rules.max_bytes)
@@ -232,8 +214,6 @@ class UpstreamClient:
             return Answer(failure=Failure.RESET_AFTER_SEND)
         except httpx.TransportError:
             return Answer(failure=Failure.PROTOCOL)
-        finally:
-            busy[shard] -= 1
         # RateLimit, X-RateLimit-* and BigCommerce's X-Rate-Limit-* (outcomes.exhausted_for)
         limits = {k: v for k, v in response.headers.items()
                   if "ratelimit" in k or k.startswith("x-rate-limit-")}
@@ -300,9 +280,12 @@ class UpstreamClient:
         headers = self._headers_for[method] = httpx.Headers(self._base_headers(method, False))
         return headers
 
+    def warm_up(self) -> None:
+        if isinstance(self._transport, AiohttpTransport):
+            self._transport.open()
+
     async def aclose(self) -> None:
-        for transport in self._transports:
-            await transport.aclose()
+        await self._transport.aclose()
 
 
 _NO_BODY: Final = httpx.ByteStream(b"")  # immutable: one instance serves every call
@@ -360,13 +343,11 @@ class Upstreams:
         return self._clients[policy.config.upstream]
 
     async def warm_up(self) -> None:
-        """Load what the first call would otherwise load lazily: httpcore picks its async
-        backend (anyio's asyncio backend, an import) on its first request, 15-100 ms on a
-        busy machine, so each new replica's first calls left late and bunched with the next
-        tokens at the upstream (measured in drill 12). No request is sent."""
-        await anyio.lowlevel.checkpoint()
-        anyio.Event()
-        anyio.Lock()
+        """Open each connection pool before the first call rather than on it: a new
+        replica's first calls must not leave late and bunch with the next tokens at the
+        upstream (measured in drill 12). No request is sent."""
+        for client in self._clients.values():
+            client.warm_up()
 
     async def aclose(self) -> None:
         for client in self._clients.values():

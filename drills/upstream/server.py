@@ -39,6 +39,7 @@ class FakeUpstream(Controls):
         self._scope_fn = scope_fn or default_scope
         self._server: asyncio.Server | None = None
         self._conns: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
+        self._accepted = 0  # connections ever accepted: keep-alive reuse shows here
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
 
@@ -121,11 +122,15 @@ class FakeUpstream(Controls):
     def base_url(self) -> str:
         return f"http://{self._host}:{self._port}"
 
+    def connections_accepted(self) -> int:
+        return self._accepted
+
     # ----------------------------------------------------------------- connections
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
         self._conns[task] = writer
+        self._accepted += 1
         try:
             keep = True
             while keep:

@@ -446,18 +446,3 @@ async def test_requests_match_what_httpx_builds_itself(method: str) -> None:
     assert sent.method == plain.method and sent.url == plain.url
     assert sent.headers.raw == plain.headers.raw
     assert await sent.aread() == plain.content == b""
-
-
-@pytest.mark.parametrize(("limit", "pools"), [(1, 1), (16, 1), (40, 3), (256, 16)])
-async def test_connections_are_split_into_small_pools_within_the_limit(limit: int,
-                                                                        pools: int) -> None:
-    from service.upstream import UpstreamClient
-
-    doc: dict[str, Any] = {
-        "upstreams": {"shop": {"base_url": "http://127.0.0.1:9", "max_connections": limit}},
-        "policies": {"carts": {"version": 1, "upstream": "shop", "path": "/c/{object_id}",
-                               "rate": {"per_second": 10}}}}
-    client = UpstreamClient(resolve_policies(doc, {}, source="t").upstreams["shop"])
-    sizes = [t._pool._max_connections for t in client._transports]  # type: ignore[attr-defined]
-    assert len(sizes) == pools and sum(sizes) == limit and max(sizes) - min(sizes) <= 1
-    await client.aclose()
