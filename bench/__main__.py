@@ -30,6 +30,7 @@ from bench import (
     drain,
     history,
     memory,
+    peers,
     points,
     publication,
     registration,
@@ -48,7 +49,7 @@ from bench.common import (
 BENCHMARKS: tuple[Benchmark, ...] = (drain.BENCHMARK, budget.BENCHMARK, registration.BENCHMARK,
                                       publication.BENCHMARK, webhooks.BENCHMARK,
                                       history.BENCHMARK, backlog.BENCHMARK, memory.BENCHMARK,
-                                      points.BENCHMARK, bulk.BENCHMARK)
+                                      points.BENCHMARK, bulk.BENCHMARK, peers.BENCHMARK)
 
 
 def add_common(parser: argparse.ArgumentParser) -> None:

@@ -216,3 +216,40 @@ def test_backlog_benchmark_smoke(pg_server_url: str, tmp_path: Path,
     assert set(section["cost_last_to_first"]) == {"db_ms_per_item", "worker_cpu_us_per_item"}
     assert set(section["target"]) == {"last_to_first_min", "met"}
     assert (folder / "backlog.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_peers_benchmark_smoke(pg_server_url: str, tmp_path: Path,
+                               restore_logging: None) -> None:
+    """`python -m bench peers`: Sweeper's mock drain and two PgQueuer configurations (one
+    with max_concurrent_tasks) each drain every item, and the ratio is reported."""
+    out = tmp_path / "peers.json"
+    assert bench_main([
+        "peers", "--items", str(ITEMS), "--repeat", "1", "--concurrency", str(CONCURRENCY),
+        "--pgqueuer", "1x10,2x50x100", "--database-url", pg_server_url,
+        "--json-out", str(out)]) == 0
+    section = json.loads(out.read_text(encoding="utf-8"))["benchmarks"]["peers"]
+    assert section["pgqueuer_version"] == section["parameters"]["pgqueuer"]["version"]
+    assert section["parameters"]["pgqueuer"]["configurations"] == ["1x10", "2x50x100"]
+
+    [rep] = section["sweeper"][str(CONCURRENCY)]["repetitions"]
+    assert rep["all_succeeded"] is True and rep["db_status"] == {"succeeded": ITEMS}
+    assert rep["attempts_by_outcome"].get("succeeded") == ITEMS
+    for label, (managers, batch, cap) in (("1x10", (1, 10, None)), ("2x50x100", (2, 50, 100))):
+        cell = section["pgqueuer"][label]
+        [rep] = cell["repetitions"]
+        assert (rep["managers"], rep["batch_size"], rep["max_concurrent_tasks"]) == (
+            managers, batch, cap)
+        assert rep["all_done"] is True and rep["each_job_ran_once"] is True
+        assert rep["entrypoint_calls"] == ITEMS and rep["left_in_queue"] == 0
+        assert rep["completions_by_status"] == {"successful": ITEMS}
+        assert rep["log_rows_by_status"]["successful"] == ITEMS
+        assert cell["jobs_per_s"]["median"] > 0 and cell["cpu_us_per_job"]["median"] > 0
+
+    best, ratio = section["best"], section["ratio"]
+    assert best["sweeper_concurrency"] == CONCURRENCY
+    assert best["pgqueuer_configuration"] in ("1x10", "2x50x100")
+    assert ratio["sweeper_over_best_pgqueuer"] == pytest.approx(
+        best["sweeper_jobs_per_s"] / best["pgqueuer_jobs_per_s"], rel=0.01)
+    assert len(ratio["per_repetition"]) == 1
+    assert set(ratio) == {"sweeper_over_best_pgqueuer", "per_repetition", "target", "met"}
