@@ -18,7 +18,7 @@ from service.api.gate import BodyRefusal, BodyRefused, read_body
 from service.api.problems import RETRY_AFTER_HEADER, problem_doc
 from service.db.engine import is_unavailable
 from service.errors import Problem
-from service.intake import Intake, record
+from service.intake import Intake
 from service.runtime import Runtime
 from service.webhooks import DeliveryRejected, Reason
 
@@ -122,16 +122,8 @@ async def receive_webhook(request: Request, source: str) -> JSONResponse:
         raise _rejected(source, DeliveryRejected(
             "overloaded", "too many deliveries in flight; retry later"))
     try:
-        pool = await intake.pool(runtime.engine.url, runtime.settings)
-        try:
-            receipt = await record(
-                pool, delivery, acquire_timeout_s=runtime.settings.db_pool_timeout_seconds)
-        except TimeoutError:
-            # asyncpg's acquire timeout; a connect timeout is "unavailable" below
-            if not pool.get_idle_size() and pool.get_size() >= pool.get_max_size():
-                raise DeliveryRejected("overloaded", "no database connection free; "
-                                                     "retry later") from None
-            raise
+        # committed when it returns, maybe in one statement with deliveries waiting beside it
+        receipt = await intake.apply(runtime.engine.url, runtime.settings, delivery)
     except DeliveryRejected as exc:
         raise _rejected(source, exc) from None
     except Exception as exc:
@@ -141,8 +133,6 @@ async def receive_webhook(request: Request, source: str) -> JSONResponse:
             "unavailable", "the database cannot be reached; retry later")) from None
     finally:
         intake.leave()
-    if receipt.released:
-        intake.wake_workers()
     result = "duplicate" if receipt.duplicate else (
         "accepted" if receipt.result == "applied" else "ignored")
     metrics.WEBHOOKS.labels(source, result, "" if result != "ignored" else "no-rule").inc()

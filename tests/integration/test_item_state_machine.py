@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-import asyncpg
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -86,7 +85,7 @@ class ItemLifeCycle(RuleBasedStateMachine):
         super().__init__()
         self.loop = asyncio.new_event_loop()
         self.engine: AsyncEngine = make_engine(async_url(self.url), test_settings(self.url))
-        self.intake_pool: Any = None
+        self.intake = intake.Intake()
         self.run(self._reset())
         db_now = self.run(self._db_now())
         self.now = db_now + timedelta(days=1)
@@ -103,8 +102,7 @@ class ItemLifeCycle(RuleBasedStateMachine):
         return self.loop.run_until_complete(coro)
 
     def teardown(self) -> None:
-        if self.intake_pool is not None:
-            self.run(self.intake_pool.close())
+        self.run(self.intake.aclose())
         self.run(self.engine.dispose())
         self.loop.close()
 
@@ -186,10 +184,8 @@ class ItemLifeCycle(RuleBasedStateMachine):
     @rule(i=st.integers(0, N_ITEMS - 1))
     def webhook_release(self, i: int) -> None:
         # a webhook makes the obligation due now: inserted, or released, without a batch
-        if self.intake_pool is None:
-            self.intake_pool = self.run(self._intake_pool())
         self.hints += 1
-        receipt = self.run(intake.record(self.intake_pool, Delivery(
+        receipt = self.run(self.intake.apply(self.engine.url, test_settings(self.url), Delivery(
             "machine", f"hint-{self.hints}", "test", None,
             (Hint(POLICY, "acme", f"o{i}", None),))))
         assert not receipt.duplicate
@@ -203,9 +199,6 @@ class ItemLifeCycle(RuleBasedStateMachine):
             # due now, on the database's clock (the machine's runs a day ahead)
             [(item.due,)] = self.run(self._fetch("SELECT due_at FROM items WHERE id = :id",
                                                  id=self.ids[i]))
-
-    async def _intake_pool(self) -> Any:
-        return await asyncpg.create_pool(self.url, min_size=1, max_size=1)
 
     def candidates(self) -> list[Candidate]:
         return [Candidate(self.ids[i], (item.batch, self.ids[i]),

@@ -19,7 +19,7 @@ import asyncpg
 import httpx
 import pytest
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from standardwebhooks import Webhook
 
 from service import intake, ledger, metrics, webhooks
@@ -367,31 +367,164 @@ async def test_concurrent_duplicates_have_one_effect(hooks: httpx.AsyncClient,
     assert item.released_at is not None
 
 
+def verified(policies: Policies, delivery: tuple[bytes, dict[str, str]]) -> webhooks.Delivery:
+    """A delivery as the route hands it to the intake: read and verified."""
+    body, headers = delivery
+    return webhooks.read_delivery(policies.webhooks["shopify"], policies,
+                                  {k.lower(): v for k, v in headers.items()}, body,
+                                  now_s=time.time())
+
+
+async def hold_receipt(conn: AsyncConnection, webhook_id: str,
+                       item_ids: tuple[int, ...] = ()) -> None:
+    """An uncommitted receipt of `webhook_id`: the intake's insert of it waits on `conn`."""
+    await conn.execute(text(
+        "INSERT INTO webhook_receipts (source, webhook_id, event_type, result, item_ids) "
+        "VALUES ('shopify', :id, 'orders/cancelled', 'applied', :items)"),
+        {"id": webhook_id, "items": list(item_ids)})
+
+
 async def test_losing_a_race_rolls_the_effect_back(db_url: str, engine: AsyncEngine) -> None:
     """A delivery that finds no receipt, but whose id is committed by another transaction
     while it runs, answers with the winner's receipt and leaves no trace of its own."""
     policies = make_policies()
-    body, headers = shopify("orders/cancelled", {"id": 5})
-    delivery = webhooks.read_delivery(policies.webhooks["shopify"], policies,
-                                      {k.lower(): v for k, v in headers.items()}, body,
-                                      now_s=time.time())
-    async with engine.connect() as winner:
-        await winner.execute(text(
-            "INSERT INTO webhook_receipts (source, webhook_id, event_type, result, item_ids) "
-            "VALUES ('shopify', :id, 'orders/cancelled', 'applied', '{123}')"),
-            {"id": delivery.webhook_id})
-        pool = await asyncpg.create_pool(db_url, min_size=1, max_size=1)
-        loser = asyncio.create_task(intake.record(pool, delivery))
-        # the loser's insert waits on the receipt's unique index, for the winner's commit
-        await wait_for_lock_waits(engine, 1)
-        assert not loser.done()
-        await winner.commit()
-        receipt = await loser
-        await pool.close()
+    delivery = verified(policies, shopify("orders/cancelled", {"id": 5}))
+    box = intake.Intake()
+    try:
+        async with engine.connect() as winner:
+            await hold_receipt(winner, delivery.webhook_id, (123,))
+            loser = asyncio.create_task(box.apply(engine.url, test_settings(db_url), delivery))
+            # the loser's insert waits on the receipt's unique index, for the winner's commit
+            await wait_for_lock_waits(engine, 1)
+            assert not loser.done()
+            await winner.commit()
+            receipt = await loser
+    finally:
+        await box.aclose()
     assert receipt == intake.Receipt(result="applied", item_ids=(123,), duplicate=True)
     async with engine.connect() as conn:
         assert (await conn.execute(text("SELECT count(*) FROM items"))).scalar() == 0
         assert (await conn.execute(text("SELECT count(*) FROM scopes"))).scalar() == 0
+
+
+async def test_deliveries_that_wait_together_commit_together_as_if_one_by_one(
+        db_url: str, engine: AsyncEngine) -> None:
+    """With the intake's one connection busy, the deliveries that queue behind it go in one
+    statement and one transaction, and each answers what it would have applied alone: two
+    hints at one item, or two deliveries of one id, are never in the same statement."""
+    policies = make_policies()
+    settings = test_settings(db_url, webhook_db_pool_size=1)
+    box = intake.Intake()
+
+    def apply(delivery: webhooks.Delivery) -> asyncio.Task[intake.Receipt]:
+        return asyncio.create_task(box.apply(engine.url, settings, delivery))
+
+    try:
+        earlier = await apply(verified(policies, shopify("orders/cancelled", {"id": 1},
+                                                         webhook_id="w-earlier")))
+        async with engine.connect() as blocker:
+            await hold_receipt(blocker, "w-first")
+            first = apply(verified(policies, shopify("orders/cancelled", {"id": 2},
+                                                     webhook_id="w-first")))
+            await wait_for_lock_waits(engine, 1)
+            fresh = [apply(verified(policies, shopify("orders/cancelled", {"id": 100 + i},
+                                                      webhook_id=f"w-fresh-{i}")))
+                     for i in range(8)]
+            same_item = [apply(verified(policies, shopify("orders/cancelled", {"id": 200},
+                                                          webhook_id=f"w-item-{i}")))
+                         for i in range(2)]
+            twice = [apply(verified(policies, shopify("orders/cancelled", {"id": 300},
+                                                      webhook_id="w-twice")))
+                     for _ in range(2)]
+            replay = apply(verified(policies, shopify("orders/cancelled", {"id": 1},
+                                                      webhook_id="w-earlier")))
+            await asyncio.sleep(0.05)  # every one queued behind the held statement
+            assert not any(t.done() for t in (first, *fresh, *same_item, *twice, replay))
+            await blocker.rollback()
+        receipts = await asyncio.gather(first, *fresh, *same_item, *twice, replay)
+    finally:
+        await box.aclose()
+
+    async with engine.connect() as conn:
+        items = dict((await conn.execute(text(
+            "SELECT object_id, id FROM items WHERE released_at IS NOT NULL"))).all())
+        xmins = dict((await conn.execute(text(
+            "SELECT webhook_id, xmin::text FROM webhook_receipts"))).all())
+    assert set(items) == {"1", "2", "200", "300", *(str(100 + i) for i in range(8))}
+    first_r, fresh_r = receipts[0], receipts[1:9]
+    (item_a, item_b), (twice_a, twice_b), replay_r = receipts[9:11], receipts[11:13], receipts[13]
+    assert first_r == intake.Receipt("applied", (items["2"],), duplicate=False, released=1)
+    assert fresh_r == [intake.Receipt("applied", (items[str(100 + i)],), duplicate=False,
+                                      released=1) for i in range(8)]
+    # the second hint at item 200 found it due and released already: it changed nothing
+    assert item_a.item_ids == (items["200"],) and item_b.item_ids == ()
+    assert not item_a.duplicate and not item_b.duplicate
+    assert twice_a == intake.Receipt("applied", (items["300"],), duplicate=False, released=1)
+    assert twice_b == intake.Receipt("applied", (items["300"],), duplicate=True)
+    assert replay_r == intake.Receipt("applied", (items["1"],), duplicate=True)
+    assert earlier == intake.Receipt("applied", (items["1"],), duplicate=False, released=1)
+    # what queued behind the held statement went in one transaction, except the second
+    # hint at item 200 and the second delivery of w-twice, which waited for the next
+    grouped = {xmins[f"w-fresh-{i}"] for i in range(8)} | {xmins["w-item-0"], xmins["w-twice"]}
+    assert len(grouped) == 1 and xmins["w-item-1"] not in grouped
+    assert len(xmins) == 13
+
+
+@pytest.mark.parametrize("spoiler", ["refused", "raced"])
+async def test_a_group_that_fails_goes_again_one_by_one(db_url: str, engine: AsyncEngine,
+                                                         spoiler: str) -> None:
+    """A delivery the ledger refuses in a group, or a webhook id another replica commits
+    while the group's statement runs, fails that statement (nothing of it written); each of
+    its deliveries then goes alone: the refused one alone is refused, the raced one answers
+    with the winner's receipt, the others are applied."""
+    policies = make_policies()
+    settings = test_settings(db_url, webhook_db_pool_size=1)
+    box = intake.Intake()
+
+    def apply(delivery: tuple[bytes, dict[str, str]]) -> asyncio.Task[intake.Receipt]:
+        return asyncio.create_task(box.apply(engine.url, settings, verified(policies, delivery)))
+
+    try:
+        async with engine.connect() as blocker, engine.connect() as winner:
+            await hold_receipt(blocker, "w-first")
+            first = apply(shopify("orders/cancelled", {"id": 1}, webhook_id="w-first"))
+            await wait_for_lock_waits(engine, 1)
+            good = [apply(shopify("orders/cancelled", {"id": 10 + i}, webhook_id=f"w-good-{i}"))
+                    for i in range(3)]
+            if spoiler == "refused":
+                long_shop = shopify("orders/cancelled", {"id": 9}, webhook_id="w-spoiler")
+                long_shop[1]["X-Shopify-Shop-Domain"] = "s" * 510  # its scope is too long
+                spoiled = apply(long_shop)
+            else:
+                spoiled = apply(shopify("orders/cancelled", {"id": 20}, webhook_id="w-spoiler"))
+                await hold_receipt(winner, "w-spoiler", (123,))
+            await asyncio.sleep(0.05)  # all queued behind the held statement
+            await blocker.rollback()
+            if spoiler == "raced":
+                # the group (3 good and the raced one) waits on the winner's receipt
+                await wait_for_lock_waits(engine, 1)
+                assert not any(g.done() for g in good)
+                await winner.commit()
+            assert (await first).item_ids
+            assert [len((await g).item_ids) for g in good] == [1, 1, 1]
+            if spoiler == "refused":
+                with pytest.raises(webhooks.DeliveryRejected) as caught:
+                    await spoiled
+                assert caught.value.reason == "unmappable"
+            else:
+                assert await spoiled == intake.Receipt("applied", (123,), duplicate=True)
+    finally:
+        await box.aclose()
+    async with engine.connect() as conn:
+        objects = (await conn.execute(text("SELECT object_id FROM items ORDER BY 1"))).scalars()
+        assert list(objects) == ["1", "10", "11", "12"]
+        receipts = (await conn.execute(text(
+            "SELECT webhook_id, xmin::text FROM webhook_receipts ORDER BY 1"))).all()
+    assert [r[0] for r in receipts] == [
+        "w-first", "w-good-0", "w-good-1", "w-good-2", *(["w-spoiler"] if spoiler == "raced"
+                                                          else [])]
+    # the good ones went again one by one: a transaction each
+    assert len({r[1] for r in receipts if r[0].startswith("w-good")}) == 3
 
 
 async def test_intake_limit_answers_503_with_retry_after(db_url: str,
