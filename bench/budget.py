@@ -18,6 +18,14 @@ arrival log is read after `--seconds` of calls. Reported per repetition and as m
   startup_seconds    from the release to the first call (both on this machine's monotonic
                      clock, which every process shares)
 
+With `--wire`, tcpdump also records when each request reached the loopback interface (the
+kernel's clock, whatever the upstream process's own scheduling), and the same figures are
+computed from those times: `wire.worst_window`, `wire.over_limit` (the calls an upstream
+stamping arrivals on time would have refused: more than rate + burst in the trailing
+second), and `wire.stamp_lag_ms`, how much later the fake upstream stamped the k-th call
+than the k-th request reached it. An overshoot on the wire is Sweeper's; one only in the
+fake's stamps is the measurement's (the upstream process starved of CPU).
+
     python -m bench budget --replicas 1,2,4 --budgets 10,100,1000 --seconds 60 --repeat 3
 """
 
@@ -29,6 +37,7 @@ import contextlib
 import math
 import os
 import secrets
+import shutil
 import signal
 import sys
 import tempfile
@@ -94,6 +103,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the upstream's limit: `window`, at most budget + burst calls in "
                              "any trailing second (default); `bucket`, a token bucket at the "
                              "budget with burst + 2")
+    parser.add_argument("--wire", action="store_true",
+                        help="also time the requests on the loopback interface with tcpdump "
+                             "(needs tcpdump and the right to capture)")
     parser.add_argument("--burst-fraction", type=float, default=0.05,
                         help="Sweeper's burst as a fraction of the rate, at least 1 "
                              "(default 0.05)")
@@ -131,6 +143,55 @@ async def worker_counters(ports: list[int]) -> dict[str, float]:
                     key = f"{key}:{reason}" if reason else key
                     totals[key] = totals.get(key, 0.0) + sample.value
     return totals
+
+
+@contextlib.asynccontextmanager
+async def wire_capture(port: int, out: Path) -> AsyncIterator[None]:
+    """tcpdump on loopback, writing one line per TCP segment carrying data to `port` (each
+    HTTP request is one), stamped by the kernel (-tt: seconds since the epoch)."""
+    tcpdump = shutil.which("tcpdump")
+    if tcpdump is None:
+        raise RuntimeError("--wire needs tcpdump (apt-get install tcpdump)")
+    with out.open("wb") as sink:
+        proc = await asyncio.create_subprocess_exec(
+            tcpdump, "-i", "lo", "-n", "-tt", "-l", "-q", "-s", "96",
+            f"tcp dst port {port} and (tcp[tcpflags] & tcp-push != 0)",
+            stdout=sink, stderr=asyncio.subprocess.PIPE)
+    try:
+        assert proc.stderr is not None
+        said = b""
+        while b"listening on" not in said:  # its last line before it captures
+            line = await asyncio.wait_for(proc.stderr.readline(), 10)
+            if not line:
+                raise RuntimeError(f"tcpdump did not start: {said.decode(errors='replace')}")
+            said += line
+        yield
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+        await proc.wait()
+
+
+def wire_figures(out: Path, stamps: list[float], seconds: float, limit: int
+                 ) -> dict[str, Any]:
+    """The measured period on the wire: from the first request, `seconds` long. `stamps`
+    are the fake upstream's own wall-clock stamps of the calls, for the lag."""
+    wire = sorted(float(line.split()[0]) for line in out.read_text().splitlines()
+                  if line[:1].isdigit())
+    if not wire:
+        raise RuntimeError("tcpdump saw no request")
+    period = [t for t in wire if t < wire[0] + seconds]
+    over, start = 0, 0
+    for end, t in enumerate(period):  # each request beyond `limit` in its trailing second
+        while t - period[start] >= 1.0:
+            start += 1
+        over += end - start + 1 > limit
+    lags = sorted(1000 * (s - w) for s, w in zip(sorted(stamps), wire, strict=False))
+    return {"requests": len(period), "worst_window": worst_window(period),
+            "over_limit": over,
+            "stamp_lag_ms": {"p50": round(lags[len(lags) // 2], 2),
+                             "p99": round(lags[int(len(lags) * 0.99)], 2),
+                             "max": round(lags[-1], 2)}}
 
 
 SLOT_SECONDS = limiter.LOOKAHEAD_S + 0.05
@@ -218,13 +279,18 @@ def upstream_options(budget: int, burst: int, kind: str) -> list[str]:
 
 
 async def one_configuration(ctx: BenchContext, replicas: int, budget: int, seconds: float,
-                            burst_fraction: float, upstream: str) -> dict[str, Any]:
+                            burst_fraction: float, upstream: str, wire: bool = False
+                            ) -> dict[str, Any]:
     burst = max(1, round(budget * burst_fraction))
     items = math.ceil(budget * (seconds + 10) * 1.2)
     limit = upstream_options(budget, burst, upstream)
     async with (fake_upstream_process(ctx.repo_root, *limit) as base_url,
                 fresh_database(ctx.server_url, "budget") as db):
         with tempfile.TemporaryDirectory(prefix="sweeper-bench-budget-") as tmp:
+            capture = Path(tmp) / "wire.txt"
+            port = int(base_url.rsplit(":", 1)[1])
+            capturing = (wire_capture(port, capture) if wire
+                         else contextlib.nullcontext())
             policies_file = Path(tmp) / "policies.toml"
             policies_file.write_text(POLICIES.format(base_url=base_url, rate=budget,
                                                      burst=burst))
@@ -236,7 +302,8 @@ async def one_configuration(ctx: BenchContext, replicas: int, budget: int, secon
                     for i in range(start, min(items, start + REGISTER_CHUNK))])
             workers = concurrency_for(budget, replicas)
             ports = [free_port() for _ in range(replicas)]
-            async with worker_processes(db.url, policies_file, workers, replicas, ports):
+            async with (capturing,
+                        worker_processes(db.url, policies_file, workers, replicas, ports)):
                 released_at = time.monotonic()
                 await release_everything(db.engine)
                 publish_s = time.monotonic() - released_at
@@ -244,6 +311,8 @@ async def one_configuration(ctx: BenchContext, replicas: int, budget: int, secon
                 counters = await worker_counters(ports)
             async with httpx.AsyncClient(base_url=base_url, timeout=60) as client:
                 calls = (await client.get("/_control/calls")).json()
+            on_wire = wire_figures(capture, [c["wall_time"] for c in calls], seconds,
+                                   budget + burst) if wire else None
     if not calls:
         raise RuntimeError("the upstream saw no call")
     t0 = min(c["received_at"] for c in calls)
@@ -264,6 +333,7 @@ async def one_configuration(ctx: BenchContext, replicas: int, budget: int, secon
         "unused_percent": round(100 * unused / allowed, 2), "worker_counters": counters,
         "throttled": throttled, "throttled_first_second": sum(
             1 for c in calls if c["outcome"] == "throttled" and c["received_at"] < t0 + 1),
+        **({"wire": on_wire} if on_wire is not None else {}),
     }
 
 
@@ -276,7 +346,8 @@ async def run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
                 progress(f"budget: {replicas} replica(s) at {budget}/s, "
                          f"repetition {rep + 1}/{args.repeat}")
                 reps.append(await one_configuration(ctx, replicas, budget, args.seconds,
-                                                    args.burst_fraction, args.upstream))
+                                                    args.burst_fraction, args.upstream,
+                                                    args.wire))
             results.append({
                 "replicas": replicas, "budget_per_second": budget, "runs": reps,
                 "achieved_percent": summarize([r["achieved_percent"] for r in reps]),
@@ -284,11 +355,17 @@ async def run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
                 "worst_window_over_rate_plus_burst": summarize(
                     [r["worst_window_over_rate_plus_burst"] for r in reps]),
                 "throttled": summarize([r["throttled"] for r in reps]),
+                **({"wire_worst_window": summarize([r["wire"]["worst_window"] for r in reps]),
+                    "wire_over_limit": summarize([r["wire"]["over_limit"] for r in reps])}
+                   if args.wire else {}),
             })
             last = results[-1]
             progress(f"budget: {replicas}x{budget}/s achieved "
                      f"{last['achieved_percent']['median']}%, worst window "
-                     f"{last['worst_window']['median']}, 429s {last['throttled']['median']}")
+                     f"{last['worst_window']['median']}, 429s {last['throttled']['median']}"
+                     + (f"; on the wire: worst window {last['wire_worst_window']['median']}, "
+                        f"over the limit {last['wire_over_limit']['median']}"
+                        if args.wire else ""))
     return {"configurations": results,
             "targets": {"achieved_percent_min": 98, "throttled": 0,
                         "worst_window_max": "rate + burst"}}
