@@ -191,6 +191,7 @@ def create_app(
     app.state.route_methods = RouteMethods(
         [*app.router.routes, *(route for router, _ in routers for route in router.routes)])
     app.add_middleware(Gate, max_body_bytes=settings.max_body_bytes,
-                       body_timeout_s=settings.body_read_timeout_seconds)
+                       body_timeout_s=settings.body_read_timeout_seconds,
+                       webhooks=webhooks_routes.direct)
     app.add_middleware(RequestLog)  # outermost: it logs and times what the gate answers
     return app

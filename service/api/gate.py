@@ -9,6 +9,8 @@ body they read themselves):
        says so) and in time (408), and must be UTF-8 (400 `malformed-json`), before the route
        parses it.
     3. a scope route's path keeps an encoded '/' in the scope's name (`scope_names.routing_path`).
+`POST /v1/webhooks/{source}` goes straight to its endpoint (`webhooks` below, the route's
+`direct`), past the router: the storefronts' traffic pays for no routing it does not need.
 For every path: HEAD is answered as GET without the body, OPTIONS with the methods the
 path allows.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import re
 import sys
+from collections.abc import Awaitable, Callable
 from typing import Final, Literal
 
 from starlette.requests import Request
@@ -35,6 +38,8 @@ OPERATOR_PREFIX: Final = "/v1/"
 WEBHOOK_PREFIX: Final = "/v1/webhooks/"
 _BODY_METHODS: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 CHALLENGE: Final = {"WWW-Authenticate": 'Bearer realm="sweeper"'}
+# a webhook source's endpoint, called with the source's name from the path
+WebhookEndpoint = Callable[[Scope, Receive, Send, str], Awaitable[None]]
 
 
 def unauthorized(detail: str) -> Problem:
@@ -95,16 +100,24 @@ _BODY_ANSWERS: Final[dict[BodyRefusal, tuple[int, str, str]]] = {
 class Gate:
     """Pure ASGI middleware in front of the routes; see the module docstring."""
 
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int, body_timeout_s: float) -> None:
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int, body_timeout_s: float,
+                 webhooks: WebhookEndpoint | None = None) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
+        self.webhooks = webhooks
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         path: str = scope["path"]
+        if (self.webhooks is not None and scope["method"] == "POST"
+                and path.startswith(WEBHOOK_PREFIX)):
+            source = path[len(WEBHOOK_PREFIX):]
+            if source and "/" not in source:  # what the route's {source} matches
+                await self.webhooks(scope, receive, send, source)
+                return
         if path.startswith(OPERATOR_PREFIX) and not path.startswith(WEBHOOK_PREFIX):
             runtime: Runtime = scope["state"]["runtime"]
             token = _bearer(scope)

@@ -127,12 +127,27 @@ async def post(client: httpx.AsyncClient, source: str, delivery: tuple[bytes, di
     return await client.post(f"/v1/webhooks/{source}", content=body, headers=headers)
 
 
+def timed(status_class: str) -> float:
+    """Requests the request log timed on the webhook route's template."""
+    return metrics.REGISTRY.get_sample_value(
+        "sweeper_http_request_duration_seconds_count",
+        {"route": "/v1/webhooks/{source}", "method": "POST", "status": status_class}) or 0.0
+
+
 async def test_standard_delivery_releases_the_item_at_once(hooks: httpx.AsyncClient,
                                                           engine: AsyncEngine) -> None:
     before = counted("std", "accepted")
+    timed_before = timed("2xx"), timed("4xx")
     answer = await post(hooks, "std", standard(
         {"type": "order.cancelled", "data": {"shop": "acme", "id": 881}}))
     assert answer.status_code == 202, answer.text
+    # the gate sends deliveries straight to the endpoint; the request log still labels them
+    # by the route's template, and a refusal is problem+json through the app's handlers
+    refused = await post(hooks, "std", (b"{}", {"webhook-id": "x"}))
+    assert refused.status_code == 401
+    assert refused.headers["content-type"] == "application/problem+json"
+    assert refused.headers["x-request-id"] in refused.json()["instance"]
+    assert (timed("2xx"), timed("4xx")) == (timed_before[0] + 1, timed_before[1] + 1)
     doc = answer.json()
     assert doc["result"] == "applied" and doc["duplicate"] is False
     assert len(doc["item_ids"]) == 1
