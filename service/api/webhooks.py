@@ -19,7 +19,7 @@ from starlette.types import Receive, Scope, Send
 from service import metrics, webhooks
 from service.api.gate import BodyRefusal, BodyRefused, read_body
 from service.api.problems import RETRY_AFTER_HEADER, problem_doc
-from service.db.engine import is_unavailable
+from service.db.engine import is_busy, is_unavailable
 from service.errors import Problem
 from service.intake import Intake
 from service.runtime import Runtime
@@ -130,6 +130,10 @@ async def receive_webhook(request: Request, source: str) -> JSONResponse:
     except DeliveryRejected as exc:
         raise _rejected(source, exc) from None
     except Exception as exc:
+        if is_busy(exc):
+            # e.g. the statement timeout cut a wait on a lock: nothing was written
+            raise _rejected(source, DeliveryRejected(
+                "overloaded", "the database is busy; retry later")) from None
         if not is_unavailable(exc):
             raise
         raise _rejected(source, DeliveryRejected(

@@ -97,11 +97,15 @@ BUSY_SQLSTATES: Final = frozenset({"57014", "55P03", "40001", "40P01"})
 
 
 def is_busy(exc: BaseException) -> bool:
-    """True when `exc` says the database gave up on the statement under contention; the
-    request may be retried later as it stands."""
-    if not isinstance(exc, sa_exc.DBAPIError):
+    """True when `exc` (SQLAlchemy's, or asyncpg's on the webhook intake's own pool) says
+    the database gave up on the statement under contention; the request may be retried
+    later as it stands."""
+    if isinstance(exc, asyncpg.PostgresError):
+        code = exc.sqlstate
+    elif isinstance(exc, sa_exc.DBAPIError):
+        orig = exc.orig
+        code = getattr(orig, "pgcode", None) or getattr(orig, "sqlstate", None) or getattr(
+            getattr(orig, "__cause__", None), "sqlstate", None)
+    else:
         return False
-    orig = exc.orig
-    code = getattr(orig, "pgcode", None) or getattr(orig, "sqlstate", None) or getattr(
-        getattr(orig, "__cause__", None), "sqlstate", None)
     return isinstance(code, str) and (code in BUSY_SQLSTATES or code.startswith("53"))

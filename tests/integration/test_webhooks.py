@@ -542,6 +542,26 @@ async def test_a_group_that_fails_goes_again_one_by_one(db_url: str, engine: Asy
     assert len({r[1] for r in receipts if r[0].startswith("w-good")}) == 3
 
 
+async def test_a_statement_the_database_gives_up_on_is_a_503(db_url: str,
+                                                             engine: AsyncEngine) -> None:
+    """The statement timeout cutting a delivery's wait on a lock wrote nothing: 503 with
+    Retry-After, and the same delivery sent again is applied."""
+    delivery = shopify("orders/cancelled", {"id": 1})
+    settings = test_settings(db_url, db_statement_timeout_ms=300)
+    async with LiveServer(settings, make_policies(), db_url) as live, \
+            httpx.AsyncClient(base_url=live.base_url, timeout=10) as client:
+        before = counted("shopify", "rejected", "overloaded")
+        async with engine.connect() as blocker:
+            await hold_receipt(blocker, delivery[1]["X-Shopify-Webhook-Id"])
+            refused = await post(client, "shopify", delivery)
+            assert refused.status_code == 503, refused.text
+            assert refused.headers["retry-after"] == "2"
+            assert refused.json()["type"] == "urn:sweeper:problem:webhook-intake-closed"
+            await blocker.rollback()
+        assert counted("shopify", "rejected", "overloaded") == before + 1
+        assert (await post(client, "shopify", delivery)).status_code == 202
+
+
 async def test_intake_limit_answers_503_with_retry_after(db_url: str,
                                                          engine: AsyncEngine) -> None:
     """The in-flight slot is held by verified deliveries only: one waiting on the database
