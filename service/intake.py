@@ -272,6 +272,29 @@ class Receipt:
     released: int = 0  # items this delivery made claimable now
 
 
+# Each delivery's hints: insert the items they name, or make pending ones due sooner and
+# release them (a hint never postpones, finished items are left alone), in one lock order
+# for every statement (no deadlocks). Shared by _RECORD and _RECORD_GROUP.
+_TOUCH_ITEMS_SQL: Final = """touched AS (
+        INSERT INTO items AS i (tenant_id, object_id, policy, policy_version, operation_key,
+                                scope, due_at, released_at)
+        SELECT tenant_id, object_id, policy, policy_version, operation_key, scope, due_at,
+               CASE WHEN due_at <= now() THEN now() END
+        FROM hints
+        ORDER BY operation_key  -- one lock order for every delivery (no deadlocks)
+        ON CONFLICT (tenant_id, object_id, policy, policy_version) DO UPDATE
+            SET due_at = least(i.due_at, EXCLUDED.due_at),
+                released_at = coalesce(i.released_at, EXCLUDED.released_at),
+                next_attempt_at = CASE WHEN i.released_at IS NULL
+                                       THEN least(i.next_attempt_at, now())
+                                       ELSE i.next_attempt_at END,
+                updated_at = now()
+            WHERE i.status = 'pending'
+              AND (EXCLUDED.due_at < i.due_at
+                   OR (i.released_at IS NULL AND EXCLUDED.released_at IS NOT NULL))
+        RETURNING i.id, i.operation_key, i.released_at IS NOT NULL AS released
+    ),"""
+
 # One statement, outside an explicit transaction: atomic by itself, in one round trip.
 #  1. `existing`: the receipt of an earlier delivery with this webhook id. If there is one,
 #     nothing below writes anything and the caller answers with the original result.
@@ -286,7 +309,7 @@ class Receipt:
 #     whole statement (its effect included) rolls back: one effect per webhook id.
 _RECORD = Statement("intake.record", (
     "Apply one webhook delivery once per (source, webhook id): its receipt, new bucket rows, "
-    "and its hints' inserts and releases, or the original's receipt."), """
+    "and its hints' inserts and releases, or the original's receipt."), f"""
     WITH existing AS (
         SELECT result, item_ids FROM webhook_receipts
         WHERE source = $1 AND webhook_id = $2
@@ -314,29 +337,11 @@ _RECORD = Statement("intake.record", (
         ORDER BY b.name
         ON CONFLICT (name) DO NOTHING
     ),
-    touched AS (
-        INSERT INTO items AS i (tenant_id, object_id, policy, policy_version, operation_key,
-                                scope, due_at, released_at)
-        SELECT tenant_id, object_id, policy, policy_version, operation_key, scope, due_at,
-               CASE WHEN due_at <= now() THEN now() END
-        FROM hints
-        ORDER BY operation_key  -- one lock order for every delivery (no deadlocks)
-        ON CONFLICT (tenant_id, object_id, policy, policy_version) DO UPDATE
-            SET due_at = least(i.due_at, EXCLUDED.due_at),
-                released_at = coalesce(i.released_at, EXCLUDED.released_at),
-                next_attempt_at = CASE WHEN i.released_at IS NULL
-                                       THEN least(i.next_attempt_at, now())
-                                       ELSE i.next_attempt_at END,
-                updated_at = now()
-            WHERE i.status = 'pending'
-              AND (EXCLUDED.due_at < i.due_at
-                   OR (i.released_at IS NULL AND EXCLUDED.released_at IS NOT NULL))
-        RETURNING i.id, i.released_at IS NOT NULL AS released
-    ),
+    {_TOUCH_ITEMS_SQL}
     receipt AS (
         INSERT INTO webhook_receipts (source, webhook_id, event_type, result, item_ids)
         SELECT $1, $2, $3, $5,
-               coalesce((SELECT array_agg(id ORDER BY id) FROM touched), '{}')
+               coalesce((SELECT array_agg(id ORDER BY id) FROM touched), '{{}}')
         WHERE NOT EXISTS (SELECT 1 FROM existing)
         RETURNING item_ids
     )
@@ -344,7 +349,7 @@ _RECORD = Statement("intake.record", (
            (SELECT result FROM existing) AS original_result,
            (SELECT item_ids FROM existing) AS original_item_ids,
            (SELECT count(*) FROM touched WHERE released) AS released
-""")
+""")  # noqa: S608 - only a constant fragment is interpolated
 _RECORD_PARAMS: Final = ("source", "webhook_id", "event_type", "event_at", "result", "tenants",
                          "objects", "policies", "versions", "keys", "scopes", "delays",
                          "budget_scopes", "rates", "bursts", "per_call")
@@ -364,7 +369,7 @@ _RECORD_PARAMS: Final = ("source", "webhook_id", "event_type", "event_at", "resu
 #     each delivery again alone.
 _RECORD_GROUP = Statement("intake.record_group", (
     "Apply several webhook deliveries in one transaction, each as intake.record would alone: "
-    "receipts, new bucket rows, inserts and releases, or the originals' receipts."), """
+    "receipts, new bucket rows, inserts and releases, or the originals' receipts."), f"""
     WITH deliveries AS (
         SELECT * FROM unnest(CAST($1 AS integer[]), CAST($2 AS text[]), CAST($3 AS text[]),
                              CAST($4 AS text[]), CAST($5 AS double precision[]),
@@ -401,25 +406,7 @@ _RECORD_GROUP = Statement("intake.record_group", (
         ORDER BY b.name, b.n
         ON CONFLICT (name) DO NOTHING
     ),
-    touched AS (
-        INSERT INTO items AS i (tenant_id, object_id, policy, policy_version, operation_key,
-                                scope, due_at, released_at)
-        SELECT tenant_id, object_id, policy, policy_version, operation_key, scope, due_at,
-               CASE WHEN due_at <= now() THEN now() END
-        FROM hints
-        ORDER BY operation_key  -- one lock order for every delivery (no deadlocks)
-        ON CONFLICT (tenant_id, object_id, policy, policy_version) DO UPDATE
-            SET due_at = least(i.due_at, EXCLUDED.due_at),
-                released_at = coalesce(i.released_at, EXCLUDED.released_at),
-                next_attempt_at = CASE WHEN i.released_at IS NULL
-                                       THEN least(i.next_attempt_at, now())
-                                       ELSE i.next_attempt_at END,
-                updated_at = now()
-            WHERE i.status = 'pending'
-              AND (EXCLUDED.due_at < i.due_at
-                   OR (i.released_at IS NULL AND EXCLUDED.released_at IS NOT NULL))
-        RETURNING i.id, i.operation_key, i.released_at IS NOT NULL AS released
-    ),
+    {_TOUCH_ITEMS_SQL}
     mine AS (
         SELECT h.n, t.id, t.released FROM hints h JOIN touched t USING (operation_key)
     ),
@@ -427,7 +414,7 @@ _RECORD_GROUP = Statement("intake.record_group", (
         INSERT INTO webhook_receipts (source, webhook_id, event_type, result, item_ids)
         SELECT d.source, d.webhook_id, d.event_type, d.result,
                coalesce((SELECT array_agg(m.id ORDER BY m.id) FROM mine m WHERE m.n = d.n),
-                        '{}')
+                        '{{}}')
         FROM deliveries d
         WHERE NOT EXISTS (SELECT 1 FROM existing e WHERE e.n = d.n)
         ORDER BY d.source, d.webhook_id  -- one lock order here too
@@ -438,7 +425,7 @@ _RECORD_GROUP = Statement("intake.record_group", (
     FROM deliveries d
     LEFT JOIN receipts r ON r.source = d.source AND r.webhook_id = d.webhook_id
     LEFT JOIN existing e ON e.n = d.n
-""")
+""")  # noqa: S608 - only a constant fragment is interpolated
 _DELIVERY_COLUMNS: Final = ("source", "webhook_id", "event_type", "event_at", "result")
 _HINT_COLUMNS: Final = ("tenants", "objects", "policies", "versions", "keys", "scopes",
                         "delays")
