@@ -102,7 +102,7 @@ class Intake:
         await self.pool(url, settings)
         loop = asyncio.get_running_loop()
         params = _params(delivery)
-        waiting = _Waiting(delivery, params, frozenset(params["keys"]), loop.create_future())
+        waiting = _Waiting(delivery, params, loop.create_future())
         waiting.expiry = loop.call_later(self._wait_s, self._expire, waiting)
         self._queue.append(waiting)
         self._dispatch()
@@ -236,15 +236,16 @@ class _Waiting:
     """A verified delivery waiting for the statement that applies it, and its answer."""
 
     delivery: Delivery
-    params: dict[str, Any]
-    items: frozenset[str]  # operation keys of the items its hints name
+    params: dict[str, Any]  # `_params(delivery)`
     future: asyncio.Future[Receipt]
     expiry: asyncio.TimerHandle | None = None  # while queued: when it gives up (503)
     alone: bool = False  # its group's statement failed: it goes in a statement of its own
     key: tuple[str, str] = field(init=False)
+    items: frozenset[str] = field(init=False)  # operation keys of the items its hints name
 
     def __post_init__(self) -> None:
         self.key = (self.delivery.source, self.delivery.webhook_id)
+        self.items = frozenset(self.params["keys"])
 
     def resolve(self, receipt: Receipt) -> None:
         if not self.future.done():  # done: its request was cancelled meanwhile
@@ -350,9 +351,12 @@ _RECORD = Statement("intake.record", (
            (SELECT item_ids FROM existing) AS original_item_ids,
            (SELECT count(*) FROM touched WHERE released) AS released
 """)  # noqa: S608 - only a constant fragment is interpolated
-_RECORD_PARAMS: Final = ("source", "webhook_id", "event_type", "event_at", "result", "tenants",
-                         "objects", "policies", "versions", "keys", "scopes", "delays",
-                         "budget_scopes", "rates", "bursts", "per_call")
+# `_params`' keys in the statements' parameter order: a delivery's, its hints', its budgets'
+_DELIVERY_COLUMNS: Final = ("source", "webhook_id", "event_type", "event_at", "result")
+_HINT_COLUMNS: Final = ("tenants", "objects", "policies", "versions", "keys", "scopes",
+                        "delays")
+_BUDGET_COLUMNS: Final = ("budget_scopes", "rates", "bursts", "per_call")
+_RECORD_PARAMS: Final = (*_DELIVERY_COLUMNS, *_HINT_COLUMNS, *_BUDGET_COLUMNS)
 
 # The same for a group of deliveries (Intake's group commit), in one statement and so one
 # transaction and one commit. Each delivery's rows are what `_RECORD` would make of it
@@ -426,10 +430,7 @@ _RECORD_GROUP = Statement("intake.record_group", (
     LEFT JOIN receipts r ON r.source = d.source AND r.webhook_id = d.webhook_id
     LEFT JOIN existing e ON e.n = d.n
 """)  # noqa: S608 - only a constant fragment is interpolated
-_DELIVERY_COLUMNS: Final = ("source", "webhook_id", "event_type", "event_at", "result")
-_HINT_COLUMNS: Final = ("tenants", "objects", "policies", "versions", "keys", "scopes",
-                        "delays")
-_BUDGET_COLUMNS: Final = ("budget_scopes", "rates", "bursts", "per_call")
+# the group's: each column numbered by its delivery (`n`), hints and budgets by theirs
 _GROUP_PARAMS: Final = ("n", *_DELIVERY_COLUMNS, "hint_n", *_HINT_COLUMNS, "budget_n",
                         *_BUDGET_COLUMNS)
 MAX_GROUP: Final = 64  # deliveries in one statement at most
