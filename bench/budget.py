@@ -62,7 +62,7 @@ from bench.common import (
     summarize,
 )
 from bench.drain import fake_upstream_process
-from drills.stage import free_port, worst_window
+from drills.stage import free_port, trailing_counts, worst_window
 from service import ledger, limiter, runs
 from service.policies import load_policies
 
@@ -181,11 +181,8 @@ def wire_figures(out: Path, stamps: list[float], seconds: float, limit: int
     if not wire:
         raise RuntimeError("tcpdump saw no request")
     period = [t for t in wire if t < wire[0] + seconds]
-    over, start = 0, 0
-    for end, t in enumerate(period):  # each request beyond `limit` in its trailing second
-        while t - period[start] >= 1.0:
-            start += 1
-        over += end - start + 1 > limit
+    # each request beyond `limit` in its trailing second
+    over = sum(count > limit for count in trailing_counts(period))
     lags = sorted(1000 * (s - w) for s, w in zip(sorted(stamps), wire, strict=False))
     return {"requests": len(period), "worst_window": worst_window(period),
             "over_limit": over,

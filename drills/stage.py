@@ -61,15 +61,21 @@ def tenant_of_path(_method: str, path: str, _headers: Mapping[str, str]) -> str:
     return parts[2] if len(parts) > 3 and parts[1] == "t" else "default"
 
 
-def worst_window(times: list[float], width: float = 1.0) -> int:
-    """The most calls seen in any window of `width` seconds."""
+def trailing_counts(times: list[float], width: float = 1.0) -> list[int]:
+    """For each call in time order, the calls in the `width` seconds up to it (itself
+    included)."""
     times = sorted(times)
-    best, start = 0, 0
+    counts, start = [], 0
     for end, t in enumerate(times):
         while t - times[start] >= width:
             start += 1
-        best = max(best, end - start + 1)
-    return best
+        counts.append(end - start + 1)
+    return counts
+
+
+def worst_window(times: list[float], width: float = 1.0) -> int:
+    """The most calls seen in any window of `width` seconds."""
+    return max(trailing_counts(times, width), default=0)
 
 
 def free_port() -> int:
