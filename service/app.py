@@ -19,9 +19,10 @@ from sqlalchemy.engine import URL
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import service
-from service import metrics, retention, runs
+from service import holds, metrics, retention, runs
 from service.api import credentials as credentials_routes
 from service.api import health, items
+from service.api import holds as holds_routes
 from service.api import metrics as metrics_api
 from service.api import policies as policies_api
 from service.api import runs as runs_routes
@@ -137,7 +138,8 @@ def create_app(
                           keyring=keyring, credentials=store,
                           tenant_credentials=Credentials.of(policies, engine, keyring, store))
         # background loops, cancelled on shutdown; the worker pool stops by itself (grace)
-        loops = [asyncio.create_task(_publisher(runtime), name="publisher")]
+        loops = [asyncio.create_task(_publisher(runtime), name="publisher"),
+                 asyncio.create_task(holds.maintenance_loop(engine), name="holds")]
         if settings.retention_days > 0:
             loops.append(asyncio.create_task(retention.retention_loop(
                 engine, keep_seconds=settings.retention_days * 86_400,
@@ -185,7 +187,7 @@ def create_app(
                (policies_api.router, strict_query), (items.router, strict_query),
                (runs_routes.router, strict_query), (scopes_routes.router, strict_query),
                (credentials_routes.router, strict_query),
-               (webhooks_routes.router, [])]
+               (holds_routes.router, strict_query), (webhooks_routes.router, [])]
     for router, dependencies in routers:
         app.include_router(router, dependencies=dependencies)
     app.state.route_methods = RouteMethods(

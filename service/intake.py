@@ -27,7 +27,7 @@ from sqlalchemy.engine import URL
 from service import ledger, limiter
 from service.claims import NOTIFY_CHANNEL
 from service.db.engine import CONNECT_TIMEOUT_SECONDS
-from service.db.statements import Statement
+from service.db.statements import Statement, covering_hold
 from service.settings import Settings, plain_url
 from service.webhooks import Delivery, DeliveryRejected, Hint
 
@@ -276,11 +276,11 @@ class Receipt:
 # Each delivery's hints: insert the items they name, or make pending ones due sooner and
 # release them (a hint never postpones, finished items are left alone), in one lock order
 # for every statement (no deadlocks). Shared by _RECORD and _RECORD_GROUP.
-_TOUCH_ITEMS_SQL: Final = """touched AS (
+_TOUCH_ITEMS_SQL: Final = f"""touched AS (
         INSERT INTO items AS i (tenant_id, object_id, policy, policy_version, operation_key,
-                                scope, due_at, released_at)
+                                scope, due_at, released_at, hold_id)
         SELECT tenant_id, object_id, policy, policy_version, operation_key, scope, due_at,
-               CASE WHEN due_at <= now() THEN now() END
+               CASE WHEN due_at <= now() THEN now() END, {covering_hold("hints")}
         FROM hints
         ORDER BY operation_key  -- one lock order for every delivery (no deadlocks)
         ON CONFLICT (tenant_id, object_id, policy, policy_version) DO UPDATE
@@ -294,7 +294,7 @@ _TOUCH_ITEMS_SQL: Final = """touched AS (
               AND (EXCLUDED.due_at < i.due_at
                    OR (i.released_at IS NULL AND EXCLUDED.released_at IS NOT NULL))
         RETURNING i.id, i.operation_key, i.released_at IS NOT NULL AS released
-    ),"""
+    ),"""  # noqa: S608 - only a constant fragment is interpolated
 
 # One statement, outside an explicit transaction: atomic by itself, in one round trip.
 #  1. `existing`: the receipt of an earlier delivery with this webhook id. If there is one,

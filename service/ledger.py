@@ -17,7 +17,7 @@ from pydantic import AwareDatetime, TypeAdapter
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service import audit, limiter
-from service.db.statements import Statement, fetch, run
+from service.db.statements import Statement, covering_hold, fetch, run
 from service.policies import Policy
 
 if TYPE_CHECKING:
@@ -200,24 +200,27 @@ class Obligations:
 # them, the schema CHECKs them, and `_column` refuses U+001F).
 _REGISTER = Statement("ledger.register", (
     "Insert a request's obligations or move their due_at earlier (pending items only), "
-    "all or nothing, returning only the counts."), """
+    "all or nothing, returning only the counts; a new item under a legal hold is marked."),
+    f"""
     WITH changed AS (
         INSERT INTO items AS i (tenant_id, object_id, policy, policy_version, operation_key,
-                                scope, due_at)
-        SELECT * FROM unnest(string_to_array(:tenants, chr(31)),
-                             string_to_array(:objects, chr(31)),
-                             string_to_array(:policies, chr(31)),
-                             CAST(:versions AS integer[]),
-                             string_to_array(:keys, chr(31)),
-                             string_to_array(:scopes, chr(31)),
-                             CAST(string_to_array(:dues, chr(31)) AS timestamptz[]))
+                                scope, due_at, hold_id)
+        SELECT u.*, {covering_hold("u")}
+        FROM unnest(string_to_array(:tenants, chr(31)),
+                    string_to_array(:objects, chr(31)),
+                    string_to_array(:policies, chr(31)),
+                    CAST(:versions AS integer[]),
+                    string_to_array(:keys, chr(31)),
+                    string_to_array(:scopes, chr(31)),
+                    CAST(string_to_array(:dues, chr(31)) AS timestamptz[]))
+             AS u(tenant_id, object_id, policy, policy_version, operation_key, scope, due_at)
         ON CONFLICT (tenant_id, object_id, policy, policy_version) DO UPDATE
             SET due_at = EXCLUDED.due_at, updated_at = now()
             WHERE EXCLUDED.due_at < i.due_at AND i.status = 'pending'
         RETURNING (xmax = 0) AS inserted
     )
     SELECT count(*) FILTER (WHERE inserted) AS inserted, count(*) AS changed FROM changed
-""")
+""")  # noqa: S608 - only a constant fragment is interpolated
 _SEPARATOR = "\x1f"
 # RFC 3339 text for each timestamp, written by pydantic-core in one call per column
 _TIMESTAMPS = TypeAdapter(list[AwareDatetime])

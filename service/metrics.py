@@ -40,7 +40,14 @@ from prometheus_client.registry import Collector
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import service
-from service.db.statements import CLOSURE_OVER, Statement, expired_lease, ready_item, run
+from service.db.statements import (
+    CLOSURE_OVER,
+    Statement,
+    active_hold,
+    expired_lease,
+    ready_item,
+    run,
+)
 from service.outcomes import Outcome
 
 log = logging.getLogger(__name__)
@@ -193,6 +200,12 @@ _LEDGER_LEASED = Statement("metrics.ledger_leased", (
 _LEDGER_DEAD = Statement("metrics.ledger_dead", (
     "Dead items per policy, through their partial index."),
     "SELECT policy, count(*) AS n FROM items WHERE status = 'dead' GROUP BY policy")
+_LEDGER_HELD = Statement("metrics.ledger_held", (
+    "Items under a legal hold per policy, through their partial index."),
+    "SELECT policy, count(*) AS n FROM items WHERE hold_id IS NOT NULL "
+    "AND status IN ('pending', 'leased') GROUP BY policy")
+_LEDGER_HOLDS = Statement("metrics.ledger_holds", "Legal holds in force.",
+                          f"SELECT count(*) FROM holds hx WHERE {active_hold()}")  # noqa: S608
 _LEDGER_SCOPES = Statement("metrics.ledger_scopes", (
     "Scopes closed by the upstream, paused, and in all."), f"""
     SELECT count(*) FILTER (WHERE NOT {CLOSURE_OVER}) AS closed,
@@ -212,6 +225,8 @@ class LedgerSnapshot:
     leased: dict[str, int] = field(default_factory=dict)
     leases_expired: dict[str, int] = field(default_factory=dict)
     dead: dict[str, int] = field(default_factory=dict)
+    held: dict[str, int] = field(default_factory=dict)
+    holds_active: int = 0
     scopes_closed: int = 0
     scopes_paused: int = 0
     scopes: int = 0
@@ -232,6 +247,9 @@ async def read_ledger(engine: AsyncEngine) -> LedgerSnapshot:
             snap.leases_expired[row.policy] = row.expired
         for row in await run(conn, _LEDGER_DEAD):
             snap.dead[row.policy] = row.n
+        for row in await run(conn, _LEDGER_HELD):
+            snap.held[row.policy] = row.n
+        snap.holds_active = int((await run(conn, _LEDGER_HOLDS)).scalar_one())
         scopes = (await run(conn, _LEDGER_SCOPES)).one()
         snap.scopes_closed, snap.scopes_paused, snap.scopes = (
             scopes.closed, scopes.paused, scopes.total)
@@ -291,6 +309,10 @@ class LedgerCollector(Collector):
         # sweeper_items_dead_total
         yield self._per_policy("sweeper_ledger_items_dead", "Items in status dead",
                                snap.dead)
+        yield self._per_policy("sweeper_items_held",
+                               "Pending and leased items under a legal hold", snap.held)
+        yield GaugeMetricFamily("sweeper_holds_active", "Legal holds in force",
+                                value=snap.holds_active)
         yield GaugeMetricFamily("sweeper_scopes_closed",
                                 "Scopes closed by the upstream (429 or rate-limit headers)",
                                 value=snap.scopes_closed)

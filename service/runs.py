@@ -454,7 +454,8 @@ def _version(run: dict[str, Any]) -> RunVersion:
 
 
 # One statement (one snapshot: items and attempts agree) for any number of runs: rows of
-# (run, 'items', status, n), (run, 'attempts', outcome, n) and (run, 'oldest', due_at).
+# (run, 'items', status, n) (pending items under a legal hold count as 'held'),
+# (run, 'attempts', outcome, n) and (run, 'oldest', due_at).
 # Each part reaches the items through the runs' batches (batches' (run_id, seq) key, then
 # items_batch); only the oldest remaining reads item rows, and only unfinished ones. The
 # oldest is raised to Python's earliest instant as in _RECORD_CANDIDATES (per row: none is
@@ -462,11 +463,13 @@ def _version(run: dict[str, Any]) -> RunVersion:
 _PROGRESS = Statement("runs.progress", (
     "Runs' items counted by status, attempts by outcome and oldest unfinished due_at, for "
     "several runs at once (reads every item and attempt of those runs)."), """
-    SELECT b.run_id, 'items' AS kind, i.status AS key, count(*) AS n,
-           CAST(NULL AS timestamptz) AS oldest
+    SELECT b.run_id, 'items' AS kind,
+           CASE WHEN i.status = 'pending' AND i.hold_id IS NOT NULL THEN 'held'
+                ELSE i.status END AS key,
+           count(*) AS n, CAST(NULL AS timestamptz) AS oldest
     FROM items i JOIN batches b ON b.id = i.batch_id
     WHERE b.run_id = ANY(CAST(:ids AS bigint[]))
-    GROUP BY b.run_id, i.status
+    GROUP BY b.run_id, 3
     UNION ALL
     SELECT b.run_id, 'attempts', a.outcome, count(*), NULL
     FROM attempts a JOIN items i ON i.id = a.item_id JOIN batches b ON b.id = i.batch_id
@@ -510,7 +513,7 @@ PROGRESS_MAX_AGE_S: Final = 2.0
 DRAINED_MAX_AGE_S: Final = 60.0
 # Runs whose publication is over: no item joins their batches any more.
 _SETTLED: Final = frozenset({"published", "failed"})
-_UNFINISHED: Final = ("pending", "leased")
+_UNFINISHED: Final = ("pending", "held", "leased")
 
 
 @dataclass(frozen=True)

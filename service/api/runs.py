@@ -72,7 +72,8 @@ class RunOut(BaseModel):
     created_at: datetime
     published_at: datetime | None
     items: dict[str, int] = Field(default_factory=dict, description=(
-        "items by status; counted at most every 2 s per replica, like `attempts` and "
+        "items by status (pending items under a legal hold count as `held`, not `pending`); "
+        "counted at most every 2 s per replica, like `attempts` and "
         "`oldest_remaining_due_at` (a drained run's, published or failed with nothing "
         "pending or leased, at most every 60 s until an operator acts)"))
     attempts: dict[str, int] = Field(default_factory=dict, description="attempts by outcome")

@@ -83,7 +83,8 @@ def missing_key(policies: Policies, keyring: Keyring | None) -> list[str]:
 # Scopes paused for want of a credential, a page at a time after :after, each with one of
 # its waiting items' tenant and policy (NULL when none waits any more): per-tenant
 # credentials require a scope per tenant (policies.py), so one item names the scope's
-# tenant. The items_ready index (scope first, pending and released) serves the lateral read.
+# tenant. The items_ready index (scope first, pending, released, unheld) serves the lateral
+# read.
 _WAITING = Statement("waits.waiting", (
     "Scopes paused for want of a credential, a page after a name, each with one waiting "
     "item's tenant and policy."), f"""
@@ -91,6 +92,7 @@ _WAITING = Statement("waits.waiting", (
     FROM scopes s LEFT JOIN LATERAL (
         SELECT tenant_id, policy FROM items
         WHERE scope = s.name AND status = 'pending' AND released_at IS NOT NULL
+          AND hold_id IS NULL
         LIMIT 1
     ) i ON true
     WHERE s.paused AND s.paused_reason = '{NO_CREDENTIAL}' AND s.name > :after

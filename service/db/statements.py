@@ -22,12 +22,13 @@ service/ to that). This module holds only what they share:
   carry (CREATE DATABASE's identifier) is a function returning a `Statement`, named like
   the constants.
 - The predicates several modules' statements compose, defined once so no copy drifts:
-  `ready_item` (an item a worker may claim now), `expired_lease`, `CLOSURE_OVER` and
-  `OPEN_SCOPE`. They are SQL text interpolated when a module loads, not views or
-  functions: the server receives the SQL a hand-written copy would be, so the planner
-  still finds `status = 'pending' AND released_at IS NOT NULL` to match the partial index
-  `items_ready` and the admission's plan is what it was (bench/reports/design-notes.md).
-  Each fragment reads items as `i` and scopes as `s`.
+  `ready_item` (an item a worker may claim now), `expired_lease`, `not_held` (no legal
+  hold stops it), `CLOSURE_OVER` and `OPEN_SCOPE`. They are SQL text interpolated when a
+  module loads, not views or functions: the server receives the SQL a hand-written copy
+  would be, so the planner still finds `status = 'pending' AND released_at IS NOT NULL AND
+  hold_id IS NULL` to match the partial index `items_ready` and the admission's plan is
+  what it was (bench/reports/design-notes.md). Each fragment reads items as `i`, scopes as
+  `s` and holds as `hx`.
 
 Times are the database's (now(), clock_timestamp()), never a worker's. Tests that need
 time to pass move the stored instants back instead (tests/integration/db_clock.py).
@@ -74,18 +75,50 @@ class Statement:
 
 # -- the predicates -------------------------------------------------------------------------
 
+def active_hold(now: str = "now()") -> str:
+    """Hold `hx` is in force at `now`: not released, and not expired."""
+    return f"hx.released_at IS NULL AND (hx.expires_at IS NULL OR hx.expires_at > {now})"
+
+
+def hold_covers(item: str = "i") -> str:
+    """Hold `hx` covers the item whose columns `item` names: its tenant, its policy if the
+    hold names one, and its object ids or object-id prefix if it names them."""
+    return f"""hx.tenant_id = {item}.tenant_id
+        AND (hx.policy IS NULL OR hx.policy = {item}.policy)
+        AND (hx.object_ids IS NULL OR {item}.object_id = ANY(hx.object_ids))
+        AND (hx.object_id_prefix IS NULL
+             OR starts_with({item}.object_id, hx.object_id_prefix))"""
+
+
+def covering_hold(item: str, now: str = "now()") -> str:
+    """A scalar subquery: the oldest active hold covering the item `item` names, or NULL.
+    What an item is marked with when it is written (registration, webhook hints)."""
+    where = f"{active_hold(now)} AND {hold_covers(item)}"
+    return f"(SELECT hx.id FROM holds hx WHERE {where} ORDER BY hx.id LIMIT 1)"  # noqa: S608
+
+
+def not_held(now: str = "now()") -> str:
+    """Item `i` is under no legal hold at `now`: not marked with one (`hold_id`, which a
+    claim re-reads from the row it locks) and covered by no active hold (which a hold
+    placed after the item was written may not have marked yet): service/holds.py says why
+    both."""
+    return (f"i.hold_id IS NULL AND NOT EXISTS (SELECT 1 FROM holds hx"  # noqa: S608 - as above
+            f" WHERE {active_hold(now)} AND {hold_covers()})")
+
+
 def ready_item(now: str = "now()") -> str:
-    """Item `i` may be claimed at `now`: pending, released, and its next attempt is due. The
-    workers claim exactly these (with expired leases); `sweeper_items_eligible` and the
-    scopes' `eligible` count them. Its first two terms are items_ready's WHERE."""
-    return (f"i.status = 'pending' AND i.released_at IS NOT NULL"
+    """Item `i` may be claimed at `now`: pending, released, under no hold, and its next
+    attempt is due. The workers claim exactly these (with expired leases);
+    `sweeper_items_eligible` and the scopes' `eligible` count them. Its first three terms
+    are items_ready's WHERE."""
+    return (f"i.status = 'pending' AND i.released_at IS NOT NULL AND {not_held(now)}"
             f" AND i.next_attempt_at <= {now}")
 
 
 def expired_lease(now: str = "now()") -> str:
-    """Item `i` is leased and its lease has run out at `now`: a claim may take it over. Its
-    first term is items_leased's WHERE."""
-    return f"i.status = 'leased' AND i.lease_expires_at <= {now}"
+    """Item `i` is leased, its lease has run out at `now`, and it is under no hold: a claim
+    may take it over. Its first term is items_leased's WHERE."""
+    return f"i.status = 'leased' AND i.lease_expires_at <= {now} AND {not_held(now)}"
 
 
 # Scope `s`'s closure, if it has one, is over: a throttling signal closes a scope until

@@ -114,6 +114,7 @@ items = Table(
     _ts("updated_at"),
     _ts("completed_at", nullable=True),
     Column("object_version", Text),  # named by a conflict answer (0011)
+    Column("hold_id", BigInteger),  # the legal hold holding it (0013; no key)
     UniqueConstraint("tenant_id", "object_id", "policy", "policy_version",
                      name="items_obligation"),
 )
@@ -147,6 +148,28 @@ webhook_receipts = Table(
     Column("item_ids", ARRAY(BigInteger), nullable=False),
     _ts("received_at"),
     UniqueConstraint("source", "webhook_id", name="webhook_receipts_once"),
+)
+
+holds = Table(
+    "holds",
+    metadata,
+    Column("id", BigInteger, primary_key=True),
+    Column("tenant_id", Text, nullable=False),
+    Column("policy", Text),
+    Column("object_ids", ARRAY(Text)),
+    Column("object_id_prefix", Text),
+    Column("reason", Text, nullable=False),
+    Column("reference", Text, nullable=False),
+    _ts("expires_at", nullable=True),
+    Column("placed_by", Text, nullable=False),
+    _ts("placed_at"),
+    _ts("effective_at", nullable=True),
+    Column("items_held", BigInteger, nullable=False),
+    Column("in_flight", Integer, nullable=False),
+    Column("in_flight_item_ids", ARRAY(BigInteger), nullable=False),
+    _ts("released_at", nullable=True),
+    Column("released_by", Text),
+    Column("release_why", Text),
 )
 
 operator_actions = Table(

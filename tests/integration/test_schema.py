@@ -234,7 +234,8 @@ async def test_control_is_a_single_row(conn: asyncpg.Connection) -> None:
 async def test_claim_indexes_are_partial(conn: asyncpg.Connection) -> None:
     defs = dict(await conn.fetch("SELECT indexname, indexdef FROM pg_indexes "
                                  "WHERE tablename = 'items'"))
-    assert "WHERE ((status = 'pending'::text) AND (released_at IS NOT NULL))" in defs[
+    assert ("WHERE ((status = 'pending'::text) AND (released_at IS NOT NULL) "
+            "AND (hold_id IS NULL))") in defs[
         "items_ready"]
     assert "WHERE (status = 'leased'::text)" in defs["items_leased"]
 

@@ -16,7 +16,18 @@ from types import ModuleType
 
 import pytest
 
-from service import audit, claims, intake, ledger, limiter, metrics, retention, runs, scopes
+from service import (
+    audit,
+    claims,
+    holds,
+    intake,
+    ledger,
+    limiter,
+    metrics,
+    retention,
+    runs,
+    scopes,
+)
 from service.api import health
 from service.credentials import tenant_credentials, waits
 from service.db import embedded, migrate
@@ -31,7 +42,7 @@ from tests.conftest import REPO_ROOT
 
 # Every module that runs SQL, each with its statements as module-level constants.
 MODULES = (claims, limiter, metrics, scopes, runs, ledger, retention, intake, audit, health,
-           migrate, embedded, tenant_credentials, waits)
+           migrate, embedded, tenant_credentials, waits, holds)
 # Statements on a plain asyncpg connection, sent as `statement.text` (`$n` parameters):
 # webhook intake (its own pool, one round trip per delivery) and the embedded server's
 # bootstrap (its admin database, before Sweeper's exists).
