@@ -202,7 +202,8 @@ async def prune_while_draining(engine: AsyncEngine, args: argparse.Namespace, ro
     """Prune the whole history while drains run back to back; both rates."""
     started = time.perf_counter()
     pruner = asyncio.create_task(retention.prune(
-        engine, keep_seconds=RETENTION_DAYS * 86_400.0, batch_size=args.prune_batch))
+        engine, keep_seconds=RETENTION_DAYS * 86_400.0, batch_size=args.prune_batch,
+        evidence_keep_seconds=0))
     drains: list[dict[str, Any]] = []
     try:
         while not pruner.done():

@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 import service
 from service import holds, metrics, retention, runs
 from service.api import credentials as credentials_routes
+from service.api import evidence as evidence_routes
 from service.api import health, items
 from service.api import holds as holds_routes
 from service.api import metrics as metrics_api
@@ -136,7 +137,8 @@ def create_app(
                           tokens=TokenSet.from_settings(settings), schema_head=head_revision(),
                           exporter=metrics.install_ledger(engine, policies.policies),
                           keyring=keyring, credentials=store,
-                          tenant_credentials=Credentials.of(policies, engine, keyring, store))
+                          tenant_credentials=Credentials.of(policies, engine, keyring, store),
+                          signer=settings.local_evidence_signer())
         # background loops, cancelled on shutdown; the worker pool stops by itself (grace)
         loops = [asyncio.create_task(_publisher(runtime), name="publisher"),
                  asyncio.create_task(holds.maintenance_loop(engine), name="holds")]
@@ -144,6 +146,7 @@ def create_app(
             loops.append(asyncio.create_task(retention.retention_loop(
                 engine, keep_seconds=settings.retention_days * 86_400,
                 batch_size=settings.retention_batch_size,
+                evidence_keep_seconds=settings.evidence_retention_days * 86_400,
                 interval_s=settings.retention_interval_seconds), name="retention"))
         tasks = list(loops)
         pool = upstreams = None
@@ -158,6 +161,9 @@ def create_app(
             loops.append(asyncio.create_task(waiting_loop(
                 engine, policies, runtime.tenant_credentials), name="credential-waits"))
             tasks.append(loops[-1])
+        if runtime.signer is None:
+            log.warning("no evidence signing key configured: evidence exports are unsigned "
+                        "(set SWEEPER_EVIDENCE_SIGNING_KEY_FILE)")
         if not settings.api_tokens:
             log.warning("no API tokens configured: every /v1 request will answer 401 "
                         "(set SWEEPER_API_TOKENS)")
@@ -187,7 +193,8 @@ def create_app(
                (policies_api.router, strict_query), (items.router, strict_query),
                (runs_routes.router, strict_query), (scopes_routes.router, strict_query),
                (credentials_routes.router, strict_query),
-               (holds_routes.router, strict_query), (webhooks_routes.router, [])]
+               (holds_routes.router, strict_query), (evidence_routes.router, strict_query),
+               (webhooks_routes.router, [])]
     for router, dependencies in routers:
         app.include_router(router, dependencies=dependencies)
     app.state.route_methods = RouteMethods(

@@ -171,6 +171,33 @@ async def _reencrypt(url: URL, settings: Settings, keyring: Keyring) -> Reencryp
         await engine.dispose()
 
 
+def cmd_verify_evidence(args: argparse.Namespace) -> int:
+    """Verify an evidence export offline: its chain, its manifest, the manifest's signature
+    under one of the public keys given. Exit 0 verified, 1 not (the first failing line
+    named), 2 a key file that cannot be read."""
+    from service import evidence
+
+    keys: list[evidence.PublicKey] = []
+    for path in args.public_key:
+        try:
+            keys.extend(evidence.public_keys(path.read_bytes()))
+        except OSError as exc:
+            raise ConfigError(f"--public-key {path}: cannot be read ({exc.strerror})") from None
+        except evidence.KeyProblem as exc:
+            raise ConfigError(f"--public-key {path}: {exc}") from None
+    try:
+        with args.file.open("rb") as lines:
+            verified = evidence.verify(lines, keys)
+    except OSError as exc:
+        raise ConfigError(f"{args.file}: cannot be read ({exc.strerror})") from None
+    except evidence.VerificationFailed as exc:
+        print(f"{args.file}: NOT verified: {exc}", file=sys.stderr)
+        return Exit.INCOMPLETE
+    print(f"{args.file}: verified: run {verified.run_id}, {verified.records} record(s), "
+          f"signed with key {verified.key_id}")
+    return Exit.OK
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from service.app import create_app
     from service.serving import GracefulServer, listening_socket, server_config
@@ -447,6 +474,25 @@ def build_parser() -> argparse.ArgumentParser:
                     "previous keys may be removed. Exit 1 if a row opens under no configured "
                     "key (logged by tenant and upstream, left as it is).")
     rotate.set_defaults(func=cmd_rotate_credentials_key)
+
+    evidence = sub.add_parser(
+        "evidence", help="verify deletion evidence exports",
+        description="Work with the evidence exports of GET /v1/runs/{id}/evidence.")
+    evidence_actions = evidence.add_subparsers(dest="action", required=True, metavar="ACTION",
+                                               help="what to do")
+    verify = evidence_actions.add_parser(
+        "verify", help="verify an export offline (chain, manifest, signature)",
+        description="Check that an evidence export is what the server signed: every line "
+                    "follows the one before, the manifest counts them and names the last, "
+                    "and its signature verifies under one of the public keys given. Exit 0 "
+                    "verified, 1 not (the first line that fails is named), 2 a file that "
+                    "cannot be read.")
+    verify.add_argument("file", type=Path, help="the export (JSON lines)")
+    verify.add_argument("--public-key", type=Path, action="append", required=True,
+                        metavar="FILE",
+                        help="a PEM public key, base64 keys, or the JSON of GET "
+                             "/v1/evidence/public-key (repeat for more)")
+    verify.set_defaults(func=cmd_verify_evidence)
 
     add_plugin_commands(sub)
 

@@ -9,9 +9,12 @@ partial index on finished items, so pruning ten million rows never holds a long 
 never touches the rows claims work on (claims only see pending and leased items). Replicas
 prune side by side without waiting on each other (SKIP LOCKED).
 
-What pruning forgets: a pruned item's evidence line in `GET /v1/runs/{id}/evidence`, and
-its obligation, so registering the same object again creates a new item, whose call the
-upstream de-duplicates by the unchanged operation key.
+A succeeded item's deletion evidence outlives it: the statement that prunes it copies its
+evidence (no payload: identifiers, policy version, operation key, outcome, upstream status,
+attempts, completion time, its run) to `evidence`, kept for the evidence retention period
+after completion and pruned the same way; `GET /v1/evidence` and the run's export read it.
+What pruning forgets: the item's obligation, so registering the same object again creates a
+new item, whose call the upstream de-duplicates by the unchanged operation key.
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ REST_PER_BATCH_SECOND: Final = 1.0
 
 _PRUNE_ITEMS = Statement("retention.prune_items", (
     "Delete one batch of succeeded and cancelled items finished before the retention "
-    "period (their attempts go with them), skipping rows another replica holds."), """
+    "period (their attempts go with them), skipping rows another replica holds; succeeded "
+    "ones leave their evidence behind while its own retention lasts."), """
     WITH doomed AS (
         SELECT id FROM items
         WHERE status IN ('succeeded', 'cancelled')
@@ -46,8 +50,31 @@ _PRUNE_ITEMS = Statement("retention.prune_items", (
         ORDER BY completed_at
         LIMIT :batch
         FOR UPDATE SKIP LOCKED
+    ),
+    kept AS (
+        INSERT INTO evidence (item_id, run_id, tenant_id, object_id, policy, policy_version,
+                              operation_key, outcome, upstream_status, attempts, completed_at)
+        SELECT i.id, b.run_id, i.tenant_id, i.object_id, i.policy, i.policy_version,
+               i.operation_key, i.last_outcome, i.last_status_code, i.attempts, i.completed_at
+        FROM doomed d JOIN items i ON i.id = d.id LEFT JOIN batches b ON b.id = i.batch_id
+        WHERE i.status = 'succeeded'
+          AND i.completed_at >= now() - make_interval(secs => :evidence_keep_s)
+        ON CONFLICT (item_id) DO NOTHING
     )
     DELETE FROM items i USING doomed WHERE i.id = doomed.id
+""")
+
+_PRUNE_EVIDENCE = Statement("retention.prune_evidence", (
+    "Delete one batch of deletion evidence older than its retention period, skipping rows "
+    "another replica holds."), """
+    WITH doomed AS (
+        SELECT item_id FROM evidence
+        WHERE completed_at < now() - make_interval(secs => :keep_s)
+        ORDER BY completed_at
+        LIMIT :batch
+        FOR UPDATE SKIP LOCKED
+    )
+    DELETE FROM evidence e USING doomed WHERE e.item_id = doomed.item_id
 """)
 
 _PRUNE_RECEIPTS = Statement("retention.prune_receipts", (
@@ -70,15 +97,16 @@ class Pruned:
 
     items: int
     receipts: int
+    evidence: int = 0
 
 
 async def _prune_table(engine: AsyncEngine, statement: Statement, kind: str, keep_s: float,
-                       batch: int, max_batches: int | None) -> int:
+                       batch: int, max_batches: int | None, **params: float) -> int:
     total = batches = 0
     while max_batches is None or batches < max_batches:
         started = time.monotonic()
         async with engine.begin() as conn:
-            result = await run(conn, statement, {"keep_s": keep_s, "batch": batch})
+            result = await run(conn, statement, {"keep_s": keep_s, "batch": batch, **params})
             deleted = result.rowcount
         batches += 1
         total += deleted
@@ -91,24 +119,29 @@ async def _prune_table(engine: AsyncEngine, statement: Statement, kind: str, kee
 
 
 async def prune(engine: AsyncEngine, *, keep_seconds: float, batch_size: int,
-                max_batches: int | None = None) -> Pruned:
-    """Delete finished history older than `keep_seconds`, batch by batch, until none is
-    left (or `max_batches` per table)."""
+                evidence_keep_seconds: float, max_batches: int | None = None) -> Pruned:
+    """Delete finished history older than `keep_seconds` (keeping succeeded items' evidence
+    until `evidence_keep_seconds` after their completion), and evidence older than that,
+    batch by batch, until none is left (or `max_batches` per table)."""
     items = await _prune_table(engine, _PRUNE_ITEMS, "items", keep_seconds, batch_size,
-                               max_batches)
+                               max_batches, evidence_keep_s=evidence_keep_seconds)
     receipts = await _prune_table(engine, _PRUNE_RECEIPTS, "webhook_receipts", keep_seconds,
                                   batch_size, max_batches)
-    if items or receipts:
-        log.info("retention pruned", extra={"items": items, "webhook_receipts": receipts})
-    return Pruned(items, receipts)
+    evidence = await _prune_table(engine, _PRUNE_EVIDENCE, "evidence", evidence_keep_seconds,
+                                  batch_size, max_batches)
+    if items or receipts or evidence:
+        log.info("retention pruned", extra={"items": items, "webhook_receipts": receipts,
+                                            "evidence": evidence})
+    return Pruned(items, receipts, evidence)
 
 
 async def retention_loop(engine: AsyncEngine, *, keep_seconds: float, batch_size: int,
-                         interval_s: float) -> None:
+                         evidence_keep_seconds: float, interval_s: float) -> None:
     """Prune, sleep `interval_s`, repeat; database outages are logged and retried."""
     while True:
         try:
-            await prune(engine, keep_seconds=keep_seconds, batch_size=batch_size)
+            await prune(engine, keep_seconds=keep_seconds, batch_size=batch_size,
+                        evidence_keep_seconds=evidence_keep_seconds)
         except asyncio.CancelledError:
             raise
         except Exception as exc:

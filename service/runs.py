@@ -25,7 +25,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
@@ -663,52 +663,3 @@ async def list_runs(engine: AsyncEngine, *, limit: int, before: int | None,
                                                                    "limit": limit})]
     counts = await progress.get_many(engine, {row["id"]: _version(row) for row in rows})
     return [{**row, **counts[row["id"]]} for row in rows]
-
-
-# Records per evidence page: each page is one short read whose connection goes back to the
-# pool before the page is written to the client, so a slow reader holds no connection and
-# no transaction, and the stream's memory is one page.
-EVIDENCE_PAGE_ROWS: Final = 1000
-
-# One page of deletion evidence: the run's succeeded items after `after`, in id order
-# (keyset: the next page starts past the last id sent, so no record is sent twice).
-_EVIDENCE_PAGE = Statement("runs.evidence_page", (
-    "One page of a run's deletion evidence: its succeeded items after a keyset cursor, by "
-    "id."), """
-    SELECT i.id, i.tenant_id, i.object_id, i.policy, i.policy_version, i.operation_key,
-           i.last_outcome AS outcome, i.last_status_code AS upstream_status, i.attempts,
-           i.completed_at
-    FROM items i JOIN batches b ON b.id = i.batch_id
-    WHERE b.run_id = :id AND i.status = 'succeeded' AND i.id > :after
-    ORDER BY i.id
-    LIMIT :page
-""")
-
-
-async def evidence_pages(engine: AsyncEngine, run_id: int, *,
-                         page_rows: int = EVIDENCE_PAGE_ROWS
-                         ) -> AsyncIterator[list[dict[str, Any]]]:
-    """Yield the run's deletion evidence, one record per succeeded item in id order, in
-    pages of at most `page_rows` (never an empty one). Each page is read at its own moment
-    in its own short transaction: an item that succeeds while the stream runs is included
-    when its id is past the pages already read."""
-    after = sent = 0
-    while True:
-        try:
-            rows = await fetch(engine, _EVIDENCE_PAGE, {
-                "id": run_id, "after": after, "page": page_rows})
-        except Exception as exc:
-            if sent:  # the caller has passed part of the evidence on: say where it broke
-                log.warning("evidence read failed part way", extra={
-                    "run_id": run_id, "records_sent": sent, "error_type": type(exc).__name__})
-            raise
-        # the connection is back in the pool before the caller sees the page
-        if not rows:
-            return
-        page = [dict(row._mapping) for row in rows]
-        after, sent = page[-1]["id"], sent + len(page)
-        for record in page:
-            record["item_id"] = record.pop("id")
-        yield page
-        if len(page) < page_rows:
-            return

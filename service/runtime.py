@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.credentials import CredentialStore, Keyring
 from service.credentials.waits import Credentials
+from service.evidence import Signer
 from service.metrics import Exporter
 from service.policies import Policies
 from service.runs import ProgressCache
@@ -60,6 +61,8 @@ class Runtime:
     credentials: CredentialStore | None = None
     # every upstream's per-tenant credential source, the store above among them
     tenant_credentials: Credentials = field(default_factory=lambda: Credentials({}))
+    # signs each run's evidence export; None: exports are unsigned (no key configured)
+    signer: Signer | None = None
 
     def credential_upstreams(self) -> frozenset[str]:
         """The upstreams whose credentials operators may store through the API: those the

@@ -20,6 +20,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
+from service import evidence
 from service.errors import ConfigError
 
 ENV_PREFIX = "SWEEPER_"
@@ -93,6 +94,21 @@ class Settings(BaseSettings):
         default=30.0, ge=0, le=36_500,
         description="prune succeeded/cancelled items and webhook receipts older than this "
                     "(0: keep everything)")
+    evidence_retention_days: float = Field(
+        default=2_557, ge=0, le=36_500,
+        description="keep deletion evidence this long after each deletion, past the "
+                    "pruning of its item (default about 7 years; 0: keep none past the item)")
+    evidence_signing_key_file: Path | None = Field(
+        default=None,
+        description="Ed25519 private key (PEM, or base64 of its 32 bytes) that signs each "
+                    "run's evidence export; unset with the embedded database: one is made "
+                    "under data_dir")
+    evidence_signing_key: SecretStr | None = Field(
+        default=None, description="the same key as text, instead of the file")
+    evidence_previous_public_keys: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="comma-separated base64 public keys of earlier signing keys, still "
+                    "published so exports signed before a rotation verify")
     retention_batch_size: int = Field(default=1_000, ge=1, le=100_000)
     retention_interval_seconds: float = Field(default=300.0, gt=0, le=86_400)
     metrics_port: int = Field(
@@ -200,6 +216,61 @@ class Settings(BaseSettings):
                     f"{self.tls_key_file}: not a PEM certificate and its unencrypted private "
                     f"key ({exc.reason or exc})") from None
         return self
+
+    @field_validator("evidence_previous_public_keys", mode="before")
+    @classmethod
+    def _split_public_keys(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [k.strip() for k in value.split(",") if k.strip()]
+        return value
+
+    @field_validator("evidence_previous_public_keys")
+    @classmethod
+    def _public_keys(cls, keys: list[str]) -> list[str]:
+        for n, key in enumerate(keys, 1):
+            try:
+                evidence.public_keys(key.encode())
+            except evidence.KeyProblem as exc:
+                raise ValueError(f"key {n} of {len(keys)}: {exc}") from None
+        return keys
+
+    @model_validator(mode="after")
+    def _evidence_key_readable(self) -> Settings:
+        if self.evidence_signing_key is not None and self.evidence_signing_key_file is not None:
+            raise ValueError("set SWEEPER_EVIDENCE_SIGNING_KEY or "
+                             "SWEEPER_EVIDENCE_SIGNING_KEY_FILE, not both")
+        self.evidence_signer()  # raises, naming the setting and never the key
+        return self
+
+    def evidence_signer(self) -> evidence.Signer | None:
+        """The configured evidence signing key with the earlier public keys, or None (the
+        process makes a local key for the embedded database: `local_evidence_signer`)."""
+        previous = tuple(k for text in self.evidence_previous_public_keys
+                         for k in evidence.public_keys(text.encode()))
+        try:
+            if self.evidence_signing_key is not None:
+                source = "SWEEPER_EVIDENCE_SIGNING_KEY"
+                key = evidence.private_key(self.evidence_signing_key.get_secret_value().encode())
+            elif self.evidence_signing_key_file is not None:
+                source = f"SWEEPER_EVIDENCE_SIGNING_KEY_FILE {self.evidence_signing_key_file}"
+                key = evidence.private_key(self.evidence_signing_key_file.read_bytes())
+            else:
+                return None
+        except OSError as exc:
+            raise ValueError(f"{source}: cannot be read ({exc.strerror})") from None
+        except evidence.KeyProblem as exc:
+            raise ValueError(f"{source}: {exc}") from None
+        return evidence.Signer(key, previous)
+
+    def local_evidence_signer(self) -> evidence.Signer | None:
+        """`evidence_signer`, or with none configured and the embedded database (no
+        database URL: local use), a key kept under data_dir, made on first use."""
+        signer = self.evidence_signer()
+        if signer is None and self.database_url is None:
+            signer = evidence.Signer(evidence.local_key(self.data_dir), tuple(
+                k for text in self.evidence_previous_public_keys
+                for k in evidence.public_keys(text.encode())))
+        return signer
 
     @model_validator(mode="after")
     def _previous_keys_need_a_key(self) -> Settings:

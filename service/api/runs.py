@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Annotated, Any
@@ -12,7 +11,7 @@ from fastapi.openapi.models import Example
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
-from service import runs
+from service import evidence, runs
 from service.api.bodies import (
     ID_PATTERN,
     MAX_BIGINT,
@@ -159,33 +158,34 @@ async def get_run(runtime: RuntimeDep, _actor: OperatorDep,
 @router.get("/runs/{run_id}/evidence", operation_id="getRunEvidence",
             response_class=StreamingResponse,
             responses={200: {"content": {"application/x-ndjson": {}},
-                             "description": "one JSON object per line per succeeded item"},
+                             "description": (
+                                 "one JSON object per line per succeeded item, each with the "
+                                 "run's id and `prev` (the SHA-256 of the line before), then "
+                                 "the signed manifest line")},
                        **problem_responses(404, 422)})
 async def get_run_evidence(runtime: RuntimeDep, _actor: OperatorDep,
                            run_id: Annotated[int, Path(ge=1, le=MAX_BIGINT)]
                            ) -> StreamingResponse:
-    """Deletion evidence, streamed as JSON lines: object, policy version, operation key,
-    outcome, upstream status, attempts, completed_at. No payloads. Read page by page, so a
-    slow reader holds no database connection; a stream that fails part way ends without
-    its final chunk (an incomplete body to the client), never as a short clean one."""
+    """Deletion evidence as a hash chain of JSON lines: object, policy version, operation
+    key, outcome, upstream status, attempts, completed_at (no payloads), each line carrying
+    the digest of the one before, closed by a manifest signed with the evidence key
+    (`sweeper evidence verify` checks it offline). Items retention pruned are included from
+    the evidence it kept. Read page by page, so a slow reader holds no database connection;
+    a stream that fails part way ends without its final chunk and without its manifest (an
+    incomplete body to the client), never as a short clean one."""
     if not await runs.run_exists(runtime.engine, run_id):
         raise Problem(404, "run-not-found", "Run not found", f"no run {run_id}")
-    pages = runs.evidence_pages(runtime.engine, run_id)
+    pages = evidence.pages(runtime.engine, run_id)
     # read before answering: a database failing now gets its problem answer, not a 200
     first = await anext(pages, None)
+    chain = evidence.Chain(run_id, runtime.signer)
 
     async def lines() -> AsyncIterator[bytes]:
         page = first
         while page is not None:
-            yield b"".join((json.dumps(record, default=_iso, separators=(",", ":")) + "\n"
-                            ).encode() for record in page)
+            yield b"".join(chain.line(record) + b"\n" for record in page)
             # an error here propagates: the server closes the connection mid-body
             page = await anext(pages, None)
+        yield chain.manifest() + b"\n"
 
     return StreamingResponse(lines(), media_type="application/x-ndjson")
-
-
-def _iso(value: object) -> str:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    raise TypeError(type(value).__name__)

@@ -172,6 +172,23 @@ holds = Table(
     Column("release_why", Text),
 )
 
+evidence = Table(
+    "evidence",
+    metadata,
+    Column("item_id", BigInteger, primary_key=True, autoincrement=False),
+    Column("run_id", BigInteger),
+    Column("tenant_id", Text, nullable=False),
+    Column("object_id", Text, nullable=False),
+    Column("policy", Text, nullable=False),
+    Column("policy_version", Integer, nullable=False),
+    Column("operation_key", Text, nullable=False),
+    Column("outcome", Text, nullable=False),
+    Column("upstream_status", SmallInteger),
+    Column("attempts", Integer, nullable=False),
+    _ts("completed_at"),
+    _ts("kept_at"),
+)
+
 operator_actions = Table(
     "operator_actions",
     metadata,

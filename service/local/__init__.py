@@ -15,8 +15,10 @@ import socket
 import tomllib
 from pathlib import Path
 
+from pydantic import SecretStr
 from sqlalchemy.engine import make_url
 
+from service.evidence import new_key
 from service.local.store import SimulatedStore
 from service.policies import Policies, resolve_policies
 from service.settings import Environment, LogFormat, Settings, async_url
@@ -83,7 +85,10 @@ async def _serve(url: str, api_socket: socket.socket, store_socket: socket.socke
     settings = Settings(database_url=url, api_tokens=LOCAL_TOKEN, workers=workers,
                         host=HOST, port=port, environment=Environment.DEVELOPMENT,
                         policies_file=POLICIES_FILE, tls_cert_file=None, tls_key_file=None,
-                        log_format=LogFormat.CONSOLE)
+                        log_format=LogFormat.CONSOLE,
+                        # the database lasts as long as this process: so does the key
+                        evidence_signing_key=SecretStr(new_key()),
+                        evidence_signing_key_file=None)
     await migrate_database(async_url(url), settings)
     store = SimulatedStore(rate_per_s=STORE_RATE_PER_S, burst=STORE_BURST)
     store_server = CompanionServer(uvicorn.Config(store, log_config=None, access_log=False,

@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import runs
+from service import evidence
 from service.policies import Policies
 from tests.conftest import TOKEN_A, LiveServer, test_settings
 
@@ -115,7 +115,9 @@ async def read_into(body: bytearray, chunks: AsyncIterator[bytes]) -> None:
 
 
 def records_of(body: bytes) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in body.splitlines()]
+    """The record lines of an export (or of part of one): not the manifest."""
+    return [record for record in map(json.loads, body.splitlines())
+            if "manifest" not in record]
 
 
 async def transactions_held(db_url: str) -> list[tuple[Any, ...]]:
@@ -174,7 +176,8 @@ async def test_a_complete_read_has_every_record_once_in_id_order(
     assert [r["item_id"] for r in records] == expected  # pages of 1,000: many seams crossed
     assert set(records[0]) == {"item_id", "tenant_id", "object_id", "policy", "policy_version",
                                "operation_key", "outcome", "upstream_status", "attempts",
-                               "completed_at"}
+                               "completed_at", "run_id", "prev"}
+    assert json.loads(response.content.splitlines()[-1])["manifest"]["records"] == len(expected)
     assert {(r["outcome"], r["upstream_status"], r["attempts"]) for r in records} == {
         ("succeeded", 204, 1)}
 
@@ -197,10 +200,10 @@ async def test_pages_are_never_empty_and_never_repeat(engine: AsyncEngine, db_ur
             batch)]
     finally:
         await conn.close()
-    pages = [page async for page in runs.evidence_pages(engine, run_id, page_rows=page_rows)]
+    pages = [page async for page in evidence.pages(engine, run_id, page_rows=page_rows)]
     assert all(0 < len(page) <= page_rows for page in pages)
     assert [r["item_id"] for page in pages for r in page] == sorted(ids)
-    assert [page async for page in runs.evidence_pages(engine, run_id + 1)] == []
+    assert [page async for page in evidence.pages(engine, run_id + 1)] == []
 
 
 async def test_a_stream_whose_database_goes_away_ends_in_a_client_error(

@@ -66,7 +66,7 @@ async def test_first_deletion_with_the_readme_commands(tmp_path: Path) -> None:
         for _ in range(100):  # the reader's "a second later"
             code, out, err = await bash("curl " + status, {})
             assert code == 0, err
-            run, *evidence = [json.loads(line) for line in out.splitlines() if line]
+            run, *evidence, manifest = [json.loads(line) for line in out.splitlines() if line]
             if run["items"] == {"succeeded": 3}:
                 break
             time.sleep(0.1)
@@ -76,6 +76,7 @@ async def test_first_deletion_with_the_readme_commands(tmp_path: Path) -> None:
                                              ("shop-1.example", "cart-2", 204),
                                              ("shop-2.example", "cart-3", 204)]
         assert len({e["operation_key"] for e in evidence}) == 3
+        assert manifest["manifest"]["records"] == 3 and manifest["signature"]
         store = httpx.get(f"http://127.0.0.1:{store_port}/").json()
         assert (store["deleted"], store["throttled"]) == (3, 0)
     finally:

@@ -56,7 +56,11 @@ INVALID_INPUT: dict[str, dict[str, Any]] = {
     "listHolds": {"params": {"limit": 0}},
     "getHold": {"path": INVALID},
     "releaseHold": {"json": {}},  # no `why`
+    "getEvidence": {"params": {"tenant_id": "acme.myshopify.com"}},  # no object_id
 }
+# the query an operation cannot do without (valid values)
+VALID_QUERY: dict[str, dict[str, str]] = {
+    "getEvidence": {"tenant_id": "acme.myshopify.com", "object_id": "cart-1"}}
 # a valid body per operation: its first documented example
 VALID_BODY: dict[str, Any] = {
     operation: next(iter(op["requestBody"]["content"]["application/json"]["examples"].values())
@@ -120,6 +124,9 @@ async def test_declared_errors_are_the_answers(db_url: str, policies: Policies) 
                     ).status_code == 200
             check("releaseHold", await answer(client, "releaseHold",
                                               json=VALID_BODY["releaseHold"]), 409, seen)
+            # no signing key configured here
+            check("getEvidencePublicKeys", await answer(client, "getEvidencePublicKeys"), 404,
+                  seen)
             for operation, (_, template, op) in OPERATIONS.items():
                 if template.startswith("/v1/"):
                     check(operation, await answer(client, operation, headers={
@@ -144,7 +151,8 @@ async def test_declared_errors_are_the_answers(db_url: str, policies: Policies) 
             for operation, (_, _, op) in OPERATIONS.items():
                 if "503" in op["responses"]:
                     check(operation, await answer(client, operation,
-                                                  json=VALID_BODY.get(operation)), 503, seen)
+                                                  json=VALID_BODY.get(operation),
+                                                  params=VALID_QUERY.get(operation)), 503, seen)
 
     for operation, (_, _, op) in OPERATIONS.items():
         declared = {int(s) for s in op["responses"] if int(s) >= 400}

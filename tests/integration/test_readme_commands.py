@@ -6,6 +6,7 @@ metric the README or docs/ names is one /metrics serves; every relative link res
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import re
@@ -133,14 +134,18 @@ async def test_first_configuration_walkthrough_works(db_url: str, tmp_path: Path
         "oldest_due_at": "2020-01-01T00:00:00Z"}
 
 
-async def test_operations_commands_work(db_url: str, policies: Policies) -> None:
+async def test_operations_commands_work(db_url: str, policies: Policies, tmp_path: Path
+                                        ) -> None:
     cron = shell_blocks(section(OPERATIONS, "### Wire a hosted cron service"))
     runbook = shell_blocks(section(OPERATIONS, "## Runbook"))
     assert cron.count("curl ") == 2 and runbook.count("curl ") >= 12
     # every shell example of the operations guide is one of these
     assert shell_blocks(OPERATIONS.read_text(encoding="utf-8")) == cron + "\n" + runbook
-    async with LiveServer(test_settings(db_url), policies, db_url) as live:
-        env = {"SWEEPER_URL": live.base_url, "SWEEPER_TOKEN": TOKEN_A}
+    settings = test_settings(db_url, evidence_signing_key=base64.b64encode(bytes(32)).decode())
+    async with LiveServer(settings, policies, db_url) as live:
+        # the guide's `sweeper` is the one installed beside these tests
+        env = {"SWEEPER_URL": live.base_url, "SWEEPER_TOKEN": TOKEN_A,
+               "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
         async with httpx.AsyncClient(base_url=live.base_url, timeout=10, headers={
                 "Authorization": f"Bearer {TOKEN_A}"}) as api:
             seeded = await api.post("/v1/items", json={"items": [
@@ -154,8 +159,9 @@ async def test_operations_commands_work(db_url: str, policies: Policies) -> None
             first, retry = json_documents(out)
             assert first["id"] == retry["id"]  # the slot's key: one run, however often sent
 
-            code, out, err = await bash(runbook, env)
+            code, out, err = await bash(runbook, env, cwd=tmp_path)
             assert code == 0, f"{err}\n{out}"
+            assert re.search(r"verified: run \d+, 0 record\(s\), signed with key", out), out
 
             runs = (await api.get("/v1/runs")).json()["runs"]
             assert [(r["dry_run"], r["tenant_id"], r["max_items"]) for r in runs[:2]] == [

@@ -4,6 +4,7 @@ attempts; dead, pending and recent items stay; claims are never blocked."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 from sqlalchemy import text
@@ -13,6 +14,12 @@ from service import metrics, retention
 from tests.integration.test_pipeline import make_policies, register
 
 DAY = 86_400
+
+
+async def prune(engine: AsyncEngine, **kwargs: Any) -> retention.Pruned:
+    """Prune items and receipts older than 30 days, keeping no evidence past them."""
+    return await retention.prune(engine, keep_seconds=30 * DAY, evidence_keep_seconds=0,
+                                 **kwargs)
 
 
 async def age(engine: AsyncEngine, status: str, days: int, object_ids: list[str]) -> None:
@@ -53,7 +60,7 @@ async def test_prunes_only_old_finished_items_in_batches(engine: AsyncEngine) ->
     before = metrics.REGISTRY.get_sample_value("sweeper_retention_pruned_total",
                                                {"table": "items"}) or 0
 
-    pruned = await retention.prune(engine, keep_seconds=30 * DAY, batch_size=2)
+    pruned = await prune(engine, batch_size=2)
 
     assert pruned == retention.Pruned(items=7, receipts=1)
     by_status, attempts = await remaining(engine)
@@ -66,7 +73,7 @@ async def test_prunes_only_old_finished_items_in_batches(engine: AsyncEngine) ->
                     ).scalars().all()
     assert receipts == ["new"]
     # nothing left to do: a second pass deletes nothing
-    assert await retention.prune(engine, keep_seconds=30 * DAY, batch_size=2) == (
+    assert await prune(engine, batch_size=2) == (
         retention.Pruned(0, 0))
 
 
@@ -74,9 +81,9 @@ async def test_max_batches_bounds_one_pass(engine: AsyncEngine) -> None:
     policies = make_policies("http://127.0.0.1:9")
     await register(engine, policies, 10)
     await age(engine, "succeeded", 40, [f"cart-{i}" for i in range(10)])
-    first = await retention.prune(engine, keep_seconds=30 * DAY, batch_size=3, max_batches=2)
+    first = await prune(engine, batch_size=3, max_batches=2)
     assert first.items == 6
-    assert (await retention.prune(engine, keep_seconds=30 * DAY, batch_size=3)).items == 4
+    assert (await prune(engine, batch_size=3)).items == 4
 
 
 async def test_pruning_never_waits_for_claimed_or_locked_rows(engine: AsyncEngine) -> None:
@@ -88,20 +95,23 @@ async def test_pruning_never_waits_for_claimed_or_locked_rows(engine: AsyncEngin
         await holder.execute(text("SELECT id FROM items WHERE object_id IN ('cart-3', "
                                   "'cart-0') FOR UPDATE"))
         pruned = await asyncio.wait_for(
-            retention.prune(engine, keep_seconds=30 * DAY, batch_size=10), timeout=5)
+            prune(engine, batch_size=10), timeout=5)
         await holder.rollback()
     assert pruned.items == 2  # the locked one is skipped, not waited for
-    assert (await retention.prune(engine, keep_seconds=30 * DAY, batch_size=10)).items == 1
+    assert (await prune(engine, batch_size=10)).items == 1
 
 
 @pytest.mark.parametrize(("table", "index"), [("items", "items_finished"),
-                                               ("webhook_receipts", "webhook_receipts_received")])
+                                               ("webhook_receipts", "webhook_receipts_received"),
+                                               ("evidence", "evidence_completed")])
 async def test_pruning_finds_rows_through_its_index(engine: AsyncEngine, table: str,
                                                     index: str) -> None:
-    statement = {"items": retention._PRUNE_ITEMS, "webhook_receipts": retention._PRUNE_RECEIPTS}
+    statement = {"items": retention._PRUNE_ITEMS, "webhook_receipts": retention._PRUNE_RECEIPTS,
+                 "evidence": retention._PRUNE_EVIDENCE}
     async with engine.begin() as conn:
         await conn.execute(text("SET LOCAL enable_seqscan = off"))
         plan = "\n".join((await conn.execute(
-            text("EXPLAIN " + statement[table].text), {"keep_s": 30 * DAY, "batch": 1000}
+            text("EXPLAIN " + statement[table].text), {"keep_s": 30 * DAY, "batch": 1000,
+                                                        "evidence_keep_s": 365 * DAY}
         )).scalars().all())
     assert index in plan, plan

@@ -19,6 +19,7 @@ import pytest
 from service import (
     audit,
     claims,
+    evidence,
     holds,
     intake,
     ledger,
@@ -42,7 +43,7 @@ from tests.conftest import REPO_ROOT
 
 # Every module that runs SQL, each with its statements as module-level constants.
 MODULES = (claims, limiter, metrics, scopes, runs, ledger, retention, intake, audit, health,
-           migrate, embedded, tenant_credentials, waits, holds)
+           migrate, embedded, tenant_credentials, waits, holds, evidence)
 # Statements on a plain asyncpg connection, sent as `statement.text` (`$n` parameters):
 # webhook intake (its own pool, one round trip per delivery) and the embedded server's
 # bootstrap (its admin database, before Sweeper's exists).
