@@ -12,17 +12,18 @@ in two transactions:
   1. `_PLACE` commits the hold row. Every statement that starts afterwards sees it: an
      admission skips what it covers (`statements.not_held`), a registration marks what it
      writes (`statements.covering_hold`).
-  2. `_MARK` sets `items.hold_id` on the covered pending and leased items. An admission
-     that began before step 1 committed cannot see the hold, but every item it can see was
-     written before this statement began, so this marks it, and a claim that locks a marked
-     row re-reads it and finds `hold_id` set (a row it locked first, this statement waits
-     for and then finds leased). An item written between the two by a registration that
-     did not see the hold is visible only to admissions that do.
-After step 2 commits, no claim leases a covered item. Items leased at step 2, and covered
-items that finished after step 1, are the calls that were in flight: they are reported on
-the hold (`in_flight`, with up to IN_FLIGHT_IDS_KEPT of their ids). `effective_at` is step
-2's moment; a hold whose step 2 never committed (the process died, the database went away)
-is still enforced by the admission's check, and the maintenance pass marks its items.
+  2. `_MARK_CHUNK` sets `items.hold_id` on the covered pending and leased items, a chunk
+     at a time, then `_TAKE_EFFECT` records the moment (`effective_at`). An admission that
+     began before step 1 committed cannot see the hold, but every item it can see was
+     written before the marking began, so a chunk marks it, and a claim that locks a
+     marked row re-reads it and finds `hold_id` set (a row such a claim locked first, the
+     chunk waits for and then finds leased). An item written between the two steps by a
+     registration that did not see the hold is visible only to admissions that do.
+Once the hold has taken effect, no claim leases a covered item. Items a chunk found leased,
+and covered items that finished after step 1, are the calls that were in flight: they are
+reported on the hold (`in_flight`, with up to IN_FLIGHT_IDS_KEPT of their ids). A hold
+whose step 2 never finished (the process died, the database went away) is still enforced
+by the admission's check, and the maintenance pass finishes its marking.
 
 A marked item stays pending (or finishes the call in flight) with its hold's id, never
 punished: it is not claimable, so no attempt is spent. Releasing a hold moves its items to
@@ -38,11 +39,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service import audit
 from service.claims import NOTIFY_CHANNEL
-from service.db.engine import is_unavailable
+from service.db.engine import is_busy, is_unavailable
 from service.db.statements import (
     Statement,
     active_hold,
@@ -54,6 +56,7 @@ from service.db.statements import (
 
 log = logging.getLogger(__name__)
 
+MARK_RETRIES: Final = 5
 IN_FLIGHT_IDS_KEPT: Final = 1000  # ids of in-flight calls stored on a hold (the count is exact)
 MAINTENANCE_INTERVAL_S: Final = 10.0
 # A hold placed this long ago with step 2 not committed was interrupted: mark its items.
@@ -96,24 +99,53 @@ _PLACE = Statement("holds.place", (
     RETURNING id
 """)
 
-# Step 2 (see the module docstring). `marked` takes the covered rows' locks, waiting for
-# admissions that hold them; the items it finds leased, and the covered items that
-# finished since step 1, are the calls in flight. Items another hold marked first are
-# counted as held, not moved.
-_MARK = Statement("holds.mark", (
-    "Mark the items a hold covers (pending and leased) with its id and record the calls in "
-    "flight: after this commits no claim leases them."), f"""
-    WITH target AS (  -- locked: a release or another marking of this hold waits
+# Step 2 (see the module docstring), a chunk at a time so a hold over millions of items
+# never needs one long statement: each chunk takes the next covered rows' locks in id order
+# (waiting for admissions that hold them) and marks them; the ones it finds leased are
+# calls in flight, noted on the hold. The hold's row is locked in each chunk, so a release
+# or another marking of the same hold waits for it.
+MARK_CHUNK: Final = 10_000
+_MARK_CHUNK = Statement("holds.mark_chunk", (
+    "Mark the next chunk of the items a hold covers (pending and leased) with its id, and "
+    "note the leased ones on the hold as calls in flight."), f"""
+    WITH target AS (
         SELECT * FROM holds WHERE id = :id AND released_at IS NULL AND effective_at IS NULL
         FOR UPDATE
     ),
-    marked AS (
-        UPDATE items i SET hold_id = hx.id
-        FROM target hx
+    chunk AS (
+        SELECT i.id FROM items i, target hx
         WHERE {hold_covers()} AND i.status IN ('pending', 'leased') AND i.hold_id IS NULL
+        ORDER BY i.id
+        LIMIT :chunk
+        FOR UPDATE OF i
+    ),
+    marked AS (
+        UPDATE items i SET hold_id = :id
+        FROM chunk WHERE i.id = chunk.id
         RETURNING i.id, i.status
     ),
-    held_before AS (
+    noted AS (
+        UPDATE holds hx
+        SET in_flight = hx.in_flight + (SELECT count(*) FROM marked WHERE status = 'leased'),
+            in_flight_item_ids = (hx.in_flight_item_ids || ARRAY(
+                SELECT id FROM marked WHERE status = 'leased' ORDER BY id
+            ))[1:{IN_FLIGHT_IDS_KEPT}]
+        FROM target WHERE hx.id = target.id
+    )
+    SELECT count(*) AS marked FROM marked
+""")  # noqa: S608 - only constant fragments are interpolated
+
+# The end of step 2: the hold takes effect. Covered items that finished since step 1
+# without being marked by it were in flight too; a marked item that finished since was
+# noted when its chunk found it leased. Items another hold marked first count as held.
+_TAKE_EFFECT = Statement("holds.take_effect", (
+    "Record that a hold's items are marked: when, how many it holds, and the calls that "
+    "finished in flight since it was recorded."), f"""
+    WITH target AS (
+        SELECT * FROM holds WHERE id = :id AND released_at IS NULL AND effective_at IS NULL
+        FOR UPDATE
+    ),
+    held AS (
         SELECT count(*) AS n FROM items i, target hx
         WHERE {hold_covers()} AND i.status IN ('pending', 'leased')
           AND i.hold_id IS NOT NULL
@@ -121,18 +153,15 @@ _MARK = Statement("holds.mark", (
     finished AS (
         SELECT i.id FROM items i, target hx
         WHERE {hold_covers()} AND i.status IN ('succeeded', 'dead')
-          AND i.completed_at >= hx.placed_at
-    ),
-    in_flight AS (
-        SELECT id FROM marked WHERE status = 'leased' UNION SELECT id FROM finished
+          AND i.completed_at >= hx.placed_at AND i.hold_id IS DISTINCT FROM hx.id
     )
     UPDATE holds hx
     SET effective_at = clock_timestamp(),
-        items_held = (SELECT count(*) FROM marked) + (SELECT n FROM held_before),
-        in_flight = (SELECT count(*) FROM in_flight),
-        in_flight_item_ids = coalesce(ARRAY(SELECT id FROM in_flight ORDER BY id
-                                             LIMIT {IN_FLIGHT_IDS_KEPT}), '{{}}')
-    WHERE hx.id = :id AND hx.effective_at IS NULL
+        items_held = (SELECT n FROM held),
+        in_flight = hx.in_flight + (SELECT count(*) FROM finished),
+        in_flight_item_ids = (hx.in_flight_item_ids || ARRAY(
+            SELECT id FROM finished ORDER BY id))[1:{IN_FLIGHT_IDS_KEPT}]
+    FROM target WHERE hx.id = target.id
     RETURNING hx.*, {active_hold()} AS active
 """)  # noqa: S608 - only constant fragments are interpolated
 
@@ -212,10 +241,27 @@ async def place(engine: AsyncEngine, spec: HoldSpec, *, actor: str) -> dict[str,
     return await mark(engine, hold_id)
 
 
-async def mark(engine: AsyncEngine, hold_id: int) -> dict[str, Any]:
-    """Step 2 for a placed hold: mark its items and record the calls in flight. A hold
-    already marked is returned as it is."""
-    rows = await fetch(engine, _MARK, {"id": hold_id})
+async def mark(engine: AsyncEngine, hold_id: int, *, chunk: int = MARK_CHUNK
+               ) -> dict[str, Any]:
+    """Step 2 for a placed hold: mark its items chunk by chunk, then record that it took
+    effect, with the calls that were in flight. A hold already marked (or released) is
+    returned as it is. A chunk the database refused as busy (a deadlock with a completion,
+    a lock or statement timeout) goes again, up to MARK_RETRIES times in a row."""
+    retries = 0
+    while True:
+        try:
+            [row] = await fetch(engine, _MARK_CHUNK, {"id": hold_id, "chunk": chunk})
+        except DBAPIError as exc:
+            retries += 1
+            if not is_busy(exc) or retries > MARK_RETRIES:
+                raise
+            log.warning("holds: marking chunk retried", extra={"hold_id": hold_id,
+                                                               "retry": retries})
+            continue
+        retries = 0
+        if row.marked < chunk:
+            break
+    rows = await fetch(engine, _TAKE_EFFECT, {"id": hold_id})
     if rows:
         hold = _public(rows[0])
         if hold["in_flight"]:

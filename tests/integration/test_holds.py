@@ -290,6 +290,36 @@ async def test_an_item_registered_while_a_hold_is_placed_is_never_claimed(
     assert (await items(engine))[item]["status"] == "succeeded"
 
 
+async def test_marking_goes_chunk_by_chunk_and_counts_every_call_in_flight(
+        engine: AsyncEngine) -> None:
+    """A hold's items are marked a chunk at a time; the leased ones of every chunk, and
+    a covered item that finished after the hold was recorded, are the calls in flight."""
+    policies = make_policies("http://127.0.0.1:9")
+    await register(engine, policies, [("carts", "acme", f"c-{n:02}") for n in range(11)])
+    async with engine.begin() as conn:
+        await conn.execute(text(
+            "UPDATE items SET status = 'leased', released_at = now(), lease_owner = 'w', "
+            "lease_token = gen_random_uuid(), lease_expires_at = now() + interval '1 min' "
+            "WHERE object_id IN ('c-01', 'c-05', 'c-09')"))
+        hold_id = (await conn.execute(text(
+            "INSERT INTO holds (tenant_id, reason, reference, placed_by, placed_at) "
+            "VALUES ('acme', 'chunks', 'CASE-5', 'test', now() - interval '1 s') "
+            "RETURNING id"))).scalar_one()
+        await conn.execute(text(
+            "UPDATE items SET status = 'succeeded', completed_at = now(), "
+            "last_outcome = 'succeeded' WHERE object_id = 'c-10'"))
+    hold = await holds.mark(engine, hold_id, chunk=3)
+    state = await items(engine)
+    ids = {k[2]: i["id"] for k, i in state.items()}
+    assert {k[2] for k, i in state.items() if i["hold_id"] == hold_id} == {
+        f"c-{n:02}" for n in range(10)}
+    assert hold["items_held"] == 10 and hold["effective_at"] is not None
+    assert hold["in_flight"] == 4
+    assert hold["in_flight_item_ids"] == sorted(ids[o] for o in ("c-01", "c-05", "c-09",
+                                                                 "c-10"))
+    assert await holds.mark(engine, hold_id) == await holds.get(engine, hold_id)
+
+
 # -- the property: no call starts for an item under a hold in force ----------------------------
 
 _ids = st.sampled_from([f"o-{n}" for n in range(6)] + ["p-1", "p-10"])

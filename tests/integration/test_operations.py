@@ -112,8 +112,8 @@ async def test_evidence_lists_exactly_the_succeeded_items(setup: Any) -> None:
     response = await api.get(f"/v1/runs/{run['id']}/evidence")
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("application/x-ndjson")
-    records = [json.loads(line) for line in response.text.splitlines()]
-    assert len(records) == 4
+    *records, manifest = [json.loads(line) for line in response.text.splitlines()]
+    assert len(records) == 4 and manifest["manifest"]["records"] == 4
     dead = (await api.get("/v1/items", params={"status": "dead"})).json()["items"]
     assert {r["object_id"] for r in records} | {dead[0]["object_id"]} == {
         f"c{i}" for i in range(5)}
