@@ -142,10 +142,12 @@ async def place_hold(runtime: RuntimeDep, actor: OperatorDep,
         if problem:
             errors.append({"loc": ["body", *field.split(".")], "type": "invalid_id",
                            "message": problem})
-    if body.object_id_prefix is not None and ledger.utf8_size_over(body.object_id_prefix,
-                                                                   ledger.MAX_ID_BYTES):
+    prefix = body.object_id_prefix
+    # a prefix may be "." or ".." (of ".x"), which no whole id may be
+    if prefix is not None and prefix not in ledger.DOT_SEGMENTS and (
+            problem := ledger.id_problem(prefix)):
         errors.append({"loc": ["body", "object_id_prefix"], "type": "invalid_id",
-                       "message": f"must be at most {ledger.MAX_ID_BYTES} bytes"})
+                       "message": problem})
     if body.expires_at is not None and body.expires_at <= datetime.now(UTC):
         errors.append({"loc": ["body", "expires_at"], "type": "in_the_past",
                        "message": "must be in the future"})

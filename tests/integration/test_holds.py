@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -417,6 +418,13 @@ async def holds_api(db_url: str) -> AsyncIterator[httpx.AsyncClient]:
 
 
 GOOD = {"tenant_id": "acme", "reason": "litigation hold", "reference": "CASE-7"}
+
+
+async def post(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> httpx.Response:
+    """POST `body` as ASCII JSON: a lone surrogate travels as its escape, as valid JSON
+    allows (httpx's own encoding refuses it)."""
+    return await client.post(url, content=json.dumps(body).encode(),
+                             headers={"Content-Type": "application/json"})
 FUTURE = (datetime.now(UTC) + timedelta(days=30)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -438,15 +446,30 @@ FUTURE = (datetime.now(UTC) + timedelta(days=30)).strftime("%Y-%m-%dT%H:%M:%SZ")
     ({**GOOD, "reason": "line\nbreak"}, "reason"),
     ({**GOOD, "reference": "x" * 201}, "reference"),
     ({**GOOD, "expiry": FUTURE}, "expiry"),
+    ({**GOOD, "object_id_prefix": "\ud800"}, "object_id_prefix"),
+    ({**GOOD, "object_ids": ["ok", "\udfff"]}, "1"),
 ])
 async def test_bad_holds_are_refused_naming_the_field(holds_api: httpx.AsyncClient,
                                                       body: dict[str, Any], field: str) -> None:
-    r = await holds_api.post("/v1/holds", json=body)
+    r = await post(holds_api, "/v1/holds", body)
     assert r.status_code == 422, r.text
     assert r.headers["content-type"].startswith("application/problem+json")
     assert any(field in e["loc"] for e in r.json()["errors"]), r.json()
     listed = await holds_api.get("/v1/holds")
     assert listed.json()["holds"] == []
+
+
+@pytest.mark.parametrize("text_field", ["reason", "reference"])
+async def test_text_no_database_can_store_is_refused(holds_api: httpx.AsyncClient,
+                                                     text_field: str) -> None:
+    r = await post(holds_api, "/v1/holds", {**GOOD, text_field: "a\ud800b"})
+    assert r.status_code == 422 and r.headers["content-type"].startswith(
+        "application/problem+json"), r.text
+    assert (await holds_api.get("/v1/holds")).json()["holds"] == []
+    hold = (await holds_api.post("/v1/holds", json=GOOD)).json()
+    r = await post(holds_api, f"/v1/holds/{hold['id']}/release", {"why": "\udfff"})
+    assert r.status_code == 422, r.text
+    assert (await holds_api.get(f"/v1/holds/{hold['id']}")).json()["active"]
 
 
 async def test_place_list_read_and_release_over_the_api(holds_api: httpx.AsyncClient) -> None:
