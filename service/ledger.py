@@ -306,7 +306,7 @@ ITEM_COLUMNS = ("id, tenant_id, object_id, policy, policy_version, operation_key
                 "status, due_at, nullif(next_attempt_at, '-infinity') AS next_attempt_at, "
                 "attempts, released_at, batch_id, "
                 "last_outcome, last_status_code, last_error, dead_reason, created_at, "
-                "updated_at, completed_at")
+                "updated_at, completed_at, hold_id")
 
 
 _LIST = Statement("ledger.list_items", (

@@ -170,6 +170,8 @@ class ItemOut(BaseModel):
     created_at: datetime
     updated_at: datetime
     completed_at: datetime | None
+    hold_id: int | None = Field(description=(
+        "the legal hold that keeps it from being deleted (GET /v1/holds/{id}); null: none"))
 
 
 class ItemPage(BaseModel):

@@ -473,11 +473,18 @@ async def test_text_no_database_can_store_is_refused(holds_api: httpx.AsyncClien
 
 
 async def test_place_list_read_and_release_over_the_api(holds_api: httpx.AsyncClient) -> None:
+    registered = await holds_api.post("/v1/items", json={"items": [
+        {"tenant_id": "acme", "object_id": o, "policy": "carts",
+         "due_at": "2026-01-01T00:00:00Z"} for o in ("c-1", "c-3")]})
+    assert registered.status_code == 200, registered.text
     r = await holds_api.post("/v1/holds", json={**GOOD, "policy": "carts",
                                                 "object_ids": ["c-1", "c-2"],
                                                 "expires_at": FUTURE})
     assert r.status_code == 201, r.text
     hold = r.json()
+    assert hold["items_held"] == 1
+    listed = (await holds_api.get("/v1/items", params={"tenant_id": "acme"})).json()["items"]
+    assert {i["object_id"]: i["hold_id"] for i in listed} == {"c-1": hold["id"], "c-3": None}
     assert hold["active"] and hold["placed_by"] and hold["in_flight"] == {"count": 0,
                                                                           "item_ids": []}
     other = (await holds_api.post("/v1/holds", json={**GOOD, "tenant_id": "globex",
@@ -494,6 +501,9 @@ async def test_place_list_read_and_release_over_the_api(holds_api: httpx.AsyncCl
     r = await holds_api.post(f"/v1/holds/{hold['id']}/release", json={"why": "settled"})
     assert r.status_code == 200, r.text
     assert not r.json()["active"] and r.json()["release_why"] == "settled"
+    assert r.json()["items_freed"] == 1
+    listed = (await holds_api.get("/v1/items", params={"tenant_id": "acme"})).json()["items"]
+    assert {i["hold_id"] for i in listed} == {None}
     again = await holds_api.post(f"/v1/holds/{hold['id']}/release", json={"why": "again"})
     assert again.status_code == 409 and again.json()["type"].endswith("hold-already-released")
     missing = await holds_api.post("/v1/holds/999999/release", json={"why": "x"})
