@@ -110,18 +110,20 @@ _CANDIDATE: Final = """status = 'pending' AND released_at IS NULL AND due_at <= 
 
 
 # Record the candidate figures for the run's exact predicate, per policy (dry runs report
-# only these), in SQL: no due_at passes through Python, so publication does not depend on
-# items_due_at_range keeping due_at where Python's datetime reaches (asyncpg cannot decode
-# a year BC). The report renders each figure as the database does (ISO 8601 under SET LOCAL
-# TIME ZONE 'UTC'), exactly whatever the value; the typed columns, which every reader of
-# the run row decodes, are raised to 0001-01-01, Python's earliest instant (per row: no
-# candidates still leaves them NULL). Candidates are due by the run's cutoff, which Python
-# holds (runs_cutoff_range), so no upper bound is needed.
+# only these; `held`: candidates a legal hold keeps, which a run releases but no worker
+# calls until the hold ends), in SQL: no due_at passes through Python, so publication does
+# not depend on items_due_at_range keeping due_at where Python's datetime reaches (asyncpg
+# cannot decode a year BC). The report renders each figure as the database does (ISO 8601
+# under SET LOCAL TIME ZONE 'UTC'), exactly whatever the value; the typed columns, which
+# every reader of the run row decodes, are raised to 0001-01-01, Python's earliest instant
+# (per row: no candidates still leaves them NULL). Candidates are due by the run's cutoff,
+# which Python holds (runs_cutoff_range), so no upper bound is needed.
 _RECORD_CANDIDATES = Statement("runs.record_candidates", (
     "Count the run's candidates per policy, with their oldest and newest due_at, onto the "
     "run row and its report."), f"""
     WITH per_policy AS (
-        SELECT policy, count(*) AS n, min(due_at) AS oldest, max(due_at) AS newest
+        SELECT policy, count(*) AS n, min(due_at) AS oldest, max(due_at) AS newest,
+               count(*) FILTER (WHERE hold_id IS NOT NULL) AS held
         FROM items
         WHERE {_CANDIDATE}
         GROUP BY policy
@@ -134,7 +136,8 @@ _RECORD_CANDIDATES = Statement("runs.record_candidates", (
                          FROM per_policy),
         report = jsonb_build_object('policies', (
             SELECT coalesce(jsonb_object_agg(policy, jsonb_build_object(
-                       'candidates', n, 'oldest_due_at', oldest, 'newest_due_at', newest)),
+                       'candidates', n, 'oldest_due_at', oldest, 'newest_due_at', newest,
+                       'held', held)),
                    '{{}}')
             FROM per_policy))
     WHERE id = :id

@@ -67,7 +67,9 @@ class RunOut(BaseModel):
     remaining: int
     oldest_due_at: datetime | None
     newest_due_at: datetime | None
-    report: dict[str, Any]
+    report: dict[str, Any] = Field(description=(
+        "the candidate figures per policy (`policies`: candidates, oldest_due_at, "
+        "newest_due_at, and `held`, the candidates a legal hold keeps)"))
     created_at: datetime
     published_at: datetime | None
     items: dict[str, int] = Field(default_factory=dict, description=(

@@ -118,6 +118,12 @@ async def test_held_items_wait_unpunished_and_drain_after_the_release(
         await box.aclose()
     assert len(receipt.item_ids) == 1  # recorded (and released: it is due now)
     covered.add(("carts", "acme", "cart-100"))
+    report_only, _ = await runs.create_run(
+        engine, runs.RunRequest(None, None, None, True, None), None)
+    assert await runs.publish(engine, report_only, batch_size=50)
+    report = (await runs.run_status(engine, report_only, runs.ProgressCache()) or {})["report"]
+    assert {p: f["held"] for p, f in report["policies"].items()} == {
+        "carts": len(covered), "exports": 0}
     run_id = await release_all(engine)
 
     ups = Upstreams(policies.upstreams)

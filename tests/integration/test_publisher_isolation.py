@@ -90,7 +90,7 @@ async def test_a_due_at_python_cannot_hold_still_publishes_and_reports(
     # the report keeps the database's exact value; the typed column holds the earliest
     # instant Python can, so every reader of the run row can still decode it
     assert figures == {"candidates": 3, "oldest_due_at": "0001-12-31T10:00:00+00:00 BC",
-                       "newest_due_at": "2026-01-01T00:00:00+00:00"}
+                       "newest_due_at": "2026-01-01T00:00:00+00:00", "held": 0}
     assert run["oldest_due_at"] == "0001-01-01T00:00:00Z"
     assert run["oldest_remaining_due_at"] == "0001-01-01T00:00:00Z"
     assert run["items"] == {"pending": 3}
