@@ -123,9 +123,17 @@ def cmd_check_config(_args: argparse.Namespace) -> int:
         raise ConfigError(*problems)
     assert settings is not None
     assert policies is not None
+    signer = settings.evidence_signer()
+    if signer is not None:
+        signing = f"signed with key {signer.current.key_id}"
+    elif settings.database_url is None:
+        signing = f"signed with the key under {settings.data_dir}"
+    else:
+        signing = "UNSIGNED (set SWEEPER_EVIDENCE_SIGNING_KEY_FILE)"
     print(f"ok: {len(policies.upstreams)} upstream(s), {len(policies.policies)} policy(ies), "
           f"{len(policies.webhooks)} webhook source(s) from {policies.source}; "
-          f"database: {'configured' if settings.database_url else 'embedded'}")
+          f"database: {'configured' if settings.database_url else 'embedded'}; "
+          f"evidence exports: {signing}")
     return Exit.OK
 
 

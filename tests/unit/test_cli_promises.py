@@ -288,6 +288,25 @@ def test_check_config_accepts_the_local_policies(capsys: pytest.CaptureFixture[s
     code, out, err = sweeper(capsys, "check-config")
     assert (code, err) == (Exit.OK, "")
     assert out.startswith("ok: 1 upstream(s), 1 policy(ies), 0 webhook source(s)")
+    assert out.rstrip().endswith("evidence exports: signed with the key under .sweeper")
+
+
+def test_check_config_names_the_evidence_key_and_never_the_secret(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SWEEPER_POLICIES_FILE", "")
+    monkeypatch.setenv("SWEEPER_DATABASE_URL", "postgresql://u@127.0.0.1:1/db")
+    code, out, _ = sweeper(capsys, "check-config")
+    assert code == Exit.OK and out.rstrip().endswith(
+        "evidence exports: UNSIGNED (set SWEEPER_EVIDENCE_SIGNING_KEY_FILE)")
+    key = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="  # bytes 0..31
+    monkeypatch.setenv("SWEEPER_EVIDENCE_SIGNING_KEY", key)
+    code, out, err = sweeper(capsys, "check-config")
+    assert code == Exit.OK and "evidence exports: signed with key " in out
+    assert key not in out + err
+    monkeypatch.setenv("SWEEPER_EVIDENCE_SIGNING_KEY", key[:-4])
+    code, out, err = sweeper(capsys, "check-config")
+    assert code == Exit.CONFIG and "SWEEPER_EVIDENCE_SIGNING_KEY: neither PEM nor base64" in err
+    assert key[:-4] not in out + err
 
 
 def test_run_without_a_token_is_a_configuration_error(capsys: pytest.CaptureFixture[str]
