@@ -33,7 +33,6 @@ claimable at once (workers are woken), the others wait for the next run.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass
 from datetime import datetime
@@ -44,7 +43,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service import audit
 from service.claims import NOTIFY_CHANNEL
-from service.db.engine import is_busy, is_unavailable
+from service.db.engine import is_busy, repeat
 from service.db.statements import (
     Statement,
     active_hold,
@@ -338,15 +337,6 @@ async def maintain(engine: AsyncEngine) -> tuple[int, int]:
 
 async def maintenance_loop(engine: AsyncEngine, *,
                            interval_s: float = MAINTENANCE_INTERVAL_S) -> None:
-    """`maintain`, sleep `interval_s`, repeat; database outages are logged and retried."""
-    while True:
-        try:
-            await maintain(engine)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            if is_unavailable(exc):
-                log.warning("holds: database unavailable")
-            else:
-                log.exception("holds maintenance failed")
-        await asyncio.sleep(interval_s)
+    """`maintain` every `interval_s` until cancelled; database outages are retried."""
+    await repeat(lambda: maintain(engine), every_s=interval_s, what="holds maintenance",
+                 logger=log)

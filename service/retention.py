@@ -28,7 +28,7 @@ from typing import Final
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service import metrics
-from service.db.engine import is_unavailable
+from service.db.engine import repeat
 from service.db.statements import Statement, run
 
 log = logging.getLogger(__name__)
@@ -137,16 +137,7 @@ async def prune(engine: AsyncEngine, *, keep_seconds: float, batch_size: int,
 
 async def retention_loop(engine: AsyncEngine, *, keep_seconds: float, batch_size: int,
                          evidence_keep_seconds: float, interval_s: float) -> None:
-    """Prune, sleep `interval_s`, repeat; database outages are logged and retried."""
-    while True:
-        try:
-            await prune(engine, keep_seconds=keep_seconds, batch_size=batch_size,
-                        evidence_keep_seconds=evidence_keep_seconds)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            if is_unavailable(exc):
-                log.warning("retention: database unavailable")
-            else:
-                log.exception("retention failed")
-        await asyncio.sleep(interval_s)
+    """Prune, sleep `interval_s`, repeat until cancelled; database outages are retried."""
+    await repeat(lambda: prune(engine, keep_seconds=keep_seconds, batch_size=batch_size,
+                               evidence_keep_seconds=evidence_keep_seconds),
+                 every_s=interval_s, what="retention", logger=log)

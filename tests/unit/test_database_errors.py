@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+
 import pytest
 from sqlalchemy import exc as sa_exc
 
-from service.db.engine import is_busy
+from service.db.engine import is_busy, repeat
 
 
 class _DriverError(Exception):
@@ -31,3 +34,31 @@ def test_busy_sqlstates(sqlstate: str, busy: bool) -> None:
 
 def test_other_errors_are_not_busy() -> None:
     assert not is_busy(RuntimeError("boom"))
+
+
+async def test_a_background_loop_outlives_every_failure_but_its_cancellation(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """`repeat` (retention, hold maintenance): an unreachable database is a warning, any
+    other failure is logged with its traceback, and both are tried again next time."""
+    failures: list[BaseException] = [ConnectionRefusedError(), ValueError("bug")]
+    turns = 0
+    stop = asyncio.Event()
+
+    async def step() -> None:
+        nonlocal turns
+        turns += 1
+        if failures:
+            raise failures.pop(0)
+        stop.set()
+
+    logger = logging.getLogger("tests.repeat")
+    with caplog.at_level(logging.WARNING, logger="tests.repeat"):
+        loop = asyncio.create_task(repeat(step, every_s=0, what="chores", logger=logger))
+        await asyncio.wait_for(stop.wait(), timeout=5)
+        loop.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await loop
+    assert turns >= 3  # it went on after the two failures (until cancelled)
+    assert [(r.levelno, r.getMessage(), r.exc_info is not None) for r in caplog.records] == [
+        (logging.WARNING, "chores: database unavailable", False),
+        (logging.ERROR, "chores failed", True)]
