@@ -104,13 +104,16 @@ _PLACE = Statement("holds.place", (
 # calls in flight, noted on the hold. The hold's row is locked in each chunk, so a release
 # or another marking of the same hold waits for it.
 MARK_CHUNK: Final = 10_000
+# CTE `target`: the hold, while it is neither released nor in effect, its row locked (each
+# step-2 statement starts with it).
+_UNFINISHED_HOLD: Final = """target AS (
+        SELECT * FROM holds WHERE id = :id AND released_at IS NULL AND effective_at IS NULL
+        FOR UPDATE
+    )"""
 _MARK_CHUNK = Statement("holds.mark_chunk", (
     "Mark the next chunk of the items a hold covers (pending and leased) with its id, and "
     "note the leased ones on the hold as calls in flight."), f"""
-    WITH target AS (
-        SELECT * FROM holds WHERE id = :id AND released_at IS NULL AND effective_at IS NULL
-        FOR UPDATE
-    ),
+    WITH {_UNFINISHED_HOLD},
     chunk AS (
         SELECT i.id FROM items i, target hx
         WHERE {hold_covers()} AND i.status IN ('pending', 'leased') AND i.hold_id IS NULL
@@ -140,10 +143,7 @@ _MARK_CHUNK = Statement("holds.mark_chunk", (
 _TAKE_EFFECT = Statement("holds.take_effect", (
     "Record that a hold's items are marked: when, how many it holds, and the calls that "
     "finished in flight since it was recorded."), f"""
-    WITH target AS (
-        SELECT * FROM holds WHERE id = :id AND released_at IS NULL AND effective_at IS NULL
-        FOR UPDATE
-    ),
+    WITH {_UNFINISHED_HOLD},
     held AS (
         SELECT count(*) AS n FROM items i, target hx
         WHERE {hold_covers()} AND i.status IN ('pending', 'leased')
@@ -209,7 +209,7 @@ _LIST = Statement("holds.list", (
 _DUE_FOR_MAINTENANCE = Statement("holds.due_for_maintenance", (
     "Holds past their expiry and not released, and holds whose marking never committed."),
     f"""
-    SELECT id, released_at IS NULL AND expires_at <= now() AS expired
+    SELECT id, coalesce(expires_at <= now(), false) AS expired
     FROM holds
     WHERE released_at IS NULL
       AND (expires_at <= now()

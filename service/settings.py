@@ -142,7 +142,8 @@ class Settings(BaseSettings):
                 raise ValueError("each API token must be at least 16 characters long")
         return tokens
 
-    @field_validator("credentials_previous_keys", mode="before")
+    @field_validator("credentials_previous_keys", "evidence_previous_public_keys",
+                     mode="before")
     @classmethod
     def _split_keys(cls, value: object) -> object:
         if isinstance(value, str):
@@ -217,13 +218,6 @@ class Settings(BaseSettings):
                     f"key ({exc.reason or exc})") from None
         return self
 
-    @field_validator("evidence_previous_public_keys", mode="before")
-    @classmethod
-    def _split_public_keys(cls, value: object) -> object:
-        if isinstance(value, str):
-            return [k.strip() for k in value.split(",") if k.strip()]
-        return value
-
     @field_validator("evidence_previous_public_keys")
     @classmethod
     def _public_keys(cls, keys: list[str]) -> list[str]:
@@ -242,11 +236,13 @@ class Settings(BaseSettings):
         self.evidence_signer()  # raises, naming the setting and never the key
         return self
 
+    def _previous_public_keys(self) -> tuple[evidence.PublicKey, ...]:
+        return tuple(k for text in self.evidence_previous_public_keys
+                     for k in evidence.public_keys(text.encode()))
+
     def evidence_signer(self) -> evidence.Signer | None:
         """The configured evidence signing key with the earlier public keys, or None (the
         process makes a local key for the embedded database: `local_evidence_signer`)."""
-        previous = tuple(k for text in self.evidence_previous_public_keys
-                         for k in evidence.public_keys(text.encode()))
         try:
             if self.evidence_signing_key is not None:
                 source = "SWEEPER_EVIDENCE_SIGNING_KEY"
@@ -260,16 +256,15 @@ class Settings(BaseSettings):
             raise ValueError(f"{source}: cannot be read ({exc.strerror})") from None
         except evidence.KeyProblem as exc:
             raise ValueError(f"{source}: {exc}") from None
-        return evidence.Signer(key, previous)
+        return evidence.Signer(key, self._previous_public_keys())
 
     def local_evidence_signer(self) -> evidence.Signer | None:
         """`evidence_signer`, or with none configured and the embedded database (no
         database URL: local use), a key kept under data_dir, made on first use."""
         signer = self.evidence_signer()
         if signer is None and self.database_url is None:
-            signer = evidence.Signer(evidence.local_key(self.data_dir), tuple(
-                k for text in self.evidence_previous_public_keys
-                for k in evidence.public_keys(text.encode())))
+            signer = evidence.Signer(evidence.local_key(self.data_dir),
+                                     self._previous_public_keys())
         return signer
 
     @model_validator(mode="after")

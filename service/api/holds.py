@@ -10,15 +10,16 @@ from fastapi.openapi.models import Example
 from pydantic import BaseModel, Field, model_validator
 
 from service import holds, ledger
-from service.api.bodies import MAX_BIGINT, Id, PolicyName, RequestBody, Timestamp
+from service.api.bodies import ID_PATTERN, MAX_BIGINT, Id, PolicyName, RequestBody, Timestamp
 from service.api.deps import OperatorDep, RuntimeDep
 from service.api.problems import problem_responses, validation_problem
 from service.errors import Problem
 
 router = APIRouter(prefix="/v1", tags=["holds"], responses=problem_responses(401, 503))
 
-# No line breaks or other control characters: these end up in the audit trail and logs.
-_TEXT_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]*$"
+# Reasons and references take no control characters, as ids do (no line breaks in the
+# audit trail and the logs).
+_TEXT_PATTERN = ID_PATTERN
 
 
 class HoldIn(RequestBody):
