@@ -41,6 +41,8 @@ from service.db.migrate import head_revision
 from service.policies import Policies
 from service.runtime import Runtime, TokenSet
 from service.settings import Settings, plain_url
+from service.discovery import Discovery
+from service.stores import Stores
 from service.upstream import Upstreams
 from service.worker import database_pool
 
@@ -102,11 +104,13 @@ async def _publisher(runtime: Runtime) -> None:
     A run's own error is handled inside `publish_pending` (a retry, or the run marked failed
     and logged once); one reaching this loop came from listing the runs: the next pass
     lists them again."""
+    discovery = Discovery(runtime.policies, runtime.stores)
     while True:
         # cleared before the pass: a run created while it lists runs wakes the next one
         runtime.publisher_wake.clear()
         try:
-            await runs.publish_pending(runtime.engine, batch_size=runtime.settings.batch_size)
+            await runs.publish_pending(runtime.engine, batch_size=runtime.settings.batch_size,
+                                       discovery=discovery)
         except Exception as exc:
             if is_unavailable(exc) or is_busy(exc):
                 log.warning("publisher: database unavailable or busy",
@@ -138,7 +142,8 @@ def create_app(
                           exporter=metrics.install_ledger(engine, policies.policies),
                           keyring=keyring, credentials=store,
                           tenant_credentials=Credentials.of(policies, engine, keyring, store),
-                          signer=settings.local_evidence_signer())
+                          signer=settings.local_evidence_signer(),
+                          stores=Stores(policies.stores))
         # background loops, cancelled on shutdown; the worker pool stops by itself (grace)
         loops = [asyncio.create_task(_publisher(runtime), name="publisher"),
                  asyncio.create_task(holds.maintenance_loop(engine), name="holds")]
@@ -155,7 +160,8 @@ def create_app(
             pool = database_pool(engine, policies, upstreams, concurrency=settings.workers,
                                  listen_url=plain_url(database_url),
                                  grace_seconds=settings.shutdown_grace_seconds,
-                                 credentials=runtime.tenant_credentials)
+                                 credentials=runtime.tenant_credentials,
+                                 stores=runtime.stores)
             tasks.append(asyncio.create_task(pool.run(), name="workers"))
             # always: a scope paused before the policies file changed must resume too
             loops.append(asyncio.create_task(waiting_loop(
@@ -177,6 +183,7 @@ def create_app(
             await asyncio.gather(*tasks, return_exceptions=True)
             if upstreams is not None:
                 await upstreams.aclose()
+            await runtime.stores.aclose()
             await engine.dispose()
 
     app = FastAPI(

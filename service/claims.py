@@ -253,7 +253,7 @@ async def admit(db: Database, *, owner: str, wants: Mapping[str, int],
 class Completion:
     """The outcome of one attempt, as the ledger applies it.
 
-    `status` is the item's next status (pending, succeeded, dead); `retry_in_seconds` sets
+    `status` is the item's next status (pending, succeeded, dead, skipped); `retry_in_seconds` sets
     next_attempt_at from the database clock for pending; `refund_attempt` gives the attempt
     back (throttled, unauthorized: not the item's fault)."""
 
@@ -304,7 +304,8 @@ _COMPLETE = Statement("claims.complete", (
             last_status_code = d.http,
             last_error = CASE WHEN d.outcome = 'succeeded' THEN NULL ELSE d.reason END,
             dead_reason = CASE WHEN d.status = 'dead' THEN d.reason END,
-            completed_at = CASE WHEN d.status IN ('succeeded', 'dead') THEN now() END,
+            completed_at = CASE WHEN d.status IN ('succeeded', 'dead', 'skipped') THEN now()
+                           END,
             object_version = coalesce(d.object_version, i.object_version),
             updated_at = now()
         FROM done d

@@ -16,7 +16,7 @@ import httpx
 from service.errors import ConfigError, SweeperError
 from service.exits import Exit
 
-TERMINAL = ("succeeded", "dead", "cancelled")
+TERMINAL = ("succeeded", "dead", "cancelled", "skipped")
 POLL_INTERVAL_S = 0.5
 PLAIN_REPORT_EVERY_S = 5.0
 BAR_WIDTH = 30

@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from pydantic import AwareDatetime, TypeAdapter
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service import audit, limiter
 from service.db.statements import Statement, covering_hold, fetch, run
@@ -125,7 +125,8 @@ def host_problems(tenant_ids: Sequence[str], object_ids: Sequence[str],
     host and refuses the host its ids make. Nothing to do for fixed hosts; each distinct
     host is checked once."""
     templated = {name: policy.request for name, policy in policies.items()
-                 if policy is not None and policy.request.host_format is not None}
+                 if policy is not None and policy.request is not None
+                 and policy.request.host_format is not None}
     if not templated:
         return
     seen: dict[tuple[str, str, str], str | None] = {}
@@ -191,7 +192,9 @@ class Obligations:
 
 
 # One statement for the whole request (all-or-nothing). A second registration never
-# postpones: due_at only moves earlier, and only while the item is still pending. Only the
+# postpones: due_at only moves earlier, and only while the item is still pending. An item a
+# store target skipped (its row was active again) is re-armed: pending, unreleased, its
+# attempts reset, so the next run deletes it if its predicate holds by then. Only the
 # counts travel back, not a row per item.
 #
 # The columns travel as text, each one string joined by U+001F and split by PostgreSQL:
@@ -215,8 +218,16 @@ _REGISTER = Statement("ledger.register", (
                     CAST(string_to_array(:dues, chr(31)) AS timestamptz[]))
              AS u(tenant_id, object_id, policy, policy_version, operation_key, scope, due_at)
         ON CONFLICT (tenant_id, object_id, policy, policy_version) DO UPDATE
-            SET due_at = EXCLUDED.due_at, updated_at = now()
-            WHERE EXCLUDED.due_at < i.due_at AND i.status = 'pending'
+            SET due_at = EXCLUDED.due_at, updated_at = now(), status = 'pending',
+                released_at = CASE WHEN i.status = 'skipped' THEN NULL ELSE i.released_at END,
+                batch_id = CASE WHEN i.status = 'skipped' THEN NULL ELSE i.batch_id END,
+                attempts = CASE WHEN i.status = 'skipped' THEN 0 ELSE i.attempts END,
+                next_attempt_at = CASE WHEN i.status = 'skipped' THEN '-infinity'
+                                       ELSE i.next_attempt_at END,
+                completed_at = NULL,
+                hold_id = CASE WHEN i.status = 'skipped' THEN EXCLUDED.hold_id
+                               ELSE i.hold_id END
+            WHERE (EXCLUDED.due_at < i.due_at AND i.status = 'pending') OR i.status = 'skipped'
         RETURNING (xmax = 0) AS inserted
     )
     SELECT count(*) FILTER (WHERE inserted) AS inserted, count(*) AS changed FROM changed
@@ -238,6 +249,14 @@ async def register(engine: AsyncEngine, obligations: Obligations | Sequence[Regi
     """Register obligations idempotently in one transaction. ValueError (ScopeTooLong and
     HostRefused among them) for a value the ledger cannot hold or the upstream could never be
     called with, before anything is written."""
+    async with engine.begin() as conn:
+        return await register_in(conn, obligations)
+
+
+async def register_in(conn: AsyncConnection,
+                      obligations: Obligations | Sequence[Registration]) -> RegistrationResult:
+    """`register` inside the caller's transaction (discovery registers a page in the
+    transaction that moves its cursor on)."""
     given = obligations if isinstance(obligations, Obligations) else Obligations.of(obligations)
     if any(due.tzinfo is None for due in given.due_ats):
         raise ValueError("due_at must be timezone-aware")
@@ -265,9 +284,8 @@ async def register(engine: AsyncEngine, obligations: Obligations | Sequence[Regi
         "scopes": _column([scope_of[pair] for pair in pairs]),
         "dues": _column(_TIMESTAMPS.dump_python(list(rows.due_ats), mode="json")),
     }
-    async with engine.begin() as conn:
-        await limiter.ensure_scopes(conn, budgets)
-        counts = (await run(conn, _REGISTER, params)).one()
+    await limiter.ensure_scopes(conn, budgets)
+    counts = (await run(conn, _REGISTER, params)).one()
     inserted = int(counts.inserted)
     advanced = int(counts.changed) - inserted
     return RegistrationResult(inserted=inserted, advanced=advanced,

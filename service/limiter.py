@@ -35,7 +35,7 @@ from service.db.statements import (
     ready_item,
     run,
 )
-from service.policies import Policy
+from service.policies import Policy, PolicyConfig
 
 MAX_JITTER_S: Final = 1.0
 JITTER_SHARE: Final = 0.1  # of the delay, bounded by MAX_JITTER_S
@@ -143,13 +143,24 @@ def budget_of(policy: Policy) -> Budget:
     per call). A budget in points is counted in calls of the requested cost: the bucket,
     the claim and GET /v1/scopes stay in calls, and an answer's actual cost refunds the
     fraction of a call it did not spend (scope_signals). A batch policy's token is one call
-    of up to `max_objects` items."""
-    rate, cost, batch = policy.config.rate, policy.config.cost, policy.config.batch
-    per_call = batch.max_objects if batch is not None else 1
-    if cost is None:
+    of up to `max_objects` items. A budget in rows (a store target's) is counted in calls of
+    `max_objects` rows, and a statement of fewer rows refunds the rest likewise."""
+    rate = policy.config.rate
+    per_call = policy.per_call
+    cost = call_cost(policy.config)
+    if cost == 1.0:
         return (rate.per_second, rate.burst, per_call)
-    return (rate.per_second / cost.requested, max(1, int(rate.burst // cost.requested)),
-            per_call)
+    return (rate.per_second / cost, max(1, int(rate.burst // cost)), per_call)
+
+
+def call_cost(cfg: PolicyConfig) -> float:
+    """What one token of the scope's bucket stands for in the policy's own unit: a call,
+    the requested cost of one in points, or a statement's worth of rows."""
+    if cfg.cost is not None:
+        return cfg.cost.requested
+    if cfg.rate.unit == "rows":
+        return float(cfg.batch.max_objects) if cfg.batch is not None else 1.0
+    return 1.0
 
 
 # Work is a ready item or an expired lease; the workers-wide pause stops every scope. The
@@ -241,6 +252,7 @@ class Closure:
     delay_seconds: float | None
     backoff_base_s: float
     backoff_max_s: float
+    reason: str | None = None  # what closed it (an outcome's reason): GET /v1/scopes shows it
 
 
 # Close scopes after a 429 (or an exhausted RateLimit header). closed_until only moves
@@ -255,8 +267,9 @@ _CLOSE = Statement("limiter.close", (
         SELECT * FROM unnest(CAST(:names AS text[]), CAST(:delays AS double precision[]),
                              CAST(:bases AS double precision[]),
                              CAST(:maxes AS double precision[]),
-                             CAST(:jitters AS double precision[]))
-        AS c(name, delay, base, max_s, jitter)
+                             CAST(:jitters AS double precision[]),
+                             CAST(:reasons AS text[]))
+        AS c(name, delay, base, max_s, jitter, reason)
     ),
     locked AS (
         SELECT s.name, s.backoff_level, NOT {CLOSURE_OVER} AS in_force
@@ -264,7 +277,7 @@ _CLOSE = Statement("limiter.close", (
         ORDER BY s.name FOR UPDATE OF s
     ),
     target AS (
-        SELECT l.name, (c.delay IS NULL) AS from_backoff,
+        SELECT l.name, c.reason, (c.delay IS NULL) AS from_backoff,
                -- a closure in force absorbs the dateless 429s of calls sent before it: a
                -- burst of them is one step of backoff, not one per call in flight
                (c.delay IS NULL AND l.in_force) AS absorbed,
@@ -279,6 +292,7 @@ _CLOSE = Statement("limiter.close", (
         refilled_at = CASE WHEN t.absorbed THEN s.refilled_at
                            ELSE greatest(coalesce(s.closed_until, '-infinity'), t.until) END,
         tokens = 0,
+        closed_reason = CASE WHEN t.absorbed THEN s.closed_reason ELSE t.reason END,
         backoff_level = CASE WHEN t.from_backoff AND NOT t.absorbed
                              THEN s.backoff_level + 1 ELSE s.backoff_level END,
         updated_at = now()
@@ -304,7 +318,8 @@ async def close(engine: AsyncEngine, closures: Mapping[str, Closure],
     await fetch_none(engine, _CLOSE, {
         "names": names, "delays": [c.delay_seconds for c in cs],
         "bases": [c.backoff_base_s for c in cs], "maxes": [c.backoff_max_s for c in cs],
-        "jitters": [jitter_for(c.delay_seconds, c.backoff_base_s, r) for c in cs]})
+        "jitters": [jitter_for(c.delay_seconds, c.backoff_base_s, r) for c in cs],
+        "reasons": [c.reason for c in cs]})
 
 
 _RECOVERED = Statement("limiter.recovered", (

@@ -12,7 +12,17 @@ docs/architecture.md (Outcomes), in full:
                   protocol error, no status at all
     permanent     other 4xx (400, 404, 409, 422...), malformed id  -> dead at once
     unauthorized  401/403; the tenant has no credential -> scope paused, item unpunished
+    skipped       a store target's statement found the row no longer matching its
+                  predicate (active again since discovery): not deleted, item ends skipped
     (a credential lookup that failed is `throttled`: nothing was sent, the item unpunished)
+
+A store target's statement (service/targets.py) fails as:
+
+    store unreachable, permission denied    unauthorized (the scope paused with the reason)
+    lock or statement timeout, serialization failure, deadlock    transient
+    the connection lost while it ran or committed                  unknown
+    any other SQL error                                            permanent
+    its guard over the threshold            throttled, for the guard's backoff
 
 A policy's answer rules (service/answers.py) are read first and passed in as `ruled`.
 """
@@ -45,6 +55,7 @@ class Outcome(StrEnum):
     UNKNOWN = "unknown"
     PERMANENT = "permanent"
     UNAUTHORIZED = "unauthorized"
+    SKIPPED = "skipped"
 
 
 class Failure(StrEnum):
@@ -58,6 +69,14 @@ class Failure(StrEnum):
     INVALID_REQUEST = "invalid_request"  # the id cannot form a URL: a poison item
     NO_CREDENTIAL = "no_credential"      # the tenant has no credential: never called
     CREDENTIAL_UNAVAILABLE = "credential_unavailable"  # its lookup failed: never called
+    # a store target's statement (service/targets.py)
+    STORE_UNREACHABLE = "store_unreachable"  # no connection: nothing ran
+    STORE_PERMISSION = "store_permission_denied"
+    STORE_BUSY = "store_busy"  # lock or statement timeout, serialization, deadlock: undone
+    STORE_LOST = "store_connection_lost"  # lost while it ran or committed: it may have
+    STORE_REFUSED = "store_refused"  # any other SQL error
+    STORE_GUARD = "store_guard"  # the guard's number is over its threshold: nothing ran
+    LEDGER_UNAVAILABLE = "ledger_unavailable"  # the run's cutoff could not be read: nothing ran
 
 
 @dataclass(frozen=True)
@@ -123,6 +142,9 @@ def classify(answer: Answer, *, absent_means_deleted: bool, now: datetime,
     """The one switch from an answer to an outcome. `ruled` is what the policy's answer
     rules made of it (service/answers.py), which takes precedence over the status table."""
     if answer.failure is not None:
+        if answer.failure is Failure.STORE_GUARD:
+            return Classified(Outcome.THROTTLED, answer.failure.value,
+                              parse_retry_after(answer.retry_after, now))
         return _classify_failure(answer.failure)
     status = answer.status
     if status is None:
@@ -153,11 +175,14 @@ def classify(answer: Answer, *, absent_means_deleted: bool, now: datetime,
 
 
 def _classify_failure(failure: Failure) -> Classified:
-    if failure in (Failure.CONNECT, Failure.TIMEOUT_BEFORE_SEND):
+    if failure in (Failure.CONNECT, Failure.TIMEOUT_BEFORE_SEND, Failure.STORE_BUSY):
         return Classified(Outcome.TRANSIENT, failure.value)
-    if failure is Failure.INVALID_REQUEST:
+    if failure in (Failure.INVALID_REQUEST, Failure.STORE_REFUSED):
         return Classified(Outcome.PERMANENT, failure.value)
-    if failure is Failure.CREDENTIAL_UNAVAILABLE:
+    if failure in (Failure.STORE_UNREACHABLE, Failure.STORE_PERMISSION):
+        # the store's fault, not the item's: its scope is paused, the item waits unpunished
+        return Classified(Outcome.UNAUTHORIZED, failure.value)
+    if failure in (Failure.CREDENTIAL_UNAVAILABLE, Failure.LEDGER_UNAVAILABLE):
         # our side failed before the call: the item is not punished and the scope waits
         # out its backoff, as after a 429 without a date
         return Classified(Outcome.THROTTLED, failure.value)
@@ -171,7 +196,7 @@ def _classify_failure(failure: Failure) -> Classified:
 class Plan:
     """What the ledger does with an item after an attempt (applied by claims.complete)."""
 
-    status: str  # pending | succeeded | dead
+    status: str  # pending | succeeded | dead | skipped
     retry_in_seconds: float
     refund_attempt: bool
     reason: str
@@ -184,6 +209,8 @@ def plan(result: Classified, *, attempt: int, max_attempts: int, backoff_base_s:
     outcome = result.outcome
     if outcome is Outcome.SUCCEEDED:
         return Plan("succeeded", 0.0, False, result.reason)
+    if outcome is Outcome.SKIPPED:
+        return Plan("skipped", 0.0, False, result.reason)
     if outcome is Outcome.PERMANENT:
         return Plan("dead", 0.0, False, result.reason)
     exponent = min(max(0, attempt - 1), MAX_BACKOFF_EXPONENT)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
     BaseModel,
@@ -28,6 +28,7 @@ from pydantic import (
     model_validator,
 )
 
+from service import store_sql
 from service.answers import (
     DEFAULT_MAX_BYTES,
     MAX_BODY_BYTES,
@@ -142,12 +143,12 @@ class UpstreamConfig(_Strict):
 
 
 class RateConfig(_Strict):
-    """The shared token bucket of a scope: sustained rate and burst, in calls or (with the
-    policy's `cost`) in the upstream's cost points."""
+    """The shared token bucket of a scope: sustained rate and burst, in calls, (with the
+    policy's `cost`) in the upstream's cost points, or (with a store `target`) in rows."""
 
     per_second: float = Field(ge=MIN_RATE_PER_SECOND, le=MAX_RATE_PER_SECOND)
     burst: int = Field(default=1, ge=1, le=100_000)
-    unit: Literal["calls", "points"] = "calls"
+    unit: Literal["calls", "points", "rows"] = "calls"
 
 
 class CostConfig(_Strict):
@@ -193,13 +194,81 @@ class BatchConfig(_Strict):
         return value
 
 
+EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
+SqlText = Annotated[str, Field(min_length=1, max_length=store_sql.MAX_SQL_CHARS)]
+# a table name in the store, optionally schema-qualified, as it is written unquoted
+SqlName = Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_]{0,62}(\.[a-z_][a-z0-9_]{0,62})?$")]
+
+
+class StoreConfig(_Strict):
+    """A PostgreSQL database of the store: its DSN is read from the environment (a read
+    replica may serve a source: name another store for it). `ledger_table` is where the
+    target records each batch it deleted, in the same transaction (docs/stores.md)."""
+
+    dsn_env: EnvName
+    max_connections: int = Field(default=4, ge=1, le=100)
+    connect_timeout_seconds: float = Field(default=5.0, gt=0, le=60)
+    ledger_table: SqlName = "sweeper_deletions"
+
+
+class SourceConfig(_Strict):
+    """Where a policy's candidates come from: a read-only query on a store with `:cutoff`,
+    returning `tenant_id`, `object_id` and `age`, read a page at a time by keyset on
+    (age, tenant_id, object_id), at most `rows_per_second`."""
+
+    store: str
+    query: SqlText
+    page: int = Field(default=5000, ge=1, le=50_000)
+    rows_per_second: float | None = Field(default=None, gt=0, le=10_000_000)
+    statement_timeout_ms: int = Field(default=5000, ge=1, le=600_000)
+
+
+class TargetConfig(_Strict):
+    """A statement deleting a batch of one scope's candidates on a store: it binds
+    `:object_ids` (text[]) and `:cutoff`, re-checks the age predicate, and returns the
+    `object_id` of each row it deleted."""
+
+    store: str
+    statement: SqlText
+    lock_timeout_ms: int = Field(default=200, ge=1, le=60_000)
+    statement_timeout_ms: int = Field(default=5000, ge=1, le=600_000)
+
+
+class GuardConfig(_Strict):
+    """Yield to shoppers: while a number read on the store is over `max`, the policy's
+    scopes close for `backoff_seconds` (like a 429). The number is one of: a query's single
+    value, the replay lag in seconds of the replica named `replica_lag`, or the count of
+    other active backends (`active_backends = true`). Read at most once per `every_seconds`
+    per process."""
+
+    store: str
+    query: SqlText | None = None
+    replica_lag: str | None = Field(default=None, min_length=1, max_length=63)
+    active_backends: bool = False
+    max: float = Field(ge=0, le=1e12)
+    backoff_seconds: float = Field(default=5.0, ge=0.1, le=3600)
+    every_seconds: float = Field(default=1.0, ge=0.05, le=60)
+
+    @model_validator(mode="after")
+    def _one(self) -> GuardConfig:
+        if sum((self.query is not None, self.replica_lag is not None,
+                self.active_backends)) != 1:
+            raise ValueError("name exactly one of query, replica_lag or active_backends")
+        return self
+
+
 class PolicyConfig(_Strict):
-    """A versioned retention rule: what to call, how fast, and how to read the answer."""
+    """A versioned retention rule: what to call (an upstream's HTTP API, or a statement on a
+    store's database), how fast, how to read the answer, and where candidates come from."""
 
     version: int = Field(ge=1)
-    upstream: str
+    upstream: str | None = None
     method: Literal["DELETE", "POST", "PUT", "PATCH"] = "DELETE"
-    path: str
+    path: str | None = None
+    # the store's own database: where candidates are found, and a statement deleting them
+    source: SourceConfig | None = None
+    target: TargetConfig | None = None
+    guard: GuardConfig | None = None
     # the JSON body: a TOML table or array, or JSON text; its strings are templates
     body: dict[str, Any] | list[Any] | None = None
     scope: str = "credential:{upstream}"
@@ -226,7 +295,9 @@ class PolicyConfig(_Strict):
 
     @field_validator("path")
     @classmethod
-    def _path_template(cls, value: str) -> str:
+    def _path_template(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
         if not value.startswith("/"):
             raise ValueError("must start with '/'")
         if "#" in value:
@@ -320,6 +391,7 @@ class PoliciesFile(_Strict):
     """The whole file as written."""
 
     upstreams: dict[str, UpstreamConfig] = Field(default_factory=dict)
+    stores: dict[str, StoreConfig] = Field(default_factory=dict)
     policies: dict[str, PolicyConfig] = Field(default_factory=dict)
     webhooks: dict[str, WebhookSourceConfig] = Field(default_factory=dict)
 
@@ -347,18 +419,39 @@ class Policy:
 
     name: str
     config: PolicyConfig
-    request: RequestTemplate = field(repr=False, compare=False)  # what each call sends
+    # what each HTTP call sends; None for a policy whose target is a store's database
+    request: RequestTemplate | None = field(repr=False, compare=False)
     answers: AnswerRules = field(default=NO_RULES, repr=False, compare=False)  # how it is read
 
     @property
     def version(self) -> int:
         return self.config.version
 
+    @property
+    def target_name(self) -> str:
+        """The upstream it calls, or the store its statement runs on."""
+        cfg = self.config
+        return cfg.target.store if cfg.target is not None else str(cfg.upstream)
+
+    @property
+    def per_call(self) -> int:
+        """How many objects one call (one HTTP request, one statement) carries at most."""
+        return self.config.batch.max_objects if self.config.batch is not None else 1
+
     def scope_for(self, tenant_id: str) -> str:
         """The limiter scope an item of this policy and tenant draws budget from."""
         return self.config.scope.format(
-            tenant_id=tenant_id, upstream=self.config.upstream, policy=self.name
+            tenant_id=tenant_id, upstream=self.target_name, policy=self.name
         )
+
+
+@dataclass(frozen=True)
+class Store:
+    """A resolved store database: its config and the DSN read from the environment."""
+
+    name: str
+    config: StoreConfig
+    dsn: str = field(repr=False)
 
 
 @dataclass(frozen=True)
@@ -378,6 +471,7 @@ class Policies:
     policies: Mapping[str, Policy]
     webhooks: Mapping[str, WebhookSource]
     source: str = "<none>"
+    stores: Mapping[str, Store] = field(default_factory=dict)
 
     @classmethod
     def empty(cls) -> Policies:
@@ -422,7 +516,7 @@ def resolve_policies(raw: Mapping[str, Any], env: Mapping[str, str], *, source: 
             fail(key, f"environment variable {var} is not set")
         return str(value or "")
 
-    for section in ("upstreams", "policies", "webhooks"):
+    for section in ("upstreams", "stores", "policies", "webhooks"):
         for name in getattr(parsed, section):
             if not re.match(NAME_PATTERN, name):
                 fail(f"{section}.{name}", "names are lower-case letters, digits, '-', '_' "
@@ -445,10 +539,29 @@ def resolve_policies(raw: Mapping[str, Any], env: Mapping[str, str], *, source: 
         upstreams[name] = Upstream(name=name, config=up, headers=headers, origin=origin,
                                    credential_headers=credential_headers)
 
+    stores = {name: Store(name=name, config=st,
+                          dsn=secret(st.dsn_env, f"stores.{name}.dsn_env"))
+              for name, st in parsed.stores.items()}
+
     policies: dict[str, Policy] = {}
     for name, pol in parsed.policies.items():
         key = f"policies.{name}"
-        upstream = upstreams.get(pol.upstream)
+        _store_problems(key, pol, parsed.stores, fail)
+        if pol.backoff.max_seconds < pol.backoff.base_seconds:
+            fail(f"{key}.backoff.max_seconds", "must be at least base_seconds")
+        if pol.target is not None:
+            if not any(f"{key}.{sub}" in p for p in problems for sub in ("target", "upstream")):
+                policies[name] = Policy(name=name, config=pol, request=None)
+            continue
+        upstream = upstreams.get(pol.upstream) if pol.upstream is not None else None
+        if pol.upstream is None:
+            fail(key, "name an upstream (and its path) to call, or a store target = { store "
+                      "= ..., statement = ... }")
+            continue
+        if pol.path is None:
+            fail(f"{key}.path", "required key is missing (the path the upstream is called "
+                                "at)")
+            continue
         if upstream is None:
             if pol.upstream not in parsed.upstreams:  # else its own problem is listed
                 fail(f"{key}.upstream", f"unknown upstream {pol.upstream!r}; declared: "
@@ -458,13 +571,13 @@ def resolve_policies(raw: Mapping[str, Any], env: Mapping[str, str], *, source: 
         elif upstream.config.timeout_seconds >= pol.lease_seconds:
             fail(f"{key}.lease_seconds", f"must be longer than upstream {pol.upstream!r} "
                                          f"timeout_seconds ({upstream.config.timeout_seconds})")
-        if pol.backoff.max_seconds < pol.backoff.base_seconds:
-            fail(f"{key}.backoff.max_seconds", "must be at least base_seconds")
         if pol.batch is not None and not {"tenant_id", "policy"} <= template_fields(pol.scope):
             # a call is one scope's objects: one tenant's, sent with one policy's template
             fail(f"{key}.scope", "a policy with batch needs a scope holding {tenant_id} and "
                                  "{policy}, e.g. \"{policy}:{tenant_id}\"")
-        if (pol.rate.unit == "points") != (pol.cost is not None):
+        if pol.rate.unit == "rows":
+            fail(f"{key}.rate.unit", "a budget in rows is for a store target's statement")
+        elif (pol.rate.unit == "points") != (pol.cost is not None):
             fail(f"{key}.cost" if pol.cost is None else f"{key}.rate.unit",
                  "a budget in points needs the cost of a call: cost = { requested = ... }"
                  if pol.cost is None else "a call's cost counts against a budget in "
@@ -523,7 +636,66 @@ def resolve_policies(raw: Mapping[str, Any], env: Mapping[str, str], *, source: 
 
     if problems:
         raise ConfigError(*problems)
-    return Policies(upstreams=upstreams, policies=policies, webhooks=webhooks, source=source)
+    return Policies(upstreams=upstreams, policies=policies, webhooks=webhooks, source=source,
+                    stores=stores)
+
+
+_SOURCE_KINDS: Final = frozenset({"select", "with"})
+_TARGET_KINDS: Final = frozenset({"delete", "update", "with"})
+# what an HTTP call is made of: meaningless for a statement on a store
+_HTTP_ONLY: Final = ("method", "body", "answers", "cost", "initial_object_version")
+
+
+def _store_problems(key: str, pol: PolicyConfig, stores: Mapping[str, StoreConfig],
+                    fail: Callable[[str, str], None]) -> None:
+    """The checks of a policy's source, target and guard that the file alone can tell
+    (service/stores.py checks the rest against the store itself)."""
+    for part in ("source", "target", "guard"):
+        cfg = getattr(pol, part)
+        if cfg is not None and cfg.store not in stores:
+            fail(f"{key}.{part}.store", f"unknown store {cfg.store!r}; declared: "
+                                        f"{sorted(stores) or 'none'}")
+    if pol.source is not None:
+        for problem in store_sql.problems(pol.source.query, kinds=_SOURCE_KINDS,
+                                          required=frozenset({"cutoff"}),
+                                          allowed=frozenset({"cutoff"})):
+            fail(f"{key}.source.query", problem)
+    if pol.guard is not None and pol.guard.query is not None:
+        for problem in store_sql.problems(pol.guard.query, kinds=_SOURCE_KINDS,
+                                          required=frozenset(), allowed=frozenset()):
+            fail(f"{key}.guard.query", problem)
+    target = pol.target
+    if target is None:
+        if pol.guard is not None:
+            fail(f"{key}.guard", "a guard yields a store target's deletions: this policy "
+                                 "has no target")
+        return
+    for problem in store_sql.problems(target.statement, kinds=_TARGET_KINDS,
+                                      required=frozenset({"object_ids", "cutoff"}),
+                                      allowed=frozenset({"object_ids", "cutoff"}),
+                                      returning=True):
+        fail(f"{key}.target.statement", problem)
+    if pol.upstream is not None or pol.path is not None:
+        fail(f"{key}.upstream" if pol.upstream is not None else f"{key}.path",
+             "a policy with a store target calls no upstream")
+    for option in _HTTP_ONLY:
+        if option in pol.model_fields_set:
+            fail(f"{key}.{option}", "is for an upstream's HTTP call, not a store target")
+    if pol.batch is not None and "policy" not in template_fields(pol.scope):
+        # a statement is one policy's, and a token one statement of the scope's
+        fail(f"{key}.scope", "a store target with batch needs a scope holding {policy}, "
+                             "e.g. \"store:{upstream}:{policy}\" ({upstream} is the store)")
+    if pol.batch is not None and pol.batch.failed is not None:
+        fail(f"{key}.batch.failed", "is for an upstream's answer: a statement returns the "
+                                    "rows it deleted")
+    if pol.rate.unit not in ("calls", "rows"):
+        fail(f"{key}.rate.unit", "a store target's budget counts calls (statements) or rows")
+    # a statement past its timeout has ended before its lease does: no second worker runs
+    # the same batch while the first still might
+    longest = (target.lock_timeout_ms + target.statement_timeout_ms) / 1000
+    if longest >= pol.lease_seconds:
+        fail(f"{key}.lease_seconds", f"must be longer than the target's lock and statement "
+                                     f"timeouts together ({longest:g} s)")
 
 
 # Headers a call sets itself: a policies file never names them.

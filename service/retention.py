@@ -64,6 +64,21 @@ _PRUNE_ITEMS = Statement("retention.prune_items", (
     DELETE FROM items i USING doomed WHERE i.id = doomed.id
 """)
 
+# Skipped items (a store target found their row active again) keep no evidence: nothing was
+# deleted. Their own partial index (0015) keeps this an ordered index scan.
+_PRUNE_SKIPPED = Statement("retention.prune_skipped", (
+    "Delete one batch of skipped items finished before the retention period (their "
+    "attempts go with them), skipping rows another replica holds."), """
+    WITH doomed AS (
+        SELECT id FROM items
+        WHERE status = 'skipped' AND completed_at < now() - make_interval(secs => :keep_s)
+        ORDER BY completed_at
+        LIMIT :batch
+        FOR UPDATE SKIP LOCKED
+    )
+    DELETE FROM items i USING doomed WHERE i.id = doomed.id
+""")
+
 _PRUNE_EVIDENCE = Statement("retention.prune_evidence", (
     "Delete one batch of deletion evidence older than its retention period, skipping rows "
     "another replica holds."), """
@@ -125,6 +140,8 @@ async def prune(engine: AsyncEngine, *, keep_seconds: float, batch_size: int,
     batch by batch, until none is left (or `max_batches` per table)."""
     items = await _prune_table(engine, _PRUNE_ITEMS, "items", keep_seconds, batch_size,
                                max_batches, evidence_keep_s=evidence_keep_seconds)
+    items += await _prune_table(engine, _PRUNE_SKIPPED, "items", keep_seconds, batch_size,
+                                max_batches)
     receipts = await _prune_table(engine, _PRUNE_RECEIPTS, "webhook_receipts", keep_seconds,
                                   batch_size, max_batches)
     evidence = await _prune_table(engine, _PRUNE_EVIDENCE, "evidence", evidence_keep_seconds,

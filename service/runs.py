@@ -28,7 +28,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -39,6 +39,10 @@ from service.db.engine import is_busy, is_unavailable
 from service.db.statements import Statement, fetch
 from service.db.statements import run as run_statement
 from service.errors import SweeperError
+from service.stores import StoreError
+
+if TYPE_CHECKING:
+    from service.discovery import Discovery
 
 log = logging.getLogger(__name__)
 
@@ -197,15 +201,27 @@ def batch_digest(policy: str, version: int, cutoff: datetime, item_ids: list[int
 
 
 async def publish(engine: AsyncEngine, run_id: int, *, batch_size: int,
-                  lanes: int = PUBLICATION_LANES) -> bool:
-    """Publish one run to completion. False when another publisher holds it."""
+                  lanes: int = PUBLICATION_LANES, discovery: Discovery | None = None) -> bool:
+    """Publish one run to completion, its store sources' candidates discovered first
+    (service/discovery.py). False when another publisher holds it."""
     started = time.perf_counter()
     async with engine.begin() as conn:
         run = await _publishing_run(conn, run_id, _TAKE_RUN)
         if run is None:
             return False
-        if not run["report"]:
+        sourced = bool(discovery and not run["report"] and discovery.sourced(run))
+        if not run["report"] and not sourced:
             await _record_candidates(conn, run)
+    if sourced:
+        assert discovery is not None
+        # page by page, each its own transaction: no ledger lock is held across the store
+        await discovery.discover(engine, run)
+        async with engine.begin() as conn:
+            run = await _publishing_run(conn, run_id, _TAKE_RUN)
+            if run is None:
+                return False
+            if not run["report"]:
+                await _record_candidates(conn, run, discovered=True)
     if not run["dry_run"]:
         serial = run["max_items"] is not None
         await _all_lanes(engine, run_id, batch_size, 1 if serial else max(1, lanes))
@@ -283,10 +299,55 @@ _REPORT_COMPARISON = Statement("runs.report_comparison", (
     "'previous_dry_run', CAST(:comparison AS jsonb)) WHERE id = :id")
 
 
-async def _record_candidates(conn: AsyncConnection, run: Any) -> None:
+# A run with store sources: each discovered policy's figures join its report, `source`
+# saying what discovery read. A report-only run registered nothing, so the discovered
+# figures are its candidates for those policies (the ledger's would count only what an
+# earlier run left behind); a real run's stay the ledger's, which hold what it registered.
+_DISCOVERED_FIGURES = Statement("runs.discovered_figures", (
+    "Add what discovery found per source policy to the run's report (for a report-only "
+    "run, as its candidates) and total the run's figures again."), """
+    WITH d AS (
+        SELECT policy, candidates, oldest_age, newest_age,
+               jsonb_build_object('pages', pages, 'candidates', candidates,
+                                  'registered', registered, 'errors', errors,
+                                  'error_samples', error_samples) AS source
+        FROM discoveries WHERE run_id = :id
+    ),
+    merged AS (
+        SELECT coalesce(r.report -> 'policies', '{}') || coalesce(jsonb_object_agg(d.policy,
+                   CASE WHEN r.dry_run
+                        THEN jsonb_build_object('candidates', d.candidates,
+                                                'oldest_due_at', d.oldest_age,
+                                                'newest_due_at', d.newest_age, 'held', 0)
+                        ELSE coalesce(r.report -> 'policies' -> d.policy, jsonb_build_object(
+                                 'candidates', 0, 'oldest_due_at', NULL,
+                                 'newest_due_at', NULL, 'held', 0)) END
+                   || jsonb_build_object('source', d.source)), '{}') AS policies
+        FROM runs r LEFT JOIN d ON true
+        WHERE r.id = :id
+        GROUP BY r.id, r.report
+    )
+    UPDATE runs SET
+        report = jsonb_set(report, '{policies}', merged.policies),
+        candidates = (SELECT coalesce(sum(CAST(v ->> 'candidates' AS bigint)), 0)
+                      FROM jsonb_each(merged.policies) AS e(k, v)),
+        oldest_due_at = (SELECT min(CAST(v ->> 'oldest_due_at' AS timestamptz))
+                         FROM jsonb_each(merged.policies) AS e(k, v)),
+        newest_due_at = (SELECT max(CAST(v ->> 'newest_due_at' AS timestamptz))
+                         FROM jsonb_each(merged.policies) AS e(k, v))
+    FROM merged WHERE id = :id
+    RETURNING candidates
+""")
+
+
+async def _record_candidates(conn: AsyncConnection, run: Any, discovered: bool = False
+                             ) -> None:
     await run_statement(conn, _REPORT_IN_UTC)  # the report's rendering of due_at
     total = (await run_statement(conn, _RECORD_CANDIDATES, {**_filters(run), "id": run["id"]}
                                  )).scalar_one()
+    if discovered:
+        total = (await run_statement(conn, _DISCOVERED_FIGURES, {"id": run["id"]})
+                 ).scalar_one()
     if run["dry_run"]:
         previous = (await run_statement(conn, _PREVIOUS_DRY_RUN, {
             "id": run["id"], "policy": run["policy"], "tenant": run["tenant_id"]})).first()
@@ -360,7 +421,8 @@ _PUBLISHING_RUNS = Statement("runs.publishing", (
     "SELECT id FROM runs WHERE state = 'publishing' ORDER BY id")
 
 
-async def publish_pending(engine: AsyncEngine, *, batch_size: int) -> int:
+async def publish_pending(engine: AsyncEngine, *, batch_size: int,
+                          discovery: Discovery | None = None) -> int:
     """Publish every run still in state `publishing` (new, or left by a crash), each on its
     own: a run that raises is left for the next pass (database unavailable or busy) or
     marked failed, and the runs after it are published all the same. Returns the runs
@@ -370,8 +432,14 @@ async def publish_pending(engine: AsyncEngine, *, batch_size: int) -> int:
     deferred: list[int] = []
     for run_id in ids:
         try:
-            if await publish(engine, run_id, batch_size=batch_size):
+            if await publish(engine, run_id, batch_size=batch_size, discovery=discovery):
                 done += 1
+        except StoreError as exc:
+            # a store could not answer discovery: recorded on the run's discovery row, and
+            # the run waits for the next pass (nothing is lost)
+            log.warning("run discovery deferred: store could not answer",
+                        extra={"run_id": run_id, "store": exc.store,
+                               "error": exc.failure.value})
         except Exception as exc:
             # a retry when the database could not answer (or the run could not be marked)
             if is_unavailable(exc) or is_busy(exc) or not await _fail(engine, run_id, exc):

@@ -16,6 +16,7 @@ from service.metrics import Exporter
 from service.policies import Policies
 from service.runs import ProgressCache
 from service.settings import Settings
+from service.stores import Stores
 
 
 def _digest(token: str) -> bytes:
@@ -63,6 +64,8 @@ class Runtime:
     tenant_credentials: Credentials = field(default_factory=lambda: Credentials({}))
     # signs each run's evidence export; None: exports are unsigned (no key configured)
     signer: Signer | None = None
+    # the stores' databases: discovery reads their sources, the workers run their targets
+    stores: Stores = field(default_factory=lambda: Stores({}))
 
     def credential_upstreams(self) -> frozenset[str]:
         """The upstreams whose credentials operators may store through the API: those the

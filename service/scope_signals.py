@@ -9,6 +9,10 @@ Pure, like `outcomes`: no I/O and no clock of its own. The worker applies what t
                                     held locally for at most LOCAL_HOLD_S
     401 / 403                       paused as `unauthorized`, held locally for LOCAL_HOLD_S
     the tenant has no credential    paused as `no-credential`, held locally likewise
+    a store target unreachable or   paused as `store-unreachable` or
+    refusing its role               `store-permission-denied`, held locally likewise
+    a store target's guard over     closed for the guard's backoff, like a 429 with a date
+    its threshold
     2xx after this process backed   the scope's backoff level is reset
     off the scope
     RateLimit fields: quota spent   closed until the quota resets (any status)
@@ -25,7 +29,7 @@ from datetime import datetime
 from typing import Final
 
 from service.answers import Costs
-from service.limiter import Closure
+from service.limiter import Closure, call_cost
 from service.metrics import ScopeSignal
 from service.outcomes import Answer, Classified, Failure, Outcome, exhausted_for, remaining_for
 from service.policies import PolicyConfig
@@ -36,6 +40,9 @@ LOCAL_HOLD_S: Final = 1.0
 # A scope's pause reasons set by answers (an operator's pause carries the operator's reason).
 UNAUTHORIZED: Final = "unauthorized"
 NO_CREDENTIAL: Final = "no-credential"
+PAUSE_REASONS: Final = {Failure.NO_CREDENTIAL: NO_CREDENTIAL,
+                        Failure.STORE_UNREACHABLE: "store-unreachable",
+                        Failure.STORE_PERMISSION: "store-permission-denied"}
 
 
 @dataclass(frozen=True)
@@ -76,21 +83,22 @@ def effects_of(verdict: Classified, answer: Answer, cfg: PolicyConfig, now: date
         if delay is not None:
             delay = min(delay, cfg.retry_after_max_seconds)
         signals.append(ScopeSignal.THROTTLED)
-        closure = Closure(delay, base, max_s)
+        closure = Closure(delay, base, max_s, verdict.reason)
         backs_off = delay is None
         # held only until the database closure is in place: that closure is what every
         # replica obeys, and what an operator's `lift_closure` ends for all of them
         hold = min(LOCAL_HOLD_S, delay if delay is not None else base)
     elif verdict.outcome is Outcome.UNAUTHORIZED:
         signals.append(ScopeSignal.UNAUTHORIZED)
-        pause = NO_CREDENTIAL if answer.failure is Failure.NO_CREDENTIAL else UNAUTHORIZED
+        pause = PAUSE_REASONS.get(answer.failure or Failure.PROTOCOL, UNAUTHORIZED)
         hold = LOCAL_HOLD_S
     reset = exhausted_for(answer.rate_limits, now) if answer.rate_limits else None
     if reset is not None and reset > 0:
         # the upstream says the quota is spent: slow down before it answers 429. A reset
         # due now names no wait, and must not displace a throttle's backoff closure.
         signals.append(ScopeSignal.QUOTA_EXHAUSTED)
-        closure = merged(closure, Closure(min(reset, cfg.retry_after_max_seconds), base, max_s))
+        closure = merged(closure, Closure(min(reset, cfg.retry_after_max_seconds), base, max_s,
+                                          "quota_exhausted"))
     if not signals and not refund and cap is None:
         return SUCCESS if verdict.outcome is Outcome.SUCCEEDED else NO_EFFECT
     return ScopeEffects(signals=tuple(signals), closure=closure, pause=pause,
@@ -103,12 +111,12 @@ def _budget(verdict: Classified, answer: Answer, cfg: PolicyConfig, costs: Costs
             now: datetime) -> tuple[float, float | None]:
     """(refund, cap) in calls' worth of tokens: what the answer says the bucket should give
     back, and the most it should hold."""
-    if cfg.cost is None:
+    requested = call_cost(cfg)
+    if requested == 1.0 and cfg.cost is None:
         left = remaining_for(answer.rate_limits, now) if answer.rate_limits else None
         return 0.0, left
     if costs is None:
         return 0.0, None
-    requested = cfg.cost.requested
     if costs.actual is not None:
         # an answer's word, bounded: it may take at most a burst's worth (an upstream
         # claiming 1e300 points must not empty the bucket for good)

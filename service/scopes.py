@@ -18,7 +18,8 @@ _LIST = Statement("scopes.list", (
     "Scopes by name with the bucket's tokens as of now and the ready items waiting in "
     "each."), f"""
     SELECT s.name, s.rate_per_second, s.burst, s.weight, s.paused, s.paused_reason,
-           s.closed_until, s.backoff_level, s.budget_from_policy, s.updated_at,
+           s.closed_until, s.closed_reason, s.backoff_level, s.budget_from_policy,
+           s.updated_at,
            {tokens_at('clock_timestamp()')} AS tokens,
            e.eligible, e.oldest_due_at,
            extract(epoch FROM now() - e.oldest_due_at)::double precision

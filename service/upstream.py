@@ -30,8 +30,9 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from service.outcomes import Answer, Failure
+from service.outcomes import Answer, Classified, Failure
 from service.policies import Policy, Upstream
+from service.templates import RequestTemplate
 from service.transport import AiohttpTransport
 
 BODY_CAP_BYTES: Final = 4096
@@ -117,10 +118,16 @@ class UrlMaker:
 
 @dataclass(frozen=True)
 class CallResult:
-    """What happened on the wire, and how long it took."""
+    """What happened on the wire, and how long it took. A store target's statement
+    (service/targets.py) reads its own result: `verdict` is its outcome when the statement
+    ran, `skipped` the objects whose row no longer matched its predicate, and `rows` the
+    rows it spent from a budget in rows."""
 
     answer: Answer
     latency_ms: float
+    verdict: Classified | None = None
+    skipped: frozenset[str] = frozenset()
+    rows: int | None = None
 
 
 class UpstreamClient:
@@ -172,6 +179,8 @@ class UpstreamClient:
                     object_ids: Sequence[str]) -> Answer:
         template = policy.request
         method = policy.config.method
+        if template is None:  # a store target's policy: no HTTP call to make
+            return Answer(failure=Failure.INVALID_REQUEST)
         try:
             path, query = template.target(tenant_id, object_id, object_version, object_ids)
             if template.host_format is None and template.body_pieces is None:
@@ -184,7 +193,7 @@ class UpstreamClient:
                                         headers=headers, stream=_NO_BODY,
                                         extensions={"timeout": self._timeouts})
             else:
-                request = self._request(policy, tenant_id, object_id, path, query,
+                request = self._request(template, method, tenant_id, object_id, path, query,
                                         operation_key, object_version, object_ids)
                 if credential is not None:
                     self._with_credential(request.headers, credential)
@@ -221,15 +230,14 @@ class UpstreamClient:
                       retry_after=response.headers.get("retry-after"),
                       rate_limits=limits or None, body=body)
 
-    def _request(self, policy: Policy, tenant_id: str, object_id: str, path: str,
+    def _request(self, template: RequestTemplate, method: str, tenant_id: str, object_id: str,
+                 path: str,
                  query: str | None, operation_key: str, object_version: str,
                  object_ids: Sequence[str] = ()) -> httpx.Request:
         """A call with a templated host or a JSON body: the headers httpx.Request would build
         (Host, the body's Content-Type and Content-Length), prepared once per method as for
         the common call. ValueError for a host the upstream refuses: checked here again, on
         every call, whatever registration checked."""
-        template = policy.request
-        method = policy.config.method
         host = None if template.host_format is None else template.host(tenant_id, object_id)
         body = template.body(tenant_id, object_id, object_version, object_ids)
         url = self._urls.url(path, query=query, host=host)
@@ -340,7 +348,7 @@ class Upstreams:
         self._clients = {name: UpstreamClient(up, transport) for name, up in upstreams.items()}
 
     def for_policy(self, policy: Policy) -> UpstreamClient:
-        return self._clients[policy.config.upstream]
+        return self._clients[policy.target_name]
 
     async def warm_up(self) -> None:
         """Open each connection pool before the first call rather than on it: a new

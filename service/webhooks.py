@@ -192,9 +192,10 @@ def _hint(index: int, rule: WebhookRule, policies: Policies, headers: Mapping[st
                                                  f"{field} from {extractor} {problem}")
         assert value is not None
         ids[field] = value
-    problem = policy.request.host_problem(ids["tenant"], ids["object_id"])
-    if problem:
-        field, extractor = (("tenant", rule.tenant) if policy.request.host_field == "tenant_id"
+    request = policy.request
+    problem = request.host_problem(ids["tenant"], ids["object_id"]) if request else None
+    if problem and request is not None:
+        field, extractor = (("tenant", rule.tenant) if request.host_field == "tenant_id"
                             else ("object_id", rule.object_id))
         raise DeliveryRejected("unmappable", f"rules[{index}] (topic {rule.topic!r}): "
                                              f"{field} from {extractor} {problem}")

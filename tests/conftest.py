@@ -295,6 +295,15 @@ def db_url(pg_server_url: str, databases: Databases) -> Iterator[str]:
 
 
 @pytest.fixture
+def store_db_url(pg_server_url: str, databases: Databases) -> Iterator[str]:
+    """A second database for one test: a store's own (the test creates its tables; the
+    ledger's, cloned with it, stay unused)."""
+    name = databases.take()
+    yield _with_database(pg_server_url, name)
+    databases.give_back(name)
+
+
+@pytest.fixture
 def empty_db_url(pg_server_url: str) -> Iterator[str]:
     """A fresh database with no schema at all."""
     name = f"sweeper_e_{uuid.uuid4().hex[:12]}"

@@ -112,7 +112,8 @@ async def register_items(runtime: RuntimeDep, _actor: OperatorDep,
                 if problem:
                     errors.append({"loc": ["body", "items", str(n), field], "type": "invalid_id",
                                    "message": problem})
-    if any(p is not None and p.request.host_format is not None for p in policies.values()):
+    if any(p is not None and p.request is not None and p.request.host_format is not None
+           for p in policies.values()):
         # a policy whose upstream makes its host from the item: one that host_pattern
         # refuses could never be called
         for n, field, problem in ledger.host_problems(
@@ -143,7 +144,7 @@ async def register_items(runtime: RuntimeDep, _actor: OperatorDep,
 
 
 MAX_CHANGE = 10_000
-ItemStatus = Literal["pending", "leased", "succeeded", "dead", "cancelled"]
+ItemStatus = Literal["pending", "leased", "succeeded", "dead", "cancelled", "skipped"]
 
 
 class ItemOut(BaseModel):

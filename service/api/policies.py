@@ -16,12 +16,17 @@ class PolicyView(BaseModel):
 
     name: str
     version: int
-    upstream: str
-    method: str
-    path: str
+    # an HTTP policy's upstream, method and path; a store target's store (then they are null)
+    upstream: str | None
+    method: str | None
+    path: str | None
+    target_store: str | None = None
+    # where candidates come from: "registered" (POST /v1/items, webhooks) or "store:NAME"
+    source: str = "registered"
     scope: str
     rate_per_second: float
     burst: int
+    rate_unit: str = "calls"
     lease_seconds: int
     max_attempts: int
     absent_means_deleted: bool
@@ -41,8 +46,11 @@ async def list_policies(runtime: RuntimeDep, _actor: OperatorDep) -> PolicyList:
     for name in sorted(runtime.policies.policies):
         cfg = runtime.policies.policies[name].config
         views.append(PolicyView(
-            name=name, version=cfg.version, upstream=cfg.upstream, method=cfg.method,
-            path=cfg.path, scope=cfg.scope, rate_per_second=cfg.rate.per_second,
-            burst=cfg.rate.burst, lease_seconds=cfg.lease_seconds,
+            name=name, version=cfg.version, upstream=cfg.upstream,
+            method=None if cfg.target else cfg.method, path=cfg.path,
+            target_store=cfg.target.store if cfg.target else None,
+            source=f"store:{cfg.source.store}" if cfg.source else "registered",
+            scope=cfg.scope, rate_per_second=cfg.rate.per_second,
+            burst=cfg.rate.burst, rate_unit=cfg.rate.unit, lease_seconds=cfg.lease_seconds,
             max_attempts=cfg.max_attempts, absent_means_deleted=cfg.absent_means_deleted))
     return PolicyList(source=runtime.policies.source, policies=views)

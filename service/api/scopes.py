@@ -42,6 +42,9 @@ class ScopeOut(BaseModel):
         "the upstream's closure: no call before this moment (a 429's Retry-After, an "
         "exhausted RateLimit header, or the backoff after 429s without a date); null or "
         "past: not closed. A resume keeps it unless its body says lift_closure"))
+    closed_reason: str | None = Field(default=None, description=(
+        "what set closed_until: the answer's reason (http_429, quota_exhausted, "
+        "store_guard: the store's guard was over its threshold, ...)"))
     backoff_level: int = Field(description=(
         "429s without a usable date since the last success: the next one closes the scope "
         "for the policy's backoff base x 2^level, at most its backoff max"))

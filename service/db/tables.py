@@ -11,6 +11,7 @@ from sqlalchemy import (
     DateTime,
     Float,
     ForeignKey,
+    ForeignKeyConstraint,
     Integer,
     MetaData,
     SmallInteger,
@@ -47,6 +48,7 @@ scopes = Table(
     _ts("created_at"),
     _ts("updated_at"),
     Column("objects_per_call", Integer, nullable=False),  # a batch policy's (0012)
+    Column("closed_reason", Text),  # why closed_until was set (0015)
 )
 
 runs = Table(
@@ -71,6 +73,40 @@ runs = Table(
     Column("error", Text),
     _ts("created_at"),
     _ts("published_at", nullable=True),
+)
+
+discoveries = Table(
+    "discoveries",
+    metadata,
+    Column("run_id", BigInteger, ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True),
+    Column("policy", Text, primary_key=True),
+    _ts("after_age", nullable=True),
+    Column("after_tenant", Text),
+    Column("after_object", Text),
+    Column("pages", Integer, nullable=False),
+    Column("candidates", BigInteger, nullable=False),
+    Column("registered", BigInteger, nullable=False),
+    Column("errors", BigInteger, nullable=False),
+    Column("error_samples", JSONB, nullable=False),
+    _ts("oldest_age", nullable=True),
+    _ts("newest_age", nullable=True),
+    Column("done", Boolean, nullable=False),
+    Column("failure", Text),
+    _ts("started_at"),
+    _ts("updated_at"),
+)
+
+discovery_tenants = Table(
+    "discovery_tenants",
+    metadata,
+    Column("run_id", BigInteger, primary_key=True),
+    Column("policy", Text, primary_key=True),
+    Column("tenant_id", Text, primary_key=True),
+    Column("candidates", BigInteger, nullable=False),
+    _ts("oldest_age"),
+    _ts("newest_age"),
+    ForeignKeyConstraint(["run_id", "policy"], ["discoveries.run_id", "discoveries.policy"],
+                         ondelete="CASCADE"),
 )
 
 batches = Table(

@@ -22,7 +22,7 @@ from datetime import datetime
 from typing import Final
 
 from service import limiter, scope_signals
-from service.answers import NOTHING_READ
+from service.answers import NOTHING_READ, Costs, Reading
 from service.claims import Completion, Lease
 from service.db.engine import is_unavailable
 from service.limiter import Grant
@@ -56,6 +56,8 @@ ERROR_BACKOFF_MAX_S: Final = 5.0
 # next round's statements run while this round's calls do.
 MAX_ITEMS_PER_ROUND: Final = 64
 CLOCK_SAMPLES: Final = 8  # round trips that calibrate the database-clock offset
+# A store target's object whose row no longer matched the statement's predicate
+SKIPPED: Final = Classified(Outcome.SKIPPED, "predicate_no_longer_holds")
 # No real scope can carry this name (scope names have no control characters).
 WARM_UP_SCOPE: Final = "\x01warm-up"
 
@@ -262,7 +264,7 @@ class WorkerPool:
                 reason_override = None
                 try:
                     result = await (self.ports.calls.delete(policy, lease) if len(call) == 1
-                                    and policy.config.batch is None
+                                    and policy.per_call == 1 and policy.config.target is None
                                     else self.ports.calls.delete_batch(policy, call))
                 except Exception:
                     # A bug or an unforeseen client error must still end in an outcome; the
@@ -289,7 +291,9 @@ class WorkerPool:
         cfg = policy.config if policy is not None else None
         answer = result.answer
         reading = NOTHING_READ
-        if policy is not None and reason_override is None and answer.status is not None \
+        if result.rows is not None:
+            reading = Reading(None, Costs(actual=result.rows, available=None))
+        elif policy is not None and reason_override is None and answer.status is not None \
                 and not policy.answers.reads_nothing:
             try:
                 reading = policy.answers.read(answer.status, answer.body)
@@ -303,16 +307,18 @@ class WorkerPool:
             # the conflict named the version just sent (a concurrent writer): retrying at
             # once would spend the attempts in seconds, so it backs off like any transient
             ruled = Classified(ruled.outcome, ruled.reason + ":same_version")
-        verdict = classify(answer, now=finished, ruled=ruled,
-                           absent_means_deleted=bool(cfg and cfg.absent_means_deleted))
+        verdict = result.verdict or classify(
+            answer, now=finished, ruled=ruled,
+            absent_means_deleted=bool(cfg and cfg.absent_means_deleted))
         if cfg is not None and reason_override is None:
             effects = scope_signals.effects_of(verdict, answer, cfg, finished, reading.costs)
             self._signals.note(lease.scope, effects)
             if effects.hold_seconds is not None:
                 self._holds.hold(lease.scope, self._clock.monotonic() + effects.hold_seconds)
         failed = reading.failed if verdict.outcome is Outcome.SUCCEEDED else None
-        return [self._completion(each, cfg, result, verdict, started, finished,
-                                 reason_override, failed) for each in call]
+        return [self._completion(each, cfg, result,
+                                 SKIPPED if each.object_id in result.skipped else verdict,
+                                 started, finished, reason_override, failed) for each in call]
 
     def _completion(self, lease: Lease, cfg: PolicyConfig | None, result: CallResult,
                     verdict: Classified, started: datetime, finished: datetime,

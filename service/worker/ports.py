@@ -23,6 +23,7 @@ from service.credentials.waits import Credentials
 from service.limiter import Closure
 from service.outcomes import Answer, Failure
 from service.policies import Policy
+from service.targets import StoreTargets
 from service.upstream import CallResult, Upstreams
 
 log = logging.getLogger("service.worker")
@@ -123,11 +124,15 @@ class UpstreamCalls:
     """Calls through the pooled HTTP clients of the policies' upstreams, with the tenant's
     credential where the upstream takes one per tenant."""
 
-    def __init__(self, upstreams: Upstreams, credentials: Credentials | None = None) -> None:
+    def __init__(self, upstreams: Upstreams, credentials: Credentials | None = None,
+                 targets: StoreTargets | None = None) -> None:
         self.upstreams = upstreams
         self.credentials = credentials or Credentials({})
+        self.targets = targets  # the policies with a store target: a statement, not a call
 
     async def delete(self, policy: Policy, lease: Lease) -> CallResult:
+        if policy.config.target is not None:
+            return await self.delete_batch(policy, [lease])
         found = await self._credential(policy, lease)
         if isinstance(found, CallResult):
             return found
@@ -137,6 +142,11 @@ class UpstreamCalls:
             credential=found)
 
     async def delete_batch(self, policy: Policy, leases: Sequence[Lease]) -> CallResult:
+        if policy.config.target is not None:
+            if self.targets is None:  # a process wired without its stores: a bug
+                raise RuntimeError(f"policy {policy.name!r} has a store target and this "
+                                   "process has no stores")
+            return await self.targets.delete(policy, leases)
         first = leases[0]
         found = await self._credential(policy, first)
         if isinstance(found, CallResult):

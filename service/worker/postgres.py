@@ -21,6 +21,8 @@ from service.claims import Admission, Completion, Lease
 from service.credentials.waits import Credentials
 from service.db.statements import Database, HeldConnection
 from service.policies import Policies
+from service.stores import Stores
+from service.targets import StoreTargets
 from service.upstream import Upstreams
 from service.worker.ports import NoWakeups, Ports, SystemClock, UpstreamCalls
 
@@ -136,11 +138,13 @@ class Listener:
 def database_ports(engine: AsyncEngine, policies: Policies, upstreams: Upstreams, *,
                    owner: str, listen_url: str | None = None,
                    rng: random.Random | None = None,
-                   credentials: Credentials | None = None) -> Ports:
+                   credentials: Credentials | None = None, stores: Stores | None = None
+                   ) -> Ports:
     """The ports of a pool on this database, calling these upstreams with these tenants'
-    credentials, on the real clock."""
+    credentials and running store targets' statements on `stores`, on the real clock."""
     ledger = PostgresLedger(engine, policies, owner=owner, rng=rng)
     return Ports(admission=ledger, completion=ledger, signals=ledger,
-                 calls=UpstreamCalls(upstreams, credentials), clock=SystemClock(),
+                 calls=UpstreamCalls(upstreams, credentials, StoreTargets(stores, engine)
+                                     if stores is not None else None), clock=SystemClock(),
                  wakeups=Listener(listen_url) if listen_url else NoWakeups(),
                  hold=ledger.hold)

@@ -18,6 +18,7 @@ from service.db.engine import make_engine
 from service.metrics import initialise_series
 from service.policies import Policies
 from service.settings import Settings, plain_url
+from service.stores import Stores
 from service.upstream import Upstreams
 from service.worker.pool import WorkerPool, worker_name
 from service.worker.ports import Ports
@@ -32,7 +33,8 @@ def database_pool(engine: AsyncEngine, policies: Policies, upstreams: Upstreams,
                   concurrency: int, listen_url: str | None = None,
                   grace_seconds: float = 20.0, name: str | None = None,
                   rng: random.Random | None = None, faults: Faults | None = None,
-                  credentials: Credentials | None = None) -> WorkerPool:
+                  credentials: Credentials | None = None, stores: Stores | None = None
+                  ) -> WorkerPool:
     """A pool claiming from `engine`'s ledger and calling `upstreams` with `credentials`
     (default: the policies' sources; the API's store needs the keyring). `faults` may wrap
     its ports (the drills' fault injection)."""
@@ -41,7 +43,7 @@ def database_pool(engine: AsyncEngine, policies: Policies, upstreams: Upstreams,
     if credentials is None:
         credentials = Credentials.of(policies, engine, None)
     ports = database_ports(engine, policies, upstreams, owner=name, listen_url=listen_url,
-                           rng=rng, credentials=credentials)
+                           rng=rng, credentials=credentials, stores=stores)
     if faults is not None:
         ports = faults(ports)
     return WorkerPool(ports, policies, concurrency=concurrency, name=name,
@@ -54,11 +56,12 @@ async def run_worker_process(settings: Settings, policies: Policies, url: URL, *
     initialise_series(policies.policies)
     engine = make_engine(url, settings)
     upstreams = Upstreams(policies.upstreams)
+    stores = Stores(policies.stores)
     credentials = Credentials.of(policies, engine, Keyring.from_settings(settings))
     pool = database_pool(engine, policies, upstreams, concurrency=settings.workers,
                          listen_url=plain_url(url),
                          grace_seconds=settings.shutdown_grace_seconds, faults=faults,
-                         credentials=credentials)
+                         credentials=credentials, stores=stores)
     # always: a scope paused before the policies file changed must resume too
     waits = asyncio.create_task(waiting_loop(engine, policies, credentials), name="waits")
     loop = asyncio.get_running_loop()
@@ -72,5 +75,6 @@ async def run_worker_process(settings: Settings, policies: Policies, url: URL, *
         with contextlib.suppress(asyncio.CancelledError):
             await waits
         await upstreams.aclose()
+        await stores.aclose()
         await engine.dispose()
         log.info("worker stopped", extra={"worker": pool.name, "completed": pool.completed})

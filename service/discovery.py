@@ -1,0 +1,239 @@
+"""Discovery: a run of a policy with a store source finds its candidates by the source query
+itself, a page at a time, before publication releases them.
+
+Each page is read in its own short READ ONLY transaction on the store (service/stores.py),
+then applied in one ledger transaction that registers the page's items (a report-only run
+registers nothing) and moves the run's cursor past the page's last row. The cursor lives in
+`discoveries` and moves only if no other publisher moved it since it was read (its page
+count is the version), so a crash resumes at the last committed page and two publishers
+never apply the same page twice; registration is idempotent per obligation besides.
+
+A row that cannot become an item (a missing or malformed id, a tenant whose scope or host
+the policy refuses) is counted as a discovery error on the run, with the first few
+problems kept, and discovery goes on. A store that cannot be reached leaves the run
+publishing with the reason on its discovery row; the publisher tries again on its next
+pass and nothing is lost.
+
+Discovery reads at most the source's `rows_per_second`, and stops once a run with
+`max_items` has that many candidates: the next run's walk finds the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service import ledger
+from service.db.statements import Statement, fetch, fetch_none
+from service.db.statements import run as run_statement
+from service.ledger import Obligations
+from service.policies import Policies, Policy
+from service.stores import Cursor, StoreError, Stores
+
+log = logging.getLogger(__name__)
+
+MAX_ERROR_SAMPLES: Final = 20
+SHOWN_ID_CHARS: Final = 64  # of a malformed id, only this much is kept (repr'd)
+# per tenant, the largest this many are answered in run status (all are kept)
+MAX_TENANTS_SHOWN: Final = 1000
+
+_START = Statement("discovery.start", (
+    "The discovery row of a run's source policy, made on its first page."),
+    "INSERT INTO discoveries (run_id, policy) VALUES (:run, :policy) "
+    "ON CONFLICT (run_id, policy) DO NOTHING")
+_STATE = Statement("discovery.state", "Where a run's discovery of one policy stands.",
+                   "SELECT * FROM discoveries WHERE run_id = :run AND policy = :policy")
+# The page's figures and the cursor after it, only if no publisher moved it meanwhile
+_ADVANCE = Statement("discovery.advance", (
+    "Move a discovery's cursor past one page and add its figures, unless another publisher "
+    "applied a page since it was read."), """
+    UPDATE discoveries SET
+        after_age = :age, after_tenant = :tenant, after_object = :object,
+        pages = pages + 1, candidates = candidates + :candidates,
+        registered = registered + :registered, errors = errors + :errors,
+        error_samples = CASE WHEN jsonb_array_length(error_samples) >= :max_samples
+                             THEN error_samples
+                             ELSE error_samples || CAST(:samples AS jsonb) END,
+        oldest_age = least(oldest_age, CAST(:oldest AS timestamptz)),
+        newest_age = greatest(newest_age, CAST(:newest AS timestamptz)),
+        done = :done, failure = NULL, updated_at = now()
+    WHERE run_id = :run AND policy = :policy AND pages = :pages
+    RETURNING pages
+""")
+_TENANTS = Statement("discovery.tenants", (
+    "Add one page's candidates per tenant, with their oldest and newest age."), """
+    INSERT INTO discovery_tenants AS t (run_id, policy, tenant_id, candidates, oldest_age,
+                                        newest_age)
+    SELECT :run, :policy, u.tenant, u.n, u.oldest, u.newest
+    FROM unnest(CAST(:tenants AS text[]), CAST(:counts AS bigint[]),
+                CAST(:oldests AS timestamptz[]), CAST(:newests AS timestamptz[]))
+         AS u(tenant, n, oldest, newest)
+    ON CONFLICT (run_id, policy, tenant_id) DO UPDATE SET
+        candidates = t.candidates + EXCLUDED.candidates,
+        oldest_age = least(t.oldest_age, EXCLUDED.oldest_age),
+        newest_age = greatest(t.newest_age, EXCLUDED.newest_age)
+""")
+_FAILED = Statement("discovery.failed", (
+    "Record why a discovery's last page could not be read (it is tried again)."),
+    "UPDATE discoveries SET failure = :failure, updated_at = now() "
+    "WHERE run_id = :run AND policy = :policy")
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page read and sorted into what can be registered and what cannot."""
+
+    registrations: Obligations
+    ages: Sequence[datetime]
+    errors: list[dict[str, str]]
+    last: Cursor
+    rows: int
+
+
+def _shown(value: object) -> str:
+    return repr(value)[:SHOWN_ID_CHARS]
+
+
+def sort_page(policy: Policy, rows: Sequence[Any], cutoff: datetime) -> Page:
+    """The rows that can become items of `policy`, due at their age (at the latest the
+    run's cutoff, so this run releases them), and the problems of those that cannot."""
+    tenants: list[str] = []
+    objects: list[str] = []
+    ages: list[datetime] = []
+    errors: list[dict[str, str]] = []
+    for row in rows:
+        tenant, obj, age = row.tenant_id, row.object_id, row.age
+        problem = None
+        for name, value in (("tenant_id", tenant), ("object_id", obj)):
+            if problem is None:
+                found = "is NULL" if value is None else ledger.id_problem(value)
+                problem = f"{name} {found}" if found else None
+        if problem is None and age is None:
+            problem = "age is NULL"
+        if problem is None and ledger.utf8_size_over(policy.scope_for(tenant),
+                                                     ledger.MAX_SCOPE_BYTES):
+            problem = f"tenant_id makes a scope over {ledger.MAX_SCOPE_BYTES} bytes"
+        if problem is not None:
+            errors.append({"tenant_id": _shown(tenant), "object_id": _shown(obj),
+                           "problem": problem})
+            continue
+        tenants.append(tenant)
+        objects.append(obj)
+        ages.append(age)
+    refused = {n: f"{field} {problem}" for n, field, problem in ledger.host_problems(
+        tenants, objects, [policy.name] * len(tenants), {policy.name: policy})}
+    if refused:
+        for n in sorted(refused):
+            errors.append({"tenant_id": _shown(tenants[n]), "object_id": _shown(objects[n]),
+                           "problem": refused[n]})
+        keep = [n for n in range(len(tenants)) if n not in refused]
+        tenants = [tenants[n] for n in keep]
+        objects = [objects[n] for n in keep]
+        ages = [ages[n] for n in keep]
+    last = rows[-1] if rows else None
+    return Page(
+        registrations=Obligations(tenants, objects, [policy.name] * len(tenants),
+                                  [min(age, cutoff) for age in ages], {policy.name: policy}),
+        ages=ages, errors=errors, rows=len(rows),
+        last=Cursor(last.age, last.tenant_id, last.object_id) if last is not None
+        else Cursor())
+
+
+def _per_tenant(page: Page) -> dict[str, Any]:
+    counts: dict[str, list[Any]] = {}
+    for tenant, age in zip(page.registrations.tenant_ids, page.ages, strict=True):
+        entry = counts.get(tenant)
+        if entry is None:
+            counts[tenant] = [1, age, age]
+        else:
+            entry[0] += 1
+            entry[1] = min(entry[1], age)
+            entry[2] = max(entry[2], age)
+    names = sorted(counts)
+    return {"tenants": names, "counts": [counts[t][0] for t in names],
+            "oldests": [counts[t][1] for t in names], "newests": [counts[t][2] for t in names]}
+
+
+class Discovery:
+    """Discovers the candidates of a run's source policies (publication calls it first)."""
+
+    def __init__(self, policies: Policies, stores: Stores) -> None:
+        self.policies = policies
+        self.stores = stores
+
+    def sourced(self, run: Mapping[str, Any]) -> list[Policy]:
+        """The policies of `run` whose candidates come from a store."""
+        return [p for name, p in sorted(self.policies.policies.items())
+                if p.config.source is not None and run["policy"] in (None, name)]
+
+    async def discover(self, engine: AsyncEngine, run: Mapping[str, Any]) -> None:
+        """Walk every source policy of `run` to the end of its query. StoreError when a
+        store could not answer (recorded on the discovery row; the run waits for the
+        next pass)."""
+        for policy in self.sourced(run):
+            await self._walk(engine, run, policy)
+
+    async def _walk(self, engine: AsyncEngine, run: Mapping[str, Any], policy: Policy) -> None:
+        source = policy.config.source
+        assert source is not None
+        keys = {"run": run["id"], "policy": policy.name}
+        await fetch_none(engine, _START, keys)
+        started = time.monotonic()
+        read = 0
+        while True:
+            [state] = await fetch(engine, _STATE, keys)
+            if state.done:
+                return
+            cursor = Cursor(state.after_age, state.after_tenant, state.after_object)
+            try:
+                rows = await self.stores.read_page(source, run["cutoff"], cursor,
+                                                   tenant=run["tenant_id"])
+            except StoreError as exc:
+                await fetch_none(engine, _FAILED, {**keys, "failure": str(exc)})
+                raise
+            page = sort_page(policy, rows, run["cutoff"])
+            limit = run["max_items"]
+            done = page.rows < source.page or (
+                limit is not None and not run["dry_run"]
+                and state.candidates + len(page.registrations) >= limit)
+            await self._apply(engine, run, policy, state.pages, page, done)
+            read += page.rows
+            if done:
+                return
+            if source.rows_per_second is not None:
+                # never faster than the source's budget: the page after this one starts
+                # when the rows read so far are due
+                await asyncio.sleep(max(0.0, started + read / source.rows_per_second
+                                        - time.monotonic()))
+
+    async def _apply(self, engine: AsyncEngine, run: Mapping[str, Any], policy: Policy,
+                     pages: int, page: Page, done: bool) -> None:
+        """Register the page (not for a report-only run) and move the cursor past it, in
+        one transaction; nothing when another publisher applied a page meanwhile."""
+        keys = {"run": run["id"], "policy": policy.name}
+        ages = page.ages
+        async with engine.begin() as conn:
+            moved = (await run_statement(conn, _ADVANCE, {
+                **keys, "pages": pages, "age": page.last.age, "tenant": page.last.tenant_id,
+                "object": page.last.object_id, "candidates": len(page.registrations),
+                "registered": 0 if run["dry_run"] else len(page.registrations),
+                "errors": len(page.errors), "max_samples": MAX_ERROR_SAMPLES,
+                "samples": json.dumps(page.errors[:MAX_ERROR_SAMPLES]),
+                "oldest": min(ages) if ages else None, "newest": max(ages) if ages else None,
+                "done": done})).first()
+            if moved is None:
+                await conn.rollback()
+                return
+            if len(page.registrations):
+                await run_statement(conn, _TENANTS, {**keys, **_per_tenant(page)})
+                if not run["dry_run"]:
+                    await ledger.register_in(conn, page.registrations)
+

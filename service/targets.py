@@ -1,0 +1,252 @@
+"""A store target: the policy's deletion statement run on the store's own database.
+
+One call is one transaction on the store, for up to `batch.max_objects` items of one scope:
+
+  1. the guard, if the policy has one, is read (shared by the process, at most once per
+     `every_seconds`); over its threshold nothing runs and the scope closes like a 429;
+  2. `lock_timeout` and `statement_timeout` are set for the transaction;
+  3. the batch's identity (policy, version, the run's cutoff, the sorted object ids) is
+     inserted into the store's ledger table. A conflict means this batch already ran and
+     committed: its recorded result is the answer, nothing is deleted again;
+  4. the statement runs with `:object_ids` and `:cutoff`: it re-checks the age predicate,
+     so a row that became active again after discovery is left alone (its item ends
+     `skipped`), and returns the object id of each row it deleted;
+  5. what it deleted is written to the identity's row, and the transaction commits.
+
+A redelivered item (its lease expired after the store committed, before the ledger did)
+may come back in a batch of other items: its identity is new, so before the statement runs
+the objects earlier batches of the same policy version recorded as deleted are looked up
+(only for batches holding a retried item) and count as deleted.
+
+The cutoff is that of the run whose batch released the item (for an item a webhook
+released, the moment it was released), read from the ledger.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Final
+
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from service.claims import Lease
+from service.db.statements import Statement, fetch, run
+from service.outcomes import Answer, Classified, Failure, Outcome
+from service.policies import Policy, Store
+from service.stores import (
+    StoreError,
+    Stores,
+    describe,
+    failure_of,
+    limit_transaction,
+    sqlstate,
+    target_statement,
+)
+from service.upstream import CallResult
+
+DELETED: Final = Classified(Outcome.SUCCEEDED, "store_deleted")
+# a concurrent CREATE TABLE of the same name: duplicate table, or its row type's unique key
+_CREATED_MEANWHILE: Final = frozenset({"42P07", "23505"})
+
+_CUTOFFS = Statement("targets.cutoffs", (
+    "The cutoff each leased item of a store target is deleted under: its run's, or the "
+    "moment a webhook released it."), """
+    SELECT i.id, coalesce(r.cutoff, i.released_at, now()) AS cutoff
+    FROM items i
+    LEFT JOIN batches b ON b.id = i.batch_id
+    LEFT JOIN runs r ON r.id = b.run_id
+    WHERE i.id = ANY(CAST(:ids AS bigint[]))
+""")
+
+
+def ledger_create(table: str) -> Statement:
+    """The store's ledger table of batches deleted (docs/stores.md shows it for a DBA
+    who creates it rather than granting CREATE)."""
+    return Statement("targets.ledger_create", "Create the store's ledger of deleted "
+                     "batches.", f"""
+    CREATE TABLE {table} (
+        identity       text PRIMARY KEY,
+        policy         text NOT NULL,
+        policy_version integer NOT NULL,
+        cutoff         timestamptz NOT NULL,
+        object_ids     text[] NOT NULL,
+        deleted        text[] NOT NULL DEFAULT '{{}}',
+        deleted_at     timestamptz NOT NULL DEFAULT now()
+    )""")
+
+
+def ledger_index(table: str) -> Statement:
+    """Which batches of a policy version deleted an object: what a redelivery looks up."""
+    name = table.rsplit(".", 1)[-1] + "_deleted"
+    return Statement("targets.ledger_index", "Index the store's ledger by the objects each "
+                     "batch deleted.", f"CREATE INDEX {name} ON {table} USING gin (deleted)")
+
+
+def ledger_insert(table: str) -> Statement:
+    return Statement("targets.ledger_insert", "Record a batch's identity before its "
+                     "statement runs; nothing when it already ran.", f"""
+    INSERT INTO {table} (identity, policy, policy_version, cutoff, object_ids)
+    VALUES (:identity, :policy, :version, :cutoff, CAST(:ids AS text[]))
+    ON CONFLICT (identity) DO NOTHING
+    RETURNING identity""")  # noqa: S608 - the table name is validated config
+
+
+def ledger_done(table: str) -> Statement:
+    return Statement("targets.ledger_done", "What a batch that already ran deleted.",
+                     f"SELECT deleted FROM {table} WHERE identity = :identity")  # noqa: S608
+
+
+def ledger_earlier(table: str) -> Statement:
+    return Statement("targets.ledger_earlier", "Which of these objects earlier batches of the "
+                     "policy version deleted.", f"""
+    SELECT DISTINCT o FROM {table}, unnest(deleted) AS o
+    WHERE deleted && CAST(:ids AS text[]) AND policy = :policy AND policy_version = :version
+      AND o = ANY(CAST(:ids AS text[]))""")  # noqa: S608 - the table name is validated config
+
+
+def ledger_record(table: str) -> Statement:
+    sql = f"UPDATE {table} SET deleted = CAST(:deleted AS text[]) WHERE identity = :identity"  # noqa: S608
+    return Statement("targets.ledger_record", "Record what a batch's statement deleted, in "
+                     "its transaction.", sql)
+
+
+_TABLE_EXISTS = Statement("targets.table_exists", "Whether the store's ledger table exists.",
+                          "SELECT to_regclass(:t) IS NOT NULL")
+
+
+@dataclass(frozen=True)
+class _Ledger:
+    """The statements of one store's ledger table."""
+
+    insert: Statement
+    done: Statement
+    earlier: Statement
+    record: Statement
+
+    @classmethod
+    def of(cls, table: str) -> _Ledger:
+        return cls(ledger_insert(table), ledger_done(table), ledger_earlier(table),
+                   ledger_record(table))
+
+
+def batch_identity(policy: Policy, cutoff: datetime, object_ids: Sequence[str]) -> str:
+    """A batch's durable identity in the store: policy, version, cutoff, sorted ids."""
+    digest = hashlib.sha256(f"{policy.name}\x00{policy.version}\x00{cutoff.isoformat()}"
+                            .encode())
+    for object_id in sorted(object_ids):
+        digest.update(b"\x00" + object_id.encode())
+    return digest.hexdigest()
+
+
+class StoreTargets:
+    """Runs store targets' statements: the worker's call for a policy with a `target`."""
+
+    def __init__(self, stores: Stores, ledger: AsyncEngine) -> None:
+        self.stores = stores
+        self.ledger = ledger
+        self._ledgers: dict[str, _Ledger] = {}  # stores whose ledger table is known to exist
+        self._statements: dict[str, Statement] = {}  # each policy's, built once
+
+    async def delete(self, policy: Policy, leases: Sequence[Lease]) -> CallResult:
+        started = time.perf_counter()
+
+        def result(answer: Answer, verdict: Classified | None = None,
+                   skipped: frozenset[str] = frozenset(), rows: int = 0) -> CallResult:
+            return CallResult(answer, (time.perf_counter() - started) * 1000, verdict,
+                              skipped, rows)
+
+        cfg = policy.config
+        target = cfg.target
+        assert target is not None  # the caller routes only policies with a target here
+        if cfg.guard is not None:
+            value = await self.stores.guard_value(cfg.guard)
+            if value is None or value > cfg.guard.max:
+                return result(Answer(failure=Failure.STORE_GUARD, retry_after=str(
+                    max(1, math.ceil(cfg.guard.backoff_seconds)))))
+        try:
+            cutoffs = {r.id: r.cutoff for r in await fetch(
+                self.ledger, _CUTOFFS, {"ids": [lease.item_id for lease in leases]})}
+        except Exception:
+            return result(Answer(failure=Failure.LEDGER_UNAVAILABLE))
+        groups: dict[datetime, list[Lease]] = defaultdict(list)
+        for lease in leases:
+            if lease.item_id in cutoffs:
+                groups[cutoffs[lease.item_id]].append(lease)
+        try:
+            conn = await self.stores.connect(target.store)
+        except StoreError as exc:
+            return result(Answer(failure=exc.failure))
+        try:
+            deleted = await self._run(conn, policy, groups)
+        except StoreError as exc:
+            return result(Answer(failure=exc.failure))
+        except Exception as exc:
+            return result(Answer(failure=failure_of(exc, connected=True)))
+        finally:
+            await conn.close()
+        skipped = frozenset(lease.object_id for lease in leases) - deleted
+        return result(Answer(), verdict=DELETED, skipped=skipped, rows=len(leases))
+
+    async def _run(self, conn: AsyncConnection, policy: Policy,
+                   groups: dict[datetime, list[Lease]]) -> frozenset[str]:
+        target = policy.config.target
+        assert target is not None
+        store = self.stores.stores[target.store]
+        if target.store not in self._ledgers:
+            await self._ensure_ledger_table(conn, store)
+        ledger = self._ledgers[target.store]
+        statement = self._statements.get(policy.name)
+        if statement is None:
+            statement = self._statements[policy.name] = target_statement(target)
+        deleted: set[str] = set()
+        async with conn.begin():
+            await limit_transaction(conn, statement_ms=target.statement_timeout_ms,
+                                    lock_ms=target.lock_timeout_ms)
+            for cutoff, group in groups.items():
+                ids = sorted({lease.object_id for lease in group})
+                identity = batch_identity(policy, cutoff, ids)
+                new = (await run(conn, ledger.insert, {
+                    "identity": identity, "policy": policy.name, "version": policy.version,
+                    "cutoff": cutoff, "ids": ids})).first()
+                if new is None:  # this very batch ran and committed: its answer stands
+                    deleted.update((await run(conn, ledger.done, {"identity": identity})
+                                    ).scalar_one())
+                    continue
+                earlier: set[str] = set()
+                if any(lease.attempt > 1 or lease.reclaimed for lease in group):
+                    earlier = {r[0] for r in await run(conn, ledger.earlier, {
+                        "ids": ids, "policy": policy.name, "version": policy.version})}
+                todo = [i for i in ids if i not in earlier]
+                gone: set[str] = set()
+                if todo:
+                    rows = await run(conn, statement, {"object_ids": todo, "cutoff": cutoff})
+                    gone = {str(r.object_id) for r in rows} & set(todo)
+                    await run(conn, ledger.record, {"deleted": sorted(gone),
+                                                    "identity": identity})
+                deleted |= gone | earlier
+        return frozenset(deleted)
+
+    async def _ensure_ledger_table(self, conn: AsyncConnection, store: Store) -> None:
+        """Create the store's ledger table if it is missing (a role without CREATE needs
+        a DBA to create it first: docs/stores.md)."""
+        table = store.config.ledger_table
+        async with conn.begin():
+            exists = (await run(conn, _TABLE_EXISTS, {"t": table})).scalar_one()
+        if not exists:
+            try:
+                async with conn.begin():
+                    await run(conn, ledger_create(table))
+                    await run(conn, ledger_index(table))
+            except Exception as exc:
+                if sqlstate(exc) not in _CREATED_MEANWHILE:  # another worker created it
+                    if failure_of(exc, connected=True) is Failure.STORE_PERMISSION:
+                        raise StoreError(store.name, Failure.STORE_PERMISSION,
+                                         f"cannot create {table}: {describe(exc)}") from None
+                    raise
+        self._ledgers[store.name] = _Ledger.of(table)
