@@ -38,10 +38,10 @@ from service.credentials import CredentialStore, Keyring
 from service.credentials.waits import Credentials, waiting_loop
 from service.db.engine import is_busy, is_unavailable, make_engine
 from service.db.migrate import head_revision
+from service.discovery import Discovery
 from service.policies import Policies
 from service.runtime import Runtime, TokenSet
 from service.settings import Settings, plain_url
-from service.discovery import Discovery
 from service.stores import Stores
 from service.upstream import Upstreams
 from service.worker import database_pool
