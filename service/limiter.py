@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -252,7 +252,9 @@ class Closure:
     delay_seconds: float | None
     backoff_base_s: float
     backoff_max_s: float
-    reason: str | None = None  # what closed it (an outcome's reason): GET /v1/scopes shows it
+    # what closed it (an outcome's reason), which GET /v1/scopes shows: not what the closure
+    # does, so two closures that act alike are equal whatever their reasons
+    reason: str | None = field(default=None, compare=False)
 
 
 # Close scopes after a 429 (or an exhausted RateLimit header). closed_until only moves

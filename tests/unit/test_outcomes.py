@@ -97,6 +97,14 @@ CLASSIFY_TABLE: list[tuple[Answer, bool, Outcome, str, float | None]] = [
     (Answer(failure=Failure.NO_CREDENTIAL), True, UA, "no_credential", None),
     # its lookup failed (the store's database): nothing sent, the item unpunished
     (Answer(failure=Failure.CREDENTIAL_UNAVAILABLE), True, TH, "credential_unavailable", None),
+    # a store target's statement (service/targets.py)
+    (Answer(failure=Failure.STORE_UNREACHABLE), False, UA, "store_unreachable", None),
+    (Answer(failure=Failure.STORE_PERMISSION), False, UA, "store_permission_denied", None),
+    (Answer(failure=Failure.STORE_BUSY), False, TR, "store_busy", None),
+    (Answer(failure=Failure.STORE_LOST), False, UK, "store_connection_lost", None),
+    (Answer(failure=Failure.STORE_REFUSED), False, PE, "store_refused", None),
+    (Answer(failure=Failure.STORE_GUARD, retry_after="5"), False, TH, "store_guard", 5.0),
+    (Answer(failure=Failure.LEDGER_UNAVAILABLE), False, TH, "ledger_unavailable", None),
     (Answer(status=200, failure=Failure.TIMEOUT_AFTER_SEND), True, UK, "timeout_after_send",
      None),
     (Answer(status=429, retry_after="5", failure=Failure.CONNECT), False, TR, "connect_error",
@@ -119,7 +127,9 @@ def test_classify_table(case: tuple[Answer, bool, Outcome, str, float | None]) -
 
 
 def test_the_table_covers_every_outcome_and_failure() -> None:
-    assert {c[2] for c in CLASSIFY_TABLE} == set(Outcome)
+    # `skipped` is no answer's class: a store target reads it from what its statement
+    # returned (tests/integration/test_stores.py)
+    assert {c[2] for c in CLASSIFY_TABLE} == set(Outcome) - {Outcome.SKIPPED}
     assert {c[0].failure for c in CLASSIFY_TABLE if c[0].failure} == set(Failure)
 
 

@@ -19,6 +19,7 @@ import pytest
 from service import (
     audit,
     claims,
+    discovery,
     evidence,
     holds,
     intake,
@@ -28,6 +29,8 @@ from service import (
     retention,
     runs,
     scopes,
+    stores,
+    targets,
 )
 from service.api import health
 from service.credentials import tenant_credentials, waits
@@ -39,19 +42,37 @@ from service.db.statements import (
     expired_lease,
     ready_item,
 )
+from service.policies import GuardConfig
 from tests.conftest import REPO_ROOT
+from tests.integration.store_schema import store_policies
 
 # Every module that runs SQL, each with its statements as module-level constants.
 MODULES = (claims, limiter, metrics, scopes, runs, ledger, retention, intake, audit, health,
-           migrate, embedded, tenant_credentials, waits, holds, evidence)
+           migrate, embedded, tenant_credentials, waits, holds, evidence, discovery, stores,
+           targets)
 # Statements on a plain asyncpg connection, sent as `statement.text` (`$n` parameters):
 # webhook intake (its own pool, one round trip per delivery) and the embedded server's
 # bootstrap (its admin database, before Sweeper's exists).
 ASYNCPG_MODULES = (intake, embedded)
 # Statements built by a function, because their text holds what no parameter can carry;
 # each built here with the value the service passes.
+_SHOP = store_policies("postgresql://store.invalid/shop").policies["expired-carts"].config
+assert _SHOP.source is not None and _SHOP.target is not None and _SHOP.guard is None
+_GUARD = GuardConfig(store="shop", active_backends=True, max=20)
 BUILT = {"service/db/embedded.py": {"_create_database": embedded._create_database(
-    embedded.DATABASE_NAME)}}
+    embedded.DATABASE_NAME)},
+    # a store's statements hold the policy's own SQL and its ledger table's name
+    "service/stores.py": {
+        "page_statement": stores.page_statement(_SHOP.source, after=True, tenant=True),
+        "columns_statement": stores.columns_statement(_SHOP.source),
+        "explain_statement": stores.explain_statement(
+            stores.page_statement(_SHOP.source, after=False, tenant=False), as_json=True),
+        "guard_statement": stores.guard_statement(_GUARD),
+        "target_statement": stores.target_statement(_SHOP.target)},
+    "service/targets.py": {
+        name: getattr(targets, name)("sweeper_deletions")
+        for name in ("ledger_create", "ledger_index", "ledger_insert", "ledger_done",
+                     "ledger_earlier", "ledger_record")}}
 
 # Modules allowed to call the driver directly, and why.
 EXEMPT = {
