@@ -59,6 +59,14 @@ def load_config() -> tuple[Settings, Policies]:
     configure_logging(settings)
     for warning in unknown_variables(os.environ):
         log.warning(warning)
+    if policies.stores:
+        from service.stores import check_policies
+
+        checked = asyncio.run(check_policies(policies))
+        if checked.problems:
+            raise ConfigError(*checked.problems)
+        for warning in checked.warnings:
+            log.warning(warning)
     return settings, policies
 
 
@@ -92,7 +100,7 @@ async def migrate_database(url: URL, settings: Settings, target: str = "head") -
         await engine.dispose()
 
 
-def cmd_check_config(_args: argparse.Namespace) -> int:
+def cmd_check_config(args: argparse.Namespace) -> int:
     """Every problem of the settings and the policies file at once, then the warnings."""
     problems: list[str] = []
     settings: Settings | None = None
@@ -119,6 +127,15 @@ def cmd_check_config(_args: argparse.Namespace) -> int:
         from service.credentials.waits import missing_key
 
         problems += missing_key(policies, Keyring.from_settings(settings))
+    statements: list[str] = []
+    if policies is not None and policies.stores:
+        from service.stores import check_policies
+
+        checked = asyncio.run(check_policies(policies, explain=args.explain))
+        problems += checked.problems
+        statements = checked.statements
+        for warning in checked.warnings:
+            print(f"sweeper: warning: {warning}", file=sys.stderr)
     if problems:
         raise ConfigError(*problems)
     assert settings is not None
@@ -130,10 +147,13 @@ def cmd_check_config(_args: argparse.Namespace) -> int:
         signing = f"signed with the key under {settings.data_dir}"
     else:
         signing = "UNSIGNED (set SWEEPER_EVIDENCE_SIGNING_KEY_FILE)"
-    print(f"ok: {len(policies.upstreams)} upstream(s), {len(policies.policies)} policy(ies), "
+    print(f"ok: {len(policies.upstreams)} upstream(s), {len(policies.stores)} store(s), "
+          f"{len(policies.policies)} policy(ies), "
           f"{len(policies.webhooks)} webhook source(s) from {policies.source}; "
           f"database: {'configured' if settings.database_url else 'embedded'}; "
           f"evidence exports: {signing}")
+    for shown in statements:
+        print(shown)
     return Exit.OK
 
 
@@ -420,7 +440,11 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check-config", help="validate settings and the policies file",
                            description="List every problem of the SWEEPER_* settings and the "
                                        "policies file, and warn about unknown SWEEPER_* "
-                                       "variables; exit 2 if there are problems.")
+                                       "variables; exit 2 if there are problems. Each "
+                                       "store's source queries and target statements are "
+                                       "checked against the store and shown.")
+    check.add_argument("--explain", action="store_true",
+                       help="show each store statement's plan (EXPLAIN; nothing is deleted)")
     check.set_defaults(func=cmd_check_config)
 
     run = sub.add_parser("run", help="trigger a run on a server (and follow it)",

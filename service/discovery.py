@@ -237,3 +237,60 @@ class Discovery:
                 if not run["dry_run"]:
                     await ledger.register_in(conn, page.registrations)
 
+
+
+_RUN = Statement("discovery.run", "The run a discovery report is of: its filter and kind.",
+                 "SELECT id, policy, tenant_id, dry_run FROM runs WHERE id = :run")
+# the latest report-only run before this one over the same policy and tenant, published
+_PREVIOUS_DRY_RUN = Statement("discovery.previous_dry_run", (
+    "The report-only run a report-only run's discovery is compared with."),
+    "SELECT id FROM runs WHERE dry_run AND state = 'published' AND id < :run "
+    "AND policy IS NOT DISTINCT FROM :policy AND tenant_id IS NOT DISTINCT FROM :tenant "
+    "ORDER BY id DESC LIMIT 1")
+_POLICIES = Statement("discovery.policies", "What a run's discovery found, per policy.",
+                      "SELECT policy, pages, candidates, registered, errors, error_samples, "
+                      "oldest_age, newest_age, done, failure, updated_at FROM discoveries "
+                      "WHERE run_id = :run ORDER BY policy")
+# Per tenant, this run's figures beside the previous report-only run's (a tenant in only
+# one of them too), largest first.
+_TENANT_FIGURES = Statement("discovery.tenant_figures", (
+    "A run's discovered candidates per tenant beside the previous report-only run's, "
+    "largest first."), """
+    SELECT coalesce(t.policy, p.policy) AS policy, coalesce(t.tenant_id, p.tenant_id)
+               AS tenant_id,
+           coalesce(t.candidates, 0) AS candidates, t.oldest_age, t.newest_age,
+           p.candidates AS previous_candidates
+    FROM (SELECT * FROM discovery_tenants WHERE run_id = :run) t
+    FULL JOIN (SELECT * FROM discovery_tenants WHERE run_id = :previous) p
+        ON p.policy = t.policy AND p.tenant_id = t.tenant_id
+    ORDER BY 1, 3 DESC, 2
+    LIMIT :limit
+""")
+
+
+async def report(engine: AsyncEngine, run_id: int, *, limit: int = MAX_TENANTS_SHOWN
+                 ) -> dict[str, Any] | None:
+    """What a run's discovery found per policy and per tenant (the largest `limit`); for a
+    report-only run, each tenant beside the previous report-only run's figure. None when
+    there is no such run."""
+    found = await fetch(engine, _RUN, {"run": run_id})
+    if not found:
+        return None
+    run = found[0]
+    previous = None
+    if run.dry_run:
+        rows = await fetch(engine, _PREVIOUS_DRY_RUN, {"run": run_id, "policy": run.policy,
+                                                        "tenant": run.tenant_id})
+        previous = int(rows[0].id) if rows else None
+    policies = {r.policy: {**r._mapping, "tenants": []}
+                for r in await fetch(engine, _POLICIES, {"run": run_id})}
+    for r in await fetch(engine, _TENANT_FIGURES, {"run": run_id, "previous": previous,
+                                                   "limit": limit}):
+        if r.policy not in policies:
+            continue  # a policy the previous run discovered and this one did not
+        difference = None if previous is None else r.candidates - (r.previous_candidates or 0)
+        policies[r.policy]["tenants"].append({
+            "tenant_id": r.tenant_id, "candidates": r.candidates, "oldest_age": r.oldest_age,
+            "newest_age": r.newest_age, "previous_candidates": r.previous_candidates
+            if previous is not None else None, "difference": difference})
+    return {"run_id": run_id, "previous_dry_run": previous, "policies": list(policies.values())}

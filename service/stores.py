@@ -30,7 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from service.db.engine import APPLICATION_NAME, UNAVAILABLE_ERRORS
 from service.db.statements import Statement, run
 from service.outcomes import Failure
-from service.policies import GuardConfig, SourceConfig, Store, TargetConfig
+from service.policies import GuardConfig, Policies, SourceConfig, Store, TargetConfig
 from service.settings import async_url
 from service.store_sql import typed, without_final_semicolon
 
@@ -400,3 +400,53 @@ def target_statement(target: TargetConfig) -> Statement:
                      "batch of object ids under one cutoff.",
                      typed(without_final_semicolon(target.statement),
                            {"object_ids": "text[]", "cutoff": "timestamptz"}))
+
+
+@dataclass(frozen=True)
+class StoreCheck:
+    """What start-up found of the policies' store statements: problems (each names its
+    key; the process refuses to start), warnings (a store out of reach: its scopes pause
+    when they need it), and each statement with its plan when asked."""
+
+    problems: list[str]
+    warnings: list[str]
+    statements: list[str]
+
+
+async def check_policies(policies: Policies, *, explain: bool = False) -> StoreCheck:
+    """Ask each store what it makes of the source queries and target statements."""
+    stores = Stores(policies.stores)
+    check = StoreCheck([], [], [])
+    unreachable: set[str] = set()
+    try:
+        for name, policy in sorted(policies.policies.items()):
+            source, target = policy.config.source, policy.config.target
+            parts: list[tuple[str, str, str]] = []
+            if source is not None:
+                parts.append(("source", source.store,
+                              page_statement(source, after=True, tenant=False).sql))
+            if target is not None:
+                parts.append(("target", target.store, target_statement(target).sql))
+            for part, store, sql in parts:
+                if store in unreachable:
+                    continue
+                key = f"policies.{name}.{part}"
+                try:
+                    if part == "source" and source is not None:
+                        found, plan = await check_source(stores, key, source, explain=explain)
+                    elif target is not None:
+                        found, plan = await check_target(stores, key, target, explain=explain)
+                except StoreError as exc:
+                    unreachable.add(store)
+                    check.warnings.append(
+                        f"policies file {policies.source}: stores.{store}: cannot be reached "
+                        f"({exc.failure.value}: {exc.detail}); its statements were not "
+                        "checked, and its scopes pause until it answers")
+                    continue
+                check.problems.extend(f"policies file {policies.source}: {p}" for p in found)
+                check.statements.append(
+                    f"{key} on store {store!r}:\n  {sql}"
+                    + ("\n  plan:\n    " + plan.replace("\n", "\n    ") if plan else ""))
+    finally:
+        await stores.aclose()
+    return check

@@ -11,7 +11,7 @@ from fastapi.openapi.models import Example
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
-from service import evidence, runs
+from service import discovery, evidence, runs
 from service.api.bodies import (
     ID_PATTERN,
     MAX_BIGINT,
@@ -80,6 +80,48 @@ class RunOut(BaseModel):
     attempts: dict[str, int] = Field(default_factory=dict, description="attempts by outcome")
     oldest_remaining_due_at: datetime | None = Field(default=None, description=(
         "the earliest due_at among the run's items still pending or leased"))
+
+
+class TenantFigures(BaseModel):
+    """What discovery found of one tenant."""
+
+    tenant_id: str
+    candidates: int
+    oldest_age: datetime | None
+    newest_age: datetime | None
+    previous_candidates: int | None = Field(description=(
+        "the previous report-only run's figure for this tenant (a report-only run only)"))
+    difference: int | None = Field(description="candidates less previous_candidates")
+
+
+class DiscoveredPolicy(BaseModel):
+    """A source policy's discovery in one run: how far the walk is, what it found."""
+
+    policy: str
+    pages: int
+    candidates: int
+    registered: int = Field(description="items registered (none for a report-only run)")
+    errors: int = Field(description=(
+        "rows that could not become items (a missing or malformed id, a refused tenant)"))
+    error_samples: list[dict[str, str]] = Field(description=(
+        "the first problems, each with a prefix of the row's ids"))
+    oldest_age: datetime | None
+    newest_age: datetime | None
+    done: bool
+    failure: str | None = Field(description=(
+        "why the last page could not be read (the run waits and tries again)"))
+    updated_at: datetime
+    tenants: list[TenantFigures] = Field(description="per tenant, the largest first (1,000 "
+                                                     "at most)")
+
+
+class DiscoveryOut(BaseModel):
+    """What a run found through its policies' store sources."""
+
+    run_id: int
+    previous_dry_run: int | None = Field(description=(
+        "the report-only run this one is compared with (a report-only run only)"))
+    policies: list[DiscoveredPolicy]
 
 
 class RunPage(BaseModel):
@@ -155,6 +197,20 @@ async def get_run(runtime: RuntimeDep, _actor: OperatorDep,
     if status is None:
         raise Problem(404, "run-not-found", "Run not found", f"no run {run_id}")
     return RunOut.model_validate(status)
+
+
+@router.get("/runs/{run_id}/discovery", operation_id="getRunDiscovery",
+            response_model=DiscoveryOut, responses=problem_responses(404, 422))
+async def get_run_discovery(runtime: RuntimeDep, _actor: OperatorDep,
+                            run_id: Annotated[int, Path(ge=1, le=MAX_BIGINT)]) -> DiscoveryOut:
+    """What the run's store sources found: per policy the pages read, candidates, items
+    registered, malformed rows and why a page could not be read; per tenant the candidates
+    with their oldest and newest age, and for a report-only run the difference from the
+    previous report-only run over the same policy and tenant."""
+    found = await discovery.report(runtime.engine, run_id)
+    if found is None:
+        raise Problem(404, "run-not-found", "Run not found", f"no run {run_id}")
+    return DiscoveryOut.model_validate(found)
 
 
 @router.get("/runs/{run_id}/evidence", operation_id="getRunEvidence",

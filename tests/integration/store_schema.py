@@ -47,11 +47,11 @@ async def create_store(url: str) -> None:
         await conn.close()
 
 
-def store_policy(source: str, target: str, **overrides: Any) -> dict[str, Any]:
+def store_policy(source_sql: str, target_sql: str, **overrides: Any) -> dict[str, Any]:
     policy: dict[str, Any] = {
         "version": 1,
-        "source": {"store": "shop", "query": source, "page": 50},
-        "target": {"store": "shop", "statement": target},
+        "source": {"store": "shop", "query": source_sql, "page": 50},
+        "target": {"store": "shop", "statement": target_sql},
         "batch": {"max_objects": 20},
         "scope": "store:{upstream}:{policy}",
         "rate": {"per_second": 5000, "burst": 400, "unit": "rows"},

@@ -5,14 +5,28 @@ next run collecting what a paused schedule left behind (docs/stores.md, the work
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
 import httpx
 import pytest
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine
 
-from tests.conftest import TOKEN_A, LiveServer, test_settings
+from service import claims, discovery, runs
+from service.discovery import Discovery
+from service.outcomes import Failure, Outcome, classify
+from service.policies import Policies
+from service.stores import StoreError, Stores
+from service.targets import StoreTargets
+from service.upstream import Upstreams
+from service.worker import database_pool
+from tests.conftest import TOKEN_A, LiveServer, free_port, test_settings
+from tests.integration.test_pipeline import drain
 from tests.integration.store_schema import create_store, store_policies
 
 
@@ -66,3 +80,257 @@ async def test_report_only_then_delete_then_collect_what_was_left(
         assert real["items"] == {"succeeded": 67}
         assert await store.fetchval("SELECT count(*) FROM carts") == 5
         assert await store.fetchval("SELECT count(*) FROM checkouts") == 4
+
+
+async def test_a_row_active_again_is_skipped_and_a_later_run_collects_it(
+        db_url: str, store_db_url: str, store: asyncpg.Connection) -> None:
+    await store.execute("INSERT INTO carts (shop, updated_at) SELECT 'shop-' || (i % 2), "
+                        "now() - interval '30 days' FROM generate_series(1, 30) i")
+    policies = store_policies(store_db_url)
+    async with LiveServer(test_settings(db_url, workers=4), policies, db_url) as live, \
+            httpx.AsyncClient(base_url=live.base_url, timeout=10,
+                              headers={"Authorization": f"Bearer {TOKEN_A}"}) as client:
+        # published (discovered and released) while no worker claims: then three shoppers
+        # come back to their carts before the deletion runs
+        assert (await client.post("/v1/workers/pause", json={"reason": "rehearsal"})
+                ).status_code == 200
+        run = (await client.post("/v1/runs", json={"policy": "expired-carts"})).json()
+        run = await wait_run(client, run["id"], drained=False)
+        assert run["released"] == 30
+        await store.execute("UPDATE carts SET updated_at = now() WHERE id <= 3")
+        assert (await client.post("/v1/workers/resume", json={})).status_code == 200
+        run = await wait_run(client, run["id"], drained=True)
+        assert run["items"] == {"succeeded": 27, "skipped": 3}
+        assert run["attempts"] == {"succeeded": 27, "skipped": 3}
+        assert sorted(r["id"] for r in await store.fetch("SELECT id FROM carts")) == [1, 2, 3]
+        skipped = (await client.get("/v1/items", params={"status": "skipped"})).json()
+        assert sorted(i["object_id"] for i in skipped["items"]) == ["1", "2", "3"]
+        assert {i["last_outcome"] for i in skipped["items"]} == {"skipped"}
+        metrics = (await client.get("/metrics")).text
+        assert 'sweeper_completions_total{outcome="skipped",policy="expired-carts"} 3.0' \
+            in metrics
+
+        # the schedule was paused a week; meanwhile those carts were abandoned again and
+        # new ones expired: the next run, with its later cutoff, finds them all
+        await store.execute("UPDATE carts SET updated_at = now() - interval '20 days'")
+        await store.execute("INSERT INTO carts (shop, updated_at) SELECT 'shop-2', "
+                            "now() - interval '10 days' FROM generate_series(1, 4)")
+        later = (await client.post("/v1/runs", json={"policy": "expired-carts"})).json()
+        later = await wait_run(client, later["id"], drained=True)
+        assert later["candidates"] == 7 and later["items"] == {"succeeded": 7}
+        assert await store.fetchval("SELECT count(*) FROM carts") == 0
+        # the re-armed items are the same obligations, each deleted once
+        items = (await client.get("/v1/items", params={"status": "succeeded",
+                                                       "limit": 100})).json()["items"]
+        assert len(items) == 34 and len({i["object_id"] for i in items}) == 34
+
+
+class FailingStores(Stores):
+    """A store that answers `pages` pages, then is unreachable."""
+
+    def __init__(self, stores: Stores, pages: int) -> None:
+        super().__init__(stores.stores)
+        self.left = pages
+
+    async def read_page(self, *args: Any, **kwargs: Any) -> list[Any]:
+        if self.left == 0:
+            raise StoreError("shop", Failure.STORE_UNREACHABLE, "ConnectionRefusedError")
+        self.left -= 1
+        return await super().read_page(*args, **kwargs)
+
+
+async def test_discovery_resumes_after_a_crash_and_counts_malformed_rows(
+        engine: AsyncEngine, store_db_url: str, store: asyncpg.Connection) -> None:
+    await store.execute("INSERT INTO carts (shop, updated_at) SELECT 'shop-' || (i % 4), "
+                        "now() - interval '30 days' - i * interval '1 second' "
+                        "FROM generate_series(1, 230) i")
+    # three rows no item can be made of: an empty tenant, a control character, 600 bytes
+    await store.execute("INSERT INTO carts (shop, updated_at) VALUES "
+                        "('', now() - interval '9 days'), (E'bad\\x01shop', now() - "
+                        "interval '9 days'), (repeat('x', 600), now() - interval '9 days')")
+    policies = store_policies(store_db_url)
+    stores = Stores(policies.stores)
+    run_id, _ = await runs.create_run(engine, runs.RunRequest("expired-carts", None, None,
+                                                              False, None), None)
+    try:
+        flaky = FailingStores(stores, pages=2)
+        with pytest.raises(StoreError):
+            await runs.publish(engine, run_id, batch_size=50,
+                               discovery=Discovery(policies, flaky))
+        report = await discovery.report(engine, run_id)
+        assert report is not None
+        [walk] = report["policies"]
+        assert walk["pages"] == 2 and walk["candidates"] == 100 and not walk["done"]
+        assert "store_unreachable" in walk["failure"]
+        async with engine.connect() as conn:
+            state = (await conn.execute(text("SELECT state, released FROM runs"))).one()
+        assert tuple(state) == ("publishing", 0)  # waits for the store, nothing lost
+        # a publisher on another replica picks the run up where the cursor stands
+        assert await runs.publish_pending(engine, batch_size=50,
+                                          discovery=Discovery(policies, stores)) == 1
+        await flaky.aclose()
+    finally:
+        await stores.aclose()
+    report = await discovery.report(engine, run_id)
+    assert report is not None
+    [walk] = report["policies"]
+    assert walk["done"] and walk["failure"] is None
+    assert (walk["candidates"], walk["registered"], walk["errors"]) == (230, 230, 3)
+    assert sorted(s["problem"] for s in walk["error_samples"]) == [
+        "tenant_id must be at most 512 bytes",
+        "tenant_id must not be empty",
+        "tenant_id must not contain control characters or unpaired surrogates"]
+    assert sum(t["candidates"] for t in walk["tenants"]) == 230
+    async with engine.connect() as conn:
+        counts = (await conn.execute(text(
+            "SELECT count(*), count(DISTINCT object_id), count(batch_id) FROM items"))).one()
+        run = (await conn.execute(text("SELECT state, candidates, released FROM runs"))).one()
+    assert tuple(counts) == (230, 230, 230)  # each registered once, all released
+    assert tuple(run) == ("published", 230, 230)
+
+
+async def publish_carts(engine: AsyncEngine, policies: Policies) -> list[claims.Lease]:
+    """Discover and release the expired carts; lease them all."""
+    stores = Stores(policies.stores)
+    try:
+        run_id, _ = await runs.create_run(engine, runs.RunRequest(
+            "expired-carts", None, None, False, None), None)
+        assert await runs.publish(engine, run_id, batch_size=100,
+                                  discovery=Discovery(policies, stores))
+    finally:
+        await stores.aclose()
+    admitted = await claims.admit(engine, owner="t", wants={SCOPE: 10},
+                                  lease_seconds={"expired-carts": 30}, lookahead_s=0)
+    return admitted.leases
+
+
+SCOPE = "store:shop:expired-carts"
+
+
+async def test_a_redelivered_batch_deletes_nothing_twice(
+        engine: AsyncEngine, store_db_url: str, store: asyncpg.Connection) -> None:
+    await store.execute("INSERT INTO carts (shop, updated_at) SELECT 'shop-1', "
+                        "now() - interval '30 days' FROM generate_series(1, 6)")
+    policies = store_policies(store_db_url)
+    policy = policies.policies["expired-carts"]
+    leases = await publish_carts(engine, policies)
+    assert len(leases) == 6
+    stores = Stores(policies.stores)
+    target = StoreTargets(stores, engine)
+    try:
+        first = await target.delete(policy, leases[:4])
+        assert first.verdict is not None and first.verdict.outcome is Outcome.SUCCEEDED
+        assert first.skipped == frozenset() and first.rows == 4
+        assert await store.fetchval("SELECT count(*) FROM carts") == 2
+        # the worker died before the ledger heard: the same batch again finds its record
+        await store.execute("INSERT INTO carts (shop, updated_at) OVERRIDING SYSTEM VALUE "
+                            "SELECT 'shop-1', now() - interval '30 days' FROM carts LIMIT 0")
+        again = await target.delete(policy, leases[:4])
+        assert again.verdict == first.verdict and again.skipped == frozenset()
+        # redelivered in another grouping, beside two never tried: the first four count as
+        # deleted (an earlier batch of this policy version recorded them), the rest run
+        retried = [dataclasses.replace(lease, attempt=2) for lease in leases[2:4]]
+        mixed = await target.delete(policy, [*retried, *leases[4:]])
+        assert mixed.skipped == frozenset() and mixed.rows == 4
+        assert await store.fetchval("SELECT count(*) FROM carts") == 0
+        recorded = await store.fetch("SELECT cardinality(object_ids) AS n, "
+                                     "cardinality(deleted) AS d FROM sweeper_deletions "
+                                     "ORDER BY deleted_at")
+        assert [(r["n"], r["d"]) for r in recorded] == [(4, 4), (4, 2)]
+    finally:
+        await stores.aclose()
+
+
+@pytest.mark.parametrize(("setup", "statement", "outcome", "reason"), [
+    # another transaction holds the row: the lock timeout undoes the statement
+    ("lock", None, Outcome.TRANSIENT, "store_busy"),
+    # the target's role may not delete: the scope pauses, the item waits unpunished
+    ("revoke", None, Outcome.UNAUTHORIZED, "store_permission_denied"),
+    # a statement the store refuses for what it is
+    (None, "DELETE FROM carts WHERE id = ANY(CAST(:object_ids AS bigint[])) AND updated_at < "
+           ":cutoff AND 1 / 0 = 1 RETURNING id::text AS object_id", Outcome.PERMANENT,
+     "store_refused"),
+])
+async def test_store_failures_are_classified(
+        engine: AsyncEngine, store_db_url: str, store: asyncpg.Connection,
+        setup: str | None, statement: str | None, outcome: Outcome, reason: str) -> None:
+    await store.execute("INSERT INTO carts (shop, updated_at) VALUES "
+                        "('shop-1', now() - interval '30 days')")
+    url = store_db_url
+    if setup == "revoke":
+        await store.execute("CREATE ROLE sweeper_reader LOGIN; GRANT SELECT ON carts TO "
+                            "sweeper_reader; GRANT CREATE ON SCHEMA public TO sweeper_reader")
+        url = str(make_url(store_db_url).set(username="sweeper_reader"))
+    overrides: dict[str, Any] = {}
+    if statement is not None:
+        overrides["target"] = {"store": "shop", "statement": statement}
+    policies = store_policies(url, **overrides)
+    leases = await publish_carts(engine, store_policies(store_db_url, **overrides))
+    stores = Stores(policies.stores)
+    locker = await asyncpg.connect(store_db_url)
+    try:
+        if setup == "lock":
+            await locker.execute("BEGIN; SELECT * FROM carts FOR UPDATE")
+        result = await StoreTargets(stores, engine).delete(policies.policies["expired-carts"],
+                                                           leases)
+        verdict = classify(result.answer, absent_means_deleted=False, now=datetime.now(UTC))
+        assert (verdict.outcome, verdict.reason) == (outcome, reason)
+        assert await store.fetchval("SELECT count(*) FROM carts") == 1
+    finally:
+        await locker.close()
+        await stores.aclose()
+        if setup == "revoke":
+            await store.execute("DROP OWNED BY sweeper_reader; DROP ROLE sweeper_reader")
+
+
+async def test_an_unreachable_store_pauses_the_scope_and_loses_nothing(
+        engine: AsyncEngine, store_db_url: str, store: asyncpg.Connection) -> None:
+    await store.execute("INSERT INTO carts (shop, updated_at) SELECT 'shop-1', "
+                        "now() - interval '30 days' FROM generate_series(1, 5)")
+    await publish_carts(engine, store_policies(store_db_url))
+    async with engine.begin() as conn:  # the leases taken above expire
+        await conn.execute(text("UPDATE items SET lease_expires_at = now() - interval '1 s'"))
+    closed = f"postgresql://postgres@127.0.0.1:{free_port()}/shop"
+    policies = store_policies(closed)
+    stores = Stores(policies.stores)
+    pool = database_pool(engine, policies, Upstreams({}), concurrency=4, stores=stores)
+    try:
+        await drain(pool, engine, rounds=5)
+    finally:
+        await stores.aclose()
+    async with engine.connect() as conn:
+        scope = (await conn.execute(text("SELECT paused, paused_reason FROM scopes"))).one()
+        items = (await conn.execute(text(
+            "SELECT status, attempts, last_error FROM items ORDER BY id"))).all()
+    assert tuple(scope) == (True, "store-unreachable")
+    # the one attempt is the first lease's (its worker "died"); the store's refusal is
+    # not held against the items
+    assert {tuple(i) for i in items} == {("pending", 1, "store_unreachable")}
+    assert await store.fetchval("SELECT count(*) FROM carts") == 5
+
+
+async def test_a_guard_over_its_threshold_closes_the_scope_with_the_reason(
+        db_url: str, store_db_url: str, store: asyncpg.Connection) -> None:
+    await store.execute("INSERT INTO carts (shop, updated_at) SELECT 'shop-1', "
+                        "now() - interval '30 days' FROM generate_series(1, 5)")
+    await store.execute("CREATE TABLE pressure (n integer); INSERT INTO pressure VALUES (50)")
+    guard = {"store": "shop", "query": "SELECT n FROM pressure", "max": 10,
+             "backoff_seconds": 1, "every_seconds": 0.05}
+    policies = store_policies(store_db_url, guard=guard)
+    async with LiveServer(test_settings(db_url, workers=2), policies, db_url) as live, \
+            httpx.AsyncClient(base_url=live.base_url, timeout=10,
+                              headers={"Authorization": f"Bearer {TOKEN_A}"}) as client:
+        run = (await client.post("/v1/runs", json={"policy": "expired-carts"})).json()
+        async with asyncio.timeout(10):
+            while True:
+                [scope] = (await client.get("/v1/scopes")).json()["scopes"] or [None]
+                if scope is not None and scope["closed_until"] is not None:
+                    break
+                await asyncio.sleep(0.05)
+        assert scope["closed_reason"] == "store_guard"
+        assert await store.fetchval("SELECT count(*) FROM carts") == 5
+        # the shoppers leave: once the backoff is over the deletions run
+        await store.execute("UPDATE pressure SET n = 1")
+        run = await wait_run(client, run["id"], drained=True)
+        assert run["items"] == {"succeeded": 5}
+        assert await store.fetchval("SELECT count(*) FROM carts") == 0
