@@ -355,6 +355,9 @@ async def check_source(stores: Stores, key: str, source: SourceConfig, *,
                 else None
             return problems, shown
     except Exception as exc:
+        if sqlstate(exc) == "25006":  # it would write or lock: refused in READ ONLY
+            return [f"{key}.query: must be read-only; the store refused it in a read-only "
+                    f"transaction: {describe(exc)}"], None
         return [f"{key}.query: the store refused it: {describe(exc)}"], None
     finally:
         await conn.close()

@@ -1,42 +1,25 @@
 """A store's own database for the tests: carts and checkout attempts, as a storefront keeps
-them, and the policies that sweep them (the worked example of docs/stores.md)."""
+them (the schema docs/stores.md shows), and the policies that sweep them (the worked
+example of policies.example.toml and docs/stores.md)."""
 
 from __future__ import annotations
 
+import re
+import tomllib
 from typing import Any, Final
 
 import asyncpg
 
+from drills.vendors import example_block
 from service.policies import Policies
-from tests.conftest import policies_from
+from tests.conftest import REPO_ROOT, policies_from
 
-SCHEMA: Final = """
-CREATE TABLE carts (
-    id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    shop       text NOT NULL,
-    updated_at timestamptz NOT NULL DEFAULT now()
-);
-CREATE INDEX carts_updated_at ON carts (updated_at);
-CREATE TABLE checkouts (
-    token        uuid PRIMARY KEY DEFAULT gen_random_uuid(),
-    shop         text NOT NULL,
-    created_at   timestamptz NOT NULL DEFAULT now(),
-    completed_at timestamptz
-);
-CREATE INDEX checkouts_created_at ON checkouts (created_at) WHERE completed_at IS NULL;
-"""
-
-CARTS_SOURCE: Final = ("SELECT shop AS tenant_id, id AS object_id, updated_at AS age FROM carts "
-                       "WHERE updated_at < :cutoff - interval '7 days'")
-CARTS_TARGET: Final = ("DELETE FROM carts WHERE id = ANY(CAST(:object_ids AS bigint[])) "
-                       "AND updated_at < :cutoff - interval '7 days' "
-                       "RETURNING id::text AS object_id")
-CHECKOUTS_SOURCE: Final = ("SELECT shop AS tenant_id, token AS object_id, created_at AS age "
-                           "FROM checkouts WHERE completed_at IS NULL "
-                           "AND created_at < :cutoff - interval '1 day'")
-CHECKOUTS_TARGET: Final = ("DELETE FROM checkouts WHERE token = ANY(CAST(:object_ids AS uuid[])) "
-                           "AND completed_at IS NULL AND created_at < :cutoff - interval '1 day' "
-                           "RETURNING token::text AS object_id")
+# the first SQL block of docs/stores.md: the schema its worked example runs on
+SCHEMA: Final = re.findall(r"^```sql\n(.*?)^```", (REPO_ROOT / "docs" / "stores.md").read_text(
+    encoding="utf-8"), re.MULTILINE | re.DOTALL)[0]
+EXAMPLE: Final = tomllib.loads(example_block(REPO_ROOT / "policies.example.toml", "store"))
+CARTS_SOURCE: Final = EXAMPLE["policies"]["expired-carts"]["source"]["query"]
+CARTS_TARGET: Final = EXAMPLE["policies"]["expired-carts"]["target"]["statement"]
 
 
 async def create_store(url: str) -> None:
@@ -48,6 +31,7 @@ async def create_store(url: str) -> None:
 
 
 def store_policy(source_sql: str, target_sql: str, **overrides: Any) -> dict[str, Any]:
+    """A store policy of the test suite's scale: small pages and batches, a fast backoff."""
     policy: dict[str, Any] = {
         "version": 1,
         "source": {"store": "shop", "query": source_sql, "page": 50},
@@ -63,10 +47,11 @@ def store_policy(source_sql: str, target_sql: str, **overrides: Any) -> dict[str
 
 
 def store_policies(store_url: str, **overrides: Any) -> Policies:
-    """The worked example's two policies on the store at `store_url`."""
-    return policies_from({
-        "stores": {"shop": {"dsn_env": "SHOP_DATABASE_URL"}},
-        "policies": {"expired-carts": store_policy(CARTS_SOURCE, CARTS_TARGET, **overrides),
-                     "abandoned-checkouts": store_policy(CHECKOUTS_SOURCE, CHECKOUTS_TARGET,
-                                                         **overrides)},
-    }, {"SHOP_DATABASE_URL": store_url})
+    """The worked example's two policies (policies.example.toml's `store` block, its SQL as
+    written) at the test suite's scale, on the store at `store_url`; without its guard
+    unless `overrides` names one."""
+    doc = {"stores": EXAMPLE["stores"], "policies": {
+        name: store_policy(policy["source"]["query"], policy["target"]["statement"],
+                           **overrides)
+        for name, policy in EXAMPLE["policies"].items()}}
+    return policies_from(doc, {"SHOP_DATABASE_URL": store_url})

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -26,8 +28,14 @@ from service.targets import StoreTargets
 from service.upstream import Upstreams
 from service.worker import database_pool
 from tests.conftest import TOKEN_A, LiveServer, free_port, test_settings
+from tests.integration.store_schema import (
+    CARTS_SOURCE,
+    CARTS_TARGET,
+    create_store,
+    store_policies,
+)
+from tests.integration.test_cli import sweeper
 from tests.integration.test_pipeline import drain
-from tests.integration.store_schema import create_store, store_policies
 
 
 @pytest.fixture
@@ -334,3 +342,66 @@ async def test_a_guard_over_its_threshold_closes_the_scope_with_the_reason(
         run = await wait_run(client, run["id"], drained=True)
         assert run["items"] == {"succeeded": 5}
         assert await store.fetchval("SELECT count(*) FROM carts") == 0
+
+
+def policies_toml(source_sql: str, target_sql: str) -> str:
+    return f"""
+[stores.shop]
+dsn_env = "SHOP_DATABASE_URL"
+
+[policies.expired-carts]
+version = 1
+source = {{ store = "shop", query = {json.dumps(source_sql)} }}
+target = {{ store = "shop", statement = {json.dumps(target_sql)} }}
+batch = {{ max_objects = 500 }}
+scope = "store:{{upstream}}:{{policy}}"
+rate = {{ per_second = 20000, burst = 2000, unit = "rows" }}
+"""
+
+
+@pytest.mark.parametrize("command", [["check-config"], ["worker"]])
+def test_a_query_returning_the_wrong_columns_is_refused_at_start_up(
+        tmp_path: Path, store_db_url: str, store: asyncpg.Connection,
+        command: list[str]) -> None:
+    path = tmp_path / "policies.toml"
+    path.write_text(policies_toml(CARTS_SOURCE.replace("updated_at AS age", "updated_at"),
+                                  CARTS_TARGET.replace("AS object_id", "")))
+    result = sweeper(*command, env={"SWEEPER_POLICIES_FILE": str(path), "SWEEPER_WORKERS": "1",
+                                    "SHOP_DATABASE_URL": store_db_url,
+                                    "SWEEPER_DATABASE_URL": "postgresql://127.0.0.1:9/x"})
+    assert result.returncode == 2, result.stderr
+    assert "policies.expired-carts.source.query: must return the columns tenant_id, " \
+           "object_id, age; missing age" in result.stderr
+    assert "policies.expired-carts.target.statement: must return the column object_id" \
+        in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_check_config_shows_each_statement_and_its_plan(
+        tmp_path: Path, store_db_url: str, store: asyncpg.Connection) -> None:
+    path = tmp_path / "policies.toml"
+    path.write_text(policies_toml(CARTS_SOURCE, CARTS_TARGET))
+    result = sweeper("check-config", "--explain", env={"SWEEPER_POLICIES_FILE": str(path),
+                                                       "SHOP_DATABASE_URL": store_db_url})
+    assert result.returncode == 0, result.stderr
+    assert "1 store(s), 1 policy(ies)" in result.stdout
+    assert "policies.expired-carts.source on store 'shop':" in result.stdout
+    assert "policies.expired-carts.target on store 'shop':" in result.stdout
+    assert result.stdout.count("plan:") == 2 and "Delete on carts" in result.stdout
+    # a source query that would lock or write the store's rows is refused, whatever its
+    # first word says: by its plan, or by the store itself
+    for query, words in ((CARTS_SOURCE + " FOR UPDATE", "must be read-only"),
+                         ("WITH gone AS (DELETE FROM carts WHERE updated_at < :cutoff "
+                          "RETURNING *) SELECT shop AS tenant_id, id AS object_id, updated_at "
+                          "AS age FROM gone", "the store refused it")):
+        path.write_text(policies_toml(query, CARTS_TARGET))
+        result = sweeper("check-config", env={"SWEEPER_POLICIES_FILE": str(path),
+                                              "SHOP_DATABASE_URL": store_db_url})
+        assert result.returncode == 2
+        assert f"policies.expired-carts.source.query: {words}" in result.stderr
+    # a store out of reach is a warning: its scopes pause until it answers
+    result = sweeper("check-config", env={
+        "SWEEPER_POLICIES_FILE": str(path),
+        "SHOP_DATABASE_URL": f"postgresql://postgres@127.0.0.1:{free_port()}/shop"})
+    assert result.returncode == 0, result.stderr
+    assert "stores.shop: cannot be reached (store_unreachable" in result.stderr
