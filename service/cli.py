@@ -147,7 +147,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         signing = f"signed with the key under {settings.data_dir}"
     else:
         signing = "UNSIGNED (set SWEEPER_EVIDENCE_SIGNING_KEY_FILE)"
-    print(f"ok: {len(policies.upstreams)} upstream(s), {len(policies.stores)} store(s), "
+    stores = f"{len(policies.stores)} store(s), " if policies.stores else ""
+    print(f"ok: {len(policies.upstreams)} upstream(s), {stores}"
           f"{len(policies.policies)} policy(ies), "
           f"{len(policies.webhooks)} webhook source(s) from {policies.source}; "
           f"database: {'configured' if settings.database_url else 'embedded'}; "

@@ -39,6 +39,7 @@ INVALID_INPUT: dict[str, dict[str, Any]] = {
     "listRuns": {"params": {"limit": 0}},
     "getRun": {"path": INVALID},
     "getRunEvidence": {"path": INVALID},
+    "getRunDiscovery": {"path": INVALID},
     "registerItems": {"json": {"items": []}},
     "listItems": {"params": {"status": "gone"}},
     "redriveItems": {"json": {"why": "nothing selected"}},
