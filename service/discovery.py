@@ -31,7 +31,7 @@ from typing import Any, Final
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import ledger
+from service import ledger, metrics
 from service.db.statements import Statement, fetch, fetch_none
 from service.db.statements import run as run_statement
 from service.ledger import Obligations
@@ -193,18 +193,24 @@ class Discovery:
             if state.done:
                 return
             cursor = Cursor(state.after_age, state.after_tenant, state.after_object)
+            began = time.perf_counter()
             try:
                 rows = await self.stores.read_page(source, run["cutoff"], cursor,
                                                    tenant=run["tenant_id"])
             except StoreError as exc:
                 await fetch_none(engine, _FAILED, {**keys, "failure": str(exc)})
                 raise
+            metrics.DISCOVERY_PAGE_DURATION.labels(policy.name).observe(
+                time.perf_counter() - began)
             page = sort_page(policy, rows, run["cutoff"])
             limit = run["max_items"]
             done = page.rows < source.page or (
                 limit is not None and not run["dry_run"]
                 and state.candidates + len(page.registrations) >= limit)
-            await self._apply(engine, run, policy, state.pages, page, done)
+            if await self._apply(engine, run, policy, state.pages, page, done):
+                metrics.DISCOVERED.labels(policy.name, "candidate").inc(
+                    len(page.registrations))
+                metrics.DISCOVERED.labels(policy.name, "error").inc(len(page.errors))
             read += page.rows
             if done:
                 return
@@ -215,9 +221,9 @@ class Discovery:
                                         - time.monotonic()))
 
     async def _apply(self, engine: AsyncEngine, run: Mapping[str, Any], policy: Policy,
-                     pages: int, page: Page, done: bool) -> None:
+                     pages: int, page: Page, done: bool) -> bool:
         """Register the page (not for a report-only run) and move the cursor past it, in
-        one transaction; nothing when another publisher applied a page meanwhile."""
+        one transaction; nothing (False) when another publisher applied a page meanwhile."""
         keys = {"run": run["id"], "policy": policy.name}
         ages = page.ages
         async with engine.begin() as conn:
@@ -231,11 +237,12 @@ class Discovery:
                 "done": done})).first()
             if moved is None:
                 await conn.rollback()
-                return
+                return False
             if len(page.registrations):
                 await run_statement(conn, _TENANTS, {**keys, **_per_tenant(page)})
                 if not run["dry_run"]:
                     await ledger.register_in(conn, page.registrations)
+        return True
 
 
 

@@ -150,6 +150,16 @@ RUNS_CREATED: Final = Counter(
     "sweeper_runs_created_total", "Runs recorded (duplicate triggers excluded)",
     ["dry_run"], registry=REGISTRY)
 
+DISCOVERED: Final = Counter(
+    "sweeper_discovered_rows_total",
+    "Rows a store source's query returned to this process's discovery, by what became of "
+    "them: candidate, or error (no item can be made of it)", ["policy", "result"],
+    registry=REGISTRY)
+DISCOVERY_PAGE_DURATION: Final = Histogram(
+    "sweeper_discovery_page_seconds",
+    "One source page read on the store, in its own read-only transaction",
+    ["policy"], buckets=_CALL_BUCKETS, registry=REGISTRY)
+
 RETENTION_PRUNED: Final = Counter(
     "sweeper_retention_pruned_total", "Finished rows deleted by retention, by table",
     ["table"], registry=REGISTRY)
@@ -359,6 +369,8 @@ def initialise_series(policies: Iterable[str]) -> None:
             family.labels(policy)
         for outcome in Outcome:
             COMPLETIONS.labels(policy, outcome)
+        for result in ("candidate", "error"):
+            DISCOVERED.labels(policy, result)
     for returned in LeaseReturn:
         LEASES_RETURNED.labels(returned)
     for signal in ScopeSignal:

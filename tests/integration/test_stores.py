@@ -81,10 +81,30 @@ async def test_report_only_then_delete_then_collect_what_was_left(
         figures = dry["report"]["policies"]["expired-carts"]
         assert figures["candidates"] == 60 and figures["source"]["pages"] == 2
         assert await store.fetchval("SELECT count(*) FROM carts") == 65  # nothing deleted
+        # per tenant, and against the previous report-only run: a shop's carts come back
+        await store.execute("UPDATE carts SET updated_at = now() WHERE shop = 'shop-2'")
+        again = (await client.post("/v1/runs", json={"policy": "expired-carts",
+                                                     "dry_run": True})).json()
+        again = await wait_run(client, again["id"], drained=False)
+        assert again["candidates"] == 40
+        assert again["report"]["previous_dry_run"] == {
+            "run_id": dry["id"], "candidates": 60, "difference": -20}
+        found = (await client.get(f"/v1/runs/{again['id']}/discovery")).json()
+        assert found["previous_dry_run"] == dry["id"]
+        [walk] = found["policies"]
+        assert walk["done"] and (walk["candidates"], walk["registered"]) == (40, 0)
+        assert {t["tenant_id"]: (t["candidates"], t["previous_candidates"], t["difference"])
+                for t in walk["tenants"]} == {"shop-0": (20, 20, 0), "shop-1": (20, 20, 0),
+                                              "shop-2": (0, 20, -20)}
+        metrics = (await client.get("/metrics")).text
+        assert 'sweeper_discovered_rows_total{policy="expired-carts",result="candidate"} ' \
+               '100.0' in metrics
+        await store.execute("UPDATE carts SET updated_at = now() - interval '30 days' "
+                            "WHERE shop = 'shop-2'")
 
         real = (await client.post("/v1/runs", json={})).json()
         real = await wait_run(client, real["id"], drained=True)
-        assert real["candidates"] == 67
+        assert real["candidates"] == 67, real
         assert real["items"] == {"succeeded": 67}
         assert await store.fetchval("SELECT count(*) FROM carts") == 5
         assert await store.fetchval("SELECT count(*) FROM checkouts") == 4
