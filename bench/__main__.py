@@ -34,6 +34,7 @@ from bench import (
     points,
     publication,
     registration,
+    stores,
     webhooks,
 )
 from bench.common import (
@@ -49,7 +50,8 @@ from bench.common import (
 BENCHMARKS: tuple[Benchmark, ...] = (drain.BENCHMARK, budget.BENCHMARK, registration.BENCHMARK,
                                       publication.BENCHMARK, webhooks.BENCHMARK,
                                       history.BENCHMARK, backlog.BENCHMARK, memory.BENCHMARK,
-                                      points.BENCHMARK, bulk.BENCHMARK, peers.BENCHMARK)
+                                      points.BENCHMARK, bulk.BENCHMARK, peers.BENCHMARK,
+                                      stores.BENCHMARK)
 
 
 def add_common(parser: argparse.ArgumentParser) -> None:

@@ -201,6 +201,8 @@ _ADMIT = Statement("claims.admit", (
     )
     SELECT sp.name AS grant_scope, sp.granted, sp.used, sp.avail, sp.rate, sp.granted_at,
            sp.per_call,
+           -- the claim's end (its rows are locked and leased by now): see Grant.claimed_at
+           extract(epoch FROM clock_timestamp())::double precision AS claimed_at,
            sp.wait_seconds, c.*
     FROM spent sp LEFT JOIN claimed c ON c.scope = sp.name
 """)  # noqa: S608 - only constant fragments are interpolated
@@ -243,7 +245,7 @@ async def admit(db: Database, *, owner: str, wants: Mapping[str, int],
             grants[r.grant_scope] = Grant(r.grant_scope, int(r.granted),
                                           float(r.wait_seconds), float(r.avail),
                                           float(r.rate), float(r.granted_at),
-                                          int(r.per_call))
+                                          int(r.per_call), float(r.claimed_at))
         if r.id is not None:
             leases.append(_lease(r))
     return Admission(grants=list(grants.values()), leases=leases)

@@ -109,6 +109,7 @@ def sort_page(policy: Policy, rows: Sequence[Any], cutoff: datetime) -> Page:
     objects: list[str] = []
     ages: list[datetime] = []
     errors: list[dict[str, str]] = []
+    scope_fits: dict[str, bool] = {}  # per tenant: a page holds few
     for row in rows:
         tenant, obj, age = row.tenant_id, row.object_id, row.age
         problem = None
@@ -118,9 +119,13 @@ def sort_page(policy: Policy, rows: Sequence[Any], cutoff: datetime) -> Page:
                 problem = f"{name} {found}" if found else None
         if problem is None and age is None:
             problem = "age is NULL"
-        if problem is None and ledger.utf8_size_over(policy.scope_for(tenant),
-                                                     ledger.MAX_SCOPE_BYTES):
-            problem = f"tenant_id makes a scope over {ledger.MAX_SCOPE_BYTES} bytes"
+        if problem is None:
+            fits = scope_fits.get(tenant)
+            if fits is None:
+                fits = scope_fits[tenant] = not ledger.utf8_size_over(
+                    policy.scope_for(tenant), ledger.MAX_SCOPE_BYTES)
+            if not fits:
+                problem = f"tenant_id makes a scope over {ledger.MAX_SCOPE_BYTES} bytes"
         if problem is not None:
             errors.append({"tenant_id": _shown(tenant), "object_id": _shown(obj),
                            "problem": problem})

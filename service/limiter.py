@@ -77,6 +77,11 @@ class Grant:
     rate: float = 1.0
     granted_at: float = 0.0  # the database's clock at the grant, Unix seconds
     per_call: int = 1  # items one token's call carries (a batch policy's max_objects)
+    # The database's clock when the claim had leased its items. The tokens' schedule starts
+    # there: a claim of many rows (calls of 500 a store's statement takes) is not late for
+    # the time the database spent locking them; a late answer's wait (a starved process)
+    # still is. None: the grant's own moment.
+    claimed_at: float | None = None
 
     def due_in(self, i: int) -> float:
         """Seconds from the grant until token i may be spent."""

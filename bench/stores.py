@@ -1,0 +1,341 @@
+"""The store's own database as source and target (docs/stores.md), at scale.
+
+A store database with a `carts` table of --rows rows (--expired of them untouched for weeks,
+the rest active), indexed on `updated_at`, and the worked example's `expired-carts` policy
+(policies.example.toml's `store` block, its SQL as written; page, batch and budget from the
+options). Per repetition, on a fresh ledger:
+
+  discovery, report-only   a dry run's walk of the real predicate over the whole table:
+                           candidate rows/s, and the longest page read on the store and the
+                           longest ledger transaction (each page is one of each)
+  discovery, registering   the real run's walk, each page's items registered in the
+                           transaction that moves the cursor: candidate rows/s, likewise
+  deletion beside shoppers a pgbench shopper workload (reads and writes of active carts, new
+                           carts) at a fixed rate, first alone for --shopper-seconds, then
+                           while one worker pool deletes every expired row under the rows
+                           budget: the shoppers' p50/p99 latency without and with the
+                           cleanup, their ratio, and the cleanup's rows/s
+
+The expired rows are put back between repetitions (new ids), so every repetition deletes as
+many. pgbench (PostgreSQL's client tools) must be on PATH; its per-transaction log gives the
+latencies.
+
+    python -m bench stores --rows 10000000 --expired 0.1 --repeat 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import shutil
+import statistics
+import tempfile
+import time
+import tomllib
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+from sqlalchemy import text
+
+from bench.common import (
+    BenchContext,
+    Benchmark,
+    admin,
+    fresh_database,
+    plain_url,
+    progress,
+    summarize,
+    with_database,
+)
+from drills.vendors import example_block
+from service import runs
+from service.discovery import Discovery, Page
+from service.policies import Policies, resolve_policies
+from service.stores import Stores
+from service.upstream import Upstreams
+from service.worker import database_pool
+
+SHOPS = 100
+POLICY = "expired-carts"
+SHOPPER_SCRIPT = """\\set id random(1, :active)
+BEGIN;
+SELECT id, shop, updated_at FROM carts WHERE id = :id;
+UPDATE carts SET updated_at = now() WHERE id = :id;
+END;
+INSERT INTO carts (shop) VALUES ('shop-new');
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rows", type=int, default=10_000_000,
+                        help="rows in the store's carts table (default 10,000,000)")
+    parser.add_argument("--expired", type=float, default=0.1,
+                        help="the share of them expired (default 0.1: 1,000,000 candidates)")
+    parser.add_argument("--page", type=int, default=5000, help="source page (default 5000)")
+    parser.add_argument("--batch", type=int, default=500,
+                        help="rows per deletion statement (default 500)")
+    parser.add_argument("--rows-per-second", type=float, default=20_000,
+                        help="the deletion's budget in rows (default 20,000)")
+    parser.add_argument("--workers", type=int, default=4,
+                        help="the worker pool's concurrency (default 4)")
+    parser.add_argument("--shopper-rate", type=int, default=300,
+                        help="shopper transactions per second, pgbench -R (default 300)")
+    parser.add_argument("--shopper-clients", type=int, default=4,
+                        help="pgbench clients (default 4)")
+    parser.add_argument("--shopper-seconds", type=int, default=20,
+                        help="seconds of shoppers alone before each deletion (default 20)")
+
+
+def policies_for(store_url: str, args: argparse.Namespace) -> Policies:
+    doc = tomllib.loads(example_block(Path(__file__).resolve().parent.parent
+                                      / "policies.example.toml", "store"))
+    policy = doc["policies"][POLICY]
+    policy["source"].update(page=args.page)
+    policy["source"].pop("rows_per_second", None)
+    policy["batch"] = {"max_objects": args.batch}
+    policy["rate"] = {"per_second": args.rows_per_second,
+                      "burst": max(args.batch, int(args.rows_per_second // 10)),
+                      "unit": "rows"}
+    policy.pop("guard", None)
+    return resolve_policies({"stores": doc["stores"], "policies": {POLICY: policy}},
+                            {"SHOP_DATABASE_URL": store_url}, source="bench")
+
+
+async def create_store(conn: asyncpg.Connection, rows: int, expired: int) -> None:
+    """Active carts first (ids 1..active: the shoppers' range), then the expired ones."""
+    await conn.execute("""
+        CREATE TABLE carts (
+            id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            shop       text NOT NULL,
+            updated_at timestamptz NOT NULL DEFAULT now()
+        )""")
+    await conn.execute(
+        "INSERT INTO carts (shop, updated_at) SELECT 'shop-' || (i % $2), "
+        "now() - random() * interval '6 days' FROM generate_series(1, $1) i",
+        rows - expired, SHOPS)
+    await put_back_expired(conn, expired)
+    await conn.execute("CREATE INDEX carts_updated_at ON carts (updated_at)")
+    await conn.execute("VACUUM (ANALYZE) carts")
+
+
+async def put_back_expired(conn: asyncpg.Connection, expired: int) -> None:
+    await conn.execute(
+        "INSERT INTO carts (shop, updated_at) SELECT 'shop-' || (i % $2), "
+        "now() - interval '8 days' - random() * interval '52 days' "
+        "FROM generate_series(1, $1) i", expired, SHOPS)
+
+
+class TimedStores(Stores):
+    """Stores whose page reads are timed (each is one transaction on the store)."""
+
+    longest = 0.0
+
+    async def read_page(self, *args: Any, **kwargs: Any) -> list[Any]:
+        started = time.perf_counter()
+        try:
+            return await super().read_page(*args, **kwargs)
+        finally:
+            self.longest = max(self.longest, time.perf_counter() - started)
+
+
+class TimedDiscovery(Discovery):
+    """Discovery whose ledger transactions (one per page) are timed."""
+
+    longest = 0.0
+
+    async def _apply(self, engine: Any, run: Mapping[str, Any], policy: Any, pages: int,
+                     page: Page, done: bool) -> bool:
+        started = time.perf_counter()
+        try:
+            return await super()._apply(engine, run, policy, pages, page, done)
+        finally:
+            self.longest = max(self.longest, time.perf_counter() - started)
+
+
+async def discover(engine: Any, policies: Policies, dry_run: bool) -> dict[str, Any]:
+    """One run's discovery of the whole table, timed; the run is left unpublished."""
+    run_id, _ = await runs.create_run(engine, runs.RunRequest(POLICY, None, None, dry_run,
+                                                              None), None)
+    async with engine.connect() as conn:
+        row = (await conn.execute(text("SELECT * FROM runs WHERE id = :id"), {"id": run_id})
+               ).mappings().one()
+    stores = TimedStores(policies.stores)
+    walk = TimedDiscovery(policies, stores)
+    try:
+        started = time.perf_counter()
+        await walk.discover(engine, row)
+        elapsed = time.perf_counter() - started
+    finally:
+        await stores.aclose()
+    async with engine.connect() as conn:
+        found = (await conn.execute(text(
+            "SELECT candidates, pages FROM discoveries WHERE run_id = :id"), {"id": run_id})
+                 ).one()
+    return {"run_id": run_id, "candidates": found.candidates, "pages": found.pages,
+            "seconds": round(elapsed, 2),
+            "candidate_rows_per_second": round(found.candidates / elapsed, 1),
+            "longest_store_transaction_s": round(stores.longest, 3),
+            "longest_ledger_transaction_s": round(walk.longest, 3)}
+
+
+@contextlib.asynccontextmanager
+async def shoppers(store_url: str, args: argparse.Namespace, active: int, seconds: int
+                   ) -> AsyncIterator[list[tuple[float, float]]]:
+    """pgbench shoppers for `seconds`, started on entry; once the block and pgbench have
+    both ended, the yielded list holds each transaction's (end time, latency ms)."""
+    folder = Path(tempfile.mkdtemp(prefix="sweeper-shoppers-"))
+    script = folder / "shopper.sql"
+    script.write_text(SHOPPER_SCRIPT)
+    proc = await asyncio.create_subprocess_exec(
+        "pgbench", "-n", "-f", str(script), "-D", f"active={active}", "-R",
+        str(args.shopper_rate), "-c", str(args.shopper_clients), "-j", "1", "-T",
+        str(seconds), "-l", "--log-prefix", str(folder / "log"), plain_url(store_url),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=folder)
+    samples: list[tuple[float, float]] = []
+    try:
+        yield samples
+    finally:
+        _, err = await proc.communicate()
+        if proc.returncode != 0:
+            raise RuntimeError(f"pgbench failed ({proc.returncode}): {err.decode()[-500:]}")
+        # client_id transaction_no latency_us script_no epoch_s epoch_us [lag_us]
+        for log in folder.glob("log*"):
+            for line in log.read_text().splitlines():
+                fields = line.split()
+                if len(fields) >= 6:
+                    samples.append((int(fields[4]) + int(fields[5]) / 1e6,
+                                    int(fields[2]) / 1000))
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def latencies(samples: list[tuple[float, float]], start: float = 0.0,
+              end: float = float("inf")) -> dict[str, Any]:
+    """p50 and p99 of the transactions that ended in [start, end] (Unix seconds)."""
+    found = sorted(ms for at, ms in samples if start <= at <= end)
+    if not found:
+        return {"transactions": 0, "p50_ms": None, "p99_ms": None}
+    return {"transactions": len(found), "p50_ms": round(statistics.median(found), 2),
+            "p99_ms": round(found[int(0.99 * (len(found) - 1))], 2)}
+
+
+async def delete_beside_shoppers(engine: Any, policies: Policies, store_url: str,
+                                 args: argparse.Namespace, active: int, run_id: int
+                                 ) -> dict[str, Any]:
+    """Publish the registered run, then shoppers alone, then shoppers beside the drain:
+    their figures beside it are those of the transactions that ended while it ran."""
+    assert await runs.publish(engine, run_id, batch_size=args.batch)
+    async with shoppers(store_url, args, active, args.shopper_seconds) as samples:
+        await asyncio.sleep(args.shopper_seconds)
+    alone = latencies(samples)
+    stores = Stores(policies.stores)
+    pool = database_pool(engine, policies, Upstreams({}), concurrency=args.workers,
+                         stores=stores)
+    expected = int(args.expired_rows / args.rows_per_second) + 15
+    async with shoppers(store_url, args, active, expected) as samples:
+        await asyncio.sleep(1)  # pgbench connected and running
+        task = asyncio.create_task(pool.run())
+        began, started = time.time(), time.perf_counter()
+        while True:
+            await asyncio.sleep(0.5)
+            async with engine.connect() as conn:
+                left = (await conn.execute(text(
+                    "SELECT count(*) FROM items WHERE status IN ('pending', 'leased')"))
+                        ).scalar_one()
+            if left == 0:
+                break
+        drained, ended = time.perf_counter() - started, time.time()
+        pool.stop()
+        await task
+        await stores.aclose()
+    beside = latencies(samples, began, ended)
+    async with engine.connect() as conn:
+        counts = dict((await conn.execute(text(
+            "SELECT status, count(*) FROM items GROUP BY status"))).all())
+    return {"items": counts, "cleanup_seconds": round(drained, 2),
+            "cleanup_rows_per_second": round(counts.get("succeeded", 0) / drained, 1),
+            "shoppers_alone": alone, "shoppers_beside_cleanup": beside,
+            "p99_ratio": round(beside["p99_ms"] / alone["p99_ms"], 3)
+            if alone["p99_ms"] and beside["p99_ms"] else None}
+
+
+async def run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
+    if shutil.which("pgbench") is None:
+        raise RuntimeError("pgbench is not on PATH (PostgreSQL's client tools)")
+    expired = int(args.rows * args.expired)
+    args.expired_rows = expired
+    store_name = f"sweeper_bench_store_{uuid.uuid4().hex[:8]}"
+    await admin(ctx.server_url, f'CREATE DATABASE "{store_name}"')
+    store_url = with_database(ctx.server_url, store_name)
+    reps: list[dict[str, Any]] = []
+    try:
+        conn = await asyncpg.connect(plain_url(store_url))
+        try:
+            progress(f"stores: a carts table of {args.rows:,} rows, {expired:,} expired")
+            started = time.perf_counter()
+            await create_store(conn, args.rows, expired)
+            setup_s = time.perf_counter() - started
+            policies = policies_for(store_url, args)
+            for rep in range(args.repeat):
+                if rep:
+                    await put_back_expired(conn, expired)
+                    await conn.execute("VACUUM (ANALYZE) carts")
+                async with fresh_database(ctx.server_url, "stores") as db:
+                    progress(f"stores: repetition {rep + 1}/{args.repeat}: report-only walk")
+                    dry = await discover(db.engine, policies, dry_run=True)
+                    progress(f"stores: repetition {rep + 1}/{args.repeat}: registering walk")
+                    real = await discover(db.engine, policies, dry_run=False)
+                    progress(f"stores: repetition {rep + 1}/{args.repeat}: deleting "
+                             f"{expired:,} rows beside shoppers")
+                    deletion = await delete_beside_shoppers(
+                        db.engine, policies, store_url, args, args.rows - expired,
+                        real.pop("run_id"))
+                dry.pop("run_id")
+                reps.append({"report_only": dry, "registering": real, "deletion": deletion,
+                             "load_average_1m_at_start": os.getloadavg()[0]})
+        finally:
+            await conn.close()
+    finally:
+        await admin(ctx.server_url, f'DROP DATABASE IF EXISTS "{store_name}" WITH (FORCE)')
+
+    def figure(part: str, key: str) -> dict[str, float | None]:
+        return summarize([r[part][key] for r in reps if r[part].get(key) is not None])
+
+    def shopper(which: str, key: str) -> dict[str, float | None]:
+        return summarize([r["deletion"][which][key] for r in reps
+                          if r["deletion"][which].get(key) is not None])
+
+    return {
+        "parameters": {k: v for k, v in vars(args).items()
+                       if k in ("rows", "expired", "page", "batch", "rows_per_second",
+                                "workers", "shopper_rate", "shopper_clients",
+                                "shopper_seconds", "repeat")},
+        "setup_seconds": round(setup_s, 1),
+        "repetitions": reps,
+        "medians": {
+            "report_only_candidate_rows_per_second": figure("report_only",
+                                                            "candidate_rows_per_second"),
+            "registering_candidate_rows_per_second": figure("registering",
+                                                            "candidate_rows_per_second"),
+            "longest_store_transaction_s": summarize(
+                [max(r["report_only"]["longest_store_transaction_s"],
+                     r["registering"]["longest_store_transaction_s"]) for r in reps]),
+            "longest_ledger_transaction_s": summarize(
+                [max(r["report_only"]["longest_ledger_transaction_s"],
+                     r["registering"]["longest_ledger_transaction_s"]) for r in reps]),
+            "cleanup_rows_per_second": figure("deletion", "cleanup_rows_per_second"),
+            "shopper_p99_alone_ms": shopper("shoppers_alone", "p99_ms"),
+            "shopper_p99_beside_cleanup_ms": shopper("shoppers_beside_cleanup", "p99_ms"),
+            "shopper_p99_ratio": figure("deletion", "p99_ratio"),
+        },
+    }
+
+
+BENCHMARK = Benchmark("stores", "the store's database as source and target: discovery "
+                      "rows/s over a large table, deletion beside a shopper workload",
+                      add_arguments, run)
+
