@@ -203,14 +203,20 @@ async def shoppers(store_url: str, args: argparse.Namespace, active: int, second
         _, err = await proc.communicate()
         if proc.returncode != 0:
             raise RuntimeError(f"pgbench failed ({proc.returncode}): {err.decode()[-500:]}")
-        # client_id transaction_no latency_us script_no epoch_s epoch_us [lag_us]
-        for log in folder.glob("log*"):
-            for line in log.read_text().splitlines():
-                fields = line.split()
-                if len(fields) >= 6:
-                    samples.append((int(fields[4]) + int(fields[5]) / 1e6,
-                                    int(fields[2]) / 1000))
+        samples.extend(read_logs(folder))
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def read_logs(folder: Path) -> list[tuple[float, float]]:
+    """pgbench's per-transaction logs: (end time, latency ms) of each transaction."""
+    samples = []
+    # client_id transaction_no latency_us script_no epoch_s epoch_us [lag_us]
+    for log in folder.glob("log*"):
+        for line in log.read_text().splitlines():
+            fields = line.split()
+            if len(fields) >= 6:
+                samples.append((int(fields[4]) + int(fields[5]) / 1e6, int(fields[2]) / 1000))
+    return samples
 
 
 def latencies(samples: list[tuple[float, float]], start: float = 0.0,
