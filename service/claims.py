@@ -59,12 +59,13 @@ class Lease:
     lease_expires_at: datetime
     reclaimed: bool = False  # the claim took over an expired lease
     object_version: str | None = None  # the version a conflict answer named, if any
+    batch_id: int | None = None  # the batch that released it (None: a webhook released it)
 
 
 def _lease(r: Row[Any]) -> Lease:
     return Lease(r.id, r.tenant_id, r.object_id, r.policy, r.policy_version, r.operation_key,
                  r.scope, r.lease_token, r.attempts, r.lease_expires_at, r.reclaimed,
-                 r.object_version)
+                 r.object_version, r.batch_id)
 
 
 # Admission in one statement: take tokens and claim at most that many items per scope.
@@ -166,7 +167,7 @@ _ADMIT = Statement("claims.admit", (
         WHERE i.id = picked.id
         RETURNING i.id, i.tenant_id, i.object_id, i.policy, i.policy_version,
                   i.operation_key, i.scope, i.lease_token, i.attempts, i.lease_expires_at,
-                  i.object_version,
+                  i.object_version, i.batch_id,
                   EXISTS (SELECT 1 FROM expired WHERE expired.id = i.id) AS reclaimed
     ),
     used AS (SELECT scope, count(*)::integer AS n FROM claimed GROUP BY scope),

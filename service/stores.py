@@ -182,20 +182,19 @@ def guard_statement(guard: GuardConfig) -> Statement:
 _READ_ONLY = Statement("stores.read_only", (
     "Make this transaction on the store read-only: PostgreSQL refuses any write in it."),
     "SET TRANSACTION READ ONLY")
-_STATEMENT_TIMEOUT = Statement("stores.statement_timeout", (
-    "Bound each statement of this transaction on the store."),
-    "SELECT set_config('statement_timeout', CAST(:ms AS text), true)")
-_LOCK_TIMEOUT = Statement("stores.lock_timeout", (
-    "Bound each lock wait of this transaction on the store."),
-    "SELECT set_config('lock_timeout', CAST(:ms AS text), true)")
+_TIMEOUTS = Statement("stores.timeouts", (
+    "Bound each statement and each lock wait of this transaction on the store."),
+    "SELECT set_config('statement_timeout', CAST(:statement_ms AS text), true), "
+    "set_config('lock_timeout', CAST(:lock_ms AS text), true)")
 
 
 async def limit_transaction(conn: AsyncConnection, *, statement_ms: int,
                             lock_ms: int | None = None) -> None:
-    """The timeouts of the transaction `conn` is in."""
-    await run(conn, _STATEMENT_TIMEOUT, {"ms": str(int(statement_ms))})
-    if lock_ms is not None:
-        await run(conn, _LOCK_TIMEOUT, {"ms": str(int(lock_ms))})
+    """The timeouts of the transaction `conn` is in (a lock wait: the statement's, unless
+    `lock_ms` is shorter)."""
+    await run(conn, _TIMEOUTS, {"statement_ms": str(int(statement_ms)),
+                                "lock_ms": str(int(statement_ms if lock_ms is None
+                                                   else lock_ms))})
 
 
 @dataclass

@@ -16,7 +16,9 @@ One call is one transaction on the store, for up to `batch.max_objects` items of
 A redelivered item (its lease expired after the store committed, before the ledger did)
 may come back in a batch of other items: its identity is new, so before the statement runs
 the objects earlier batches of the same policy version recorded as deleted are looked up
-(only for batches holding a retried item) and count as deleted.
+(only for batches holding a retried item: a scan of the ledger table, which holds a row per
+batch and no index but its key, so the common batch writes no more than that row) and
+count as deleted.
 
 The cutoff is that of the run whose batch released the item (for an item a webhook
 released, the moment it was released), read from the ledger.
@@ -54,15 +56,18 @@ DELETED: Final = Classified(Outcome.SUCCEEDED, "store_deleted")
 # a concurrent CREATE TABLE of the same name: duplicate table, or its row type's unique key
 _CREATED_MEANWHILE: Final = frozenset({"42P07", "23505"})
 
-_CUTOFFS = Statement("targets.cutoffs", (
-    "The cutoff each leased item of a store target is deleted under: its run's, or the "
-    "moment a webhook released it."), """
-    SELECT i.id, coalesce(r.cutoff, i.released_at, now()) AS cutoff
-    FROM items i
-    LEFT JOIN batches b ON b.id = i.batch_id
-    LEFT JOIN runs r ON r.id = b.run_id
-    WHERE i.id = ANY(CAST(:ids AS bigint[]))
+_BATCH_CUTOFFS = Statement("targets.batch_cutoffs", (
+    "The cutoff of the runs that released these batches: what a store target's statement "
+    "re-checks."), """
+    SELECT b.id, r.cutoff FROM batches b JOIN runs r ON r.id = b.run_id
+    WHERE b.id = ANY(CAST(:ids AS bigint[]))
 """)
+_RELEASED_AT = Statement("targets.released_at", (
+    "When a webhook released these items (no batch): their cutoff."),
+    "SELECT id, coalesce(released_at, now()) AS cutoff FROM items "
+    "WHERE id = ANY(CAST(:ids AS bigint[]))")
+# batches whose cutoff is known, most recent last (a drain reads few batches at a time)
+_CUTOFF_CACHE = 4096
 
 
 def ledger_create(table: str) -> Statement:
@@ -75,24 +80,17 @@ def ledger_create(table: str) -> Statement:
         policy         text NOT NULL,
         policy_version integer NOT NULL,
         cutoff         timestamptz NOT NULL,
-        object_ids     text[] NOT NULL,
+        objects        integer NOT NULL,
         deleted        text[] NOT NULL DEFAULT '{{}}',
         deleted_at     timestamptz NOT NULL DEFAULT now()
     )""")
 
 
-def ledger_index(table: str) -> Statement:
-    """Which batches of a policy version deleted an object: what a redelivery looks up."""
-    name = table.rsplit(".", 1)[-1] + "_deleted"
-    return Statement("targets.ledger_index", "Index the store's ledger by the objects each "
-                     "batch deleted.", f"CREATE INDEX {name} ON {table} USING gin (deleted)")
-
-
 def ledger_insert(table: str) -> Statement:
     return Statement("targets.ledger_insert", "Record a batch's identity before its "
                      "statement runs; nothing when it already ran.", f"""
-    INSERT INTO {table} (identity, policy, policy_version, cutoff, object_ids)
-    VALUES (:identity, :policy, :version, :cutoff, CAST(:ids AS text[]))
+    INSERT INTO {table} (identity, policy, policy_version, cutoff, objects)
+    VALUES (:identity, :policy, :version, :cutoff, :objects)
     ON CONFLICT (identity) DO NOTHING
     RETURNING identity""")  # noqa: S608 - the table name is validated config
 
@@ -106,7 +104,7 @@ def ledger_earlier(table: str) -> Statement:
     return Statement("targets.ledger_earlier", "Which of these objects earlier batches of the "
                      "policy version deleted.", f"""
     SELECT DISTINCT o FROM {table}, unnest(deleted) AS o
-    WHERE deleted && CAST(:ids AS text[]) AND policy = :policy AND policy_version = :version
+    WHERE policy = :policy AND policy_version = :version AND deleted && CAST(:ids AS text[])
       AND o = ANY(CAST(:ids AS text[]))""")  # noqa: S608 - the table name is validated config
 
 
@@ -152,6 +150,7 @@ class StoreTargets:
         self.ledger = ledger
         self._ledgers: dict[str, _Ledger] = {}  # stores whose ledger table is known to exist
         self._statements: dict[str, Statement] = {}  # each policy's, built once
+        self._cutoffs: dict[int, datetime] = {}  # batch id -> its run's cutoff
 
     async def delete(self, policy: Policy, leases: Sequence[Lease]) -> CallResult:
         started = time.perf_counter()
@@ -170,14 +169,9 @@ class StoreTargets:
                 return result(Answer(failure=Failure.STORE_GUARD, retry_after=str(
                     max(1, math.ceil(cfg.guard.backoff_seconds)))))
         try:
-            cutoffs = {r.id: r.cutoff for r in await fetch(
-                self.ledger, _CUTOFFS, {"ids": [lease.item_id for lease in leases]})}
+            groups = await self._by_cutoff(leases)
         except Exception:
             return result(Answer(failure=Failure.LEDGER_UNAVAILABLE))
-        groups: dict[datetime, list[Lease]] = defaultdict(list)
-        for lease in leases:
-            if lease.item_id in cutoffs:
-                groups[cutoffs[lease.item_id]].append(lease)
         try:
             conn = await self.stores.connect(target.store)
         except StoreError as exc:
@@ -192,6 +186,27 @@ class StoreTargets:
             await conn.close()
         skipped = frozenset(lease.object_id for lease in leases) - deleted
         return result(Answer(), verdict=DELETED, skipped=skipped, rows=len(leases))
+
+    async def _by_cutoff(self, leases: Sequence[Lease]) -> dict[datetime, list[Lease]]:
+        """The leases by the cutoff their statement re-checks: their batch's run's (each
+        batch's read once and kept), or for items a webhook released, that moment."""
+        missing = sorted({lease.batch_id for lease in leases if lease.batch_id is not None
+                          and lease.batch_id not in self._cutoffs})
+        if missing:
+            for r in await fetch(self.ledger, _BATCH_CUTOFFS, {"ids": missing}):
+                self._cutoffs[r.id] = r.cutoff
+            while len(self._cutoffs) > _CUTOFF_CACHE:
+                del self._cutoffs[next(iter(self._cutoffs))]
+        loose = [lease.item_id for lease in leases if lease.batch_id is None]
+        released = {r.id: r.cutoff for r in await fetch(
+            self.ledger, _RELEASED_AT, {"ids": loose})} if loose else {}
+        groups: dict[datetime, list[Lease]] = defaultdict(list)
+        for lease in leases:
+            cutoff = (released.get(lease.item_id) if lease.batch_id is None
+                      else self._cutoffs.get(lease.batch_id))
+            if cutoff is not None:  # an item or batch gone meanwhile is not deleted
+                groups[cutoff].append(lease)
+        return groups
 
     async def _run(self, conn: AsyncConnection, policy: Policy,
                    groups: dict[datetime, list[Lease]]) -> frozenset[str]:
@@ -213,7 +228,7 @@ class StoreTargets:
                 identity = batch_identity(policy, cutoff, ids)
                 new = (await run(conn, ledger.insert, {
                     "identity": identity, "policy": policy.name, "version": policy.version,
-                    "cutoff": cutoff, "ids": ids})).first()
+                    "cutoff": cutoff, "objects": len(ids)})).first()
                 if new is None:  # this very batch ran and committed: its answer stands
                     deleted.update((await run(conn, ledger.done, {"identity": identity})
                                     ).scalar_one())
@@ -242,7 +257,6 @@ class StoreTargets:
             try:
                 async with conn.begin():
                     await run(conn, ledger_create(table))
-                    await run(conn, ledger_index(table))
             except Exception as exc:
                 if sqlstate(exc) not in _CREATED_MEANWHILE:  # another worker created it
                     if failure_of(exc, connected=True) is Failure.STORE_PERMISSION:

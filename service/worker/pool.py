@@ -114,6 +114,7 @@ class WorkerPool:
         self._signals = SignalBuffer()
         self._db_clock = DatabaseClock()
         self._cursor = ""
+        self._per_call: dict[str, int] = {}  # scopes whose calls carry many items, as granted
         self._slot_freed = asyncio.Event()
         self._done: list[Completion] = []
         self._unstarted: list[tuple[Call, LeaseReturn]] = []
@@ -147,11 +148,18 @@ class WorkerPool:
         if not scopes:
             return 0
         self._cursor = scopes[-1][0]
-        admitted = await admission.admit(limiter.fair_shares(scopes, free))
+        # a round claims at most MAX_ITEMS_PER_ROUND items: a scope whose calls carry many
+        # (a batch policy's, a store target's) asks for that many items' worth of calls,
+        # at least one, so its claim answers within its tokens' lateness
+        wants = {scope: min(n, max(1, MAX_ITEMS_PER_ROUND // self._per_call.get(scope, 1)))
+                 for scope, n in limiter.fair_shares(scopes, free).items()}
+        admitted = await admission.admit(wants)
         self._scopes.admitted(admitted)
         received = self._clock.monotonic()
         leases = admitted.leases
         by_scope = {g.scope: g for g in admitted.grants}
+        self._per_call.update((g.scope, g.per_call) for g in admitted.grants
+                              if g.per_call > 1 or g.scope in self._per_call)
         calls = calls_of(leases, by_scope)
         granted = sum(g.granted for g in admitted.grants)
         TOKENS_GRANTED.inc(granted)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -253,3 +255,28 @@ def test_peers_benchmark_smoke(pg_server_url: str, tmp_path: Path,
         best["sweeper_jobs_per_s"] / best["pgqueuer_jobs_per_s"], rel=0.01)
     assert len(ratio["per_repetition"]) == 1
     assert set(ratio) == {"sweeper_over_best_pgqueuer", "per_repetition", "target", "met"}
+
+
+@pytest.mark.slow
+def test_stores_benchmark_smoke(pg_server_url: str, tmp_path: Path,
+                                restore_logging: None) -> None:
+    """`python -m bench stores`: both walks find every expired row, and the deletion beside
+    pgbench shoppers deletes them all, with the shoppers' latencies on either side."""
+    if shutil.which("pgbench") is None:
+        if os.environ.get("SWEEPER_REQUIRE_TOOLS"):
+            pytest.fail("pgbench (PostgreSQL's client tools) is not installed")
+        pytest.skip("pgbench is not installed")
+    out = tmp_path / "stores.json"
+    assert bench_main([
+        "stores", "--rows", "3000", "--expired", "0.1", "--page", "100", "--batch", "50",
+        "--shopper-seconds", "2", "--shopper-rate", "50", "--repeat", "1",
+        "--database-url", pg_server_url, "--json-out", str(out)]) == 0
+    section = json.loads(out.read_text(encoding="utf-8"))["benchmarks"]["stores"]
+    [rep] = section["repetitions"]
+    assert rep["report_only"]["candidates"] == rep["registering"]["candidates"] == 300
+    assert rep["report_only"]["pages"] == 3
+    deletion = rep["deletion"]
+    assert deletion["items"] == {"succeeded": 300}
+    assert deletion["shoppers_alone"]["transactions"] > 0
+    assert deletion["shoppers_beside_cleanup"]["p99_ms"] is not None
+    assert section["medians"]["shopper_p99_ratio"]["median"] == deletion["p99_ratio"]

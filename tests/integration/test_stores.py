@@ -261,7 +261,7 @@ async def test_a_redelivered_batch_deletes_nothing_twice(
         mixed = await target.delete(policy, [*retried, *leases[4:]])
         assert mixed.skipped == frozenset() and mixed.rows == 4
         assert await store.fetchval("SELECT count(*) FROM carts") == 0
-        recorded = await store.fetch("SELECT cardinality(object_ids) AS n, "
+        recorded = await store.fetch("SELECT objects AS n, "
                                      "cardinality(deleted) AS d FROM sweeper_deletions "
                                      "ORDER BY deleted_at")
         assert [(r["n"], r["d"]) for r in recorded] == [(4, 4), (4, 2)]

@@ -71,7 +71,7 @@ BUILT = {"service/db/embedded.py": {"_create_database": embedded._create_databas
         "target_statement": stores.target_statement(_SHOP.target)},
     "service/targets.py": {
         name: getattr(targets, name)("sweeper_deletions")
-        for name in ("ledger_create", "ledger_index", "ledger_insert", "ledger_done",
+        for name in ("ledger_create", "ledger_insert", "ledger_done",
                      "ledger_earlier", "ledger_record")}}
 
 # Modules allowed to call the driver directly, and why.
