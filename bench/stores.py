@@ -12,9 +12,11 @@ options). Per repetition, on a fresh ledger:
                            transaction that moves the cursor: candidate rows/s, likewise
   deletion beside shoppers a pgbench shopper workload (reads and writes of active carts, new
                            carts) at a fixed rate, first alone for --shopper-seconds, then
-                           while one worker pool deletes every expired row under the rows
-                           budget: the shoppers' p50/p99 latency without and with the
-                           cleanup, their ratio, and the cleanup's rows/s
+                           beside one busy core that touches no database (the control: what
+                           CPU contention alone does to their tail), then while one worker
+                           pool deletes every expired row under the rows budget: the
+                           shoppers' p50/p99 latency each time, the ratio with and without
+                           the cleanup, and the cleanup's rows/s
 
 The expired rows are put back between repetitions (new ids), so every repetition deletes as
 many. pgbench (PostgreSQL's client tools) must be on PATH; its per-transaction log gives the
@@ -31,6 +33,7 @@ import contextlib
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 import tomllib
@@ -238,6 +241,16 @@ async def delete_beside_shoppers(engine: Any, policies: Policies, store_url: str
     async with shoppers(store_url, args, active, args.shopper_seconds) as samples:
         await asyncio.sleep(args.shopper_seconds)
     alone = latencies(samples)
+    # the control: the same shoppers beside one busy core that touches no database, to
+    # tell what CPU contention alone does to their tail on this machine
+    burner = await asyncio.create_subprocess_exec(sys.executable, "-c", "while True: pass")
+    try:
+        async with shoppers(store_url, args, active, args.shopper_seconds) as samples:
+            await asyncio.sleep(args.shopper_seconds)
+    finally:
+        burner.kill()
+        await burner.wait()
+    busy_core = latencies(samples)
     stores = Stores(policies.stores)
     pool = database_pool(engine, policies, Upstreams({}), concurrency=args.workers,
                          stores=stores)
@@ -264,7 +277,8 @@ async def delete_beside_shoppers(engine: Any, policies: Policies, store_url: str
             "SELECT status, count(*) FROM items GROUP BY status"))).all())
     return {"items": counts, "cleanup_seconds": round(drained, 2),
             "cleanup_rows_per_second": round(counts.get("succeeded", 0) / drained, 1),
-            "shoppers_alone": alone, "shoppers_beside_cleanup": beside,
+            "shoppers_alone": alone, "shoppers_beside_one_busy_core": busy_core,
+            "shoppers_beside_cleanup": beside,
             "p99_ratio": round(beside["p99_ms"] / alone["p99_ms"], 3)
             if alone["p99_ms"] and beside["p99_ms"] else None}
 
@@ -336,6 +350,8 @@ async def run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
             "cleanup_rows_per_second": figure("deletion", "cleanup_rows_per_second"),
             "shopper_p99_alone_ms": shopper("shoppers_alone", "p99_ms"),
             "shopper_p99_beside_cleanup_ms": shopper("shoppers_beside_cleanup", "p99_ms"),
+            "shopper_p99_beside_one_busy_core_ms": shopper("shoppers_beside_one_busy_core",
+                                                           "p99_ms"),
             "shopper_p99_ratio": figure("deletion", "p99_ratio"),
         },
     }

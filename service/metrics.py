@@ -156,7 +156,7 @@ DISCOVERED: Final = Counter(
     "them: candidate, or error (no item can be made of it)", ["policy", "result"],
     registry=REGISTRY)
 DISCOVERY_PAGE_DURATION: Final = Histogram(
-    "sweeper_discovery_page_seconds",
+    "shop_discovery_page_seconds",
     "One source page read on the store, in its own read-only transaction",
     ["policy"], buckets=_CALL_BUCKETS, registry=REGISTRY)
 

@@ -208,7 +208,7 @@ class StoreConfig(_Strict):
     dsn_env: EnvName
     max_connections: int = Field(default=4, ge=1, le=100)
     connect_timeout_seconds: float = Field(default=5.0, gt=0, le=60)
-    ledger_table: SqlName = "sweeper_deletions"
+    ledger_table: SqlName = "cleanup_ledger"
 
 
 class SourceConfig(_Strict):

@@ -70,7 +70,7 @@ BUILT = {"service/db/embedded.py": {"_create_database": embedded._create_databas
         "guard_statement": stores.guard_statement(_GUARD),
         "target_statement": stores.target_statement(_SHOP.target)},
     "service/targets.py": {
-        name: getattr(targets, name)("sweeper_deletions")
+        name: getattr(targets, name)("cleanup_ledger")
         for name in ("ledger_create", "ledger_insert", "ledger_done",
                      "ledger_earlier", "ledger_record")}}
 
