@@ -279,4 +279,6 @@ def test_stores_benchmark_smoke(pg_server_url: str, tmp_path: Path,
     assert deletion["items"] == {"succeeded": 300}
     assert deletion["shoppers_alone"]["transactions"] > 0
     assert deletion["shoppers_beside_cleanup"]["p99_ms"] is not None
-    assert section["medians"]["shopper_p99_ratio"]["median"] == deletion["p99_ratio"]
+    assert section["medians"]["shopper_p99_ratio"]["median"] == pytest.approx(
+        deletion["p99_ratio"], abs=0.01)
+    assert deletion["shoppers_beside_one_busy_core"]["transactions"] > 0
