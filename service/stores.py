@@ -46,6 +46,11 @@ _PERMISSION: Final = frozenset({"42501", "25006"})  # no privilege; a read-only 
 _LOST: Final = ("08", "57P01", "57P02")  # the connection went while it ran
 
 
+# What a store's driver raises: the rest is a bug of ours, which the worker's call records as
+# `unknown` (retried with the same batch identity) with its traceback, never as the store's
+STORE_ERRORS: Final = (sa_exc.DBAPIError, asyncpg.PostgresError, *UNAVAILABLE_ERRORS)
+
+
 class StoreError(Exception):
     """A store could not answer: `failure` says how, for the scope and the run's report."""
 

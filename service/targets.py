@@ -42,6 +42,7 @@ from service.db.statements import Statement, fetch, run
 from service.outcomes import Answer, Classified, Failure, Outcome
 from service.policies import Policy, Store
 from service.stores import (
+    STORE_ERRORS,
     StoreError,
     Stores,
     describe,
@@ -180,7 +181,7 @@ class StoreTargets:
             deleted = await self._run(conn, policy, groups)
         except StoreError as exc:
             return result(Answer(failure=exc.failure))
-        except Exception as exc:
+        except STORE_ERRORS as exc:
             return result(Answer(failure=failure_of(exc, connected=True)))
         finally:
             await conn.close()

@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service import claims, discovery, runs
 from service.discovery import Discovery
 from service.outcomes import Failure, Outcome, classify
-from service.policies import Policies
+from service.policies import GuardConfig, Policies
 from service.stores import StoreError, Stores
 from service.targets import StoreTargets
 from service.upstream import Upstreams
@@ -434,3 +434,22 @@ def test_check_config_shows_each_statement_and_its_plan(
         "SHOP_DATABASE_URL": f"postgresql://postgres@127.0.0.1:{free_port()}/shop"})
     assert result.returncode == 0, result.stderr
     assert "stores.shop: cannot be reached (store_unreachable" in result.stderr
+
+
+@pytest.mark.parametrize(("guard", "expected"), [
+    # the fixture's own connection is idle: no other backend is active
+    ({"active_backends": True, "max": 5}, 0.0),
+    # no replica of that name streams from this server: unknown, which counts as over
+    ({"replica_lag": "replica-1", "max": 5}, None),
+    ({"query": "SELECT 42", "max": 5}, 42.0),
+    ({"query": "SELECT 'many'", "max": 5}, None),  # not a number: over
+])
+async def test_each_guard_reads_its_number(store_db_url: str, store: asyncpg.Connection,
+                                           guard: dict[str, Any], expected: float | None
+                                           ) -> None:
+    stores = Stores(store_policies(store_db_url).stores)
+    try:
+        value = await stores.guard_value(GuardConfig(store="shop", **guard))
+    finally:
+        await stores.aclose()
+    assert value == expected
