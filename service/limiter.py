@@ -77,11 +77,21 @@ class Grant:
     rate: float = 1.0
     granted_at: float = 0.0  # the database's clock at the grant, Unix seconds
     per_call: int = 1  # items one token's call carries (a batch policy's max_objects)
-    # The database's clock when the claim had leased its items. The tokens' schedule starts
-    # there: a claim of many rows (calls of 500 a store's statement takes) is not late for
-    # the time the database spent locking them; a late answer's wait (a starved process)
-    # still is. None: the grant's own moment.
+    # The database's clock when the claim had leased its items (None: not known).
     claimed_at: float | None = None
+
+    @property
+    def schedule_start(self) -> float:
+        """Where the tokens' schedule starts on the database's clock. For calls of one item,
+        the grant's moment: a claim that answers late makes them late, and they go back
+        rather than bunch (from the claim's end instead, three replicas saturating the
+        cores at 1,000/s drew 9-12 429s a run against 0-2: bench/reports/2026-12-02-stores).
+        For calls of many items, the claim's end: locking a store target's 500 rows a call
+        takes longer than the 25 ms its 40-call/s tokens may be late, and counted as
+        lateness every claim's leases went back unspent."""
+        if self.per_call > 1 and self.claimed_at is not None:
+            return self.claimed_at
+        return self.granted_at
 
     def due_in(self, i: int) -> float:
         """Seconds from the grant until token i may be spent."""

@@ -181,9 +181,8 @@ class WorkerPool:
             return 0
         position: Counter[str] = Counter()
         # the local moment of each grant, on this process's calibrated database clock
-        granted_at = {g.scope: self._db_clock.local(
-            g.granted_at if g.claimed_at is None else g.claimed_at, received)
-            for g in admitted.grants if g.granted}
+        granted_at = {g.scope: self._db_clock.local(g.schedule_start, received)
+                      for g in admitted.grants if g.granted}
         IN_FLIGHT.inc(len(calls))
         for call in calls:
             # each call is made when its token is due on the database's schedule (at most
