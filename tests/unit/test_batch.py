@@ -88,6 +88,15 @@ def test_a_rounds_leases_become_calls_of_at_most_per_call() -> None:
     assert calls_of(leases[7:], only_single) == [(leases[7],), (leases[8],)]
 
 
+def test_calls_of_many_items_are_scheduled_from_the_claims_end() -> None:
+    # a claim of many rows is not late for the database's work of locking them; a claim of
+    # single-item calls that answers late is (its tokens go back rather than bunch)
+    many = Grant("p:abc", 2, 0.0, granted_at=100.0, per_call=500, claimed_at=100.08)
+    single = Grant("single", 2, 0.0, granted_at=100.0, claimed_at=100.08)
+    assert many.schedule_start == 100.08 and single.schedule_start == 100.0
+    assert Grant("p:abc", 2, 0.0, granted_at=100.0, per_call=500).schedule_start == 100.0
+
+
 def test_a_batch_key_is_the_identity_of_its_items() -> None:
     policy = resolve_policies(doc(), {}, source="f.toml").policies["p"]
     a, b, c = lease(1), lease(2), lease(3)
