@@ -336,6 +336,8 @@ async def check_source(stores: Stores, key: str, source: SourceConfig, *,
     page = page_statement(source, after=True, tenant=False)
     params = {"cutoff": EARLIEST, "page_rows": 1, "after_age": EARLIEST, "after_tenant": "",
               "after_object": ""}
+    # the plan shown is the one a run now would get (EXPLAIN plans, it does not run)
+    planned = {"cutoff": datetime.now(UTC)}
     conn = await stores.connect(source.store)
     try:
         async with conn.begin():
@@ -355,7 +357,8 @@ async def check_source(stores: Stores, key: str, source: SourceConfig, *,
             problems = [f"{key}.query: must be read-only; its plan has "
                         f"{' and '.join(sorted(writes))}"] if writes else []
             shown = "\n".join(r[0] for r in (await run(
-                conn, explain_statement(page, as_json=False), params)).all()) if explain \
+                conn, explain_statement(page, as_json=False), {**params, **planned})).all()) \
+                if explain \
                 else None
             return problems, shown
     except Exception as exc:
@@ -378,6 +381,7 @@ async def check_target(stores: Stores, key: str, target: TargetConfig, *,
     reached."""
     statement = target_statement(target)
     params: dict[str, Any] = {"object_ids": [], "cutoff": EARLIEST}
+    planned = {"cutoff": datetime.now(UTC)}  # the plan shown: a run's now (only planned)
     conn = await stores.connect(target.store)
     try:
         transaction = await conn.begin()
@@ -389,7 +393,8 @@ async def check_target(stores: Stores, key: str, target: TargetConfig, *,
                 f"{key}.statement: must return the column object_id (RETURNING ... AS "
                 f"object_id); it returns {', '.join(columns) or 'none'}"]
             shown = "\n".join(r[0] for r in (await run(
-                conn, explain_statement(statement, as_json=False), params)).all()) \
+                conn, explain_statement(statement, as_json=False), {**params, **planned})
+                ).all()) \
                 if explain else None
             return problems, shown
         finally:
