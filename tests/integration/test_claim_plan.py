@@ -76,6 +76,10 @@ async def test_publication_picks_without_sorting_even_before_any_analyze(
         # nor may statistics an earlier test's analyze left in this reused database (the
         # fixture's TRUNCATE keeps them) inform the plan: dropped (the tests are superuser)
         await conn.execute(text("DELETE FROM pg_statistic WHERE starelid = 'items'::regclass"))
+        # and no row count: a VACUUM (autovacuum's or a test's) of this reused database's
+        # emptied table leaves reltuples 0, "known empty", where never vacuumed is -1
+        await conn.execute(text("UPDATE pg_class SET reltuples = -1, relpages = 0 "
+                                "WHERE oid = 'items'::regclass"))
         await conn.execute(text("""
             INSERT INTO items (tenant_id, object_id, policy, policy_version, operation_key,
                                scope, due_at)
