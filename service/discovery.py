@@ -31,7 +31,7 @@ from typing import Any, Final
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import ledger, metrics
+from service import ledger, metrics, runs
 from service.db.statements import Statement, fetch, fetch_none
 from service.db.statements import run as run_statement
 from service.ledger import Obligations
@@ -253,12 +253,6 @@ class Discovery:
 
 _RUN = Statement("discovery.run", "The run a discovery report is of: its filter and kind.",
                  "SELECT id, policy, tenant_id, dry_run FROM runs WHERE id = :run")
-# the latest report-only run before this one over the same policy and tenant, published
-_PREVIOUS_DRY_RUN = Statement("discovery.previous_dry_run", (
-    "The report-only run a report-only run's discovery is compared with."),
-    "SELECT id FROM runs WHERE dry_run AND state = 'published' AND id < :run "
-    "AND policy IS NOT DISTINCT FROM :policy AND tenant_id IS NOT DISTINCT FROM :tenant "
-    "ORDER BY id DESC LIMIT 1")
 _POLICIES = Statement("discovery.policies", "What a run's discovery found, per policy.",
                       "SELECT policy, pages, candidates, registered, errors, error_samples, "
                       "oldest_age, newest_age, done, failure, updated_at FROM discoveries "
@@ -291,9 +285,10 @@ async def report(engine: AsyncEngine, run_id: int, *, limit: int = MAX_TENANTS_S
     run = found[0]
     previous = None
     if run.dry_run:
-        rows = await fetch(engine, _PREVIOUS_DRY_RUN, {"run": run_id, "policy": run.policy,
-                                                        "tenant": run.tenant_id})
-        previous = int(rows[0].id) if rows else None
+        async with engine.connect() as conn:
+            found_previous = await runs.previous_dry_run(conn, run_id, run.policy,
+                                                         run.tenant_id)
+        previous = int(found_previous.id) if found_previous is not None else None
     policies = {r.policy: {**r._mapping, "tenants": []}
                 for r in await fetch(engine, _POLICIES, {"run": run_id})}
     for r in await fetch(engine, _TENANT_FIGURES, {"run": run_id, "previous": previous,

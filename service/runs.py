@@ -35,7 +35,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service import metrics
 from service.claims import NOTIFY_CHANNEL
-from service.db.engine import is_busy, is_unavailable
+from service.db.engine import is_busy, is_unavailable, sqlstate
 from service.db.statements import Statement, fetch
 from service.db.statements import run as run_statement
 from service.errors import SweeperError
@@ -293,6 +293,16 @@ _PREVIOUS_DRY_RUN = Statement("runs.previous_dry_run", (
     "SELECT id, candidates FROM runs WHERE dry_run AND state = 'published' "
     "AND id < :id AND policy IS NOT DISTINCT FROM :policy "
     "AND tenant_id IS NOT DISTINCT FROM :tenant ORDER BY id DESC LIMIT 1")
+
+
+async def previous_dry_run(conn: AsyncConnection, run_id: int, policy: str | None,
+                           tenant: str | None) -> Any:
+    """The latest published dry run before `run_id` over the same policy and tenant (its id
+    and candidates), or None: what a report-only run is compared with."""
+    return (await run_statement(conn, _PREVIOUS_DRY_RUN, {
+        "id": run_id, "policy": policy, "tenant": tenant})).first()
+
+
 _REPORT_COMPARISON = Statement("runs.report_comparison", (
     "Add the comparison with the previous dry run (or null) to a dry run's report."),
     "UPDATE runs SET report = report || jsonb_build_object("
@@ -349,8 +359,7 @@ async def _record_candidates(conn: AsyncConnection, run: Any, discovered: bool =
         total = (await run_statement(conn, _DISCOVERED_FIGURES, {"id": run["id"]})
                  ).scalar_one()
     if run["dry_run"]:
-        previous = (await run_statement(conn, _PREVIOUS_DRY_RUN, {
-            "id": run["id"], "policy": run["policy"], "tenant": run["tenant_id"]})).first()
+        previous = await previous_dry_run(conn, run["id"], run["policy"], run["tenant_id"])
         comparison = ({"run_id": previous.id, "candidates": previous.candidates,
                        "difference": total - previous.candidates} if previous else None)
         await run_statement(conn, _REPORT_COMPARISON,
@@ -490,9 +499,9 @@ def _failure_report(exc: BaseException) -> tuple[str, str]:
     if isinstance(exc, sa_exc.DBAPIError):
         orig = exc.orig
         cause = getattr(orig, "__cause__", None) or orig
-        sqlstate = getattr(orig, "sqlstate", None) or getattr(cause, "sqlstate", None)
         return ("database-error", f"the database refused a publication statement: "
-                                  f"{type(cause).__name__} (SQLSTATE {sqlstate or 'unknown'})")
+                                  f"{type(cause).__name__} (SQLSTATE "
+                                  f"{sqlstate(exc) or 'unknown'})")
     if isinstance(exc, OverflowError | ValueError):
         return ("unrepresentable-value", f"a value read from the ledger cannot be "
                                          f"represented: {type(exc).__name__}")

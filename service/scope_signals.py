@@ -24,6 +24,7 @@ Pure, like `outcomes`: no I/O and no clock of its own. The worker applies what t
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Final
@@ -40,7 +41,7 @@ LOCAL_HOLD_S: Final = 1.0
 # A scope's pause reasons set by answers (an operator's pause carries the operator's reason).
 UNAUTHORIZED: Final = "unauthorized"
 NO_CREDENTIAL: Final = "no-credential"
-PAUSE_REASONS: Final = {Failure.NO_CREDENTIAL: NO_CREDENTIAL,
+PAUSE_REASONS: Final[Mapping[Failure | None, str]] = {Failure.NO_CREDENTIAL: NO_CREDENTIAL,
                         Failure.STORE_UNREACHABLE: "store-unreachable",
                         Failure.STORE_PERMISSION: "store-permission-denied"}
 
@@ -90,7 +91,7 @@ def effects_of(verdict: Classified, answer: Answer, cfg: PolicyConfig, now: date
         hold = min(LOCAL_HOLD_S, delay if delay is not None else base)
     elif verdict.outcome is Outcome.UNAUTHORIZED:
         signals.append(ScopeSignal.UNAUTHORIZED)
-        pause = PAUSE_REASONS.get(answer.failure or Failure.PROTOCOL, UNAUTHORIZED)
+        pause = PAUSE_REASONS.get(answer.failure, UNAUTHORIZED)
         hold = LOCAL_HOLD_S
     reset = exhausted_for(answer.rate_limits, now) if answer.rate_limits else None
     if reset is not None and reset > 0:

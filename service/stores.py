@@ -27,7 +27,7 @@ import asyncpg
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from service.db.engine import APPLICATION_NAME, UNAVAILABLE_ERRORS
+from service.db.engine import APPLICATION_NAME, UNAVAILABLE_ERRORS, sqlstate
 from service.db.statements import Statement, run
 from service.outcomes import Failure
 from service.policies import GuardConfig, Policies, SourceConfig, Store, TargetConfig
@@ -61,19 +61,6 @@ class StoreError(Exception):
         self.detail = detail
 
 
-def sqlstate(exc: BaseException) -> str | None:
-    """The SQLSTATE of a database error (SQLAlchemy's or asyncpg's), else None."""
-    if isinstance(exc, asyncpg.PostgresError):
-        return str(exc.sqlstate)
-    if isinstance(exc, sa_exc.DBAPIError):
-        orig = exc.orig
-        for candidate in (orig, getattr(orig, "__cause__", None)):
-            code = getattr(candidate, "sqlstate", None) or getattr(candidate, "pgcode", None)
-            if isinstance(code, str):
-                return code
-    return None
-
-
 def failure_of(exc: BaseException, *, connected: bool) -> Failure:
     """What a store's exception means. Before a connection was had (`connected` False)
     every failure is the store being out of reach; after it, the SQLSTATE tells."""
@@ -104,15 +91,6 @@ def describe(exc: BaseException) -> str:
     cause = getattr(cause, "__cause__", None) or cause
     code = sqlstate(exc)
     return f"{type(cause).__name__}" + (f" (SQLSTATE {code})" if code else "")
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One row of a source page."""
-
-    tenant_id: str
-    object_id: str
-    age: datetime
 
 
 @dataclass(frozen=True)
@@ -370,9 +348,6 @@ async def check_source(stores: Stores, key: str, source: SourceConfig, *,
         await conn.close()
 
 
-_CHECKED: Final = "the store refused it"
-
-
 async def check_target(stores: Stores, key: str, target: TargetConfig, *,
                        explain: bool = False) -> tuple[list[str], str | None]:
     """(problems, plan) of a target statement: it is run with no object ids and the
@@ -400,7 +375,7 @@ async def check_target(stores: Stores, key: str, target: TargetConfig, *,
         finally:
             await transaction.rollback()
     except Exception as exc:
-        return [f"{key}.statement: {_CHECKED}: {describe(exc)}"], None
+        return [f"{key}.statement: the store refused it: {describe(exc)}"], None
     finally:
         await conn.close()
 

@@ -38,6 +38,7 @@ from typing import Final
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service.claims import Lease
+from service.db.engine import sqlstate
 from service.db.statements import Statement, fetch, run
 from service.outcomes import Answer, Classified, Failure, Outcome
 from service.policies import Policy, Store
@@ -48,7 +49,6 @@ from service.stores import (
     describe,
     failure_of,
     limit_transaction,
-    sqlstate,
     target_statement,
 )
 from service.upstream import CallResult

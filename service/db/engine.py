@@ -98,19 +98,25 @@ def is_unavailable(exc: BaseException) -> bool:
 BUSY_SQLSTATES: Final = frozenset({"57014", "55P03", "40001", "40P01"})
 
 
+def sqlstate(exc: BaseException) -> str | None:
+    """The SQLSTATE of a database error (SQLAlchemy's or asyncpg's), else None."""
+    if isinstance(exc, asyncpg.PostgresError):
+        return str(exc.sqlstate)
+    if isinstance(exc, sa_exc.DBAPIError):
+        orig = exc.orig
+        for candidate in (orig, getattr(orig, "__cause__", None)):
+            code = getattr(candidate, "pgcode", None) or getattr(candidate, "sqlstate", None)
+            if isinstance(code, str):
+                return code
+    return None
+
+
 def is_busy(exc: BaseException) -> bool:
     """True when `exc` (SQLAlchemy's, or asyncpg's on the webhook intake's own pool) says
     the database gave up on the statement under contention; the request may be retried
     later as it stands."""
-    if isinstance(exc, asyncpg.PostgresError):
-        code = exc.sqlstate
-    elif isinstance(exc, sa_exc.DBAPIError):
-        orig = exc.orig
-        code = getattr(orig, "pgcode", None) or getattr(orig, "sqlstate", None) or getattr(
-            getattr(orig, "__cause__", None), "sqlstate", None)
-    else:
-        return False
-    return isinstance(code, str) and (code in BUSY_SQLSTATES or code.startswith("53"))
+    code = sqlstate(exc)
+    return code is not None and (code in BUSY_SQLSTATES or code.startswith("53"))
 
 
 async def repeat(step: Callable[[], Awaitable[object]], *, every_s: float, what: str,
