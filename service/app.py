@@ -34,6 +34,8 @@ from service.api.gate import Gate
 from service.api.links import install_links
 from service.api.methods import RouteMethods
 from service.api.problems import REQUEST_ID, install_problem_handlers
+from service.console import ConsoleState, console_state
+from service.console import routers as console_routers
 from service.credentials import CredentialStore, Keyring
 from service.credentials.waits import Credentials, waiting_loop
 from service.db.engine import is_busy, is_unavailable, make_engine
@@ -55,6 +57,7 @@ class State(TypedDict):
     """Lifespan state, available to every request as `request.state`."""
 
     runtime: Runtime
+    console: ConsoleState
 
 
 class RequestLog:
@@ -104,7 +107,7 @@ async def _publisher(runtime: Runtime) -> None:
     A run's own error is handled inside `publish_pending` (a retry, or the run marked failed
     and logged once); one reaching this loop came from listing the runs: the next pass
     lists them again."""
-    discovery = Discovery(runtime.policies, runtime.stores)
+    discovery = Discovery(runtime.policies, runtime.stores, runtime.tenant_credentials)
     while True:
         # cleared before the pass: a run created while it lists runs wakes the next one
         runtime.publisher_wake.clear()
@@ -174,7 +177,7 @@ def create_app(
             log.warning("no API tokens configured: every /v1 request will answer 401 "
                         "(set SWEEPER_API_TOKENS)")
         try:
-            yield {"runtime": runtime}
+            yield {"runtime": runtime, "console": console_state(runtime)}
         finally:
             if pool is not None:
                 pool.stop()
@@ -204,6 +207,8 @@ def create_app(
                (webhooks_routes.router, [])]
     for router, dependencies in routers:
         app.include_router(router, dependencies=dependencies)
+    for router in console_routers:  # outside /v1: signed in by cookie (service/console)
+        app.include_router(router)
     app.state.route_methods = RouteMethods(
         [*app.router.routes, *(route for router, _ in routers for route in router.routes)])
     app.add_middleware(Gate, max_body_bytes=settings.max_body_bytes,

@@ -301,22 +301,25 @@ class ItemFilter:
     policy: str | None = None
     tenant_id: str | None = None
     reason: str | None = None
+    object_id: str | None = None  # with tenant_id: the obligation index finds it
 
 
-_FILTER_SQL = """
+FILTER_SQL = """
       -- explicit ids and identities add up; the other fields narrow
       AND ((CAST(:ids AS bigint[]) IS NULL AND CAST(:keys AS text[]) IS NULL)
            OR id = ANY(CAST(:ids AS bigint[]))
            OR operation_key = ANY(CAST(:keys AS text[])))
       AND (CAST(:policy AS text) IS NULL OR policy = :policy)
       AND (CAST(:tenant AS text) IS NULL OR tenant_id = :tenant)
+      AND (CAST(:object AS text) IS NULL OR object_id = :object)
       AND (CAST(:reason AS text) IS NULL OR dead_reason = :reason OR last_error = :reason)
 """
 
 
-def _filter_params(f: ItemFilter) -> dict[str, object]:
+def filter_params(f: ItemFilter) -> dict[str, object]:
+    """The parameters of FILTER_SQL for one filter."""
     return {"ids": f.ids, "keys": f.operation_keys, "policy": f.policy,
-            "tenant": f.tenant_id, "reason": f.reason}
+            "tenant": f.tenant_id, "object": f.object_id, "reason": f.reason}
 
 
 # next_attempt_at is '-infinity' until a first retry is planned: answered as "none" (null)
@@ -333,7 +336,7 @@ _LIST = Statement("ledger.list_items", (
         SELECT {ITEM_COLUMNS} FROM items
         WHERE (CAST(:status AS text) IS NULL OR status = :status)
           AND (CAST(:after AS bigint) IS NULL OR id > :after)
-          {_FILTER_SQL}
+          {FILTER_SQL}
         ORDER BY id LIMIT :limit
     """)  # noqa: S608 - only constant fragments are interpolated
 
@@ -341,7 +344,7 @@ _LIST = Statement("ledger.list_items", (
 async def list_items(engine: AsyncEngine, *, status: str | None, item_filter: ItemFilter,
                      after: int | None, limit: int) -> list[dict[str, object]]:
     """Items by id (keyset pagination: pass the last id seen as `after`)."""
-    params = {"status": status, "after": after, "limit": limit, **_filter_params(item_filter)}
+    params = {"status": status, "after": after, "limit": limit, **filter_params(item_filter)}
     return [dict(r._mapping) for r in await fetch(engine, _LIST, params)]
 
 
@@ -350,7 +353,7 @@ _REDRIVE = Statement("ledger.redrive", (
     "Dead items matching an operator's filter back to pending with their attempts reset, "
     "at most :limit, skipping rows another change holds."), f"""
     WITH chosen AS (
-        SELECT id FROM items WHERE status = 'dead' {_FILTER_SQL}
+        SELECT id FROM items WHERE status = 'dead' {FILTER_SQL}
         ORDER BY id LIMIT :limit FOR UPDATE SKIP LOCKED
     )
     UPDATE items i
@@ -364,7 +367,7 @@ _CANCEL = Statement("ledger.cancel", (
     "Withdraw pending items matching an operator's filter, at most :limit, skipping rows "
     "another change holds."), f"""
     WITH chosen AS (
-        SELECT id FROM items WHERE status = 'pending' {_FILTER_SQL}
+        SELECT id FROM items WHERE status = 'pending' {FILTER_SQL}
         ORDER BY id LIMIT :limit FOR UPDATE SKIP LOCKED
     )
     UPDATE items i
@@ -391,7 +394,7 @@ async def _operator_change(engine: AsyncEngine, statement: Statement, action: st
                            ) -> list[int]:
     async with engine.begin() as conn:
         ids = [int(r.id) for r in await run(
-            conn, statement, {**_filter_params(item_filter), "limit": limit})]
+            conn, statement, {**filter_params(item_filter), "limit": limit})]
         details = {"filter": {k: v for k, v in asdict(item_filter).items() if v is not None},
                    "count": len(ids), "item_ids": ids[:1000]}
         await audit.record(conn, actor=actor, action=action, reason=reason, details=details)

@@ -292,6 +292,11 @@ class LedgerCollector(Collector):
                 self._snapshot = LedgerSnapshot()
             self._read_at = time.monotonic()
 
+    @property
+    def snapshot(self) -> LedgerSnapshot:
+        """The last reading (`refresh` first for one at most LEDGER_CACHE_S old)."""
+        return self._snapshot
+
     def _per_policy(self, name: str, doc: str, values: Mapping[str, float]
                     ) -> GaugeMetricFamily:
         family = GaugeMetricFamily(name, doc, labels=["policy"])

@@ -39,6 +39,7 @@ from service.db.engine import is_busy, is_unavailable, sqlstate
 from service.db.statements import Statement, fetch
 from service.db.statements import run as run_statement
 from service.errors import SweeperError
+from service.list_source import SourceDeferred
 from service.stores import StoreError
 
 if TYPE_CHECKING:
@@ -449,6 +450,12 @@ async def publish_pending(engine: AsyncEngine, *, batch_size: int,
             log.warning("run discovery deferred: store could not answer",
                         extra={"run_id": run_id, "store": exc.store,
                                "error": exc.failure.value})
+        except SourceDeferred as exc:
+            # a list source must wait (throttled, out of reach, or its pass's pages read):
+            # the next pass resumes from the persisted cursor
+            log.log(logging.INFO if exc.quiet else logging.WARNING,
+                    "run discovery deferred: list source waits",
+                    extra={"run_id": run_id, "policy": exc.policy, "reason": exc.reason})
         except Exception as exc:
             # a retry when the database could not answer (or the run could not be marked)
             if is_unavailable(exc) or is_busy(exc) or not await _fail(engine, run_id, exc):
@@ -726,20 +733,26 @@ async def run_exists(engine: AsyncEngine, run_id: int) -> bool:
 
 
 _LIST = Statement("runs.list", (
-    "Runs newest first, before a keyset cursor (a run id), with the newest operator "
-    "action's id."), f"""
+    "Runs newest first, before a keyset cursor (a run id), optionally of one policy, state "
+    "or kind, with the newest operator action's id."), f"""
     SELECT *, {_LAST_ACTION} FROM runs
     WHERE (CAST(:before AS bigint) IS NULL OR id < :before)
+      AND (CAST(:policy AS text) IS NULL OR policy = :policy)
+      AND (CAST(:state AS text) IS NULL OR state = :state)
+      AND (CAST(:dry_run AS boolean) IS NULL OR dry_run = :dry_run)
     ORDER BY id DESC LIMIT :limit
 """)  # noqa: S608 - only a constant fragment is interpolated
 
 
 async def list_runs(engine: AsyncEngine, *, limit: int, before: int | None,
-                    progress: ProgressCache) -> list[dict[str, Any]]:
+                    progress: ProgressCache, policy: str | None = None,
+                    state: str | None = None, dry_run: bool | None = None
+                    ) -> list[dict[str, Any]]:
     """Newest first; `before` is the keyset cursor (a run id). Each run with its progress
     as run_status gives it (through `progress`); the runs without a count to share are
     counted together in one statement."""
-    rows = [dict(r._mapping) for r in await fetch(engine, _LIST, {"before": before,
-                                                                   "limit": limit})]
+    params = {"before": before, "limit": limit, "policy": policy, "state": state,
+              "dry_run": dry_run}
+    rows = [dict(r._mapping) for r in await fetch(engine, _LIST, params)]
     counts = await progress.get_many(engine, {row["id"]: _version(row) for row in rows})
     return [{**row, **counts[row["id"]]} for row in rows]

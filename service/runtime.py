@@ -43,6 +43,11 @@ class TokenSet:
                 actor = "token:" + digest.hex()[:8]
         return actor
 
+    def has_actor(self, actor: str) -> bool:
+        """Whether a token with this actor name is still configured (console sessions end
+        when their token is rotated out)."""
+        return any(actor == "token:" + digest.hex()[:8] for digest in self.digests)
+
 
 @dataclass(frozen=True)
 class Runtime:

@@ -88,6 +88,9 @@ class Settings(BaseSettings):
         default=1_000, ge=1, le=1_000_000,
         description="open connections plus requests in progress per process; "
                     "beyond it new requests get 503")
+    console_session_seconds: int = Field(
+        default=28_800, ge=300, le=7 * 86_400,
+        description="how long a sign-in to the operator console (/console) lasts")
     migrate_on_start: bool = True
     shutdown_grace_seconds: float = Field(default=20.0, ge=0, le=600)
     retention_days: float = Field(

@@ -25,6 +25,7 @@ from service.api.deps import OperatorDep, RuntimeDep
 from service.api.problems import problem_responses, validation_problem
 from service.errors import Problem
 from service.ledger import MAX_ID_BYTES, id_problem, utf8_size_over
+from service.runtime import Runtime
 
 router = APIRouter(prefix="/v1", tags=["runs"], responses=problem_responses(401, 503))
 
@@ -231,8 +232,17 @@ async def get_run_evidence(runtime: RuntimeDep, _actor: OperatorDep,
     the evidence it kept. Read page by page, so a slow reader holds no database connection;
     a stream that fails part way ends without its final chunk and without its manifest (an
     incomplete body to the client), never as a short clean one."""
-    if not await runs.run_exists(runtime.engine, run_id):
+    response = await evidence_export(runtime, run_id)
+    if response is None:
         raise Problem(404, "run-not-found", "Run not found", f"no run {run_id}")
+    return response
+
+
+async def evidence_export(runtime: Runtime, run_id: int) -> StreamingResponse | None:
+    """A run's evidence export as a streamed answer (the API's and the console's), or None
+    when there is no such run."""
+    if not await runs.run_exists(runtime.engine, run_id):
+        return None
     pages = evidence.pages(runtime.engine, run_id)
     # read before answering: a database failing now gets its problem answer, not a 200
     first = await anext(pages, None)

@@ -257,3 +257,20 @@ tenant_credentials = Table(
     _ts("updated_at"),
     Column("updated_by", Text, nullable=False),
 )
+
+console_sessions = Table(
+    "console_sessions",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("actor", Text, nullable=False),
+    _ts("created_at"),
+    _ts("expires_at"),
+    _ts("ended_at", nullable=True),
+)
+
+console_key = Table(
+    "console_key",
+    metadata,
+    Column("singleton", Boolean, primary_key=True),
+    Column("key", BYTEA, nullable=False),
+)
