@@ -155,6 +155,10 @@ def cmd_check_config(args: argparse.Namespace) -> int:
           f"evidence exports: {signing}")
     for shown in statements:
         print(shown)
+    from service.list_source import describe_requests
+
+    for shown in describe_requests(policies):
+        print(shown)
     return Exit.OK
 
 

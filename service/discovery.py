@@ -1,5 +1,7 @@
-"""Discovery: a run of a policy with a store source finds its candidates by the source query
-itself, a page at a time, before publication releases them.
+"""Discovery: a run of a policy with a source finds its candidates, a page at a time, before
+publication releases them: by a store's query itself (service/stores.py), or by an
+upstream's list calls, each tenant of the source walked in turn by its cursor
+(service/list_source.py).
 
 Each page is read in its own short READ ONLY transaction on the store (service/stores.py),
 then applied in one ledger transaction that registers the page's items (a report-only run
@@ -16,11 +18,18 @@ pass and nothing is lost.
 
 Discovery reads at most the source's `rows_per_second`, and stops once a run with
 `max_items` has that many candidates: the next run's walk finds the rest.
+
+A list source's cursor is the tenant being walked and the upstream's next cursor
+(`after_tenant`, `after_object`), moved in the page's transaction likewise. A list call
+that must wait (a 429, an upstream out of reach, the pass's `pages_per_pass` read) leaves
+the run publishing and the next pass resumes there; a tenant whose list calls are refused
+(401/403, its scope paused) is skipped with the reason as a discovery error.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -32,9 +41,11 @@ from typing import Any, Final
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service import ledger, metrics, runs
+from service.credentials.waits import Credentials
 from service.db.statements import Statement, fetch, fetch_none
 from service.db.statements import run as run_statement
 from service.ledger import Obligations
+from service.list_source import Lister, SourceDeferred
 from service.policies import Policies, Policy
 from service.stores import Cursor, StoreError, Stores
 
@@ -51,13 +62,14 @@ _START = Statement("discovery.start", (
     "ON CONFLICT (run_id, policy) DO NOTHING")
 _STATE = Statement("discovery.state", "Where a run's discovery of one policy stands.",
                    "SELECT * FROM discoveries WHERE run_id = :run AND policy = :policy")
-# The page's figures and the cursor after it, only if no publisher moved it meanwhile
+# The page's figures and the cursor after it, only if no publisher moved it meanwhile (a
+# step that reads no page, a list source's tenant skipped, moves the cursor alone)
 _ADVANCE = Statement("discovery.advance", (
     "Move a discovery's cursor past one page and add its figures, unless another publisher "
     "applied a page since it was read."), """
     UPDATE discoveries SET
         after_age = :age, after_tenant = :tenant, after_object = :object,
-        pages = pages + 1, candidates = candidates + :candidates,
+        pages = pages + :read, candidates = candidates + :candidates,
         registered = registered + :registered, errors = errors + :errors,
         error_samples = CASE WHEN jsonb_array_length(error_samples) >= :max_samples
                              THEN error_samples
@@ -66,6 +78,8 @@ _ADVANCE = Statement("discovery.advance", (
         newest_age = greatest(newest_age, CAST(:newest AS timestamptz)),
         done = :done, failure = NULL, updated_at = now()
     WHERE run_id = :run AND policy = :policy AND pages = :pages
+      AND after_tenant IS NOT DISTINCT FROM CAST(:from_tenant AS text)
+      AND after_object IS NOT DISTINCT FROM CAST(:from_object AS text)
     RETURNING pages
 """)
 _TENANTS = Statement("discovery.tenants", (
@@ -100,6 +114,9 @@ class Page:
 
 def _shown(value: object) -> str:
     return repr(value)[:SHOWN_ID_CHARS]
+
+
+EMPTY_PAGE: Final = Page(Obligations([], [], [], [], {}), [], [], Cursor(), 0)
 
 
 def sort_page(policy: Policy, rows: Sequence[Any], cutoff: datetime) -> Page:
@@ -170,24 +187,33 @@ def _per_tenant(page: Page) -> dict[str, Any]:
 class Discovery:
     """Discovers the candidates of a run's source policies (publication calls it first)."""
 
-    def __init__(self, policies: Policies, stores: Stores) -> None:
+    def __init__(self, policies: Policies, stores: Stores,
+                 credentials: Credentials | None = None) -> None:
         self.policies = policies
         self.stores = stores
+        self.credentials = credentials  # the list sources' per-tenant credentials
 
     def sourced(self, run: Mapping[str, Any]) -> list[Policy]:
-        """The policies of `run` whose candidates come from a store."""
+        """The policies of `run` whose candidates come from a source."""
         return [p for name, p in sorted(self.policies.policies.items())
                 if p.config.source is not None and run["policy"] in (None, name)]
 
     async def discover(self, engine: AsyncEngine, run: Mapping[str, Any]) -> None:
-        """Walk every source policy of `run` to the end of its query. StoreError when a
-        store could not answer (recorded on the discovery row; the run waits for the
-        next pass)."""
-        for policy in self.sourced(run):
-            await self._walk(engine, run, policy)
+        """Walk every source policy of `run` to the end of its query or lists. StoreError
+        when a store could not answer, SourceDeferred when a list source must wait
+        (recorded on the discovery row; the run waits for the next pass)."""
+        lister = Lister(self.policies, self.credentials)
+        try:
+            for policy in self.sourced(run):
+                if policy.list_source is not None:
+                    await self._walk_list(engine, run, policy, lister)
+                else:
+                    await self._walk(engine, run, policy)
+        finally:
+            await lister.aclose()
 
     async def _walk(self, engine: AsyncEngine, run: Mapping[str, Any], policy: Policy) -> None:
-        source = policy.config.source
+        source = policy.store_source
         assert source is not None
         keys = {"run": run["id"], "policy": policy.name}
         await fetch_none(engine, _START, keys)
@@ -212,7 +238,7 @@ class Discovery:
             done = page.rows < source.page or (
                 limit is not None and not run["dry_run"]
                 and state.candidates + len(page.registrations) >= limit)
-            if await self._apply(engine, run, policy, state.pages, page, done):
+            if await self._apply(engine, run, policy, state, page, done, page.last):
                 metrics.DISCOVERED.labels(policy.name, "candidate").inc(
                     len(page.registrations))
                 metrics.DISCOVERED.labels(policy.name, "error").inc(len(page.errors))
@@ -225,16 +251,71 @@ class Discovery:
                 await asyncio.sleep(max(0.0, started + read / source.rows_per_second
                                         - time.monotonic()))
 
+    async def _walk_list(self, engine: AsyncEngine, run: Mapping[str, Any], policy: Policy,
+                         lister: Lister) -> None:
+        """Walk each tenant of a list source in turn, page by page after its cursor."""
+        source = policy.list_source
+        assert source is not None
+        keys = {"run": run["id"], "policy": policy.name}
+        await fetch_none(engine, _START, keys)
+        tenants = lister.tenants(policy, run)
+        steps = 0
+        while True:
+            [state] = await fetch(engine, _STATE, keys)
+            if state.done:
+                return
+            # the tenant walked now: the cursor's, or the next one (the file may have
+            # changed since); its cursor holds only while it is the cursor's tenant
+            at = next((n for n, t in enumerate(tenants) if state.after_tenant is None
+                       or t >= state.after_tenant), len(tenants))
+            if at == len(tenants):
+                await self._apply(engine, run, policy, state, EMPTY_PAGE, True, Cursor(), 0)
+                return
+            tenant = tenants[at]
+            cursor = state.after_object if tenant == state.after_tenant else None
+            if steps >= source.pages_per_pass:
+                raise SourceDeferred(policy.name, f"read {steps} pages in this pass",
+                                     quiet=True)
+            began = time.perf_counter()
+            try:
+                listed = await lister.page(engine, run, policy, tenant, cursor)
+            except SourceDeferred as exc:
+                await fetch_none(engine, _FAILED, {**keys, "failure": exc.reason})
+                raise
+            steps += 1
+            if listed.read:
+                metrics.DISCOVERY_PAGE_DURATION.labels(policy.name).observe(
+                    time.perf_counter() - began)
+            page = sort_page(policy, listed.entries, run["cutoff"])
+            page = dataclasses.replace(page, errors=listed.errors + page.errors)
+            following = tenant if listed.next is not None else (
+                tenants[at + 1] if at + 1 < len(tenants) else None)
+            limit = run["max_items"]
+            done = following is None or (
+                limit is not None and not run["dry_run"]
+                and state.candidates + len(page.registrations) >= limit)
+            last = Cursor(None, following or tenant, listed.next)
+            if await self._apply(engine, run, policy, state, page, done, last, listed.read):
+                metrics.DISCOVERED.labels(policy.name, "candidate").inc(
+                    len(page.registrations))
+                metrics.DISCOVERED.labels(policy.name, "error").inc(len(page.errors))
+            if done:
+                return
+
     async def _apply(self, engine: AsyncEngine, run: Mapping[str, Any], policy: Policy,
-                     pages: int, page: Page, done: bool) -> bool:
-        """Register the page (not for a report-only run) and move the cursor past it, in
-        one transaction; nothing (False) when another publisher applied a page meanwhile."""
+                     state: Any, page: Page, done: bool, last: Cursor, read: int = 1
+                     ) -> bool:
+        """Register the page (not for a report-only run) and move the cursor from where
+        `state` had it to `last`, in one transaction; nothing (False) when another
+        publisher applied a page meanwhile."""
         keys = {"run": run["id"], "policy": policy.name}
         ages = page.ages
         async with engine.begin() as conn:
             moved = (await run_statement(conn, _ADVANCE, {
-                **keys, "pages": pages, "age": page.last.age, "tenant": page.last.tenant_id,
-                "object": page.last.object_id, "candidates": len(page.registrations),
+                **keys, "pages": state.pages, "from_tenant": state.after_tenant,
+                "from_object": state.after_object, "read": read, "age": last.age,
+                "tenant": last.tenant_id, "object": last.object_id,
+                "candidates": len(page.registrations),
                 "registered": 0 if run["dry_run"] else len(page.registrations),
                 "errors": len(page.errors), "max_samples": MAX_ERROR_SAMPLES,
                 "samples": json.dumps(page.errors[:MAX_ERROR_SAMPLES]),

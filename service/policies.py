@@ -22,7 +22,9 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
+    Tag,
     ValidationError,
     field_validator,
     model_validator,
@@ -39,6 +41,7 @@ from service.answers import (
     parse_path,
 )
 from service.errors import ConfigError
+from service.list_config import ListRequest, ListSourceConfig, compile_list_request
 from service.signatures import standard_key
 from service.templates import (
     DOT_SEGMENTS,
@@ -223,6 +226,22 @@ class SourceConfig(_Strict):
     statement_timeout_ms: int = Field(default=5000, ge=1, le=600_000)
 
 
+def _source_kind(value: Any) -> str:
+    """Which source a policy's `source` is: an upstream's list, or (by default) a store's
+    query."""
+    if isinstance(value, ListSourceConfig) or (isinstance(value, Mapping)
+                                               and "upstream" in value):
+        return "upstream"
+    return "store"
+
+
+# the tags pydantic puts in an error's key: dropped from the key a problem names
+SOURCE_KINDS: Final = frozenset({"store", "upstream"})
+AnySource = Annotated[Annotated[SourceConfig, Tag("store")]
+                      | Annotated[ListSourceConfig, Tag("upstream")],
+                      Discriminator(_source_kind)]
+
+
 class TargetConfig(_Strict):
     """A statement deleting a batch of one scope's candidates on a store: it binds
     `:object_ids` (text[]) and `:cutoff`, re-checks the age predicate, and returns the
@@ -265,8 +284,9 @@ class PolicyConfig(_Strict):
     upstream: str | None = None
     method: Literal["DELETE", "POST", "PUT", "PATCH"] = "DELETE"
     path: str | None = None
-    # the store's own database: where candidates are found, and a statement deleting them
-    source: SourceConfig | None = None
+    # where candidates are found: a store's query or an upstream's list (service/
+    # list_config.py); and a statement on a store deleting them
+    source: AnySource | None = None
     target: TargetConfig | None = None
     guard: GuardConfig | None = None
     # the JSON body: a TOML table or array, or JSON text; its strings are templates
@@ -422,6 +442,21 @@ class Policy:
     # what each HTTP call sends; None for a policy whose target is a store's database
     request: RequestTemplate | None = field(repr=False, compare=False)
     answers: AnswerRules = field(default=NO_RULES, repr=False, compare=False)  # how it is read
+    # an HTTP list source's call and how its answers are read (None: no such source)
+    listing: ListRequest | None = field(default=None, repr=False, compare=False)
+    list_answers: AnswerRules = field(default=NO_RULES, repr=False, compare=False)
+
+    @property
+    def store_source(self) -> SourceConfig | None:
+        """The policy's store source, if its candidates come from a store's query."""
+        source = self.config.source
+        return source if isinstance(source, SourceConfig) else None
+
+    @property
+    def list_source(self) -> ListSourceConfig | None:
+        """The policy's HTTP list source, if an upstream lists its candidates."""
+        source = self.config.source
+        return source if isinstance(source, ListSourceConfig) else None
 
     @property
     def version(self) -> int:
@@ -549,9 +584,11 @@ def resolve_policies(raw: Mapping[str, Any], env: Mapping[str, str], *, source: 
         _store_problems(key, pol, parsed.stores, fail)
         if pol.backoff.max_seconds < pol.backoff.base_seconds:
             fail(f"{key}.backoff.max_seconds", "must be at least base_seconds")
+        listing = _listing(key, name, pol, upstreams, parsed.upstreams, fail)
         if pol.target is not None:
-            if not any(f"{key}.{sub}" in p for p in problems for sub in ("target", "upstream")):
-                policies[name] = Policy(name=name, config=pol, request=None)
+            if not any(f"{key}.{sub}" in p for p in problems for sub in ("target", "upstream",
+                                                                         "source")):
+                policies[name] = Policy(name=name, config=pol, request=None, **listing)
             continue
         upstream = upstreams.get(pol.upstream) if pol.upstream is not None else None
         if pol.upstream is None:
@@ -609,7 +646,8 @@ def resolve_policies(raw: Mapping[str, Any], env: Mapping[str, str], *, source: 
                                     pol.answers, pol.answer_max_bytes,
                                     actual_cost=pol.cost.actual if pol.cost else None,
                                     available_cost=pol.cost.available if pol.cost else None,
-                                    failed_ids=pol.batch.failed if pol.batch else None))
+                                    failed_ids=pol.batch.failed if pol.batch else None),
+                                **listing)
 
     webhooks: dict[str, WebhookSource] = {}
     for name, src in parsed.webhooks.items():
@@ -652,10 +690,11 @@ def _store_problems(key: str, pol: PolicyConfig, stores: Mapping[str, StoreConfi
     (service/stores.py checks the rest against the store itself)."""
     for part in ("source", "target", "guard"):
         cfg = getattr(pol, part)
-        if cfg is not None and cfg.store not in stores:
+        if cfg is not None and not isinstance(cfg, ListSourceConfig) and \
+                cfg.store not in stores:
             fail(f"{key}.{part}.store", f"unknown store {cfg.store!r}; declared: "
                                         f"{sorted(stores) or 'none'}")
-    if pol.source is not None:
+    if isinstance(pol.source, SourceConfig):
         for problem in store_sql.problems(pol.source.query, kinds=_SOURCE_KINDS,
                                           required=frozenset({"cutoff"}),
                                           allowed=frozenset({"cutoff"})):
@@ -761,7 +800,9 @@ def _schema_problems(exc: ValidationError) -> list[str]:
     """Each schema error as `key: message`, the key in the file's own notation."""
     problems = []
     for err in exc.errors(include_input=False, include_url=False):
-        key = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in err["loc"])
+        loc = [p for i, p in enumerate(err["loc"])
+               if not (i and err["loc"][i - 1] == "source" and p in SOURCE_KINDS)]
+        key = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in loc)
         key = key.replace(".[", "[")
         message = str(err["msg"]).removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
@@ -770,3 +811,40 @@ def _schema_problems(exc: ValidationError) -> list[str]:
             message = "required key is missing"
         problems.append(f"{key}: {message}")
     return problems
+
+
+def _listing(key: str, name: str, pol: PolicyConfig, upstreams: Mapping[str, Upstream],
+             declared: Mapping[str, UpstreamConfig], fail: Callable[[str, str], None]
+             ) -> dict[str, Any]:
+    """A policy's HTTP list source compiled (`listing` and `list_answers` for its Policy),
+    or nothing; problems go to `fail`. The list calls draw from the policy's scope of each
+    tenant, so per-tenant credentials need a scope per tenant."""
+    source = pol.source
+    if not isinstance(source, ListSourceConfig):
+        return {}
+    at = f"{key}.source"
+    try:
+        older_than = parse_duration(source.older_than)
+    except ValueError as exc:
+        fail(f"{at}.older_than", str(exc))
+        return {}
+    upstream = upstreams.get(source.upstream)
+    if upstream is None:
+        if source.upstream not in declared:  # else its own problem is listed
+            fail(f"{at}.upstream", f"unknown upstream {source.upstream!r}; declared: "
+                                   f"{sorted(declared) or 'none'}")
+        return {}
+    if (upstream.per_tenant_credentials or len(source.tenants) > 1) and \
+            "tenant_id" not in template_fields(pol.scope):
+        # each tenant's list calls draw from, close and pause its own scope
+        fail(f"{key}.scope", "a list source of several tenants (or with per-tenant "
+                             "credentials) needs a scope holding {tenant_id}")
+    try:
+        request = compile_list_request(upstream.origin, source, policy=name,
+                                       older_than=older_than)
+    except TemplateProblems as exc:
+        for sub, message in exc.problems:
+            fail(f"{at}.{sub}", message)
+        return {}
+    return {"listing": request, "list_answers": compile_rules(source.answers,
+                                                              source.max_bytes)}

@@ -407,7 +407,7 @@ async def check_policies(policies: Policies, *, explain: bool = False) -> StoreC
     unreachable: set[str] = set()
     try:
         for name, policy in sorted(policies.policies.items()):
-            source, target = policy.config.source, policy.config.target
+            source, target = policy.store_source, policy.config.target
             parts: list[tuple[str, str, str]] = []
             if source is not None:
                 parts.append(("source", source.store,

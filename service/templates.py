@@ -93,7 +93,7 @@ def _escape(text: str) -> str:
     return text.replace("{", "{{").replace("}", "}}")
 
 
-def _format_string(pieces: list[tuple[str, str | None]], constants: Mapping[str, str],
+def format_string(pieces: list[tuple[str, str | None]], constants: Mapping[str, str],
                    encode: Callable[[str], str]) -> str:
     """A str.format template of only the item's fields: literal text escaped, the policy's
     fields filled in (encoded) at once."""
@@ -305,9 +305,11 @@ def parse_json_body(text: str) -> Any:
     return value
 
 
-def compile_body(template: Any, constants: Mapping[str, str | int]) -> tuple[str | _Slot, ...]:
+def compile_body(template: Any, constants: Mapping[str, str | int],
+                 allowed: Sequence[str] = REQUEST_FIELDS) -> tuple[str | _Slot, ...]:
     """The body template as JSON text with slots for the item's fields (the policy's are
-    filled in now); TemplateProblems naming each faulty key under `body`."""
+    filled in now); TemplateProblems naming each faulty key under `body`. `allowed` are the
+    placeholders it may hold (a list source's differ: service/list_config.py)."""
     out: list[str | _Slot] = []
     problems: list[tuple[str, str]] = []
 
@@ -348,7 +350,7 @@ def compile_body(template: Any, constants: Mapping[str, str | int]) -> tuple[str
 
     def string_template(text: str, at: str) -> None:
         names = _PLACEHOLDER.findall(text)
-        problem = _unknown(set(names), REQUEST_FIELDS)
+        problem = _unknown(set(names), tuple(allowed))
         if problem:
             problems.append((at, problem + " (a placeholder is {name}; any other brace is "
                                            "text, e.g. a GraphQL selection '{ id }')"))
@@ -427,17 +429,8 @@ class RequestTemplate:
         """The host of a templated upstream for this item (lower-cased); ValueError saying
         why the item cannot have it (without the value: answers never echo input)."""
         assert self.host_format is not None
-        assert self.origin.pattern is not None
-        made = self.host_format.format(tenant_id=tenant_id, object_id=object_id)
-        problem = host_name_problem(made)
-        if problem:
-            raise ValueError(f"would make a host of upstream {self.upstream!r} that is "
-                             f"{problem}")
-        made = made.lower()
-        if not self.origin.pattern.fullmatch(made):
-            raise ValueError(f"would make a host that upstream {self.upstream!r} does not "
-                             "allow (its host_pattern)")
-        return made
+        return checked_host(self.origin, self.host_format.format(tenant_id=tenant_id,
+                                                                 object_id=object_id))
 
     def host_problem(self, tenant_id: str, object_id: str) -> str | None:
         """Why this item's host would be refused, or None (always None for a fixed host)."""
@@ -452,24 +445,49 @@ class RequestTemplate:
     def body(self, tenant_id: str, object_id: str, object_version: str = "",
              object_ids: Sequence[str] = ()) -> bytes | None:
         """The JSON body for this item, or these items (None: the policy sends none)."""
-        pieces = self.body_pieces
-        if pieces is None:
+        if self.body_pieces is None:
             return None
-        values: dict[str, str | list[str]] = {
+        return fill_body(self.body_pieces, {
             "tenant_id": tenant_id, "object_id": object_id, "object_version": object_version,
-            "object_ids": list(object_ids)}
-        parts = []
-        for piece in pieces:
-            if isinstance(piece, str):
-                parts.append(piece)
-                continue
-            value = values[piece.name]
-            if piece.whole:
-                parts.append(json.dumps(value))
-            else:  # inside a longer string: a list goes in joined with commas
-                text = value if isinstance(value, str) else ",".join(value)
-                parts.append(json.dumps(text)[1:-1])
-        return "".join(parts).encode("ascii")
+            "object_ids": list(object_ids)})
+
+
+BodyValue = str | int | list[str] | None
+
+
+def fill_body(pieces: Sequence[str | _Slot], values: Mapping[str, BodyValue]) -> bytes:
+    """A compiled body with its slots filled: a whole-string slot becomes the JSON value
+    itself (a string, a number, an array; None is null); inside a longer string the value's
+    text goes in (a list joined with commas, None as nothing)."""
+    parts = []
+    for piece in pieces:
+        if isinstance(piece, str):
+            parts.append(piece)
+            continue
+        value = values[piece.name]
+        if piece.whole:
+            parts.append(json.dumps(value))
+        else:
+            text = "" if value is None else value if isinstance(value, str) else (
+                str(value) if isinstance(value, int) else ",".join(value))
+            parts.append(json.dumps(text)[1:-1])
+    return "".join(parts).encode("ascii")
+
+
+def checked_host(origin: Origin, made: str) -> str:
+    """A templated host as filled in (lower-cased), or ValueError saying why it is refused
+    (without the value: answers never echo input): no host name, or not one the upstream's
+    host_pattern allows."""
+    assert origin.pattern is not None
+    problem = host_name_problem(made)
+    if problem:
+        raise ValueError(f"would make a host of upstream {origin.upstream!r} that is "
+                         f"{problem}")
+    made = made.lower()
+    if not origin.pattern.fullmatch(made):
+        raise ValueError(f"would make a host that upstream {origin.upstream!r} does not "
+                         "allow (its host_pattern)")
+    return made
 
 
 def compile_request(origin: Origin, *, policy: str, version: int, path: str,
@@ -509,11 +527,11 @@ def compile_request(origin: Origin, *, policy: str, version: int, path: str,
         raise TemplateProblems(problems)
     host_format = None
     if origin.host_pieces is not None:
-        host_format = _format_string(origin.host_pieces, text, str.lower)
+        host_format = format_string(origin.host_pieces, text, str.lower)
     return RequestTemplate(
         upstream=origin.upstream, origin=origin,
-        path_format=_format_string(origin.path_pieces + path_pieces, text, segment),
-        query_format=None if query_pieces is None else _format_string(query_pieces, text,
+        path_format=format_string(origin.path_pieces + path_pieces, text, segment),
+        query_format=None if query_pieces is None else format_string(query_pieces, text,
                                                                       segment),
         host_format=host_format,
         host_uses=frozenset(name for _, name in origin.host_pieces or [] if name) & ITEM_FIELDS,

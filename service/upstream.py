@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 from urllib.parse import urlsplit
@@ -200,35 +200,29 @@ class UpstreamClient:
         except (ValueError, KeyError, httpx.InvalidURL):
             return Answer(failure=Failure.INVALID_REQUEST)
         rules = policy.answers
-        body: bytes | None = None
+        return await send(self._transport, request, self.deadline_seconds, rules.wants_body,
+                          rules.max_bytes)
+
+    async def read_page(self, method: str, url: str, body: bytes | None, *,
+                    credential: str | None, wants_body: Callable[[int], bool], cap: int
+                    ) -> Answer:
+        """A call that deletes nothing (a list source's page, service/list_source.py): the
+        upstream's headers and the tenant's credential, no Idempotency-Key, a JSON body if
+        any; its body read where `wants_body(status)`, up to `cap` bytes. ValueError (not
+        sent) for a URL or credential httpx refuses."""
+        if self._credential_headers and credential is None:
+            return Answer(failure=Failure.NO_CREDENTIAL)
+        headers = httpx.Headers({**self._headers, "Accept": JSON_CONTENT_TYPE})
+        if body is not None and "Content-Type" not in headers:
+            headers["Content-Type"] = JSON_CONTENT_TYPE
+        if credential is not None:
+            self._with_credential(headers, credential)
         try:
-            async with asyncio.timeout(self.deadline_seconds):
-                response = await self._transport.handle_async_request(request)
-                try:
-                    if rules.wants_body(response.status_code) and _identity(response):
-                        body = await _read_capped(response, rules.max_bytes)
-                    else:
-                        await _drain_capped(response)
-                finally:
-                    await response.aclose()
-        except TimeoutError:
-            return Answer(failure=Failure.TIMEOUT_AFTER_SEND)
-        except httpx.ConnectError:
-            return Answer(failure=Failure.CONNECT)
-        except (httpx.ConnectTimeout, httpx.PoolTimeout):
-            return Answer(failure=Failure.TIMEOUT_BEFORE_SEND)
-        except (httpx.WriteTimeout, httpx.WriteError, httpx.ReadTimeout):
-            return Answer(failure=Failure.TIMEOUT_AFTER_SEND)
-        except (httpx.ReadError, httpx.RemoteProtocolError):
-            return Answer(failure=Failure.RESET_AFTER_SEND)
-        except httpx.TransportError:
-            return Answer(failure=Failure.PROTOCOL)
-        # RateLimit, X-RateLimit-* and BigCommerce's X-Rate-Limit-* (outcomes.exhausted_for)
-        limits = {k: v for k, v in response.headers.items()
-                  if "ratelimit" in k or k.startswith("x-rate-limit-")}
-        return Answer(status=response.status_code,
-                      retry_after=response.headers.get("retry-after"),
-                      rate_limits=limits or None, body=body)
+            request = httpx.Request(method, url, headers=headers, content=body,
+                                    extensions={"timeout": self._timeouts})
+        except (ValueError, httpx.InvalidURL):
+            return Answer(failure=Failure.INVALID_REQUEST)
+        return await send(self._transport, request, self.deadline_seconds, wants_body, cap)
 
     def _request(self, template: RequestTemplate, method: str, tenant_id: str, object_id: str,
                  path: str,
@@ -300,6 +294,42 @@ _NO_BODY: Final = httpx.ByteStream(b"")  # immutable: one instance serves every 
 _LENGTH_REQUIRED: Final = frozenset({"POST", "PUT", "PATCH"})
 
 
+async def send(transport: httpx.AsyncBaseTransport, request: httpx.Request,
+               deadline_seconds: float, wants_body: Callable[[int], bool], cap: int
+               ) -> Answer:
+    """Send `request` within an overall deadline: the answer's status and rate-limit
+    headers, its body (up to `cap` bytes, never a part) where `wants_body(status)`, or how
+    the call failed (the mapping in this module's docstring)."""
+    body: bytes | None = None
+    try:
+        async with asyncio.timeout(deadline_seconds):
+            response = await transport.handle_async_request(request)
+            try:
+                if wants_body(response.status_code) and _identity(response):
+                    body = await _read_capped(response, cap)
+                else:
+                    await _drain_capped(response)
+            finally:
+                await response.aclose()
+    except TimeoutError:
+        return Answer(failure=Failure.TIMEOUT_AFTER_SEND)
+    except httpx.ConnectError:
+        return Answer(failure=Failure.CONNECT)
+    except (httpx.ConnectTimeout, httpx.PoolTimeout):
+        return Answer(failure=Failure.TIMEOUT_BEFORE_SEND)
+    except (httpx.WriteTimeout, httpx.WriteError, httpx.ReadTimeout):
+        return Answer(failure=Failure.TIMEOUT_AFTER_SEND)
+    except (httpx.ReadError, httpx.RemoteProtocolError):
+        return Answer(failure=Failure.RESET_AFTER_SEND)
+    except httpx.TransportError:
+        return Answer(failure=Failure.PROTOCOL)
+    # RateLimit, X-RateLimit-* and BigCommerce's X-Rate-Limit-* (outcomes.exhausted_for)
+    limits = {k: v for k, v in response.headers.items()
+              if "ratelimit" in k or k.startswith("x-rate-limit-")}
+    return Answer(status=response.status_code, retry_after=response.headers.get("retry-after"),
+                  rate_limits=limits or None, body=body)
+
+
 async def _drain_capped(response: httpx.Response) -> None:
     """Read at most BODY_CAP_BYTES of the body so the connection can be reused, no more.
     The transport's stream is read directly (aiter_raw's chunker and byte counting cost
@@ -349,6 +379,10 @@ class Upstreams:
 
     def for_policy(self, policy: Policy) -> UpstreamClient:
         return self._clients[policy.target_name]
+
+    def client(self, upstream: str) -> UpstreamClient:
+        """The client of the upstream named `upstream`."""
+        return self._clients[upstream]
 
     async def warm_up(self) -> None:
         """Open each connection pool before the first call rather than on it: a new

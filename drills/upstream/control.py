@@ -30,6 +30,10 @@ def _json(status: int, obj: Any) -> tuple[int, bytes]:
     return status, json.dumps(obj).encode()
 
 
+# Answers a call under a route's path prefix (after limits and faults): status, headers, body
+Responder = Callable[[Call], tuple[int, dict[str, str], bytes]]
+
+
 class Controls:
     """The fake's state (recorded calls, queued faults, limits) and what tests do with it;
     `FakeUpstream` adds the server. ``_lock`` guards all of it: the server touches it from
@@ -41,6 +45,7 @@ class Controls:
         self._log = CallLog()
         self._faults = FaultQueue()
         self._limits = RateLimits(default_limit, default_burst, default_window)
+        self._routes: list[tuple[str, Responder]] = []
 
     def calls(self) -> list[Call]:
         with self._lock:
@@ -59,6 +64,17 @@ class Controls:
         queued = Queued.of(fault, times, match, params)
         with self._lock:
             self._faults.add(queued)
+
+    def route(self, prefix: str, responder: Responder) -> None:
+        """Answer calls whose path starts with `prefix` with `responder(call)` instead of
+        the success status (a list endpoint's pages, say); rate limits and queued faults
+        still come first. Routes stay through `reset`."""
+        with self._lock:
+            self._routes.append((prefix, responder))
+
+    def _responder(self, path: str) -> Responder | None:
+        with self._lock:
+            return next((r for prefix, r in self._routes if path.startswith(prefix)), None)
 
     def fail_next(self, n: int, status: int = 503) -> None:
         self.inject(Fault.STATUS, times=n, status=status)

@@ -3,7 +3,8 @@
 Every request whose path is not under ``/_control`` is a *deletion call*: it is recorded as
 a `Call`, rate limited per scope (token bucket, or with ``--default-window`` at most N calls
 in any trailing second; ``429`` with an integer ``Retry-After``), then answered with the
-next queued fault matching it, or with ``success_status`` (default ``204``).
+next queued fault matching it, a route's responder (`Controls.route`: a list endpoint's
+pages), or with ``success_status`` (default ``204``).
 """
 
 from __future__ import annotations
@@ -179,6 +180,9 @@ class FakeUpstream(Controls):
             if retry_after is not None:
                 hdrs = {"Retry-After": str(retry_after), "Content-Type": "application/json"}
                 writer.write(response(429, hdrs, b'{"error":"rate limited"}', keep=keep))
+            elif fault is None and (responder := self._responder(call.path)) is not None:
+                status, headers, body = responder(call)
+                writer.write(response(status, headers, body, keep=keep))
             elif fault is None:
                 writer.write(response(self._success_status, {}, b"", keep=keep))
             else:

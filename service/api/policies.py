@@ -7,6 +7,7 @@ from pydantic import BaseModel
 
 from service.api.deps import OperatorDep, RuntimeDep
 from service.api.problems import problem_responses
+from service.policies import Policy
 
 router = APIRouter(prefix="/v1", tags=["policies"], responses=problem_responses(401))
 
@@ -21,7 +22,8 @@ class PolicyView(BaseModel):
     method: str | None
     path: str | None
     target_store: str | None = None
-    # where candidates come from: "registered" (POST /v1/items, webhooks) or "store:NAME"
+    # where candidates come from: "registered" (POST /v1/items, webhooks), "store:NAME" (a
+    # store's query) or "upstream:NAME" (an upstream's list calls)
     source: str = "registered"
     scope: str
     rate_per_second: float
@@ -49,8 +51,16 @@ async def list_policies(runtime: RuntimeDep, _actor: OperatorDep) -> PolicyList:
             name=name, version=cfg.version, upstream=cfg.upstream,
             method=None if cfg.target else cfg.method, path=cfg.path,
             target_store=cfg.target.store if cfg.target else None,
-            source=f"store:{cfg.source.store}" if cfg.source else "registered",
+            source=_source(runtime.policies.policies[name]),
             scope=cfg.scope, rate_per_second=cfg.rate.per_second,
             burst=cfg.rate.burst, rate_unit=cfg.rate.unit, lease_seconds=cfg.lease_seconds,
             max_attempts=cfg.max_attempts, absent_means_deleted=cfg.absent_means_deleted))
     return PolicyList(source=runtime.policies.source, policies=views)
+
+
+def _source(policy: Policy) -> str:
+    if policy.store_source is not None:
+        return f"store:{policy.store_source.store}"
+    if policy.list_source is not None:
+        return f"upstream:{policy.list_source.upstream}"
+    return "registered"

@@ -25,6 +25,7 @@ from service import (
     intake,
     ledger,
     limiter,
+    list_source,
     metrics,
     retention,
     runs,
@@ -49,7 +50,7 @@ from tests.integration.store_schema import store_policies
 # Every module that runs SQL, each with its statements as module-level constants.
 MODULES = (claims, limiter, metrics, scopes, runs, ledger, retention, intake, audit, health,
            migrate, embedded, tenant_credentials, waits, holds, evidence, discovery, stores,
-           targets)
+           targets, list_source)
 # Statements on a plain asyncpg connection, sent as `statement.text` (`$n` parameters):
 # webhook intake (its own pool, one round trip per delivery) and the embedded server's
 # bootstrap (its admin database, before Sweeper's exists).
