@@ -135,8 +135,9 @@ class ListRequest:
     older_than: timedelta = timedelta(0)
 
     def cutoff(self, run_cutoff: datetime) -> datetime:
-        """The cutoff the list call names: the run's, less the source's `older_than`."""
-        return run_cutoff - self.older_than
+        """The cutoff the list call names: the run's, less the source's `older_than`, to
+        the second (truncated: never later)."""
+        return (run_cutoff - self.older_than).replace(microsecond=0)
 
     def host(self, tenant_id: str) -> str:
         """The host of the tenant's list calls; ValueError when the upstream refuses it."""

@@ -30,6 +30,7 @@ from service.stores import Stores
 from tests.conftest import REPO_ROOT, TOKEN_A, LiveServer, free_port, policies_from, test_settings
 from tests.fakes.upstream import Call, FakeUpstream, Fault, ListEndpoint
 from tests.integration.db_clock import advance
+from tests.integration.test_cli import assert_one_clean_line, sweeper
 from tests.integration.test_stores import wait_run
 
 NOW = datetime.now(UTC)
@@ -376,3 +377,38 @@ async def test_a_cursor_that_repeats_ends_the_tenants_walk_as_an_error(
     assert problem["problem"] == ("the next cursor repeats this page's: this tenant's walk "
                                   "ends here")
     assert [t["tenant_id"] for t in walk["tenants"]] == ["shop-b", "shop-a"]
+
+
+def example_file(tmp_path: Path, replace: tuple[str, str] | None = None) -> Path:
+    """The `http-list` block of the example, uncommented into a file of its own (its
+    credentials in a directory that exists)."""
+    text_ = example_block(REPO_ROOT / "policies.example.toml", "http-list").replace(
+        "/var/run/secrets/shopify", str(tmp_path))
+    if replace is not None:
+        assert replace[0] in text_
+        text_ = text_.replace(*replace)
+    path = tmp_path / "policies.toml"
+    path.write_text(text_)
+    return path
+
+
+@pytest.mark.slow
+def test_check_config_shows_the_list_request(tmp_path: Path) -> None:
+    result = sweeper("check-config", env={"SWEEPER_POLICIES_FILE": str(example_file(tmp_path))})
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    at = lines.index("policies.inactive-customers.source on upstream 'shopify-admin' (2 "
+                     "tenant(s); the first page of 'shop-a.myshopify.com'):")
+    assert lines[at + 1] == ("  POST https://shop-a.myshopify.com/admin/api/2025-10/"
+                             "graphql.json")
+    body = json.loads(lines[at + 2])
+    assert body["variables"]["first"] == 100 and body["variables"]["cursor"] is None
+    assert body["variables"]["query"].startswith("updated_at:<'")
+
+
+@pytest.mark.slow
+def test_a_bad_list_source_key_exits_2_naming_it(tmp_path: Path) -> None:
+    path = example_file(tmp_path, ("pages_per_pass = 100", "pages_per_pass = 100000"))
+    result = sweeper("check-config", env={"SWEEPER_POLICIES_FILE": str(path)})
+    assert_one_clean_line(result, 2, str(path),
+                          "policies.inactive-customers.source.pages_per_pass")
