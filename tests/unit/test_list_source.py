@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import tomllib
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -202,3 +203,31 @@ def test_a_cutoff_is_sent_to_the_second_never_later() -> None:
     assert listing is not None
     assert listing.cutoff(CUTOFF) == CUTOFF.replace(microsecond=0) - timedelta(0)
     assert "2026-12-01T12%3A30%3A45Z" in listing.url("s", None, CUTOFF, 1)
+
+
+def test_the_docs_examples_load_as_written(tmp_path: Path) -> None:
+    """docs/stores.md, "Listing an upstream": its GraphQL source is the example's, and its
+    REST source loads on the upstream the text names."""
+    text = (REPO / "docs" / "stores.md").read_text(encoding="utf-8")
+    section = text.split("\n## Listing an upstream\n", 1)[1]
+    graphql, rest = re.findall(r"^```toml\n(.*?)^```", section, re.MULTILINE | re.DOTALL)
+    doc = tomllib.loads(example_block(REPO / "policies.example.toml", "http-list"))
+    doc["upstreams"]["shopify-admin"]["credentials"]["directory"] = str(tmp_path)
+    written = load(doc).policies["inactive-customers"].list_source
+    doc["policies"]["inactive-customers"]["source"] = tomllib.loads(graphql)["policies"][
+        "inactive-customers"]["source"]
+    documented = load(doc).policies["inactive-customers"].list_source
+    assert documented is not None and written is not None
+    assert documented.model_dump(exclude={"pages_per_pass", "answers"}) == written.model_dump(
+        exclude={"pages_per_pass", "answers"})
+    base_url = re.search(r"whose `base_url` is `([^`]+)`", section)
+    assert base_url is not None
+    doc = document()
+    doc["upstreams"] = {"platform": {"base_url": base_url[1]}}
+    doc["policies"]["stale"].update(upstream="platform", path="/customers/{object_id}",
+                                    **tomllib.loads(rest))
+    listing = load(doc).policies["stale"].listing
+    assert listing is not None
+    assert listing.url("shop-a", "c", CUTOFF, 100) == (
+        "https://api.example.com/v1/shops/shop-a/customers?updated_before="
+        "2026-12-01T12%3A30%3A45Z&limit=100&cursor=c")
