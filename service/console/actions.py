@@ -143,7 +143,7 @@ async def item_action(request: Request) -> Response:
             raise ConsoleError(422, "Too many selected",
                                f"select at most {MAX_SELECTED} items at once")
         chosen = ledger.ItemFilter(ids=ids)
-    why = form.text("why")
+    why = form.string("why")
     fields = {"action": action, "target": target, "why": why or "", **{
         k: v or "" for k, v in shown.items()}}
     if why is None or not why.strip():
@@ -181,9 +181,9 @@ def _scope_name(form_name: str | None) -> str:
 async def pause_scope(request: Request) -> Response:
     session = await signed_in(request)
     form = await checked_form(request, session, ("name", "reason"))
-    name = _scope_name(form.text("name"))
+    name = _scope_name(form.string("name"))
     if not await scopes.pause(runtime_of(request).engine, name, actor=_actor(session),
-                              reason=form.text("reason")):
+                              reason=form.string("reason")):
         raise ConsoleError(404, "No such scope", "there is no scope by that name")
     return _see_other("/scope?" + _name_query(name))
 
@@ -192,9 +192,9 @@ async def pause_scope(request: Request) -> Response:
 async def resume_scope(request: Request) -> Response:
     session = await signed_in(request)
     form = await checked_form(request, session, ("name", "reason", "lift_closure"))
-    name = _scope_name(form.text("name"))
+    name = _scope_name(form.string("name"))
     if not await scopes.resume(runtime_of(request).engine, name, actor=_actor(session),
-                               reason=form.text("reason"),
+                               reason=form.string("reason"),
                                lift_closure=form.choice("lift_closure", ("on",)) == "on"):
         raise ConsoleError(404, "No such scope", "there is no scope by that name")
     return _see_other("/scope?" + _name_query(name))
@@ -206,10 +206,10 @@ async def scope_budget(request: Request) -> Response:
     session = await signed_in(request)
     form = await checked_form(request, session,
                               ("name", "rate_per_second", "burst", "weight", "reason"))
-    name = _scope_name(form.text("name"))
-    given = {key: form.text(key, 40) for key in ("rate_per_second", "burst", "weight")}
+    name = _scope_name(form.string("name"))
+    given = {key: form.string(key, 40) for key in ("rate_per_second", "burst", "weight")}
     errors: list[str] = []
-    body: dict[str, object] = {"reason": form.text("reason")}
+    body: dict[str, object] = {"reason": form.string("reason")}
     for key, kind in (("rate_per_second", float), ("burst", int), ("weight", int)):
         value = given[key]
         if value is None:
@@ -251,5 +251,5 @@ async def workers(request: Request, change: str) -> Response:
         raise ConsoleError(404, "No such page", "workers can be paused or resumed")
     form = await checked_form(request, session, ("reason",))
     await scopes.set_workers_paused(runtime_of(request).engine, paused=change == "pause",
-                                    actor=_actor(session), reason=form.text("reason"))
+                                    actor=_actor(session), reason=form.string("reason"))
     return _see_other("/scopes")

@@ -129,9 +129,9 @@ def item_filter(values: Params | Form, policies: Collection[str]
     obligation index finds them by both)."""
     shown = {"status": values.choice("status", ITEM_STATUSES),
              "policy": values.choice("policy", policies),
-             "tenant_id": values.text("tenant_id", 512),
-             "object_id": values.text("object_id", 512),
-             "reason": values.text("reason", 200)}
+             "tenant_id": values.string("tenant_id", 512),
+             "object_id": values.string("object_id", 512),
+             "reason": values.string("reason", 200)}
     if shown["object_id"] is not None and shown["tenant_id"] is None:
         raise ConsoleError(422, "Tenant needed", "searching by object id needs the tenant id "
                                                  "too")
@@ -171,7 +171,7 @@ async def item_page(request: Request, item_id: str) -> Response:
 async def scope_list(request: Request) -> Response:
     session = await signed_in(request)
     params = Params(request, ("after",))
-    after = params.text("after", 1_000)
+    after = params.string("after", 1_000)
     rows = await scopes.list_scopes(runtime_of(request).engine, after=after,
                                     limit=PAGE_SIZE)
     return page("scopes.html", {
@@ -184,7 +184,7 @@ async def scope_list(request: Request) -> Response:
 async def scope_page(request: Request) -> Response:
     """One scope by name (a query parameter: names may hold '/')."""
     session = await signed_in(request)
-    name = Params(request, ("name",)).text("name", 1_000)
+    name = Params(request, ("name",)).string("name", 1_000)
     if name is None:
         raise ConsoleError(422, "No scope named", "name the scope: ?name=...")
     return await scope_view(request, session, name, {}, 200)
@@ -207,7 +207,7 @@ async def webhook_list(request: Request) -> Response:
     session = await signed_in(request)
     runtime = runtime_of(request)
     params = Params(request, ("source", "result", "before"))
-    filters = {"source": params.text("source", 200),
+    filters = {"source": params.string("source", 200),
                "result": params.choice("result", RECEIPT_RESULTS)}
     before = params.number("before")
     rows = await inspection.receipts(runtime.engine, source=filters["source"],

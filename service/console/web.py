@@ -105,7 +105,7 @@ class Params:
                                f"this page takes no parameter {unknown[0][:64]!r}")
         self.values: Mapping[str, str] = request.query_params
 
-    def text(self, name: str, max_chars: int = MAX_TEXT) -> str | None:
+    def string(self, name: str, max_chars: int = MAX_TEXT) -> str | None:
         return checked_text(name, self.values.get(name), max_chars)
 
     def number(self, name: str, low: int = 1, high: int = MAX_BIGINT) -> int | None:
@@ -169,7 +169,7 @@ class Form:
             raise ConsoleError(422, "Repeated field", f"{name} was sent more than once")
         return values[0] if values else None
 
-    def text(self, name: str, max_chars: int = MAX_TEXT) -> str | None:
+    def string(self, name: str, max_chars: int = MAX_TEXT) -> str | None:
         return checked_text(name, self.get(name), max_chars)
 
     def number(self, name: str, low: int = 1, high: int = MAX_BIGINT) -> int | None:

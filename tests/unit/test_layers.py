@@ -1,7 +1,8 @@
 """The layer rules, read from the import statements of every module (no import runs):
 
-- the domain never imports the API: only the wiring (app, cli, openapi, demo) and the
-  routers themselves import `service.api`;
+- the domain never imports the HTTP layers: only the wiring (app, cli, openapi, demo), the
+  routers themselves and the operator console (which validates its forms with the API's
+  own bodies) import `service.api`, and only the wiring imports `service.console`;
 - the service never imports tests, bench or the drills (`sweeper drill` reaches the drills
   through the `sweeper.commands` entry point);
 - bench and the drills never import tests.
@@ -50,9 +51,12 @@ def offending(paths: list[Path], *prefixes: str, allowed: frozenset[str] = froze
     return found
 
 
-def test_the_domain_never_imports_the_api() -> None:
-    domain = [p for p in modules("service") if "api" not in p.relative_to(REPO_ROOT).parts]
-    assert offending(domain, "service.api", allowed=WIRING) == {}
+def test_the_domain_never_imports_the_http_layers() -> None:
+    domain = [p for p in modules("service")
+              if not {"api", "console"} & set(p.relative_to(REPO_ROOT).parts)]
+    assert offending(domain, "service.api", "service.console", allowed=WIRING) == {}
+    api = [p for p in modules("service") if "api" in p.relative_to(REPO_ROOT).parts]
+    assert offending(api, "service.console") == {}
 
 
 def test_the_service_never_imports_tests_bench_or_drills() -> None:
