@@ -59,7 +59,7 @@ from drills.vendors import example_block
 from service import runs
 from service.discovery import Discovery, Page
 from service.policies import Policies, resolve_policies
-from service.stores import Stores
+from service.stores import Cursor, Stores
 from service.upstream import Upstreams
 from service.worker import database_pool
 
@@ -151,11 +151,11 @@ class TimedDiscovery(Discovery):
 
     longest = 0.0
 
-    async def _apply(self, engine: Any, run: Mapping[str, Any], policy: Any, pages: int,
-                     page: Page, done: bool) -> bool:
+    async def _apply(self, engine: Any, run: Mapping[str, Any], policy: Any, state: Any,
+                     page: Page, done: bool, last: Cursor, read: int = 1) -> bool:
         started = time.perf_counter()
         try:
-            return await super()._apply(engine, run, policy, pages, page, done)
+            return await super()._apply(engine, run, policy, state, page, done, last, read)
         finally:
             self.longest = max(self.longest, time.perf_counter() - started)
 

@@ -77,7 +77,7 @@ _ADVANCE = Statement("discovery.advance", (
         oldest_age = least(oldest_age, CAST(:oldest AS timestamptz)),
         newest_age = greatest(newest_age, CAST(:newest AS timestamptz)),
         done = :done, failure = NULL, updated_at = now()
-    WHERE run_id = :run AND policy = :policy AND pages = :pages
+    WHERE run_id = :run AND policy = :policy AND pages = :pages AND NOT done
       AND after_tenant IS NOT DISTINCT FROM CAST(:from_tenant AS text)
       AND after_object IS NOT DISTINCT FROM CAST(:from_object AS text)
     RETURNING pages
