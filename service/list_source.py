@@ -239,10 +239,14 @@ class Lister:
                 raise SourceDeferred(policy.name, f"tenant {tenant!r}: its credential could "
                                                   "not be read") from None
         cutoff = listing.cutoff(run["cutoff"])
+        try:
+            url = listing.url(tenant, cursor, cutoff, source.page)
+            body = listing.body(tenant, cursor, cutoff, source.page)
+        except ValueError as exc:  # the file's check lets none through; never a crash
+            return _skipped(tenant, f"the list call cannot be made: {exc}")
         rules = policy.list_answers
         answer = await self._client(policy).read_page(
-            listing.method, listing.url(tenant, cursor, cutoff, source.page),
-            listing.body(tenant, cursor, cutoff, source.page), credential=credential,
+            listing.method, url, body, credential=credential,
             wants_body=lambda status: 200 <= status < 300 or rules.wants_body(status),
             cap=source.max_bytes)
         now = datetime.now(UTC)
@@ -299,9 +303,11 @@ class Lister:
                     "this tenant is not walked in this run")
         if not state.closed:  # it reopened since
             return await self._token(engine, policy, scope)
+        # quiet: the answer that closed it was the warning
         raise SourceDeferred(policy.name, f"scope {scope!r} is closed until "
                                           f"{state.closed_until.isoformat()} "
-                                          f"({state.closed_reason or 'throttled'})")
+                                          f"({state.closed_reason or 'throttled'})",
+                             quiet=True)
 
     async def _signal(self, engine: AsyncEngine, policy: Policy, scope: str, verdict: Any,
                       answer: Answer, now: datetime) -> str | None:

@@ -22,7 +22,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from drills.vendors import example_block
-from service import discovery, runs
+from service import discovery, limiter, runs, scopes
 from service.credentials.waits import Credentials
 from service.discovery import Discovery
 from service.policies import Policies
@@ -412,3 +412,31 @@ def test_a_bad_list_source_key_exits_2_naming_it(tmp_path: Path) -> None:
     result = sweeper("check-config", env={"SWEEPER_POLICIES_FILE": str(path)})
     assert_one_clean_line(result, 2, str(path),
                           "policies.inactive-customers.source.pages_per_pass")
+
+
+async def test_a_paused_scope_skips_its_tenant_and_paused_workers_hold_discovery(
+        engine: AsyncEngine, fake: tuple[FakeUpstream, ListEndpoint]) -> None:
+    up, endpoint = fake
+    endpoint.add("shop-a", range(4), OLD)
+    endpoint.add("shop-b", range(6), OLD)
+    policies = rest_policies(up.base_url, ["shop-a", "shop-b"])
+    async with engine.begin() as conn:
+        await limiter.ensure_scopes(conn, {"shop:shop-a": (500.0, 50, 1)})
+    assert await scopes.pause(engine, "shop:shop-a", actor="test", reason="rehearsal")
+    await scopes.set_workers_paused(engine, paused=True, actor="test", reason="deploy")
+    run_id = await new_run(engine)
+    # every scope grants nothing while the workers are paused: discovery waits, no call
+    assert await runs.publish_pending(engine, batch_size=50,
+                                      discovery=publisher(policies)) == 0
+    assert list_calls(up) == []
+    assert "the workers are paused" in (await walk_of(engine, run_id))["failure"]
+    await scopes.set_workers_paused(engine, paused=False, actor="test", reason=None)
+    assert await runs.publish_pending(engine, batch_size=50,
+                                      discovery=publisher(policies)) == 1
+    walk = await walk_of(engine, run_id)
+    assert walk["done"] and (walk["pages"], walk["candidates"], walk["errors"]) == (1, 6, 1)
+    [problem] = walk["error_samples"]
+    assert problem == {"tenant_id": "'shop-a'", "object_id": "", "problem": (
+        "scope 'shop:shop-a' is paused (rehearsal); this tenant is not walked in this run")}
+    assert [c.path for c in list_calls(up)] == ["/shops/shop-b/customers"]
+    assert await run_state(engine, run_id) == ("published", 6)
