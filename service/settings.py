@@ -91,6 +91,11 @@ class Settings(BaseSettings):
     console_session_seconds: int = Field(
         default=28_800, ge=300, le=7 * 86_400,
         description="how long a sign-in to the operator console (/console) lasts")
+    console_secure_cookies: bool = Field(
+        default=False,
+        description="mark console cookies Secure on every request, not only those that "
+                    "arrived over HTTPS (set it behind a proxy that terminates TLS from an "
+                    "address outside FORWARDED_ALLOW_IPS)")
     migrate_on_start: bool = True
     shutdown_grace_seconds: float = Field(default=20.0, ge=0, le=600)
     retention_days: float = Field(

@@ -57,8 +57,10 @@ def _see_other(path: str) -> RedirectResponse:
 
 def _cookie(request: Request, response: Response, name: str, value: str, max_age: int,
             path: str) -> None:
+    secure = (request.url.scheme == "https"
+              or runtime_of(request).settings.console_secure_cookies)
     response.set_cookie(name, value, max_age=max_age, path=path, httponly=True,
-                        samesite="strict", secure=request.url.scheme == "https")
+                        samesite="strict", secure=secure)
 
 
 @router.get("/sign-in")

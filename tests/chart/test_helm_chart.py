@@ -714,6 +714,14 @@ def test_optional_resources_when_enabled(all_on: Rendered) -> None:
     assert ingress["spec"]["tls"] == all_on.values["ingress"]["tls"]
     backend = ingress["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]
     assert backend == {"name": FULLNAME, "port": {"name": "https"}}
+    # the ingress terminates TLS from outside FORWARDED_ALLOW_IPS: console cookies are Secure
+    api = env_of(container(pod_spec(all_on.get("Deployment", FULLNAME)), "sweeper"))
+    assert api["SWEEPER_CONSOLE_SECURE_COOKIES"]["value"] == "true"
+
+
+def test_console_cookies_follow_the_request_without_an_ingress(default: Rendered) -> None:
+    api = env_of(container(pod_spec(default.get("Deployment", FULLNAME)), "sweeper"))
+    assert "SWEEPER_CONSOLE_SECURE_COOKIES" not in api
 
 
 def test_service_monitor(all_on: Rendered) -> None:

@@ -271,3 +271,18 @@ async def test_a_forged_cookie_costs_no_database_read() -> None:
     for cookie in (None, "", "x", "a.b.c", "A" * 43 + "." + "B" * 22, "é" * 80, "A" * 10_000,
                    "AAAA.%%%%"):
         assert await sessions.session(cookie) is None
+
+
+@pytest.mark.parametrize("always", [False, True])
+async def test_cookies_are_secure_over_https_or_when_told(db_url: str, always: bool) -> None:
+    settings = test_settings(db_url, console_secure_cookies=always)
+    async with LiveServer(settings, make_policies("http://127.0.0.1:9"), db_url) as server:
+        async with httpx.AsyncClient(base_url=server.base_url) as client:
+            form = await client.get("/console/sign-in")
+            login = form.headers["set-cookie"].lower()
+            assert "httponly" in login and "samesite=strict" in login
+            assert ("secure" in login.split("; ")) is always
+            # as a TLS proxy in FORWARDED_ALLOW_IPS (127.0.0.1) forwards a request
+            proxied = await client.get("/console/sign-in",
+                                       headers={"X-Forwarded-Proto": "https"})
+            assert "secure" in proxied.headers["set-cookie"].lower().split("; ")

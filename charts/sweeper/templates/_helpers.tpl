@@ -184,6 +184,12 @@ sweeper.commonEnv.
   value: {{ .Values.config.retentionBatchSize | int64 | quote }}
 - name: SWEEPER_RETENTION_INTERVAL_SECONDS
   value: {{ .Values.config.retentionIntervalSeconds | quote }}
+{{- if and .Values.ingress.enabled .Values.ingress.tls }}
+{{- /* the ingress terminates TLS from outside FORWARDED_ALLOW_IPS: console cookies
+       are marked Secure on every request */}}
+- name: SWEEPER_CONSOLE_SECURE_COOKIES
+  value: "true"
+{{- end }}
 {{- end }}
 
 {{/* Writable scratch volumes; the root filesystem is read-only. */}}
