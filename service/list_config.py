@@ -65,7 +65,7 @@ class ListSourceConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    upstream: str
+    upstream: str = Field(min_length=1, max_length=63)
     method: Literal["GET", "POST"] = "GET"
     path: str = Field(min_length=1, max_length=2000)
     body: dict[str, Any] | list[Any] | None = None
@@ -77,7 +77,7 @@ class ListSourceConfig(BaseModel):
     more: JsonPath | None = None
     page: int = Field(default=100, ge=1, le=MAX_PAGE)
     pages_per_pass: int = Field(default=100, ge=1, le=MAX_PAGES_PER_PASS)
-    older_than: str = "PT0S"
+    older_than: str = Field(default="PT0S", min_length=2, max_length=64)
     max_bytes: int = Field(default=MAX_BODY_BYTES, ge=1024, le=MAX_BODY_BYTES)
     answers: list[AnswerRule] = Field(default_factory=list, max_length=100)
 
