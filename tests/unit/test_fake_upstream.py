@@ -491,3 +491,21 @@ def test_each_module_of_the_package_imports_only_those_listed_before_it() -> Non
             elif node.module and node.module.startswith("drills.upstream."):
                 used.add(node.module.removeprefix("drills.upstream."))
         assert used <= set(order[:i]), f"{name} imports {sorted(used - set(order[:i]))}"
+
+
+async def test_a_route_answers_its_calls_after_limits_and_faults(
+    up: FakeUpstream, client: httpx.AsyncClient
+) -> None:
+    up.route("/list/", lambda call: (200, {"Content-Type": "application/json"},
+                                     f'{{"query": "{call.query}"}}'.encode()))
+    r = await client.get("/list/a", params={"cursor": "c1"})
+    assert (r.status_code, r.json()) == (200, {"query": "cursor=c1"})
+    assert (await client.delete("/carts/1")).status_code == 204  # outside the route
+    up.inject(Fault.STATUS, times=1, status=503, match="/list/")
+    assert (await client.get("/list/a")).status_code == 503  # a fault comes first
+    up.limit("s", 0.001, 1)
+    assert (await client.get("/list/b", headers={"X-Scope": "s"})).status_code == 200
+    assert (await client.get("/list/b", headers={"X-Scope": "s"})).status_code == 429
+    up.reset()
+    assert (await client.get("/list/c")).status_code == 200  # a route stays through reset
+    assert [c.outcome for c in up.calls()] == ["ok"]
