@@ -99,6 +99,14 @@ class ListSourceConfig(BaseModel):
             raise ValueError("must be a table or an array (the JSON body), or JSON text")
         return value
 
+    @field_validator("items")
+    @classmethod
+    def _each(cls, value: str) -> str:
+        if not value.endswith("[*]"):
+            raise ValueError("must end with [*]: each entry of the list a page holds, e.g. "
+                             "'data.customers.nodes[*]'")
+        return value
+
     @field_validator("items", "id", "age", "next", "more")
     @classmethod
     def _json_path(cls, value: str | None) -> str | None:

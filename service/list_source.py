@@ -22,7 +22,9 @@ next pass resumes from the persisted cursor. A tenant skipped is recorded as a d
 error naming why; the run goes on with the next tenant, and a later run walks it again.
 
 A page's entries that cannot become items (a missing or malformed id or age, an age not
-before the cutoff the call named) are discovery errors; the rest of the page is kept. The
+before the cutoff the call named) are discovery errors; the rest of the page is kept. A page
+with no list where `items` points (a GraphQL error inside a 200) is an error that ends the
+tenant's walk, never an empty page. The
 walk of a tenant ends when the next cursor is absent, null or empty, or `more` is false; a
 next cursor that is no short string (or repeats the current one) is an error that ends it.
 """
@@ -133,7 +135,14 @@ def read_page(policy: Policy, tenant: str, cursor: str | None, document: Any,
     assert source is not None
     entries: list[Entry] = []
     errors: list[dict[str, str]] = []
-    for entry in values_at(document, parse_path(source.items)):
+    steps = parse_path(source.items)
+    if not any(isinstance(found, list) for found in values_at(document, steps[:-1])):
+        # no list where the entries go (a GraphQL error in a 200, a query that changed):
+        # never read as an empty page, which would end the walk silently
+        return Listed([], [{"tenant_id": shown(tenant), "object_id": "", "problem": (
+            f"the page holds no list at {source.items.removesuffix('[*]')!r}: this "
+            "tenant's walk ends here")}], None)
+    for entry in values_at(document, steps):
         raw_id, raw_age = _first(entry, source.id), _first(entry, source.age)
         object_id, age = _object_id(raw_id), _age(raw_age)
         problem = None

@@ -440,3 +440,30 @@ async def test_a_paused_scope_skips_its_tenant_and_paused_workers_hold_discovery
         "scope 'shop:shop-a' is paused (rehearsal); this tenant is not walked in this run")}
     assert [c.path for c in list_calls(up)] == ["/shops/shop-b/customers"]
     assert await run_state(engine, run_id) == ("published", 6)
+
+
+async def test_a_graphql_throttle_inside_a_200_closes_the_shops_scope(
+        engine: AsyncEngine, tmp_path: Path) -> None:
+    shop = "shop-a.myshopify.com"
+    endpoint = ListEndpoint(tenant_segment=1, tokens={shop: "shpat_a"})
+    endpoint.add(shop, range(1, 6), NOW - timedelta(days=800))
+    (tmp_path / shop).write_text("shpat_a")
+    throttled = {"errors": [{"message": "Throttled", "extensions": {"code": "THROTTLED"}}]}
+    async with FakeUpstream() as up:
+        up.route("/", endpoint)
+        up.inject(Fault.STATUS, times=1, status=200, body=json.dumps(throttled).encode(),
+                  headers={"Content-Type": "application/json"})
+        policies = example(up.base_url, tmp_path)
+        credentials = Credentials.of(policies, engine, None)
+        run_id, _ = await runs.create_run(engine, runs.RunRequest(
+            "inactive-customers", shop, None, True, None), None)
+        assert await runs.publish_pending(engine, batch_size=50, discovery=Discovery(
+            policies, Stores({}), credentials)) == 0
+        scope = await scope_row(engine, f"shopify:{shop}")
+        assert scope.closed and scope.closed_reason == "http_200:throttled"
+        assert "http_200:throttled" in (await walk_of(engine, run_id))["failure"]
+        await advance(engine, 5)  # the policy's backoff (no Retry-After) has passed
+        assert await runs.publish_pending(engine, batch_size=50, discovery=Discovery(
+            policies, Stores({}), credentials)) == 1
+    walk = await walk_of(engine, run_id)
+    assert walk["done"] and (walk["candidates"], walk["errors"]) == (5, 0)

@@ -101,7 +101,9 @@ def test_a_templated_host_refuses_a_tenant_outside_its_pattern() -> None:
      "policies.stale.source.tenants", "at most 1000"),
     ({"tenants": ["shop-a", "shop-a"]}, "policies.stale.source.tenants", "listed twice"),
     ({"tenants": ["shop a"]}, "policies.stale.source.tenants[0]", "pattern"),
-    ({"items": "items[*"}, "policies.stale.source.items", "not a body path"),
+    ({"items": "items[*"}, "policies.stale.source.items", "must end with [*]"),
+    ({"items": "it ems[*]"}, "policies.stale.source.items", "not a body path"),
+    ({"items": "items"}, "policies.stale.source.items", "must end with [*]"),
     ({"next": ""}, "policies.stale.source.next", "at least 1"),
     ({"id": None}, "policies.stale.source.id", "required key is missing"),
     ({"method": "DELETE"}, "policies.stale.source.method", "'GET' or 'POST'"),
@@ -192,10 +194,15 @@ def test_the_next_cursor_ends_the_walk_cleanly_or_as_an_error(
         assert listed.errors[0]["problem"].endswith("this tenant's walk ends here")
 
 
-def test_a_document_of_another_shape_lists_nothing_and_ends() -> None:
-    for document_ in ([1, 2], "text", None, {"items": {"id": 1}}):
+def test_a_document_of_another_shape_is_an_error_that_ends_the_walk() -> None:
+    for document_ in ([1, 2], "text", None, {"items": {"id": 1}},
+                     {"errors": [{"message": "Field 'customers' doesn't exist"}]}):
         listed = read_page(POLICY, "shop-a", None, copy.deepcopy(document_), CUTOFF)
-        assert (listed.entries, listed.errors, listed.next) == ([], [], None)
+        assert (listed.entries, listed.next) == ([], None)
+        assert [e["problem"] for e in listed.errors] == [
+            "the page holds no list at 'items': this tenant's walk ends here"]
+    listed = read_page(POLICY, "shop-a", None, {"items": [], "next_cursor": None}, CUTOFF)
+    assert (listed.entries, listed.errors, listed.next) == ([], [], None)  # empty: the end
 
 
 def test_a_cutoff_is_sent_to_the_second_never_later() -> None:
