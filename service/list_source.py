@@ -32,6 +32,7 @@ next cursor that is no short string (or repeats the current one) is an error tha
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -50,6 +51,8 @@ from service.outcomes import Answer, Outcome, classify
 from service.policies import Policies, Policy
 from service.scope_signals import effects_of
 from service.upstream import UpstreamClient, Upstreams
+
+log = logging.getLogger(__name__)
 
 SHOWN_CHARS: Final = 64  # of a malformed value, only this much is kept (repr'd)
 # the longest a list call waits for its token within a pass; a longer wait is left for a
@@ -331,7 +334,10 @@ class Lister:
             await limiter.adjust(engine, {scope: effects.refund} if effects.refund else {},
                                  {scope: effects.cap} if effects.cap is not None else {})
         if effects.pause is not None:
-            await limiter.pause(engine, [scope], effects.pause)
+            for paused in await limiter.pause(engine, [scope], effects.pause):
+                log.warning("scope paused: a list call was refused",
+                            extra={"scope": paused, "policy": policy.name,
+                                   "reason": effects.pause, "outcome": verdict.reason})
         return effects.pause
 
 
