@@ -262,8 +262,14 @@ class Lister:
             wants_body=lambda status: 200 <= status < 300 or rules.wants_body(status),
             cap=source.max_bytes)
         now = datetime.now(UTC)
-        ruled = rules.read(answer.status, answer.body).verdict \
-            if answer.status is not None and not rules.reads_nothing else None
+        ruled = None
+        if answer.status is not None and not rules.reads_nothing:
+            try:
+                ruled = rules.read(answer.status, answer.body).verdict
+            except Exception:
+                # an answer the rules cannot read is read by its status alone (as the
+                # worker reads one): a hostile body never stops discovery
+                log.exception("list answer rules failed", extra={"policy": policy.name})
         verdict = classify(answer, absent_means_deleted=False, now=now, ruled=ruled)
         paused = await self._signal(engine, policy, scope, verdict, answer, now)
         where = f"tenant {tenant!r}: list call {verdict.reason}"
