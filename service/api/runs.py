@@ -103,7 +103,8 @@ class DiscoveredPolicy(BaseModel):
     candidates: int
     registered: int = Field(description="items registered (none for a report-only run)")
     errors: int = Field(description=(
-        "rows that could not become items (a missing or malformed id, a refused tenant)"))
+        "rows or list entries that could not become items (a missing or malformed id, a "
+        "refused tenant), and a list source's tenants skipped (their list calls refused)"))
     error_samples: list[dict[str, str]] = Field(description=(
         "the first problems, each with a prefix of the row's ids"))
     oldest_age: datetime | None
@@ -117,7 +118,8 @@ class DiscoveredPolicy(BaseModel):
 
 
 class DiscoveryOut(BaseModel):
-    """What a run found through its policies' store sources."""
+    """What a run found through its policies' sources (a store's query, an upstream's
+    list)."""
 
     run_id: int
     previous_dry_run: int | None = Field(description=(
@@ -204,8 +206,9 @@ async def get_run(runtime: RuntimeDep, _actor: OperatorDep,
             response_model=DiscoveryOut, responses=problem_responses(404, 422))
 async def get_run_discovery(runtime: RuntimeDep, _actor: OperatorDep,
                             run_id: Annotated[int, Path(ge=1, le=MAX_BIGINT)]) -> DiscoveryOut:
-    """What the run's store sources found: per policy the pages read, candidates, items
-    registered, malformed rows and why a page could not be read; per tenant the candidates
+    """What the run's sources (a store's query, an upstream's list) found: per policy the
+    pages read, candidates, items registered, malformed rows or entries and why a page
+    could not be read; per tenant the candidates
     with their oldest and newest age, and for a report-only run the difference from the
     previous report-only run over the same policy and tenant."""
     found = await discovery.report(runtime.engine, run_id)
