@@ -14,9 +14,11 @@ from typing import Any
 
 import httpx
 import pytest
-from selenium.common.exceptions import NoAlertPresentException
+from selenium.common.exceptions import NoAlertPresentException, WebDriverException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.expected_conditions import staleness_of
+from selenium.webdriver.support.wait import WebDriverWait
 
 from drills.upstream import Fault
 from tests.browser.conftest import Console, axe_violations, screenshot
@@ -43,7 +45,7 @@ def sign_in(driver: WebDriver, console: Console, token: str = TOKEN_A) -> None:
     driver.delete_all_cookies()
     driver.get(console.base_url + "/console/sign-in")
     driver.find_element(By.ID, "token").send_keys(token)
-    driver.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
+    submit(driver, By.CSS_SELECTOR, "form button[type=submit]")
     wait_for(lambda: driver.find_elements(By.CSS_SELECTOR, "nav[aria-label=Console]"),
              what="the signed-in layout")
 
@@ -56,11 +58,34 @@ def no_alert(driver: WebDriver) -> bool:
     return False
 
 
-def text_of(driver: WebDriver, css: str) -> str:
+def text_now(driver: WebDriver, css: str) -> str:
     """The element's text, or '' while it is not on the page (a live section may be
     between two refreshes)."""
-    found = driver.find_elements(By.CSS_SELECTOR, css)
-    return str(found[0].text) if found else ""
+    try:
+        found = driver.find_elements(By.CSS_SELECTOR, css)
+        return str(found[0].text) if found else ""
+    except WebDriverException:  # replaced by a refresh between the look-up and the read
+        return ""
+
+
+def text_of(driver: WebDriver, css: str) -> str:
+    """The text of an element that must be on the page (waiting for it to appear)."""
+    return str(wait_for(lambda: driver.find_elements(By.CSS_SELECTOR, css), what=css)[0].text)
+
+
+def submit(driver: WebDriver, by: str, value: str) -> None:
+    """Click a form's button and wait for the page it leads to."""
+    before = driver.current_url
+    for _ in range(3):
+        button = driver.find_element(by, value)
+        try:
+            button.click()
+            break
+        except WebDriverException:  # the document was still settling: click again if the
+            if driver.current_url != before:  # page did not move on
+                return
+            time.sleep(0.2)
+    WebDriverWait(driver, 20).until(staleness_of(button))
 
 
 @pytest.fixture
@@ -74,14 +99,14 @@ def test_sign_in_trigger_a_run_and_watch_it_drain(driver: WebDriver, console: Co
     sign_in(driver, console)
     assert driver.current_url.endswith("/console")
     driver.find_element(By.ID, "run-policy").send_keys("carts")
-    driver.find_element(By.CSS_SELECTOR, "form[action='/console/runs'] button").click()
+    submit(driver, By.CSS_SELECTOR, "form[action='/console/runs'] button")
     run_url = wait_for(lambda: "/console/runs/" in driver.current_url and driver.current_url,
                        what="the run's page")
     run_id = run_url.rsplit("/", 1)[1]
     driver.get(console.base_url + "/console")
     row = f"tr[data-run='{run_id}'] td.progress"
     # the overview refreshes its figures itself: the page is not reloaded here
-    wait_for(lambda: "done" in text_of(driver, row), timeout=30, what="the run drained")
+    wait_for(lambda: "done" in text_now(driver, row), timeout=30, what="the run drained")
     assert "40 of 40" in text_of(driver, row)
     screenshot(driver, "overview")
     driver.get(run_url)
@@ -100,20 +125,20 @@ def test_redrive_a_dead_item_with_a_reason(driver: WebDriver, console: Console) 
     item_id = dead[0]["id"]
     sign_in(driver, console)
     driver.get(console.base_url + "/console/items?status=dead&tenant_id=shop-b")
-    driver.find_element(By.LINK_TEXT, f"#{item_id}").click()
+    submit(driver, By.LINK_TEXT, f"#{item_id}")
     timeline = text_of(driver, "ol.timeline")
     assert "permanent" in timeline and "HTTP 422" in timeline
     screenshot(driver, "item")
     driver.find_element(By.ID, "why").send_keys("upstream fixed its validation (INC-42)")
-    driver.find_element(By.CSS_SELECTOR, "button[value=preview]").click()
+    submit(driver, By.CSS_SELECTOR, "button[value=preview]")
     assert "change 1 dead item" in text_of(driver, "#preview")
     screenshot(driver, "confirm")
-    driver.find_element(By.CSS_SELECTOR, "button[value=confirm]").click()
+    submit(driver, By.CSS_SELECTOR, "button[value=confirm]")
     assert "1 item back to pending" in text_of(driver, "#result")
     with console.api() as api:
         wait_for(lambda: api.get("/v1/items", params={"tenant_id": "shop-b"}).json()
                  ["items"][0]["status"] == "succeeded", what="the re-driven item succeeded")
-    driver.find_element(By.LINK_TEXT, "audit trail").click()
+    submit(driver, By.LINK_TEXT, "audit trail")
     first = driver.find_element(By.CSS_SELECTOR, "table.audit tbody tr")
     assert "redrive" in first.text and "INC-42" in first.text and "(console)" in first.text
 
@@ -129,9 +154,9 @@ def test_bulk_cancel_by_filter_previews_the_count(driver: WebDriver, console: Co
             driver.find_element(By.ID, "a-cancel").click()
             driver.find_element(By.ID, "t-filter").click()
             driver.find_element(By.ID, "why").send_keys("shop-c closed its account")
-            driver.find_element(By.CSS_SELECTOR, "button[value=preview]").click()
+            submit(driver, By.CSS_SELECTOR, "button[value=preview]")
             assert "change 7 pending items" in text_of(driver, "#preview")
-            driver.find_element(By.CSS_SELECTOR, "button[value=confirm]").click()
+            submit(driver, By.CSS_SELECTOR, "button[value=confirm]")
             assert "7 items withdrawn" in text_of(driver, "#result")
             left = api.get("/v1/items", params={"tenant_id": "shop-c"}).json()["items"]
             assert {i["status"] for i in left} == {"cancelled"}
@@ -143,23 +168,23 @@ def test_pause_resume_and_rebudget_a_scope(driver: WebDriver, console: Console) 
     console.register([{"tenant_id": "shop-d", "object_id": "d-1"}])
     sign_in(driver, console)
     driver.get(console.base_url + "/console/scopes")
-    driver.find_element(By.LINK_TEXT, "tenant:shop-d").click()
+    submit(driver, By.LINK_TEXT, "tenant:shop-d")
     driver.find_element(By.ID, "p-reason").send_keys("upstream maintenance")
-    driver.find_element(By.XPATH, "//button[text()='Pause scope']").click()
+    submit(driver, By.XPATH, "//button[text()='Pause scope']")
     assert "upstream maintenance" in text_of(driver, "#paused")
     driver.find_element(By.ID, "p-reason").send_keys("maintenance over")
-    driver.find_element(By.XPATH, "//button[text()='Resume scope']").click()
+    submit(driver, By.XPATH, "//button[text()='Resume scope']")
     assert text_of(driver, "#paused") == "no"
     for field, value in (("b-rate", "0"), ("b-burst", "3")):
         driver.find_element(By.ID, field).clear()
         driver.find_element(By.ID, field).send_keys(value)
-    driver.find_element(By.XPATH, "//button[text()='Change budget']").click()
+    submit(driver, By.XPATH, "//button[text()='Change budget']")
     assert "greater than or equal to 0.001" in text_of(driver, "[role=alert]")
     assert text_of(driver, "#rate") == "200"  # unchanged
     driver.find_element(By.ID, "b-rate").clear()
     driver.find_element(By.ID, "b-rate").send_keys("7.5")
     driver.find_element(By.ID, "b-reason").send_keys("upstream asked for less")
-    driver.find_element(By.XPATH, "//button[text()='Change budget']").click()
+    submit(driver, By.XPATH, "//button[text()='Change budget']")
     assert (text_of(driver, "#rate"), text_of(driver, "#burst")) == ("7.5", "3")
     screenshot(driver, "scope")
     driver.get(console.base_url + "/console/audit")
@@ -173,7 +198,7 @@ def test_sign_out_and_be_refused(driver: WebDriver, console: Console) -> None:
     sign_in(driver, console)
     cookie = driver.get_cookie("sweeper_console")
     assert cookie is not None and cookie["httpOnly"] and cookie["sameSite"] == "Strict"
-    driver.find_element(By.XPATH, "//button[text()='Sign out']").click()
+    submit(driver, By.XPATH, "//button[text()='Sign out']")
     wait_for(lambda: driver.current_url.endswith("/console/sign-in"), what="signed out")
     driver.get(console.base_url + "/console/items")
     assert driver.current_url.endswith("/console/sign-in")
@@ -182,7 +207,7 @@ def test_sign_out_and_be_refused(driver: WebDriver, console: Console) -> None:
         answer = client.get("/console/items", cookies={"sweeper_console": cookie["value"]})
         assert answer.status_code == 303 and answer.headers["location"] == "/console/sign-in"
     driver.find_element(By.ID, "token").send_keys("not-a-token")
-    driver.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
+    submit(driver, By.CSS_SELECTOR, "form button[type=submit]")
     assert "not valid" in text_of(driver, "[role=alert]")
 
 
@@ -202,7 +227,7 @@ def test_hostile_ids_render_as_text(driver: WebDriver, console: Console) -> None
                 assert value in page
             assert "abc\\u202edcba.exe" in page  # the override shown, not obeyed
             screenshot(driver, "items-hostile")
-            driver.find_element(By.PARTIAL_LINK_TEXT, "#").click()
+            submit(driver, By.PARTIAL_LINK_TEXT, "#")
             assert no_alert(driver)
             assert not driver.find_elements(By.CSS_SELECTOR, "main img, main script")
         finally:
