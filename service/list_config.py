@@ -39,12 +39,12 @@ from service.templates import (
     BodyValue,
     Origin,
     TemplateProblems,
+    body_value,
     checked_host,
     compile_body,
     fill_body,
     format_string,
     parse_format,
-    parse_json_body,
     segment,
 )
 
@@ -93,11 +93,7 @@ class ListSourceConfig(BaseModel):
     @field_validator("body", mode="before")
     @classmethod
     def _body(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return parse_json_body(value)
-        if value is not None and not isinstance(value, (dict, list)):
-            raise ValueError("must be a table or an array (the JSON body), or JSON text")
-        return value
+        return body_value(value)
 
     @field_validator("items")
     @classmethod

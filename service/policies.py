@@ -49,10 +49,10 @@ from service.templates import (
     Origin,
     RequestTemplate,
     TemplateProblems,
+    body_value,
     compile_origin,
     compile_request,
     parse_format,
-    parse_json_body,
 )
 
 SCOPE_FIELDS = frozenset({"tenant_id", "upstream", "policy"})
@@ -331,11 +331,7 @@ class PolicyConfig(_Strict):
     @field_validator("body", mode="before")
     @classmethod
     def _body(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return parse_json_body(value)
-        if value is not None and not isinstance(value, (dict, list)):
-            raise ValueError("must be a table or an array (the JSON body), or JSON text")
-        return value
+        return body_value(value)
 
     @field_validator("scope")
     @classmethod

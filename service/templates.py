@@ -305,6 +305,16 @@ def parse_json_body(text: str) -> Any:
     return value
 
 
+def body_value(value: Any) -> Any:
+    """A policy file's `body` as a validator reads it: a table or an array (the JSON body
+    itself), or JSON text, parsed."""
+    if isinstance(value, str):
+        return parse_json_body(value)
+    if value is not None and not isinstance(value, (dict, list)):
+        raise ValueError("must be a table or an array (the JSON body), or JSON text")
+    return value
+
+
 def compile_body(template: Any, constants: Mapping[str, str | int],
                  allowed: Sequence[str] = REQUEST_FIELDS) -> tuple[str | _Slot, ...]:
     """The body template as JSON text with slots for the item's fields (the policy's are

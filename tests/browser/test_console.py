@@ -203,8 +203,9 @@ def test_sign_out_and_be_refused(driver: WebDriver, console: Console) -> None:
     driver.get(console.base_url + "/console/items")
     assert driver.current_url.endswith("/console/sign-in")
     # the old cookie, replayed, is refused: the session ended on the server
-    with httpx.Client(base_url=console.base_url) as client:
-        answer = client.get("/console/items", cookies={"sweeper_console": cookie["value"]})
+    with httpx.Client(base_url=console.base_url,
+                      cookies={"sweeper_console": cookie["value"]}) as client:
+        answer = client.get("/console/items")
         assert answer.status_code == 303 and answer.headers["location"] == "/console/sign-in"
     driver.find_element(By.ID, "token").send_keys("not-a-token")
     submit(driver, By.CSS_SELECTOR, "form button[type=submit]")
