@@ -27,6 +27,7 @@ from bench import (
     backlog,
     budget,
     bulk,
+    console,
     drain,
     history,
     memory,
@@ -51,7 +52,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (drain.BENCHMARK, budget.BENCHMARK, registra
                                       publication.BENCHMARK, webhooks.BENCHMARK,
                                       history.BENCHMARK, backlog.BENCHMARK, memory.BENCHMARK,
                                       points.BENCHMARK, bulk.BENCHMARK, peers.BENCHMARK,
-                                      stores.BENCHMARK)
+                                      stores.BENCHMARK, console.BENCHMARK)
 
 
 def add_common(parser: argparse.ArgumentParser) -> None:

@@ -127,10 +127,40 @@ def _backlog(ax: Any, section: Section) -> None:
     ax.set_title(f"One drain of {section.get('parameters', {}).get('items', 0):,} items")
 
 
+def _console(ax: Any, section: Section) -> None:
+    pages = section.get("pages", {})
+    labels = list(pages)
+    cells = [pages[name]["p95_ms"] for name in labels]
+    viewers = section.get("viewers") or {}
+    if viewers.get("p95_ms"):
+        labels.append(f"overview, {viewers.get('viewers')} viewers at once")
+        cells.append(viewers["p95_ms"])
+    target = float((section.get("target") or {}).get("p95_ms_below") or 200)
+    values = [_median(c) for c in cells]
+    low = [max(0.0, v - float(c.get("min") or v)) for v, c in zip(values, cells, strict=True)]
+    high = [max(0.0, float(c.get("max") or v) - v) for v, c in zip(values, cells, strict=True)]
+    ys = list(range(len(labels)))
+    ax.barh(ys, values, xerr=[low, high], capsize=3, label="p95 (median; range of repetitions)",
+            color=["tab:red" if v >= target else "tab:blue" for v in values])
+    cold = [(y, _median(pages[name]["cold"]["p95_ms"])) for y, name in enumerate(pages)
+            if (pages[name].get("cold") or {}).get("p95_ms")]
+    if cold:
+        ax.plot([c[1] for c in cold], [c[0] for c in cold], "kx", markersize=8,
+                label="p95 with nothing shared (requests 5 s apart)")
+    ax.axvline(target, linestyle="--", color="grey", label=f"target {target:.0f} ms")
+    ax.set_yticks(ys, labels, fontsize="small")
+    ax.invert_yaxis()
+    if max([*values, *(c[1] for c in cold)], default=0.0) > 10 * target:
+        ax.set_xscale("log")
+    ax.set_xlabel("ms to the whole answer, 95th percentile")
+    items = (section.get("parameters") or {}).get("items", 0)
+    ax.set_title(f"Console pages with {items:,} items in the ledger")
+
+
 PLOTTERS: dict[str, Callable[[Any, Section], None]] = {
     "drain": _drain, "budget": _budget, "registration": _registration,
     "publication": _publication, "history": _history, "backlog": _backlog,
-    "memory": _memory}
+    "memory": _memory, "console": _console}
 
 
 def write_charts(doc: dict[str, Any], folder: Path) -> list[Path]:

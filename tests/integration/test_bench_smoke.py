@@ -282,3 +282,54 @@ def test_stores_benchmark_smoke(pg_server_url: str, tmp_path: Path,
     assert section["medians"]["shopper_p99_ratio"]["median"] == pytest.approx(
         deletion["p99_ratio"], abs=0.01)
     assert deletion["shoppers_beside_one_busy_core"]["transactions"] > 0
+
+
+@pytest.mark.slow
+def test_console_benchmark_smoke(pg_server_url: str, tmp_path: Path,
+                                 restore_logging: None) -> None:
+    """`python -m bench console` on a small ledger: a real `sweeper serve` process, signed
+    in through the form, answers every page 200, and every page's statements are explained
+    (auto_explain's plans, or plain EXPLAIN where the server has no auto_explain)."""
+    folder = tmp_path / "results"
+    assert bench_main([
+        "console", "--items", "2000", "--requests", "5", "--viewers", "2", "--repeat", "1",
+        "--webhooks", "200", "--actions", "50", "--cold-requests", "1", "--explain", "all",
+        "--database-url", pg_server_url, "--results-dir", str(folder)]) == 0
+    section = json.loads((folder / "results.json").read_text(encoding="utf-8"))[
+        "benchmarks"]["console"]
+    seeding = section["seeding"]
+    assert sum(seeding["items_by_status"].values()) == 2000
+    assert set(seeding["items_by_status"]) == {"pending", "leased", "succeeded", "dead",
+                                               "cancelled"}
+    assert seeding["rows"]["attempts"] > 0 and seeding["rows"]["batches"] > 0
+    assert seeding["rows"]["webhook_receipts"] == 200
+    assert seeding["rows"]["operator_actions"] == 50
+    assert seeding["report_only_runs"] >= 1
+    facts = section["facts"]
+    assert facts["big_tenant_items"] > facts["small_tenant_items"] > 0
+    assert facts["dead_item_attempts"] == 2
+    assert set(section["pages"]) == {
+        "overview", "overview-live", "runs", "run", "items", "items-dead", "items-pending",
+        "items-pending-policy", "items-big-tenant", "items-small-tenant",
+        "items-tenant-object", "item", "scopes", "scope", "webhooks", "audit",
+        "redrive-preview"}
+    for name, page in section["pages"].items():
+        assert page["all_200"], (name, page["repetitions"])
+        [rep] = page["repetitions"]
+        assert rep["requests"] == 5 and rep["statuses"] == {"200": 5}
+        assert 0 < rep["p50"] <= rep["p95"] <= rep["max"]
+        assert page["p95_ms"]["median"] == rep["p95"]
+        assert isinstance(page["p95_below_target"], bool)
+        plans = section["explain"][name]
+        assert plans and all(p["custom"]["plan"] for p in plans), name
+    assert section["pages"]["redrive-preview"]["method"] == "POST"
+    for name in ("overview", "overview-live", "runs", "run"):  # their figures are shared
+        [rep] = section["pages"][name]["repetitions"]
+        assert rep["cold"]["statuses"] == {"200": 1} and rep["cold"]["gap_s"] > 5
+        assert isinstance(section["pages"][name]["cold"]["p95_below_target"], bool)
+    assert "cold" not in section["pages"]["items"]
+    [crowd] = section["viewers"]["repetitions"]
+    assert crowd["viewers"] == 2 and crowd["statuses"] == {"200": 6}
+    assert set(section["target"]) == {"p95_ms_below", "met", "missed", "met_cold",
+                                      "missed_cold"}
+    assert (folder / "console.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
