@@ -11,7 +11,7 @@ from typing import Any, Final
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.db.statements import CLOSURE_OVER, Statement, fetch
+from service.db.statements import CLOSURE_OVER, Statement, fetch, fetch_filtered
 from service.ledger import FILTER_SQL, ITEM_COLUMNS, ItemFilter, filter_params
 
 # how far back the overview's throughput looks: long enough to smooth a drain's rounds
@@ -53,8 +53,8 @@ _SELECTION_SIZE = Statement("inspection.selection_size", (
 async def selection_size(engine: AsyncEngine, status: str, item_filter: ItemFilter, *,
                          cap: int) -> int:
     """Items of `status` the filter selects, at most `cap` (a change takes at most that)."""
-    rows = await fetch(engine, _SELECTION_SIZE,
-                       {"status": status, "cap": cap, **filter_params(item_filter)})
+    rows = await fetch_filtered(engine, _SELECTION_SIZE,
+                                {"status": status, "cap": cap, **filter_params(item_filter)})
     return int(rows[0].n)
 
 

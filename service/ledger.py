@@ -17,7 +17,7 @@ from pydantic import AwareDatetime, TypeAdapter
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service import audit, limiter
-from service.db.statements import Statement, covering_hold, fetch, run
+from service.db.statements import Statement, covering_hold, fetch_filtered, run
 from service.policies import Policy
 
 if TYPE_CHECKING:
@@ -345,7 +345,7 @@ async def list_items(engine: AsyncEngine, *, status: str | None, item_filter: It
                      after: int | None, limit: int) -> list[dict[str, object]]:
     """Items by id (keyset pagination: pass the last id seen as `after`)."""
     params = {"status": status, "after": after, "limit": limit, **filter_params(item_filter)}
-    return [dict(r._mapping) for r in await fetch(engine, _LIST, params)]
+    return [dict(r._mapping) for r in await fetch_filtered(engine, _LIST, params)]
 
 
 # Operator changes: bounded by :limit, each in one transaction together with its audit row.

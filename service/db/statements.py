@@ -151,6 +151,25 @@ async def fetch(db: Database, statement: Statement, params: Mapping[str, Any]
         return (await conn.execute(statement.clause, params)).all()
 
 
+# Planned with the values of this call: see `fetch_filtered`.
+_CUSTOM_PLANS = Statement("statements.custom_plans", (
+    "Plan this transaction's statements with their parameters' values."),
+    "SET LOCAL plan_cache_mode = force_custom_plan")
+
+
+async def fetch_filtered(engine: AsyncEngine, statement: Statement, params: Mapping[str, Any]
+                         ) -> Sequence[Row[Any]]:
+    """Run one statement of optional filters (`CAST(:x AS text) IS NULL OR col = :x`) as
+    `fetch` does, planned with this call's values. A prepared statement's generic plan
+    cannot know which filters are given, so it can use neither a partial index for a status
+    nor an index on a filtered column, and PostgreSQL may settle on it after five calls:
+    an operator's page of pending items would then walk the primary key past every
+    finished row. One SET LOCAL more per call; hot paths never take this."""
+    async with engine.begin() as conn:
+        await conn.execute(_CUSTOM_PLANS.clause)
+        return (await conn.execute(statement.clause, params)).all()
+
+
 async def fetch_none(db: Database, statement: Statement, params: Mapping[str, Any]) -> None:
     """Run one statement that returns no rows, committed before returning."""
     if isinstance(db, AsyncConnection):
