@@ -544,9 +544,9 @@ def _version(run: dict[str, Any]) -> RunVersion:
 # (run, 'items', status, n) (pending items under a legal hold count as 'held'),
 # (run, 'attempts', outcome, n) and (run, 'oldest', due_at).
 # Each part reaches the items through the runs' batches (batches' (run_id, seq) key, then
-# items_batch); only the oldest remaining reads item rows, and only unfinished ones. The
-# oldest is raised to Python's earliest instant as in _RECORD_CANDIDATES (per row: none is
-# NULL).
+# items_batch_cover, which holds their status, id and hold: no item row is read); only the
+# oldest remaining reads item rows, and only unfinished ones. The oldest is raised to
+# Python's earliest instant as in _RECORD_CANDIDATES (per row: none is NULL).
 _PROGRESS = Statement("runs.progress", (
     "Runs' items counted by status, attempts by outcome and oldest unfinished due_at, for "
     "several runs at once (reads every item and attempt of those runs)."), """

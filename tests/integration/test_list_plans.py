@@ -1,15 +1,16 @@
-"""Operators' lists of items stay on their indexes however much finished history the ledger
-holds: a page of pending items reads the pending index, planned with the filters given
-(`fetch_filtered`), never a walk of the primary key past every finished row."""
+"""What operators read stays on its indexes however much finished history the ledger holds:
+a page of pending items reads the pending index, planned with the filters given
+(`fetch_filtered`), never a walk of the primary key past every finished row; a run's
+progress reads its items' status from the batch index alone."""
 
 from __future__ import annotations
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import ledger
+from service import ledger, runs
 from service.db.statements import Statement, fetch, fetch_filtered
-from tests.integration.test_pipeline import make_policies, register
+from tests.integration.test_pipeline import make_policies, register, release_all
 
 HISTORY = 50_000
 _PLAN_MODE = Statement("tests.plan_mode", "The transaction's plan cache mode.",
@@ -51,3 +52,24 @@ async def test_filtered_statements_are_planned_with_their_values(engine: AsyncEn
     for _ in range(7):  # past the five calls after which a generic plan may be kept
         assert (await fetch_filtered(engine, _PLAN_MODE, {}))[0].mode == "force_custom_plan"
     assert (await fetch(engine, _PLAN_MODE, {}))[0].mode == "auto"  # SET LOCAL: this call only
+
+
+async def test_run_progress_reads_its_batches_items_from_the_index(engine: AsyncEngine
+                                                                   ) -> None:
+    policies = make_policies("http://127.0.0.1:9")
+    await register(engine, policies, 200)
+    run_id = await release_all(engine)
+    async with engine.begin() as conn:  # many other runs' finished items
+        await conn.execute(text("""
+            INSERT INTO items (tenant_id, object_id, policy, policy_version, operation_key,
+                               scope, due_at, released_at, status, completed_at, batch_id)
+            SELECT 'acme', 'done-' || g, 'carts', 1, encode(sha256(('d' || g)::bytea), 'hex'),
+                   'tenant:acme', now() - interval '3 days', now() - interval '2 days',
+                   'succeeded', now() - interval '2 days', 1000000 + g / 500
+            FROM generate_series(1, :n) g"""), {"n": HISTORY})
+    async with engine.connect() as conn:
+        await conn.execution_options(isolation_level="AUTOCOMMIT")
+        await conn.execute(text("VACUUM ANALYZE items"))
+    plan = await explained(engine, runs._PROGRESS, {"ids": [run_id]})
+    assert "Index Only Scan using items_batch_cover" in plan, plan
+    assert "Seq Scan on items" not in plan, plan
