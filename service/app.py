@@ -210,7 +210,8 @@ def create_app(
     for router in console_routers:  # outside /v1: signed in by cookie (service/console)
         app.include_router(router)
     app.state.route_methods = RouteMethods(
-        [*app.router.routes, *(route for router, _ in routers for route in router.routes)])
+        [*app.router.routes, *(route for router, _ in routers for route in router.routes),
+         *(route for router in console_routers for route in router.routes)])
     app.add_middleware(Gate, max_body_bytes=settings.max_body_bytes,
                        body_timeout_s=settings.body_read_timeout_seconds,
                        webhooks=webhooks_routes.direct)

@@ -286,3 +286,11 @@ async def test_cookies_are_secure_over_https_or_when_told(db_url: str, always: b
             proxied = await client.get("/console/sign-in",
                                        headers={"X-Forwarded-Proto": "https"})
             assert "secure" in proxied.headers["set-cookie"].lower().split("; ")
+
+
+async def test_head_and_options_are_answered_like_the_apis(browser: Browser) -> None:
+    options = await browser.client.options("/console/items")
+    assert options.status_code == 204
+    assert options.headers["allow"] == "GET, HEAD, OPTIONS"
+    head = await browser.client.head("/console/items")
+    assert head.status_code == 200 and head.content == b""

@@ -301,10 +301,12 @@ def test_sweeper_worker_serves_openmetrics_and_known_series_at_zero(db_url: str,
 
 def route_methods(app: FastAPI) -> dict[str, set[str]]:
     """Each route template with the methods its routes declare: the operations of the
-    OpenAPI document, plus FastAPI's own documentation routes (not in the document)."""
+    OpenAPI document, plus the routes outside it."""
     out = {path: {method.upper() for method in operations}
            for path, operations in app.openapi()["paths"].items()}
-    for route in app.routes:
+    # FastAPI's own documentation routes, and the console's (not in the document; the app's
+    # flat list of routes holds them)
+    for route in [*app.routes, *app.state.route_methods.routes]:
         if isinstance(route, Route):
             out.setdefault(route.path, set()).update(route.methods or ())
     return out

@@ -33,6 +33,13 @@ DOC = {"benchmarks": {
     "memory": {"target_peak_rss_mb": 200, "runs": [
         {"peak_rss_mb": 90.0, "samples": [{"calls": n, "rss_mb": 80.0 + n / 1e5}
                                           for n in range(0, 1_000_001, 100_000)]}]},
+    "console": {"parameters": {"items": 1_000_000}, "target": {"p95_ms_below": 200},
+                "pages": {name: {"p95_ms": {"median": p95, "min": p95 * 0.9, "max": p95 * 1.2},
+                                 "cold": {"p95_ms": {"median": p95 * 8}}}
+                          for name, p95 in (("overview", 5.0), ("runs", 9.0),
+                                            ("items-pending", 6.0))},
+                "viewers": {"viewers": 8, "p95_ms": {"median": 27.0, "min": 24.0,
+                                                     "max": 31.0}}},
     "no-plotter": {"anything": 1},
 }}
 
