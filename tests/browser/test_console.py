@@ -17,8 +17,6 @@ import pytest
 from selenium.common.exceptions import NoAlertPresentException, WebDriverException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
-from selenium.webdriver.support.expected_conditions import staleness_of
-from selenium.webdriver.support.wait import WebDriverWait
 
 from drills.upstream import Fault
 from tests.browser.conftest import Console, axe_violations, screenshot
@@ -85,7 +83,17 @@ def submit(driver: WebDriver, by: str, value: str) -> None:
             if driver.current_url != before:  # page did not move on
                 return
             time.sleep(0.2)
-    WebDriverWait(driver, 20).until(staleness_of(button))
+    wait_for(lambda: _gone(button), what="the page the click leads to")
+
+
+def _gone(element: Any) -> bool:
+    """Whether the element's page was replaced: chromedriver says so as a stale reference,
+    or, mid-navigation, as a node that no longer belongs to the document."""
+    try:
+        element.is_enabled()
+    except WebDriverException:
+        return True
+    return False
 
 
 @pytest.fixture
