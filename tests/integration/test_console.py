@@ -294,3 +294,20 @@ async def test_head_and_options_are_answered_like_the_apis(browser: Browser) -> 
     assert options.headers["allow"] == "GET, HEAD, OPTIONS"
     head = await browser.client.head("/console/items")
     assert head.status_code == 200 and head.content == b""
+
+
+async def test_a_report_only_run_shows_its_difference_from_the_previous_one(
+        browser: Browser) -> None:
+    pages = []
+    for _ in range(2):
+        started = await browser.post("/runs", {"csrf": await browser.csrf(), "policy": "carts",
+                                               "dry_run": "on"})
+        assert started.status_code == 303
+        for _ in range(100):
+            page = await browser.client.get(started.headers["location"])
+            if 'id="comparison"' in page.text:
+                break
+            await asyncio.sleep(0.05)
+        pages.append(page.text)
+    assert "nothing to compare with" in pages[0]
+    assert "5 candidates: +0 against the previous report-only run" in pages[1]
