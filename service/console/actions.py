@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from service import inspection, ledger, runs, scopes
+from service.api.bodies import MAX_BIGINT
 from service.api.items import MAX_CHANGE
 from service.api.scopes import BudgetIn
 from service.console.pages import ITEM_FILTERS, item_filter, scope_view
@@ -34,6 +35,7 @@ from service.console.web import (
     read_form,
     runtime_of,
     signed_in,
+    whole_number,
 )
 
 router = APIRouter(prefix=PREFIX, route_class=ConsoleRoute, include_in_schema=False)
@@ -135,8 +137,7 @@ async def item_action(request: Request) -> Response:
                                                     "every item the filter matches")
     status, verb, effect = ACTIONS[action]
     shown, chosen = item_filter(form, runtime.policies.policies)
-    ids = [number for value in form.all("id")[:MAX_SELECTED + 1]
-           if (number := _item_id(value)) is not None]
+    ids = [_item_id(value) for value in form.all("id")[:MAX_SELECTED + 1]]
     if target == "selected":
         if not ids:
             raise ConsoleError(422, "Nothing selected", "tick the items to change, or apply "
@@ -167,10 +168,11 @@ async def item_action(request: Request) -> Response:
                               "item_ids": changed[:100]})
 
 
-def _item_id(value: str) -> int | None:
-    if value.isascii() and value.isdigit() and len(value) <= 19 and 1 <= int(value) < 2**63:
-        return int(value)
-    raise ConsoleError(422, "Invalid selection", "item ids are whole numbers from 1")
+def _item_id(value: str) -> int:
+    number = whole_number(value)
+    if number is None or not 1 <= number <= MAX_BIGINT:
+        raise ConsoleError(422, "Invalid selection", "item ids are whole numbers from 1")
+    return number
 
 
 def _scope_name(form_name: str | None) -> str:

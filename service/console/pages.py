@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from service import discovery, inspection, ledger, runs, scopes
+from service.api.bodies import MAX_BIGINT
 from service.api.runs import evidence_export
 from service.console.render import ConsoleError, page
 from service.console.sessions import Session
@@ -24,6 +25,7 @@ from service.console.web import (
     context,
     runtime_of,
     signed_in,
+    whole_number,
 )
 
 router = APIRouter(prefix=PREFIX, route_class=ConsoleRoute, include_in_schema=False)
@@ -77,10 +79,10 @@ async def run_list(request: Request) -> Response:
 
 
 def _path_id(value: str, what: str) -> int:
-    if not value.isascii() or not value.isdigit() or len(value) > 19 \
-            or not 1 <= int(value) <= 2**63 - 1:
+    number = whole_number(value)
+    if number is None or not 1 <= number <= MAX_BIGINT:
         raise ConsoleError(404, f"No such {what}", f"{what} ids are whole numbers from 1")
-    return int(value)
+    return number
 
 
 async def _run_or_404(request: Request, run_id: int) -> dict[str, object]:

@@ -55,11 +55,15 @@ def console_of(request: Request) -> ConsoleState:
     return console
 
 
+_SESSION: Final = "console_session"  # request.state: the session signed_in found
+
+
 async def signed_in(request: Request) -> Session:
-    """The request's live session, or SignInRequired."""
+    """The request's live session, or SignInRequired (looked up once per request)."""
     session = await console_of(request).sessions.session(request.cookies.get(COOKIE))
     if session is None:
         raise SignInRequired
+    setattr(request.state, _SESSION, session)
     return session
 
 
@@ -86,10 +90,9 @@ class ConsoleRoute(APIRoute):
                 response = error_page(ConsoleError(
                     403, "Sign in first", "this session has ended; sign in and try again"),
                     await context(request, None, ""))
-            except ConsoleError as error:
-                session = await console_of(request).sessions.session(
-                    request.cookies.get(COOKIE))
-                response = error_page(error, await context(request, session, ""))
+            except ConsoleError as error:  # the layout of whoever signed_in found, if any
+                response = error_page(error, await context(
+                    request, getattr(request.state, _SESSION, None), ""))
             return secure(response)
 
         return answer
@@ -128,12 +131,20 @@ def checked_text(name: str, value: str | None, max_chars: int = MAX_TEXT) -> str
     return value
 
 
+def whole_number(value: str) -> int | None:
+    """A value of ASCII digits that fits a bigint, else None (never thousands of digits
+    converted)."""
+    if not value.isascii() or not value.isdigit() or len(value) > 19:
+        return None
+    return int(value)
+
+
 def checked_number(name: str, value: str | None, low: int, high: int) -> int | None:
     if value is None or value == "":
         return None
-    if not value.isascii() or not value.isdigit() or len(value) > 19:
+    number = whole_number(value)
+    if number is None:
         raise ConsoleError(422, "Invalid number", f"{name} must be a whole number")
-    number = int(value)
     if not low <= number <= high:
         raise ConsoleError(422, "Number out of range",
                            f"{name} must be between {low} and {high}")
