@@ -59,7 +59,7 @@ from drills.vendors import example_block
 from service import runs
 from service.discovery import Discovery, Page
 from service.policies import Policies, resolve_policies
-from service.stores import Cursor, Stores
+from service.stores import Cursor, SourceRows, Stores
 from service.upstream import Upstreams
 from service.worker import database_pool
 
@@ -138,7 +138,7 @@ class TimedStores(Stores):
 
     longest = 0.0
 
-    async def read_page(self, *args: Any, **kwargs: Any) -> list[Any]:
+    async def read_page(self, *args: Any, **kwargs: Any) -> SourceRows:
         started = time.perf_counter()
         try:
             return await super().read_page(*args, **kwargs)
@@ -152,7 +152,7 @@ class TimedDiscovery(Discovery):
     longest = 0.0
 
     async def _apply(self, engine: Any, run: Mapping[str, Any], policy: Any, state: Any,
-                     page: Page, done: bool, last: Cursor, read: int = 1) -> bool:
+                     page: Page, done: bool, last: Cursor, read: int = 1) -> Any:
         started = time.perf_counter()
         try:
             return await super()._apply(engine, run, policy, state, page, done, last, read)

@@ -29,14 +29,16 @@ the run publishing and the next pass resumes there; a tenant whose list calls ar
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -46,8 +48,8 @@ from service.db.statements import Statement, fetch, fetch_none
 from service.db.statements import run as run_statement
 from service.ledger import Obligations
 from service.list_source import Lister, SourceDeferred
-from service.policies import Policies, Policy
-from service.stores import Cursor, StoreError, Stores
+from service.policies import Policies, Policy, SourceConfig
+from service.stores import Cursor, SourceRows, StoreError, Stores
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +82,7 @@ _ADVANCE = Statement("discovery.advance", (
     WHERE run_id = :run AND policy = :policy AND pages = :pages AND NOT done
       AND after_tenant IS NOT DISTINCT FROM CAST(:from_tenant AS text)
       AND after_object IS NOT DISTINCT FROM CAST(:from_object AS text)
-    RETURNING pages
+    RETURNING *
 """)
 _TENANTS = Statement("discovery.tenants", (
     "Add one page's candidates per tenant, with their oldest and newest age."), """
@@ -103,13 +105,15 @@ _FAILED = Statement("discovery.failed", (
 
 @dataclass(frozen=True)
 class Page:
-    """One page read and sorted into what can be registered and what cannot."""
+    """One page read and sorted into what can be registered and what cannot.
+    `in_age_order`: the registrations are in age order (a store's keyset pages)."""
 
     registrations: Obligations
     ages: Sequence[datetime]
     errors: list[dict[str, str]]
     last: Cursor
     rows: int
+    in_age_order: bool = False
 
 
 def _shown(value: object) -> str:
@@ -119,69 +123,77 @@ def _shown(value: object) -> str:
 EMPTY_PAGE: Final = Page(Obligations([], [], [], [], {}), [], [], Cursor(), 0)
 
 
-def sort_page(policy: Policy, rows: Sequence[Any], cutoff: datetime) -> Page:
+def sort_page(policy: Policy, rows: SourceRows, cutoff: datetime, *,
+              in_age_order: bool = False) -> Page:
     """The rows that can become items of `policy`, due at their age (at the latest the
-    run's cutoff, so this run releases them), and the problems of those that cannot."""
-    tenants: list[str] = []
-    objects: list[str] = []
-    ages: list[datetime] = []
-    errors: list[dict[str, str]] = []
-    scope_fits: dict[str, bool] = {}  # per tenant: a page holds few
-    for row in rows:
-        tenant, obj, age = row.tenant_id, row.object_id, row.age
-        problem = None
-        for name, value in (("tenant_id", tenant), ("object_id", obj)):
-            if problem is None:
-                found = "is NULL" if value is None else ledger.id_problem(value)
-                problem = f"{name} {found}" if found else None
-        if problem is None and age is None:
-            problem = "age is NULL"
-        if problem is None:
-            fits = scope_fits.get(tenant)
-            if fits is None:
-                fits = scope_fits[tenant] = not ledger.utf8_size_over(
-                    policy.scope_for(tenant), ledger.MAX_SCOPE_BYTES)
-            if not fits:
-                problem = f"tenant_id makes a scope over {ledger.MAX_SCOPE_BYTES} bytes"
-        if problem is not None:
-            errors.append({"tenant_id": _shown(tenant), "object_id": _shown(obj),
-                           "problem": problem})
-            continue
-        tenants.append(tenant)
-        objects.append(obj)
-        ages.append(age)
+    run's cutoff, so this run releases them), and the problems of those that cannot (the
+    first of each row's, in row order). Columns are checked whole; only rows with a
+    problem are looked at one by one."""
+    tenants, objects, ages = rows.tenant_ids, rows.object_ids, rows.ages
+    problems: dict[int, str] = {}
+    for name, column in (("tenant_id", tenants), ("object_id", objects)):
+        for n, found in ledger.id_problems(column):
+            problems.setdefault(n, f"{name} {found}")
+    if None in ages:
+        for n, age in enumerate(ages):
+            if age is None:
+                problems.setdefault(n, "age is NULL")
+    too_long = {tenant for tenant in set(tenants) if tenant is not None and
+                ledger.utf8_size_over(policy.scope_for(tenant), ledger.MAX_SCOPE_BYTES)}
+    if too_long:
+        for n, tenant in enumerate(tenants):
+            if tenant in too_long:
+                problems.setdefault(
+                    n, f"tenant_id makes a scope over {ledger.MAX_SCOPE_BYTES} bytes")
+    kept_tenants = cast("Sequence[str]", tenants)
+    kept_objects = cast("Sequence[str]", objects)
+    kept_ages = cast("Sequence[datetime]", ages)
+    if problems:
+        keep = [n for n in range(len(tenants)) if n not in problems]
+        kept_tenants = [kept_tenants[n] for n in keep]
+        kept_objects = [kept_objects[n] for n in keep]
+        kept_ages = [kept_ages[n] for n in keep]
+    errors = [{"tenant_id": _shown(tenants[n]), "object_id": _shown(objects[n]),
+               "problem": problems[n]} for n in sorted(problems)]
     refused = {n: f"{field} {problem}" for n, field, problem in ledger.host_problems(
-        tenants, objects, [policy.name] * len(tenants), {policy.name: policy})}
+        kept_tenants, kept_objects, [policy.name] * len(kept_tenants), {policy.name: policy})}
     if refused:
         for n in sorted(refused):
-            errors.append({"tenant_id": _shown(tenants[n]), "object_id": _shown(objects[n]),
-                           "problem": refused[n]})
-        keep = [n for n in range(len(tenants)) if n not in refused]
-        tenants = [tenants[n] for n in keep]
-        objects = [objects[n] for n in keep]
-        ages = [ages[n] for n in keep]
-    last = rows[-1] if rows else None
+            errors.append({"tenant_id": _shown(kept_tenants[n]),
+                           "object_id": _shown(kept_objects[n]), "problem": refused[n]})
+        keep = [n for n in range(len(kept_tenants)) if n not in refused]
+        kept_tenants = [kept_tenants[n] for n in keep]
+        kept_objects = [kept_objects[n] for n in keep]
+        kept_ages = [kept_ages[n] for n in keep]
+    # due at the age, or at the cutoff for an age past it: a page is nearly always all
+    # before the cutoff (the predicate's own), and then its ages are its due times
+    dues = kept_ages if not kept_ages or max(kept_ages) <= cutoff \
+        else [min(age, cutoff) for age in kept_ages]
     return Page(
-        registrations=Obligations(tenants, objects, [policy.name] * len(tenants),
-                                  [min(age, cutoff) for age in ages], {policy.name: policy}),
-        ages=ages, errors=errors, rows=len(rows),
-        last=Cursor(last.age, last.tenant_id, last.object_id) if last is not None
-        else Cursor())
+        registrations=Obligations(kept_tenants, kept_objects,
+                                  [policy.name] * len(kept_tenants), dues,
+                                  {policy.name: policy}),
+        ages=kept_ages, errors=errors, rows=len(rows), last=rows.last,
+        in_age_order=in_age_order)
 
 
 def _per_tenant(page: Page) -> dict[str, Any]:
-    counts: dict[str, list[Any]] = {}
-    for tenant, age in zip(page.registrations.tenant_ids, page.ages, strict=True):
-        entry = counts.get(tenant)
-        if entry is None:
-            counts[tenant] = [1, age, age]
-        else:
-            entry[0] += 1
-            entry[1] = min(entry[1], age)
-            entry[2] = max(entry[2], age)
+    tenants, ages = page.registrations.tenant_ids, page.ages
+    counts = Counter(tenants)
+    if page.in_age_order:
+        # each tenant's first row is its oldest and its last its newest
+        oldest = dict(zip(reversed(tenants), reversed(ages), strict=True))
+        newest = dict(zip(tenants, ages, strict=True))
+    else:
+        oldest, newest = {}, {}
+        for tenant, age in zip(tenants, ages, strict=True):
+            if tenant not in oldest or age < oldest[tenant]:
+                oldest[tenant] = age
+            if tenant not in newest or age > newest[tenant]:
+                newest[tenant] = age
     names = sorted(counts)
-    return {"tenants": names, "counts": [counts[t][0] for t in names],
-            "oldests": [counts[t][1] for t in names], "newests": [counts[t][2] for t in names]}
+    return {"tenants": names, "counts": [counts[t] for t in names],
+            "oldests": [oldest[t] for t in names], "newests": [newest[t] for t in names]}
 
 
 class Discovery:
@@ -213,43 +225,73 @@ class Discovery:
             await lister.aclose()
 
     async def _walk(self, engine: AsyncEngine, run: Mapping[str, Any], policy: Policy) -> None:
+        """Walk a store source's query page by page. The next page is read from the store
+        while this one is applied to the ledger (its cursor is this page's last row); it is
+        applied only after this one was, and dropped if another publisher moved the cursor
+        meanwhile."""
         source = policy.store_source
         assert source is not None
         keys = {"run": run["id"], "policy": policy.name}
         await fetch_none(engine, _START, keys)
+        [state] = await fetch(engine, _STATE, keys)
         started = time.monotonic()
         read = 0
-        while True:
-            [state] = await fetch(engine, _STATE, keys)
-            if state.done:
-                return
-            cursor = Cursor(state.after_age, state.after_tenant, state.after_object)
-            began = time.perf_counter()
-            try:
-                rows = await self.stores.read_page(source, run["cutoff"], cursor,
-                                                   tenant=run["tenant_id"])
-            except StoreError as exc:
-                await fetch_none(engine, _FAILED, {**keys, "failure": str(exc)})
-                raise
-            metrics.DISCOVERY_PAGE_DURATION.labels(policy.name).observe(
-                time.perf_counter() - began)
-            page = sort_page(policy, rows, run["cutoff"])
-            limit = run["max_items"]
-            done = page.rows < source.page or (
-                limit is not None and not run["dry_run"]
-                and state.candidates + len(page.registrations) >= limit)
-            if await self._apply(engine, run, policy, state, page, done, page.last):
+        reading: asyncio.Future[SourceRows] | None = None
+        try:
+            while not state.done:
+                if reading is None:
+                    reading = asyncio.ensure_future(self._read(
+                        engine, source, run, Cursor(state.after_age, state.after_tenant,
+                                            state.after_object), keys, 0.0))
+                rows = await reading
+                reading = None
+                page = sort_page(policy, rows, run["cutoff"], in_age_order=True)
+                read += page.rows
+                limit = run["max_items"]
+                done = page.rows < source.page or (
+                    limit is not None and not run["dry_run"]
+                    and state.candidates + len(page.registrations) >= limit)
+                if not done:
+                    # never faster than the source's budget: the next page starts when
+                    # the rows read so far are due
+                    wait = 0.0 if source.rows_per_second is None else \
+                        started + read / source.rows_per_second - time.monotonic()
+                    reading = asyncio.ensure_future(self._read(
+                        engine, source, run, page.last, keys, wait))
+                moved = await self._apply(engine, run, policy, state, page, done, page.last)
+                if moved is None:
+                    # another publisher applied a page: go on from where it left the cursor
+                    if reading is not None:
+                        reading.cancel()
+                        reading = None
+                    [state] = await fetch(engine, _STATE, keys)
+                    continue
+                state = moved
                 metrics.DISCOVERED.labels(policy.name, "candidate").inc(
                     len(page.registrations))
                 metrics.DISCOVERED.labels(policy.name, "error").inc(len(page.errors))
-            read += page.rows
-            if done:
-                return
-            if source.rows_per_second is not None:
-                # never faster than the source's budget: the page after this one starts
-                # when the rows read so far are due
-                await asyncio.sleep(max(0.0, started + read / source.rows_per_second
-                                        - time.monotonic()))
+        finally:
+            if reading is not None:
+                reading.cancel()
+                with contextlib.suppress(asyncio.CancelledError, StoreError):
+                    await reading
+
+    async def _read(self, engine: AsyncEngine, source: SourceConfig, run: Mapping[str, Any],
+                    cursor: Cursor, keys: Mapping[str, Any], wait: float) -> SourceRows:
+        """The page after `cursor`, read after `wait` seconds; a store that cannot answer
+        is recorded on the discovery row (StoreError)."""
+        if wait > 0:
+            await asyncio.sleep(wait)
+        began = time.perf_counter()
+        try:
+            rows = await self.stores.read_page(source, run["cutoff"], cursor,
+                                               tenant=run["tenant_id"])
+        except StoreError as exc:
+            await fetch_none(engine, _FAILED, {**keys, "failure": str(exc)})
+            raise
+        metrics.DISCOVERY_PAGE_DURATION.labels(keys["policy"]).observe(
+            time.perf_counter() - began)
+        return rows
 
     async def _walk_list(self, engine: AsyncEngine, run: Mapping[str, Any], policy: Policy,
                          lister: Lister) -> None:
@@ -286,7 +328,10 @@ class Discovery:
             if listed.read:
                 metrics.DISCOVERY_PAGE_DURATION.labels(policy.name).observe(
                     time.perf_counter() - began)
-            page = sort_page(policy, listed.entries, run["cutoff"])
+            entries = listed.entries
+            page = sort_page(policy, SourceRows([e.tenant_id for e in entries],
+                                                [e.object_id for e in entries],
+                                                [e.age for e in entries]), run["cutoff"])
             page = dataclasses.replace(page, errors=listed.errors + page.errors)
             following = tenant if listed.next is not None else (
                 tenants[at + 1] if at + 1 < len(tenants) else None)
@@ -295,7 +340,8 @@ class Discovery:
                 limit is not None and not run["dry_run"]
                 and state.candidates + len(page.registrations) >= limit)
             last = Cursor(None, following or tenant, listed.next)
-            if await self._apply(engine, run, policy, state, page, done, last, listed.read):
+            if await self._apply(engine, run, policy, state, page, done, last,
+                                 listed.read) is not None:
                 metrics.DISCOVERED.labels(policy.name, "candidate").inc(
                     len(page.registrations))
                 metrics.DISCOVERED.labels(policy.name, "error").inc(len(page.errors))
@@ -304,10 +350,10 @@ class Discovery:
 
     async def _apply(self, engine: AsyncEngine, run: Mapping[str, Any], policy: Policy,
                      state: Any, page: Page, done: bool, last: Cursor, read: int = 1
-                     ) -> bool:
+                     ) -> Any:
         """Register the page (not for a report-only run) and move the cursor from where
-        `state` had it to `last`, in one transaction; nothing (False) when another
-        publisher applied a page meanwhile."""
+        `state` had it to `last`, in one transaction: the discovery row after it, or None
+        when another publisher applied a page meanwhile."""
         keys = {"run": run["id"], "policy": policy.name}
         ages = page.ages
         async with engine.begin() as conn:
@@ -323,12 +369,12 @@ class Discovery:
                 "done": done})).first()
             if moved is None:
                 await conn.rollback()
-                return False
+                return None
             if len(page.registrations):
                 await run_statement(conn, _TENANTS, {**keys, **_per_tenant(page)})
                 if not run["dry_run"]:
                     await ledger.register_in(conn, page.registrations)
-        return True
+        return moved
 
 
 
