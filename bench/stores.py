@@ -11,18 +11,26 @@ options). Per repetition, on a fresh ledger:
   discovery, registering   the real run's walk, each page's items registered in the
                            transaction that moves the cursor: candidate rows/s, likewise
   deletion beside shoppers a pgbench shopper workload (reads and writes of active carts, new
-                           carts) at a fixed rate, first alone for --shopper-seconds, then
-                           beside one busy core that touches no database (the control: what
-                           CPU contention alone does to their tail), then while one worker
-                           pool deletes every expired row under the rows budget: the
-                           shoppers' p50/p99 latency each time, the ratio with and without
-                           the cleanup, and the cleanup's rows/s
+                           carts) at a fixed rate, in alternating windows: alone for
+                           --alone-window seconds, then beside one worker pool deleting
+                           expired rows under the rows budget for --window seconds, until
+                           every expired row is gone. The shoppers' p50/p99 over all windows
+                           alone and over all windows beside the cleanup (alternating
+                           windows share whatever else the machine does), their ratio, the
+                           ratio of the windows alone split in two halves (the measurement's
+                           own noise), and the cleanup's rows/s
+
+With --store-server the store is made on another PostgreSQL server than the ledger, as in a
+deployment (the ledger's writes then share neither the store's WAL nor its backends); with
+--pin besides, the store's server and pgbench run on CPU 0 and this process and the ledger's
+server on CPU 1, as if the store had its own machine (affinities are restored after).
 
 The expired rows are put back between repetitions (new ids), so every repetition deletes as
 many. pgbench (PostgreSQL's client tools) must be on PATH; its per-transaction log gives the
 latencies.
 
     python -m bench stores --rows 10000000 --expired 0.1 --repeat 3
+    python -m bench stores --store-server postgresql://postgres@127.0.0.1:5432/postgres --pin
 """
 
 from __future__ import annotations
@@ -33,7 +41,6 @@ import contextlib
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 import tomllib
@@ -90,8 +97,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="shopper transactions per second, pgbench -R (default 300)")
     parser.add_argument("--shopper-clients", type=int, default=4,
                         help="pgbench clients (default 4)")
-    parser.add_argument("--shopper-seconds", type=int, default=20,
-                        help="seconds of shoppers alone before each deletion (default 20)")
+    parser.add_argument("--window", type=int, default=10,
+                        help="seconds of each window of shoppers beside the cleanup "
+                        "(default 10)")
+    parser.add_argument("--alone-window", type=int,
+                        help="seconds of each window of shoppers alone (default: --window)")
+    parser.add_argument("--layout", choices=sorted(AGES), default="aged",
+                        help="where the expired rows lie: `aged`, oldest first as in a real "
+                        "table (default), or `random`, scattered (each deleted row on a "
+                        "page of its own)")
+    parser.add_argument("--store-server",
+                        help="a PostgreSQL server URL to make the store database on (default: "
+                        "the ledger's server)")
+    parser.add_argument("--pin", action="store_true",
+                        help="with --store-server: the store's server and pgbench on CPU 0, "
+                        "this process and the ledger's server on CPU 1")
 
 
 def policies_for(store_url: str, args: argparse.Namespace) -> Policies:
@@ -109,7 +129,8 @@ def policies_for(store_url: str, args: argparse.Namespace) -> Policies:
                             {"SHOP_DATABASE_URL": store_url}, source="bench")
 
 
-async def create_store(conn: asyncpg.Connection, rows: int, expired: int) -> None:
+async def create_store(conn: asyncpg.Connection, rows: int, expired: int, layout: str
+                       ) -> None:
     """Active carts first (ids 1..active: the shoppers' range), then the expired ones."""
     await conn.execute("""
         CREATE TABLE carts (
@@ -121,15 +142,24 @@ async def create_store(conn: asyncpg.Connection, rows: int, expired: int) -> Non
         "INSERT INTO carts (shop, updated_at) SELECT 'shop-' || (i % $2), "
         "now() - random() * interval '6 days' FROM generate_series(1, $1) i",
         rows - expired, SHOPS)
-    await put_back_expired(conn, expired)
+    await put_back_expired(conn, expired, layout)
     await conn.execute("CREATE INDEX carts_updated_at ON carts (updated_at)")
     await conn.execute("VACUUM (ANALYZE) carts")
 
 
-async def put_back_expired(conn: asyncpg.Connection, expired: int) -> None:
+# The expired carts' ages, 8 to 60 days old: `random` scatters them over their rows (each
+# deleted row on a page of its own: the worst case), `aged` lays them out oldest first with
+# a few minutes' jitter, as carts written and then left alone lie in a real table
+AGES = {
+    "random": "now() - interval '8 days' - random() * interval '52 days'",
+    "aged": "now() - interval '60 days' + (i::float8 / $1) * interval '52 days' "
+            "+ random() * interval '10 minutes'",
+}
+
+
+async def put_back_expired(conn: asyncpg.Connection, expired: int, layout: str) -> None:
     await conn.execute(
-        "INSERT INTO carts (shop, updated_at) SELECT 'shop-' || (i % $2), "
-        "now() - interval '8 days' - random() * interval '52 days' "
+        f"INSERT INTO carts (shop, updated_at) SELECT 'shop-' || (i % $2), {AGES[layout]} "
         "FROM generate_series(1, $1) i", expired, SHOPS)
 
 
@@ -194,8 +224,9 @@ async def shoppers(store_url: str, args: argparse.Namespace, active: int, second
     folder = Path(tempfile.mkdtemp(prefix="sweeper-shoppers-"))
     script = folder / "shopper.sql"
     script.write_text(SHOPPER_SCRIPT)
+    pin = ["taskset", "-c", str(STORE_CPU)] if args.pin else []
     proc = await asyncio.create_subprocess_exec(
-        "pgbench", "-n", "-f", str(script), "-D", f"active={active}", "-R",
+        *pin, "pgbench", "-n", "-f", str(script), "-D", f"active={active}", "-R",
         str(args.shopper_rate), "-c", str(args.shopper_clients), "-j", "1", "-T",
         str(seconds), "-l", "--log-prefix", str(folder / "log"), plain_url(store_url),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=folder)
@@ -208,6 +239,62 @@ async def shoppers(store_url: str, args: argparse.Namespace, active: int, second
             raise RuntimeError(f"pgbench failed ({proc.returncode}): {err.decode()[-500:]}")
         samples.extend(read_logs(folder))
         shutil.rmtree(folder, ignore_errors=True)
+
+
+# -- CPU pinning: the store as if on its own machine -----------------------------------------
+
+STORE_CPU = 0
+SWEEPER_CPU = 1
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+async def server_processes(url: str) -> list[int]:
+    """The local PostgreSQL server's postmaster (a backend's parent) and its children."""
+    conn = await asyncpg.connect(plain_url(url))
+    try:
+        # while this backend lives (its /proc entry goes with the connection)
+        return _family(await conn.fetchval("SELECT pg_backend_pid()"))
+    finally:
+        await conn.close()
+
+
+def _family(backend: int) -> list[int]:
+    if not Path(f"/proc/{backend}").exists():
+        raise RuntimeError("--pin needs the servers on this machine")
+    postmaster = _parent(backend)
+    children = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                if _parent(int(entry.name)) == postmaster:
+                    children.append(int(entry.name))
+    return [postmaster, *children]
+
+
+def _set_affinity(pids: list[int], cpus: set[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):  # a backend that ended meanwhile
+            os.sched_setaffinity(pid, cpus)
+
+
+@contextlib.asynccontextmanager
+async def pinned(store_server: str, ledger_server: str) -> AsyncIterator[None]:
+    """The store's server on STORE_CPU (new backends inherit the postmaster's affinity);
+    this process and the ledger's server on SWEEPER_CPU; every CPU again after."""
+    everything = os.sched_getaffinity(0)
+    if not {STORE_CPU, SWEEPER_CPU} <= everything:
+        raise RuntimeError(f"--pin needs CPUs {STORE_CPU} and {SWEEPER_CPU}")
+    _set_affinity(await server_processes(store_server), {STORE_CPU})
+    _set_affinity([*await server_processes(ledger_server), os.getpid()], {SWEEPER_CPU})
+    try:
+        yield
+    finally:
+        for server in (store_server, ledger_server):
+            _set_affinity(await server_processes(server), everything)
+        os.sched_setaffinity(0, everything)
 
 
 def read_logs(folder: Path) -> list[tuple[float, float]]:
@@ -232,77 +319,98 @@ def latencies(samples: list[tuple[float, float]], start: float = 0.0,
             "p99_ms": round(found[int(0.99 * (len(found) - 1))], 2)}
 
 
+async def remaining(engine: Any) -> int:
+    async with engine.connect() as conn:
+        return int((await conn.execute(text(
+            "SELECT count(*) FROM items WHERE status IN ('pending', 'leased')"))).scalar_one())
+
+
 async def delete_beside_shoppers(engine: Any, policies: Policies, store_url: str,
                                  args: argparse.Namespace, active: int, run_id: int
                                  ) -> dict[str, Any]:
-    """Publish the registered run, then shoppers alone, then shoppers beside the drain:
-    their figures beside it are those of the transactions that ended while it ran."""
+    """Publish the registered run, then windows of shoppers alone and beside the drain in
+    turn until it is done: the shoppers' figures alone and beside it over all windows of
+    each kind, and the median of each pair's p99 ratio."""
     assert await runs.publish(engine, run_id, batch_size=args.batch)
-    async with shoppers(store_url, args, active, args.shopper_seconds) as samples:
-        await asyncio.sleep(args.shopper_seconds)
-    alone = latencies(samples)
-    # the control: the same shoppers beside one busy core that touches no database, to
-    # tell what CPU contention alone does to their tail on this machine
-    burner = await asyncio.create_subprocess_exec(sys.executable, "-c", "while True: pass")
+    # the setup's bulk writes flushed first, so that its checkpoint does not land on the
+    # first windows
+    conn = await asyncpg.connect(plain_url(store_url))
     try:
-        async with shoppers(store_url, args, active, args.shopper_seconds) as samples:
-            await asyncio.sleep(args.shopper_seconds)
+        await conn.execute("CHECKPOINT")
     finally:
-        burner.kill()
-        await burner.wait()
-    busy_core = latencies(samples)
+        await conn.close()
+    alone: list[tuple[float, float]] = []
+    beside: list[tuple[float, float]] = []
+    # the windows alone in two interleaved halves: their p99 ratio is the measurement's
+    # own noise, the floor any ratio beside the cleanup is read against
+    halves: tuple[list[tuple[float, float]], list[tuple[float, float]]] = ([], [])
+    pairs: list[float] = []
+    draining = 0.0
     stores = Stores(policies.stores)
-    pool = database_pool(engine, policies, Upstreams({}), concurrency=args.workers,
-                         stores=stores)
-    expected = int(args.expired_rows / args.rows_per_second) + 15
-    async with shoppers(store_url, args, active, expected) as samples:
-        await asyncio.sleep(1)  # pgbench connected and running
-        task = asyncio.create_task(pool.run())
-        began, started = time.time(), time.perf_counter()
-        while True:
-            await asyncio.sleep(0.5)
-            async with engine.connect() as conn:
-                left = (await conn.execute(text(
-                    "SELECT count(*) FROM items WHERE status IN ('pending', 'leased')"))
-                        ).scalar_one()
-            if left == 0:
-                break
-        drained, ended = time.perf_counter() - started, time.time()
-        pool.stop()
-        await task
+    try:
+        while await remaining(engine):
+            async with shoppers(store_url, args, active,
+                                args.alone_window or args.window) as samples:
+                pass
+            alone.extend(samples)
+            halves[len(pairs) % 2].extend(samples)
+            pool = database_pool(engine, policies, Upstreams({}), concurrency=args.workers,
+                                 stores=stores)
+            task = asyncio.create_task(pool.run())
+            started = time.perf_counter()
+            try:
+                async with shoppers(store_url, args, active, args.window) as drained:
+                    pass
+            finally:
+                pool.stop()
+                await task
+            draining += time.perf_counter() - started
+            beside.extend(drained)
+            one_alone, one_beside = latencies(samples), latencies(drained)
+            if one_alone["p99_ms"] and one_beside["p99_ms"]:
+                pairs.append(one_beside["p99_ms"] / one_alone["p99_ms"])
+            progress(f"stores: window pair {len(pairs)}: p99 {one_alone['p99_ms']} ms alone, "
+                     f"{one_beside['p99_ms']} ms beside; {await remaining(engine):,} left")
+    finally:
         await stores.aclose()
-    beside = latencies(samples, began, ended)
     async with engine.connect() as conn:
         counts = dict((await conn.execute(text(
             "SELECT status, count(*) FROM items GROUP BY status"))).all())
-    return {"items": counts, "cleanup_seconds": round(drained, 2),
-            "cleanup_rows_per_second": round(counts.get("succeeded", 0) / drained, 1),
-            "shoppers_alone": alone, "shoppers_beside_one_busy_core": busy_core,
-            "shoppers_beside_cleanup": beside,
-            "p99_ratio": round(beside["p99_ms"] / alone["p99_ms"], 3)
-            if alone["p99_ms"] and beside["p99_ms"] else None}
+    shoppers_alone, shoppers_beside = latencies(alone), latencies(beside)
+    odd, even = latencies(halves[0]), latencies(halves[1])
+    return {"items": counts, "cleanup_seconds": round(draining, 2),
+            "cleanup_rows_per_second": round(counts.get("succeeded", 0) / draining, 1),
+            "window_pairs": len(pairs), "shoppers_alone": shoppers_alone,
+            "shoppers_beside_cleanup": shoppers_beside,
+            "p99_ratio": round(shoppers_beside["p99_ms"] / shoppers_alone["p99_ms"], 3)
+            if shoppers_alone["p99_ms"] and shoppers_beside["p99_ms"] else None,
+            "p99_ratio_median_of_pairs": round(statistics.median(pairs), 3) if pairs else None,
+            "p99_ratio_alone_halves": round(odd["p99_ms"] / even["p99_ms"], 3)
+            if odd["p99_ms"] and even["p99_ms"] else None}
 
 
 async def run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
     if shutil.which("pgbench") is None:
         raise RuntimeError("pgbench is not on PATH (PostgreSQL's client tools)")
+    if args.pin and not args.store_server:
+        raise RuntimeError("--pin needs --store-server (the store on a server of its own)")
     expired = int(args.rows * args.expired)
-    args.expired_rows = expired
+    store_server = args.store_server or ctx.server_url
     store_name = f"sweeper_bench_store_{uuid.uuid4().hex[:8]}"
-    await admin(ctx.server_url, f'CREATE DATABASE "{store_name}"')
-    store_url = with_database(ctx.server_url, store_name)
+    await admin(store_server, f'CREATE DATABASE "{store_name}"')
+    store_url = with_database(store_server, store_name)
     reps: list[dict[str, Any]] = []
     try:
         conn = await asyncpg.connect(plain_url(store_url))
         try:
             progress(f"stores: a carts table of {args.rows:,} rows, {expired:,} expired")
             started = time.perf_counter()
-            await create_store(conn, args.rows, expired)
+            await create_store(conn, args.rows, expired, args.layout)
             setup_s = time.perf_counter() - started
             policies = policies_for(store_url, args)
             for rep in range(args.repeat):
                 if rep:
-                    await put_back_expired(conn, expired)
+                    await put_back_expired(conn, expired, args.layout)
                     await conn.execute("VACUUM (ANALYZE) carts")
                 async with fresh_database(ctx.server_url, "stores") as db:
                     progress(f"stores: repetition {rep + 1}/{args.repeat}: report-only walk")
@@ -311,16 +419,18 @@ async def run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
                     real = await discover(db.engine, policies, dry_run=False)
                     progress(f"stores: repetition {rep + 1}/{args.repeat}: deleting "
                              f"{expired:,} rows beside shoppers")
-                    deletion = await delete_beside_shoppers(
-                        db.engine, policies, store_url, args, args.rows - expired,
-                        real.pop("run_id"))
+                    async with pinned(store_server, ctx.server_url) if args.pin \
+                            else contextlib.nullcontext():
+                        deletion = await delete_beside_shoppers(
+                            db.engine, policies, store_url, args, args.rows - expired,
+                            real.pop("run_id"))
                 dry.pop("run_id")
                 reps.append({"report_only": dry, "registering": real, "deletion": deletion,
                              "load_average_1m_at_start": os.getloadavg()[0]})
         finally:
             await conn.close()
     finally:
-        await admin(ctx.server_url, f'DROP DATABASE IF EXISTS "{store_name}" WITH (FORCE)')
+        await admin(store_server, f'DROP DATABASE IF EXISTS "{store_name}" WITH (FORCE)')
 
     def figure(part: str, key: str) -> dict[str, float | None]:
         return summarize([r[part][key] for r in reps if r[part].get(key) is not None])
@@ -332,8 +442,10 @@ async def run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
     return {
         "parameters": {k: v for k, v in vars(args).items()
                        if k in ("rows", "expired", "page", "batch", "rows_per_second",
-                                "workers", "shopper_rate", "shopper_clients",
-                                "shopper_seconds", "repeat")},
+                                "workers", "shopper_rate", "shopper_clients", "window",
+                                "alone_window", "layout",
+                                "pin", "repeat")},
+        "store_server": "the ledger's" if not args.store_server else "separate",
         "setup_seconds": round(setup_s, 1),
         "repetitions": reps,
         "medians": {
@@ -350,9 +462,10 @@ async def run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
             "cleanup_rows_per_second": figure("deletion", "cleanup_rows_per_second"),
             "shopper_p99_alone_ms": shopper("shoppers_alone", "p99_ms"),
             "shopper_p99_beside_cleanup_ms": shopper("shoppers_beside_cleanup", "p99_ms"),
-            "shopper_p99_beside_one_busy_core_ms": shopper("shoppers_beside_one_busy_core",
-                                                           "p99_ms"),
             "shopper_p99_ratio": figure("deletion", "p99_ratio"),
+            "shopper_p99_ratio_median_of_window_pairs": figure(
+                "deletion", "p99_ratio_median_of_pairs"),
+            "shopper_p99_ratio_alone_halves": figure("deletion", "p99_ratio_alone_halves"),
         },
     }
 
