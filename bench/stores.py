@@ -106,6 +106,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where the expired rows lie: `aged`, oldest first as in a real "
                         "table (default), or `random`, scattered (each deleted row on a "
                         "page of its own)")
+    parser.add_argument("--no-deletion", action="store_true",
+                        help="the two walks only, no deletion beside shoppers")
     parser.add_argument("--store-server",
                         help="a PostgreSQL server URL to make the store database on (default: "
                         "the ledger's server)")
@@ -409,7 +411,7 @@ async def run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
             setup_s = time.perf_counter() - started
             policies = policies_for(store_url, args)
             for rep in range(args.repeat):
-                if rep:
+                if rep and not args.no_deletion:  # the last repetition deleted them
                     await put_back_expired(conn, expired, args.layout)
                     await conn.execute("VACUUM (ANALYZE) carts")
                 async with fresh_database(ctx.server_url, "stores") as db:
@@ -417,13 +419,16 @@ async def run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
                     dry = await discover(db.engine, policies, dry_run=True)
                     progress(f"stores: repetition {rep + 1}/{args.repeat}: registering walk")
                     real = await discover(db.engine, policies, dry_run=False)
-                    progress(f"stores: repetition {rep + 1}/{args.repeat}: deleting "
-                             f"{expired:,} rows beside shoppers")
-                    async with pinned(store_server, ctx.server_url) if args.pin \
-                            else contextlib.nullcontext():
-                        deletion = await delete_beside_shoppers(
-                            db.engine, policies, store_url, args, args.rows - expired,
-                            real.pop("run_id"))
+                    deletion: dict[str, Any] = {}
+                    if not args.no_deletion:
+                        progress(f"stores: repetition {rep + 1}/{args.repeat}: deleting "
+                                 f"{expired:,} rows beside shoppers")
+                        async with pinned(store_server, ctx.server_url) if args.pin \
+                                else contextlib.nullcontext():
+                            deletion = await delete_beside_shoppers(
+                                db.engine, policies, store_url, args, args.rows - expired,
+                                real["run_id"])
+                    real.pop("run_id")
                 dry.pop("run_id")
                 reps.append({"report_only": dry, "registering": real, "deletion": deletion,
                              "load_average_1m_at_start": os.getloadavg()[0]})
@@ -437,13 +442,13 @@ async def run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
 
     def shopper(which: str, key: str) -> dict[str, float | None]:
         return summarize([r["deletion"][which][key] for r in reps
-                          if r["deletion"][which].get(key) is not None])
+                          if r["deletion"].get(which, {}).get(key) is not None])
 
     return {
         "parameters": {k: v for k, v in vars(args).items()
                        if k in ("rows", "expired", "page", "batch", "rows_per_second",
                                 "workers", "shopper_rate", "shopper_clients", "window",
-                                "alone_window", "layout",
+                                "alone_window", "layout", "no_deletion",
                                 "pin", "repeat")},
         "store_server": "the ledger's" if not args.store_server else "separate",
         "setup_seconds": round(setup_s, 1),
