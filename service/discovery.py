@@ -138,8 +138,11 @@ def sort_page(policy: Policy, rows: SourceRows, cutoff: datetime, *,
         for n, age in enumerate(ages):
             if age is None:
                 problems.setdefault(n, "age is NULL")
-    too_long = {tenant for tenant in set(tenants) if tenant is not None and
-                ledger.utf8_size_over(policy.scope_for(tenant), ledger.MAX_SCOPE_BYTES)}
+    # per distinct tenant (a page holds few); a malformed one has its problem already, and
+    # one with a lone surrogate could not be measured in UTF-8
+    too_long = {tenant for tenant in set(tenants)
+                if tenant is not None and ledger.id_problem(tenant) is None
+                and ledger.utf8_size_over(policy.scope_for(tenant), ledger.MAX_SCOPE_BYTES)}
     if too_long:
         for n, tenant in enumerate(tenants):
             if tenant in too_long:
@@ -241,9 +244,16 @@ class Discovery:
             while not state.done:
                 if reading is None:
                     reading = asyncio.ensure_future(self._read(
-                        engine, source, run, Cursor(state.after_age, state.after_tenant,
-                                            state.after_object), keys, 0.0))
-                rows = await reading
+                        source, run, Cursor(state.after_age, state.after_tenant,
+                                            state.after_object), policy.name, 0.0))
+                try:
+                    rows = await reading
+                except StoreError as exc:
+                    # recorded only now, after the page before it was applied (whose
+                    # cursor move clears the failure)
+                    reading = None
+                    await fetch_none(engine, _FAILED, {**keys, "failure": str(exc)})
+                    raise
                 reading = None
                 page = sort_page(policy, rows, run["cutoff"], in_age_order=True)
                 read += page.rows
@@ -257,7 +267,7 @@ class Discovery:
                     wait = 0.0 if source.rows_per_second is None else \
                         started + read / source.rows_per_second - time.monotonic()
                     reading = asyncio.ensure_future(self._read(
-                        engine, source, run, page.last, keys, wait))
+                        source, run, page.last, policy.name, wait))
                 moved = await self._apply(engine, run, policy, state, page, done, page.last)
                 if moved is None:
                     # another publisher applied a page: go on from where it left the cursor
@@ -276,21 +286,16 @@ class Discovery:
                 with contextlib.suppress(asyncio.CancelledError, StoreError):
                     await reading
 
-    async def _read(self, engine: AsyncEngine, source: SourceConfig, run: Mapping[str, Any],
-                    cursor: Cursor, keys: Mapping[str, Any], wait: float) -> SourceRows:
-        """The page after `cursor`, read after `wait` seconds; a store that cannot answer
-        is recorded on the discovery row (StoreError)."""
+    async def _read(self, source: SourceConfig, run: Mapping[str, Any], cursor: Cursor,
+                    policy: str, wait: float) -> SourceRows:
+        """The page after `cursor`, read after `wait` seconds (StoreError when the store
+        cannot answer)."""
         if wait > 0:
             await asyncio.sleep(wait)
         began = time.perf_counter()
-        try:
-            rows = await self.stores.read_page(source, run["cutoff"], cursor,
-                                               tenant=run["tenant_id"])
-        except StoreError as exc:
-            await fetch_none(engine, _FAILED, {**keys, "failure": str(exc)})
-            raise
-        metrics.DISCOVERY_PAGE_DURATION.labels(keys["policy"]).observe(
-            time.perf_counter() - began)
+        rows = await self.stores.read_page(source, run["cutoff"], cursor,
+                                           tenant=run["tenant_id"])
+        metrics.DISCOVERY_PAGE_DURATION.labels(policy).observe(time.perf_counter() - began)
         return rows
 
     async def _walk_list(self, engine: AsyncEngine, run: Mapping[str, Any], policy: Policy,

@@ -23,7 +23,7 @@ from service import claims, discovery, runs
 from service.discovery import Discovery
 from service.outcomes import Failure, Outcome, classify
 from service.policies import GuardConfig, Policies
-from service.stores import StoreError, Stores
+from service.stores import SourceRows, StoreError, Stores
 from service.targets import StoreTargets
 from service.upstream import Upstreams
 from service.worker import database_pool
@@ -169,7 +169,7 @@ class FailingStores(Stores):
         super().__init__(stores.stores)
         self.left = pages
 
-    async def read_page(self, *args: Any, **kwargs: Any) -> list[Any]:
+    async def read_page(self, *args: Any, **kwargs: Any) -> SourceRows:
         if self.left == 0:
             raise StoreError("shop", Failure.STORE_UNREACHABLE, "ConnectionRefusedError")
         self.left -= 1

@@ -64,6 +64,26 @@ def test_each_row_keeps_its_first_problem_in_row_order() -> None:
     assert page.rows == 6 and page.last.object_id == "6"
 
 
+TENANT_SCOPED = resolve_policies(
+    {"stores": {"shop": {"dsn_env": "SHOP_DATABASE_URL"}},
+     "policies": {"carts": store_policy(CARTS_SOURCE, CARTS_TARGET,
+                                        scope="store:{upstream}:{policy}:{tenant_id}")}},
+    ENV, source="p.toml").policies["carts"]
+
+
+def test_a_tenant_whose_scope_is_too_long_or_unmeasurable_is_a_problem_not_a_crash() -> None:
+    """A tenant with a lone surrogate (its scope cannot be measured in UTF-8) has its id
+    problem; a valid tenant whose scope would pass 512 bytes has the scope's; the page goes
+    on."""
+    age = CUTOFF - timedelta(days=9)
+    page = sort_page(TENANT_SCOPED, SourceRows(["\ud800" * 300, "a" * 500, "shop-1"],
+                                               ["1", "2", "3"], [age, age, age]), CUTOFF)
+    assert list(page.registrations.object_ids) == ["3"]
+    assert [e["problem"] for e in page.errors] == [
+        "tenant_id must not contain control characters or unpaired surrogates",
+        f"tenant_id makes a scope over {ledger.MAX_SCOPE_BYTES} bytes"]
+
+
 def test_an_age_past_the_cutoff_is_due_at_the_cutoff() -> None:
     before = CUTOFF - timedelta(days=1)
     page = sort_page(POLICY, SourceRows(["s", "s"], ["1", "2"],
