@@ -152,10 +152,8 @@ def sort_page(policy: Policy, rows: SourceRows, cutoff: datetime, *,
     kept_objects = cast("Sequence[str]", objects)
     kept_ages = cast("Sequence[datetime]", ages)
     if problems:
-        keep = [n for n in range(len(tenants)) if n not in problems]
-        kept_tenants = [kept_tenants[n] for n in keep]
-        kept_objects = [kept_objects[n] for n in keep]
-        kept_ages = [kept_ages[n] for n in keep]
+        kept_tenants, kept_objects, kept_ages = _without(problems, kept_tenants, kept_objects,
+                                                         kept_ages)
     errors = [{"tenant_id": _shown(tenants[n]), "object_id": _shown(objects[n]),
                "problem": problems[n]} for n in sorted(problems)]
     refused = {n: f"{field} {problem}" for n, field, problem in ledger.host_problems(
@@ -164,10 +162,8 @@ def sort_page(policy: Policy, rows: SourceRows, cutoff: datetime, *,
         for n in sorted(refused):
             errors.append({"tenant_id": _shown(kept_tenants[n]),
                            "object_id": _shown(kept_objects[n]), "problem": refused[n]})
-        keep = [n for n in range(len(kept_tenants)) if n not in refused]
-        kept_tenants = [kept_tenants[n] for n in keep]
-        kept_objects = [kept_objects[n] for n in keep]
-        kept_ages = [kept_ages[n] for n in keep]
+        kept_tenants, kept_objects, kept_ages = _without(refused, kept_tenants, kept_objects,
+                                                         kept_ages)
     # due at the age, or at the cutoff for an age past it: a page is nearly always all
     # before the cutoff (the predicate's own), and then its ages are its due times
     dues = kept_ages if not kept_ages or max(kept_ages) <= cutoff \
@@ -178,6 +174,13 @@ def sort_page(policy: Policy, rows: SourceRows, cutoff: datetime, *,
                                   {policy.name: policy}),
         ages=kept_ages, errors=errors, rows=len(rows), last=rows.last,
         in_age_order=in_age_order)
+
+
+def _without(dropped: Mapping[int, str], tenants: Sequence[str], objects: Sequence[str],
+             ages: Sequence[datetime]) -> tuple[list[str], list[str], list[datetime]]:
+    """The three columns without the rows at `dropped`'s indices."""
+    keep = [n for n in range(len(tenants)) if n not in dropped]
+    return [tenants[n] for n in keep], [objects[n] for n in keep], [ages[n] for n in keep]
 
 
 def _per_tenant(page: Page) -> dict[str, Any]:
