@@ -311,14 +311,24 @@ def read_logs(folder: Path) -> list[tuple[float, float]]:
     return samples
 
 
-def latencies(samples: list[tuple[float, float]], start: float = 0.0,
-              end: float = float("inf")) -> dict[str, Any]:
-    """p50 and p99 of the transactions that ended in [start, end] (Unix seconds)."""
-    found = sorted(ms for at, ms in samples if start <= at <= end)
+def latencies(samples: list[tuple[float, float]]) -> dict[str, Any]:
+    """p50 and p99 of the transactions' latencies."""
+    found = sorted(ms for _, ms in samples)
     if not found:
         return {"transactions": 0, "p50_ms": None, "p99_ms": None}
     return {"transactions": len(found), "p50_ms": round(statistics.median(found), 2),
             "p99_ms": round(found[int(0.99 * (len(found) - 1))], 2)}
+
+
+def p99_ratio(over: dict[str, Any], under: dict[str, Any]) -> float | None:
+    """The ratio of two `latencies` p99s, or None when either window had none."""
+    if not over["p99_ms"] or not under["p99_ms"]:
+        return None
+    return float(over["p99_ms"] / under["p99_ms"])
+
+
+def rounded(ratio: float | None) -> float | None:
+    return None if ratio is None else round(ratio, 3)
 
 
 async def remaining(engine: Any) -> int:
@@ -347,15 +357,17 @@ async def delete_beside_shoppers(engine: Any, policies: Policies, store_url: str
     # own noise, the floor any ratio beside the cleanup is read against
     halves: tuple[list[tuple[float, float]], list[tuple[float, float]]] = ([], [])
     pairs: list[float] = []
+    windows = 0
     draining = 0.0
     stores = Stores(policies.stores)
     try:
         while await remaining(engine):
+            windows += 1
             async with shoppers(store_url, args, active,
                                 args.alone_window or args.window) as samples:
                 pass
             alone.extend(samples)
-            halves[len(pairs) % 2].extend(samples)
+            halves[windows % 2].extend(samples)
             pool = database_pool(engine, policies, Upstreams({}), concurrency=args.workers,
                                  stores=stores)
             task = asyncio.create_task(pool.run())
@@ -369,9 +381,10 @@ async def delete_beside_shoppers(engine: Any, policies: Policies, store_url: str
             draining += time.perf_counter() - started
             beside.extend(drained)
             one_alone, one_beside = latencies(samples), latencies(drained)
-            if one_alone["p99_ms"] and one_beside["p99_ms"]:
-                pairs.append(one_beside["p99_ms"] / one_alone["p99_ms"])
-            progress(f"stores: window pair {len(pairs)}: p99 {one_alone['p99_ms']} ms alone, "
+            ratio = p99_ratio(one_beside, one_alone)
+            if ratio is not None:
+                pairs.append(ratio)
+            progress(f"stores: window pair {windows}: p99 {one_alone['p99_ms']} ms alone, "
                      f"{one_beside['p99_ms']} ms beside; {await remaining(engine):,} left")
     finally:
         await stores.aclose()
@@ -379,16 +392,14 @@ async def delete_beside_shoppers(engine: Any, policies: Policies, store_url: str
         counts = dict((await conn.execute(text(
             "SELECT status, count(*) FROM items GROUP BY status"))).all())
     shoppers_alone, shoppers_beside = latencies(alone), latencies(beside)
-    odd, even = latencies(halves[0]), latencies(halves[1])
     return {"items": counts, "cleanup_seconds": round(draining, 2),
             "cleanup_rows_per_second": round(counts.get("succeeded", 0) / draining, 1),
-            "window_pairs": len(pairs), "shoppers_alone": shoppers_alone,
+            "window_pairs": windows, "shoppers_alone": shoppers_alone,
             "shoppers_beside_cleanup": shoppers_beside,
-            "p99_ratio": round(shoppers_beside["p99_ms"] / shoppers_alone["p99_ms"], 3)
-            if shoppers_alone["p99_ms"] and shoppers_beside["p99_ms"] else None,
+            "p99_ratio": rounded(p99_ratio(shoppers_beside, shoppers_alone)),
             "p99_ratio_median_of_pairs": round(statistics.median(pairs), 3) if pairs else None,
-            "p99_ratio_alone_halves": round(odd["p99_ms"] / even["p99_ms"], 3)
-            if odd["p99_ms"] and even["p99_ms"] else None}
+            "p99_ratio_alone_halves": rounded(p99_ratio(latencies(halves[1]),
+                                                        latencies(halves[0])))}
 
 
 async def run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
