@@ -6,7 +6,9 @@ Plain state with no I/O; the pool passes in the moments (its clock's monotonic s
 
 from __future__ import annotations
 
+import math
 from collections import Counter
+from collections.abc import Iterable
 from typing import Final
 
 from service.claims import Admission
@@ -19,10 +21,14 @@ MIN_CALLS_IN_FLIGHT: Final = 8
 # How long the scopes found with work may be served again without asking which scopes have
 # work (one round trip a round saved): a scope that gains work meanwhile waits this long.
 ELIGIBLE_REUSE_S: Final = 0.1
+# The weight of the latest claim in the running mean of calls that finish while a claim
+# is answered (how far ahead of its free slots a pool claims).
+FREED_WEIGHT: Final = 0.25
 
 
 class CallLimit:
-    """The calls allowed in flight: `concurrency`, halved after a round with a late start."""
+    """The calls allowed in flight: `concurrency`, halved after a round with a late start;
+    and the leases a pool may hold, a few more than that."""
 
     def __init__(self, concurrency: int) -> None:
         self.ceiling = concurrency
@@ -30,6 +36,20 @@ class CallLimit:
         self.round = 0
         self._late_round = 0  # the latest round whose call started too late
         self._slowed_round = 0  # the round at which the limit was last halved
+        self._freed_per_claim = 0.0  # running mean: calls finished while a claim ran
+
+    @property
+    def claimable(self) -> int:
+        """The calls a pool may hold claimed: those allowed in flight, plus twice as many as
+        finish while one claim is answered (at most as many again). A round starts with
+        one claim's worth waiting for slots, which take them while it claims the next
+        claim's worth: a slot that frees finds its next call claimed instead of waiting a
+        round trip for it."""
+        return self.limit + min(self.limit, math.ceil(2 * self._freed_per_claim))
+
+    def claim_answered(self, freed: int) -> None:
+        """`freed` calls finished while the latest claim was answered."""
+        self._freed_per_claim += FREED_WEIGHT * (freed - self._freed_per_claim)
 
     def next_round(self) -> int:
         """Start a round: adjust the limit; the round's number."""
@@ -43,38 +63,45 @@ class CallLimit:
 
     def started_late(self, round_no: int) -> None:
         self._late_round = max(self._late_round, round_no)
+        # calls waiting for a slot are what starts late first: claim none ahead for now
+        self._freed_per_claim = 0.0
 
 
 class ScopeCache:
-    """The scopes with work found by an earlier round, reused while every one of them still
-    has work and none can have been missed for long."""
+    """Every scope with work, as the latest answer that listed them all gave them, served
+    in turn without asking the database again while each still has work and none can have
+    been missed for long."""
 
     def __init__(self) -> None:
-        self._scopes: list[tuple[str, int]] = []
+        self._scopes: list[tuple[str, int]] = []  # in the database's order, a cycle
+        self._position: dict[str, int] = {}
         self._at = 0.0
 
-    def known(self, free: int, now: float) -> list[tuple[str, int]] | None:
-        """The cached scopes, or None when they must be read again."""
-        if not self._scopes or len(self._scopes) >= free or now - self._at > ELIGIBLE_REUSE_S:
+    def known(self, cursor: str, now: float) -> list[tuple[str, int]] | None:
+        """The scopes, the one after `cursor` first; None when they must be read again."""
+        if not self._scopes or now - self._at > ELIGIBLE_REUSE_S:
             return None
-        return self._scopes
+        # the cursor is the last scope served; one not listed was served before this list
+        # was read, which the database already began after
+        after = self._position.get(cursor, -1) + 1
+        return self._scopes[after:] + self._scopes[:after]
 
-    def found(self, scopes: list[tuple[str, int]], free: int, now: float) -> None:
-        # every scope with work fits in this round: the list can serve the next rounds too
-        # (each scope keeps its fair share) until a scope runs dry
-        self._scopes = list(scopes) if len(scopes) < free else []
+    def found(self, scopes: list[tuple[str, int]], asked: int, now: float) -> None:
+        # fewer scopes than asked for: the answer lists every scope with work
+        self._scopes = list(scopes) if len(scopes) < asked else []
+        self._position = {name: i for i, (name, _) in enumerate(self._scopes)}
         self._at = now
 
-    def admitted(self, admission: Admission) -> None:
+    def admitted(self, admission: Admission, wanted: Iterable[str]) -> None:
         if not self._scopes:
             return
         used = Counter(lease.scope for lease in admission.leases)
         grants = {g.scope: g for g in admission.grants}
-        # a scope that is closed or paused (no grant row) or had fewer items than its
-        # tokens' calls carry is read again with the others; one that only lacked tokens
+        # a scope asked for that is closed or paused (no grant row) or had fewer items than
+        # its tokens' calls carry is read again with the others; one that only lacked tokens
         # still has work
         if any(scope not in grants or used[scope] < grants[scope].granted
-               * grants[scope].per_call for scope, _ in self._scopes):
+               * grants[scope].per_call for scope in wanted):
             self._scopes = []
 
 

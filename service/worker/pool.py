@@ -55,6 +55,9 @@ ERROR_BACKOFF_MAX_S: Final = 5.0
 # back unspent: large rounds start their last calls late. Smaller rounds also overlap: the
 # next round's statements run while this round's calls do.
 MAX_ITEMS_PER_ROUND: Final = 64
+# Scopes asked for with work: one more than a round can serve. The statement reads every
+# open scope whatever the limit, so a longer answer costs only its rows.
+SCOPES_ASKED: Final = MAX_ITEMS_PER_ROUND + 1
 CLOCK_SAMPLES: Final = 8  # round trips that calibrate the database-clock offset
 # A store target's object whose row no longer matched the statement's predicate
 SKIPPED: Final = Classified(Outcome.SKIPPED, "predicate_no_longer_holds")
@@ -116,6 +119,9 @@ class WorkerPool:
         self._cursor = ""
         self._per_call: dict[str, int] = {}  # scopes whose calls carry many items, as granted
         self._slot_freed = asyncio.Event()
+        # calls claimed ahead wait here: at most `concurrency` upstream calls at once
+        self._slots = asyncio.Semaphore(concurrency)
+        self._finished = 0  # calls finished since start
         self._done: list[Completion] = []
         self._unstarted: list[tuple[Call, LeaseReturn]] = []
         self._counts = PipelineCounts()
@@ -136,15 +142,18 @@ class WorkerPool:
         Returns how many items were claimed."""
         self.token_wait = None
         round_no = self._calls.next_round()
-        free = min(MAX_ITEMS_PER_ROUND, self._calls.limit - len(self._in_flight))
+        free = min(MAX_ITEMS_PER_ROUND, self._calls.claimable - len(self._in_flight))
         if free <= 0:
             return 0
         admission = self.ports.admission
-        scopes = self._scopes.known(free, self._clock.monotonic())
+        finished_before = self._finished
+        scopes = self._scopes.known(self._cursor, self._clock.monotonic())
         if scopes is None:
-            scopes = await admission.eligible_scopes(self._cursor, free)
-            self._scopes.found(scopes, free, self._clock.monotonic())
-        scopes = self._holds.without_held(scopes, self._clock.monotonic())
+            # a shorter answer than asked lists every scope with work, which the next
+            # rounds take in turn without asking again
+            scopes = await admission.eligible_scopes(self._cursor, SCOPES_ASKED)
+            self._scopes.found(scopes, SCOPES_ASKED, self._clock.monotonic())
+        scopes = self._holds.without_held(scopes, self._clock.monotonic())[:free]
         if not scopes:
             return 0
         self._cursor = scopes[-1][0]
@@ -154,7 +163,8 @@ class WorkerPool:
         wants = {scope: min(n, max(1, MAX_ITEMS_PER_ROUND // self._per_call.get(scope, 1)))
                  for scope, n in limiter.fair_shares(scopes, free).items()}
         admitted = await admission.admit(wants)
-        self._scopes.admitted(admitted)
+        self._calls.claim_answered(self._finished - finished_before)
+        self._scopes.admitted(admitted, wants)
         received = self._clock.monotonic()
         leases = admitted.leases
         by_scope = {g.scope: g for g in admitted.grants}
@@ -200,6 +210,7 @@ class WorkerPool:
 
     def _call_done(self, task: asyncio.Task[None]) -> None:
         self._in_flight.discard(task)
+        self._finished += 1
         self._slot_freed.set()
 
     async def _hand_back(self, calls: list[tuple[Call, LeaseReturn]]) -> None:
@@ -250,35 +261,38 @@ class WorkerPool:
         clock = self._clock
         lease = call[0]
         try:
-            delay = due - clock.monotonic()
-            if delay > 0:
-                await clock.sleep(delay)
-            unstarted = (LeaseReturn.SHUTDOWN if self._stopping.is_set()
-                         else LeaseReturn.SCOPE_HELD if lease.scope in self._holds
-                         else LeaseReturn.LATE_START if clock.monotonic() > give_up else None)
-            if unstarted is LeaseReturn.LATE_START:
-                self._calls.started_late(round_no)
-            if unstarted is not None:
-                # not called: the leases and their token go back with the next flush (one
-                # statement for all of them), no attempt counted
-                self._unstarted.append((call, unstarted))
-                return
-            policy = self.policies.policy(lease.policy)
-            started = clock.now()
-            if policy is None or policy.version != lease.policy_version:
-                result = CallResult(Answer(failure=Failure.INVALID_REQUEST), 0.0)
-                reason_override: str | None = UNKNOWN_POLICY_VERSION
-            else:
-                reason_override = None
-                try:
-                    result = await (self.ports.calls.delete(policy, lease) if len(call) == 1
-                                    and policy.per_call == 1 and policy.config.target is None
-                                    else self.ports.calls.delete_batch(policy, call))
-                except Exception:
-                    # A bug or an unforeseen client error must still end in an outcome; the
-                    # request may have been sent, so it is `unknown` (same key next time).
-                    log.exception("upstream call crashed", extra={"item_id": lease.item_id})
-                    result = CallResult(Answer(failure=Failure.PROTOCOL), 0.0)
+            try:
+                delay = due - clock.monotonic()
+                if delay > 0:
+                    await clock.sleep(delay)
+                await self._slots.acquire()  # a call claimed ahead waits here for a slot
+            except asyncio.CancelledError:
+                # abandoned at shutdown before it was made: its lease goes back with the
+                # last flush instead of waiting to expire
+                self._unstarted.append((call, LeaseReturn.SHUTDOWN))
+                raise
+            try:
+                unstarted = (LeaseReturn.SHUTDOWN if self._stopping.is_set()
+                             else LeaseReturn.SCOPE_HELD if lease.scope in self._holds
+                             else LeaseReturn.LATE_START if clock.monotonic() > give_up
+                             else None)
+                if unstarted is LeaseReturn.LATE_START:
+                    self._calls.started_late(round_no)
+                if unstarted is not None:
+                    # not called: the leases and their token go back with the next flush
+                    # (one statement for all of them), no attempt counted
+                    self._unstarted.append((call, unstarted))
+                    return
+                policy = self.policies.policy(lease.policy)
+                started = clock.now()
+                if policy is None or policy.version != lease.policy_version:
+                    result = CallResult(Answer(failure=Failure.INVALID_REQUEST), 0.0)
+                    reason_override: str | None = UNKNOWN_POLICY_VERSION
+                else:
+                    reason_override = None
+                    result = await self._call(policy, call)
+            finally:
+                self._slots.release()
             self._done.extend(self._completions(call, policy, result, started,
                                                 reason_override))
             if self._signals.urgent:
@@ -288,6 +302,18 @@ class WorkerPool:
                     await self._signals.apply(self.ports.signals)
         finally:
             IN_FLIGHT.dec()
+
+    async def _call(self, policy: Policy, call: Call) -> CallResult:
+        lease = call[0]
+        try:
+            return await (self.ports.calls.delete(policy, lease) if len(call) == 1
+                          and policy.per_call == 1 and policy.config.target is None
+                          else self.ports.calls.delete_batch(policy, call))
+        except Exception:
+            # A bug or an unforeseen client error must still end in an outcome; the request
+            # may have been sent, so it is `unknown` (the same key next time).
+            log.exception("upstream call crashed", extra={"item_id": lease.item_id})
+            return CallResult(Answer(failure=Failure.PROTOCOL), 0.0)
 
     def _completions(self, call: Call, policy: Policy | None, result: CallResult,
                      started: datetime, reason_override: str | None) -> list[Completion]:
@@ -391,7 +417,7 @@ class WorkerPool:
                 continue
             if claimed:
                 idle = IDLE_POLL_MIN_S
-                if len(self._in_flight) >= self._calls.limit:
+                if len(self._in_flight) >= self._calls.claimable:
                     await self._wait_for_slot()
                 continue
             if self.token_wait is not None:
@@ -447,7 +473,7 @@ class WorkerPool:
     async def _wait_for_slot(self) -> None:
         # woken by each finished call: O(1) per call, where asyncio.wait over every task
         # in flight costs O(concurrency) per round
-        while len(self._in_flight) >= self._calls.limit and not self._stopping.is_set():
+        while len(self._in_flight) >= self._calls.claimable and not self._stopping.is_set():
             self._slot_freed.clear()
             await self._slot_freed.wait()
 
