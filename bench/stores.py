@@ -87,10 +87,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--expired", type=float, default=0.1,
                         help="the share of them expired (default 0.1: 1,000,000 candidates)")
     parser.add_argument("--page", type=int, default=5000, help="source page (default 5000)")
-    parser.add_argument("--batch", type=int, default=100,
-                        help="rows per deletion statement (default 100, the example's)")
-    parser.add_argument("--rows-per-second", type=float, default=2000,
-                        help="the deletion's budget in rows (default 2,000, the example's)")
+    parser.add_argument("--batch", type=int, default=50,
+                        help="rows per deletion statement (default 50, the example's)")
+    parser.add_argument("--rows-per-second", type=float, default=500,
+                        help="the deletion's budget in rows (default 500, the example's)")
     parser.add_argument("--workers", type=int, default=4,
                         help="the worker pool's concurrency (default 4)")
     parser.add_argument("--shopper-rate", type=int, default=300,

@@ -44,7 +44,7 @@ def test_the_example_block_loads_as_written() -> None:
     carts = policies.policies["expired-carts"].config
     assert carts.guard is not None and carts.guard.active_backends
     assert carts.source is not None and carts.source.page == 5000
-    assert limiter.budget_of(policies.policies["expired-carts"]) == (20.0, 2, 100)
+    assert limiter.budget_of(policies.policies["expired-carts"]) == (10.0, 1, 50)
 
 
 def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
