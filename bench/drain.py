@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import contextlib
 import cProfile
-import gc
 import importlib
 import os
 import pstats
@@ -57,6 +56,7 @@ from bench.common import (
 )
 from bench.plans import PlanCatcher, StatementKind
 from service import ledger, runs
+from service.cli import settle_heap
 from service.policies import Policies, Policy, resolve_policies
 from service.upstream import Upstreams
 from service.worker import database_pool
@@ -321,7 +321,9 @@ async def drain(engine: AsyncEngine, policies: Policies, upstreams: Upstreams, *
             stack.enter_context(patched(module, attr, timed(fn, timers[label], rows)))
         if "complete" not in timers:
             raise RuntimeError("service.claims.complete is gone: the drain cannot count")
-        gc.collect()
+        # as `sweeper worker` does after start-up: full collections then walk only what the
+        # drain made, not every module and the setup's objects
+        settle_heap()
         load = os.getloadavg()[0]
         cpu_started = time.process_time()
         started = time.perf_counter()

@@ -51,7 +51,6 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
-import gc
 import importlib.metadata
 import os
 import time
@@ -76,6 +75,7 @@ from bench.common import (
     summarize,
     with_database,
 )
+from service.cli import settle_heap
 
 TARGET_RATIO = 1.5
 DEFAULT_CONCURRENCY = (64,)
@@ -217,7 +217,7 @@ async def pgqueuer_drain(url: str, config: PgqConfig, target: int, deadline_s: f
         qm.entrypoint(ENTRYPOINT)(noop)
         managers.append(qm)
     try:
-        gc.collect()
+        settle_heap()  # as Sweeper's drain does: neither side's full collections walk setup
         load = os.getloadavg()[0]
         cpu_started = time.process_time()
         started = time.perf_counter()
