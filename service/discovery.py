@@ -48,7 +48,8 @@ from service.db.statements import Statement, fetch, fetch_none
 from service.db.statements import run as run_statement
 from service.ledger import Obligations
 from service.list_source import Lister, SourceDeferred
-from service.policies import Policies, Policy, SourceConfig
+from service.policies import Policies, Policy
+from service.policy_file import SourceConfig
 from service.stores import Cursor, SourceRows, StoreError, Stores
 
 log = logging.getLogger(__name__)

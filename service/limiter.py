@@ -35,7 +35,8 @@ from service.db.statements import (
     ready_item,
     run,
 )
-from service.policies import Policy, PolicyConfig
+from service.policies import Policy
+from service.policy_file import PolicyConfig
 
 MAX_JITTER_S: Final = 1.0
 JITTER_SHARE: Final = 0.1  # of the delay, bounded by MAX_JITTER_S

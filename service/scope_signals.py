@@ -33,7 +33,7 @@ from service.answers import Costs
 from service.limiter import Closure, call_cost
 from service.metrics import ScopeSignal
 from service.outcomes import Answer, Classified, Failure, Outcome, exhausted_for, remaining_for
-from service.policies import PolicyConfig
+from service.policy_file import PolicyConfig
 
 # How long a scope this process saw throttled (without a date) or refused is held locally
 # until the database closure or pause, which every replica obeys, is certainly in place.

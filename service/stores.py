@@ -30,7 +30,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from service.db.engine import APPLICATION_NAME, UNAVAILABLE_ERRORS, sqlstate
 from service.db.statements import Statement, run
 from service.outcomes import Failure
-from service.policies import GuardConfig, Policies, SourceConfig, Store, TargetConfig
+from service.policies import Policies, Store
+from service.policy_file import GuardConfig, SourceConfig, TargetConfig
 from service.settings import async_url
 from service.store_sql import typed, without_final_semicolon
 

@@ -30,14 +30,8 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from service import ledger, signatures
-from service.policies import (
-    Policies,
-    Policy,
-    WebhookRule,
-    WebhookSource,
-    parse_body_path,
-    parse_duration,
-)
+from service.policies import Policies, Policy, WebhookSource
+from service.policy_file import WebhookRule, parse_body_path, parse_duration
 
 Reason = Literal["signature", "timestamp", "malformed", "unmappable", "too-large",
                  "too-slow", "overloaded", "unavailable"]

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Final
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field
 
-from service.policies import NAME_PATTERN
+from service.policy_file import NAME_PATTERN
 
 # Every timestamp the API takes lies in this range (inclusive), whatever its offset: any
 # instant in it is a valid Python datetime in every offset and a valid PostgreSQL timestamptz.

@@ -20,7 +20,7 @@ from service.api.problems import problem_doc, problem_responses
 from service.credentials import tenant_credentials, waits
 from service.credentials.source import HEADER_VALUE_PATTERN, MAX_SECRET_CHARS, secret_problem
 from service.errors import Problem
-from service.policies import NAME_PATTERN
+from service.policy_file import NAME_PATTERN
 
 router = APIRouter(prefix="/v1", tags=["credentials"], responses=problem_responses(401, 503))
 

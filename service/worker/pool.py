@@ -37,7 +37,8 @@ from service.outcomes import (
     plan,
 )
 from service.pipeline_counts import PipelineCounts
-from service.policies import Policies, Policy, PolicyConfig
+from service.policies import Policies, Policy
+from service.policy_file import PolicyConfig
 from service.upstream import CallResult
 from service.worker.pacing import CallLimit, DatabaseClock, LocalHolds, ScopeCache
 from service.worker.ports import Ports

@@ -22,7 +22,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service import claims, discovery, runs
 from service.discovery import Discovery
 from service.outcomes import Failure, Outcome, classify
-from service.policies import GuardConfig, Policies
+from service.policies import Policies
+from service.policy_file import GuardConfig
 from service.stores import SourceRows, StoreError, Stores
 from service.targets import StoreTargets
 from service.upstream import Upstreams

@@ -10,7 +10,7 @@ from service.answers import Costs
 from service.limiter import Closure
 from service.metrics import ScopeSignal
 from service.outcomes import Answer, Classified, Failure, Outcome, classify
-from service.policies import PolicyConfig
+from service.policy_file import PolicyConfig
 from service.scope_signals import LOCAL_HOLD_S, NO_EFFECT, SUCCESS, effects_of, merged
 from tests.conftest import policies_from
 

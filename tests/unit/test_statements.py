@@ -45,7 +45,7 @@ from service.db.statements import (
     expired_lease,
     ready_item,
 )
-from service.policies import GuardConfig
+from service.policy_file import GuardConfig
 from tests.conftest import REPO_ROOT
 from tests.integration.store_schema import store_policies
 

@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from service.policies import Policies, parse_body_path
+from service.policies import Policies
+from service.policy_file import parse_body_path
 from service.webhooks import DeliveryRejected, extract, read_delivery
 from tests.conftest import policies_from
 
