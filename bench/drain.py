@@ -45,7 +45,9 @@ from bench.common import (
     BenchContext,
     Benchmark,
     CallTimer,
+    backend_cpu,
     configure_service_logging,
+    cpu_spent,
     fresh_database,
     int_list,
     patched,
@@ -324,6 +326,8 @@ async def drain(engine: AsyncEngine, policies: Policies, upstreams: Upstreams, *
         # as `sweeper worker` does after start-up: full collections then walk only what the
         # drain made, not every module and the setup's objects
         settle_heap()
+        db_url, db_name = engine.url.render_as_string(hide_password=False), engine.url.database
+        db_before = await backend_cpu(db_url, str(db_name))
         load = os.getloadavg()[0]
         cpu_started = time.process_time()
         started = time.perf_counter()
@@ -346,6 +350,7 @@ async def drain(engine: AsyncEngine, policies: Policies, upstreams: Upstreams, *
                 await asyncio.sleep(POLL_S)
             elapsed = time.perf_counter() - started
             cpu = time.process_time() - cpu_started
+            db_cpu = cpu_spent(db_before, await backend_cpu(db_url, str(db_name)))
         finally:
             pool.stop()
             await asyncio.wait_for(task, 60)
@@ -358,6 +363,8 @@ async def drain(engine: AsyncEngine, policies: Policies, upstreams: Upstreams, *
         "process_cpu_seconds": round(cpu, 3),
         "process_cpu_share": round(cpu / elapsed, 3),
         "cpu_us_per_item": round(1e6 * cpu / target, 1),
+        # the server's backends for this database (None when the server is not local)
+        "database_cpu_us_per_item": None if db_cpu is None else round(1e6 * db_cpu / target, 1),
         "load_average_1m_at_start": load,
         "completed": pool.completed, "fenced": pool.fenced, "reclaimed": pool.reclaimed,
         "succeeded_commits": finished["succeeded"], "dead_commits": finished["dead"],
@@ -616,6 +623,9 @@ async def run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
                 "items_per_s": summarize([r["items_per_s"] for r in rows]),
                 "seconds": summarize([r["seconds"] for r in rows]),
                 "cpu_us_per_item": summarize([r["cpu_us_per_item"] for r in rows]),
+                "database_cpu_us_per_item": summarize(
+                    [r["database_cpu_us_per_item"] for r in rows
+                     if r["database_cpu_us_per_item"] is not None]),
                 "claim_rows_per_call": summarize([r["claim"]["rows_per_call"] or 0
                                                   for r in rows]),
                 "claim_wall_ms_mean": summarize([r["claim"]["wall_ms_mean"] or 0
@@ -677,7 +687,8 @@ def print_summary(doc: dict[str, Any]) -> None:
         for c, cell in cells.items():
             s = cell["items_per_s"]
             lines.append(f"  {mode:8} c={c:<4} {s['median']:>9.1f}  ({s['min']:.0f}-{s['max']:.0f})"
-                         f"  cpu {cell['cpu_us_per_item']['median']} us/item, "
+                         f"  cpu {cell['cpu_us_per_item']['median']} us/item "
+                         f"(database {cell['database_cpu_us_per_item']['median']}), "
                          f"claim {cell['claim_rows_per_call']['median']} rows/"
                          f"{cell['claim_wall_ms_mean']['median']} ms")
     if "target" in doc:

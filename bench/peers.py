@@ -5,8 +5,10 @@ pick instead. Both sides run in this process and event loop, on the same server,
 the other and never at once, in an order that alternates with each repetition (Sweeper
 first, then every PgQueuer configuration; then the reverse) so a shared machine's drift
 hits both. Each drain gets a fresh database, its work enqueued before the clock starts, and
-the clock runs until every one of the N items is committed as done. CPU is this process's
-(time.process_time) over that time, per item: the client side, not PostgreSQL's.
+the clock runs until every one of the N items is committed as done. CPU per item is given
+twice: this process's (time.process_time), the client side; and the database's, the CPU
+its backends for the drain's database used over that time (from /proc, so only when the
+server runs on this machine). Their sum is what an item costs the machine.
 
 What each side does per item:
 
@@ -62,6 +64,7 @@ import asyncpg
 from pgqueuer import AsyncpgDriver, Queries, QueueManager
 from pgqueuer.models import Job, TracebackRecord
 from pgqueuer.types import JOB_STATUS
+from sqlalchemy.engine import make_url
 
 from bench import drain
 from bench.common import (
@@ -69,7 +72,9 @@ from bench.common import (
     BenchContext,
     Benchmark,
     admin,
+    backend_cpu,
     configure_service_logging,
+    cpu_spent,
     int_list,
     progress,
     summarize,
@@ -218,6 +223,7 @@ async def pgqueuer_drain(url: str, config: PgqConfig, target: int, deadline_s: f
         managers.append(qm)
     try:
         settle_heap()  # as Sweeper's drain does: neither side's full collections walk setup
+        db_before = await backend_cpu(url, make_url(url).database or "")
         load = os.getloadavg()[0]
         cpu_started = time.process_time()
         started = time.perf_counter()
@@ -230,6 +236,7 @@ async def pgqueuer_drain(url: str, config: PgqConfig, target: int, deadline_s: f
                                          return_when=asyncio.FIRST_COMPLETED)
             elapsed = time.perf_counter() - started
             cpu = time.process_time() - cpu_started
+            db_cpu = cpu_spent(db_before, await backend_cpu(url, make_url(url).database or ""))
             if finished not in over:
                 for task in over:
                     task.result()  # a manager that failed says why
@@ -245,7 +252,9 @@ async def pgqueuer_drain(url: str, config: PgqConfig, target: int, deadline_s: f
             await conn.close()
     return {"seconds": round(elapsed, 4), "jobs_per_s": round(target / elapsed, 1),
             "process_cpu_seconds": round(cpu, 3), "process_cpu_share": round(cpu / elapsed, 3),
-            "cpu_us_per_job": round(1e6 * cpu / target, 1), "load_average_1m_at_start": load,
+            "cpu_us_per_job": round(1e6 * cpu / target, 1),
+            "database_cpu_us_per_job": None if db_cpu is None else round(1e6 * db_cpu / target, 1),
+            "load_average_1m_at_start": load,
             "completions_by_status": dict(tally.acked)}, calls
 
 
@@ -289,9 +298,11 @@ async def pgqueuer_repetition(ctx: BenchContext, config: PgqConfig, items: int,
 # -- the benchmark -------------------------------------------------------------------------
 
 
-def _cell(rows: list[dict[str, Any]], per_s: str, cpu: str) -> dict[str, Any]:
+def _cell(rows: list[dict[str, Any]], per_s: str, cpu: str, db_cpu: str) -> dict[str, Any]:
     return {"jobs_per_s": summarize([r[per_s] for r in rows]),
             "cpu_us_per_job": summarize([r[cpu] for r in rows]),
+            "database_cpu_us_per_job": summarize([r[db_cpu] for r in rows
+                                                  if r[db_cpu] is not None]),
             "seconds": summarize([r["seconds"] for r in rows]), "repetitions": rows}
 
 
@@ -335,9 +346,11 @@ async def run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
                 sweeper[str(side)].append(await drain.repetition(
                     ctx, drain_args, mode="mock", items=args.items, concurrency=side,
                     log_level=args.log_level, label=label))
-    sweeper_cells = {c: _cell(rows, "items_per_s", "cpu_us_per_item")
+    sweeper_cells = {c: _cell(rows, "items_per_s", "cpu_us_per_item",
+                            "database_cpu_us_per_item")
                      for c, rows in sweeper.items()}
-    pgqueuer_cells = {c: _cell(rows, "jobs_per_s", "cpu_us_per_job")
+    pgqueuer_cells = {c: _cell(rows, "jobs_per_s", "cpu_us_per_job",
+                             "database_cpu_us_per_job")
                       for c, rows in pgqueuer.items()}
     best_s, best_p = _best(sweeper_cells), _best(pgqueuer_cells)
     s_median = sweeper_cells[best_s]["jobs_per_s"]["median"]
@@ -361,13 +374,14 @@ async def run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def print_summary(doc: dict[str, Any]) -> None:
-    lines = ["peers: median jobs/s (min-max), CPU us/job of this process"]
+    lines = ["peers: median jobs/s (min-max), CPU us/job of this process and of the database"]
     for side in ("sweeper", "pgqueuer"):
         for key, cell in doc[side].items():
             s, cpu = cell["jobs_per_s"], cell["cpu_us_per_job"]
             name = f"c={key}" if side == "sweeper" else key
             lines.append(f"  {side:8} {name:10} {s['median']:>9.1f}  ({s['min']:.0f}-"
-                         f"{s['max']:.0f})  cpu {cpu['median']} us/job")
+                         f"{s['max']:.0f})  cpu {cpu['median']} us/job, database "
+                         f"{cell['database_cpu_us_per_job']['median']}")
     best, ratio = doc["best"], doc["ratio"]
     lines.append(f"  ratio Sweeper c={best['sweeper_concurrency']} / PgQueuer "
                  f"{best['pgqueuer_configuration']} (best): "

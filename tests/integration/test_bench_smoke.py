@@ -68,6 +68,8 @@ def test_drain_benchmark_smoke(pg_server_url: str, tmp_path: Path,
         assert rep["attempts_by_outcome"].get("succeeded") == n  # retries are allowed
         assert rep["upstream_calls"] >= n and rep["succeeded_commits"] == n
         assert rep["claim"]["rows"] >= n and rep["complete"]["rows"] >= n
+        # the test server runs on this machine: its backends' CPU is read from /proc
+        assert rep["database_cpu_us_per_item"] is not None
 
     assert drain["focus_concurrency"] == CONCURRENCY
     assert set(drain["target"]) >= {"items_per_s", "best_median_items_per_s", "met"}
@@ -247,6 +249,7 @@ def test_peers_benchmark_smoke(pg_server_url: str, tmp_path: Path,
         assert rep["completions_by_status"] == {"successful": ITEMS}
         assert rep["log_rows_by_status"]["successful"] == ITEMS
         assert cell["jobs_per_s"]["median"] > 0 and cell["cpu_us_per_job"]["median"] > 0
+        assert rep["database_cpu_us_per_job"] is not None
 
     best, ratio = section["best"], section["ratio"]
     assert best["sweeper_concurrency"] == CONCURRENCY
