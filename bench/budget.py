@@ -281,7 +281,7 @@ async def one_configuration(ctx: BenchContext, replicas: int, budget: int, secon
     burst = max(1, round(budget * burst_fraction))
     items = math.ceil(budget * (seconds + 10) * 1.2)
     limit = upstream_options(budget, burst, upstream)
-    async with (fake_upstream_process(ctx.repo_root, *limit) as base_url,
+    async with (fake_upstream_process(ctx.repo_root, *limit) as (base_url, _pid),
                 fresh_database(ctx.server_url, "budget") as db):
         with tempfile.TemporaryDirectory(prefix="sweeper-bench-budget-") as tmp:
             capture = Path(tmp) / "wire.txt"

@@ -35,7 +35,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 from sqlalchemy import text
@@ -47,6 +47,7 @@ from bench.common import (
     CallTimer,
     backend_cpu,
     configure_service_logging,
+    cpu_seconds,
     cpu_spent,
     fresh_database,
     int_list,
@@ -153,11 +154,21 @@ def no_op_answer(request: httpx.Request) -> httpx.Response:
 
 @dataclass
 class UpstreamHandle:
-    """Where calls go, the transport to pass to Upstreams, and a call counter."""
+    """Where calls go, the transport to pass to Upstreams, a call counter, and the CPU
+    seconds of the upstream's own process (None when it answers in this process, whose CPU
+    the drain counts already)."""
 
     base_url: str
     transport: httpx.AsyncBaseTransport | None
     calls: Callable[[], Awaitable[int]]
+    cpu: Callable[[], float | None] = lambda: None
+
+
+class FakeProcess(NamedTuple):
+    """The fake upstream running as a process of its own."""
+
+    base_url: str
+    pid: int
 
 
 @contextlib.asynccontextmanager
@@ -183,20 +194,21 @@ async def upstream_for(mode: str, how: str, repo_root: Path) -> AsyncIterator[Up
 
             yield UpstreamHandle(up.base_url, None, inline_calls)
     else:
-        async with fake_upstream_process(repo_root) as base_url:
+        async with fake_upstream_process(repo_root) as (base_url, pid):
 
             async def process_calls() -> int:
                 async with httpx.AsyncClient(base_url=base_url, timeout=10) as client:
                     stats = (await client.get("/_control/stats")).json()
                 return int(stats["calls"])
 
-            yield UpstreamHandle(base_url, None, process_calls)
+            yield UpstreamHandle(base_url, None, process_calls, lambda: cpu_seconds(pid))
 
 
 @contextlib.asynccontextmanager
-async def fake_upstream_process(repo_root: Path, *options: str) -> AsyncIterator[str]:
+async def fake_upstream_process(repo_root: Path, *options: str
+                                ) -> AsyncIterator[FakeProcess]:
     """`python -m drills.upstream --port 0 [options]` (by default no rate limit);
-    yields its base URL."""
+    yields its base URL and pid."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "drills.upstream", "--port", "0", *options,
         cwd=str(repo_root), stdout=asyncio.subprocess.PIPE)
@@ -206,7 +218,7 @@ async def fake_upstream_process(repo_root: Path, *options: str) -> AsyncIterator
         base_url = line.decode().strip()
         if not base_url.startswith("http://"):
             raise RuntimeError(f"fake upstream did not start (said {base_url!r})")
-        yield base_url
+        yield FakeProcess(base_url, proc.pid)
     finally:
         if proc.returncode is None:
             proc.terminate()
@@ -294,8 +306,8 @@ def _leases_of(_args: Sequence[Any], result: Any) -> int:
 
 
 async def drain(engine: AsyncEngine, policies: Policies, upstreams: Upstreams, *, target: int,
-                concurrency: int, deadline_s: float, profiler: cProfile.Profile | None = None
-                ) -> dict[str, Any]:
+                concurrency: int, deadline_s: float, profiler: cProfile.Profile | None = None,
+                upstream_cpu: Callable[[], float | None] = lambda: None) -> dict[str, Any]:
     """Run one WorkerPool until `target` items reached a terminal state, then stop it."""
     pool = database_pool(engine, policies, upstreams, concurrency=concurrency,
                       name=f"bench-worker-{os.getpid()}", rng=random.Random(7))
@@ -328,6 +340,7 @@ async def drain(engine: AsyncEngine, policies: Policies, upstreams: Upstreams, *
         settle_heap()
         db_url, db_name = engine.url.render_as_string(hide_password=False), engine.url.database
         db_before = await backend_cpu(db_url, str(db_name))
+        up_before = upstream_cpu()
         load = os.getloadavg()[0]
         cpu_started = time.process_time()
         started = time.perf_counter()
@@ -350,6 +363,7 @@ async def drain(engine: AsyncEngine, policies: Policies, upstreams: Upstreams, *
                 await asyncio.sleep(POLL_S)
             elapsed = time.perf_counter() - started
             cpu = time.process_time() - cpu_started
+            up_after = upstream_cpu()
             db_cpu = cpu_spent(db_before, await backend_cpu(db_url, str(db_name)))
         finally:
             pool.stop()
@@ -365,6 +379,9 @@ async def drain(engine: AsyncEngine, policies: Policies, upstreams: Upstreams, *
         "cpu_us_per_item": round(1e6 * cpu / target, 1),
         # the server's backends for this database (None when the server is not local)
         "database_cpu_us_per_item": None if db_cpu is None else round(1e6 * db_cpu / target, 1),
+        # the fake upstream's process (loopback mode; None when it answers in this process)
+        "upstream_cpu_us_per_item": None if up_before is None or up_after is None
+        else round(1e6 * (up_after - up_before) / target, 1),
         "load_average_1m_at_start": load,
         "completed": pool.completed, "fenced": pool.fenced, "reclaimed": pool.reclaimed,
         "succeeded_commits": finished["succeeded"], "dead_commits": finished["dead"],
@@ -390,7 +407,7 @@ async def repetition(ctx: BenchContext, args: argparse.Namespace, *, mode: str, 
         try:
             result = await drain(db.engine, policies, upstreams, target=items,
                                  concurrency=concurrency, deadline_s=args.drain_timeout,
-                                 profiler=profiler)
+                                 profiler=profiler, upstream_cpu=up.cpu)
         finally:
             await upstreams.aclose()
         statuses = await status_counts(db.engine)
@@ -623,9 +640,8 @@ async def run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
                 "items_per_s": summarize([r["items_per_s"] for r in rows]),
                 "seconds": summarize([r["seconds"] for r in rows]),
                 "cpu_us_per_item": summarize([r["cpu_us_per_item"] for r in rows]),
-                "database_cpu_us_per_item": summarize(
-                    [r["database_cpu_us_per_item"] for r in rows
-                     if r["database_cpu_us_per_item"] is not None]),
+                **{key: summarize([r[key] for r in rows if r[key] is not None])
+                   for key in ("database_cpu_us_per_item", "upstream_cpu_us_per_item")},
                 "claim_rows_per_call": summarize([r["claim"]["rows_per_call"] or 0
                                                   for r in rows]),
                 "claim_wall_ms_mean": summarize([r["claim"]["wall_ms_mean"] or 0
@@ -681,6 +697,11 @@ async def run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
     return doc
 
 
+def _upstream_cpu(cell: dict[str, Any]) -> str:
+    median = cell["upstream_cpu_us_per_item"]["median"]
+    return "" if median is None else f", fake upstream {median}"
+
+
 def print_summary(doc: dict[str, Any]) -> None:
     lines = ["drain: median items/s (min-max) over repetitions"]
     for mode, cells in doc["results"].items():
@@ -688,7 +709,8 @@ def print_summary(doc: dict[str, Any]) -> None:
             s = cell["items_per_s"]
             lines.append(f"  {mode:8} c={c:<4} {s['median']:>9.1f}  ({s['min']:.0f}-{s['max']:.0f})"
                          f"  cpu {cell['cpu_us_per_item']['median']} us/item "
-                         f"(database {cell['database_cpu_us_per_item']['median']}), "
+                         f"(database {cell['database_cpu_us_per_item']['median']}"
+                         f"{_upstream_cpu(cell)}), "
                          f"claim {cell['claim_rows_per_call']['median']} rows/"
                          f"{cell['claim_wall_ms_mean']['median']} ms")
     if "target" in doc:

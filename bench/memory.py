@@ -96,7 +96,7 @@ def memory_of(pid: int) -> tuple[float, float]:
 
 
 async def one_run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
-    async with (fake_upstream_process(ctx.repo_root) as base_url,
+    async with (fake_upstream_process(ctx.repo_root) as (base_url, _pid),
                 fresh_database(ctx.server_url, "memory") as db):
         conn = await asyncpg.connect(plain_url(db.url))
         try:

@@ -70,6 +70,8 @@ def test_drain_benchmark_smoke(pg_server_url: str, tmp_path: Path,
         assert rep["claim"]["rows"] >= n and rep["complete"]["rows"] >= n
         # the test server runs on this machine: its backends' CPU is read from /proc
         assert rep["database_cpu_us_per_item"] is not None
+        # the fake upstream's own process is measured in loopback mode only
+        assert (rep["upstream_cpu_us_per_item"] is None) == (mode == "mock")
 
     assert drain["focus_concurrency"] == CONCURRENCY
     assert set(drain["target"]) >= {"items_per_s", "best_median_items_per_s", "met"}
