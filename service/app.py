@@ -37,7 +37,7 @@ from service.api.problems import REQUEST_ID, install_problem_handlers
 from service.console import ConsoleState, console_state
 from service.console import routers as console_routers
 from service.credentials import CredentialStore, Keyring
-from service.credentials.waits import Credentials, waiting_loop
+from service.credentials.waits import Credentials
 from service.db.engine import is_busy, is_unavailable, make_engine
 from service.db.migrate import head_revision
 from service.discovery import Discovery
@@ -46,6 +46,7 @@ from service.runtime import Runtime, TokenSet
 from service.settings import Settings, plain_url
 from service.stores import Stores
 from service.upstream import Upstreams
+from service.waits import waiting_loop
 from service.worker import database_pool
 
 log = logging.getLogger("service.http")
@@ -168,7 +169,7 @@ def create_app(
             tasks.append(asyncio.create_task(pool.run(), name="workers"))
             # always: a scope paused before the policies file changed must resume too
             loops.append(asyncio.create_task(waiting_loop(
-                engine, policies, runtime.tenant_credentials), name="credential-waits"))
+                engine, policies, runtime.tenant_credentials, runtime.stores), name="waits"))
             tasks.append(loops[-1])
         if runtime.signer is None:
             log.warning("no evidence signing key configured: evidence exports are unsigned "

@@ -4,7 +4,8 @@ and every replica obeys it from its next admission round (they read the rows eac
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Final
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -138,6 +139,78 @@ async def resume(engine: AsyncEngine, scope: str, *, actor: str, reason: str | N
             "scope": scope, "lift_closure": lift_closure, "closed_until": closed_until,
             "backoff_level": row.backoff_level})
     return True
+
+
+# -- pauses that end by themselves (service/waits.py) --------------------------------------
+
+WAITING_PAGE: Final = 500
+
+# Scopes paused for one reason, a page at a time after :after, each with one of its waiting
+# items' tenant and policy (NULL when none waits any more): what the scope waits for is
+# found from them (a tenant's credential, a policy's store). The items_ready index (scope
+# first, pending, released, unheld) serves the lateral read.
+_WAITING = Statement("scopes.waiting", (
+    "Scopes paused for one reason, a page after a name, each with one waiting item's "
+    "tenant and policy."), """
+    SELECT s.name, i.tenant_id, i.policy
+    FROM scopes s LEFT JOIN LATERAL (
+        SELECT tenant_id, policy FROM items
+        WHERE scope = s.name AND status = 'pending' AND released_at IS NOT NULL
+          AND hold_id IS NULL
+        LIMIT 1
+    ) i ON true
+    WHERE s.paused AND s.paused_reason = :reason AND s.name > :after
+      AND (CAST(:tenant AS text) IS NULL OR i.tenant_id = CAST(:tenant AS text))
+    ORDER BY s.name
+    LIMIT :limit
+""")
+
+_RESUME_WAITING = Statement("scopes.resume_waiting", (
+    "Resume scopes still paused for the reason they waited on (an operator's pause since "
+    "stays)."), """
+    UPDATE scopes SET paused = false, paused_reason = NULL, updated_at = now()
+    WHERE name = ANY(CAST(:names AS text[])) AND paused AND paused_reason = :reason
+    RETURNING name
+""")
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A scope paused for a reason that ends by itself, with one of its waiting items'
+    tenant and policy (None when no item waits any more)."""
+
+    name: str
+    tenant_id: str | None
+    policy: str | None
+
+
+async def waiting(engine: AsyncEngine, reason: str, *, tenant_id: str | None = None
+                  ) -> list[Waiting]:
+    """Every scope paused for `reason` (only `tenant_id`'s, when given)."""
+    found: list[Waiting] = []
+    after = ""
+    while True:
+        rows = await fetch(engine, _WAITING, {"reason": reason, "after": after,
+                                              "tenant": tenant_id, "limit": WAITING_PAGE})
+        found.extend(Waiting(r.name, r.tenant_id, r.policy) for r in rows)
+        if len(rows) < WAITING_PAGE:
+            return found
+        after = rows[-1].name
+
+
+async def resume_waiting(engine: AsyncEngine, names: list[str], reason: str, *, actor: str,
+                         why: str) -> list[str]:
+    """Resume those of `names` still paused for `reason`, each with an audit row; returns
+    them."""
+    if not names:
+        return []
+    async with engine.begin() as conn:
+        resumed = [r.name for r in await run(conn, _RESUME_WAITING,
+                                             {"names": names, "reason": reason})]
+        for scope in resumed:
+            await audit.record(conn, actor=actor, action="scope.resume", reason=why,
+                               details={"scope": scope, "paused_reason": reason})
+    return resumed
 
 
 # FOR UPDATE conflicts with the admissions' FOR KEY SHARE of the row (limiter.GRANTS_SQL).

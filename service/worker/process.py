@@ -13,13 +13,14 @@ from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.credentials import Keyring
-from service.credentials.waits import Credentials, waiting_loop
+from service.credentials.waits import Credentials
 from service.db.engine import make_engine
 from service.metrics import initialise_series
 from service.policies import Policies
 from service.settings import Settings, plain_url
 from service.stores import Stores
 from service.upstream import Upstreams
+from service.waits import waiting_loop
 from service.worker.pool import WorkerPool, worker_name
 from service.worker.ports import Ports
 from service.worker.postgres import database_ports
@@ -63,7 +64,8 @@ async def run_worker_process(settings: Settings, policies: Policies, url: URL, *
                          grace_seconds=settings.shutdown_grace_seconds, faults=faults,
                          credentials=credentials, stores=stores)
     # always: a scope paused before the policies file changed must resume too
-    waits = asyncio.create_task(waiting_loop(engine, policies, credentials), name="waits")
+    waits = asyncio.create_task(waiting_loop(engine, policies, credentials, stores),
+                                name="waits")
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, pool.stop)

@@ -5,6 +5,7 @@ next run collecting what a paused schedule left behind (docs/stores.md, the work
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 from collections.abc import AsyncIterator
@@ -19,7 +20,8 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import claims, discovery, runs
+from service import claims, discovery, runs, scopes, waits
+from service.credentials.waits import Credentials
 from service.discovery import Discovery
 from service.outcomes import Failure, Outcome, classify
 from service.policies import Policies
@@ -321,30 +323,92 @@ async def test_store_failures_are_classified(
             await store.execute("DROP OWNED BY sweeper_reader; DROP ROLE sweeper_reader")
 
 
-async def test_an_unreachable_store_pauses_the_scope_and_loses_nothing(
+@contextlib.asynccontextmanager
+async def forwarding(port: int, to_url: str) -> AsyncIterator[None]:
+    """Listen on `port` and pass each connection through to the server of `to_url`: the
+    store answering again on the address it was unreachable at."""
+    target = make_url(to_url)
+    socket_dir = target.query.get("host")  # the embedded server listens on a socket only
+
+    async def connect() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        if isinstance(socket_dir, str):
+            return await asyncio.open_unix_connection(
+                f"{socket_dir}/.s.PGSQL.{target.port or 5432}")
+        return await asyncio.open_connection(target.host, target.port or 5432)
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await connect()
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    server = await asyncio.start_server(accept, "127.0.0.1", port)
+    try:
+        yield
+    finally:
+        server.close()
+
+
+async def test_an_unreachable_store_pauses_the_scope_loses_nothing_and_resumes_when_it_answers(
         engine: AsyncEngine, store_db_url: str, store: asyncpg.Connection) -> None:
     await store.execute("INSERT INTO carts (shop, updated_at) SELECT 'shop-1', "
                         "now() - interval '30 days' FROM generate_series(1, 5)")
     await publish_carts(engine, store_policies(store_db_url))
     async with engine.begin() as conn:  # the leases taken above expire
         await conn.execute(text("UPDATE items SET lease_expires_at = now() - interval '1 s'"))
-    closed = f"postgresql://postgres@127.0.0.1:{free_port()}/shop"
-    policies = store_policies(closed)
+    port = free_port()
+    # the store's address, with nothing listening there yet
+    real = make_url(store_db_url)
+    moved = f"postgresql://{real.username}@127.0.0.1:{port}/{real.database}"
+    policies = store_policies(moved)
     stores = Stores(policies.stores)
-    pool = database_pool(engine, policies, Upstreams({}), concurrency=4, stores=stores)
     try:
+        pool = database_pool(engine, policies, Upstreams({}), concurrency=4, stores=stores)
         await drain(pool, engine, rounds=5)
+        async with engine.connect() as conn:
+            scope = (await conn.execute(text(
+                "SELECT name, paused, paused_reason FROM scopes"))).one()
+            items = (await conn.execute(text(
+                "SELECT status, attempts, last_error FROM items ORDER BY id"))).all()
+        assert tuple(scope)[1:] == (True, "store-unreachable")
+        # the one attempt is the first lease's (its worker "died"); the store's refusal is
+        # not held against the items
+        assert {tuple(i) for i in items} == {("pending", 1, "store_unreachable")}
+        assert await store.fetchval("SELECT count(*) FROM carts") == 5
+        # still down: the look leaves it paused
+        assert await waits.resume_reachable(engine, policies, stores) == []
+
+        # the store answers on that address again: the waiting loop resumes the scope (as
+        # the system, audited) and the items are deleted, each attempt counted once more
+        async with forwarding(port, store_db_url):
+            loop = asyncio.create_task(waits.waiting_loop(engine, policies, Credentials({}),
+                                                          stores, interval_s=0.05))
+            try:
+                async with asyncio.timeout(10):
+                    while (await scopes.list_scopes(engine, name=scope.name))[0]["paused"]:
+                        await asyncio.sleep(0.05)
+            finally:
+                loop.cancel()
+            await drain(pool, engine)  # the same pool: its next rounds find the scope open
     finally:
         await stores.aclose()
     async with engine.connect() as conn:
-        scope = (await conn.execute(text("SELECT paused, paused_reason FROM scopes"))).one()
-        items = (await conn.execute(text(
-            "SELECT status, attempts, last_error FROM items ORDER BY id"))).all()
-    assert tuple(scope) == (True, "store-unreachable")
-    # the one attempt is the first lease's (its worker "died"); the store's refusal is
-    # not held against the items
-    assert {tuple(i) for i in items} == {("pending", 1, "store_unreachable")}
-    assert await store.fetchval("SELECT count(*) FROM carts") == 5
+        items = (await conn.execute(text("SELECT status, attempts FROM items"))).all()
+        audit = (await conn.execute(text(
+            "SELECT actor, action, reason, details FROM operator_actions ORDER BY id"))).all()
+    assert {tuple(i) for i in items} == {("succeeded", 2)}
+    assert await store.fetchval("SELECT count(*) FROM carts") == 0
+    assert [(a.actor, a.action, a.reason, a.details) for a in audit] == [
+        ("sweeper:stores", "scope.resume", "its store answers again",
+         {"scope": scope.name, "paused_reason": "store-unreachable"})]
 
 
 async def test_a_guard_over_its_threshold_closes_the_scope_with_the_reason(

@@ -36,7 +36,7 @@ from service import (
 )
 from service.api import health
 from service.console import sessions
-from service.credentials import tenant_credentials, waits
+from service.credentials import tenant_credentials
 from service.db import embedded, migrate, statements
 from service.db.statements import (
     CLOSURE_OVER,
@@ -51,7 +51,7 @@ from tests.integration.store_schema import store_policies
 
 # Every module that runs SQL, each with its statements as module-level constants.
 MODULES = (claims, limiter, metrics, scopes, runs, ledger, retention, intake, audit, health,
-           migrate, embedded, tenant_credentials, waits, holds, evidence, discovery, stores,
+           migrate, embedded, tenant_credentials, holds, evidence, discovery, stores,
            targets, list_source, inspection, sessions, statements)
 # Statements on a plain asyncpg connection, sent as `statement.text` (`$n` parameters):
 # webhook intake (its own pool, one round trip per delivery) and the embedded server's
