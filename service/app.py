@@ -45,6 +45,7 @@ from service.policies import Policies
 from service.runtime import Runtime, TokenSet
 from service.settings import Settings, plain_url
 from service.stores import Stores
+from service.targets import ledger_tables
 from service.upstream import Upstreams
 from service.waits import waiting_loop
 from service.worker import database_pool
@@ -156,7 +157,8 @@ def create_app(
                 engine, keep_seconds=settings.retention_days * 86_400,
                 batch_size=settings.retention_batch_size,
                 evidence_keep_seconds=settings.evidence_retention_days * 86_400,
-                interval_s=settings.retention_interval_seconds), name="retention"))
+                interval_s=settings.retention_interval_seconds, stores=runtime.stores,
+                ledgers=ledger_tables(policies)), name="retention"))
         tasks = list(loops)
         pool = upstreams = None
         if run_workers and settings.workers > 0:

@@ -9,6 +9,11 @@ partial index on finished items, so pruning ten million rows never holds a long 
 never touches the rows claims work on (claims only see pending and leased items). Replicas
 prune side by side without waiting on each other (SKIP LOCKED).
 
+A store target's ledger table (service/targets.py) goes the same way: its rows older than
+the retention period, on the store's clock, in batches of the same size. A batch's row is
+what makes its redelivery delete nothing twice, and no batch is redelivered after its items
+finished and were pruned.
+
 A succeeded item's deletion evidence outlives it: the statement that prunes it copies its
 evidence (no payload: identifiers, policy version, operation key, outcome, upstream status,
 attempts, completion time, its run) to `evidence`, kept for the evidence retention period
@@ -22,14 +27,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from service import metrics
+from service import metrics, targets
 from service.db.engine import repeat
 from service.db.statements import Statement, run
+from service.stores import STORE_ERRORS, Stores, describe, limit_transaction
 
 log = logging.getLogger(__name__)
 
@@ -113,14 +120,19 @@ class Pruned:
     items: int
     receipts: int
     evidence: int = 0
+    store_ledgers: int = 0
 
 
 async def _prune_table(engine: AsyncEngine, statement: Statement, kind: str, keep_s: float,
-                       batch: int, max_batches: int | None, **params: float) -> int:
+                       batch: int, max_batches: int | None, *,
+                       prepare: Callable[[AsyncConnection], Awaitable[None]] | None = None,
+                       **params: float) -> int:
     total = batches = 0
     while max_batches is None or batches < max_batches:
         started = time.monotonic()
         async with engine.begin() as conn:
+            if prepare is not None:
+                await prepare(conn)
             result = await run(conn, statement, {"keep_s": keep_s, "batch": batch, **params})
             deleted = result.rowcount
         batches += 1
@@ -133,11 +145,51 @@ async def _prune_table(engine: AsyncEngine, statement: Statement, kind: str, kee
     return total
 
 
+# a store's pruning batch is bounded like its own statements, and never queues on a lock
+STORE_STATEMENT_MS: Final = 5000
+STORE_LOCK_MS: Final = 200
+
+
+async def _store_limits(conn: AsyncConnection) -> None:
+    await limit_transaction(conn, statement_ms=STORE_STATEMENT_MS, lock_ms=STORE_LOCK_MS)
+
+
+async def prune_store_ledgers(stores: Stores, ledgers: Mapping[str, str], *,
+                              keep_seconds: float, batch_size: int,
+                              max_batches: int | None = None) -> int:
+    """Delete each store's ledger rows older than `keep_seconds`, batch by batch. A store
+    out of reach, a table not there yet, or one without its index on `deleted_at` (which
+    a DBA who created it by hand may lack: docs/stores.md) is left for the next pass."""
+    total = 0
+    for name, table in sorted(ledgers.items()):
+        engine = stores.engine(name)
+        try:
+            async with engine.connect() as conn:
+                found = (await run(conn, targets.LEDGER_PRUNABLE, {"t": table})).one()
+            if not found.present:
+                continue
+            if not found.indexed:
+                log.warning("store ledger not pruned: it has no index on deleted_at",
+                            extra={"store": name, "table": table,
+                                   "fix": f"CREATE INDEX ON {table} (deleted_at)"})
+                continue
+            total += await _prune_table(engine, targets.ledger_prune(table), "store_ledger",
+                                        keep_seconds, batch_size, max_batches,
+                                        prepare=_store_limits)
+        except STORE_ERRORS as exc:
+            log.warning("store ledger not pruned", extra={"store": name, "table": table,
+                                                          "error": describe(exc)})
+    return total
+
+
 async def prune(engine: AsyncEngine, *, keep_seconds: float, batch_size: int,
-                evidence_keep_seconds: float, max_batches: int | None = None) -> Pruned:
+                evidence_keep_seconds: float, max_batches: int | None = None,
+                stores: Stores | None = None, ledgers: Mapping[str, str] | None = None
+                ) -> Pruned:
     """Delete finished history older than `keep_seconds` (keeping succeeded items' evidence
     until `evidence_keep_seconds` after their completion), and evidence older than that,
-    batch by batch, until none is left (or `max_batches` per table)."""
+    and the `ledgers` (store -> table) of store targets, batch by batch, until none is left
+    (or `max_batches` per table)."""
     items = await _prune_table(engine, _PRUNE_ITEMS, "items", keep_seconds, batch_size,
                                max_batches, evidence_keep_s=evidence_keep_seconds)
     items += await _prune_table(engine, _PRUNE_SKIPPED, "items", keep_seconds, batch_size,
@@ -146,15 +198,21 @@ async def prune(engine: AsyncEngine, *, keep_seconds: float, batch_size: int,
                                   batch_size, max_batches)
     evidence = await _prune_table(engine, _PRUNE_EVIDENCE, "evidence", evidence_keep_seconds,
                                   batch_size, max_batches)
-    if items or receipts or evidence:
+    store_ledgers = await prune_store_ledgers(
+        stores, ledgers, keep_seconds=keep_seconds, batch_size=batch_size,
+        max_batches=max_batches) if stores is not None and ledgers else 0
+    if items or receipts or evidence or store_ledgers:
         log.info("retention pruned", extra={"items": items, "webhook_receipts": receipts,
-                                            "evidence": evidence})
-    return Pruned(items, receipts, evidence)
+                                            "evidence": evidence,
+                                            "store_ledgers": store_ledgers})
+    return Pruned(items, receipts, evidence, store_ledgers)
 
 
 async def retention_loop(engine: AsyncEngine, *, keep_seconds: float, batch_size: int,
-                         evidence_keep_seconds: float, interval_s: float) -> None:
+                         evidence_keep_seconds: float, interval_s: float, stores: Stores,
+                         ledgers: Mapping[str, str]) -> None:
     """Prune, sleep `interval_s`, repeat until cancelled; database outages are retried."""
     await repeat(lambda: prune(engine, keep_seconds=keep_seconds, batch_size=batch_size,
-                               evidence_keep_seconds=evidence_keep_seconds),
+                               evidence_keep_seconds=evidence_keep_seconds, stores=stores,
+                               ledgers=ledgers),
                  every_s=interval_s, what="retention", logger=log)

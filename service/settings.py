@@ -100,8 +100,8 @@ class Settings(BaseSettings):
     shutdown_grace_seconds: float = Field(default=20.0, ge=0, le=600)
     retention_days: float = Field(
         default=30.0, ge=0, le=36_500,
-        description="prune succeeded/cancelled items and webhook receipts older than this "
-                    "(0: keep everything)")
+        description="prune succeeded/cancelled items, webhook receipts and store targets' "
+                    "ledger rows older than this (0: keep everything)")
     evidence_retention_days: float = Field(
         default=2_557, ge=0, le=36_500,
         description="keep deletion evidence this long after each deletion, past the "

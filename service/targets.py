@@ -17,8 +17,8 @@ A redelivered item (its lease expired after the store committed, before the ledg
 may come back in a batch of other items: its identity is new, so before the statement runs
 the objects earlier batches of the same policy version recorded as deleted are looked up
 (only for batches holding a retried item: a scan of the ledger table, which holds a row per
-batch and no index but its key, so the common batch writes no more than that row) and
-count as deleted.
+batch and no index but its key and its age, so the common batch writes no more than that
+row) and count as deleted. Retention prunes the table by age like Sweeper's own history.
 
 The cutoff is that of the run whose batch released the item (for an item a webhook
 released, the moment it was released), read from the ledger.
@@ -41,7 +41,7 @@ from service.claims import Lease
 from service.db.engine import sqlstate
 from service.db.statements import Statement, fetch, run
 from service.outcomes import Answer, Classified, Failure, Outcome
-from service.policies import Policy, Store
+from service.policies import Policies, Policy, Store
 from service.stores import (
     STORE_ERRORS,
     StoreError,
@@ -85,6 +85,45 @@ def ledger_create(table: str) -> Statement:
         deleted        text[] NOT NULL DEFAULT '{{}}',
         deleted_at     timestamptz NOT NULL DEFAULT now()
     )""")
+
+
+def ledger_index(table: str) -> Statement:
+    """Retention prunes the ledger by age (service/retention.py); without this index each of
+    its batches would read the whole table."""
+    index = f"{table.rpartition('.')[2][:52]}_deleted_at"  # in the table's schema, <= 63
+    return Statement("targets.ledger_index", "Index the store's ledger by when each batch "
+                     "ran, for pruning.",
+                     f"CREATE INDEX IF NOT EXISTS {index} ON {table} (deleted_at)")
+
+
+def ledger_prune(table: str) -> Statement:
+    return Statement("targets.ledger_prune", (
+        "Delete one batch of the store's ledger rows older than the retention period, "
+        "oldest first, skipping rows another replica holds."), f"""
+    WITH doomed AS (
+        SELECT identity FROM {table}
+        WHERE deleted_at < now() - make_interval(secs => :keep_s)
+        ORDER BY deleted_at
+        LIMIT :batch
+        FOR UPDATE SKIP LOCKED
+    )
+    DELETE FROM {table} t USING doomed WHERE t.identity = doomed.identity""")  # noqa: S608
+
+
+LEDGER_PRUNABLE = Statement("targets.ledger_prunable", (
+    "Whether a store's ledger table exists, and whether an index led by deleted_at serves "
+    "its pruning."), """
+    SELECT to_regclass(:t) IS NOT NULL AS present,
+           EXISTS (SELECT 1 FROM pg_index i
+                   JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
+                   WHERE i.indrelid = to_regclass(:t) AND a.attname = 'deleted_at') AS indexed
+""")
+
+
+def ledger_tables(policies: Policies) -> dict[str, str]:
+    """Each store a policy's target deletes from, and its ledger table."""
+    return {p.config.target.store: policies.stores[p.config.target.store].config.ledger_table
+            for p in policies.policies.values() if p.config.target is not None}
 
 
 def ledger_insert(table: str) -> Statement:
@@ -258,6 +297,7 @@ class StoreTargets:
             try:
                 async with conn.begin():
                     await run(conn, ledger_create(table))
+                    await run(conn, ledger_index(table))
             except Exception as exc:
                 if sqlstate(exc) not in _CREATED_MEANWHILE:  # another worker created it
                     if failure_of(exc, connected=True) is Failure.STORE_PERMISSION:

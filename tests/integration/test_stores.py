@@ -20,14 +20,14 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import claims, discovery, runs, scopes, waits
+from service import claims, discovery, metrics, retention, runs, scopes, waits
 from service.credentials.waits import Credentials
 from service.discovery import Discovery
 from service.outcomes import Failure, Outcome, classify
 from service.policies import Policies
 from service.policy_file import GuardConfig
 from service.stores import SourceRows, StoreError, Stores
-from service.targets import StoreTargets
+from service.targets import StoreTargets, ledger_tables
 from service.upstream import Upstreams
 from service.worker import database_pool
 from tests.conftest import TOKEN_A, LiveServer, free_port, test_settings
@@ -277,6 +277,57 @@ async def test_a_redelivered_batch_deletes_nothing_twice(
                                      "cardinality(deleted) AS d FROM cleanup_ledger "
                                      "ORDER BY deleted_at")
         assert [(r["n"], r["d"]) for r in recorded] == [(4, 4), (4, 2)]
+    finally:
+        await stores.aclose()
+
+
+async def test_retention_prunes_the_store_ledger_by_age_and_leaves_an_unindexed_one(
+        engine: AsyncEngine, store_db_url: str, store: asyncpg.Connection,
+        caplog: pytest.LogCaptureFixture) -> None:
+    await store.execute("INSERT INTO carts (shop, updated_at) SELECT 'shop-1', "
+                        "now() - interval '30 days' FROM generate_series(1, 5)")
+    policies = store_policies(store_db_url)
+    leases = await publish_carts(engine, policies)
+    ledgers = ledger_tables(policies)
+    assert ledgers == {"shop": "cleanup_ledger"}
+    stores = Stores(policies.stores)
+    try:
+        for lease in leases:  # five batches: the ledger table is created with its index
+            await StoreTargets(stores, engine).delete(policies.policies["expired-carts"],
+                                                      [lease])
+        await store.execute("UPDATE cleanup_ledger SET deleted_at = now() - interval '40 "
+                            "days' WHERE identity IN (SELECT identity FROM cleanup_ledger "
+                            "ORDER BY identity LIMIT 3)")
+        before = metrics.REGISTRY.get_sample_value("sweeper_retention_pruned_total",
+                                                   {"table": "store_ledger"}) or 0
+
+        pruned = await retention.prune(engine, keep_seconds=30 * 86_400, batch_size=2,
+                                       evidence_keep_seconds=0, stores=stores,
+                                       ledgers=ledgers)
+
+        assert pruned.store_ledgers == 3
+        assert await store.fetchval("SELECT count(*) FROM cleanup_ledger WHERE deleted_at "
+                                    "> now() - interval '1 day'") == 2
+        assert await store.fetchval("SELECT count(*) FROM cleanup_ledger") == 2
+        assert metrics.REGISTRY.get_sample_value("sweeper_retention_pruned_total",
+                                                 {"table": "store_ledger"}) == before + 3
+        # a table a DBA created without the index: pruning it would read it whole each batch
+        await store.execute("DROP INDEX cleanup_ledger_deleted_at; UPDATE cleanup_ledger SET "
+                            "deleted_at = now() - interval '40 days'")
+        assert await retention.prune_store_ledgers(stores, ledgers, keep_seconds=30 * 86_400,
+                                                   batch_size=2) == 0
+        assert await store.fetchval("SELECT count(*) FROM cleanup_ledger") == 2
+        assert any(r.getMessage() == "store ledger not pruned: it has no index on deleted_at"
+                   for r in caplog.records)
+        # a store out of reach is left for the next pass, and the rest of retention goes on
+        away = store_policies("postgresql://postgres@127.0.0.1:9/nowhere")
+        unreachable = Stores(away.stores)
+        try:
+            assert await retention.prune(engine, keep_seconds=30 * 86_400, batch_size=2,
+                                         evidence_keep_seconds=0, stores=unreachable,
+                                         ledgers=ledgers) == retention.Pruned(0, 0)
+        finally:
+            await unreachable.aclose()
     finally:
         await stores.aclose()
 

@@ -74,8 +74,8 @@ BUILT = {"service/db/embedded.py": {"_create_database": embedded._create_databas
         "target_statement": stores.target_statement(_SHOP.target)},
     "service/targets.py": {
         name: getattr(targets, name)("cleanup_ledger")
-        for name in ("ledger_create", "ledger_insert", "ledger_done",
-                     "ledger_earlier", "ledger_record")}}
+        for name in ("ledger_create", "ledger_index", "ledger_prune", "ledger_insert",
+                     "ledger_done", "ledger_earlier", "ledger_record")}}
 
 # Modules allowed to call the driver directly, and why.
 EXEMPT = {
