@@ -165,7 +165,7 @@ async def prune_store_ledgers(stores: Stores, ledgers: Mapping[str, str], *,
         engine = stores.engine(name)
         try:
             async with engine.connect() as conn:
-                found = (await run(conn, targets.LEDGER_PRUNABLE, {"t": table})).one()
+                found = (await run(conn, targets.LEDGER_FOUND, {"t": table})).one()
             if not found.present:
                 continue
             if not found.indexed:

@@ -110,7 +110,9 @@ def ledger_prune(table: str) -> Statement:
     DELETE FROM {table} t USING doomed WHERE t.identity = doomed.identity""")  # noqa: S608
 
 
-LEDGER_PRUNABLE = Statement("targets.ledger_prunable", (
+# what a target asks before its first batch (is the table there) and retention before each
+# pass (and is it indexed for pruning)
+LEDGER_FOUND = Statement("targets.ledger_found", (
     "Whether a store's ledger table exists, and whether an index led by deleted_at serves "
     "its pruning."), """
     SELECT to_regclass(:t) IS NOT NULL AS present,
@@ -154,8 +156,6 @@ def ledger_record(table: str) -> Statement:
                      "its transaction.", sql)
 
 
-_TABLE_EXISTS = Statement("targets.table_exists", "Whether the store's ledger table exists.",
-                          "SELECT to_regclass(:t) IS NOT NULL")
 
 
 @dataclass(frozen=True)
@@ -292,7 +292,7 @@ class StoreTargets:
         a DBA to create it first: docs/stores.md)."""
         table = store.config.ledger_table
         async with conn.begin():
-            exists = (await run(conn, _TABLE_EXISTS, {"t": table})).scalar_one()
+            exists = (await run(conn, LEDGER_FOUND, {"t": table})).one().present
         if not exists:
             try:
                 async with conn.begin():
