@@ -70,12 +70,7 @@ def pg_server_url() -> Iterator[str]:
                                      ignore_cleanup_errors=True) as data:
         server = get_server(Path(data) / "pgdata", cleanup_mode="delete")
         try:
-            uri = str(server.get_uri())
-            # fsync guards committed data against the machine's crash, which no test makes
-            # (a killed server still finds its commits in the WAL); the suite otherwise
-            # waits on a disk flush for every commit and CREATE DATABASE
-            _admin(uri, "ALTER SYSTEM SET fsync = off", "SELECT pg_reload_conf()")
-            yield uri
+            yield str(server.get_uri())
         finally:
             server.cleanup()
 
