@@ -322,7 +322,12 @@ class ItemFilter:
     object_id: str | None = None  # with tenant_id: the obligation index finds it
 
 
+# An operator's filter states `id > 0`, true of every row (ids are an identity from 1), and
+# no other statement does: the index of pending items by id (`items_listed`, migration 0018)
+# is partial on it, so only operators' reads can be planned on it. The claim, the pick and
+# the waits have ordered indexes of their own, which stale statistics once lost them.
 FILTER_SQL = """
+      AND id > 0
       -- explicit ids and identities add up; the other fields narrow
       AND ((CAST(:ids AS bigint[]) IS NULL AND CAST(:keys AS text[]) IS NULL)
            OR id = ANY(CAST(:ids AS bigint[]))

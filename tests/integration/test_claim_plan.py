@@ -8,10 +8,26 @@ from datetime import UTC, datetime
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import claims, limiter, runs
+from service import claims, limiter, runs, scopes
 from tests.integration.test_pipeline import make_policies, register, release_all
 
 HISTORY = 50_000
+
+
+async def add_history(engine: AsyncEngine) -> None:
+    """A long finished history in tenant:acme's scope, as a busy ledger accumulates, and
+    the statistics of the ledger with it."""
+    async with engine.begin() as conn:
+        await conn.execute(text("""
+            INSERT INTO items (tenant_id, object_id, policy, policy_version, operation_key,
+                               scope, due_at, released_at, status, completed_at, dead_reason)
+            SELECT 'acme', 'done-' || g, 'carts', 1, encode(sha256(('d' || g)::bytea), 'hex'),
+                   'tenant:acme', now() - interval '3 days', now() - interval '2 days',
+                   CASE WHEN g % 10 = 0 THEN 'dead' ELSE 'succeeded' END,
+                   now() - interval '2 days',
+                   CASE WHEN g % 10 = 0 THEN 'permanent' END
+            FROM generate_series(1, :n) g"""), {"n": HISTORY})
+        await conn.execute(text("ANALYZE items"))
 
 
 async def plan_of_admission(engine: AsyncEngine, scopes: list[str]) -> str:
@@ -30,18 +46,7 @@ async def test_admission_uses_the_claimable_indexes_despite_history(engine: Asyn
     policies = make_policies("http://127.0.0.1:9")
     await register(engine, policies, 20)
     await release_all(engine)
-    async with engine.begin() as conn:
-        # a long finished history in the same scope, as a busy ledger accumulates
-        await conn.execute(text("""
-            INSERT INTO items (tenant_id, object_id, policy, policy_version, operation_key,
-                               scope, due_at, released_at, status, completed_at, dead_reason)
-            SELECT 'acme', 'done-' || g, 'carts', 1, encode(sha256(('d' || g)::bytea), 'hex'),
-                   'tenant:acme', now() - interval '3 days', now() - interval '2 days',
-                   CASE WHEN g % 10 = 0 THEN 'dead' ELSE 'succeeded' END,
-                   now() - interval '2 days',
-                   CASE WHEN g % 10 = 0 THEN 'permanent' END
-            FROM generate_series(1, :n) g"""), {"n": HISTORY})
-        await conn.execute(text("ANALYZE items"))
+    await add_history(engine)
 
     plan = await plan_of_admission(engine, ["tenant:acme"])
 
@@ -62,6 +67,44 @@ async def test_admission_uses_the_claimable_indexes_despite_history(engine: Asyn
     assert ("ROW(COALESCE(batch_id, '0'::bigint), id) > ROW(s.ready_after_batch, "
             "s.ready_after_id)" in probe), probe
     assert "Seq Scan on items" not in probe, probe
+
+
+async def test_only_operators_reads_can_use_the_listed_pending_index(engine: AsyncEngine
+                                                                     ) -> None:
+    # Each statement on pending items that is not an operator's read, planned with its own
+    # index gone (dropped inside a transaction that is rolled back), must still not take
+    # the operators' index of pending items: stale statistics (a backlog released after the
+    # last analyze) once made it the planner's choice for the claim, which then sorted the
+    # scope's whole backlog on every claim. The planner's choice is a near-tie on a small
+    # table; taking the intended index away shows what it could fall back on.
+    policies = make_policies("http://127.0.0.1:9")
+    await register(engine, policies, 20)
+    await release_all(engine)
+    await register(engine, policies, 5, tenant="globex")  # unreleased: the pick's candidates
+    await add_history(engine)
+    admission = {"now": None, "names": ["tenant:acme"], "wants": [8], "owner": "plan",
+                 "lookahead": limiter.LOOKAHEAD_S, "policy_names": ["carts"],
+                 "lease_seconds": [30], "default_lease": 60,
+                 "limit_policies": ["carts"], "limit_attempts": [3]}
+    statements = [
+        ("items_ready", str(claims._ADMIT.text), admission),
+        ("items_ready", limiter._ELIGIBLE.text, {"cursor": "", "limit": 10}),
+        ("items_ready", scopes._WAITING.text, {"reason": "store-unreachable", "after": "",
+                                               "tenant": None, "limit": 100}),
+        ("items_unreleased", runs._PICK.text, {"cutoff": datetime.now(UTC), "policy": None,
+                                               "tenant": None, "limit": 500}),
+    ]
+    for own_index, statement, params in statements:
+        async with engine.connect() as conn:
+            async with conn.begin() as tx:
+                intended = "\n".join(r[0] for r in await conn.execute(
+                    text("EXPLAIN " + statement), params))
+                await conn.execute(text(f"DROP INDEX {own_index}"))
+                fallback = "\n".join(r[0] for r in await conn.execute(
+                    text("EXPLAIN " + statement), params))
+                await tx.rollback()
+        assert own_index in intended, intended
+        assert "items_listed" not in fallback, fallback
 
 
 async def test_publication_picks_without_sorting_even_before_any_analyze(

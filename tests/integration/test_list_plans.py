@@ -1,6 +1,6 @@
 """What operators read stays on its indexes however much finished history the ledger holds:
-a page of pending items reads the pending index, planned with the filters given
-(`fetch_filtered`), never a walk of the primary key past every finished row; a run's
+a page of pending items reads the pending index (`items_listed`), planned with the filters
+given (`fetch_filtered`), never a walk of the primary key past every finished row; a run's
 progress reads its items' status from the batch index alone."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ async def test_pending_pages_read_the_pending_index_despite_history(engine: Asyn
         params = {"status": "pending", "after": None, "limit": 50,
                   **ledger.filter_params(ledger.ItemFilter(policy=policy))}
         plan = await explained(engine, ledger._LIST, params)
-        assert "items_pending" in plan and "items_pkey" not in plan, plan
+        assert "items_listed" in plan and "items_pkey" not in plan, plan
     rows = await ledger.list_items(engine, status="pending", after=None, limit=50,
                                    item_filter=ledger.ItemFilter(policy="carts"))
     assert len(rows) == 20
