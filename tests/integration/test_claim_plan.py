@@ -30,12 +30,17 @@ async def add_history(engine: AsyncEngine) -> None:
         await conn.execute(text("ANALYZE items"))
 
 
-async def plan_of_admission(engine: AsyncEngine, scopes: list[str]) -> str:
+def admission_params(names: list[str]) -> dict[str, object]:
+    """The worker's admission of 8 items from each scope named, as claims.admit binds it."""
+    return {"now": None, "names": names, "wants": [8] * len(names), "owner": "plan",
+            "lookahead": limiter.LOOKAHEAD_S, "policy_names": ["carts"],
+            "lease_seconds": [30], "default_lease": 60,
+            "limit_policies": ["carts"], "limit_attempts": [3]}
+
+
+async def plan_of_admission(engine: AsyncEngine, names: list[str]) -> str:
     """EXPLAIN (no ANALYZE: nothing runs) of the worker's admission statement."""
-    params = {"now": None, "names": scopes, "wants": [8] * len(scopes), "owner": "plan",
-              "lookahead": limiter.LOOKAHEAD_S, "policy_names": ["carts"],
-              "lease_seconds": [30], "default_lease": 60,
-              "limit_policies": ["carts"], "limit_attempts": [3]}
+    params = admission_params(names)
     async with engine.connect() as conn:
         rows = await conn.execute(text("EXPLAIN " + str(claims._ADMIT.text)), params)
         return "\n".join(r[0] for r in rows)
@@ -82,12 +87,8 @@ async def test_only_operators_reads_can_use_the_listed_pending_index(engine: Asy
     await release_all(engine)
     await register(engine, policies, 5, tenant="globex")  # unreleased: the pick's candidates
     await add_history(engine)
-    admission = {"now": None, "names": ["tenant:acme"], "wants": [8], "owner": "plan",
-                 "lookahead": limiter.LOOKAHEAD_S, "policy_names": ["carts"],
-                 "lease_seconds": [30], "default_lease": 60,
-                 "limit_policies": ["carts"], "limit_attempts": [3]}
     statements = [
-        ("items_ready", str(claims._ADMIT.text), admission),
+        ("items_ready", str(claims._ADMIT.text), admission_params(["tenant:acme"])),
         ("items_ready", limiter._ELIGIBLE.text, {"cursor": "", "limit": 10}),
         ("items_ready", scopes._WAITING.text, {"reason": "store-unreachable", "after": "",
                                                "tenant": None, "limit": 100}),
