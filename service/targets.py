@@ -156,8 +156,6 @@ def ledger_record(table: str) -> Statement:
                      "its transaction.", sql)
 
 
-
-
 @dataclass(frozen=True)
 class _Ledger:
     """The statements of one store's ledger table."""

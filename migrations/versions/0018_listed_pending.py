@@ -10,7 +10,7 @@ of due items and the waiting scopes' probe could take it the same way.
 
 `items_listed` holds the same entries under the predicate `status = 'pending' AND id > 0`.
 `id > 0` is true of every row (ids are an identity from 1); only the operators' reads state
-it (`ledger.LISTED`), so no other statement can be planned on this index, whatever the
+it (`ledger.FILTER_SQL`), so no other statement can be planned on this index, whatever the
 statistics say.
 
 On a ledger that is already large, create it by hand first, without blocking writes
