@@ -84,8 +84,6 @@ class CrashOnAnswer:
             _crash()
         return result
 
-    async def warm_up(self) -> None:
-        await self.inner.warm_up()
 
 
 @dataclasses.dataclass

@@ -1,138 +1,416 @@
-"""The wire under an upstream's client: httpx's transport interface over aiohttp's client.
+"""The wire under an upstream's client: HTTP/1.1 keep-alive connections on asyncio's Protocol,
+parsed by httptools (llhttp, in C), under httpx's transport interface.
 
-UpstreamClient (service/upstream.py) builds httpx.Requests and reads httpx.Responses, so
-tests and the demo plug in httpx.MockTransport; real calls go through this transport.
-aiohttp's connection pool takes an idle connection in O(1) and its response parser is C
-(llhttp), where httpcore's pool walks every connection on each request and parses in
-Python: on loopback that was most of a worker's CPU per call (bench/reports/2026-12-01-http).
+UpstreamClient (service/upstream.py) builds httpx.Requests and reads httpx.Responses, so tests
+and the demo plug in httpx.MockTransport; real calls go through this transport. A deletion
+call is one small request and one short answer on a kept-alive connection: written as one
+buffer and parsed as its bytes arrive, with no reader, task or timer in between. aiohttp's
+client layers around the same C parser were about 40% of a worker's CPU per loopback call
+(bench/reports/2026-12-04-transport).
 
-aiohttp's exceptions are mapped to httpx's so service/upstream.py classifies them once, by
+Failures are raised as httpx's exceptions, so service/upstream.py classifies them once, by
 what the upstream may have seen:
 
-    not sent                  ConnectionTimeoutError (pool wait or connect) -> ConnectTimeout
-                              ClientConnectorError (refused, DNS, TLS)       -> ConnectError
-    sent, answer incomplete   SocketTimeoutError, other ServerTimeoutError   -> ReadTimeout
-                              ClientConnectionResetError (while writing)     -> WriteError
-                              ServerDisconnectedError, malformed answer      -> RemoteProtocolError
-                              ClientPayloadError, other ClientOSError        -> ReadError
-    anything else aiohttp raises                                             -> TransportError
+    not sent                  no connection free within `pool`            -> PoolTimeout
+                              not connected within `connect`              -> ConnectTimeout
+                              refused, unreachable, DNS, TLS handshake    -> ConnectError
+                              a header that would split the request       -> LocalProtocolError
+    sent, answer incomplete   no byte of it for `read` seconds            -> ReadTimeout
+                              closed before its end, or not HTTP          -> RemoteProtocolError
+                              reset, or another socket error              -> ReadError
+
+A request is never sent twice. A pooled connection that the upstream closes just as it is
+reused fails its call as sent (the request may have been read); the ledger decides the rest.
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Final
 
-import aiohttp
+import httptools
 import httpx
-from yarl import URL
 
-__all__ = ["AiohttpTransport"]
+__all__ = ["Http1Transport"]
 
-KEEPALIVE_SECONDS: Final = 5.0  # as httpx's default: upstreams often close idle ones soon after
-READ_CHUNK_BYTES: Final = 16_384
-# aiohttp adds these unless told not to; a call sends only the headers UpstreamClient built
-# (no Accept-Encoding above all: bodies are read as sent, service/upstream.py `_identity`)
-_SKIP_AUTO_HEADERS: Final = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
+# Under the 5 s idle timeout of uvicorn's and Node's servers: a connection is not reused in
+# the instant its upstream closes it.
+KEEPALIVE_SECONDS: Final = 4.0
+# An answer's body buffered past this pauses reading until the caller takes it: a huge body
+# is read as the caller reads (service/upstream.py stops at its cap), never held whole.
+HIGH_WATER_BYTES: Final = 65_536
+_DEFAULT_PORTS: Final = {"http": 80, "https": 443}
+_NO_TIMEOUTS: Final[Mapping[str, float | None]] = {}
+
+_Key = tuple[str, str, int]  # scheme, host, port: the connections one request may reuse
+
+
+class _Surplus(Exception):
+    """Bytes after the answer to the one request sent."""
+
+
+class _Connection(asyncio.Protocol):
+    """One connection and the answer it is reading: at most one exchange at a time."""
+
+    def __init__(self, key: _Key) -> None:
+        self.key = key
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.idle_since = 0.0
+        self.usable = True  # false once closed, or once it says anything out of turn
+        self.paused = False
+        self._waiter: asyncio.Future[None] | None = None
+        self._begin(exchanging=False)
+
+    def _begin(self, *, exchanging: bool) -> None:
+        self.exchanging = exchanging
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.framed = False  # Content-Length or Transfer-Encoding: the body's end is known
+        self.headers_done = False
+        self.complete = False
+        self.keep_alive = False
+        self.chunks: collections.deque[bytes] = collections.deque()
+        self.buffered = 0
+        self.error: httpx.TransportError | None = None
+
+    # ------------------------------------------------------------------ the exchange
+    @property
+    def alive(self) -> bool:
+        return self.usable and self.transport is not None and not self.transport.is_closing()
+
+    def send(self, data: bytes) -> None:
+        """Write one request; its answer is read from here on. ConnectError (not sent) if
+        the connection closed before it could be written: a new one the upstream shut."""
+        if not self.alive:
+            raise httpx.ConnectError("closed before the request was written")
+        assert self.transport is not None
+        self._begin(exchanging=True)
+        self.transport.write(data)
+
+    async def next_event(self, read_timeout: float | None) -> None:
+        """Wait until the parser reports more of the answer, or the connection fails."""
+        waiter = self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            async with asyncio.timeout(read_timeout):
+                await waiter
+        except TimeoutError:
+            raise httpx.ReadTimeout("no answer within the read timeout") from None
+        finally:
+            self._waiter = None
+
+    def take(self) -> bytes | None:
+        """The next chunk of the body read so far, if any."""
+        if not self.chunks:
+            return None
+        chunk = self.chunks.popleft()
+        self.buffered -= len(chunk)
+        if self.paused and self.buffered < HIGH_WATER_BYTES // 4 and self.transport:
+            self.paused = False
+            self.transport.resume_reading()
+        return chunk
+
+    def end(self) -> bool:
+        """The exchange is over; whether the connection may carry another."""
+        reusable = self.alive and self.complete and self.keep_alive and not self.chunks
+        self.exchanging = False
+        return reusable
+
+    def close(self) -> None:
+        self.usable = False
+        if self.transport is not None:
+            self.transport.close()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def _fail(self, error: httpx.TransportError) -> None:
+        if self.exchanging and not self.complete and self.error is None:
+            self.error = error
+        self.close()
+        self._wake()
+
+    # ------------------------------------------------------------------ asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if not self.exchanging:  # bytes nobody asked for: nothing after them can be trusted
+            self.close()
+            return
+        try:
+            self.parser.feed_data(data)
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+            self._fail(httpx.RemoteProtocolError(f"not an HTTP/1.1 answer ({type(exc).__name__})"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.usable = False
+        if self.exchanging and not self.complete:
+            if self.headers_done and not self.framed:  # a body that ends where the bytes do
+                self.complete = True
+            elif exc is None:
+                self.error = httpx.RemoteProtocolError("closed before the answer's end")
+            else:
+                self.error = httpx.ReadError(type(exc).__name__)
+        self._wake()
+
+    # ------------------------------------------------------------------ httptools' callbacks
+    def on_message_begin(self) -> None:
+        if self.complete:  # a second answer to one request: stop the parser (it raises
+            raise _Surplus  # HttpParserCallbackError) and close; the first answer stands
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+        if not self.framed and name.lower() in (b"content-length", b"transfer-encoding"):
+            self.framed = True
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        if self.status >= 200:
+            self.headers_done = True
+            self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        self.chunks.append(body)
+        self.buffered += len(body)
+        if self.buffered > HIGH_WATER_BYTES and not self.paused and self.transport:
+            self.paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        if not self.headers_done:  # an interim 1xx answer: the final one follows
+            self.headers = []
+            self.framed = False
+            return
+        self.complete = True
+        self.keep_alive = self.parser.should_keep_alive()
+        self._wake()
 
 
 class _Body(httpx.AsyncByteStream):
-    """An aiohttp answer's body as httpx reads it; closing it hands the connection back to
-    the pool when the body was read to its end, and closes it otherwise."""
+    """An answer's body as httpx reads it. Closing it hands the connection back to the pool
+    when the answer was read to its end, and closes the connection otherwise."""
 
-    def __init__(self, response: aiohttp.ClientResponse) -> None:
-        self._response = response
+    def __init__(self, pool: Http1Transport, conn: _Connection, read_timeout: float | None
+                 ) -> None:
+        self._pool = pool
+        self._conn = conn
+        self._read_timeout = read_timeout
+        self._open = True
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        try:
-            async for chunk in self._response.content.iter_chunked(READ_CHUNK_BYTES):
+        conn = self._conn
+        while True:
+            chunk = conn.take()
+            if chunk is not None:
                 yield chunk
-        except aiohttp.ClientError as exc:
-            raise _mapped(exc) from exc
+            elif conn.complete:
+                return
+            elif conn.error is not None:
+                raise conn.error
+            else:
+                await conn.next_event(self._read_timeout)
 
     async def aclose(self) -> None:
-        self._response.release()
+        if self._open:
+            self._open = False
+            self._pool.release(self._conn)
 
 
-class AiohttpTransport(httpx.AsyncBaseTransport):
-    """One aiohttp connection pool of at most `max_connections`, created on the first call
-    (aiohttp's session belongs to the running event loop)."""
+class Http1Transport(httpx.AsyncBaseTransport):
+    """A pool of at most `max_connections` open connections over every host, reused for
+    `KEEPALIVE_SECONDS` after their last answer. Requests beyond it wait for one (httpx's
+    `pool` timeout); a host with none idle may close another host's idle one to open its own.
+    """
 
     def __init__(self, max_connections: int, ssl_context: ssl.SSLContext | None = None) -> None:
-        self._max_connections = max_connections
-        # httpx's context (certifi's roots): the same certificates verify as before
+        if max_connections < 1:
+            raise ValueError("max_connections must be at least 1")
+        self._max = max_connections
+        # httpx's context (certifi's roots): the same certificates verify as through httpx
         self._ssl = ssl_context or httpx.create_ssl_context()
-        self._session: aiohttp.ClientSession | None = None
-        self._timeouts: dict[tuple[float | None, float | None, float | None],
-                             aiohttp.ClientTimeout] = {}
-
-    def open(self) -> aiohttp.ClientSession:
-        """The pool, opened on the first call unless opened before (in the running loop)."""
-        if self._session is not None:
-            return self._session
-        connector = aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0,
-                                         keepalive_timeout=KEEPALIVE_SECONDS, ssl=self._ssl)
-        self._session = aiohttp.ClientSession(
-            connector=connector, cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False,
-            skip_auto_headers=_SKIP_AUTO_HEADERS, raise_for_status=False)
-        # aiohttp sends an idempotent request (DELETE) again, once, when the connection
-        # fails under it: a second call without a token, and an attempt the ledger never
-        # sees. There is no public switch (aio-libs/aiohttp#10790); this is the one its own
-        # tests use; tests/integration/test_transport.py fails if it stops working.
-        self._session._retry_connection = False
-        return self._session
-
-    def _timeout(self, request: httpx.Request) -> aiohttp.ClientTimeout:
-        """httpx's per-phase timeouts as aiohttp's: `pool` bounds waiting for a connection
-        and connecting, `connect` the connect alone, `read` each read. The overall deadline
-        is UpstreamClient's."""
-        given = request.extensions.get("timeout", {})
-        key = (given.get("pool"), given.get("connect"), given.get("read"))
-        timeout = self._timeouts.get(key)
-        if timeout is None:
-            timeout = self._timeouts[key] = aiohttp.ClientTimeout(
-                total=None, connect=key[0], sock_connect=key[1], sock_read=key[2])
-        return timeout
+        self._idle: dict[_Key, list[_Connection]] = {}
+        self._open = 0  # connections open or opening; never above _max
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._swept_at = 0.0
+        self._closed = False
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        session = self._session or self.open()
-        body = await request.aread()
+        timeouts = request.extensions.get("timeout", _NO_TIMEOUTS)
+        data = await _serialized(request)  # refused before any connection is taken
+        url = request.url
+        scheme = url.scheme
+        if scheme not in _DEFAULT_PORTS:
+            raise httpx.UnsupportedProtocol(f"{scheme!r} is not http or https")
+        key = (scheme, url.raw_host.decode("ascii"), url.port or _DEFAULT_PORTS[scheme])
+        conn = self._pooled(key) or await self._opened(key, timeouts)
+        read_timeout = timeouts.get("read")
         try:
-            # the URL is percent-encoded already (service/templates.py): yarl must not
-            # re-quote it, or an id's %2F would become a path separator
-            response = await session.request(
-                request.method, URL(str(request.url), encoded=True),
-                headers=request.headers.multi_items(), data=body or None,
-                allow_redirects=False, compress=None, timeout=self._timeout(request))
-        except aiohttp.ClientError as exc:
-            raise _mapped(exc) from exc
-        return httpx.Response(response.status, headers=response.raw_headers,
-                              stream=_Body(response), request=request,
+            conn.send(data)
+            while not conn.headers_done:
+                if conn.error is not None:
+                    raise conn.error
+                await conn.next_event(read_timeout)
+        except BaseException:  # failed or cancelled mid-answer: never pooled
+            self._discard(conn)
+            raise
+        return httpx.Response(conn.status, headers=conn.headers, request=request,
+                              stream=_Body(self, conn, read_timeout),
                               extensions={"http_version": b"HTTP/1.1"})
 
+    def release(self, conn: _Connection) -> None:
+        """A finished exchange's connection: idle for the next request, or closed."""
+        if conn.end() and not self._closed:
+            conn.idle_since = now = asyncio.get_running_loop().time()
+            self._idle.setdefault(conn.key, []).append(conn)
+            if now - self._swept_at > KEEPALIVE_SECONDS:
+                self._sweep(now)
+            self._wake_one()
+        else:
+            self._discard(conn)
+
     async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        """Close every idle connection; ones in use close when their answer is done."""
+        self._closed = True
+        for idle in self._idle.values():
+            for conn in idle:
+                self._discard(conn)
+        self._idle.clear()
+
+    # ------------------------------------------------------------------ the pool
+    def _pooled(self, key: _Key) -> _Connection | None:
+        """The most recently used live idle connection to `key`; dead ones are closed."""
+        idle = self._idle.get(key)
+        if not idle:
+            return None
+        now = asyncio.get_running_loop().time()
+        while idle:
+            conn = idle.pop()
+            if conn.alive and now - conn.idle_since < KEEPALIVE_SECONDS:
+                return conn
+            self._discard(conn)
+        return None
+
+    async def _opened(self, key: _Key, timeouts: Mapping[str, float | None]) -> _Connection:
+        """A new connection to `key` once the limit allows one, or an idle one freed while
+        waiting for it."""
+        if self._open >= self._max and not self._evict_idle():
+            try:
+                async with asyncio.timeout(timeouts.get("pool")):
+                    while True:
+                        await self._released()
+                        conn = self._pooled(key)
+                        if conn is not None:
+                            return conn
+                        if self._open < self._max or self._evict_idle():
+                            break
+            except TimeoutError:
+                raise httpx.PoolTimeout("no connection free within the pool timeout") from None
+        self._open += 1
+        try:
+            return await self._connect(key, timeouts.get("connect"))
+        except BaseException:
+            self._open -= 1
+            self._wake_one()
+            raise
+
+    async def _connect(self, key: _Key, within: float | None) -> _Connection:
+        scheme, host, port = key
+        tls = self._ssl if scheme == "https" else None
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(within):
+                _, conn = await loop.create_connection(
+                    lambda: _Connection(key), host, port, ssl=tls,
+                    server_hostname=host if tls else None)
+        except TimeoutError:
+            raise httpx.ConnectTimeout("not connected within the connect timeout") from None
+        except OSError as exc:  # refused, unreachable, DNS, and ssl.SSLError: never sent
+            raise httpx.ConnectError(type(exc).__name__) from exc
+        return conn
+
+    async def _released(self) -> None:
+        """Wait until a connection is handed back or closed."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self._wake_one()  # woken but leaving: the wake belongs to the next in line
+            else:
+                self._waiters.remove(waiter)
+            raise
+
+    def _wake_one(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    def _discard(self, conn: _Connection) -> None:
+        conn.close()
+        self._open -= 1
+        self._wake_one()
+
+    def _evict_idle(self) -> bool:
+        """Close the longest-idle connection of any host, freeing its place for a new one."""
+        oldest: list[_Connection] | None = None
+        for idle in self._idle.values():
+            if idle and (oldest is None or idle[0].idle_since < oldest[0].idle_since):
+                oldest = idle
+        if oldest is None:
+            return False
+        conn = oldest.pop(0)
+        conn.close()
+        self._open -= 1
+        return True
+
+    def _sweep(self, now: float) -> None:
+        """Close the connections idle longer than KEEPALIVE_SECONDS, of every host."""
+        self._swept_at = now
+        for key, idle in list(self._idle.items()):
+            live = [conn for conn in idle
+                    if conn.alive and now - conn.idle_since < KEEPALIVE_SECONDS]
+            for conn in idle:
+                if conn not in live:
+                    self._discard(conn)
+            if live:
+                self._idle[key] = live
+            else:
+                del self._idle[key]
 
 
-def _mapped(exc: aiohttp.ClientError) -> httpx.TransportError:
-    """The httpx exception that says what the upstream may have seen (module docstring).
-    The message is aiohttp's class name: its text may quote the URL, which holds ids."""
-    kind: type[httpx.TransportError]
-    if isinstance(exc, aiohttp.ConnectionTimeoutError):
-        kind = httpx.ConnectTimeout
-    elif isinstance(exc, aiohttp.ServerTimeoutError):
-        kind = httpx.ReadTimeout
-    elif isinstance(exc, aiohttp.ClientConnectorError):
-        kind = httpx.ConnectError
-    elif isinstance(exc, aiohttp.ClientConnectionResetError):
-        kind = httpx.WriteError
-    elif isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientResponseError):
-        kind = httpx.RemoteProtocolError
-    elif isinstance(exc, aiohttp.ClientPayloadError | aiohttp.ClientOSError):
-        kind = httpx.ReadError
-    else:
-        kind = httpx.TransportError
-    return kind(type(exc).__name__)
+async def _serialized(request: httpx.Request) -> bytes:
+    """The request as bytes on the wire: its request line, its headers as given (Host added
+    if missing), and its body, framed by Content-Length unless it says Transfer-Encoding."""
+    url = request.url
+    headers = request.headers
+    stream = request.stream
+    body = b"".join(stream) if isinstance(stream, httpx.ByteStream) else await request.aread()
+    raw = headers.raw
+    if "host" not in headers:
+        raw = [(b"Host", url.netloc), *raw]
+    chunked = "transfer-encoding" in headers
+    if body and not chunked and "content-length" not in headers:
+        raw.append((b"Content-Length", str(len(body)).encode("ascii")))
+    head = [request.method.encode("ascii"), b" ", url.raw_path, b" HTTP/1.1\r\n"]
+    for name, value in raw:
+        head += (name, b": ", value, b"\r\n")
+    head.append(b"\r\n")
+    data = b"".join(head)
+    # a CR, LF or NUL inside a name, value or the path would end a line early: another
+    # header, or another request, smuggled in
+    lines = len(raw) + 2
+    if data.count(b"\n") != lines or data.count(b"\r") != lines or b"\0" in data:
+        raise httpx.LocalProtocolError("a header or the path holds a line break")
+    if chunked:
+        body = b"%x\r\n%b\r\n0\r\n\r\n" % (len(body), body) if body else b"0\r\n\r\n"
+    return data + body

@@ -8,6 +8,7 @@ Transport errors are mapped here, once, to :class:`service.outcomes.Failure`:
     ├── WriteTimeout, WriteError                   -> TIMEOUT_AFTER_SEND (may have been read)
     ├── ReadTimeout, overall deadline              -> TIMEOUT_AFTER_SEND
     ├── ReadError, RemoteProtocolError             -> RESET_AFTER_SEND
+    ├── LocalProtocolError (a header with a CR/LF)  -> INVALID_REQUEST (not sent)
     └── other protocol errors                      -> PROTOCOL
 
 What a call sends is the policy's compiled request template (service/templates.py): ids are
@@ -33,7 +34,7 @@ import httpx
 from service.outcomes import Answer, Classified, Failure
 from service.policies import Policy, Upstream
 from service.templates import RequestTemplate
-from service.transport import AiohttpTransport
+from service.transport import Http1Transport
 
 BODY_CAP_BYTES: Final = 4096
 USER_AGENT: Final = "sweeper/0.1"
@@ -141,7 +142,7 @@ class UpstreamClient:
         # The transport is driven directly: httpx.AsyncClient's per-request URL merging and
         # cookie handling were 44% of a worker's CPU per call (profiled in bench/drain.py),
         # and a deletion call needs neither cookies nor redirects.
-        self._transport: httpx.AsyncBaseTransport = transport or AiohttpTransport(
+        self._transport: httpx.AsyncBaseTransport = transport or Http1Transport(
             cfg.max_connections)
         # the policies' paths hold the base path: the URL maker has the origin alone
         origin = upstream.origin
@@ -282,10 +283,6 @@ class UpstreamClient:
         headers = self._headers_for[method] = httpx.Headers(self._base_headers(method, False))
         return headers
 
-    def warm_up(self) -> None:
-        if isinstance(self._transport, AiohttpTransport):
-            self._transport.open()
-
     async def aclose(self) -> None:
         await self._transport.aclose()
 
@@ -321,6 +318,8 @@ async def send(transport: httpx.AsyncBaseTransport, request: httpx.Request,
         return Answer(failure=Failure.TIMEOUT_AFTER_SEND)
     except (httpx.ReadError, httpx.RemoteProtocolError):
         return Answer(failure=Failure.RESET_AFTER_SEND)
+    except httpx.LocalProtocolError:
+        return Answer(failure=Failure.INVALID_REQUEST)
     except httpx.TransportError:
         return Answer(failure=Failure.PROTOCOL)
     # RateLimit, X-RateLimit-* and BigCommerce's X-Rate-Limit-* (outcomes.exhausted_for)
@@ -383,13 +382,6 @@ class Upstreams:
     def client(self, upstream: str) -> UpstreamClient:
         """The client of the upstream named `upstream`."""
         return self._clients[upstream]
-
-    async def warm_up(self) -> None:
-        """Open each connection pool before the first call rather than on it: a new
-        replica's first calls must not leave late and bunch with the next tokens at the
-        upstream (measured in drill 12). No request is sent."""
-        for client in self._clients.values():
-            client.warm_up()
 
     async def aclose(self) -> None:
         for client in self._clients.values():

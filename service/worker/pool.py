@@ -429,11 +429,9 @@ class WorkerPool:
             idle = min(IDLE_POLL_MAX_S, idle * 2)
 
     async def _warm_up(self) -> None:
-        """Prepare the admission statements and the HTTP client before the first token is
-        taken: a cold first claim or first call made this process spend its first tokens
-        late."""
-        with contextlib.suppress(Exception):
-            await self.ports.calls.warm_up()
+        """Prepare the admission statements before the first token is taken: a cold first
+        claim made this process spend its first tokens late. (The HTTP client has nothing to
+        prepare: service/transport.py builds its TLS context when it is made.)"""
         with contextlib.suppress(Exception):
             # calibrate the database-clock offset before the first grant: a first sample
             # taken on a cold connection would place this process's first calls late

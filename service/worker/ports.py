@@ -86,8 +86,6 @@ class CallPort(Protocol):
         """One call deleting every lease's object (a batch policy's, one scope's)."""
         ...
 
-    async def warm_up(self) -> None: ...
-
 
 class Clock(Protocol):
     """This process's clocks: monotonic for schedules, wall time for what is recorded."""
@@ -169,8 +167,6 @@ class UpstreamCalls:
                         extra={"scope": lease.scope, "error": type(exc).__name__})
             return CallResult(Answer(failure=Failure.CREDENTIAL_UNAVAILABLE), 0.0)
 
-    async def warm_up(self) -> None:
-        await self.upstreams.warm_up()
 
 
 def batch_key(policy: Policy, leases: Sequence[Lease]) -> str:

@@ -1,19 +1,32 @@
 """The real wire (service/transport.py under service/upstream.py) against the fake upstream
-on loopback: what each fault becomes, what reaches the upstream, and the pool's limit."""
+on loopback: what each fault becomes, what reaches the upstream, and the pool's limit; then
+against scripted servers: each framing of an answer, reuse and its limits, TLS."""
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import re
 import socket
+import ssl
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
+import service.transport as transport_module
 from drills.upstream import FakeUpstream, Fault
 from service.outcomes import Answer, Failure
 from service.policies import Policies, resolve_policies
-from service.upstream import CallResult, Upstreams
+from service.transport import Http1Transport
+from service.upstream import CallResult, Upstreams, send
 
 KEY = "op-key-0123456789"
 
@@ -138,3 +151,277 @@ async def test_keep_alive_connections_are_reused(upstream: FakeUpstream) -> None
     finally:
         await ups.aclose()
     assert upstream.connections_accepted() == 1
+
+
+# ---------------------------------------------------------------------------- the wire itself
+# Answers the fake upstream never gives: a scripted server writes exactly the bytes a test
+# names, so each HTTP/1.1 case the transport must read is pinned down.
+
+class Scripted:
+    """A loopback server answering its nth request with `answers[n]` (the last one repeats),
+    closing the connection after an answer that ends with CLOSE."""
+
+    CLOSE = b"<close>"
+
+    def __init__(self, *answers: bytes, tls: ssl.SSLContext | None = None) -> None:
+        self.answers = answers
+        self.tls = tls
+        self.requests: list[bytes] = []
+        self.connections = 0
+        self._server: asyncio.Server | None = None
+        self._open: dict[asyncio.StreamWriter, asyncio.Task[Any]] = {}
+
+    async def __aenter__(self) -> Scripted:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self.tls)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        for writer in self._open:
+            writer.close()
+        await asyncio.gather(*self._open.values(), return_exceptions=True)
+
+    @property
+    def base_url(self) -> str:
+        assert self._server is not None
+        port = self._server.sockets[0].getsockname()[1]
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{port}"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        task = asyncio.current_task()
+        assert task is not None
+        self._open[writer] = task
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head)
+                body = await reader.readexactly(int(length[1])) if length else b""
+                self.requests.append(head + body)
+                answer = self.answers[min(len(self.requests), len(self.answers)) - 1]
+                writer.write(answer.removesuffix(self.CLOSE))
+                await writer.drain()
+                if answer.endswith(self.CLOSE):
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+            del self._open[writer]
+
+
+def request(url: str, *, timeouts: dict[str, float] | None = None, **headers: str
+            ) -> httpx.Request:
+    return httpx.Request("DELETE", url + "/carts/1", headers=headers,
+                         extensions={"timeout": timeouts or {"pool": 1, "connect": 1, "read": 1}})
+
+
+def everything(status: int) -> bool:
+    return True
+
+
+async def answer_to(transport: Http1Transport, url: str, **headers: str) -> Answer:
+    """One call as service/upstream.py makes it, reading the whole body."""
+    return await send(transport, request(url, **headers), 2.0, everything, 1 << 20)
+
+
+NO_CONTENT = b"HTTP/1.1 204 No Content\r\n\r\n"
+
+
+@pytest.mark.parametrize(("answer", "body"), [
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+     b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n", b"hello world"),
+    (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 102 Processing\r\n\r\n"
+     b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", b"ok"),
+    (b"HTTP/1.1 200 OK\r\n\r\nuntil the end" + Scripted.CLOSE, b"until the end"),
+    (b"HTTP/1.0 200 OK\r\nContent-Length: 3\r\n\r\nold" + Scripted.CLOSE, b"old"),
+], ids=["chunked", "interim-1xx", "close-delimited", "http-1.0"])
+async def test_each_framing_of_an_answer_is_read_whole(answer: bytes, body: bytes) -> None:
+    transport = Http1Transport(4)
+    async with Scripted(answer) as server:
+        first = await answer_to(transport, server.base_url)
+        second = await answer_to(transport, server.base_url)
+    await transport.aclose()
+    assert first == second == Answer(status=200, body=body)
+    # a connection whose answer ends with its close is not reused; a kept-alive one is
+    assert server.connections == (2 if answer.endswith(Scripted.CLOSE) else 1)
+
+
+async def test_an_answer_saying_connection_close_is_not_reused() -> None:
+    transport = Http1Transport(4)
+    answer = b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n"
+    async with Scripted(answer) as server:
+        for _ in range(3):
+            assert (await answer_to(transport, server.base_url)).status == 204
+    await transport.aclose()
+    assert server.connections == 3
+
+
+async def test_a_connection_the_upstream_closed_while_idle_is_not_reused() -> None:
+    transport = Http1Transport(4)
+    async with Scripted(NO_CONTENT + Scripted.CLOSE) as server:
+        assert (await answer_to(transport, server.base_url)).status == 204
+        await asyncio.sleep(0.05)  # the close reaches the idle connection
+        assert (await answer_to(transport, server.base_url)).status == 204
+    await transport.aclose()
+    assert server.connections == 2
+
+
+async def test_an_idle_connection_past_its_keepalive_is_not_reused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(transport_module, "KEEPALIVE_SECONDS", 0.05)
+    transport = Http1Transport(4)
+    async with Scripted(NO_CONTENT) as server:
+        assert (await answer_to(transport, server.base_url)).status == 204
+        await asyncio.sleep(0.1)
+        assert (await answer_to(transport, server.base_url)).status == 204
+    await transport.aclose()
+    assert server.connections == 2
+
+
+async def test_bytes_after_the_answer_make_the_connection_unusable() -> None:
+    transport = Http1Transport(4)
+    async with Scripted(NO_CONTENT + b"HTTP/1.1 200 OK\r\n\r\n") as server:
+        assert (await answer_to(transport, server.base_url)).status == 204
+        assert (await answer_to(transport, server.base_url)).status == 204
+    await transport.aclose()
+    assert server.connections == 2  # the second answer was never taken for the second call
+
+
+@pytest.mark.parametrize("answer", [
+    b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort" + Scripted.CLOSE,
+    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhel" + Scripted.CLOSE,
+    b"HTTP/1.1 20" + Scripted.CLOSE,
+    Scripted.CLOSE,
+], ids=["short-body", "cut-chunk", "cut-status", "nothing"])
+async def test_an_answer_cut_short_is_a_reset_after_send(answer: bytes) -> None:
+    transport = Http1Transport(4)
+    async with Scripted(answer) as server:
+        result = await answer_to(transport, server.base_url)
+    await transport.aclose()
+    assert result == Answer(failure=Failure.RESET_AFTER_SEND)
+    assert len(server.requests) == 1
+
+
+async def test_a_header_with_a_line_break_is_never_sent() -> None:
+    transport = Http1Transport(4)
+    async with Scripted(NO_CONTENT) as server:
+        result = await answer_to(transport, server.base_url,
+                                 authorization="Bearer x\r\nX-Admin: yes")
+    await transport.aclose()
+    assert result == Answer(failure=Failure.INVALID_REQUEST)
+    assert server.connections == 0
+
+
+@pytest.mark.parametrize("answer", [b"", b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npart"],
+                         ids=["before-the-status", "mid-body"])
+async def test_a_cancelled_answer_frees_its_connection(answer: bytes) -> None:
+    """A call cut off mid-answer closes its connection (the rest of that answer would be
+    read as the next call's) and gives its place back: with one connection allowed, the
+    next call gets a new one."""
+    transport = Http1Transport(1)
+    async with Scripted(answer, NO_CONTENT) as server:
+        slow = await send(transport, request(server.base_url), 0.2, everything, 1 << 20)
+        assert slow == Answer(failure=Failure.TIMEOUT_AFTER_SEND)
+        assert (await answer_to(transport, server.base_url)).status == 204
+    await transport.aclose()
+    assert server.connections == 2
+
+
+async def test_waiting_past_the_pool_timeout_was_never_sent() -> None:
+    transport = Http1Transport(1)
+    async with Scripted(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nx",
+                        b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\ny") as server:
+        held = await transport.handle_async_request(request(server.base_url))  # body unread
+        with pytest.raises(httpx.PoolTimeout):
+            await transport.handle_async_request(
+                request(server.base_url, timeouts={"pool": 0.1, "connect": 1, "read": 1}))
+        waiting = asyncio.create_task(answer_to(transport, server.base_url))
+        await asyncio.sleep(0.05)
+        await held.aclose()  # not read to its end, so closed: its place goes to the waiter
+        assert (await waiting).status == 200
+    await transport.aclose()
+    assert len(server.requests) == 2
+
+
+async def test_a_host_without_idle_connections_takes_another_hosts_place() -> None:
+    transport = Http1Transport(1)
+    async with Scripted(NO_CONTENT) as first, Scripted(NO_CONTENT) as second:
+        assert (await answer_to(transport, first.base_url)).status == 204
+        assert (await answer_to(transport, second.base_url)).status == 204
+        assert (await answer_to(transport, first.base_url)).status == 204
+    await transport.aclose()
+    assert (first.connections, second.connections) == (2, 1)
+
+
+async def test_an_unread_body_is_not_buffered_whole() -> None:
+    """The caller reads at most its cap; a body it has not read yet pauses the socket instead
+    of filling memory (an upstream can announce gigabytes)."""
+    sent = 0
+    stalled = asyncio.Event()
+
+    async def flood(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal sent
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000000\r\n\r\n")
+        chunk = b"x" * 65_536
+        try:
+            while sent < 500_000_000:
+                writer.write(chunk)
+                sent += len(chunk)
+                try:
+                    await asyncio.wait_for(writer.drain(), 0.3)
+                except TimeoutError:
+                    break  # the reader stopped reading
+        finally:
+            stalled.set()
+            writer.close()
+
+    server = await asyncio.start_server(flood, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    transport = Http1Transport(1)
+    async with server:
+        response = await transport.handle_async_request(request(f"http://127.0.0.1:{port}"))
+        await asyncio.wait_for(stalled.wait(), 10)
+        await response.aclose()
+    await transport.aclose()
+    assert sent < 64_000_000  # socket buffers on both sides, and the pause's high-water mark
+
+
+def self_signed(tmp_path: Path) -> Path:
+    """A certificate for 127.0.0.1 that no public root signed, and its key, in one PEM."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "sweeper test upstream")])
+    now = datetime.now(UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - timedelta(minutes=1))
+            .not_valid_after(now + timedelta(hours=1))
+            .add_extension(x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    pem = tmp_path / "upstream.pem"
+    pem.write_bytes(cert.public_bytes(serialization.Encoding.PEM) + key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+    return pem
+
+
+async def test_tls_verifies_the_upstreams_certificate(tmp_path: Path) -> None:
+    pem = self_signed(tmp_path)
+    served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    served.load_cert_chain(pem)
+    trusting = Http1Transport(4, ssl.create_default_context(cafile=str(pem)))
+    default = Http1Transport(4)  # certifi's roots, as production
+    async with Scripted(NO_CONTENT, tls=served) as server:
+        assert server.base_url.startswith("https://")
+        assert (await answer_to(trusting, server.base_url)).status == 204
+        assert (await answer_to(trusting, server.base_url)).status == 204
+        # an upstream no public root vouches for is refused before anything is sent
+        assert await answer_to(default, server.base_url) == Answer(failure=Failure.CONNECT)
+    await trusting.aclose()
+    await default.aclose()
+    assert len(server.requests) == 2
+    assert server.connections == 1  # the refused handshake never reached the server's HTTP

@@ -200,8 +200,6 @@ class ScriptedCalls:
             raise RuntimeError("a bug in the client")
         return CallResult(self.answers.get(lease.object_id, Answer(status=204)), 1.0)
 
-    async def warm_up(self) -> None:
-        return None
 
 
 @contextlib.asynccontextmanager
