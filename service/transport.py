@@ -29,7 +29,7 @@ import asyncio
 import collections
 import ssl
 from collections.abc import AsyncIterator, Mapping
-from typing import Final
+from typing import Final, cast
 
 import httptools
 import httpx
@@ -136,8 +136,8 @@ class _Connection(asyncio.Protocol):
 
     # ------------------------------------------------------------------ asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # a stream transport, though not always asyncio's class (uvloop's under `serve`)
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         if not self.exchanging:  # bytes nobody asked for: nothing after them can be trusted

@@ -22,6 +22,7 @@ them (service/answers.py): then whole, up to the policy's answer_max_bytes.
 from __future__ import annotations
 
 import asyncio
+import base64
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -149,6 +150,11 @@ class UpstreamClient:
         base = origin.base(origin.host or PROBE_HOST)
         self._urls = UrlMaker(base)
         self._headers = httpx.Headers({"User-Agent": USER_AGENT, **upstream.headers})
+        url = httpx.URL(base)
+        if url.userinfo and "Authorization" not in self._headers:
+            # a base_url's user:password@ is Basic credentials, as HTTP clients take it
+            pair = f"{url.username}:{url.password}".encode()
+            self._headers["Authorization"] = "Basic " + base64.b64encode(pair).decode("ascii")
         self._credential_headers = dict(upstream.credential_headers)
         self._host = httpx.URL(base).netloc
         self._headers_for: dict[str, httpx.Headers] = {}

@@ -5,17 +5,20 @@ against scripted servers: each framing of an answer, reuse and its limits, TLS."
 from __future__ import annotations
 
 import asyncio
+import base64
 import ipaddress
 import re
 import socket
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import uvloop
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -121,6 +124,14 @@ async def test_what_reaches_the_upstream(upstream: FakeUpstream) -> None:
     assert headers["user-agent"].startswith("sweeper/")
     # no compression asked for: answer bodies are read as sent
     assert "accept-encoding" not in headers
+
+
+async def test_user_info_in_the_base_url_is_sent_as_basic_credentials(
+        upstream: FakeUpstream) -> None:
+    await call(policies_for(upstream.base_url.replace("://", "://shop:p%40ss@")))
+    [seen] = upstream.calls()
+    headers = {k.lower(): v for k, v in seen.headers.items()}
+    assert headers["authorization"] == "Basic " + base64.b64encode(b"shop:p@ss").decode()
 
 
 async def test_a_bodiless_post_says_its_length(upstream: FakeUpstream) -> None:
@@ -229,14 +240,19 @@ async def answer_to(transport: Http1Transport, url: str, **headers: str) -> Answ
 NO_CONTENT = b"HTTP/1.1 204 No Content\r\n\r\n"
 
 
-@pytest.mark.parametrize(("answer", "body"), [
-    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-     b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n", b"hello world"),
-    (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 102 Processing\r\n\r\n"
-     b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", b"ok"),
-    (b"HTTP/1.1 200 OK\r\n\r\nuntil the end" + Scripted.CLOSE, b"until the end"),
-    (b"HTTP/1.0 200 OK\r\nContent-Length: 3\r\n\r\nold" + Scripted.CLOSE, b"old"),
-], ids=["chunked", "interim-1xx", "close-delimited", "http-1.0"])
+FRAMINGS = {
+    "chunked": (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n", b"hello world"),
+    "interim-1xx": (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 102 Processing\r\n\r\n"
+                    b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", b"ok"),
+    "close-delimited": (b"HTTP/1.1 200 OK\r\n\r\nuntil the end" + Scripted.CLOSE,
+                        b"until the end"),
+    "http-1.0": (b"HTTP/1.0 200 OK\r\nContent-Length: 3\r\n\r\nold" + Scripted.CLOSE,
+                 b"old"),
+}
+
+
+@pytest.mark.parametrize(("answer", "body"), FRAMINGS.values(), ids=FRAMINGS.keys())
 async def test_each_framing_of_an_answer_is_read_whole(answer: bytes, body: bytes) -> None:
     transport = Http1Transport(4)
     async with Scripted(answer) as server:
@@ -425,3 +441,26 @@ async def test_tls_verifies_the_upstreams_certificate(tmp_path: Path) -> None:
     await default.aclose()
     assert len(server.requests) == 2
     assert server.connections == 1  # the refused handshake never reached the server's HTTP
+
+
+def test_the_wire_under_uvloop(tmp_path: Path) -> None:
+    """`sweeper serve` runs on uvloop, as uvicorn picks it, and `sweeper worker` on asyncio's
+    own loop: the cases above once more over uvloop's transports, which are not asyncio's
+    classes."""
+    cases: list[Callable[[], Coroutine[Any, Any, None]]] = [
+        *(partial(test_each_framing_of_an_answer_is_read_whole, *framing)
+          for framing in FRAMINGS.values()),
+        test_an_answer_saying_connection_close_is_not_reused,
+        test_a_connection_the_upstream_closed_while_idle_is_not_reused,
+        test_bytes_after_the_answer_make_the_connection_unusable,
+        partial(test_an_answer_cut_short_is_a_reset_after_send, b"HTTP/1.1 20" + Scripted.CLOSE),
+        test_a_header_with_a_line_break_is_never_sent,
+        partial(test_a_cancelled_answer_frees_its_connection, b""),
+        test_waiting_past_the_pool_timeout_was_never_sent,
+        test_a_host_without_idle_connections_takes_another_hosts_place,
+        test_an_unread_body_is_not_buffered_whole,
+        partial(test_tls_verifies_the_upstreams_certificate, tmp_path),
+    ]
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        for case in cases:
+            runner.run(case())

@@ -292,8 +292,9 @@ NOT_SENT = {Failure.CONNECT, Failure.TIMEOUT_BEFORE_SEND}
     (httpx.ReadTimeout("r"), {Failure.TIMEOUT_AFTER_SEND}),
     (httpx.ReadError("reset"), {Failure.RESET_AFTER_SEND}),
     (httpx.RemoteProtocolError("closed mid-answer"), {Failure.RESET_AFTER_SEND}),
+    # refused before sending: a header holding a line break (service/transport.py)
+    (httpx.LocalProtocolError("bad"), {Failure.INVALID_REQUEST}),
     # other protocol errors
-    (httpx.LocalProtocolError("bad"), {Failure.PROTOCOL}),
     (httpx.UnsupportedProtocol("gopher"), {Failure.PROTOCOL}),
     (httpx.ProxyError("proxy"), {Failure.PROTOCOL}),
 ], ids=lambda v: type(v).__name__ if isinstance(v, Exception) else "")
@@ -306,7 +307,9 @@ async def test_transport_errors_map_to_failures(exc: httpx.TransportError,
     assert answer.status is None
     assert answer.failure in expected
     outcome = classify(answer, absent_means_deleted=False, now=_now()).outcome
-    assert outcome is (Outcome.TRANSIENT if expected == NOT_SENT else Outcome.UNKNOWN)
+    assert outcome is (Outcome.TRANSIENT if expected == NOT_SENT else
+                       Outcome.PERMANENT if expected == {Failure.INVALID_REQUEST} else
+                       Outcome.UNKNOWN)
 
 
 @pytest.mark.parametrize(("exc", "failure"), [
