@@ -443,6 +443,20 @@ async def test_tls_verifies_the_upstreams_certificate(tmp_path: Path) -> None:
     assert server.connections == 1  # the refused handshake never reached the server's HTTP
 
 
+async def test_ssl_cert_file_names_a_private_ca(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """An upstream behind a private CA: SSL_CERT_FILE replaces certifi's roots, as
+    docs/configuration.md says."""
+    pem = self_signed(tmp_path)
+    served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    served.load_cert_chain(pem)
+    monkeypatch.setenv("SSL_CERT_FILE", str(pem))
+    transport = Http1Transport(4)
+    async with Scripted(NO_CONTENT, tls=served) as server:
+        assert (await answer_to(transport, server.base_url)).status == 204
+    await transport.aclose()
+
+
 def test_the_wire_under_uvloop(tmp_path: Path) -> None:
     """`sweeper serve` runs on uvloop, as uvicorn picks it, and `sweeper worker` on asyncio's
     own loop: the cases above once more over uvloop's transports, which are not asyncio's
