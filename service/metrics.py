@@ -116,7 +116,8 @@ TOKENS_GRANTED: Final = Counter(
     "sweeper_limiter_tokens_granted_total", "Tokens this process took from scope buckets",
     registry=REGISTRY)
 TOKENS_RETURNED: Final = Counter(
-    "sweeper_limiter_tokens_returned_total", "Granted tokens handed back unused",
+    "sweeper_limiter_tokens_returned_total",
+    "Granted tokens handed back unused (a late token is dropped, not handed back)",
     registry=REGISTRY)
 LIMITER_WAITS: Final = Counter(
     "sweeper_limiter_waits_total",

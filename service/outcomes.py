@@ -69,6 +69,9 @@ class Failure(StrEnum):
     INVALID_REQUEST = "invalid_request"  # the id cannot form a URL: a poison item
     NO_CREDENTIAL = "no_credential"      # the tenant has no credential: never called
     CREDENTIAL_UNAVAILABLE = "credential_unavailable"  # its lookup failed: never called
+    # its rate-limit token's moment passed before the request could be written: never sent
+    # (the worker returns the lease without an attempt: service/worker/pool.py)
+    SENT_TOO_LATE = "sent_too_late"
     # a store target's statement (service/targets.py)
     STORE_UNREACHABLE = "store_unreachable"  # no connection: nothing ran
     STORE_PERMISSION = "store_permission_denied"
@@ -175,7 +178,8 @@ def classify(answer: Answer, *, absent_means_deleted: bool, now: datetime,
 
 
 def _classify_failure(failure: Failure) -> Classified:
-    if failure in (Failure.CONNECT, Failure.TIMEOUT_BEFORE_SEND, Failure.STORE_BUSY):
+    if failure in (Failure.CONNECT, Failure.TIMEOUT_BEFORE_SEND, Failure.STORE_BUSY,
+                   Failure.SENT_TOO_LATE):
         return Classified(Outcome.TRANSIENT, failure.value)
     if failure in (Failure.INVALID_REQUEST, Failure.STORE_REFUSED):
         return Classified(Outcome.PERMANENT, failure.value)

@@ -15,6 +15,7 @@ what the upstream may have seen:
                               not connected within `connect`              -> ConnectTimeout
                               refused, unreachable, DNS, TLS handshake    -> ConnectError
                               a header that would split the request       -> LocalProtocolError
+                              its SEND_BY moment passed before the write  -> SentTooLate
     sent, answer incomplete   no byte of it for `read` seconds            -> ReadTimeout
                               closed before its end, or not HTTP          -> RemoteProtocolError
                               reset, or another socket error              -> ReadError
@@ -28,13 +29,20 @@ from __future__ import annotations
 import asyncio
 import collections
 import ssl
+import time
 from collections.abc import AsyncIterator, Mapping
+from contextvars import ContextVar
 from typing import Final, cast
 
 import httptools
 import httpx
 
-__all__ = ["Http1Transport"]
+__all__ = ["SEND_BY", "Http1Transport", "SentTooLate"]
+
+# The time.monotonic() moment after which the current task's request must not be written
+# at all. A worker spends a rate-limit token only until a tolerance after its moment
+# (service/worker/pool.py); taking a connection, or opening one, can outlast that.
+SEND_BY: ContextVar[float | None] = ContextVar("SEND_BY", default=None)
 
 # Under the 5 s idle timeout of uvicorn's and Node's servers: a connection is not reused in
 # the instant its upstream closes it.
@@ -46,6 +54,10 @@ _DEFAULT_PORTS: Final = {"http": 80, "https": 443}
 _NO_TIMEOUTS: Final[Mapping[str, float | None]] = {}
 
 _Key = tuple[str, str, int]  # scheme, host, port: the connections one request may reuse
+
+
+class SentTooLate(httpx.TransportError):
+    """Not sent: the request's SEND_BY moment passed before it could be written."""
 
 
 class _Surplus(Exception):
@@ -251,6 +263,10 @@ class Http1Transport(httpx.AsyncBaseTransport):
         key = (scheme, url.raw_host.decode("ascii"), url.port or _DEFAULT_PORTS[scheme])
         conn = self._pooled(key) or await self._opened(key, timeouts)
         read_timeout = timeouts.get("read")
+        send_by = SEND_BY.get()
+        if send_by is not None and time.monotonic() > send_by:
+            self.release(conn)  # unused, so as good as before for the next request
+            raise SentTooLate("the request's moment passed before it could be written")
         try:
             conn.send(data)
             while not conn.headers_done:

@@ -39,6 +39,7 @@ from service.outcomes import (
 from service.pipeline_counts import PipelineCounts
 from service.policies import Policies, Policy
 from service.policy_file import PolicyConfig
+from service.transport import SEND_BY
 from service.upstream import CallResult
 from service.worker.pacing import CallLimit, DatabaseClock, LocalHolds, ScopeCache
 from service.worker.ports import Ports
@@ -215,16 +216,20 @@ class WorkerPool:
         self._slot_freed.set()
 
     async def _hand_back(self, calls: list[tuple[Call, LeaseReturn]]) -> None:
-        """Return the leases of calls that were never made, and their tokens (one a call),
-        without an attempt, in one statement for the whole list (under CPU starvation whole
-        rounds come due late)."""
+        """Return the leases of calls that were never made, without an attempt, in one
+        statement for the whole list (under CPU starvation whole rounds come due late), and
+        the token of each call not made for lateness. A late token is dropped: refunded, the
+        refill it stood for would be spent again beside the tokens due after it, and the
+        first second of a start (granted before the first call could leave) exceeded rate
+        + burst (bench/reports/2026-12-04-budget-start)."""
         leases = [lease for call, _ in calls for lease in call]
-        tokens = [1 if i == 0 else 0 for call, _ in calls for i in range(len(call))]
+        tokens = [1 if i == 0 and reason is not LeaseReturn.LATE_START else 0
+                  for call, reason in calls for i in range(len(call))]
         await self.ports.completion.hand_back(leases, tokens)
         reasons: Counter[LeaseReturn] = Counter()
         for call, reason in calls:
             reasons[reason] += len(call)
-        self._counts.returned(reasons, tokens=len(calls))
+        self._counts.returned(reasons, tokens=sum(tokens))
 
     async def drain(self) -> None:
         """Wait for every call in flight and commit their outcomes."""
@@ -291,7 +296,17 @@ class WorkerPool:
                     reason_override: str | None = UNKNOWN_POLICY_VERSION
                 else:
                     reason_override = None
-                    result = await self._call(policy, call)
+                    # lateness counts until the request is written: taking or opening a
+                    # connection can outlast the tolerance (service/transport.py)
+                    send_by = SEND_BY.set(give_up if give_up < math.inf else None)
+                    try:
+                        result = await self._call(policy, call)
+                    finally:
+                        SEND_BY.reset(send_by)
+                    if result.answer.failure is Failure.SENT_TOO_LATE:
+                        self._calls.started_late(round_no)
+                        self._unstarted.append((call, LeaseReturn.LATE_START))
+                        return
             finally:
                 self._slots.release()
             self._done.extend(self._completions(call, policy, result, started,

@@ -10,6 +10,7 @@ import ipaddress
 import re
 import socket
 import ssl
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -28,7 +29,7 @@ import service.transport as transport_module
 from drills.upstream import FakeUpstream, Fault
 from service.outcomes import Answer, Failure
 from service.policies import Policies, resolve_policies
-from service.transport import Http1Transport
+from service.transport import SEND_BY, Http1Transport
 from service.upstream import CallResult, Upstreams, send
 
 KEY = "op-key-0123456789"
@@ -330,6 +331,23 @@ async def test_a_header_with_a_line_break_is_never_sent() -> None:
     assert server.connections == 0
 
 
+async def test_a_request_past_its_send_by_moment_is_never_written() -> None:
+    """The worker's token tolerance (SEND_BY) holds up to the write: a request that could
+    not leave in time is refused before a byte goes out, and its connection stays pooled."""
+    transport = Http1Transport(1)
+    async with Scripted(NO_CONTENT) as server:
+        assert (await answer_to(transport, server.base_url)).status == 204
+        for moment, expected in ((time.monotonic() - 0.001, Answer(failure=Failure.SENT_TOO_LATE)),
+                                 (time.monotonic() + 60, Answer(status=204, body=b""))):
+            token = SEND_BY.set(moment)
+            try:
+                assert await answer_to(transport, server.base_url) == expected
+            finally:
+                SEND_BY.reset(token)
+    await transport.aclose()
+    assert len(server.requests) == 2 and server.connections == 1
+
+
 @pytest.mark.parametrize("answer", [b"", b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npart"],
                          ids=["before-the-status", "mid-body"])
 async def test_a_cancelled_answer_frees_its_connection(answer: bytes) -> None:
@@ -469,6 +487,7 @@ def test_the_wire_under_uvloop(tmp_path: Path) -> None:
         test_bytes_after_the_answer_make_the_connection_unusable,
         partial(test_an_answer_cut_short_is_a_reset_after_send, b"HTTP/1.1 20" + Scripted.CLOSE),
         test_a_header_with_a_line_break_is_never_sent,
+        test_a_request_past_its_send_by_moment_is_never_written,
         partial(test_a_cancelled_answer_frees_its_connection, b""),
         test_waiting_past_the_pool_timeout_was_never_sent,
         test_a_host_without_idle_connections_takes_another_hosts_place,

@@ -89,6 +89,8 @@ CLASSIFY_TABLE: list[tuple[Answer, bool, Outcome, str, float | None]] = [
     # transport failures (a failure wins over any status)
     (Answer(failure=Failure.CONNECT), False, TR, "connect_error", None),
     (Answer(failure=Failure.TIMEOUT_BEFORE_SEND), True, TR, "timeout_before_send", None),
+    # the worker hands such a call back unattempted; classified, it is a call never sent
+    (Answer(failure=Failure.SENT_TOO_LATE), False, TR, "sent_too_late", None),
     (Answer(failure=Failure.TIMEOUT_AFTER_SEND), False, UK, "timeout_after_send", None),
     (Answer(failure=Failure.RESET_AFTER_SEND), True, UK, "reset_after_send", None),
     (Answer(failure=Failure.PROTOCOL), False, UK, "protocol_error", None),

@@ -20,10 +20,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from service import limiter
 from service.claims import Admission, Completion, Lease
 from service.limiter import Closure, Grant
 from service.outcomes import Answer, Failure
 from service.policies import Policies, Policy
+from service.transport import SEND_BY
 from service.upstream import CallResult
 from service.worker import Ports, WorkerPool
 from service.worker.pacing import CallLimit
@@ -97,6 +99,7 @@ class MemoryLedger:
     wants: list[dict[str, int]] = field(default_factory=list)
     completed: list[Completion] = field(default_factory=list)
     handed_back: list[Lease] = field(default_factory=list)
+    tokens_back: list[int] = field(default_factory=list)  # per lease handed back
     closures: list[dict[str, Closure]] = field(default_factory=list)
     paused: list[tuple[list[str], str]] = field(default_factory=list)
     recovered_scopes: list[str] = field(default_factory=list)
@@ -149,6 +152,7 @@ class MemoryLedger:
     async def hand_back(self, leases: Sequence[Lease], tokens: Sequence[int] | None = None
                         ) -> None:
         self.handed_back.extend(leases)
+        self.tokens_back.extend([1] * len(leases) if tokens is None else tokens)
 
     async def close(self, closures: Mapping[str, Closure]) -> None:
         if closures:
@@ -177,6 +181,7 @@ class ScriptedCalls:
     crash_on: set[str] = field(default_factory=set)
     hang_on: set[str] = field(default_factory=set)  # never answered
     calls: list[tuple[str, float]] = field(default_factory=list)
+    send_by: list[float | None] = field(default_factory=list)  # the transport's SEND_BY
     seconds: Sequence[float] = ()
     at_once: int = 0
     most_at_once: int = 0
@@ -184,6 +189,7 @@ class ScriptedCalls:
 
     async def delete(self, policy: Policy, lease: Lease) -> CallResult:
         self.calls.append((lease.object_id, self.clock.t))
+        self.send_by.append(SEND_BY.get())
         self.at_once += 1
         self.most_at_once = max(self.most_at_once, self.at_once)
         try:
@@ -318,10 +324,28 @@ async def test_late_tokens_go_back_and_the_next_round_asks_for_fewer() -> None:
     late = await r.pool.run_once()
     await r.pool.drain()
     assert late == 64 and len(r.ledger.handed_back) == 64
+    assert r.ledger.tokens_back == [0] * 64  # dropped: refunded, they would bunch later
     assert len(r.calls.calls) == 64  # only the first round's items were called
     r.ledger.grant_age = 0.0
     await r.pool.run_once()
     assert sum(r.ledger.wants[-1].values()) == 32  # the calls allowed in flight halved
+
+
+async def test_a_call_its_transport_could_not_write_in_time_goes_back_unattempted() -> None:
+    """Each call carries its token's last moment to the transport (SEND_BY); a request
+    the transport could not write by then (a slow connect) was never sent: the lease goes
+    back without an attempt and its token is dropped, as for a call started late."""
+    r = rig(concurrency=8)
+    [slow, *rest] = r.ledger.add("tenant:a", 4)
+    r.calls.answers[slow.object_id] = Answer(failure=Failure.SENT_TOO_LATE)
+    await r.pool.run_once()
+    await r.pool.drain()
+    assert r.ledger.handed_back == [slow] and r.ledger.tokens_back == [0]
+    assert sorted(r.outcomes()) == sorted(lease.object_id for lease in rest)
+    assert r.pool.completed == 3
+    # the moment is the grant's (the virtual clock's 0) plus the token's tolerance
+    assert r.calls.send_by == [pytest.approx(limiter.late_tolerance(r.ledger.rate))] * 4
+    assert SEND_BY.get() is None  # set for the call only
 
 
 async def test_stop_during_an_admission_hands_every_lease_back_uncalled() -> None:
