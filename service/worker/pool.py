@@ -218,10 +218,9 @@ class WorkerPool:
     async def _hand_back(self, calls: list[tuple[Call, LeaseReturn]]) -> None:
         """Return the leases of calls that were never made, without an attempt, in one
         statement for the whole list (under CPU starvation whole rounds come due late), and
-        the token of each call not made for lateness. A late token is dropped: refunded, the
-        refill it stood for would be spent again beside the tokens due after it, and the
-        first second of a start (granted before the first call could leave) exceeded rate
-        + burst (bench/reports/2026-12-04-budget-start)."""
+        the token of each, except a late one: refunded, the refill it stood for would be
+        granted again beside the tokens due after it, and a second could exceed rate +
+        burst (at a start, the refill from the first grant to the first call)."""
         leases = [lease for call, _ in calls for lease in call]
         tokens = [1 if i == 0 and reason is not LeaseReturn.LATE_START else 0
                   for call, reason in calls for i in range(len(call))]
