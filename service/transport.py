@@ -94,6 +94,10 @@ class _Connection(asyncio.Protocol):
     def alive(self) -> bool:
         return self.usable and self.transport is not None and not self.transport.is_closing()
 
+    def reusable_at(self, now: float) -> bool:
+        """Alive, and idle for less than KEEPALIVE_SECONDS at loop time `now`."""
+        return self.alive and now - self.idle_since < KEEPALIVE_SECONDS
+
     def send(self, data: bytes) -> None:
         """Write one request; its answer is read from here on. ConnectError (not sent) if
         the connection closed before it could be written: a new one the upstream shut."""
@@ -308,7 +312,7 @@ class Http1Transport(httpx.AsyncBaseTransport):
         now = asyncio.get_running_loop().time()
         while idle:
             conn = idle.pop()
-            if conn.alive and now - conn.idle_since < KEEPALIVE_SECONDS:
+            if conn.reusable_at(now):
                 return conn
             self._discard(conn)
         return None
@@ -393,10 +397,11 @@ class Http1Transport(httpx.AsyncBaseTransport):
         """Close the connections idle longer than KEEPALIVE_SECONDS, of every host."""
         self._swept_at = now
         for key, idle in list(self._idle.items()):
-            live = [conn for conn in idle
-                    if conn.alive and now - conn.idle_since < KEEPALIVE_SECONDS]
+            live = []
             for conn in idle:
-                if conn not in live:
+                if conn.reusable_at(now):
+                    live.append(conn)
+                else:
                     self._discard(conn)
             if live:
                 self._idle[key] = live

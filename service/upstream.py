@@ -157,7 +157,7 @@ class UpstreamClient:
             pair = f"{url.username}:{url.password}".encode()
             self._headers["Authorization"] = "Basic " + base64.b64encode(pair).decode("ascii")
         self._credential_headers = dict(upstream.credential_headers)
-        self._host = httpx.URL(base).netloc
+        self._host = url.netloc
         self._headers_for: dict[str, httpx.Headers] = {}
         self._templated_for: dict[tuple[str, bool], list[tuple[bytes, bytes]]] = {}
         connect = min(5.0, cfg.timeout_seconds)

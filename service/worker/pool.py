@@ -281,12 +281,8 @@ class WorkerPool:
                              else LeaseReturn.SCOPE_HELD if lease.scope in self._holds
                              else LeaseReturn.LATE_START if clock.monotonic() > give_up
                              else None)
-                if unstarted is LeaseReturn.LATE_START:
-                    self._calls.started_late(round_no)
                 if unstarted is not None:
-                    # not called: the leases and their token go back with the next flush
-                    # (one statement for all of them), no attempt counted
-                    self._unstarted.append((call, unstarted))
+                    self._not_made(call, unstarted, round_no)
                     return
                 policy = self.policies.policy(lease.policy)
                 started = clock.now()
@@ -303,8 +299,7 @@ class WorkerPool:
                     finally:
                         SEND_BY.reset(send_by)
                     if result.answer.failure is Failure.SENT_TOO_LATE:
-                        self._calls.started_late(round_no)
-                        self._unstarted.append((call, LeaseReturn.LATE_START))
+                        self._not_made(call, LeaseReturn.LATE_START, round_no)
                         return
             finally:
                 self._slots.release()
@@ -317,6 +312,13 @@ class WorkerPool:
                     await self._signals.apply(self.ports.signals)
         finally:
             IN_FLIGHT.dec()
+
+    def _not_made(self, call: Call, reason: LeaseReturn, round_no: int) -> None:
+        """A call not made: its leases go back with the next flush (one statement for all
+        of them, `_hand_back`), no attempt counted; a late one also tells the round."""
+        if reason is LeaseReturn.LATE_START:
+            self._calls.started_late(round_no)
+        self._unstarted.append((call, reason))
 
     async def _call(self, policy: Policy, call: Call) -> CallResult:
         lease = call[0]
