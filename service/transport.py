@@ -18,6 +18,7 @@ what the upstream may have seen:
                               its SEND_BY moment passed before the write  -> SentTooLate
     sent, answer incomplete   no byte of it for `read` seconds            -> ReadTimeout
                               closed before its end, or not HTTP          -> RemoteProtocolError
+                              its head still incomplete after 64 KiB      -> RemoteProtocolError
                               reset, or another socket error              -> ReadError
 
 A request is never sent twice. A pooled connection that the upstream closes just as it is
@@ -50,6 +51,10 @@ KEEPALIVE_SECONDS: Final = 4.0
 # An answer's body buffered past this pauses reading until the caller takes it: a huge body
 # is read as the caller reads (service/upstream.py stops at its cap), never held whole.
 HIGH_WATER_BYTES: Final = 65_536
+# The bytes read while an answer's final status and headers are still incomplete (interim
+# 1xx answers included): httptools gathers each header whole and has no limit of its own.
+# Counted per read, so a head ending within one read (at most 256 KiB) may exceed it.
+MAX_HEAD_BYTES: Final = 65_536
 _DEFAULT_PORTS: Final = {"http": 80, "https": 443}
 _NO_TIMEOUTS: Final[Mapping[str, float | None]] = {}
 
@@ -87,6 +92,7 @@ class _Connection(asyncio.Protocol):
         self.keep_alive = False
         self.chunks: collections.deque[bytes] = collections.deque()
         self.buffered = 0
+        self.head_bytes = 0  # read while the head was incomplete: at most MAX_HEAD_BYTES
         self.error: httpx.TransportError | None = None
 
     # ------------------------------------------------------------------ the exchange
@@ -163,6 +169,11 @@ class _Connection(asyncio.Protocol):
             self.parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
             self._fail(httpx.RemoteProtocolError(f"not an HTTP/1.1 answer ({type(exc).__name__})"))
+            return
+        if not self.headers_done:
+            self.head_bytes += len(data)
+            if self.head_bytes > MAX_HEAD_BYTES:
+                self._fail(httpx.RemoteProtocolError("an answer's head over MAX_HEAD_BYTES"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.usable = False

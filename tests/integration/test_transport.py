@@ -321,6 +321,25 @@ async def test_an_answer_cut_short_is_a_reset_after_send(answer: bytes) -> None:
     assert len(server.requests) == 1
 
 
+@pytest.mark.parametrize("head", [
+    # each over a megabyte: more than one read (256 KiB at most), whatever the timing
+    b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * 1_100_000 + b"\r\nContent-Length: 0\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\n" + b"X-Many: a\r\n" * 100_000 + b"Content-Length: 0\r\n\r\n",
+    b"HTTP/1.1 100 Continue\r\n\r\n" * 50_000 + NO_CONTENT,
+], ids=["one-huge-header", "many-headers", "endless-interim-answers"])
+async def test_an_answer_head_over_its_bound_is_refused(head: bytes) -> None:
+    """A hostile upstream cannot make the worker hold an unbounded status line and headers
+    (the parser gathers each header whole): past MAX_HEAD_BYTES the answer is refused as
+    not HTTP, and the connection is not reused."""
+    transport = Http1Transport(4)
+    async with Scripted(head, NO_CONTENT) as server:
+        assert await answer_to(transport, server.base_url) == Answer(
+            failure=Failure.RESET_AFTER_SEND)
+        assert (await answer_to(transport, server.base_url)).status == 204
+    await transport.aclose()
+    assert server.connections == 2
+
+
 async def test_a_header_with_a_line_break_is_never_sent() -> None:
     transport = Http1Transport(4)
     async with Scripted(NO_CONTENT) as server:
