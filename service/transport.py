@@ -16,6 +16,7 @@ what the upstream may have seen:
                               refused, unreachable, DNS, TLS handshake    -> ConnectError
                               a header that would split the request       -> LocalProtocolError
                               its SEND_BY moment passed before the write  -> SentTooLate
+                              (a wait for a free connection ends there)
     sent, answer incomplete   no byte of it for `read` seconds            -> ReadTimeout
                               closed before its end, or not HTTP          -> RemoteProtocolError
                               its head still incomplete after 64 KiB      -> RemoteProtocolError
@@ -332,8 +333,16 @@ class Http1Transport(httpx.AsyncBaseTransport):
         """A new connection to `key` once the limit allows one, or an idle one freed while
         waiting for it."""
         if self._open >= self._max and not self._evict_idle():
+            # a request that must be written by SEND_BY waits no longer than that: past it,
+            # a connection would only be taken to refuse the write
+            wait, late = timeouts.get("pool"), False
+            send_by = SEND_BY.get()
+            if send_by is not None:
+                left = max(0.0, send_by - time.monotonic())
+                if wait is None or left < wait:
+                    wait, late = left, True
             try:
-                async with asyncio.timeout(timeouts.get("pool")):
+                async with asyncio.timeout(wait):
                     while True:
                         await self._released()
                         conn = self._pooled(key)
@@ -342,6 +351,8 @@ class Http1Transport(httpx.AsyncBaseTransport):
                         if self._open < self._max or self._evict_idle():
                             break
             except TimeoutError:
+                if late:
+                    raise SentTooLate("no connection free before the request's moment") from None
                 raise httpx.PoolTimeout("no connection free within the pool timeout") from None
         self._open += 1
         try:

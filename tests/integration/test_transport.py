@@ -398,6 +398,25 @@ async def test_waiting_past_the_pool_timeout_was_never_sent() -> None:
     assert len(server.requests) == 2
 
 
+async def test_a_wait_for_a_connection_ends_at_the_send_by_moment() -> None:
+    """A worker's call waits for a free connection no longer than its token's tolerance:
+    it is not sent (SENT_TOO_LATE, so the lease goes back), and not held for the whole pool
+    timeout, which the overall deadline would cut as maybe sent."""
+    transport = Http1Transport(1)
+    async with Scripted(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nx") as server:
+        held = await transport.handle_async_request(request(server.base_url))  # body unread
+        token = SEND_BY.set(time.monotonic() + 0.05)
+        try:
+            waited = await send(transport, request(server.base_url, timeouts={
+                "pool": 60, "connect": 60, "read": 60}), 60, everything, 1 << 20)
+        finally:
+            SEND_BY.reset(token)
+        assert waited == Answer(failure=Failure.SENT_TOO_LATE)
+        await held.aclose()
+    await transport.aclose()
+    assert len(server.requests) == 1
+
+
 async def test_a_host_without_idle_connections_takes_another_hosts_place() -> None:
     transport = Http1Transport(1)
     async with Scripted(NO_CONTENT) as first, Scripted(NO_CONTENT) as second:
