@@ -7,7 +7,7 @@ The seed (policy `carts` unless named; the fake upstream answers by object id):
 
     acme     cart-ok-*      204                    succeeded
              cart-dead-*    422                    dead (permanent)
-             cart-retry-*   503                    pending, one attempt, next attempt in ~10 min
+             cart-retry-*   503                    pending, one attempt, next within 10 min
              cart-later-*   due in the future      pending, never released (no attempt planned)
              cart-drop-0    cancelled before it ran
     globex   cart-throttle  429 Retry-After 3600   pending; scope tenant:globex closed
@@ -64,7 +64,8 @@ def contract_policies(upstream_url: str) -> Policies:
     policy: dict[str, Any] = {
         "version": 1, "upstream": "shop", "scope": "tenant:{tenant_id}",
         "rate": {"per_second": 1000, "burst": 1000}, "lease_seconds": 30, "max_attempts": 3,
-        # a transient failure is retried in 10-15 minutes: after this session has ended
+        # a transient failure is retried within 10 minutes (full jitter over 600 s): most
+        # often after this session; one retried inside it answers 503 again
         "backoff": {"base_seconds": 600, "max_seconds": 900}}
     return policies_from({
         "upstreams": {"shop": {"base_url": upstream_url, "timeout_seconds": 2}},
