@@ -1,12 +1,17 @@
-"""What request bodies share: strict JSON types, no unknown fields, bounded values, and
-timestamps as RFC 3339 text within a range both Python and PostgreSQL can hold."""
+"""What request bodies share: JSON read strictly, strict JSON types, no unknown fields,
+bounded values, and timestamps as RFC 3339 text within a range both Python and PostgreSQL
+can hold."""
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from typing import Annotated, Any, Final
 
+from fastapi import Request, Response
+from fastapi.routing import APIRoute
 from pydantic import AfterValidator, AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field
 
 from service.policy_file import NAME_PATTERN
@@ -70,3 +75,54 @@ JsonInt = BeforeValidator(_integral)
 PolicyName = Annotated[str, Field(min_length=1, max_length=63, pattern=NAME_PATTERN,
                                   examples=["cart-retention"])]
 Id = Annotated[str, Field(min_length=1, max_length=MAX_ID_CHARS, pattern=ID_PATTERN)]
+
+
+class _NotJson(ValueError):
+    """What Python's JSON reader accepts and JSON does not mean one way."""
+
+
+def _members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    members = dict(pairs)
+    if len(members) != len(pairs):
+        names = [name for name, _ in pairs]
+        twice = next(name for i, name in enumerate(names) if name in names[:i])
+        raise _NotJson(f"the member {twice!r} appears twice in one object")
+    return members
+
+
+def _constant(name: str) -> Any:
+    raise _NotJson(f"{name} is not a JSON value")
+
+
+def parse_json(body: bytes) -> Any:
+    """A request body's JSON, read strictly: a member named twice in one object is refused
+    rather than read as its last value (`{"dry_run": true, "dry_run": false}` must not start
+    a real deletion), and so are NaN and Infinity, and nesting deeper than Python recurses.
+    Refusals are JSONDecodeError, which FastAPI answers as invalid JSON (400 malformed-json)."""
+    try:
+        return json.loads(body, object_pairs_hook=_members, parse_constant=_constant)
+    except _NotJson as exc:
+        raise json.JSONDecodeError(str(exc), "", 0) from None
+    except RecursionError:
+        raise json.JSONDecodeError("nested too deeply", "", 0) from None
+
+
+class JsonRequest(Request):
+    """A request whose JSON body is read by `parse_json`."""
+
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            self._json = parse_json(await self.body())
+        return self._json
+
+
+class JsonRoute(APIRoute):
+    """The route class of every operator router: its body is read by `parse_json`."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def strictly(request: Request) -> Response:
+            return await handler(JsonRequest(request.scope, request.receive))
+
+        return strictly

@@ -14,7 +14,7 @@ from fastapi.openapi.models import Example
 from pydantic import AfterValidator, BaseModel, Field, SecretStr
 
 from service import ledger
-from service.api.bodies import ID_PATTERN, MAX_ID_CHARS, RequestBody
+from service.api.bodies import ID_PATTERN, MAX_ID_CHARS, JsonRoute, RequestBody
 from service.api.deps import OperatorDep, RuntimeDep
 from service.api.problems import problem_doc, problem_responses
 from service.credentials import tenant_credentials, waits
@@ -22,7 +22,8 @@ from service.credentials.source import HEADER_VALUE_PATTERN, MAX_SECRET_CHARS, s
 from service.errors import Problem
 from service.policy_file import NAME_PATTERN
 
-router = APIRouter(prefix="/v1", tags=["credentials"], responses=problem_responses(401, 503))
+router = APIRouter(prefix="/v1", tags=["credentials"], route_class=JsonRoute,
+                   responses=problem_responses(401, 503))
 
 
 def _tenant_id(value: str) -> str:

@@ -9,13 +9,14 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
 from service import evidence
-from service.api.bodies import ID_PATTERN, MAX_ID_CHARS
+from service.api.bodies import ID_PATTERN, MAX_ID_CHARS, JsonRoute
 from service.api.deps import OperatorDep, RuntimeDep
 from service.api.problems import problem_responses, validation_problem
 from service.errors import Problem
 from service.ledger import id_problem
 
-router = APIRouter(prefix="/v1", tags=["evidence"], responses=problem_responses(401))
+router = APIRouter(prefix="/v1", tags=["evidence"], route_class=JsonRoute,
+                   responses=problem_responses(401))
 
 IdQuery = Query(min_length=1, max_length=MAX_ID_CHARS, pattern=ID_PATTERN)
 

@@ -10,12 +10,21 @@ from fastapi.openapi.models import Example
 from pydantic import BaseModel, Field, model_validator
 
 from service import holds, ledger
-from service.api.bodies import ID_PATTERN, MAX_BIGINT, Id, PolicyName, RequestBody, Timestamp
+from service.api.bodies import (
+    ID_PATTERN,
+    MAX_BIGINT,
+    Id,
+    JsonRoute,
+    PolicyName,
+    RequestBody,
+    Timestamp,
+)
 from service.api.deps import OperatorDep, RuntimeDep
 from service.api.problems import problem_responses, validation_problem
 from service.errors import Problem
 
-router = APIRouter(prefix="/v1", tags=["holds"], responses=problem_responses(401, 503))
+router = APIRouter(prefix="/v1", tags=["holds"], route_class=JsonRoute,
+                   responses=problem_responses(401, 503))
 
 # Reasons and references take no control characters, as ids do (no line breaks in the
 # audit trail and the logs).

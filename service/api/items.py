@@ -16,6 +16,7 @@ from service.api.bodies import (
     MAX_BIGINT,
     Id,
     JsonInt,
+    JsonRoute,
     PolicyName,
     RequestBody,
     Timestamp,
@@ -27,7 +28,8 @@ from service.ledger import MAX_ID_BYTES
 
 MAX_ITEMS_PER_REQUEST = 10_000
 
-router = APIRouter(prefix="/v1", tags=["items"], responses=problem_responses(401, 422, 503))
+router = APIRouter(prefix="/v1", tags=["items"], route_class=JsonRoute,
+                   responses=problem_responses(401, 422, 503))
 # the routes that read a JSON body may also answer 400 for one that does not parse
 BODY_ERRORS = problem_responses(400)
 

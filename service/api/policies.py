@@ -5,11 +5,13 @@ from __future__ import annotations
 from fastapi import APIRouter
 from pydantic import BaseModel
 
+from service.api.bodies import JsonRoute
 from service.api.deps import OperatorDep, RuntimeDep
 from service.api.problems import problem_responses
 from service.policies import Policy
 
-router = APIRouter(prefix="/v1", tags=["policies"], responses=problem_responses(401))
+router = APIRouter(prefix="/v1", tags=["policies"], route_class=JsonRoute,
+                   responses=problem_responses(401))
 
 
 class PolicyView(BaseModel):

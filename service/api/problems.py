@@ -146,11 +146,13 @@ async def _on_problem(request: Request, exc: Exception) -> JSONResponse:
 
 async def _on_validation(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    errors = _clean_errors(exc)
-    if any(e["type"] == "json_invalid" for e in errors):
+    invalid = [e for e in exc.errors() if e.get("type") == "json_invalid"]
+    if invalid:
+        why = str(invalid[0].get("ctx", {}).get("error", "")) or "not parseable"
         problem = Problem(400, "malformed-json", "Request body is not valid JSON",
-                          "the body could not be parsed as JSON")
+                          f"the body could not be parsed as JSON: {why}")
         return problem_response(problem, request)
+    errors = _clean_errors(exc)
     return problem_response(validation_problem(errors), request)
 
 

@@ -17,6 +17,7 @@ from service.api.bodies import (
     MAX_BIGINT,
     Id,
     JsonInt,
+    JsonRoute,
     PolicyName,
     RequestBody,
     Timestamp,
@@ -27,7 +28,8 @@ from service.errors import Problem
 from service.ledger import MAX_ID_BYTES, id_problem, utf8_size_over
 from service.runtime import Runtime
 
-router = APIRouter(prefix="/v1", tags=["runs"], responses=problem_responses(401, 503))
+router = APIRouter(prefix="/v1", tags=["runs"], route_class=JsonRoute,
+                   responses=problem_responses(401, 503))
 
 RUN_EXAMPLES: dict[str, Example] = {
     "scheduled": {"summary": "a cron trigger for one policy",

@@ -10,7 +10,7 @@ from fastapi.openapi.models import Example
 from pydantic import AfterValidator, BaseModel, Field
 
 from service import scopes
-from service.api.bodies import JsonInt, RequestBody
+from service.api.bodies import JsonInt, JsonRoute, RequestBody
 from service.api.deps import OperatorDep, RuntimeDep
 from service.api.problems import problem_responses
 from service.api.scope_names import scope_name
@@ -18,7 +18,8 @@ from service.errors import Problem
 from service.ledger import MAX_SCOPE_BYTES
 from service.policy_file import MAX_RATE_PER_SECOND, MIN_RATE_PER_SECOND
 
-router = APIRouter(prefix="/v1", tags=["scopes"], responses=problem_responses(401, 503))
+router = APIRouter(prefix="/v1", tags=["scopes"], route_class=JsonRoute,
+                   responses=problem_responses(401, 503))
 
 # the handlers receive the decoded name
 ScopeName = Annotated[str, Path(

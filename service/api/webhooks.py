@@ -17,6 +17,7 @@ from starlette.routing import BaseRoute
 from starlette.types import Receive, Scope, Send
 
 from service import metrics, webhooks
+from service.api.bodies import JsonRoute
 from service.api.gate import BodyRefusal, BodyRefused, read_body
 from service.api.problems import RETRY_AFTER_HEADER, problem_doc
 from service.db.engine import is_busy, is_unavailable
@@ -56,7 +57,8 @@ async def _intake_lifespan(_app: Any) -> AsyncIterator[dict[str, Any]]:
         await intake.aclose()
 
 
-router = APIRouter(prefix="/v1", tags=["webhooks"], lifespan=_intake_lifespan, responses={
+router = APIRouter(prefix="/v1", tags=["webhooks"], route_class=JsonRoute,
+                   lifespan=_intake_lifespan, responses={
     400: problem_doc("body is not JSON, or a header the scheme needs (id, topic) is missing"),
     401: problem_doc("signature missing or not valid, or the timestamp is outside the replay "
                      "window (one answer for all: nothing tells which part failed)"),

@@ -13,10 +13,12 @@ from urllib.parse import quote
 
 import httpx
 import pytest
+from fastapi.routing import APIRoute
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.api.bodies import JsonRoute
 from service.db.engine import make_engine
 from service.openapi import openapi_document
 from service.settings import async_url
@@ -217,6 +219,37 @@ async def test_invalid_utf8_is_malformed_json(client: httpx.AsyncClient, body: b
                                headers={"content-type": "application/json"})
     assert answer.status_code == 400
     assert answer.json()["type"] == "urn:sweeper:problem:malformed-json"
+
+
+@pytest.mark.parametrize(("path", "body", "why"), [
+    ("/v1/runs", b'{"dry_run": true, "dry_run": false}',
+     "the member 'dry_run' appears twice in one object"),
+    ("/v1/items", b'{"items": [{"tenant_id": "a", "object_id": "b", "policy": "carts", '
+                  b'"due_at": "2026-01-01T00:00:00Z", "object_id": "c"}]}',
+     "the member 'object_id' appears twice in one object"),
+    ("/v1/runs", b'{"dry_run": true, "max_items": NaN}', "NaN is not a JSON value"),
+    ("/v1/runs", b'{"dry_run": true, "max_items": -Infinity}', "-Infinity is not a JSON value"),
+    ("/v1/items", b'{"items": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply"),
+], ids=["a-flag-twice", "an-id-twice", "nan", "infinity", "deep"])
+async def test_json_is_read_strictly(client: httpx.AsyncClient, engine: AsyncEngine,
+                                     path: str, body: bytes, why: str) -> None:
+    """What Python's reader takes and JSON does not say one way is refused, not guessed at:
+    the last of two `dry_run`s would have started a real deletion."""
+    answer = await client.post(path, content=body, headers={"content-type": "application/json"})
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["type"] == "urn:sweeper:problem:malformed-json"
+    assert answer.json()["detail"] == f"the body could not be parsed as JSON: {why}"
+    assert await count(engine, "SELECT count(*) FROM runs") == 0
+    assert await count(engine, "SELECT count(*) FROM items") == 0
+
+
+async def test_every_operator_route_reads_its_body_strictly(live: LiveServer) -> None:
+    """A router added without JsonRoute would read `{"dry_run": true, "dry_run": false}` as
+    a real run: every operation that takes a body is a JsonRoute."""
+    with_bodies = [r for r in live.app.state.route_methods.routes if isinstance(r, APIRoute)
+                   and r.body_field is not None and r.path.startswith("/v1/")]
+    assert len(with_bodies) >= 10
+    assert [r.path for r in with_bodies if not isinstance(r, JsonRoute)] == []
 
 
 # --- 12. a run's tenant id ------------------------------------------------------------------
