@@ -29,7 +29,7 @@ from service.api import policies as policies_api
 from service.api import runs as runs_routes
 from service.api import scopes as scopes_routes
 from service.api import webhooks as webhooks_routes
-from service.api.deps import reject_unknown_query
+from service.api.deps import strict_query
 from service.api.gate import Gate
 from service.api.links import install_links
 from service.api.methods import RouteMethods
@@ -200,13 +200,13 @@ def create_app(
     )
     install_problem_handlers(app)
     install_links(app)  # OpenAPI links for clients and the stateful contract test
-    # operator API: an undeclared query parameter is refused, not ignored
-    strict_query = [Depends(reject_unknown_query)]
+    # operator API: an undeclared or repeated query parameter is refused, not ignored
+    checked = [Depends(strict_query)]
     routers = [(health.router, []), (metrics_api.router, []),
-               (policies_api.router, strict_query), (items.router, strict_query),
-               (runs_routes.router, strict_query), (scopes_routes.router, strict_query),
-               (credentials_routes.router, strict_query),
-               (holds_routes.router, strict_query), (evidence_routes.router, strict_query),
+               (policies_api.router, checked), (items.router, checked),
+               (runs_routes.router, checked), (scopes_routes.router, checked),
+               (credentials_routes.router, checked),
+               (holds_routes.router, checked), (evidence_routes.router, checked),
                (webhooks_routes.router, [])]
     for router, dependencies in routers:
         app.include_router(router, dependencies=dependencies)

@@ -38,19 +38,25 @@ def require_operator(
 OperatorDep = Annotated[str, Depends(require_operator)]
 
 
-def reject_unknown_query(request: Request) -> None:
+def strict_query(request: Request) -> None:
     """A query parameter the route does not declare is a 422 naming it (a typo such as
-    `?limt=10` must not be silently ignored), never its value."""
+    `?limt=10` must not be silently ignored), never its value; so is one given twice (no
+    operation takes a list in its query: `?tenant_id=a&tenant_id=b` would be read as one of
+    them)."""
     route = request.scope.get("route")
     dependant = getattr(route, "dependant", None)
     if dependant is None:
         return
-    allowed = _query_names(dependant)
-    unknown = sorted(set(request.query_params) - allowed)
-    if unknown:
+    names = [name for name, _ in request.query_params.multi_items()]
+    unknown = sorted(set(names) - _query_names(dependant))
+    repeated = sorted({name for name in names if names.count(name) > 1} - set(unknown))
+    if unknown or repeated:
         raise validation_problem([
-            {"loc": ["query", name[:64]], "type": "unknown_parameter",
-             "message": "this operation has no such query parameter"} for name in unknown[:20]])
+            *({"loc": ["query", name[:64]], "type": "unknown_parameter",
+               "message": "this operation has no such query parameter"} for name in unknown[:20]),
+            *({"loc": ["query", name[:64]], "type": "repeated_parameter",
+               "message": "this parameter takes one value; it was given more than once"}
+              for name in repeated[:20])])
 
 
 def _query_names(dependant: Any) -> set[str]:

@@ -99,13 +99,19 @@ class ConsoleRoute(APIRoute):
 
 
 class Params:
-    """A page's query parameters, each read at most once, bounded; unknown ones refused."""
+    """A page's query parameters, each read at most once, bounded; unknown and repeated
+    ones refused, as a form's fields are."""
 
     def __init__(self, request: Request, allowed: Collection[str]) -> None:
-        unknown = sorted(set(request.query_params) - set(allowed))
+        names = [name for name, _ in request.query_params.multi_items()]
+        unknown = sorted(set(names) - set(allowed))
         if unknown:
             raise ConsoleError(422, "Unknown parameter",
                                f"this page takes no parameter {unknown[0][:64]!r}")
+        repeated = sorted(name for name in set(names) if names.count(name) > 1)
+        if repeated:
+            raise ConsoleError(422, "Repeated parameter",
+                               f"{repeated[0][:64]} was sent more than once")
         self.values: Mapping[str, str] = request.query_params
 
     def string(self, name: str, max_chars: int = MAX_TEXT) -> str | None:

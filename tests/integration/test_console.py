@@ -149,6 +149,7 @@ async def test_forms_need_this_sessions_token_and_origin(browser: Browser) -> No
 
 @pytest.mark.parametrize(("path", "status"), [
     ("/runs?limt=5", 422), ("/runs?before=abc", 422), ("/runs?before=0", 422),
+    ("/items?status=dead&status=pending", 422),
     ("/runs?before=99999999999999999999", 422), ("/runs?policy=nope", 422),
     ("/items?status=gone", 422), ("/items?object_id=cart-1", 422),
     ("/items?tenant_id=" + "a" * 513, 422), ("/items?tenant_id=a%01b", 422),

@@ -135,6 +135,26 @@ async def test_unknown_fields_are_refused_by_name(client: httpx.AsyncClient,
     assert (await client.get("/v1/workers")).json()["workers_paused"] is False
 
 
+@pytest.mark.parametrize(("method", "query", "expected"), [
+    ("GET", "limt=10", [("query.limt", "unknown_parameter")]),
+    ("GET", "limit=1&limit=500", [("query.limit", "repeated_parameter")]),
+    ("GET", "tenant_id=a&status=dead&tenant_id=b",
+     [("query.tenant_id", "repeated_parameter")]),
+    ("GET", "pollicy=x&pollicy=y&limit=1&limit=1",
+     [("query.pollicy", "unknown_parameter"), ("query.limit", "repeated_parameter")]),
+    ("POST", "dry_run=true", [("query.dry_run", "unknown_parameter")]),
+])
+async def test_query_parameters_are_declared_and_given_once(
+        client: httpx.AsyncClient, engine: AsyncEngine, method: str, query: str,
+        expected: list[tuple[str, str]]) -> None:
+    """No operation takes a list in its query: a name given twice is refused, not read as
+    one of its values, and an undeclared one is refused by name."""
+    path = "/v1/items" if method == "GET" else "/v1/runs"
+    body = None if method == "GET" else b'{"dry_run": true}'
+    assert issues(await client.request(method, f"{path}?{query}", content=body)) == expected
+    assert await count(engine, "SELECT count(*) FROM runs") == 0
+
+
 def test_every_request_body_schema_forbids_additional_properties() -> None:
     schemas = openapi_document()["components"]["schemas"]  # type: ignore[index]
     bodies = ["RunIn", "ItemsIn", "ItemIn", "ItemSelection", "ItemRef", "BudgetIn", "ReasonIn"]
