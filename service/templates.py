@@ -41,6 +41,8 @@ from datetime import date, datetime, time
 from typing import Any, Final, NamedTuple
 from urllib.parse import quote
 
+from service import strict_json
+
 FIELDS: Final = ("tenant_id", "object_id", "policy", "policy_version", "upstream")
 ITEM_FIELDS: Final = frozenset({"tenant_id", "object_id"})  # the rest are the policy's
 # The path, query and body may also carry the object's version for an optimistic-concurrency
@@ -283,21 +285,9 @@ def _key_path(at: str, key: str) -> str:
 
 
 def parse_json_body(text: str) -> Any:
-    """A body written as JSON text: an object or array, no NaN or Infinity, no key twice."""
-    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
-        keys = [k for k, _ in items]
-        twice = sorted({k for k in keys if keys.count(k) > 1})
-        if twice:
-            raise ValueError(f"the key {twice[0]!r} appears twice in one object")
-        return dict(items)
-
-    def constant(name: str) -> Any:
-        raise ValueError(f"{name} is not JSON")
-
+    """A body written as JSON text: an object or array, read by strict_json."""
     try:
-        value = json.loads(text, object_pairs_hook=pairs, parse_constant=constant)
-    except RecursionError:
-        raise ValueError("nested too deeply") from None
+        value = strict_json.loads(text)
     except ValueError as exc:
         raise ValueError(f"not JSON: {exc}") from None
     if not isinstance(value, (dict, list)):

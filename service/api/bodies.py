@@ -14,6 +14,7 @@ from fastapi import Request, Response
 from fastapi.routing import APIRoute
 from pydantic import AfterValidator, AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field
 
+from service import strict_json
 from service.policy_file import NAME_PATTERN
 
 # Every timestamp the API takes lies in this range (inclusive), whatever its offset: any
@@ -77,34 +78,13 @@ PolicyName = Annotated[str, Field(min_length=1, max_length=63, pattern=NAME_PATT
 Id = Annotated[str, Field(min_length=1, max_length=MAX_ID_CHARS, pattern=ID_PATTERN)]
 
 
-class _NotJson(ValueError):
-    """What Python's JSON reader accepts and JSON does not mean one way."""
-
-
-def _members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    members = dict(pairs)
-    if len(members) != len(pairs):
-        names = [name for name, _ in pairs]
-        twice = next(name for i, name in enumerate(names) if name in names[:i])
-        raise _NotJson(f"the member {twice!r} appears twice in one object")
-    return members
-
-
-def _constant(name: str) -> Any:
-    raise _NotJson(f"{name} is not a JSON value")
-
-
 def parse_json(body: bytes) -> Any:
-    """A request body's JSON, read strictly: a member named twice in one object is refused
-    rather than read as its last value (`{"dry_run": true, "dry_run": false}` must not start
-    a real deletion), and so are NaN and Infinity, and nesting deeper than Python recurses.
-    Refusals are JSONDecodeError, which FastAPI answers as invalid JSON (400 malformed-json)."""
+    """A request body's JSON, read by strict_json: refusals are JSONDecodeError, which
+    FastAPI answers as invalid JSON (400 malformed-json, the reason in its detail)."""
     try:
-        return json.loads(body, object_pairs_hook=_members, parse_constant=_constant)
-    except _NotJson as exc:
+        return strict_json.loads(body)
+    except strict_json.NotJson as exc:
         raise json.JSONDecodeError(str(exc), "", 0) from None
-    except RecursionError:
-        raise json.JSONDecodeError("nested too deeply", "", 0) from None
 
 
 class JsonRequest(Request):

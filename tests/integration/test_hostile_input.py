@@ -243,12 +243,12 @@ async def test_invalid_utf8_is_malformed_json(client: httpx.AsyncClient, body: b
 
 @pytest.mark.parametrize(("path", "body", "why"), [
     ("/v1/runs", b'{"dry_run": true, "dry_run": false}',
-     "the member 'dry_run' appears twice in one object"),
+     "the key 'dry_run' appears twice in one object"),
     ("/v1/items", b'{"items": [{"tenant_id": "a", "object_id": "b", "policy": "carts", '
                   b'"due_at": "2026-01-01T00:00:00Z", "object_id": "c"}]}',
-     "the member 'object_id' appears twice in one object"),
-    ("/v1/runs", b'{"dry_run": true, "max_items": NaN}', "NaN is not a JSON value"),
-    ("/v1/runs", b'{"dry_run": true, "max_items": -Infinity}', "-Infinity is not a JSON value"),
+     "the key 'object_id' appears twice in one object"),
+    ("/v1/runs", b'{"dry_run": true, "max_items": NaN}', "NaN is not JSON"),
+    ("/v1/runs", b'{"dry_run": true, "max_items": -Infinity}', "-Infinity is not JSON"),
     ("/v1/items", b'{"items": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply"),
 ], ids=["a-flag-twice", "an-id-twice", "nan", "infinity", "deep"])
 async def test_json_is_read_strictly(client: httpx.AsyncClient, engine: AsyncEngine,
