@@ -20,6 +20,7 @@ TERMINAL = ("succeeded", "dead", "cancelled", "skipped")
 POLL_INTERVAL_S = 0.5
 PLAIN_REPORT_EVERY_S = 5.0
 BAR_WIDTH = 30
+MAX_ERRORS_SHOWN = 10
 
 
 class RunFailed(SweeperError):
@@ -108,11 +109,21 @@ async def follow(client: httpx.AsyncClient, run_id: int, out: TextIO = sys.stder
 
 
 def _problem_text(response: httpx.Response) -> str:
+    """The refusal's status, title and detail, and for a 422 what was wrong where (a
+    `--policy` naming no policy, say): "1 problem(s) in the request" alone says nothing."""
     try:
         doc = response.json()
-        return f"HTTP {response.status_code}: {doc.get('title')}: {doc.get('detail', '')}"
     except ValueError:
         return f"HTTP {response.status_code}"
+    if not isinstance(doc, dict):
+        return f"HTTP {response.status_code}"
+    text = f"HTTP {response.status_code}: {doc.get('title')}: {doc.get('detail', '')}"
+    errors = doc.get("errors")
+    for error in errors[:MAX_ERRORS_SHOWN] if isinstance(errors, list) else ():
+        if isinstance(error, dict):
+            where = ".".join(str(part) for part in error.get("loc", ()))
+            text += f"\n  {where}: {error.get('message', '')}"
+    return text
 
 
 def outcome(run: dict[str, Any]) -> tuple[Exit, str]:

@@ -55,3 +55,31 @@ async def test_bar_and_attempts_come_from_one_answer(monkeypatch: pytest.MonkeyP
         await follow.follow(client, 3, out=out)
     assert out.getvalue().endswith(
         "3000/3000 100%     0.0/s ETA -  attempts: succeeded=3000 throttled=41 transient=7\n")
+
+
+@pytest.mark.parametrize(("status", "answer", "message"), [
+    (422, {"title": "Request is not valid", "detail": "2 problem(s) in the request",
+           "errors": [{"loc": ["body", "policy"], "message": "String should have at least "
+                       "1 character", "type": "string_too_short"},
+                      {"loc": ["body", "max_items"], "message": "Input should be greater "
+                       "than or equal to 1", "type": "greater_than_equal"}]},
+     "HTTP 422: Request is not valid: 2 problem(s) in the request\n"
+     "  body.policy: String should have at least 1 character\n"
+     "  body.max_items: Input should be greater than or equal to 1"),
+    (409, {"title": "Conflict", "detail": "that key started another run"},
+     "HTTP 409: Conflict: that key started another run"),
+    (502, ["not", "a", "problem"], "HTTP 502"),
+    (500, None, "HTTP 500"),
+])
+async def test_a_refused_trigger_says_what_was_wrong(status: int, answer: Any,
+                                                     message: str) -> None:
+    """`sweeper run` prints what the server said, down to each field a 422 names."""
+    def handle(_request: httpx.Request) -> httpx.Response:
+        return (httpx.Response(status, text="<html>") if answer is None
+                else httpx.Response(status, json=answer))
+
+    async with httpx.AsyncClient(base_url="http://sweeper.test",
+                                 transport=httpx.MockTransport(handle)) as client:
+        with pytest.raises(follow.RunFailed) as refused:
+            await follow.trigger(client, {"policy": ""}, None)
+    assert str(refused.value) == message
