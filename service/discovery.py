@@ -49,7 +49,7 @@ from service.db.statements import run as run_statement
 from service.ledger import Obligations
 from service.list_source import Lister, SourceDeferred
 from service.policies import Policies, Policy
-from service.policy_file import SourceConfig
+from service.policy_file import MAX_SCOPE_BYTES, SourceConfig
 from service.stores import Cursor, SourceRows, StoreError, Stores
 
 log = logging.getLogger(__name__)
@@ -143,12 +143,12 @@ def sort_page(policy: Policy, rows: SourceRows, cutoff: datetime, *,
     # one with a lone surrogate could not be measured in UTF-8
     too_long = {tenant for tenant in set(tenants)
                 if tenant is not None and ledger.id_problem(tenant) is None
-                and ledger.utf8_size_over(policy.scope_for(tenant), ledger.MAX_SCOPE_BYTES)}
+                and ledger.utf8_size_over(policy.scope_for(tenant), MAX_SCOPE_BYTES)}
     if too_long:
         for n, tenant in enumerate(tenants):
             if tenant in too_long:
                 problems.setdefault(
-                    n, f"tenant_id makes a scope over {ledger.MAX_SCOPE_BYTES} bytes")
+                    n, f"tenant_id makes a scope over {MAX_SCOPE_BYTES} bytes")
     kept_tenants = cast("Sequence[str]", tenants)
     kept_objects = cast("Sequence[str]", objects)
     kept_ages = cast("Sequence[datetime]", ages)

@@ -19,12 +19,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from service import audit, limiter
 from service.db.statements import Statement, covering_hold, fetch_filtered, run
 from service.policies import Policy
+from service.policy_file import MAX_SCOPE_BYTES
 
 if TYPE_CHECKING:
     from _hashlib import HASH
 
 MAX_ID_BYTES = 512
-MAX_SCOPE_BYTES = 512  # the schema's limit on a limiter scope's name
 
 
 def operation_key(tenant_id: str, object_id: str, policy: str, version: int) -> str:

@@ -64,6 +64,10 @@ def parse_duration(text: str) -> timedelta:
     return duration
 
 
+MAX_SCOPE_BYTES: Final = 512  # the schema's limit on a limiter scope's name
+_CONTROL: Final = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # what PostgreSQL's [[:cntrl:]] matches
+
+
 def template_fields(template: str) -> set[str]:
     """The ``{name}`` placeholders of a str.format template (refuses positional ones)."""
     names: set[str] = set()
@@ -314,6 +318,15 @@ class PolicyConfig(_Strict):
         if unknown:
             raise ValueError(f"unknown placeholder(s) {sorted(unknown)}; allowed: "
                              f"{sorted(SCOPE_FIELDS)}")
+        # what the ledger's CHECK on a scope's name allows, known before any item is
+        # registered (a tenant id that makes it too long is refused per item, ledger.py)
+        literal = "".join(text for text, *_ in string.Formatter().parse(value))
+        if not value:
+            raise ValueError('must name the token bucket, e.g. "tenant:{tenant_id}"')
+        if _CONTROL.search(literal):
+            raise ValueError("must not hold control characters")
+        if len(literal.encode()) >= MAX_SCOPE_BYTES:
+            raise ValueError(f"its text is over the {MAX_SCOPE_BYTES} bytes a scope may be")
         return value
 
 

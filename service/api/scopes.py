@@ -15,8 +15,7 @@ from service.api.deps import OperatorDep, RuntimeDep
 from service.api.problems import problem_responses
 from service.api.scope_names import scope_name
 from service.errors import Problem
-from service.ledger import MAX_SCOPE_BYTES
-from service.policy_file import MAX_RATE_PER_SECOND, MIN_RATE_PER_SECOND
+from service.policy_file import MAX_RATE_PER_SECOND, MAX_SCOPE_BYTES, MIN_RATE_PER_SECOND
 
 router = APIRouter(prefix="/v1", tags=["scopes"], route_class=JsonRoute,
                    responses=problem_responses(401, 503))

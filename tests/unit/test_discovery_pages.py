@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from service import ledger
 from service.discovery import Page, _per_tenant, sort_page
 from service.policies import resolve_policies
+from service.policy_file import MAX_SCOPE_BYTES
 from service.stores import SourceRows
 from tests.integration.store_schema import CARTS_SOURCE, CARTS_TARGET, store_policy
 
@@ -81,7 +82,7 @@ def test_a_tenant_whose_scope_is_too_long_or_unmeasurable_is_a_problem_not_a_cra
     assert list(page.registrations.object_ids) == ["3"]
     assert [e["problem"] for e in page.errors] == [
         "tenant_id must not contain control characters or unpaired surrogates",
-        f"tenant_id makes a scope over {ledger.MAX_SCOPE_BYTES} bytes"]
+        f"tenant_id makes a scope over {MAX_SCOPE_BYTES} bytes"]
 
 
 def test_an_age_past_the_cutoff_is_due_at_the_cutoff() -> None:

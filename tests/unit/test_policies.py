@@ -99,6 +99,13 @@ def test_missing_webhook_secret_is_named() -> None:
          "policies.cart-retention.path", "must start with '/'"),
         (lambda d: d["policies"]["cart-retention"].update(scope="tenant:{shop}"),
          "policies.cart-retention.scope", "unknown placeholder"),
+        # the ledger's CHECK on a scope's name: each was a 500 on every registration
+        (lambda d: d["policies"]["cart-retention"].update(scope=""),
+         "policies.cart-retention.scope", "must name the token bucket"),
+        (lambda d: d["policies"]["cart-retention"].update(scope="tenant:\n{tenant_id}"),
+         "policies.cart-retention.scope", "control characters"),
+        (lambda d: d["policies"]["cart-retention"].update(scope="é" * 256 + "{tenant_id}"),
+         "policies.cart-retention.scope", "over the 512 bytes"),
         (lambda d: d["policies"]["cart-retention"]["rate"].update(per_second=0),
          "policies.cart-retention.rate.per_second", "greater than or equal to 0.001"),
         (lambda d: d["policies"]["cart-retention"].pop("version"),
