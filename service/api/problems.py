@@ -148,7 +148,7 @@ async def _on_validation(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     invalid = [e for e in exc.errors() if e.get("type") == "json_invalid"]
     if invalid:
-        why = str(invalid[0].get("ctx", {}).get("error", "")) or "not parseable"
+        why = str((invalid[0].get("ctx") or {}).get("error", "")) or "not parseable"
         problem = Problem(400, "malformed-json", "Request body is not valid JSON",
                           f"the body could not be parsed as JSON: {why}")
         return problem_response(problem, request)
