@@ -178,10 +178,16 @@ def resolve_policies(raw: Mapping[str, Any], env: Mapping[str, str], *, source: 
         problems.append(f"policies file {source}: {key}: {message}")
 
     def secret(var: str, key: str) -> str:
-        value = env.get(var)
-        if not value:
+        """A secret from the environment, less one trailing line break, as a credential
+        file's (a secret mounted from a file usually ends in one, and with it a header could
+        not be sent, a signature never match, a DSN never parse)."""
+        raw = str(env.get(var) or "")
+        value = raw[:-2] if raw.endswith("\r\n") else raw[:-1] if raw.endswith("\n") else raw
+        if not raw:
             fail(key, f"environment variable {var} is not set")
-        return str(value or "")
+        elif not value:
+            fail(key, f"environment variable {var} holds only a line break")
+        return value
 
     for section in ("upstreams", "stores", "policies", "webhooks"):
         for name in getattr(parsed, section):
@@ -189,9 +195,18 @@ def resolve_policies(raw: Mapping[str, Any], env: Mapping[str, str], *, source: 
                 fail(f"{section}.{name}", "names are lower-case letters, digits, '-', '_' "
                                           "or '.', at most 63 characters")
 
+    def header_secret(var: str, key: str) -> str:
+        """A header's value from the environment: one that would make every call unsendable
+        is refused here, never quoted."""
+        value = secret(var, key)
+        if not _HEADER_TEXT.fullmatch(value):
+            fail(key, f"environment variable {var} holds a line break or a character a "
+                      "header value cannot carry (visible ASCII, spaces and tabs)")
+        return value
+
     upstreams: dict[str, Upstream] = {}
     for name, up in parsed.upstreams.items():
-        headers = {header: secret(var, f"upstreams.{name}.headers_from_env.{header}")
+        headers = {header: header_secret(var, f"upstreams.{name}.headers_from_env.{header}")
                    for header, var in up.headers_from_env.items()}
         templated = _header_templates(f"upstreams.{name}", up, fail)
         headers.update({h: before for h, (before, after) in templated.items() if after is None})

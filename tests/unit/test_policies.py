@@ -81,6 +81,30 @@ def test_missing_secret_env_var_is_named() -> None:
     assert "environment variable STOREFRONT_API_AUTH is not set" in message
 
 
+def test_a_secret_loses_one_trailing_line_break_as_a_mounted_file_has() -> None:
+    """A secret mounted from a file usually ends in a line break: with it the header could
+    not be sent (every item would go dead as an invalid request) and no signature would
+    match. One is dropped, as from a credential file."""
+    env = {name: value + ("\r\n" if name.startswith("SHOPIFY") else "\n")
+           for name, value in ENV.items()}
+    policies = resolve_policies(example(), env, source="p.toml")
+    assert policies.upstreams["storefront"].headers["Authorization"] == ENV["STOREFRONT_API_AUTH"]
+    assert policies.webhooks["shopify"].secrets == (ENV["SHOPIFY_WEBHOOK_SECRET"],)
+
+
+@pytest.mark.parametrize(("value", "why"), [
+    ("Bearer a\nX-Admin: yes", "holds a line break or a character a header value cannot carry"),
+    ("Bearer caf\u00e9", "holds a line break or a character a header value cannot carry"),
+    ("Bearer x\n\n", "holds a line break or a character a header value cannot carry"),
+    ("\n", "holds only a line break"),
+])
+def test_a_header_secret_that_cannot_be_sent_is_refused_unquoted(value: str, why: str) -> None:
+    message = refused(example(), {**ENV, "STOREFRONT_API_AUTH": value})
+    assert message.startswith("policies file p.toml: upstreams.storefront.headers_from_env."
+                              f"Authorization: environment variable STOREFRONT_API_AUTH {why}")
+    assert "Bearer" not in message
+
+
 def test_missing_webhook_secret_is_named() -> None:
     message = refused(example(), {"STOREFRONT_API_AUTH": "x"})
     assert "webhooks.shopify.secret_env" in message and "SHOPIFY_WEBHOOK_SECRET" in message
