@@ -250,7 +250,9 @@ async def test_invalid_utf8_is_malformed_json(client: httpx.AsyncClient, body: b
     ("/v1/runs", b'{"dry_run": true, "max_items": NaN}', "NaN is not JSON"),
     ("/v1/runs", b'{"dry_run": true, "max_items": -Infinity}', "-Infinity is not JSON"),
     ("/v1/items", b'{"items": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply"),
-], ids=["a-flag-twice", "an-id-twice", "nan", "infinity", "deep"])
+    ("/v1/runs", b'{"dry_run": true, "max_items": ' + b"9" * 5000 + b"}",
+     "a number has too many digits"),
+], ids=["a-flag-twice", "an-id-twice", "nan", "infinity", "deep", "digits"])
 async def test_json_is_read_strictly(client: httpx.AsyncClient, engine: AsyncEngine,
                                      path: str, body: bytes, why: str) -> None:
     """What Python's reader takes and JSON does not say one way is refused, not guessed at:

@@ -16,6 +16,8 @@ from service import strict_json
     ("[Infinity]", "Infinity is not JSON"),
     ('{"a": -Infinity}', "-Infinity is not JSON"),
     ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ('{"rate": 1e999}', "the number 1e999 is out of range"),
+    ('{"max_items": ' + "9" * 5000 + "}", "a number has too many digits"),
 ])
 def test_what_is_refused_and_why(text: str, why: str) -> None:
     with pytest.raises(strict_json.NotJson) as refused:
