@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
@@ -47,9 +48,10 @@ def strict_query(request: Request) -> None:
     dependant = getattr(route, "dependant", None)
     if dependant is None:
         return
-    names = [name for name, _ in request.query_params.multi_items()]
-    unknown = sorted(set(names) - _query_names(dependant))
-    repeated = sorted({name for name in names if names.count(name) > 1} - set(unknown))
+    given = Counter(name for name, _ in request.query_params.multi_items())
+    undeclared = set(given) - _query_names(dependant)
+    unknown = sorted(undeclared)
+    repeated = sorted(name for name, n in given.items() if n > 1 and name not in undeclared)
     if unknown or repeated:
         raise validation_problem([
             *({"loc": ["query", name[:64]], "type": "unknown_parameter",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections import Counter
 from collections.abc import Callable, Collection, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -103,12 +104,12 @@ class Params:
     ones refused, as a form's fields are."""
 
     def __init__(self, request: Request, allowed: Collection[str]) -> None:
-        names = [name for name, _ in request.query_params.multi_items()]
-        unknown = sorted(set(names) - set(allowed))
+        given = Counter(name for name, _ in request.query_params.multi_items())
+        unknown = sorted(set(given) - set(allowed))
         if unknown:
             raise ConsoleError(422, "Unknown parameter",
                                f"this page takes no parameter {unknown[0][:64]!r}")
-        repeated = sorted(name for name in set(names) if names.count(name) > 1)
+        repeated = sorted(name for name, n in given.items() if n > 1)
         if repeated:
             raise ConsoleError(422, "Repeated parameter",
                                f"{repeated[0][:64]} was sent more than once")
