@@ -7,7 +7,6 @@ every attempt, from any worker, after any crash, sends the same key.
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
@@ -19,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from service import audit, limiter
 from service.db.statements import Statement, covering_hold, fetch_filtered, run
 from service.policies import Policy
-from service.policy_file import MAX_SCOPE_BYTES
+from service.policy_file import MAX_SCOPE_BYTES, UNSTORABLE
 
 if TYPE_CHECKING:
     from _hashlib import HASH
@@ -67,9 +66,6 @@ def utf8_size_over(value: str, limit: int) -> bool:
 
 
 DOT_SEGMENTS = frozenset((".", ".."))
-# C0 and C1 control characters and DEL (the schema's CHECK refuses the same), and unpaired
-# surrogates, which are no text PostgreSQL (or UTF-8) can hold.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 def id_problem(value: str) -> str | None:
@@ -80,7 +76,7 @@ def id_problem(value: str) -> str | None:
     if value in DOT_SEGMENTS:
         # a dot segment would be normalised away in the upstream URL, leaving its segment
         return "must not be . or .."
-    if _CONTROL.search(value):  # first: a surrogate cannot be encoded to be measured
+    if UNSTORABLE.search(value):  # first: a surrogate cannot be encoded to be measured
         return "must not contain control characters or unpaired surrogates"
     if utf8_size_over(value, MAX_ID_BYTES):
         return f"must be at most {MAX_ID_BYTES} bytes"
@@ -97,7 +93,7 @@ def id_problems(values: Sequence[str | None]) -> Iterator[tuple[int, str]]:
         if not column or (min(map(len, column)) > 0
                           and max(map(len, column)) <= MAX_ID_BYTES // 4
                           and "." not in column and ".." not in column
-                          and not _CONTROL.search("".join(column))):
+                          and not UNSTORABLE.search("".join(column))):
             return
     for n, value in enumerate(values):
         problem = "is NULL" if value is None else id_problem(value)

@@ -65,7 +65,9 @@ def parse_duration(text: str) -> timedelta:
 
 
 MAX_SCOPE_BYTES: Final = 512  # the schema's limit on a limiter scope's name
-_CONTROL: Final = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # what PostgreSQL's [[:cntrl:]] matches
+# C0 and C1 control characters and DEL (the schema's CHECKs refuse the same), and unpaired
+# surrogates, which are no text PostgreSQL (or UTF-8) can hold: in an id, a scope's name
+UNSTORABLE: Final = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 def template_fields(template: str) -> set[str]:
@@ -323,8 +325,8 @@ class PolicyConfig(_Strict):
         literal = "".join(text for text, *_ in string.Formatter().parse(value))
         if not value:
             raise ValueError('must name the token bucket, e.g. "tenant:{tenant_id}"')
-        if _CONTROL.search(literal):
-            raise ValueError("must not hold control characters")
+        if UNSTORABLE.search(literal):  # first: a surrogate cannot be encoded to be measured
+            raise ValueError("must not hold control characters or unpaired surrogates")
         if len(literal.encode()) >= MAX_SCOPE_BYTES:
             raise ValueError(f"its text is over the {MAX_SCOPE_BYTES} bytes a scope may be")
         return value
