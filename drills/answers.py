@@ -251,7 +251,7 @@ async def retry_after_forms(stage: Stage) -> Facts:
     return facts
 
 
-STORM_429S = 10
+STORM_429S = 12
 
 
 async def throttle_storm(stage: Stage) -> Facts:
@@ -261,8 +261,9 @@ async def throttle_storm(stage: Stage) -> Facts:
     stormy, steady = stage.tenant("storm"), stage.tenant("steady")
     await stage.register([f"o{i}" for i in range(20)], stormy)
     await stage.register([f"o{i}" for i in range(20)], steady)
-    # calls already sent when a closure lands count once (limiter.close): ten 429s make at
-    # least five doublings even when they arrive in pairs
+    # calls already sent when a closure lands count once (limiter.close): twelve 429s make
+    # six closures even when they arrive in pairs, so one pair comes after the fifth (1.6 s)
+    # and the largest gap clears 8 x base by more than a pair's spacing
     upstream.inject(Fault.STATUS, status=429, times=STORM_429S,
                     match=lambda c: c.scope == stormy)
     workers = [stage.start_worker(workers=2) for _ in range(2)]
@@ -320,7 +321,7 @@ DRILLS = [
           "backoff when unreadable); the sixth scope keeps its pace", retry_after_forms),
     Drill(11, "429-storm",
           "two scopes at 20/s, max_attempts 2, backoff base 0.1 s, 2 worker processes",
-          "ten 429s without Retry-After on one scope",
+          "twelve 429s without Retry-After on one scope",
           "that scope backs off (growing gaps, 429s of calls already sent counting once), "
           "nothing goes dead, no attempt is counted, the other scope keeps its pace",
           throttle_storm),
