@@ -19,7 +19,7 @@ from sqlalchemy.engine import URL
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import service
-from service import holds, metrics, retention, runs
+from service import holds, metrics, retention, runs, tenant_forms
 from service.api import credentials as credentials_routes
 from service.api import evidence as evidence_routes
 from service.api import health, items
@@ -168,7 +168,9 @@ def create_app(
                                  grace_seconds=settings.shutdown_grace_seconds,
                                  credentials=runtime.tenant_credentials,
                                  stores=runtime.stores)
-            tasks.append(asyncio.create_task(pool.run(), name="workers"))
+            # before the first claim: holds on an old tenant spelling cover its items
+            tasks.append(asyncio.create_task(pool.run(
+                first=lambda: tenant_forms.reconcile(engine, policies)), name="workers"))
             # always: a scope paused before the policies file changed must resume too
             loops.append(asyncio.create_task(waiting_loop(
                 engine, policies, runtime.tenant_credentials, runtime.stores), name="waits"))

@@ -131,6 +131,8 @@ def sort_page(policy: Policy, rows: SourceRows, cutoff: datetime, *,
     first of each row's, in row order). Columns are checked whole; only rows with a
     problem are looked at one by one."""
     tenants, objects, ages = rows.tenant_ids, rows.object_ids, rows.ages
+    if policy.tenant_in_host:  # each tenant id in its one spelling (service/tenants.py)
+        tenants = [None if t is None else policy.tenant(t) for t in tenants]
     problems: dict[int, str] = {}
     for name, column in (("tenant_id", tenants), ("object_id", objects)):
         for n, found in ledger.id_problems(column):

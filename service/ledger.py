@@ -187,6 +187,16 @@ class Obligations:
     def __len__(self) -> int:
         return len(self.tenant_ids)
 
+    def canonical(self) -> Obligations:
+        """The same obligations with each tenant id as its policy stores it (`Policy.tenant`:
+        one spelling where the id makes a host)."""
+        if not any(self.policies[name].tenant_in_host for name in set(self.policy_names)):
+            return self
+        tenants = [self.policies[name].tenant(tenant)
+                   for tenant, name in zip(self.tenant_ids, self.policy_names, strict=True)]
+        return Obligations(tenants, self.object_ids, self.policy_names, self.due_ats,
+                           self.policies)
+
     def earliest_per_obligation(self) -> Obligations:
         """One row per obligation, with the earliest due_at (an INSERT may not touch a row
         twice). A request rarely names an item twice, so that is checked first."""
@@ -271,7 +281,8 @@ async def register_in(conn: AsyncConnection,
                       obligations: Obligations | Sequence[Registration]) -> RegistrationResult:
     """`register` inside the caller's transaction (discovery registers a page in the
     transaction that moves its cursor on)."""
-    given = obligations if isinstance(obligations, Obligations) else Obligations.of(obligations)
+    given = (obligations if isinstance(obligations, Obligations)
+             else Obligations.of(obligations)).canonical()
     if any(due.tzinfo is None for due in given.due_ats):
         raise ValueError("due_at must be timezone-aware")
     for n, field, problem in host_problems(given.tenant_ids, given.object_ids,

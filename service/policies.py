@@ -16,6 +16,7 @@ import re
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Final
 
@@ -46,6 +47,7 @@ from service.templates import (
     compile_request,
     parse_format,
 )
+from service.tenants import host_form
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,11 @@ class Upstream:
     @property
     def per_tenant_credentials(self) -> bool:
         return self.config.credentials is not None
+
+    def tenant(self, tenant_id: str) -> str:
+        """The tenant id as its credential for this upstream is stored and looked up: its
+        canonical host form where the host is built from it (service/tenants.py)."""
+        return host_form(tenant_id) if self.origin.tenant_in_host else tenant_id
 
 
 @dataclass(frozen=True)
@@ -105,6 +112,17 @@ class Policy:
         """How many objects one call (one HTTP request, one statement) carries at most."""
         return self.config.batch.max_objects if self.config.batch is not None else 1
 
+    @cached_property
+    def tenant_in_host(self) -> bool:
+        """Whether its calls' host (deletion or list calls) is built from the tenant id."""
+        return any(call is not None and call.origin.tenant_in_host
+                   for call in (self.request, self.listing))
+
+    def tenant(self, tenant_id: str) -> str:
+        """The tenant id as this policy's items are stored, compared and sent: its canonical
+        host form where it makes a host (service/tenants.py), else exactly as given."""
+        return host_form(tenant_id) if self.tenant_in_host else tenant_id
+
     def scope_for(self, tenant_id: str) -> str:
         """The limiter scope an item of this policy and tenant draws budget from."""
         return self.config.scope.format(
@@ -146,6 +164,28 @@ class Policies:
 
     def policy(self, name: str) -> Policy | None:
         return self.policies.get(name)
+
+    @cached_property
+    def tenant_in_host(self) -> tuple[str, ...]:
+        """The policies whose host is built from the tenant id, by name."""
+        return tuple(sorted(name for name, policy in self.policies.items()
+                            if policy.tenant_in_host))
+
+    def tenant(self, tenant_id: str, policy: str | None) -> str:
+        """The tenant id an entry naming it (and a policy, or every policy) stores and
+        compares: with a known policy, that policy's spelling (`Policy.tenant`); without
+        one, the id as given, or ValueError when a policy whose host is built from tenant
+        ids would spell it differently (the entry would miss that policy's items)."""
+        known = self.policies.get(policy) if policy is not None else None
+        if known is not None:
+            return known.tenant(tenant_id)
+        canonical = host_form(tenant_id)
+        if canonical == tenant_id or not self.tenant_in_host:
+            return tenant_id
+        raise ValueError(
+            f"is not in the canonical form {canonical!r} that policies "
+            f"{', '.join(self.tenant_in_host)} store it in (their upstream's host is built "
+            "from the tenant id): use that form, or name a policy")
 
 
 def load_policies(path: Path | None, environ: Mapping[str, str] | None = None) -> Policies:

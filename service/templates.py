@@ -13,8 +13,9 @@ The fields are `tenant_id` and `object_id` (the item's) and `policy`, `policy_ve
 body may also use `object_version` (service/answers.py: a conflict names the next one).
 Each is substituted by where it goes, never by formatting text into text:
 
-- host: as written, lower-cased; the whole host must then be a host name (ASCII letters,
-  digits and '-' in dot-separated labels, or an IPv4 address) that the upstream's
+- host: as written; the whole host must then be a host name (ASCII letters, digits and '-'
+  in dot-separated labels, or an IPv4 address) in its canonical form (lower case, no
+  trailing dot: service/tenants.py spells tenant ids so at every entry) that the upstream's
   `host_pattern` fully matches. So no value can add a port, a user, a path or another host:
   `/`, `?`, `#`, `@`, `:`, `%`, whitespace or unicode make no host name.
 - path and query: percent-encoded, everything but the unreserved characters, so a value is
@@ -42,6 +43,7 @@ from typing import Any, Final, NamedTuple
 from urllib.parse import quote
 
 from service import strict_json
+from service.tenants import host_form
 
 FIELDS: Final = ("tenant_id", "object_id", "policy", "policy_version", "upstream")
 ITEM_FIELDS: Final = frozenset({"tenant_id", "object_id"})  # the rest are the policy's
@@ -162,6 +164,12 @@ class Origin:
     pattern: re.Pattern[str] | None
     port: str
     path_pieces: list[tuple[str, str | None]]
+
+    @property
+    def tenant_in_host(self) -> bool:
+        """Whether the host is built from the tenant id (which then has one spelling:
+        service/tenants.py)."""
+        return any(name == "tenant_id" for _, name in self.host_pieces or ())
 
     def base(self, host: str) -> str:
         """scheme://[userinfo@]host[:port], for a client's URL maker."""
@@ -475,15 +483,19 @@ def fill_body(pieces: Sequence[str | _Slot], values: Mapping[str, BodyValue]) ->
 
 
 def checked_host(origin: Origin, made: str) -> str:
-    """A templated host as filled in (lower-cased), or ValueError saying why it is refused
-    (without the value: answers never echo input): no host name, or not one the upstream's
-    host_pattern allows."""
+    """A templated host as filled in, or ValueError saying why it is refused (without the
+    value, but for its canonical form: answers never echo input): no host name, not in its
+    canonical form (service/tenants.py), or not one the upstream's host_pattern allows."""
     assert origin.pattern is not None
     problem = host_name_problem(made)
     if problem:
         raise ValueError(f"would make a host of upstream {origin.upstream!r} that is "
                          f"{problem}")
-    made = made.lower()
+    canonical = host_form(made)
+    if made != canonical:
+        # a second spelling of a host is a second identity of its tenant (service/tenants.py)
+        raise ValueError(f"would make a host of upstream {origin.upstream!r} that is not in "
+                         f"its canonical form {canonical!r} (lower case, no trailing dot)")
     if not origin.pattern.fullmatch(made):
         raise ValueError(f"would make a host that upstream {origin.upstream!r} does not "
                          "allow (its host_pattern)")

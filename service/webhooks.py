@@ -186,6 +186,7 @@ def _hint(index: int, rule: WebhookRule, policies: Policies, headers: Mapping[st
                                                  f"{field} from {extractor} {problem}")
         assert value is not None
         ids[field] = value
+    ids["tenant"] = policy.tenant(ids["tenant"])  # its one spelling (service/tenants.py)
     request = policy.request
     problem = request.host_problem(ids["tenant"], ids["object_id"]) if request else None
     if problem and request is not None:

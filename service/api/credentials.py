@@ -17,6 +17,7 @@ from service import ledger
 from service.api.bodies import ID_PATTERN, MAX_ID_CHARS, JsonRoute, RequestBody
 from service.api.deps import OperatorDep, RuntimeDep
 from service.api.problems import problem_doc, problem_responses
+from service.api.tenants import stored_tenant
 from service.credentials import tenant_credentials, waits
 from service.credentials.source import HEADER_VALUE_PATTERN, MAX_SECRET_CHARS, secret_problem
 from service.errors import Problem
@@ -131,6 +132,8 @@ async def put_credential(runtime: RuntimeDep, actor: OperatorDep, tenant_id: Ten
         raise Problem(_STORAGE_OFF, "credential-storage-off",
                       "Credential storage is not configured",
                       "set SWEEPER_CREDENTIALS_KEY on the server to store credentials")
+    # the spelling the upstream's items look it up by (service/tenants.py)
+    tenant_id = runtime.policies.upstreams[upstream].tenant(tenant_id)
     stored = await tenant_credentials.put(runtime.engine, runtime.keyring, tenant_id, upstream,
                                body.secret.get_secret_value(), actor=actor, reason=body.reason)
     if runtime.credentials is not None:
@@ -149,6 +152,9 @@ async def delete_credential(runtime: RuntimeDep, actor: OperatorDep, tenant_id: 
                             upstream: UpstreamName) -> Response:
     """Remove a tenant's credential for an upstream (whether or not the policies file still
     names the upstream); every replica stops using it within seconds."""
+    known = runtime.policies.upstreams.get(upstream)
+    if known is not None:
+        tenant_id = known.tenant(tenant_id)
     if not await tenant_credentials.delete(runtime.engine, tenant_id, upstream, actor=actor):
         raise _not_found("no credential is stored for this tenant and upstream")
     if runtime.credentials is not None:
@@ -162,6 +168,7 @@ async def list_credentials(runtime: RuntimeDep, _actor: OperatorDep,
                            tenant_id: TenantId) -> TenantCredentials:
     """A tenant's stored credentials by upstream (fingerprints, never secrets); 404 when it
     has none."""
+    tenant_id = stored_tenant(runtime.policies, tenant_id, None, ("path", "tenant_id"))
     rows = await tenant_credentials.list_for_tenant(runtime.engine, tenant_id)
     if not rows:
         raise _not_found("no credential is stored for this tenant")

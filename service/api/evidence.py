@@ -12,6 +12,7 @@ from service import evidence
 from service.api.bodies import ID_PATTERN, MAX_ID_CHARS, JsonRoute
 from service.api.deps import OperatorDep, RuntimeDep
 from service.api.problems import problem_responses, validation_problem
+from service.api.tenants import stored_tenant
 from service.errors import Problem
 from service.ledger import id_problem
 
@@ -77,6 +78,8 @@ async def get_evidence(runtime: RuntimeDep, _actor: OperatorDep,
               if (problem := id_problem(value))]
     if errors:
         raise validation_problem(errors)
+    # the deletions were recorded under the tenant's stored spelling (service/tenants.py)
+    tenant_id = stored_tenant(runtime.policies, tenant_id, None, ("query", "tenant_id"))
     rows = await evidence.lookup(runtime.engine, tenant_id, object_id, limit=limit)
     return EvidenceOut(tenant_id=tenant_id, object_id=object_id, deleted=bool(rows),
                        deletions=[Deletion.model_validate(r) for r in rows])

@@ -21,6 +21,7 @@ from service.api.bodies import (
 )
 from service.api.deps import OperatorDep, RuntimeDep
 from service.api.problems import problem_responses, validation_problem
+from service.api.tenants import stored_filter, stored_tenant
 from service.errors import Problem
 
 router = APIRouter(prefix="/v1", tags=["holds"], route_class=JsonRoute,
@@ -163,8 +164,11 @@ async def place_hold(runtime: RuntimeDep, actor: OperatorDep,
                        "message": "must be in the future"})
     if errors:
         raise validation_problem(errors)
+    # the tenant as the covered items store it: a hold on another spelling would hold nothing
+    tenant_id = stored_tenant(runtime.policies, body.tenant_id, body.policy,
+                              ("body", "tenant_id"))
     hold = await holds.place(runtime.engine, holds.HoldSpec(
-        tenant_id=body.tenant_id, policy=body.policy, object_ids=body.object_ids,
+        tenant_id=tenant_id, policy=body.policy, object_ids=body.object_ids,
         object_id_prefix=body.object_id_prefix, reason=body.reason,
         reference=body.reference, expires_at=body.expires_at), actor=actor)
     return _out(hold)
@@ -178,6 +182,7 @@ async def list_holds(runtime: RuntimeDep, _actor: OperatorDep,
                      before: Annotated[int | None, Query(ge=1, le=MAX_BIGINT)] = None,
                      limit: Annotated[int, Query(ge=1, le=500)] = 100) -> dict[str, Any]:
     """Holds newest first, of one tenant or all; `active=true` for those in force."""
+    tenant_id = stored_filter(runtime.policies, tenant_id, None, ("query", "tenant_id"))
     rows = await holds.list_holds(runtime.engine, tenant_id=tenant_id, active=active,
                                   before=before, limit=limit)
     return {"holds": [_out(r) for r in rows],

@@ -23,6 +23,7 @@ from service.api.bodies import (
 )
 from service.api.deps import OperatorDep, RuntimeDep
 from service.api.problems import problem_responses, validation_problem
+from service.api.tenants import stored_filter
 from service.errors import Problem
 from service.ledger import MAX_ID_BYTES
 
@@ -114,28 +115,32 @@ async def register_items(runtime: RuntimeDep, _actor: OperatorDep,
                 if problem:
                     errors.append({"loc": ["body", "items", str(n), field], "type": "invalid_id",
                                    "message": problem})
-    if any(p is not None and p.request is not None and p.request.host_format is not None
-           for p in policies.values()):
-        # a policy whose upstream makes its host from the item: one that host_pattern
-        # refuses could never be called
-        for n, field, problem in ledger.host_problems(
-                [i["tenant_id"] for i in items], [i["object_id"] for i in items],
-                [i["policy"] for i in items], policies):
-            errors.append({"loc": ["body", "items", str(n), field], "type": "invalid_host",
-                           "message": problem})
-            if len(errors) > 100:
-                break
     if errors:
         errors.sort(key=lambda error: int(error["loc"][2]))
         raise validation_problem(errors[:100])
+    # each tenant id as its policy stores it (service/tenants.py): the checks below and the
+    # ledger see the one spelling
+    obligations = ledger.Obligations(
+        [i["tenant_id"] for i in items], [i["object_id"] for i in items],
+        [i["policy"] for i in items], [i["due_at"] for i in items],
+        {name: policy for name, policy in policies.items() if policy is not None}).canonical()
+    # a policy whose upstream makes its host from the item: one that host_pattern refuses
+    # could never be called
+    for n, field, problem in ledger.host_problems(
+            obligations.tenant_ids, obligations.object_ids, obligations.policy_names,
+            obligations.policies):
+        errors.append({"loc": ["body", "items", str(n), field], "type": "invalid_host",
+                       "message": problem})
+        if len(errors) > 100:
+            break
+    if errors:
+        raise validation_problem(errors[:100])
     try:
-        result = await ledger.register(runtime.engine, ledger.Obligations(
-            [i["tenant_id"] for i in items], [i["object_id"] for i in items],
-            [i["policy"] for i in items], [i["due_at"] for i in items],
-            {name: policy for name, policy in policies.items() if policy is not None}))
+        result = await ledger.register(runtime.engine, obligations)
     except ledger.ScopeTooLong as exc:
-        n = next(n for n, i in enumerate(items)
-                 if (i["policy"], i["tenant_id"]) == (exc.policy, exc.tenant_id))
+        n = next(n for n, pair in enumerate(zip(obligations.policy_names,
+                                                 obligations.tenant_ids, strict=True))
+                 if pair == (exc.policy, exc.tenant_id))
         raise validation_problem([{"loc": ["body", "items", str(n), "tenant_id"],
                                    "type": "scope_too_long", "message": str(exc)}]) from None
     except ledger.HostRefused as exc:  # the check above reports these first, all of them
@@ -195,6 +200,7 @@ async def list_items(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> ItemPage:
     """Inspect items, e.g. `status=dead&policy=cart-retention&reason=http_422`."""
+    tenant_id = stored_filter(runtime.policies, tenant_id, policy, ("query", "tenant_id"))
     rows = await ledger.list_items(
         runtime.engine, status=status, after=after, limit=limit,
         item_filter=ledger.ItemFilter(policy=policy, tenant_id=tenant_id, reason=reason))
@@ -253,10 +259,12 @@ def _selection(runtime: RuntimeDep, body: ItemSelection) -> ledger.ItemFilter:
                 raise validation_problem([{"loc": ["body", "items", str(i), "policy"],
                                            "type": "unknown_policy",
                                            "message": "no such policy in the policies file"}])
-            keys.append(ledger.operation_key(ref.tenant_id, ref.object_id, policy.name,
-                                             policy.version))
+            keys.append(ledger.operation_key(policy.tenant(ref.tenant_id), ref.object_id,
+                                             policy.name, policy.version))
+    tenant_id = stored_filter(runtime.policies, body.tenant_id, body.policy,
+                              ("body", "tenant_id"))
     return ledger.ItemFilter(ids=body.ids, operation_keys=keys, policy=body.policy,
-                             tenant_id=body.tenant_id, reason=body.reason)
+                             tenant_id=tenant_id, reason=body.reason)
 
 
 @router.post("/items/redrive", operation_id="redriveItems", response_model=ChangeOut,

@@ -24,6 +24,7 @@ from service.api.bodies import (
 )
 from service.api.deps import OperatorDep, RuntimeDep
 from service.api.problems import problem_responses, validation_problem
+from service.api.tenants import stored_filter
 from service.errors import Problem
 from service.ledger import MAX_ID_BYTES, id_problem, utf8_size_over
 from service.runtime import Runtime
@@ -160,9 +161,11 @@ async def create_run(runtime: RuntimeDep, _actor: OperatorDep, response: Respons
         # the name is not echoed: whatever a caller sent may be customer data
         raise Problem(422, "unknown-policy", "Unknown policy",
                       "no such policy in the policies file (GET /v1/policies lists them)")
+    tenant_id = stored_filter(runtime.policies, request.tenant_id, request.policy,
+                              ("body", "tenant_id"))
     try:
         run_id, created = await runs.create_run(
-            runtime.engine, runs.RunRequest(request.policy, request.tenant_id, request.cutoff,
+            runtime.engine, runs.RunRequest(request.policy, tenant_id, request.cutoff,
                                             request.dry_run, request.max_items),
             idempotency_key or None)
     except runs.TriggerKeyReused as exc:

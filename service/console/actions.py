@@ -136,7 +136,7 @@ async def item_action(request: Request) -> Response:
                                                     "it applies to the selected items or to "
                                                     "every item the filter matches")
     status, verb, effect = ACTIONS[action]
-    shown, chosen = item_filter(form, runtime.policies.policies)
+    shown, chosen = item_filter(form, runtime.policies)
     ids = [_item_id(value) for value in form.all("id")[:MAX_SELECTED + 1]]
     if target == "selected":
         if not ids:

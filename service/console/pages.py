@@ -4,7 +4,6 @@ keyset. The forms they show post to service/console/actions.py."""
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from typing import Final
 
 from fastapi import APIRouter
@@ -27,6 +26,7 @@ from service.console.web import (
     signed_in,
     whole_number,
 )
+from service.policies import Policies
 
 router = APIRouter(prefix=PREFIX, route_class=ConsoleRoute, include_in_schema=False)
 
@@ -125,19 +125,26 @@ async def run_evidence(request: Request, run_id: str) -> Response:
     return response
 
 
-def item_filter(values: Params | Form, policies: Collection[str]
+def item_filter(values: Params | Form, policies: Policies
                 ) -> tuple[dict[str, str | None], ledger.ItemFilter]:
     """The items filter a page or form names, checked (object ids need their tenant: the
-    obligation index finds them by both)."""
+    obligation index finds them by both; the tenant in its stored spelling)."""
     shown = {"status": values.choice("status", ITEM_STATUSES),
-             "policy": values.choice("policy", policies),
+             "policy": values.choice("policy", policies.policies),
              "tenant_id": values.string("tenant_id", 512),
              "object_id": values.string("object_id", 512),
              "reason": values.string("reason", 200)}
     if shown["object_id"] is not None and shown["tenant_id"] is None:
         raise ConsoleError(422, "Tenant needed", "searching by object id needs the tenant id "
                                                  "too")
-    return shown, ledger.ItemFilter(policy=shown["policy"], tenant_id=shown["tenant_id"],
+    tenant_id = shown["tenant_id"]
+    if tenant_id is not None:
+        try:
+            tenant_id = policies.tenant(tenant_id, shown["policy"])
+        except ValueError as exc:
+            raise ConsoleError(422, "Tenant id not in its stored form",
+                               f"the tenant id {exc}") from None
+    return shown, ledger.ItemFilter(policy=shown["policy"], tenant_id=tenant_id,
                                     object_id=shown["object_id"], reason=shown["reason"])
 
 
@@ -146,7 +153,7 @@ async def item_list(request: Request) -> Response:
     session = await signed_in(request)
     runtime = runtime_of(request)
     params = Params(request, (*ITEM_FILTERS, "after"))
-    shown, item_filter_ = item_filter(params, runtime.policies.policies)
+    shown, item_filter_ = item_filter(params, runtime.policies)
     after = params.number("after", low=0)
     rows = await ledger.list_items(runtime.engine, status=shown["status"],
                                    item_filter=item_filter_, after=after, limit=PAGE_SIZE)

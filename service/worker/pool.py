@@ -17,14 +17,14 @@ import random
 import socket
 import uuid
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Final
 
 from service import limiter, scope_signals
 from service.answers import NOTHING_READ, Costs, Reading
 from service.claims import Completion, Lease
-from service.db.engine import is_unavailable
+from service.db.engine import is_busy, is_unavailable
 from service.limiter import Grant
 from service.metrics import IN_FLIGHT, LIMITER_WAITS, TOKENS_GRANTED, TOKENS_RETURNED, LeaseReturn
 from service.outcomes import (
@@ -52,6 +52,7 @@ IDLE_POLL_MAX_S: Final = 2.0
 FLUSH_INTERVAL_S: Final = 0.02
 FLUSH_STOP_TIMEOUT_S: Final = 5.0  # at shutdown, for a flush in progress to commit
 ERROR_BACKOFF_MAX_S: Final = 5.0
+FIRST_RETRY_S: Final = 1.0  # between tries of the step before the first claim
 # At most this many items per admission round. Calls of a round start one after another on
 # this event loop, and a token spent more than limiter.late_tolerance after its moment goes
 # back unspent: large rounds start their last calls late. Smaller rounds also overlap: the
@@ -405,8 +406,21 @@ class WorkerPool:
 
     # -- the loop --------------------------------------------------------------------
 
-    async def run(self) -> None:
-        """Claim, call and complete until stop(); survives database outages."""
+    async def run(self, *, first: Callable[[], Awaitable[object]] | None = None) -> None:
+        """Claim, call and complete until stop(); survives database outages. `first` runs
+        before the first claim, tried again every FIRST_RETRY_S until it succeeds."""
+        while first is not None and not self._stopping.is_set():
+            try:
+                await first()
+                break
+            except Exception as exc:
+                if is_unavailable(exc) or is_busy(exc):
+                    log.warning("workers: waiting for the database before the first claim")
+                else:
+                    log.exception("workers: the step before the first claim failed")
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(FIRST_RETRY_S):
+                    await self._stopping.wait()
         async with self.ports.hold():
             await self._warm_up()
             listener = asyncio.create_task(self.ports.wakeups.listen(self._wake.set))

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service import tenant_forms
 from service.credentials import Keyring
 from service.credentials.waits import Credentials
 from service.db.engine import make_engine
@@ -71,7 +72,8 @@ async def run_worker_process(settings: Settings, policies: Policies, url: URL, *
         loop.add_signal_handler(sig, pool.stop)
     log.info("worker started", extra={"worker": pool.name, "concurrency": settings.workers})
     try:
-        await pool.run()
+        # before the first claim: holds on an old tenant spelling cover its items
+        await pool.run(first=lambda: tenant_forms.reconcile(engine, policies))
     finally:
         waits.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -117,9 +117,12 @@ async def test_a_tenant_id_never_points_a_call_elsewhere(tenant_id: str) -> None
 async def test_a_per_tenant_host_call_on_the_wire() -> None:
     policies = shopify()
     object_id = '1"}, "admin": {"x": "{tenant_id}'
-    answer, [sent] = await send(policies, "Acme-EU.myshopify.com", object_id)
+    answer, [sent] = await send(policies, "acme-eu.myshopify.com", object_id)
     assert answer == Answer(status=200)
-    assert policies.policies["erase"].request.host_problem("Acme-EU.myshopify.com", "1") is None
+    # another spelling of the host is refused at the call (the entries store the canonical)
+    problem = policies.policies["erase"].request.host_problem("Acme-EU.myshopify.com", "1")
+    assert problem is not None and "canonical form 'acme-eu.myshopify.com'" in problem
+    assert policies.policies["erase"].tenant("Acme-EU.myshopify.com.") == "acme-eu.myshopify.com"
     assert str(sent.url) == "https://acme-eu.myshopify.com/admin/api/2025-01/graphql.json"
     assert sent.method == "POST"
     assert sent.headers.raw[0] == (b"Host", b"acme-eu.myshopify.com")
@@ -131,7 +134,7 @@ async def test_a_per_tenant_host_call_on_the_wire() -> None:
     assert sent.headers["Content-Length"] == str(len(body))
     assert json.loads(body) == {"query": QUERY, "variables": {
         "input": {"id": f"gid://shopify/Customer/{object_id}"}, "version": 3,
-        "raw": object_id, "shop": "Acme-EU.myshopify.com", "tags": ["erase", "shopify", 1,
+        "raw": object_id, "shop": "acme-eu.myshopify.com", "tags": ["erase", "shopify", 1,
                                                                    2.5, True]}}
     # what httpx builds itself from the same parts
     plain = httpx.Request("POST", "https://acme-eu.myshopify.com/admin/api/2025-01/graphql.json",

@@ -33,6 +33,7 @@ from service import (
     scopes,
     stores,
     targets,
+    tenant_forms,
 )
 from service.api import health
 from service.console import sessions
@@ -52,7 +53,7 @@ from tests.integration.store_schema import store_policies
 # Every module that runs SQL, each with its statements as module-level constants.
 MODULES = (claims, limiter, metrics, scopes, runs, ledger, retention, intake, audit, health,
            migrate, embedded, tenant_credentials, holds, evidence, discovery, stores,
-           targets, list_source, inspection, sessions, statements)
+           targets, list_source, inspection, sessions, statements, tenant_forms)
 # Statements on a plain asyncpg connection, sent as `statement.text` (`$n` parameters):
 # webhook intake (its own pool, one round trip per delivery) and the embedded server's
 # bootstrap (its admin database, before Sweeper's exists).
