@@ -30,6 +30,7 @@ from bench import (
     console,
     drain,
     history,
+    holds,
     memory,
     peers,
     points,
@@ -52,7 +53,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (drain.BENCHMARK, budget.BENCHMARK, registra
                                       publication.BENCHMARK, webhooks.BENCHMARK,
                                       history.BENCHMARK, backlog.BENCHMARK, memory.BENCHMARK,
                                       points.BENCHMARK, bulk.BENCHMARK, peers.BENCHMARK,
-                                      stores.BENCHMARK, console.BENCHMARK)
+                                      stores.BENCHMARK, console.BENCHMARK, holds.BENCHMARK)
 
 
 def add_common(parser: argparse.ArgumentParser) -> None:

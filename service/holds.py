@@ -91,11 +91,19 @@ class HoldSpec:
 _PLACE = Statement("holds.place", (
     "Record a legal hold: from its commit on, every admission skips what it covers and "
     "every registration marks it."), """
-    INSERT INTO holds (tenant_id, policy, object_ids, object_id_prefix, reason, reference,
-                       expires_at, placed_by)
-    VALUES (:tenant_id, :policy, CAST(:object_ids AS text[]), :object_id_prefix, :reason,
-            :reference, :expires_at, :actor)
-    RETURNING id
+    WITH placed AS (
+        INSERT INTO holds (tenant_id, policy, object_ids, object_id_prefix, reason, reference,
+                           expires_at, placed_by)
+        VALUES (:tenant_id, :policy, CAST(:object_ids AS text[]), :object_id_prefix, :reason,
+                :reference, :expires_at, :actor)
+        RETURNING id, tenant_id, object_ids
+    ),
+    indexed AS (  -- its object ids, where the item-side checks look them up (0020)
+        INSERT INTO hold_objects (tenant_id, object_id, hold_id)
+        SELECT DISTINCT placed.tenant_id, o.object_id, placed.id
+        FROM placed, unnest(placed.object_ids) AS o(object_id)
+    )
+    SELECT id FROM placed
 """)
 
 # Step 2 (see the module docstring), a chunk at a time so a hold over millions of items
@@ -165,11 +173,17 @@ _TAKE_EFFECT = Statement("holds.take_effect", (
 """)  # noqa: S608 - only constant fragments are interpolated
 
 _RELEASE = Statement("holds.release", (
-    "End a hold (once): who, when and why."), """
-    UPDATE holds
-    SET released_at = now(), released_by = :actor, release_why = :why
-    WHERE id = :id AND released_at IS NULL
-    RETURNING *, false AS active
+    "End a hold (once): who, when and why; its object ids leave the item-side index."), """
+    WITH released AS (
+        UPDATE holds
+        SET released_at = now(), released_by = :actor, release_why = :why
+        WHERE id = :id AND released_at IS NULL
+        RETURNING *, false AS active
+    ),
+    unindexed AS (
+        DELETE FROM hold_objects ho USING released WHERE ho.hold_id = released.id
+    )
+    SELECT * FROM released
 """)
 
 # After _RELEASE in the same transaction, so the released hold no longer covers anything.

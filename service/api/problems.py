@@ -78,7 +78,8 @@ _DECLARED: dict[int, tuple[str, dict[str, Any]]] = {
           "(`idempotency-key-reused`; `run_id` names that run)", {}),
     422: ("the request is not valid: each failing location and rule is named, never the "
           "value (`validation-error`, `unknown-policy`, `empty-selection`)", {}),
-    503: ("the ledger database is unreachable or busy (`database-unavailable`), or the "
+    503: ("the ledger database is unreachable (`database-unavailable`) or gave up on the "
+          "request under contention or a timeout (`database-busy`), or the "
           "schema is not at this build's head (`schema-not-at-head`)", RETRY_AFTER_HEADER),
 }
 
@@ -177,6 +178,15 @@ def database_unavailable() -> Problem:
                    headers={"Retry-After": str(DATABASE_RETRY_AFTER_SECONDS)})
 
 
+def database_busy() -> Problem:
+    """The 503 answer when the database reached gave up on the statement (a statement or
+    lock timeout, a deadlock, exhausted resources): nothing was written."""
+    return Problem(503, "database-busy", "Database busy",
+                   "the ledger database is reachable but gave up on this request (a timeout "
+                   "or contention); nothing was changed; retry later",
+                   headers={"Retry-After": str(DATABASE_RETRY_AFTER_SECONDS)})
+
+
 def _unstorable_text(exc: BaseException) -> bool:
     """True when `exc` (or what caused it) says the request carried text PostgreSQL cannot
     store: a NUL character, or an unpaired surrogate (valid JSON escapes both)."""
@@ -210,7 +220,7 @@ async def _on_database(request: Request, exc: Exception) -> JSONResponse:
         # nothing was written (the transaction rolled back), so the client may retry
         log.warning("database busy", extra={"path": request.url.path,
                                             "error": type(exc).__name__})
-        return problem_response(database_unavailable(), request)
+        return problem_response(database_busy(), request)
     if isinstance(exc, DBAPIError):
         # PostgreSQL's message may quote a value from the request ("invalid input syntax
         # for type integer: ..."): the log names the statement and SQLSTATE, not the message

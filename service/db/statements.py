@@ -82,7 +82,8 @@ def active_hold(now: str = "now()") -> str:
 
 def hold_covers(item: str = "i") -> str:
     """Hold `hx` covers the item whose columns `item` names: its tenant, its policy if the
-    hold names one, and its object ids or object-id prefix if it names them."""
+    hold names one, and its object ids or object-id prefix if it names them. For walking
+    one hold's items; a check from the item's side is `_whole_holds` or `_object_holds`."""
     return f"""hx.tenant_id = {item}.tenant_id
         AND (hx.policy IS NULL OR hx.policy = {item}.policy)
         AND (hx.object_ids IS NULL OR {item}.object_id = ANY(hx.object_ids))
@@ -90,14 +91,35 @@ def hold_covers(item: str = "i") -> str:
              OR starts_with({item}.object_id, hx.object_id_prefix))"""
 
 
+# An item's covering holds, looked up from the item's side in two halves that each take an
+# index probe, whatever the number of holds and ids (migration 0020): the holds naming no
+# object ids (`holds_whole`: by tenant), and those naming the item's object id
+# (`hold_objects`' primary key). `{item}` names the item's columns; the holds are `hx`.
+def _whole_holds(item: str, now: str) -> str:
+    return f"""FROM holds hx
+        WHERE {active_hold(now)} AND hx.object_ids IS NULL AND hx.tenant_id = {item}.tenant_id
+          AND (hx.policy IS NULL OR hx.policy = {item}.policy)
+          AND (hx.object_id_prefix IS NULL
+               OR starts_with({item}.object_id, hx.object_id_prefix))"""
+
+
+def _object_holds(item: str, now: str) -> str:
+    # the hold is probed by its key per entry found (nearly always none); OFFSET 0 keeps
+    # the planner from turning the EXISTS into a join that scans every hold once per item
+    return f"""FROM hold_objects ho
+        WHERE ho.tenant_id = {item}.tenant_id AND ho.object_id = {item}.object_id
+          AND EXISTS (SELECT FROM holds hx WHERE hx.id = ho.hold_id AND {active_hold(now)}
+                      AND (hx.policy IS NULL OR hx.policy = {item}.policy) OFFSET 0)"""
+
+
 def covering_hold(item: str, now: str = "now()") -> str:
     """A scalar subquery: the oldest active hold covering the item `item` names, or NULL.
     What an item is marked with when it is written (registration, webhook hints). With no
     hold in force (nearly always) an uncorrelated EXISTS, run once per statement, spares a
     look-up per item; it sees the statement's snapshot as the look-up would."""
-    where = f"{active_hold(now)} AND {hold_covers(item)}"
-    return (f"(CASE WHEN EXISTS (SELECT FROM holds hx WHERE {active_hold(now)}) "  # noqa: S608
-            f"THEN (SELECT hx.id FROM holds hx WHERE {where} ORDER BY hx.id LIMIT 1) END)")
+    return (f"(CASE WHEN EXISTS (SELECT FROM holds hx WHERE {active_hold(now)}) "
+            f"THEN LEAST((SELECT min(hx.id) {_whole_holds(item, now)}), "
+            f"(SELECT min(ho.hold_id) {_object_holds(item, now)})) END)")
 
 
 def not_held(now: str = "now()") -> str:
@@ -105,8 +127,8 @@ def not_held(now: str = "now()") -> str:
     claim re-reads from the row it locks) and covered by no active hold (which a hold
     placed after the item was written may not have marked yet): service/holds.py says why
     both."""
-    return (f"i.hold_id IS NULL AND NOT EXISTS (SELECT 1 FROM holds hx"  # noqa: S608 - as above
-            f" WHERE {active_hold(now)} AND {hold_covers()})")
+    return (f"i.hold_id IS NULL AND NOT EXISTS (SELECT 1 {_whole_holds('i', now)})"
+            f" AND NOT EXISTS (SELECT 1 {_object_holds('i', now)})")
 
 
 def ready_item(now: str = "now()") -> str:

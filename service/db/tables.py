@@ -208,6 +208,14 @@ holds = Table(
     Column("release_why", Text),
 )
 
+hold_objects = Table(
+    "hold_objects",
+    metadata,
+    Column("tenant_id", Text, primary_key=True),
+    Column("object_id", Text, primary_key=True),
+    Column("hold_id", BigInteger, ForeignKey("holds.id"), primary_key=True),
+)
+
 evidence = Table(
     "evidence",
     metadata,

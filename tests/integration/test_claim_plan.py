@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import claims, limiter, runs, scopes
+from service import claims, holds, ledger, limiter, runs, scopes
 from tests.integration.test_pipeline import make_policies, register, release_all
 
 HISTORY = 50_000
@@ -141,3 +141,28 @@ async def test_publication_picks_without_sorting_even_before_any_analyze(
         await conn.execute(text("ALTER TABLE items RESET (autovacuum_enabled)"))
     assert "items_unreleased" in plan, plan
     assert "Sort" not in plan, plan
+
+
+async def test_hold_checks_probe_one_index_whatever_the_number_of_holds(
+        engine: AsyncEngine) -> None:
+    """Many object-id holds on one tenant: registration's marking and the admission each
+    find an item's holds through `hold_objects`' key and `holds_whole`, never by walking
+    the tenant's holds and their arrays (migration 0020)."""
+    policies = make_policies("http://127.0.0.1:9")
+    for n in range(40):
+        await holds.place(engine, holds.HoldSpec(
+            tenant_id="acme", object_ids=[f"held-{n}-{i}" for i in range(1000)],
+            reason="plan", reference=f"CASE-{n}"), actor="test")
+    await register(engine, policies, 20)
+    await release_all(engine)
+    async with engine.begin() as conn:
+        await conn.execute(text("ANALYZE"))
+        registration = "\n".join(r[0] for r in await conn.execute(text(
+            "EXPLAIN " + str(ledger._REGISTER.text)), {
+                "tenants": "acme", "objects": "cart-new", "policies": "carts",
+                "versions": [1], "keys": "k" * 64, "scopes": "tenant:acme",
+                "dues": "2026-01-01T00:00:00Z"}))
+    admission = await plan_of_admission(engine, ["tenant:acme"])
+    for plan in (registration, admission):
+        assert "hold_objects_pkey" in plan, plan
+        assert "Seq Scan on hold_objects" not in plan, plan

@@ -237,6 +237,9 @@ async def test_an_interrupted_placement_is_enforced_and_finished(
             "INSERT INTO holds (tenant_id, object_ids, reason, reference, placed_by, "
             "placed_at) VALUES ('acme', '{c-1,c-2}', 'crash', 'CASE-3', 'test', "
             "now() - interval '2 minutes')"))
+        # what step 1 commits with the hold: its object ids, indexed for the item-side checks
+        await conn.execute(text(
+            "INSERT INTO hold_objects SELECT 'acme', o, id FROM holds, unnest(object_ids) o"))
     await release_all(engine)
     ups = Upstreams(policies.upstreams)
     pool = database_pool(engine, policies, ups, concurrency=4)
