@@ -30,6 +30,8 @@ from service.db.statements import (
 from service.limiter import GRANTS_SQL, LOOKAHEAD_S, Grant
 
 NOTIFY_CHANNEL = "sweeper_released"
+# a hold's id, sent when it commits: every worker process revokes the calls it covers
+HOLDS_CHANNEL = "sweeper_holds"
 
 # A claim reads a scope's released items from its claim position: after the last item its
 # last claim took (scopes.ready_after_batch, ready_after_id). Claimed items leave their

@@ -19,9 +19,17 @@ in two transactions:
      marked row re-reads it and finds `hold_id` set (a row such a claim locked first, the
      chunk waits for and then finds leased). An item written between the two steps by a
      registration that did not see the hold is visible only to admissions that do.
-Once the hold has taken effect, no claim leases a covered item. Items a chunk found leased,
-and covered items that finished after step 1, are the calls that were in flight: they are
-reported on the hold (`in_flight`, with up to IN_FLIGHT_IDS_KEPT of their ids). A hold
+Once the hold has taken effect, no claim leases a covered item. A call leased before it
+may still be waiting in a worker for its token's moment, a slot or a connection, so:
+  3. `settle` waits until every worker holding a covered lease has acknowledged the hold
+     (`hold_acks`: it learned of the hold from the notification `_PLACE` sends, or its
+     poll, revoked the covered calls it had not started, and starts none from then on:
+     service/worker/hold_gate.py) or that lease has run out (a worker starts no call in
+     its lease's last LEASE_END_MARGIN_S). Only then does `place` answer: no call the hold
+     covers starts after its answer, on any replica.
+Items a chunk found leased, and covered items that finished after step 1, are the calls
+that were in flight, less those their workers revoked unstarted: they are reported on the
+hold (`in_flight`, with up to IN_FLIGHT_IDS_KEPT of their ids). A hold
 whose step 2 never finished (the process died, the database went away) is still enforced
 by the admission's check, and the maintenance pass finishes its marking.
 
@@ -33,22 +41,26 @@ claimable at once (workers are woken), the others wait for the next run.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Final
 
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service import audit
-from service.claims import NOTIFY_CHANNEL
+from service.claims import HOLDS_CHANNEL, NOTIFY_CHANNEL
 from service.db.engine import is_busy, repeat
 from service.db.statements import (
+    Database,
     Statement,
     active_hold,
     covering_hold,
     fetch,
+    fetch_none,
     hold_covers,
     run,
 )
@@ -103,7 +115,9 @@ _PLACE = Statement("holds.place", (
         SELECT DISTINCT placed.tenant_id, o.object_id, placed.id
         FROM placed, unnest(placed.object_ids) AS o(object_id)
     )
-    SELECT id FROM placed
+    -- delivered at the commit: every worker process learns of the hold now, not at its
+    -- next poll (service/worker/hold_gate.py)
+    SELECT id, pg_notify(:channel, CAST(id AS text)) FROM placed
 """)
 
 # Step 2 (see the module docstring), a chunk at a time so a hold over millions of items
@@ -245,13 +259,14 @@ async def place(engine: AsyncEngine, spec: HoldSpec, *, actor: str) -> dict[str,
             "tenant_id": spec.tenant_id, "policy": spec.policy, "object_ids": spec.object_ids,
             "object_id_prefix": spec.object_id_prefix, "reason": spec.reason,
             "reference": spec.reference, "expires_at": spec.expires_at, "actor": actor,
-        })).scalar_one()
+            "channel": HOLDS_CHANNEL})).one().id
         await audit.record(conn, actor=actor, action="hold.place", reason=spec.reason, details={
             "hold_id": hold_id, "tenant_id": spec.tenant_id, "policy": spec.policy,
             "object_ids": spec.object_ids, "object_id_prefix": spec.object_id_prefix,
             "reference": spec.reference,
             "expires_at": spec.expires_at.isoformat() if spec.expires_at else None})
-    return await mark(engine, hold_id)
+    await mark(engine, hold_id)
+    return await settle(engine, hold_id)
 
 
 async def mark(engine: AsyncEngine, hold_id: int, *, chunk: int = MARK_CHUNK
@@ -285,6 +300,96 @@ async def mark(engine: AsyncEngine, hold_id: int, *, chunk: int = MARK_CHUNK
     if stored is None:
         raise HoldNotFound(hold_id)
     return stored
+
+
+# Step 3: the hold answers once no covered call can start any more (the module docstring).
+_UNSETTLED = Statement("holds.unsettled", (
+    "The hold's covered leases whose worker has not acknowledged it and that have not run "
+    "out, and when the last of them does."), """
+    SELECT count(*) AS waiting, max(i.lease_expires_at) AS until,
+           clock_timestamp() AS now
+    FROM items i
+    WHERE i.hold_id = :id AND i.status = 'leased' AND i.lease_expires_at > clock_timestamp()
+      AND NOT EXISTS (SELECT FROM hold_acks a WHERE a.hold_id = :id
+                      AND a.worker = i.lease_owner)
+""")
+# The calls the workers took back before they started were not in flight after all.
+_SETTLE = Statement("holds.settle", (
+    "Take the calls the workers revoked unstarted off the hold's calls in flight."), """
+    WITH revoked AS (
+        SELECT DISTINCT r.id FROM hold_acks a, unnest(a.revoked) AS r(id)
+        WHERE a.hold_id = :id
+    ),
+    listed AS (
+        SELECT count(*) AS n FROM holds hx, unnest(hx.in_flight_item_ids) AS f(id)
+        WHERE hx.id = :id AND f.id IN (SELECT id FROM revoked)
+    )
+    UPDATE holds hx
+    SET in_flight = hx.in_flight - (SELECT n FROM listed),
+        in_flight_item_ids = ARRAY(SELECT f.id FROM unnest(hx.in_flight_item_ids) AS f(id)
+                                   WHERE f.id NOT IN (SELECT id FROM revoked) ORDER BY f.id)
+    WHERE hx.id = :id
+""")
+_LATEST = Statement("holds.latest", "The newest hold's id (0: none yet).",
+                    "SELECT coalesce(max(id), 0) AS id FROM holds")
+_SINCE = Statement("holds.since", (
+    "The holds in force placed after the one a worker learned last, with what they cover."),
+    f"""
+    SELECT id, tenant_id, policy, object_ids, object_id_prefix FROM holds hx
+    WHERE id > :after AND {active_hold()}
+    ORDER BY id
+""")  # noqa: S608 - only a constant fragment is interpolated
+_ACK = Statement("holds.ack", (
+    "A worker knows these holds: it starts no call they cover, and took these back."), """
+    INSERT INTO hold_acks (hold_id, worker, revoked)
+    SELECT u.hold_id, :worker, CAST(u.revoked AS bigint[])
+    FROM unnest(CAST(:holds AS bigint[]), CAST(:revoked AS text[])) AS u(hold_id, revoked)
+    ON CONFLICT (hold_id, worker) DO NOTHING
+""")
+
+SETTLE_POLL_S: Final = 0.02
+# Past a lease's end, the margin for the worker's estimate of the database's clock (it
+# stops LEASE_END_MARGIN_S before the end by that estimate: service/worker/hold_gate.py).
+SETTLE_MARGIN_S: Final = 1.0
+
+
+async def settle(engine: AsyncEngine, hold_id: int) -> dict[str, Any]:
+    """Step 3: wait until no call the hold covers can start any more (every worker holding
+    a covered lease has acknowledged the hold, or the lease has run out), then take the
+    calls those workers revoked off `in_flight`; returns the hold."""
+    while True:
+        [row] = await fetch(engine, _UNSETTLED, {"id": hold_id})
+        if not row.waiting:
+            break
+        if row.now > row.until + timedelta(seconds=SETTLE_MARGIN_S):
+            break
+        await asyncio.sleep(SETTLE_POLL_S)
+    await fetch_none(engine, _SETTLE, {"id": hold_id})
+    hold = await get(engine, hold_id)
+    if hold is None:
+        raise HoldNotFound(hold_id)
+    return hold
+
+
+async def latest(db: Database) -> int:
+    """The newest hold's id (0: none)."""
+    [row] = await fetch(db, _LATEST, {})
+    return int(row.id)
+
+
+async def since(db: Database, after: int) -> list[dict[str, Any]]:
+    """The holds in force placed after hold `after`, oldest first."""
+    return [_public(r) for r in await fetch(db, _SINCE, {"after": after})]
+
+
+async def acknowledge(db: Database, worker: str, revoked: Mapping[int, Sequence[int]]
+                      ) -> None:
+    """Worker `worker` knows these holds; `revoked` names, per hold, the calls it took back
+    unstarted."""
+    if revoked:
+        await fetch_none(db, _ACK, {
+            "worker": worker, "holds": list(revoked),
+            "revoked": ["{" + ",".join(map(str, ids)) + "}" for ids in revoked.values()]})
 
 
 async def get(engine: AsyncEngine, hold_id: int) -> dict[str, Any] | None:

@@ -97,11 +97,14 @@ class LeaseReturn(StrEnum):
     SHUTDOWN = "shutdown"        # the pool was stopping
     SCOPE_HELD = "scope_held"    # this process heard the scope throttled or refused
     LATE_START = "late_token"    # the call would start too long after its token's moment
+    HELD = "held"                # a legal hold placed after the claim covers it
+    LEASE_ENDING = "lease_ending"  # its lease was about to run out before the write
 
 
 LEASES_RETURNED: Final = Counter(
     "sweeper_leases_returned_total",
-    "Leases handed back unstarted (shutdown, a held scope, a token that came too late)",
+    "Leases handed back unstarted (shutdown, a held scope, a token that came too late, a "
+    "legal hold, a lease about to end)",
     ["reason"], registry=REGISTRY)
 UPSTREAM_DURATION: Final = Histogram(
     "sweeper_upstream_request_duration_seconds",

@@ -72,6 +72,9 @@ class Failure(StrEnum):
     # its rate-limit token's moment passed before the request could be written: never sent
     # (the worker returns the lease without an attempt: service/worker/pool.py)
     SENT_TOO_LATE = "sent_too_late"
+    # a legal hold took the call back, or its lease was ending, just before the request
+    # would have been written: never sent (the lease goes back: service/worker/hold_gate.py)
+    WITHHELD = "withheld"
     # a store target's statement (service/targets.py)
     STORE_UNREACHABLE = "store_unreachable"  # no connection: nothing ran
     STORE_PERMISSION = "store_permission_denied"
@@ -179,7 +182,7 @@ def classify(answer: Answer, *, absent_means_deleted: bool, now: datetime,
 
 def _classify_failure(failure: Failure) -> Classified:
     if failure in (Failure.CONNECT, Failure.TIMEOUT_BEFORE_SEND, Failure.STORE_BUSY,
-                   Failure.SENT_TOO_LATE):
+                   Failure.SENT_TOO_LATE, Failure.WITHHELD):
         return Classified(Outcome.TRANSIENT, failure.value)
     if failure in (Failure.INVALID_REQUEST, Failure.STORE_REFUSED):
         return Classified(Outcome.PERMANENT, failure.value)

@@ -51,6 +51,7 @@ from service.stores import (
     limit_transaction,
     target_statement,
 )
+from service.transport import SEND_GATE
 from service.upstream import CallResult
 
 DELETED: Final = Classified(Outcome.SUCCEEDED, "store_deleted")
@@ -214,6 +215,10 @@ class StoreTargets:
             conn = await self.stores.connect(target.store)
         except StoreError as exc:
             return result(Answer(failure=exc.failure))
+        gate = SEND_GATE.get()  # as an HTTP call's, right before the statement is sent
+        if gate is not None and not gate():
+            await conn.close()
+            return result(Answer(failure=Failure.WITHHELD))
         try:
             deleted = await self._run(conn, policy, groups)
         except StoreError as exc:

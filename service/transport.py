@@ -16,6 +16,7 @@ what the upstream may have seen:
                               refused, unreachable, DNS, TLS handshake    -> ConnectError
                               a header that would split the request       -> LocalProtocolError
                               its SEND_BY moment passed before the write  -> SentTooLate
+                              its SEND_GATE said no at the write          -> Withheld
                               (a wait for a free connection ends there)
     sent, answer incomplete   no byte of it for `read` seconds            -> ReadTimeout
                               closed before its end, or not HTTP          -> RemoteProtocolError
@@ -32,19 +33,23 @@ import asyncio
 import collections
 import ssl
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextvars import ContextVar
 from typing import Final, cast
 
 import httptools
 import httpx
 
-__all__ = ["SEND_BY", "Http1Transport", "SentTooLate"]
+__all__ = ["SEND_BY", "SEND_GATE", "Http1Transport", "SentTooLate", "Withheld"]
 
 # The time.monotonic() moment after which the current task's request must not be written
 # at all. A worker spends a rate-limit token only until a tolerance after its moment
 # (service/worker/pool.py); taking a connection, or opening one, can outlast that.
 SEND_BY: ContextVar[float | None] = ContextVar("SEND_BY", default=None)
+
+# Asked in the same step that writes the current task's request, with nothing run between:
+# False withholds it (a legal hold took the call back: service/worker/hold_gate.py).
+SEND_GATE: ContextVar[Callable[[], bool] | None] = ContextVar("SEND_GATE", default=None)
 
 # Under the 5 s idle timeout of uvicorn's and Node's servers: a connection is not reused in
 # the instant its upstream closes it.
@@ -64,6 +69,10 @@ _Key = tuple[str, str, int]  # scheme, host, port: the connections one request m
 
 class SentTooLate(httpx.TransportError):
     """Not sent: the request's SEND_BY moment passed before it could be written."""
+
+
+class Withheld(httpx.TransportError):
+    """Not sent: the request's SEND_GATE said no just before it would have been written."""
 
 
 class _Surplus(Exception):
@@ -283,6 +292,10 @@ class Http1Transport(httpx.AsyncBaseTransport):
         if send_by is not None and time.monotonic() > send_by:
             self.release(conn)  # unused, so as good as before for the next request
             raise SentTooLate("the request's moment passed before it could be written")
+        gate = SEND_GATE.get()
+        if gate is not None and not gate():
+            self.release(conn)
+            raise Withheld("the request was withheld just before it was written")
         try:
             conn.send(data)
             while not conn.headers_done:

@@ -10,6 +10,7 @@ Transport errors are mapped here, once, to :class:`service.outcomes.Failure`:
     ├── ReadError, RemoteProtocolError             -> RESET_AFTER_SEND
     ├── LocalProtocolError (a header with a CR/LF)  -> INVALID_REQUEST (not sent)
     ├── SentTooLate (past transport.SEND_BY)        -> SENT_TOO_LATE (not sent)
+    ├── Withheld (transport.SEND_GATE said no)      -> WITHHELD (not sent)
     └── other protocol errors                      -> PROTOCOL
 
 What a call sends is the policy's compiled request template (service/templates.py): ids are
@@ -36,7 +37,7 @@ import httpx
 from service.outcomes import Answer, Classified, Failure
 from service.policies import Policy, Upstream
 from service.templates import RequestTemplate
-from service.transport import Http1Transport, SentTooLate
+from service.transport import Http1Transport, SentTooLate, Withheld
 
 BODY_CAP_BYTES: Final = 4096
 USER_AGENT: Final = "sweeper/0.1"
@@ -329,6 +330,8 @@ async def send(transport: httpx.AsyncBaseTransport, request: httpx.Request,
         return Answer(failure=Failure.INVALID_REQUEST)
     except SentTooLate:
         return Answer(failure=Failure.SENT_TOO_LATE)
+    except Withheld:
+        return Answer(failure=Failure.WITHHELD)
     except httpx.TransportError:
         return Answer(failure=Failure.PROTOCOL)
     # RateLimit, X-RateLimit-* and BigCommerce's X-Rate-Limit-* (outcomes.exhausted_for)

@@ -1,4 +1,6 @@
-"""Object-id holds as an index: `hold_objects` holds one row per (tenant, object id, hold) of
+"""Object-id holds as an index, and holds that bind at the send.
+
+`hold_objects` holds one row per (tenant, object id, hold) of
 every active hold that names object ids, so the checks that run item by item (registration
 marking a new item, the admission, the eligible counts) find the holds naming an object with
 one primary-key probe, whatever the number of holds and ids. Before, each check walked every
@@ -8,6 +10,11 @@ ids: 300,000 comparisons an item).
 `holds.object_ids` stays the hold's record (the API's answer, the audit trail). Rows go with
 the hold's release. `holds_whole` indexes the active holds that name no object ids (a
 tenant, a policy, a prefix), the other half of each check. Filled from the active holds.
+
+`hold_acks`: a worker process's word that it knows a hold (service/worker/hold_gate.py):
+from then on it starts no call the hold covers, and `revoked` names the covered calls it
+had leased but not started, which it hands back. A hold answers once every worker holding a
+covered lease has acknowledged it or that lease has run out (service/holds.py).
 
 Revision ID: 0020
 Revises: 0018
@@ -30,6 +37,14 @@ CREATE TABLE hold_objects (
     PRIMARY KEY (tenant_id, object_id, hold_id)
 )""",
     "CREATE INDEX hold_objects_hold ON hold_objects (hold_id)",
+    """
+CREATE TABLE hold_acks (
+    hold_id  bigint NOT NULL REFERENCES holds (id),
+    worker   text NOT NULL,
+    revoked  bigint[] NOT NULL DEFAULT '{}',
+    acked_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (hold_id, worker)
+)""",
     "CREATE INDEX holds_whole ON holds (tenant_id) "
     "WHERE released_at IS NULL AND object_ids IS NULL",
     """
@@ -46,5 +61,6 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.execute("DROP TABLE hold_acks")
     op.execute("DROP INDEX holds_whole")
     op.execute("DROP TABLE hold_objects")

@@ -216,6 +216,15 @@ hold_objects = Table(
     Column("hold_id", BigInteger, ForeignKey("holds.id"), primary_key=True),
 )
 
+hold_acks = Table(
+    "hold_acks",
+    metadata,
+    Column("hold_id", BigInteger, ForeignKey("holds.id"), primary_key=True),
+    Column("worker", Text, primary_key=True),
+    Column("revoked", ARRAY(BigInteger), nullable=False),
+    _ts("acked_at"),
+)
+
 evidence = Table(
     "evidence",
     metadata,

@@ -139,6 +139,11 @@ class DatabaseClock:
         self._offset: float | None = None
         self._at = 0.0
 
+    def to_local(self, db_time: float) -> float:
+        """The local monotonic moment of `db_time` on the offset known (no new sample); a
+        moment far ahead of now before any sample (nothing calibrated yet)."""
+        return db_time + (self._offset if self._offset is not None else 0.0)
+
     def local(self, db_time: float, received: float) -> float:
         """The local monotonic moment of `db_time`, given it was received at `received`."""
         sample = received - db_time

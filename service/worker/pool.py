@@ -39,8 +39,9 @@ from service.outcomes import (
 from service.pipeline_counts import PipelineCounts
 from service.policies import Policies, Policy
 from service.policy_file import PolicyConfig
-from service.transport import SEND_BY
+from service.transport import SEND_BY, SEND_GATE
 from service.upstream import CallResult
+from service.worker.hold_gate import HoldGate
 from service.worker.pacing import CallLimit, DatabaseClock, LocalHolds, ScopeCache
 from service.worker.ports import Ports
 from service.worker.signals import SignalBuffer
@@ -53,6 +54,9 @@ FLUSH_INTERVAL_S: Final = 0.02
 FLUSH_STOP_TIMEOUT_S: Final = 5.0  # at shutdown, for a flush in progress to commit
 ERROR_BACKOFF_MAX_S: Final = 5.0
 FIRST_RETRY_S: Final = 1.0  # between tries of the step before the first claim
+# How often a process looks for new legal holds without a notification (a hold placed while
+# it holds a covered lease answers within about this long when notifications are lost).
+HOLD_POLL_S: Final = 1.0
 # At most this many items per admission round. Calls of a round start one after another on
 # this event loop, and a token spent more than limiter.late_tolerance after its moment goes
 # back unspent: large rounds start their last calls late. Smaller rounds also overlap: the
@@ -129,6 +133,9 @@ class WorkerPool:
         self._unstarted: list[tuple[Call, LeaseReturn]] = []
         self._counts = PipelineCounts()
         self._wake = asyncio.Event()
+        self._gate = HoldGate()  # holds bind at the send (hold_gate.py)
+        self._hold_placed = asyncio.Event()
+        self._unacked: dict[int, list[int]] = {}  # revoked calls by hold, not yet acknowledged
         self._stopping = asyncio.Event()
         self._flusher_stop = asyncio.Event()
         self.token_wait: float | None = None
@@ -196,6 +203,8 @@ class WorkerPool:
         # the local moment of each grant, on this process's calibrated database clock
         granted_at = {g.scope: self._db_clock.local(g.schedule_start, received)
                       for g in admitted.grants if g.granted}
+        self._gate.leased(((lease, self._db_clock.to_local(lease.lease_expires_at.timestamp()))
+                           for lease in leases), received)
         IN_FLIGHT.inc(len(calls))
         for call in calls:
             # each call is made when its token is due on the database's schedule (at most
@@ -223,7 +232,8 @@ class WorkerPool:
         granted again beside the tokens due after it, and a second could exceed rate +
         burst (at a start, the refill from the first grant to the first call)."""
         leases = [lease for call, _ in calls for lease in call]
-        tokens = [1 if i == 0 and reason is not LeaseReturn.LATE_START else 0
+        tokens = [1 if i == 0 and reason not in (LeaseReturn.LATE_START,
+                                                 LeaseReturn.LEASE_ENDING) else 0
                   for call, reason in calls for i in range(len(call))]
         await self.ports.completion.hand_back(leases, tokens)
         reasons: Counter[LeaseReturn] = Counter()
@@ -295,12 +305,18 @@ class WorkerPool:
                     # lateness counts until the request is written: taking or opening a
                     # connection can outlast the tolerance (service/transport.py)
                     send_by = SEND_BY.set(give_up if give_up < math.inf else None)
+                    send_gate = SEND_GATE.set(self._gate.gate(call, clock.monotonic))
                     try:
                         result = await self._call(policy, call)
                     finally:
+                        SEND_GATE.reset(send_gate)
                         SEND_BY.reset(send_by)
                     if result.answer.failure is Failure.SENT_TOO_LATE:
                         self._not_made(call, LeaseReturn.LATE_START, round_no)
+                        return
+                    if result.answer.failure is Failure.WITHHELD:
+                        self._not_made(call, LeaseReturn.HELD if self._gate.revoked(call)
+                                       else LeaseReturn.LEASE_ENDING, round_no)
                         return
             finally:
                 self._slots.release()
@@ -312,6 +328,7 @@ class WorkerPool:
                 with contextlib.suppress(Exception):
                     await self._signals.apply(self.ports.signals)
         finally:
+            self._gate.finished(call)
             IN_FLIGHT.dec()
 
     def _not_made(self, call: Call, reason: LeaseReturn, round_no: int) -> None:
@@ -423,12 +440,14 @@ class WorkerPool:
                     await self._stopping.wait()
         async with self.ports.hold():
             await self._warm_up()
-            listener = asyncio.create_task(self.ports.wakeups.listen(self._wake.set))
+            listener = asyncio.create_task(self.ports.wakeups.listen(
+                self._wake.set, self._hold_placed.set))
             flusher = asyncio.create_task(self._flush_loop())
+            watcher = asyncio.create_task(self._watch_holds())
             try:
                 await self._loop()
             finally:
-                await self._finish(flusher, listener)
+                await self._finish(flusher, listener, watcher)
 
     async def _loop(self) -> None:
         idle = IDLE_POLL_MIN_S
@@ -470,9 +489,43 @@ class WorkerPool:
                 self._db_clock.local(db_time, self._clock.monotonic())
             await self.ports.admission.eligible_scopes("", 1)
             await self.ports.admission.admit({WARM_UP_SCOPE: 1})
+        with contextlib.suppress(Exception):
+            # before the first claim: every hold up to here is one its admissions see
+            self._gate.known = await self.ports.holds.latest_hold()
 
-    async def _finish(self, flusher: asyncio.Task[None], listener: asyncio.Task[None]
-                      ) -> None:
+    # -- legal holds (hold_gate.py) ----------------------------------------------------
+
+    async def learn_holds(self) -> None:
+        """Learn of the holds placed since the last one learned: revoke the calls they
+        cover that have not started, then acknowledge them (with those calls)."""
+        latest = await self.ports.holds.latest_hold()
+        known = self._gate.known
+        if known is None or latest > known:
+            # not read at the start (the database was away): every hold in force
+            covers = await self.ports.holds.holds_since(known or 0)
+            for hold_id, revoked in self._gate.learn(covers, self._clock.monotonic()).items():
+                self._unacked.setdefault(hold_id, []).extend(revoked)
+        if self._unacked:
+            await self.ports.holds.acknowledge(self._unacked)
+            self._unacked = {}
+        self._gate.known = max(latest, known or 0)
+
+    async def _watch_holds(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(HOLD_POLL_S):
+                    await self._hold_placed.wait()
+            self._hold_placed.clear()
+            try:
+                await self.learn_holds()
+            except Exception as exc:
+                if is_unavailable(exc) or is_busy(exc):
+                    log.warning("workers: holds could not be read; trying again")
+                else:
+                    log.exception("workers: learning of holds failed")
+
+    async def _finish(self, flusher: asyncio.Task[None], listener: asyncio.Task[None],
+                      watcher: asyncio.Task[None]) -> None:
         if self._in_flight:
             _, late = await asyncio.wait(list(self._in_flight), timeout=self.grace_seconds)
             # Calls still running after the grace period may have reached the upstream, so
@@ -486,7 +539,7 @@ class WorkerPool:
         # lost (the items would wait for their leases to expire and be called again)
         self._flusher_stop.set()
         await asyncio.wait([flusher], timeout=FLUSH_STOP_TIMEOUT_S)
-        for helper in (flusher, listener):
+        for helper in (flusher, listener, watcher):
             helper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await helper

@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Protocol
 
@@ -25,6 +25,7 @@ from service.outcomes import Answer, Failure
 from service.policies import Policy
 from service.targets import StoreTargets
 from service.upstream import CallResult, Upstreams
+from service.worker.hold_gate import HoldCover
 
 log = logging.getLogger("service.worker")
 
@@ -98,11 +99,43 @@ class Clock(Protocol):
 
 
 class WakeupPort(Protocol):
-    """Tells an idle pool that items were released (instead of waiting for its poll)."""
+    """Tells an idle pool that items were released (instead of waiting for its poll), and
+    that a legal hold was placed."""
 
-    async def listen(self, wake: Callable[[], None]) -> None:
-        """Call `wake` on each release until cancelled; survives outages."""
+    async def listen(self, wake: Callable[[], None],
+                     held: Callable[[], None] | None = None) -> None:
+        """Call `wake` on each release and `held` on each hold placed, until cancelled;
+        survives outages."""
         ...
+
+
+class HoldPort(Protocol):
+    """Legal holds as a worker process learns of them (hold_gate.py)."""
+
+    async def latest_hold(self) -> int:
+        """The newest hold's id (0: none)."""
+        ...
+
+    async def holds_since(self, after: int) -> list[HoldCover]:
+        """The holds in force placed after hold `after`, oldest first."""
+        ...
+
+    async def acknowledge(self, revoked: Mapping[int, Sequence[int]]) -> None:
+        """This process knows these holds and took back these unstarted calls (by hold)."""
+        ...
+
+
+class NoHolds:
+    """No legal holds to learn of (the in-memory ports of the pool's unit tests)."""
+
+    async def latest_hold(self) -> int:
+        return 0
+
+    async def holds_since(self, after: int) -> list[HoldCover]:
+        return []
+
+    async def acknowledge(self, revoked: Mapping[int, Sequence[int]]) -> None:
+        return None
 
 
 class SystemClock:
@@ -181,7 +214,8 @@ def batch_key(policy: Policy, leases: Sequence[Lease]) -> str:
 class NoWakeups:
     """No release notifications: the pool polls (with backoff) alone."""
 
-    async def listen(self, wake: Callable[[], None]) -> None:
+    async def listen(self, wake: Callable[[], None],
+                     held: Callable[[], None] | None = None) -> None:
         await asyncio.Event().wait()
 
 
@@ -197,3 +231,4 @@ class Ports:
     clock: Clock
     wakeups: WakeupPort
     hold: Callable[[], AbstractAsyncContextManager[None]]
+    holds: HoldPort = field(default_factory=NoHolds)

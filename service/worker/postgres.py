@@ -16,7 +16,7 @@ from typing import Any, Final
 import asyncpg
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import claims, limiter
+from service import claims, holds, limiter
 from service.claims import Admission, Completion, Lease
 from service.credentials.waits import Credentials
 from service.db.statements import Database, HeldConnection
@@ -24,6 +24,7 @@ from service.policies import Policies
 from service.stores import Stores
 from service.targets import StoreTargets
 from service.upstream import Upstreams
+from service.worker.hold_gate import HoldCover
 from service.worker.ports import NoWakeups, Ports, SystemClock, UpstreamCalls
 
 LISTEN_PROBE_INTERVAL_S: Final = 10.0
@@ -88,6 +89,20 @@ class PostgresLedger:
         async with self._on(self._completing) as db:
             await claims.hand_back(db, leases, tokens)
 
+    # -- legal holds (hold_gate.py) --------------------------------------------------
+
+    async def latest_hold(self) -> int:
+        return await holds.latest(self.engine)
+
+    async def holds_since(self, after: int) -> list[HoldCover]:
+        return [HoldCover(h["id"], h["tenant_id"], h["policy"],
+                          None if h["object_ids"] is None else frozenset(h["object_ids"]),
+                          h["object_id_prefix"])
+                for h in await holds.since(self.engine, after)]
+
+    async def acknowledge(self, revoked: Mapping[int, Sequence[int]]) -> None:
+        await holds.acknowledge(self.engine, self.owner, revoked)
+
     # -- scope signals ---------------------------------------------------------------
 
     async def close(self, closures: Mapping[str, limiter.Closure]) -> None:
@@ -110,9 +125,14 @@ class Listener:
     def __init__(self, url: str) -> None:
         self.url = url
 
-    async def listen(self, wake: Callable[[], None]) -> None:
+    async def listen(self, wake: Callable[[], None],
+                     held: Callable[[], None] | None = None) -> None:
         def on_notify(*_args: Any) -> None:
             wake()
+
+        def on_hold(*_args: Any) -> None:
+            if held is not None:
+                held()
 
         while True:
             try:
@@ -121,6 +141,9 @@ class Listener:
                 conn.add_termination_listener(lambda _c, ev=closed: ev.set())
                 try:
                     await conn.add_listener(claims.NOTIFY_CHANNEL, on_notify)
+                    await conn.add_listener(claims.HOLDS_CHANNEL, on_hold)
+                    if held is not None:
+                        held()  # a hold placed while this was not listening is learned now
                     while not closed.is_set():
                         # a silent network loss is only seen on use: probe now and then
                         with contextlib.suppress(TimeoutError):
@@ -147,4 +170,4 @@ def database_ports(engine: AsyncEngine, policies: Policies, upstreams: Upstreams
                  calls=UpstreamCalls(upstreams, credentials, StoreTargets(stores, engine)
                                      if stores is not None else None), clock=SystemClock(),
                  wakeups=Listener(listen_url) if listen_url else NoWakeups(),
-                 hold=ledger.hold)
+                 hold=ledger.hold, holds=ledger)

@@ -91,6 +91,7 @@ CLASSIFY_TABLE: list[tuple[Answer, bool, Outcome, str, float | None]] = [
     (Answer(failure=Failure.TIMEOUT_BEFORE_SEND), True, TR, "timeout_before_send", None),
     # the worker hands such a call back unattempted; classified, it is a call never sent
     (Answer(failure=Failure.SENT_TOO_LATE), False, TR, "sent_too_late", None),
+    (Answer(failure=Failure.WITHHELD), False, TR, "withheld", None),
     (Answer(failure=Failure.TIMEOUT_AFTER_SEND), False, UK, "timeout_after_send", None),
     (Answer(failure=Failure.RESET_AFTER_SEND), True, UK, "reset_after_send", None),
     (Answer(failure=Failure.PROTOCOL), False, UK, "protocol_error", None),
