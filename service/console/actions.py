@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from service import inspection, ledger, runs, scopes
+from service.api import access
 from service.api.bodies import MAX_BIGINT
 from service.api.items import MAX_CHANGE
 from service.api.scopes import BudgetIn
@@ -33,6 +34,7 @@ from service.console.web import (
     console_of,
     context,
     read_form,
+    role_too_low,
     runtime_of,
     signed_in,
     whole_number,
@@ -197,9 +199,11 @@ async def resume_scope(request: Request) -> Response:
     session = await signed_in(request)
     form = await checked_form(request, session, ("name", "reason", "lift_closure"))
     name = _scope_name(form.string("name"))
+    lift_closure = form.choice("lift_closure", ("on",)) == "on"
+    if lift_closure and session.role < access.LIFT_CLOSURE:
+        raise role_too_low(access.LIFT_CLOSURE, session, "lifting the upstream's closure")
     if not await scopes.resume(runtime_of(request).engine, name, actor=_actor(session),
-                               reason=form.string("reason"),
-                               lift_closure=form.choice("lift_closure", ("on",)) == "on"):
+                               reason=form.string("reason"), lift_closure=lift_closure):
         raise ConsoleError(404, "No such scope", "there is no scope by that name")
     return _see_other("/scope?" + _name_query(name))
 

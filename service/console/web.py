@@ -19,12 +19,14 @@ from fastapi.routing import APIRoute
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
+from service.api import access
 from service.api.bodies import MAX_BIGINT
 from service.api.gate import BodyRefused, read_body
 from service.console.overview import OverviewCache
 from service.console.render import ConsoleError, error_page, secure
 from service.console.sessions import COOKIE, Session, Sessions
 from service.runtime import Runtime
+from service.tokens import Role
 
 PREFIX: Final = "/console"
 MAX_FORM_BYTES: Final = 256 * 1024  # a bulk form of 1,000 selected ids fits easily
@@ -60,19 +62,36 @@ _SESSION: Final = "console_session"  # request.state: the session signed_in foun
 
 
 async def signed_in(request: Request) -> Session:
-    """The request's live session, or SignInRequired (looked up once per request)."""
+    """The request's live session, or SignInRequired (looked up once per request); a 403
+    page when its token's role is below what the route needs (service/api/access.py),
+    before any form is read."""
     session = await console_of(request).sessions.session(request.cookies.get(COOKIE))
     if session is None:
         raise SignInRequired
     setattr(request.state, _SESSION, session)
+    need = access.needed(request.method, request.scope["route"].path)
+    if isinstance(need, Role) and session.role < need:
+        raise role_too_low(need, session)
     return session
 
 
+def role_too_low(need: Role, session: Session, what: str = "this page") -> ConsoleError:
+    """The 403 page for a session whose token's role is below `need`."""
+    return ConsoleError(403, "Not allowed", f"{what} needs the {need.label} role; this "
+                                            f"session's token has the {session.role.label} "
+                                            "role")
+
+
 async def context(request: Request, session: Session | None, nav: str) -> dict[str, Any]:
-    """What every page's layout needs."""
+    """What every page's layout needs, with what the session's role may change (the pages
+    show only the forms it can use)."""
     csrf = await console_of(request).sessions.csrf(session) if session is not None else ""
-    return {"operator": session.actor if session else None, "csrf": csrf, "nav": nav,
-            "now_ts": time.time()}
+    role = session.role if session is not None else None
+    return {"operator": session.actor if session else None,
+            "role": role.label if role is not None else None, "csrf": csrf, "nav": nav,
+            "now_ts": time.time(),
+            "may_operate": role is not None and role >= Role.OPERATOR,
+            "may_lift_closure": role is not None and role >= access.LIFT_CLOSURE}
 
 
 class ConsoleRoute(APIRoute):

@@ -9,8 +9,8 @@ import pytest
 from pydantic import ValidationError
 
 from service.logs import ConsoleFormatter, JsonFormatter
-from service.runtime import TokenSet
 from service.settings import Environment, Settings
+from service.tokens import TokenSet
 
 
 def test_tokens_are_comma_separated(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -50,13 +50,13 @@ def test_sqlalchemy_url_uses_asyncpg() -> None:
 
 def test_token_set_matches_any_configured_token() -> None:
     settings = Settings(api_tokens="a" * 16 + "," + "b" * 16)  # type: ignore[arg-type]
-    tokens = TokenSet.from_settings(settings)
+    tokens = TokenSet.of(settings.role_tokens())
     assert tokens.match("a" * 16) is not None
     assert tokens.match("b" * 16) is not None
     assert tokens.match("a" * 16) != tokens.match("b" * 16)
     assert tokens.match("c" * 16) is None
     assert tokens.match("") is None
-    assert TokenSet.from_settings(Settings()).match("a" * 16) is None
+    assert TokenSet.of(Settings().role_tokens()).match("a" * 16) is None
 
 
 @pytest.mark.parametrize("formatter", [JsonFormatter(), ConsoleFormatter()])
