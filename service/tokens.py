@@ -101,7 +101,8 @@ def token_problems(tokens: Iterable[tuple[str, Role]]) -> list[str]:
         ids.setdefault(token_id(token), set()).add(token)
     for held in roles.values():
         if len(held) > 1:
-            names = " and ".join(f"SWEEPER_{ROLE_SETTINGS[r].upper()}" for r in sorted(held))
+            names = " and ".join(f"SWEEPER_{ROLE_SETTINGS[r].upper()}"
+                                 for r in sorted(held, reverse=True))
             problems.append(f"a token is listed in both {names}: give each token one role")
     for name, distinct in sorted(ids.items()):
         if len(distinct) > 1:
