@@ -14,6 +14,7 @@ from service.api import access
 from service.api.bodies import JsonInt, JsonRoute, RequestBody
 from service.api.deps import CallerDep, OperatorDep, RuntimeDep
 from service.api.problems import problem_responses
+from service.api.reasons import Reason
 from service.api.scope_names import scope_name
 from service.errors import Problem
 from service.policy_file import MAX_RATE_PER_SECOND, MAX_SCOPE_BYTES, MIN_RATE_PER_SECOND
@@ -76,19 +77,19 @@ class BudgetIn(RequestBody):
                                    examples=[20.0])
     burst: Annotated[int, JsonInt] = Field(ge=1, le=100_000, examples=[5])
     weight: Annotated[int, JsonInt] | None = Field(default=None, ge=1, le=1000)
-    reason: str | None = Field(default=None, max_length=1000)
+    reason: Reason | None = None
 
 
 class ReasonIn(RequestBody):
     """Why (recorded in the audit trail)."""
 
-    reason: str | None = Field(default=None, max_length=1000)
+    reason: Reason | None = None
 
 
 class ResumeIn(RequestBody):
     """Why (recorded in the audit trail), and whether to override the upstream's closure."""
 
-    reason: str | None = Field(default=None, max_length=1000)
+    reason: Reason | None = None
     lift_closure: bool = Field(default=False, description=(
         "also end a closure the upstream imposed (a 429's Retry-After or its backoff) and "
         "reset the backoff: an operator overriding the upstream, recorded in the audit "

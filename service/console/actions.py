@@ -148,7 +148,7 @@ async def item_action(request: Request) -> Response:
             raise ConsoleError(422, "Too many selected",
                                f"select at most {MAX_SELECTED} items at once")
         chosen = ledger.ItemFilter(ids=ids)
-    why = form.string("why")
+    why = form.reason("why")
     fields = {"action": action, "target": target, "why": why or "", **{
         k: v or "" for k, v in shown.items()}}
     if why is None or not why.strip():
@@ -189,7 +189,7 @@ async def pause_scope(request: Request) -> Response:
     form = await checked_form(request, session, ("name", "reason"))
     name = _scope_name(form.string("name"))
     if not await scopes.pause(runtime_of(request).engine, name, actor=_actor(session),
-                              reason=form.string("reason")):
+                              reason=form.reason("reason")):
         raise ConsoleError(404, "No such scope", "there is no scope by that name")
     return _see_other("/scope?" + _name_query(name))
 
@@ -203,7 +203,7 @@ async def resume_scope(request: Request) -> Response:
     if lift_closure and session.role < access.LIFT_CLOSURE:
         raise role_too_low(access.LIFT_CLOSURE, session, "lifting the upstream's closure")
     if not await scopes.resume(runtime_of(request).engine, name, actor=_actor(session),
-                               reason=form.string("reason"), lift_closure=lift_closure):
+                               reason=form.reason("reason"), lift_closure=lift_closure):
         raise ConsoleError(404, "No such scope", "there is no scope by that name")
     return _see_other("/scope?" + _name_query(name))
 
@@ -217,7 +217,7 @@ async def scope_budget(request: Request) -> Response:
     name = _scope_name(form.string("name"))
     given = {key: form.string(key, 40) for key in ("rate_per_second", "burst", "weight")}
     errors: list[str] = []
-    body: dict[str, object] = {"reason": form.string("reason")}
+    body: dict[str, object] = {"reason": form.reason("reason")}
     for key, kind in (("rate_per_second", float), ("burst", int), ("weight", int)):
         value = given[key]
         if value is None:
@@ -259,5 +259,5 @@ async def workers(request: Request, change: str) -> Response:
         raise ConsoleError(404, "No such page", "workers can be paused or resumed")
     form = await checked_form(request, session, ("reason",))
     await scopes.set_workers_paused(runtime_of(request).engine, paused=change == "pause",
-                                    actor=_actor(session), reason=form.string("reason"))
+                                    actor=_actor(session), reason=form.reason("reason"))
     return _see_other("/scopes")

@@ -22,6 +22,7 @@ from starlette.responses import RedirectResponse, Response
 from service.api import access
 from service.api.bodies import MAX_BIGINT
 from service.api.gate import BodyRefused, read_body
+from service.api.reasons import reason_problem
 from service.console.overview import OverviewCache
 from service.console.render import ConsoleError, error_page, secure
 from service.console.sessions import COOKIE, Session, Sessions
@@ -31,7 +32,7 @@ from service.tokens import Role
 PREFIX: Final = "/console"
 MAX_FORM_BYTES: Final = 256 * 1024  # a bulk form of 1,000 selected ids fits easily
 MAX_FORM_FIELDS: Final = 2_000
-MAX_TEXT: Final = 1_000  # a reason, a "why", an id filter
+MAX_TEXT: Final = 1_000  # an id or a filter (reasons follow service/api/reasons.py)
 FORM_TIMEOUT_S: Final = 10.0
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -214,6 +215,17 @@ class Form:
 
     def choice(self, name: str, choices: Collection[str]) -> str | None:
         return checked_choice(name, self.get(name), choices)
+
+    def reason(self, name: str) -> str | None:
+        """A free-text reason, None when empty; refused (422 naming the field) as the API
+        refuses it (service/api/reasons.py)."""
+        value = self.get(name)
+        if value is None or value == "":
+            return None
+        problem = reason_problem(value)
+        if problem:
+            raise ConsoleError(422, "Invalid reason", f"{name} {problem}")
+        return value
 
 
 async def read_form(request: Request, allowed: Collection[str]) -> Form:
