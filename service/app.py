@@ -175,8 +175,7 @@ def create_app(
                 engine, policies, runtime.tenant_credentials, runtime.stores), name="waits"))
             tasks.append(loops[-1])
         if runtime.signer is None:
-            log.warning("no evidence signing key configured: evidence exports are unsigned "
-                        "(set SWEEPER_EVIDENCE_SIGNING_KEY_FILE)")
+            log.warning(health.UNSIGNED_WARNING)
         if not settings.role_tokens():
             log.warning("no API tokens configured: every /v1 request will answer 401 "
                         "(set SWEEPER_API_TOKENS)")
