@@ -42,10 +42,11 @@ from service.db.engine import is_busy, is_unavailable, make_engine
 from service.db.migrate import head_revision
 from service.discovery import Discovery
 from service.policies import Policies
-from service.runtime import Runtime, TokenSet
+from service.runtime import Runtime
 from service.settings import Settings, plain_url
 from service.stores import Stores
 from service.targets import ledger_tables
+from service.tokens import TokenSet
 from service.upstream import Upstreams
 from service.waits import waiting_loop
 from service.worker import database_pool
@@ -143,7 +144,7 @@ def create_app(
         keyring = Keyring.from_settings(settings)
         store = CredentialStore(engine, keyring) if keyring else None
         runtime = Runtime(settings=settings, policies=policies, engine=engine,
-                          tokens=TokenSet.from_settings(settings), schema_head=head_revision(),
+                          tokens=TokenSet.of(settings.role_tokens()), schema_head=head_revision(),
                           exporter=metrics.install_ledger(engine, policies.policies),
                           keyring=keyring, credentials=store,
                           tenant_credentials=Credentials.of(policies, engine, keyring, store),
@@ -176,9 +177,8 @@ def create_app(
                 engine, policies, runtime.tenant_credentials, runtime.stores), name="waits"))
             tasks.append(loops[-1])
         if runtime.signer is None:
-            log.warning("no evidence signing key configured: evidence exports are unsigned "
-                        "(set SWEEPER_EVIDENCE_SIGNING_KEY_FILE)")
-        if not settings.api_tokens:
+            log.warning(health.UNSIGNED_WARNING)
+        if not settings.role_tokens():
             log.warning("no API tokens configured: every /v1 request will answer 401 "
                         "(set SWEEPER_API_TOKENS)")
         try:

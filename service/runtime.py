@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -17,36 +15,7 @@ from service.policies import Policies
 from service.runs import ProgressCache
 from service.settings import Settings
 from service.stores import Stores
-
-
-def _digest(token: str) -> bytes:
-    return hashlib.sha256(token.encode("utf-8")).digest()
-
-
-@dataclass(frozen=True)
-class TokenSet:
-    """Bearer tokens accepted on /v1 (two at once during rotation), held as digests."""
-
-    digests: tuple[bytes, ...] = field(repr=False)
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> TokenSet:
-        return cls(tuple(_digest(t.get_secret_value()) for t in settings.api_tokens))
-
-    def match(self, presented: str) -> str | None:
-        """The actor name of a valid token, else None. Constant time: every configured
-        token is compared, on equal-length digests, whatever matches first."""
-        candidate = _digest(presented)
-        actor = None
-        for digest in self.digests:
-            if hmac.compare_digest(candidate, digest):
-                actor = "token:" + digest.hex()[:8]
-        return actor
-
-    def has_actor(self, actor: str) -> bool:
-        """Whether a token with this actor name is still configured (console sessions end
-        when their token is rotated out)."""
-        return any(actor == "token:" + digest.hex()[:8] for digest in self.digests)
+from service.tokens import TokenSet
 
 
 @dataclass(frozen=True)

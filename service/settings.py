@@ -22,6 +22,7 @@ from sqlalchemy.exc import ArgumentError
 
 from service import evidence
 from service.errors import ConfigError
+from service.tokens import ROLE_SETTINGS, Role, token_problems
 
 ENV_PREFIX = "SWEEPER_"
 
@@ -58,8 +59,16 @@ class Settings(BaseSettings):
     data_dir: Path = Field(default=Path(".sweeper"), description="embedded database and state")
     policies_file: Path | None = Field(default=None, description="TOML upstreams and policies")
     api_tokens: Annotated[list[SecretStr], NoDecode] = Field(
-        default_factory=list, description="comma-separated bearer tokens accepted on /v1"
-    )
+        default_factory=list,
+        description="comma-separated bearer tokens accepted on /v1 with the admin role "
+                    "(every right; what a token meant before roles)")
+    operator_tokens: Annotated[list[SecretStr], NoDecode] = Field(
+        default_factory=list,
+        description="comma-separated bearer tokens with the operator role (runs, "
+                    "registration, re-drive, cancel, pauses, budgets, and every read)")
+    viewer_tokens: Annotated[list[SecretStr], NoDecode] = Field(
+        default_factory=list,
+        description="comma-separated bearer tokens with the viewer role (reads only)")
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
     workers: int = Field(default=4, ge=0, le=1024, description="concurrent claims per replica")
@@ -135,14 +144,14 @@ class Settings(BaseSettings):
         description="comma-separated earlier values of credentials_key: rows written under "
                     "them still open until `sweeper credentials rotate-key` moves them")
 
-    @field_validator("api_tokens", mode="before")
+    @field_validator("api_tokens", "operator_tokens", "viewer_tokens", mode="before")
     @classmethod
     def _split_tokens(cls, value: object) -> object:
         if isinstance(value, str):
             return [t.strip() for t in value.split(",") if t.strip()]
         return value
 
-    @field_validator("api_tokens")
+    @field_validator("api_tokens", "operator_tokens", "viewer_tokens")
     @classmethod
     def _tokens_long_enough(cls, tokens: list[SecretStr]) -> list[SecretStr]:
         for token in tokens:
@@ -282,11 +291,24 @@ class Settings(BaseSettings):
                              "every write uses the current key")
         return self
 
+    def role_tokens(self) -> list[tuple[str, Role]]:
+        """Every configured token with the role its setting gives it."""
+        return [(token.get_secret_value(), role) for role, name in ROLE_SETTINGS.items()
+                for token in getattr(self, name)]
+
+    @model_validator(mode="after")
+    def _one_role_per_token(self) -> Settings:
+        problems = token_problems(self.role_tokens())
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
     @model_validator(mode="after")
     def _safe_in_production(self) -> Settings:
         if self.environment is Environment.PRODUCTION:
-            if not self.api_tokens:
-                raise ValueError("SWEEPER_API_TOKENS must be set in production")
+            if not self.role_tokens():
+                raise ValueError("SWEEPER_API_TOKENS must be set in production (or "
+                                 "SWEEPER_OPERATOR_TOKENS / SWEEPER_VIEWER_TOKENS)")
             if self.database_url is None:
                 raise ValueError("SWEEPER_DATABASE_URL must be set in production "
                                  "(the embedded database is for development)")

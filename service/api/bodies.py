@@ -15,6 +15,7 @@ from fastapi.routing import APIRoute
 from pydantic import AfterValidator, AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field
 
 from service import strict_json
+from service.api import access
 from service.policy_file import NAME_PATTERN
 
 # Every timestamp the API takes lies in this range (inclusive), whatever its offset: any
@@ -97,12 +98,27 @@ class JsonRequest(Request):
 
 
 class JsonRoute(APIRoute):
-    """The route class of every operator router: its body is read by `parse_json`."""
+    """The route class of every operator router: the caller's role is checked against the
+    route's (service/api/access.py) before its body is read by `parse_json`."""
+
+    def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
+        super().__init__(path, endpoint, **kwargs)
+        extra, responses = access.documented(self.access)
+        self.openapi_extra = {**(self.openapi_extra or {}), **extra}
+        self.responses = {**self.responses, **responses}
+
+    @property
+    def access(self) -> access.Access:
+        """What this route needs (every operator route serves one method)."""
+        (method,) = self.methods or ("GET",)
+        return access.needed(method, self.path)
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
+        need = self.access
 
         async def strictly(request: Request) -> Response:
+            access.check(need, request.scope)
             return await handler(JsonRequest(request.scope, request.receive))
 
         return strictly

@@ -17,6 +17,7 @@ from service import ledger
 from service.api.bodies import ID_PATTERN, MAX_ID_CHARS, JsonRoute, RequestBody
 from service.api.deps import OperatorDep, RuntimeDep
 from service.api.problems import problem_doc, problem_responses
+from service.api.reasons import Reason
 from service.api.tenants import stored_tenant
 from service.credentials import tenant_credentials, waits
 from service.credentials.source import HEADER_VALUE_PATTERN, MAX_SECRET_CHARS, secret_problem
@@ -64,7 +65,7 @@ class CredentialIn(RequestBody):
     """A tenant's credential for one upstream, and why (for the audit trail)."""
 
     secret: Secret
-    reason: str | None = Field(default=None, max_length=1000)
+    reason: Reason | None = None
 
 
 class CredentialOut(BaseModel):

@@ -8,11 +8,13 @@ from typing import Annotated, Any
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from service.api.gate import ACTOR, unauthorized
+from service.api.gate import CALLER, unauthorized
 from service.api.problems import validation_problem
 from service.runtime import Runtime
+from service.tokens import Caller
 
-_bearer = HTTPBearer(auto_error=False, description="one of SWEEPER_API_TOKENS")
+_bearer = HTTPBearer(auto_error=False, description=(
+    "a token of SWEEPER_API_TOKENS (admin), SWEEPER_OPERATOR_TOKENS or SWEEPER_VIEWER_TOKENS"))
 
 
 def get_runtime(request: Request) -> Runtime:
@@ -24,18 +26,24 @@ def get_runtime(request: Request) -> Runtime:
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 
 
-def require_operator(
+def require_caller(
     request: Request,
     _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> str:
-    """The operator the gate authenticated (it answers 401 before routing otherwise); the
-    bearer scheme is declared here for the OpenAPI document."""
-    actor: str | None = request.scope.get(ACTOR)
-    if actor is None:  # a route mounted outside the gate's prefix: refuse, never open
+) -> Caller:
+    """The token the gate authenticated (it answers 401 before routing otherwise; the route
+    has checked its role); the bearer scheme is declared here for the OpenAPI document."""
+    caller: Caller | None = request.scope.get(CALLER)
+    if caller is None:  # a route mounted outside the gate's prefix: refuse, never open
         raise unauthorized("send Authorization: Bearer <token>")
-    return actor
+    return caller
 
 
+def require_operator(caller: Annotated[Caller, Depends(require_caller)]) -> str:
+    """Who the audit trail names for the request: its token's id."""
+    return caller.id
+
+
+CallerDep = Annotated[Caller, Depends(require_caller)]
 OperatorDep = Annotated[str, Depends(require_operator)]
 
 

@@ -4,7 +4,8 @@ it has proved who it is, and how much it may send.
 For the operator API (`/v1/*` except the webhooks, which authenticate by signature over the
 body they read themselves):
     1. the bearer token is checked first: an unauthenticated request is answered 401 from
-       its headers alone, before any body is read or parsed;
+       its headers alone, before any body is read or parsed; the token's role is checked
+       against the route's after routing, before the body is parsed (service/api/access.py);
     2. the body is read in full, bounded in size (413, refused at once when Content-Length
        says so) and in time (408), and must be UTF-8 (400 `malformed-json`), before the route
        parses it.
@@ -33,7 +34,7 @@ from service.api.problems import problem_response
 from service.errors import Problem
 from service.runtime import Runtime
 
-ACTOR: Final = "sweeper.actor"  # the scope key holding the authenticated operator's name
+CALLER: Final = "sweeper.caller"  # the scope key holding the authenticated token (Caller)
 OPERATOR_PREFIX: Final = "/v1/"
 WEBHOOK_PREFIX: Final = "/v1/webhooks/"
 _BODY_METHODS: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -121,13 +122,13 @@ class Gate:
         if path.startswith(OPERATOR_PREFIX) and not path.startswith(WEBHOOK_PREFIX):
             runtime: Runtime = scope["state"]["runtime"]
             token = _bearer(scope)
-            actor = runtime.tokens.match(token) if token else None
-            if actor is None:
+            caller = runtime.tokens.match(token) if token else None
+            if caller is None:
                 await _answer(unauthorized("send Authorization: Bearer <token>" if token is None
                                            else "the bearer token is not valid"),
                               scope, receive, send)
                 return
-            scope[ACTOR] = actor
+            scope[CALLER] = caller
             if path.startswith(scope_names.PREFIX) and "raw_path" in scope:
                 scope["path"] = scope_names.routing_path(scope["raw_path"])
             if scope["method"] in _BODY_METHODS:

@@ -6,7 +6,7 @@ import asyncio
 from typing import Final
 
 from fastapi import APIRouter
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from service.api.deps import RuntimeDep
 from service.api.problems import problem_responses
@@ -31,18 +31,31 @@ class Health(BaseModel):
     schema_revision: str | None = None
 
 
+UNSIGNED_WARNING: Final = ("evidence exports are unsigned: no signing key is configured "
+                           "(set SWEEPER_EVIDENCE_SIGNING_KEY_FILE)")
+
+
+class Readiness(Health):
+    """A ready answer, and what an operator should know about how the process runs."""
+
+    evidence_signed: bool = Field(description=(
+        "whether evidence exports are signed; false: no signing key is configured"))
+    warnings: list[str] = Field(description="conditions that do not stop readiness")
+
+
 @router.get("/healthz", operation_id="healthz", response_model=Health)
 async def healthz() -> Health:
     """Liveness: the process answers. Never touches the database."""
     return Health(status="ok")
 
 
-@router.get("/readyz", operation_id="readyz", response_model=Health,
+@router.get("/readyz", operation_id="readyz", response_model=Readiness,
             responses=problem_responses(503))
-async def readyz(runtime: RuntimeDep) -> Health:
+async def readyz(runtime: RuntimeDep) -> Readiness:
     """Readiness: the database answers and its schema is at this build's head revision, or
     at a revision this build does not know: a newer one, applied by the next release's
-    pre-upgrade migration (migrations only expand), so old pods stay ready while it rolls."""
+    pre-upgrade migration (migrations only expand), so old pods stay ready while it rolls.
+    A ready process still says when its evidence exports are unsigned."""
     try:
         async with asyncio.timeout(READY_CHECK_TIMEOUT_SECONDS):
             rows = await fetch(runtime.engine, _SCHEMA_REVISION, {})
@@ -58,4 +71,6 @@ async def readyz(runtime: RuntimeDep) -> Health:
         raise Problem(503, "schema-not-at-head", "Not ready",
                       f"database schema is at {revision or 'nothing'}, this build needs "
                       f"{runtime.schema_head}", headers={"Retry-After": "5"})
-    return Health(status="ready", schema_revision=revision)
+    signed = runtime.signer is not None
+    return Readiness(status="ready", schema_revision=revision, evidence_signed=signed,
+                     warnings=[] if signed else [UNSIGNED_WARNING])

@@ -11,7 +11,6 @@ from pydantic import BaseModel, Field, model_validator
 
 from service import holds, ledger
 from service.api.bodies import (
-    ID_PATTERN,
     MAX_BIGINT,
     Id,
     JsonRoute,
@@ -21,16 +20,12 @@ from service.api.bodies import (
 )
 from service.api.deps import OperatorDep, RuntimeDep
 from service.api.problems import problem_responses, validation_problem
+from service.api.reasons import Reason, Reference
 from service.api.tenants import stored_filter, stored_tenant
 from service.errors import Problem
 
 router = APIRouter(prefix="/v1", tags=["holds"], route_class=JsonRoute,
                    responses=problem_responses(401, 503))
-
-# Reasons and references take no control characters, as ids do (no line breaks in the
-# audit trail and the logs).
-_TEXT_PATTERN = ID_PATTERN
-
 
 class HoldIn(RequestBody):
     """What a hold covers and why. It covers the tenant's items of every policy unless
@@ -42,10 +37,8 @@ class HoldIn(RequestBody):
     object_ids: list[Id] | None = Field(default=None, min_length=1, max_length=1000)
     object_id_prefix: Id | None = Field(default=None, description=(
         "covers every object id that starts with it (at least one character)"))
-    reason: str = Field(min_length=1, max_length=1000, pattern=_TEXT_PATTERN,
-                        examples=["litigation hold: order dispute"])
-    reference: str = Field(min_length=1, max_length=200, pattern=_TEXT_PATTERN,
-                           description="the external case reference", examples=["CASE-2291"])
+    reason: Reason = Field(examples=["litigation hold: order dispute"])
+    reference: Reference = Field(examples=["CASE-2291"])
     expires_at: Timestamp | None = Field(default=None, description=(
         "when the hold ends by itself (in the future); none: until released. Items stay "
         "held up to a few seconds past it, never less"))
@@ -60,8 +53,7 @@ class HoldIn(RequestBody):
 class ReleaseIn(RequestBody):
     """Why the hold ends (recorded on the hold and in the audit trail)."""
 
-    why: str = Field(min_length=1, max_length=1000, pattern=_TEXT_PATTERN,
-                     examples=["case CASE-2291 settled"])
+    why: Reason = Field(examples=["case CASE-2291 settled"])
 
 
 class InFlight(BaseModel):

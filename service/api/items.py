@@ -23,6 +23,7 @@ from service.api.bodies import (
 )
 from service.api.deps import OperatorDep, RuntimeDep
 from service.api.problems import problem_responses, validation_problem
+from service.api.reasons import Reason
 from service.api.tenants import stored_filter
 from service.errors import Problem
 from service.ledger import MAX_ID_BYTES
@@ -234,8 +235,8 @@ class ItemSelection(RequestBody):
     reason: str | None = Field(default=None, min_length=1, max_length=200,
                                pattern=ID_PATTERN,
                                description="match the dead reason / last error code")
-    why: str = Field(min_length=1, max_length=1000, description="recorded in the audit trail",
-                     examples=["upstream credential rotated; re-driving 401 failures"])
+    why: Reason = Field(description="recorded in the audit trail",
+                        examples=["upstream credential rotated; re-driving 401 failures"])
     limit: Annotated[int, JsonInt] = Field(default=MAX_CHANGE, ge=1, le=MAX_CHANGE)
 
 

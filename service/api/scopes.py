@@ -10,9 +10,11 @@ from fastapi.openapi.models import Example
 from pydantic import AfterValidator, BaseModel, Field
 
 from service import scopes
+from service.api import access
 from service.api.bodies import JsonInt, JsonRoute, RequestBody
-from service.api.deps import OperatorDep, RuntimeDep
+from service.api.deps import CallerDep, OperatorDep, RuntimeDep
 from service.api.problems import problem_responses
+from service.api.reasons import Reason
 from service.api.scope_names import scope_name
 from service.errors import Problem
 from service.policy_file import MAX_RATE_PER_SECOND, MAX_SCOPE_BYTES, MIN_RATE_PER_SECOND
@@ -75,19 +77,19 @@ class BudgetIn(RequestBody):
                                    examples=[20.0])
     burst: Annotated[int, JsonInt] = Field(ge=1, le=100_000, examples=[5])
     weight: Annotated[int, JsonInt] | None = Field(default=None, ge=1, le=1000)
-    reason: str | None = Field(default=None, max_length=1000)
+    reason: Reason | None = None
 
 
 class ReasonIn(RequestBody):
     """Why (recorded in the audit trail)."""
 
-    reason: str | None = Field(default=None, max_length=1000)
+    reason: Reason | None = None
 
 
 class ResumeIn(RequestBody):
     """Why (recorded in the audit trail), and whether to override the upstream's closure."""
 
-    reason: str | None = Field(default=None, max_length=1000)
+    reason: Reason | None = None
     lift_closure: bool = Field(default=False, description=(
         "also end a closure the upstream imposed (a 429's Retry-After or its backoff) and "
         "reset the backoff: an operator overriding the upstream, recorded in the audit "
@@ -171,15 +173,18 @@ async def pause_scope(runtime: RuntimeDep, actor: OperatorDep, scope: ScopeName,
 
 @router.post("/scopes/{scope}/resume", operation_id="resumeScope", response_model=ScopeOut,
              responses=_SCOPE_ERRORS)
-async def resume_scope(runtime: RuntimeDep, actor: OperatorDep, scope: ScopeName,
+async def resume_scope(runtime: RuntimeDep, caller: CallerDep, scope: ScopeName,
                        body: Annotated[ResumeIn | None, Body(
                            openapi_examples=RESUME_EXAMPLES)] = None) -> ScopeOut:
     """Lift a scope's pause (an operator's, or `unauthorized` after a 401/403). A closure
     the upstream imposed (a 429's Retry-After, or its backoff) stays until `closed_until`,
-    which the answer shows, unless `lift_closure` is true: then the closure ends and the
-    backoff resets, paused or not. The audit trail records the choice."""
+    which the answer shows, unless `lift_closure` is true (admin role only): then the
+    closure ends and the backoff resets, paused or not. The audit trail records the
+    choice."""
     request = body or ResumeIn()
-    found = await scopes.resume(runtime.engine, scope, actor=actor, reason=request.reason,
+    if request.lift_closure:
+        access.demand(caller, access.LIFT_CLOSURE, "lift_closure")
+    found = await scopes.resume(runtime.engine, scope, actor=caller.id, reason=request.reason,
                                 lift_closure=request.lift_closure)
     return await _changed(runtime, scope, found)
 

@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from service import inspection, ledger, runs, scopes
+from service.api import access
 from service.api.bodies import MAX_BIGINT
 from service.api.items import MAX_CHANGE
 from service.api.scopes import BudgetIn
@@ -33,6 +34,7 @@ from service.console.web import (
     console_of,
     context,
     read_form,
+    role_too_low,
     runtime_of,
     signed_in,
     whole_number,
@@ -146,7 +148,7 @@ async def item_action(request: Request) -> Response:
             raise ConsoleError(422, "Too many selected",
                                f"select at most {MAX_SELECTED} items at once")
         chosen = ledger.ItemFilter(ids=ids)
-    why = form.string("why")
+    why = form.reason("why")
     fields = {"action": action, "target": target, "why": why or "", **{
         k: v or "" for k, v in shown.items()}}
     if why is None or not why.strip():
@@ -187,7 +189,7 @@ async def pause_scope(request: Request) -> Response:
     form = await checked_form(request, session, ("name", "reason"))
     name = _scope_name(form.string("name"))
     if not await scopes.pause(runtime_of(request).engine, name, actor=_actor(session),
-                              reason=form.string("reason")):
+                              reason=form.reason("reason")):
         raise ConsoleError(404, "No such scope", "there is no scope by that name")
     return _see_other("/scope?" + _name_query(name))
 
@@ -197,9 +199,11 @@ async def resume_scope(request: Request) -> Response:
     session = await signed_in(request)
     form = await checked_form(request, session, ("name", "reason", "lift_closure"))
     name = _scope_name(form.string("name"))
+    lift_closure = form.choice("lift_closure", ("on",)) == "on"
+    if lift_closure and session.role < access.LIFT_CLOSURE:
+        raise role_too_low(access.LIFT_CLOSURE, session, "lifting the upstream's closure")
     if not await scopes.resume(runtime_of(request).engine, name, actor=_actor(session),
-                               reason=form.string("reason"),
-                               lift_closure=form.choice("lift_closure", ("on",)) == "on"):
+                               reason=form.reason("reason"), lift_closure=lift_closure):
         raise ConsoleError(404, "No such scope", "there is no scope by that name")
     return _see_other("/scope?" + _name_query(name))
 
@@ -213,7 +217,7 @@ async def scope_budget(request: Request) -> Response:
     name = _scope_name(form.string("name"))
     given = {key: form.string(key, 40) for key in ("rate_per_second", "burst", "weight")}
     errors: list[str] = []
-    body: dict[str, object] = {"reason": form.string("reason")}
+    body: dict[str, object] = {"reason": form.reason("reason")}
     for key, kind in (("rate_per_second", float), ("burst", int), ("weight", int)):
         value = given[key]
         if value is None:
@@ -255,5 +259,5 @@ async def workers(request: Request, change: str) -> Response:
         raise ConsoleError(404, "No such page", "workers can be paused or resumed")
     form = await checked_form(request, session, ("reason",))
     await scopes.set_workers_paused(runtime_of(request).engine, paused=change == "pause",
-                                    actor=_actor(session), reason=form.string("reason"))
+                                    actor=_actor(session), reason=form.reason("reason"))
     return _see_other("/scopes")

@@ -5,8 +5,10 @@ The cookie is `<secret>.<mac>`: 32 random bytes and an HMAC of them under the ke
 replica shares (`console_key`, made by migration 0016). A cookie whose MAC does not verify
 is refused without touching the database, so an unauthenticated caller costs an HMAC. A
 verified one is looked up by the SHA-256 of its secret (the secret itself is never stored):
-the session must exist, be neither expired nor signed out, and its operator's token must
-still be configured (removing a token from SWEEPER_API_TOKENS ends its sessions).
+the session must exist, be neither expired nor signed out, and its token must still be
+configured (removing a token from its setting ends its sessions). A session stores its
+token's id, never the token; its role is the token's role now, read from the configuration
+on every request (a token moved to a lower role takes its sessions with it).
 
 The CSRF token is an HMAC of the session's secret under the same key: nothing to store, and
 one session's token is useless in another. Before sign-in the form carries a token bound
@@ -25,7 +27,7 @@ from typing import Final
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.db.statements import Statement, fetch, fetch_none
-from service.runtime import TokenSet
+from service.tokens import Role, TokenSet
 
 COOKIE: Final = "sweeper_console"
 LOGIN_COOKIE: Final = "sweeper_console_login"
@@ -68,10 +70,12 @@ def _unb64(text: str) -> bytes | None:
 
 @dataclass(frozen=True)
 class Session:
-    """A signed-in operator: the session's secret (its CSRF tokens derive from it)."""
+    """A signed-in operator: the session's secret (its CSRF tokens derive from it), its
+    token's id and that token's role."""
 
     secret: bytes
     actor: str
+    role: Role
 
 
 class Sessions:
@@ -97,15 +101,16 @@ class Sessions:
 
     async def sign_in(self, token: str) -> tuple[str, Session] | None:
         """A new session's cookie value for a valid API token, else None."""
-        actor = self.tokens.match(token)
-        if actor is None:
+        caller = self.tokens.match(token)
+        if caller is None:
             return None
         key = await self.key()
         secret = secrets.token_bytes(SECRET_BYTES)
         await fetch(self.engine, _START, {"id": hashlib.sha256(secret).hexdigest(),
-                                          "actor": actor, "seconds": self.lifetime_s})
+                                          "actor": caller.id, "seconds": self.lifetime_s})
         await fetch_none(self.engine, _PRUNE, {})
-        return f"{_b64(secret)}.{_b64(self._mac(key, b'cookie', secret))}", Session(secret, actor)
+        return (f"{_b64(secret)}.{_b64(self._mac(key, b'cookie', secret))}",
+                Session(secret, caller.id, caller.role))
 
     async def session(self, cookie: str | None) -> Session | None:
         """The live session a cookie names, else None (a bad MAC costs no database read)."""
@@ -113,9 +118,10 @@ class Sessions:
         if secret is None:
             return None
         rows = await fetch(self.engine, _LOOKUP, {"id": hashlib.sha256(secret).hexdigest()})
-        if not rows or not self.tokens.has_actor(rows[0].actor):
+        caller = self.tokens.by_id(rows[0].actor) if rows else None
+        if caller is None:
             return None
-        return Session(secret, rows[0].actor)
+        return Session(secret, caller.id, caller.role)
 
     async def sign_out(self, session: Session) -> None:
         await fetch_none(self.engine, _END, {"id": hashlib.sha256(session.secret).hexdigest()})

@@ -19,17 +19,20 @@ from fastapi.routing import APIRoute
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
+from service.api import access
 from service.api.bodies import MAX_BIGINT
 from service.api.gate import BodyRefused, read_body
+from service.api.reasons import reason_problem
 from service.console.overview import OverviewCache
 from service.console.render import ConsoleError, error_page, secure
 from service.console.sessions import COOKIE, Session, Sessions
 from service.runtime import Runtime
+from service.tokens import Role
 
 PREFIX: Final = "/console"
 MAX_FORM_BYTES: Final = 256 * 1024  # a bulk form of 1,000 selected ids fits easily
 MAX_FORM_FIELDS: Final = 2_000
-MAX_TEXT: Final = 1_000  # a reason, a "why", an id filter
+MAX_TEXT: Final = 1_000  # an id or a filter (reasons follow service/api/reasons.py)
 FORM_TIMEOUT_S: Final = 10.0
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -60,19 +63,36 @@ _SESSION: Final = "console_session"  # request.state: the session signed_in foun
 
 
 async def signed_in(request: Request) -> Session:
-    """The request's live session, or SignInRequired (looked up once per request)."""
+    """The request's live session, or SignInRequired (looked up once per request); a 403
+    page when its token's role is below what the route needs (service/api/access.py),
+    before any form is read."""
     session = await console_of(request).sessions.session(request.cookies.get(COOKIE))
     if session is None:
         raise SignInRequired
     setattr(request.state, _SESSION, session)
+    need = access.needed(request.method, request.scope["route"].path)
+    if isinstance(need, Role) and session.role < need:
+        raise role_too_low(need, session)
     return session
 
 
+def role_too_low(need: Role, session: Session, what: str = "this page") -> ConsoleError:
+    """The 403 page for a session whose token's role is below `need`."""
+    return ConsoleError(403, "Not allowed", f"{what} needs the {need.label} role; this "
+                                            f"session's token has the {session.role.label} "
+                                            "role")
+
+
 async def context(request: Request, session: Session | None, nav: str) -> dict[str, Any]:
-    """What every page's layout needs."""
+    """What every page's layout needs, with what the session's role may change (the pages
+    show only the forms it can use)."""
     csrf = await console_of(request).sessions.csrf(session) if session is not None else ""
-    return {"operator": session.actor if session else None, "csrf": csrf, "nav": nav,
-            "now_ts": time.time()}
+    role = session.role if session is not None else None
+    return {"operator": session.actor if session else None,
+            "role": role.label if role is not None else None, "csrf": csrf, "nav": nav,
+            "now_ts": time.time(),
+            "may_operate": role is not None and role >= Role.OPERATOR,
+            "may_lift_closure": role is not None and role >= access.LIFT_CLOSURE}
 
 
 class ConsoleRoute(APIRoute):
@@ -195,6 +215,17 @@ class Form:
 
     def choice(self, name: str, choices: Collection[str]) -> str | None:
         return checked_choice(name, self.get(name), choices)
+
+    def reason(self, name: str) -> str | None:
+        """A free-text reason, None when empty; refused (422 naming the field) as the API
+        refuses it (service/api/reasons.py)."""
+        value = self.get(name)
+        if value is None or value == "":
+            return None
+        problem = reason_problem(value)
+        if problem:
+            raise ConsoleError(422, "Invalid reason", f"{name} {problem}")
+        return value
 
 
 async def read_form(request: Request, allowed: Collection[str]) -> Form:

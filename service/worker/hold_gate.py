@@ -30,8 +30,8 @@ from service.claims import Lease
 # A lease this close to its end (on this process's estimate of the database's clock) starts
 # no call: the hold that waits for it to end must be able to count on that.
 LEASE_END_MARGIN_S: Final = 0.5
-# How long a learned hold is checked against new leases: far longer than an admission that
-# began before it committed can take (its statement timeout).
+# How long a learned hold is kept: far longer than an admission sent before it was learned
+# can take (its statement timeout).
 HOLD_MEMORY_S: Final = 300.0
 
 
@@ -70,13 +70,15 @@ class HoldGate:
         self._recent: dict[str, list[tuple[float, HoldCover]]] = {}
         self.known: int | None = None  # the newest hold id learned (None: not read yet)
 
-    def leased(self, leases: Iterable[tuple[Lease, float]], now: float) -> None:
-        """Leases an admission returned, each with its local end; those a recently learned
-        hold covers are revoked at once."""
+    def leased(self, leases: Iterable[tuple[Lease, float]], began: float) -> None:
+        """Leases an admission that was sent at `began` returned, each with its local end.
+        One a hold learned after `began` covers is revoked at once: that admission may not
+        have seen the hold. (One sent later saw it: a covered lease it returns means the
+        hold was released meanwhile.)"""
         for lease, ends in leases:
             self._leased[lease.item_id] = _Leased(lease, ends)
             for learned, hold in self._recent.get(lease.tenant_id, ()):
-                if now - learned < HOLD_MEMORY_S and hold.covers(lease):
+                if began < learned and hold.covers(lease):
                     self._revoked[lease.item_id] = hold.id
                     break
 

@@ -172,6 +172,7 @@ class WorkerPool:
         # at least one, so its claim answers within its tokens' lateness
         wants = {scope: min(n, max(1, MAX_ITEMS_PER_ROUND // self._per_call.get(scope, 1)))
                  for scope, n in limiter.fair_shares(scopes, free).items()}
+        sent = self._clock.monotonic()
         admitted = await admission.admit(wants)
         self._calls.claim_answered(self._finished - finished_before)
         self._scopes.admitted(admitted, wants)
@@ -204,7 +205,7 @@ class WorkerPool:
         granted_at = {g.scope: self._db_clock.local(g.schedule_start, received)
                       for g in admitted.grants if g.granted}
         self._gate.leased(((lease, self._db_clock.to_local(lease.lease_expires_at.timestamp()))
-                           for lease in leases), received)
+                           for lease in leases), sent)
         IN_FLIGHT.inc(len(calls))
         for call in calls:
             # each call is made when its token is due on the database's schedule (at most

@@ -453,17 +453,90 @@ def test_secret_references(rendered: Rendered) -> None:
     values = rendered.values
     secret = values.get("existingSecret") or FULLNAME
     keys = {"databaseUrl": "database-url", "apiTokens": "api-tokens",
+            "operatorTokens": "operator-tokens", "viewerTokens": "viewer-tokens",
             **values.get("secretKeys", {})}
     workloads = sweeper_workloads(rendered)
     for _owner, _spec, c in workloads:
         assert_secret_ref(c, "SWEEPER_DATABASE_URL", secret, keys["databaseUrl"])
         assert_secret_ref(c, "SWEEPER_API_TOKENS", secret, keys["apiTokens"])
         env = env_of(c)
+        # the lower roles' tokens: optional keys of the same Secret (one made before roles
+        # existed still starts the pods)
+        for variable, key in (("SWEEPER_OPERATOR_TOKENS", "operatorTokens"),
+                              ("SWEEPER_VIEWER_TOKENS", "viewerTokens")):
+            ref = env[variable]["valueFrom"]["secretKeyRef"]
+            assert ref == {"name": secret, "key": keys[key], "optional": True}, variable
         for extra in values.get("extraEnv", []):
             assert env[extra["name"]] == extra
         env_from = [e["secretRef"]["name"] for e in c.get("envFrom", [])]
         assert env_from == values.get("envFromSecrets", [])
     assert not rendered.of_kind("Secret"), "the chart must not create Secrets"
+
+
+KEY_VARIABLES = {"SWEEPER_EVIDENCE_SIGNING_KEY_FILE", "SWEEPER_EVIDENCE_SIGNING_KEY",
+                 "SWEEPER_EVIDENCE_PREVIOUS_PUBLIC_KEYS", "SWEEPER_CREDENTIALS_KEY",
+                 "SWEEPER_CREDENTIALS_PREVIOUS_KEYS"}
+
+
+def test_keys_come_from_their_secrets(all_on: Rendered) -> None:
+    """The evidence signing key is a read-only file from its Secret in the API pods (they
+    serve the exports); the credentials key reaches the API (which stores credentials) and
+    the workers (which use them) from its Secret; the migration Job gets neither."""
+    signing, credentials = all_on.values["evidenceSigning"], all_on.values["credentialsKey"]
+    containers = sweeper_containers(all_on)
+    api, worker, migrate = containers[API], containers[WORKER], containers[MIGRATE]
+    path = env_of(api)["SWEEPER_EVIDENCE_SIGNING_KEY_FILE"]["value"]
+    mount = next(m for m in api["volumeMounts"] if path.startswith(m["mountPath"] + "/"))
+    assert mount["readOnly"] is True
+    volume = next(v for v in pod_spec(all_on.get("Deployment", API))["volumes"]
+                  if v["name"] == mount["name"])
+    assert volume["secret"]["secretName"] == signing["secretName"]
+    assert volume["secret"]["items"] == [{"key": signing["key"], "path": signing["key"]}]
+    assert volume["secret"]["defaultMode"] == 0o440  # the pod's fsGroup reads it, no one else
+    assert path == f"{mount['mountPath']}/{signing['key']}"
+    assert env_of(api)["SWEEPER_EVIDENCE_PREVIOUS_PUBLIC_KEYS"]["value"] == ",".join(
+        signing["previousPublicKeys"])
+    for c in (api, worker):
+        assert_secret_ref(c, "SWEEPER_CREDENTIALS_KEY", credentials["secretName"],
+                          credentials["key"])
+        assert_secret_ref(c, "SWEEPER_CREDENTIALS_PREVIOUS_KEYS", credentials["secretName"],
+                          credentials["previousKeysKey"])
+    for other, spec in ((worker, pod_spec(all_on.get("Deployment", WORKER))),
+                        (migrate, all_on.get("Job", MIGRATE)["spec"]["template"]["spec"])):
+        assert not {e for e in env_of(other) if "EVIDENCE" in e}, other["name"]
+        assert mount["name"] not in [v["name"] for v in spec.get("volumes", [])]
+    assert not KEY_VARIABLES & set(env_of(migrate))
+    assert not all_on.of_kind("Secret"), "the chart must not create Secrets"
+
+
+def test_without_keys_the_chart_says_exports_are_unsigned(default: Rendered,
+                                                           all_on: Rendered) -> None:
+    for name, c in sweeper_containers(default).items():
+        assert not KEY_VARIABLES & set(env_of(c)), name
+        assert not [m for m in c["volumeMounts"] if "evidence" in m["name"]], name
+    if default.notes is not None:  # some engines render no NOTES.txt (test_notes)
+        assert "Evidence exports are UNSIGNED" in default.notes
+        assert all_on.notes is not None and "UNSIGNED" not in all_on.notes
+
+
+def test_a_signing_key_from_the_chart_signs(all_on: Rendered, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The API container's settings, with a real key where the chart mounts it, sign."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    api = dict(sweeper_containers(all_on)[API])
+    mounted = env_of(api)["SWEEPER_EVIDENCE_SIGNING_KEY_FILE"]["value"]
+    key_file = tmp_path / Path(mounted).name
+    key_file.write_bytes(Ed25519PrivateKey.generate().private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+    # the key where the chart mounts it, moved here; the TLS files (another Secret) left out
+    api["env"] = [{**e, "value": str(key_file)} if e["name"] ==
+                  "SWEEPER_EVIDENCE_SIGNING_KEY_FILE" else e for e in api["env"]
+                  if not e["name"].startswith("SWEEPER_TLS_")]
+    signer = settings_from(api, monkeypatch).evidence_signer()
+    assert signer is not None and len(signer.published) == 2  # the current and the earlier
 
 
 def test_migration_hook_job(rendered: Rendered) -> None:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import base64
+import logging
+
 import httpx
 import pytest
 
+from service.api.health import UNSIGNED_WARNING
 from service.db import migrate
 from service.db.engine import make_engine
 from service.policies import Policies
@@ -17,6 +21,30 @@ async def test_healthz_and_readyz(api: httpx.AsyncClient) -> None:
     ready = await api.get("/readyz")
     assert ready.status_code == 200
     assert ready.json()["schema_revision"] == migrate.head_revision()
+
+
+SIGNING_KEY = base64.b64encode(bytes(range(32))).decode()  # an Ed25519 private key's bytes
+
+
+@pytest.mark.parametrize("key", [None, SIGNING_KEY])
+async def test_readyz_and_the_start_log_say_when_exports_are_unsigned(
+        db_url: str, key: str | None, caplog: pytest.LogCaptureFixture) -> None:
+    """With a database URL and no signing key the process stays ready, and says at start
+    and in every readiness answer that its evidence exports are unsigned."""
+    with caplog.at_level(logging.WARNING, logger="service.http"):
+        async with LiveServer(test_settings(db_url, evidence_signing_key=key),
+                              Policies.empty(), db_url) as live:
+            async with httpx.AsyncClient(base_url=live.base_url) as client:
+                ready = await client.get("/readyz")
+    assert ready.status_code == 200
+    warned = [r.getMessage() for r in caplog.records if "unsigned" in r.getMessage()]
+    if key is None:
+        assert ready.json()["evidence_signed"] is False
+        assert ready.json()["warnings"] == [UNSIGNED_WARNING]
+        assert warned == [UNSIGNED_WARNING]
+    else:
+        assert ready.json()["evidence_signed"] is True
+        assert ready.json()["warnings"] == [] and warned == []
 
 
 async def test_readyz_is_503_until_the_schema_is_at_head(empty_db_url: str) -> None:
@@ -86,9 +114,9 @@ async def test_readyz_stays_ready_on_a_newer_schema(db_url: str) -> None:
 
 
 @pytest.mark.parametrize(("method", "path", "body", "problem"), [
-    ("POST", "/v1/items/cancel", '{"ids": [1], "why": "a\\u0000b"}', "unstorable-text"),
-    ("POST", "/v1/items/redrive", '{"tenant_id": "t", "why": "a\\u0000b"}', "unstorable-text"),
-    # ids and policy names are refused by the schema itself
+    # reasons (service/api/reasons.py), ids and policy names are refused by the schema itself
+    ("POST", "/v1/items/cancel", '{"ids": [1], "why": "a\\u0000b"}', "validation-error"),
+    ("POST", "/v1/items/redrive", '{"tenant_id": "t", "why": "\\udfff"}', "validation-error"),
     ("POST", "/v1/items/cancel", '{"tenant_id": "a\\u0000b", "why": "x"}', "validation-error"),
     ("POST", "/v1/items/redrive", '{"policy": "\\ud800", "why": "x"}', "validation-error"),
     ("GET", "/v1/items?tenant_id=a%00b", None, "unstorable-text"),

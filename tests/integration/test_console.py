@@ -17,7 +17,8 @@ from service import metrics
 from service.console.overview import OverviewCache
 from service.console.render import CSP
 from service.console.sessions import COOKIE, Sessions
-from service.runtime import Runtime, TokenSet
+from service.runtime import Runtime
+from service.tokens import TokenSet
 from tests.conftest import TOKEN_A, TOKEN_B, LiveServer, test_settings
 from tests.integration.test_pipeline import make_policies
 

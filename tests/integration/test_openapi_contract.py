@@ -29,6 +29,8 @@ MISSING = {"run_id": str(2**62), "scope": "tenant:nobody", "tenant_id": "nobody"
            "upstream": "nowhere", "hold_id": str(2**62)}
 INVALID = {"run_id": "0", "scope": "x" * 1537, "tenant_id": "x" * 513, "upstream": "x" * 64,
            "hold_id": "0"}
+# a token of the lowest role: every operation that declares 403 refuses it
+VIEWER_TOKEN = "test-token-viewer-vvvvvvvvvvvv"
 # SWEEPER_CREDENTIALS_KEY for the servers that store credentials (the first one does not:
 # there storing one answers 409)
 CREDENTIALS_KEY = base64.b64encode(bytes(32)).decode()
@@ -107,7 +109,8 @@ def policies() -> Policies:
 
 async def test_declared_errors_are_the_answers(db_url: str, policies: Policies) -> None:
     seen: dict[str, set[int]] = {}
-    async with LiveServer(test_settings(db_url), policies, db_url) as live:
+    async with LiveServer(test_settings(db_url, viewer_tokens=VIEWER_TOKEN), policies,
+                          db_url) as live:
         async with httpx.AsyncClient(base_url=live.base_url, timeout=10, headers={
                 "Authorization": f"Bearer {TOKEN_A}"}) as client:
             await client.post("/v1/items", json={"items": [{
@@ -132,6 +135,10 @@ async def test_declared_errors_are_the_answers(db_url: str, policies: Policies) 
                 if template.startswith("/v1/"):
                     check(operation, await answer(client, operation, headers={
                         "Authorization": "Bearer not-a-valid-token-at-all"}), 401, seen)
+                if op.get("x-sweeper-role") in ("operator", "admin"):
+                    check(operation, await answer(client, operation, json=VALID_BODY.get(
+                        operation), headers={"Authorization": f"Bearer {VIEWER_TOKEN}"}),
+                          403, seen)
                 if "requestBody" in op:
                     check(operation, await answer(client, operation, content=b'{"x": ',
                                                   headers={"Content-Type": "application/json"}),

@@ -9,8 +9,8 @@ import pytest
 from pydantic import ValidationError
 
 from service.logs import ConsoleFormatter, JsonFormatter
-from service.runtime import TokenSet
 from service.settings import Environment, Settings
+from service.tokens import Caller, Role, TokenSet, token_id
 
 
 def test_tokens_are_comma_separated(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -50,13 +50,52 @@ def test_sqlalchemy_url_uses_asyncpg() -> None:
 
 def test_token_set_matches_any_configured_token() -> None:
     settings = Settings(api_tokens="a" * 16 + "," + "b" * 16)  # type: ignore[arg-type]
-    tokens = TokenSet.from_settings(settings)
+    tokens = TokenSet.of(settings.role_tokens())
     assert tokens.match("a" * 16) is not None
     assert tokens.match("b" * 16) is not None
     assert tokens.match("a" * 16) != tokens.match("b" * 16)
     assert tokens.match("c" * 16) is None
     assert tokens.match("") is None
-    assert TokenSet.from_settings(Settings()).match("a" * 16) is None
+    assert TokenSet.of(Settings().role_tokens()).match("a" * 16) is None
+
+
+def test_each_setting_gives_its_tokens_a_role(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plain SWEEPER_API_TOKENS entry keeps every right (admin): nothing breaks on
+    upgrade; no part of a token is read as a role, even one spelt like a role prefix."""
+    monkeypatch.setenv("SWEEPER_API_TOKENS", "admin-aaaaaaaaaaaaaaaa,viewer:bbbbbbbbbbbbbbbb")
+    monkeypatch.setenv("SWEEPER_OPERATOR_TOKENS", "operator-cccccccccccccccc")
+    monkeypatch.setenv("SWEEPER_VIEWER_TOKENS", " viewer-dddddddddddddddd ,")
+    tokens = TokenSet.of(Settings().role_tokens())
+    assert tokens.match("admin-aaaaaaaaaaaaaaaa") == Caller(
+        token_id("admin-aaaaaaaaaaaaaaaa"), Role.ADMIN)
+    assert tokens.match("viewer:bbbbbbbbbbbbbbbb") == Caller(
+        token_id("viewer:bbbbbbbbbbbbbbbb"), Role.ADMIN)
+    assert tokens.match("bbbbbbbbbbbbbbbb") is None
+    assert tokens.match("operator-cccccccccccccccc").role is Role.OPERATOR  # type: ignore[union-attr]
+    assert tokens.match("viewer-dddddddddddddddd").role is Role.VIEWER  # type: ignore[union-attr]
+    assert tokens.by_id(token_id("viewer-dddddddddddddddd")) == Caller(
+        token_id("viewer-dddddddddddddddd"), Role.VIEWER)
+    assert tokens.by_id("token:00000000") is None
+
+
+def test_a_token_under_two_roles_is_refused_without_quoting_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SWEEPER_API_TOKENS", "both-roles-eeeeeeeeeeeeeeee")
+    monkeypatch.setenv("SWEEPER_VIEWER_TOKENS", "both-roles-eeeeeeeeeeeeeeee")
+    with pytest.raises(ValidationError, match="SWEEPER_API_TOKENS and SWEEPER_VIEWER_TOKENS"
+                       ) as refused:
+        Settings()
+    assert "eeee" not in str(refused.value)
+    monkeypatch.setenv("SWEEPER_VIEWER_TOKENS", "short")
+    with pytest.raises(ValidationError, match="at least 16"):
+        Settings()
+
+
+def test_production_takes_tokens_of_any_role() -> None:
+    settings = Settings(environment=Environment.PRODUCTION,
+                        database_url="postgresql://u@db/sweeper",  # type: ignore[arg-type]
+                        operator_tokens="o" * 16)  # type: ignore[arg-type]
+    assert [role for _, role in settings.role_tokens()] == [Role.OPERATOR]
 
 
 @pytest.mark.parametrize("formatter", [JsonFormatter(), ConsoleFormatter()])

@@ -95,6 +95,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "sweeper.policiesDir" -}}/etc/sweeper/policies{{- end }}
 {{- define "sweeper.policiesFile" -}}/etc/sweeper/policies/policies.toml{{- end }}
 {{- define "sweeper.tlsDir" -}}/etc/sweeper/tls{{- end }}
+{{- define "sweeper.signingDir" -}}/etc/sweeper/evidence-signing{{- end }}
 
 {{/*
 terminationGracePeriodSeconds: explicit, or preStop sleep + shutdown grace + 10 s.
@@ -131,6 +132,18 @@ older integer settings here stay below that).
     secretKeyRef:
       name: {{ include "sweeper.secretName" . }}
       key: {{ .Values.secretKeys.apiTokens }}
+- name: SWEEPER_OPERATOR_TOKENS
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "sweeper.secretName" . }}
+      key: {{ .Values.secretKeys.operatorTokens }}
+      optional: true
+- name: SWEEPER_VIEWER_TOKENS
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "sweeper.secretName" . }}
+      key: {{ .Values.secretKeys.viewerTokens }}
+      optional: true
 - name: SWEEPER_DATA_DIR
   value: /var/lib/sweeper
 - name: SWEEPER_DB_POOL_SIZE
@@ -150,22 +163,48 @@ older integer settings here stay below that).
 {{- end }}
 
 {{/*
-Settings of the long-running processes (API and worker): the policies file and batching.
+Settings of the long-running processes (API and worker): the policies file, batching, and
+the credentials key (the API stores credentials with it, the workers read them).
 */}}
 {{- define "sweeper.runtimeEnv" -}}
 - name: SWEEPER_POLICIES_FILE
   value: {{ include "sweeper.policiesFile" . }}
 - name: SWEEPER_BATCH_SIZE
   value: {{ .Values.config.batchSize | quote }}
+{{- with .Values.credentialsKey }}
+{{- if .secretName }}
+- name: SWEEPER_CREDENTIALS_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ .secretName }}
+      key: {{ .key }}
+{{- if .previousKeysKey }}
+- name: SWEEPER_CREDENTIALS_PREVIOUS_KEYS
+  valueFrom:
+    secretKeyRef:
+      name: {{ .secretName }}
+      key: {{ .previousKeysKey }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{/*
 Settings only `sweeper serve` reads (the API Deployment, with or without --api-only): the
-webhook intake, the HTTP server's limits and self-retention. `sweeper worker` runs none of
+evidence signing key (exports are served by the API), the webhook intake, the HTTP
+server's limits and self-retention. `sweeper worker` runs none of
 them (its /metrics server is prometheus_client's own). Integers go through int64, as in
 sweeper.commonEnv.
 */}}
 {{- define "sweeper.apiEnv" -}}
+{{- if .Values.evidenceSigning.secretName }}
+- name: SWEEPER_EVIDENCE_SIGNING_KEY_FILE
+  value: {{ printf "%s/%s" (include "sweeper.signingDir" .) .Values.evidenceSigning.key }}
+{{- end }}
+{{- with .Values.evidenceSigning.previousPublicKeys }}
+- name: SWEEPER_EVIDENCE_PREVIOUS_PUBLIC_KEYS
+  value: {{ join "," . | quote }}
+{{- end }}
 - name: SWEEPER_WEBHOOK_MAX_IN_FLIGHT
   value: {{ .Values.config.webhookMaxInFlight | int64 | quote }}
 - name: SWEEPER_WEBHOOK_DB_POOL_SIZE
@@ -210,7 +249,8 @@ sweeper.commonEnv.
 {{- end }}
 
 {{/*
-Volumes of the long-running pods: scratch, policies, TLS (API only), extras.
+Volumes of the long-running pods: scratch, policies, TLS and the evidence signing key (API
+only), extras.
 Call with (dict "root" $ "component" "api").
 */}}
 {{- define "sweeper.volumes" -}}
@@ -223,6 +263,15 @@ Call with (dict "root" $ "component" "api").
 - name: tls
   secret:
     secretName: {{ required "tls.secretName is required when tls.enabled" $root.Values.tls.secretName }}
+{{- end }}
+{{- if and $root.Values.evidenceSigning.secretName (eq .component "api") }}
+- name: evidence-signing
+  secret:
+    secretName: {{ $root.Values.evidenceSigning.secretName }}
+    defaultMode: 0440  # read-only, to the pod's fsGroup (Sweeper's group)
+    items:
+      - key: {{ $root.Values.evidenceSigning.key }}
+        path: {{ $root.Values.evidenceSigning.key }}
 {{- end }}
 {{- with $root.Values.extraVolumes }}
 {{ toYaml . }}
@@ -238,6 +287,11 @@ Call with (dict "root" $ "component" "api").
 {{- if and $root.Values.tls.enabled (eq .component "api") }}
 - name: tls
   mountPath: {{ include "sweeper.tlsDir" $root }}
+  readOnly: true
+{{- end }}
+{{- if and $root.Values.evidenceSigning.secretName (eq .component "api") }}
+- name: evidence-signing
+  mountPath: {{ include "sweeper.signingDir" $root }}
   readOnly: true
 {{- end }}
 {{- with $root.Values.extraVolumeMounts }}
