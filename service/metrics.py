@@ -106,6 +106,12 @@ LEASES_RETURNED: Final = Counter(
     "Leases handed back unstarted (shutdown, a held scope, a token that came too late, a "
     "legal hold, a lease about to end)",
     ["reason"], registry=REGISTRY)
+UPSTREAM_DISTRUSTED: Final = Counter(
+    "sweeper_upstream_distrusted_total",
+    "Connections closed for saying something out of turn (bytes while idle or before the "
+    "request, a second answer, a status below 100, a missing echo); the host then gets a "
+    "new connection per request for a while",
+    ["upstream", "reason"], registry=REGISTRY)
 UPSTREAM_DURATION: Final = Histogram(
     "sweeper_upstream_request_duration_seconds",
     "Wall time of one upstream call, to its classified outcome",

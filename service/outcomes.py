@@ -6,11 +6,12 @@ docs/architecture.md (Outcomes), in full:
     succeeded     2xx; 404/410 when the policy says absent = deleted
     throttled     429, or 503 with a usable Retry-After (> 0) -> pending at retry time,
                   attempt not counted
-    transient     other 5xx (a 503 without a usable Retry-After too), 408, 1xx/3xx,
+    transient     other 5xx (a 503 without a usable Retry-After too), 408, 1xx,
                   connect error, timeout before the request was sent
     unknown       timeout or reset after the request was sent (the duplicate window), a
                   protocol error, no status at all
-    permanent     other 4xx (400, 404, 409, 422...), malformed id  -> dead at once
+    permanent     other 4xx (400, 404, 409, 422...), malformed id  -> dead at once;
+                  3xx (a deletion is never followed elsewhere: `http_301:redirect:<Location>`)
     unauthorized  401/403; the tenant has no credential -> scope paused, item unpunished
     skipped       a store target's statement found the row no longer matching its
                   predicate (active again since discovery): not deleted, item ends skipped
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from enum import StrEnum
+from typing import Final
 
 import http_sf
 
@@ -66,6 +68,9 @@ class Failure(StrEnum):
     TIMEOUT_AFTER_SEND = "timeout_after_send"  # it may have acted: unknown
     RESET_AFTER_SEND = "reset_after_send"
     PROTOCOL = "protocol_error"          # garbage where an HTTP answer should be
+    # an answer that could record a deletion lacked the value this request sent in the
+    # upstream's echo_header: it may answer another request (the deletion may have happened)
+    ECHO_MISMATCH = "echo_mismatch"
     INVALID_REQUEST = "invalid_request"  # the id cannot form a URL: a poison item
     NO_CREDENTIAL = "no_credential"      # the tenant has no credential: never called
     CREDENTIAL_UNAVAILABLE = "credential_unavailable"  # its lookup failed: never called
@@ -97,6 +102,7 @@ class Answer:
     # the body, read only where a policy's answer rules look at it (service/answers.py),
     # and only up to the policy's cap: None otherwise. Never logged or stored.
     body: bytes | None = field(default=None, repr=False)
+    location: str | None = None  # a 3xx answer's Location, as received
 
 
 @dataclass(frozen=True)
@@ -176,8 +182,22 @@ def classify(answer: Answer, *, absent_means_deleted: bool, now: datetime,
         return Classified(Outcome.TRANSIENT, f"http_{status}")
     if 400 <= status < 500:
         return Classified(Outcome.PERMANENT, f"http_{status}")
-    # 1xx/3xx: the deletion API did not answer the deletion; treat as a transient fault
+    if 300 <= status < 400:
+        # a deletion is never followed elsewhere (the Idempotency-Key and credential would
+        # go with it): the policy's URL is wrong, and the operator needs to see where to
+        return Classified(Outcome.PERMANENT, redirect_reason(status, answer.location))
+    # 1xx: the deletion API did not answer the deletion; treat as a transient fault
     return Classified(Outcome.TRANSIENT, f"http_{status}")
+
+
+REDIRECT_SHOWN_CHARS: Final = 200
+
+
+def redirect_reason(status: int, location: str | None) -> str:
+    """`http_3xx:redirect` and where to, as much of the Location as is printable ASCII (at
+    most REDIRECT_SHOWN_CHARS), for the item's reason."""
+    shown = "".join(c for c in (location or "") if " " < c < "\x7f")[:REDIRECT_SHOWN_CHARS]
+    return f"http_{status}:redirect" + (f":{shown}" if shown else "")
 
 
 def _classify_failure(failure: Failure) -> Classified:

@@ -118,6 +118,12 @@ class UpstreamConfig(_Strict):
     credentials: CredentialsConfig | None = None
     timeout_seconds: float = Field(default=10.0, gt=0, le=300)
     max_connections: int = Field(default=100, ge=1, le=10_000)
+    # false: one request per connection, each saying `Connection: close` (an upstream whose
+    # kept-alive connections cannot be trusted to answer only what was asked)
+    keep_alive: bool = True
+    # a header the upstream echoes: each call sends a fresh value in it, and an answer that
+    # could mean "deleted" (2xx, 404, 410) counts only when it carries that same value
+    echo_header: HeaderName | None = None
 
     @field_validator("base_url")
     @classmethod

@@ -25,6 +25,16 @@ what the upstream may have seen:
 
 A request is never sent twice. A pooled connection that the upstream closes just as it is
 reused fails its call as sent (the request may have been read); the ledger decides the rest.
+
+An answer is pinned on a request only where it cannot belong to another: a connection is
+reused only after a complete 2xx answer with nothing after it. One that says anything out
+of turn (bytes while idle, or before the request on a new connection, a second answer, a
+status below 100) is closed, and its host is distrusted for DISTRUST_SECONDS: each request
+goes on a new connection with `Connection: close`, as with `keep_alive=False`. Bytes after
+an answer that is still being read make that answer a RemoteProtocolError: which of the two
+belonged to the request cannot be known. What no client can tell is an unrequested answer
+that arrives after a request was written on a new connection (the upstream's own fault);
+an upstream that echoes a request id closes that gap (service/upstream.py).
 """
 
 from __future__ import annotations
@@ -65,6 +75,13 @@ _DEFAULT_PORTS: Final = {"http": 80, "https": 443}
 _NO_TIMEOUTS: Final[Mapping[str, float | None]] = {}
 
 _Key = tuple[str, str, int]  # scheme, host, port: the connections one request may reuse
+# A new connection waits about a round trip before its first request, within these bounds.
+FRESH_WAIT_MIN_S: Final = 0.001
+FRESH_WAIT_MAX_S: Final = 0.05
+# How long a host that said something out of turn gets a new connection per request.
+DISTRUST_SECONDS: Final = 60.0
+# Why a connection was distrusted (the reasons counted by the `distrusted` callback).
+Distrust = str
 
 
 class SentTooLate(httpx.TransportError):
@@ -82,12 +99,17 @@ class _Surplus(Exception):
 class _Connection(asyncio.Protocol):
     """One connection and the answer it is reading: at most one exchange at a time."""
 
-    def __init__(self, key: _Key) -> None:
+    def __init__(self, key: _Key, misbehaved: Callable[[_Connection], None] | None = None
+                 ) -> None:
         self.key = key
+        self._told = misbehaved  # the pool, told at once when it says something out of turn
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.idle_since = 0.0
         self.usable = True  # false once closed, or once it says anything out of turn
+        self.misbehaved: Distrust | None = None  # what it said out of turn, if it did
+        self.noted = False  # the pool has distrusted its host for it
+        self.used = False  # it has carried a request
         self.paused = False
         self._waiter: asyncio.Future[None] | None = None
         self._begin(exchanging=False)
@@ -121,6 +143,7 @@ class _Connection(asyncio.Protocol):
             raise httpx.ConnectError("closed before the request was written")
         assert self.transport is not None
         self._begin(exchanging=True)
+        self.used = True
         self.transport.write(data)
 
     async def next_event(self, read_timeout: float | None) -> None:
@@ -146,8 +169,11 @@ class _Connection(asyncio.Protocol):
         return chunk
 
     def end(self) -> bool:
-        """The exchange is over; whether the connection may carry another."""
-        reusable = self.alive and self.complete and self.keep_alive and not self.chunks
+        """The exchange is over; whether the connection may carry another: only after a
+        complete 2xx answer (after any other, an unrequested answer could follow it and be
+        taken for the next request's)."""
+        reusable = (self.alive and self.complete and self.keep_alive and not self.chunks
+                    and 200 <= self.status < 300)
         self.exchanging = False
         return reusable
 
@@ -155,6 +181,11 @@ class _Connection(asyncio.Protocol):
         self.usable = False
         if self.transport is not None:
             self.transport.close()
+
+    def _misbehaving(self, reason: Distrust) -> None:
+        self.misbehaved = reason
+        if self._told is not None:
+            self._told(self)
 
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
@@ -173,6 +204,7 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if not self.exchanging:  # bytes nobody asked for: nothing after them can be trusted
+            self._misbehaving("out_of_turn")
             self.close()
             return
         try:
@@ -199,15 +231,22 @@ class _Connection(asyncio.Protocol):
     # ------------------------------------------------------------------ httptools' callbacks
     def on_message_begin(self) -> None:
         if self.complete:  # a second answer to one request: stop the parser (it raises
-            raise _Surplus  # HttpParserCallbackError) and close; the first answer stands
+            self._misbehaving("surplus")  # HttpParserCallbackError) and close; the answer
+            raise _Surplus  # still being read fails (_Body), one already read stands
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self.headers_done:  # a chunked body's trailer: never read as the answer's header
+            return
         self.headers.append((name, value))
         if not self.framed and name.lower() in (b"content-length", b"transfer-encoding"):
             self.framed = True
 
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()
+        if self.status < 100:  # no HTTP status: not an interim answer to wait past
+            self._misbehaving("bad_status")
+            self._fail(httpx.RemoteProtocolError("an answer's status is below 100"))
+            return
         if self.status >= 200:
             self.headers_done = True
             self._wake()
@@ -248,6 +287,9 @@ class _Body(httpx.AsyncByteStream):
             if chunk is not None:
                 yield chunk
             elif conn.complete:
+                if conn.misbehaved is not None:  # another answer came with this one
+                    raise httpx.RemoteProtocolError("bytes after the answer: it cannot be "
+                                                    "told from an unrequested one")
                 return
             elif conn.error is not None:
                 raise conn.error
@@ -262,14 +304,20 @@ class _Body(httpx.AsyncByteStream):
 
 class Http1Transport(httpx.AsyncBaseTransport):
     """A pool of at most `max_connections` open connections over every host, reused for
-    `KEEPALIVE_SECONDS` after their last answer. Requests beyond it wait for one (httpx's
-    `pool` timeout); a host with none idle may close another host's idle one to open its own.
-    """
+    `KEEPALIVE_SECONDS` after their last answer (never, with `keep_alive=False`). Requests
+    beyond it wait for one (httpx's `pool` timeout); a host with none idle may close another
+    host's idle one to open its own. `distrusted(reason)` is told of each connection closed
+    for saying something out of turn."""
 
-    def __init__(self, max_connections: int, ssl_context: ssl.SSLContext | None = None) -> None:
+    def __init__(self, max_connections: int, ssl_context: ssl.SSLContext | None = None, *,
+                 keep_alive: bool = True,
+                 distrusted: Callable[[Distrust], None] | None = None) -> None:
         if max_connections < 1:
             raise ValueError("max_connections must be at least 1")
         self._max = max_connections
+        self._keep_alive = keep_alive
+        self._distrusted = distrusted
+        self._distrust_until: dict[_Key, float] = {}
         # httpx's context (certifi's roots): the same certificates verify as through httpx
         self._ssl = ssl_context or httpx.create_ssl_context()
         self._idle: dict[_Key, list[_Connection]] = {}
@@ -286,15 +334,18 @@ class Http1Transport(httpx.AsyncBaseTransport):
         if scheme not in _DEFAULT_PORTS:
             raise httpx.UnsupportedProtocol(f"{scheme!r} is not http or https")
         key = (scheme, url.raw_host.decode("ascii"), url.port or _DEFAULT_PORTS[scheme])
-        conn = self._pooled(key) or await self._opened(key, timeouts)
+        reuse = self._keep_alive and not self._distrusting(key)
+        if not reuse:  # one request per connection, and the upstream is told so
+            data = _closing(data)
+        conn = (self._pooled(key) if reuse else None) or await self._opened(key, timeouts)
         read_timeout = timeouts.get("read")
         send_by = SEND_BY.get()
         if send_by is not None and time.monotonic() > send_by:
-            self.release(conn)  # unused, so as good as before for the next request
+            self._unused(conn)
             raise SentTooLate("the request's moment passed before it could be written")
         gate = SEND_GATE.get()
         if gate is not None and not gate():
-            self.release(conn)
+            self._unused(conn)
             raise Withheld("the request was withheld just before it was written")
         try:
             conn.send(data)
@@ -311,7 +362,8 @@ class Http1Transport(httpx.AsyncBaseTransport):
 
     def release(self, conn: _Connection) -> None:
         """A finished exchange's connection: idle for the next request, or closed."""
-        if conn.end() and not self._closed:
+        if conn.end() and self._keep_alive and not self._closed \
+                and not self._distrusting(conn.key):
             conn.idle_since = now = asyncio.get_running_loop().time()
             self._idle.setdefault(conn.key, []).append(conn)
             if now - self._swept_at > KEEPALIVE_SECONDS:
@@ -319,6 +371,47 @@ class Http1Transport(httpx.AsyncBaseTransport):
             self._wake_one()
         else:
             self._discard(conn)
+
+    def _unused(self, conn: _Connection) -> None:
+        """A connection taken for a request that was then not written: idle again as it
+        was (its keep-alive clock not restarted), or closed."""
+        if conn.alive and not self._closed and not conn.exchanging and self._keep_alive \
+                and not self._distrusting(conn.key):
+            self._idle.setdefault(conn.key, []).insert(0, conn)
+            self._wake_one()
+        else:
+            self._discard(conn)
+
+    def _distrusting(self, key: _Key) -> bool:
+        until = self._distrust_until.get(key)
+        if until is None:
+            return False
+        if asyncio.get_running_loop().time() < until:
+            return True
+        del self._distrust_until[key]
+        return False
+
+    def distrust(self, url: httpx.URL, reason: Distrust) -> None:
+        """Distrust `url`'s host as if a connection to it had said something out of turn
+        (the caller found an answer that may not be its request's)."""
+        scheme = url.scheme
+        self._distrust((scheme, url.raw_host.decode("ascii"),
+                        url.port or _DEFAULT_PORTS[scheme]), reason)
+
+    def _note(self, conn: _Connection) -> None:
+        """A closed connection: if it said something out of turn, distrust its host."""
+        if conn.misbehaved is not None and not conn.noted:
+            conn.noted = True  # once, however many times the pool meets it
+            self._distrust(conn.key, conn.misbehaved)
+
+    def _distrust(self, key: _Key, reason: Distrust) -> None:
+        self._distrust_until[key] = asyncio.get_running_loop().time() + DISTRUST_SECONDS
+        siblings = self._idle.pop(key, [])  # they share the fault: closed too
+        closing, siblings[:] = list(siblings), []  # (a caller may be walking the list)
+        for idle in closing:
+            self._discard(idle)
+        if self._distrusted is not None:
+            self._distrusted(reason)
 
     async def aclose(self) -> None:
         """Close every idle connection; ones in use close when their answer is done."""
@@ -379,15 +472,27 @@ class Http1Transport(httpx.AsyncBaseTransport):
         scheme, host, port = key
         tls = self._ssl if scheme == "https" else None
         loop = asyncio.get_running_loop()
+        started = loop.time()
         try:
             async with asyncio.timeout(within):
                 _, conn = await loop.create_connection(
-                    lambda: _Connection(key), host, port, ssl=tls,
+                    lambda: _Connection(key, self._note), host, port, ssl=tls,
                     server_hostname=host if tls else None)
         except TimeoutError:
             raise httpx.ConnectTimeout("not connected within the connect timeout") from None
         except OSError as exc:  # refused, unreachable, DNS, and ssl.SSLError: never sent
             raise httpx.ConnectError(type(exc).__name__) from exc
+        conn.idle_since = now = loop.time()
+        # An answer an upstream writes on accept arrives about one round trip (what the
+        # connect took) after the connection is made, with the request if it went at once:
+        # wait that long (bounded) before writing, then two turns of the loop so what
+        # arrived is read (the first queues its callback). Only new connections pay it.
+        await asyncio.sleep(min(max(now - started, FRESH_WAIT_MIN_S), FRESH_WAIT_MAX_S))
+        for _ in range(2):
+            await asyncio.sleep(0)
+        if not conn.alive:
+            self._note(conn)
+            raise httpx.ConnectError("the upstream spoke before the request, or closed")
         return conn
 
     async def _released(self) -> None:
@@ -412,6 +517,7 @@ class Http1Transport(httpx.AsyncBaseTransport):
 
     def _discard(self, conn: _Connection) -> None:
         conn.close()
+        self._note(conn)
         self._open -= 1
         self._wake_one()
 
@@ -426,6 +532,7 @@ class Http1Transport(httpx.AsyncBaseTransport):
         conn = oldest.pop(0)
         conn.close()
         self._open -= 1
+        self._note(conn)
         return True
 
     def _sweep(self, now: float) -> None:
@@ -442,6 +549,15 @@ class Http1Transport(httpx.AsyncBaseTransport):
                 self._idle[key] = live
             else:
                 del self._idle[key]
+
+
+def _closing(data: bytes) -> bytes:
+    """A serialized request that also says `Connection: close` (its own Connection header,
+    if it had one, is replaced)."""
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = [line for line in head.split(b"\r\n")
+             if not line.lower().startswith(b"connection:")]
+    return b"\r\n".join([*lines, b"Connection: close"]) + b"\r\n\r\n" + body
 
 
 async def _serialized(request: httpx.Request) -> bytes:

@@ -11,6 +11,7 @@ Transport errors are mapped here, once, to :class:`service.outcomes.Failure`:
     ├── LocalProtocolError (a header with a CR/LF)  -> INVALID_REQUEST (not sent)
     ├── SentTooLate (past transport.SEND_BY)        -> SENT_TOO_LATE (not sent)
     ├── Withheld (transport.SEND_GATE said no)      -> WITHHELD (not sent)
+    │   (an answer without the upstream's echo_header value -> ECHO_MISMATCH, may be sent)
     └── other protocol errors                      -> PROTOCOL
 
 What a call sends is the policy's compiled request template (service/templates.py): ids are
@@ -27,6 +28,7 @@ import asyncio
 import base64
 import re
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -34,6 +36,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from service.metrics import UPSTREAM_DISTRUSTED
 from service.outcomes import Answer, Classified, Failure
 from service.policies import Policy, Upstream
 from service.templates import RequestTemplate
@@ -146,7 +149,9 @@ class UpstreamClient:
         # cookie handling were 44% of a worker's CPU per call (profiled in bench/drain.py),
         # and a deletion call needs neither cookies nor redirects.
         self._transport: httpx.AsyncBaseTransport = transport or Http1Transport(
-            cfg.max_connections)
+            cfg.max_connections, keep_alive=cfg.keep_alive,
+            distrusted=lambda reason: UPSTREAM_DISTRUSTED.labels(upstream.name, reason).inc())
+        self._echo = cfg.echo_header
         # the policies' paths hold the base path: the URL maker has the origin alone
         origin = upstream.origin
         base = origin.base(origin.host or PROBE_HOST)
@@ -208,9 +213,13 @@ class UpstreamClient:
                     self._with_credential(request.headers, credential)
         except (ValueError, KeyError, httpx.InvalidURL):
             return Answer(failure=Failure.INVALID_REQUEST)
+        echo = None
+        if self._echo is not None:
+            echo = (self._echo, uuid.uuid4().hex)
+            request.headers[echo[0]] = echo[1]
         rules = policy.answers
         return await send(self._transport, request, self.deadline_seconds, rules.wants_body,
-                          rules.max_bytes)
+                          rules.max_bytes, echo=echo)
 
     async def read_page(self, method: str, url: str, body: bytes | None, *,
                     credential: str | None, wants_body: Callable[[int], bool], cap: int
@@ -299,12 +308,19 @@ _NO_BODY: Final = httpx.ByteStream(b"")  # immutable: one instance serves every 
 _LENGTH_REQUIRED: Final = frozenset({"POST", "PUT", "PATCH"})
 
 
+# The statuses that can record a deletion (2xx; 404 and 410 where absent means deleted):
+# with an echo header, these count only with the request's own value echoed.
+_DELETING_STATUSES: Final = frozenset({*range(200, 300), 404, 410})
+
+
 async def send(transport: httpx.AsyncBaseTransport, request: httpx.Request,
-               deadline_seconds: float, wants_body: Callable[[int], bool], cap: int
-               ) -> Answer:
+               deadline_seconds: float, wants_body: Callable[[int], bool], cap: int, *,
+               echo: tuple[str, str] | None = None) -> Answer:
     """Send `request` within an overall deadline: the answer's status and rate-limit
     headers, its body (up to `cap` bytes, never a part) where `wants_body(status)`, or how
-    the call failed (the mapping in this module's docstring)."""
+    the call failed (the mapping in this module's docstring). With `echo` (a header and the
+    value this request sent in it), an answer that could record a deletion without that
+    value is ECHO_MISMATCH: it may be another request's."""
     body: bytes | None = None
     try:
         async with asyncio.timeout(deadline_seconds):
@@ -334,11 +350,18 @@ async def send(transport: httpx.AsyncBaseTransport, request: httpx.Request,
         return Answer(failure=Failure.WITHHELD)
     except httpx.TransportError:
         return Answer(failure=Failure.PROTOCOL)
+    if echo is not None and response.status_code in _DELETING_STATUSES \
+            and response.headers.get(echo[0]) != echo[1]:
+        if isinstance(transport, Http1Transport):
+            transport.distrust(request.url, "echo_mismatch")
+        return Answer(failure=Failure.ECHO_MISMATCH)
     # RateLimit, X-RateLimit-* and BigCommerce's X-Rate-Limit-* (outcomes.exhausted_for)
     limits = {k: v for k, v in response.headers.items()
               if "ratelimit" in k or k.startswith("x-rate-limit-")}
     return Answer(status=response.status_code, retry_after=response.headers.get("retry-after"),
-                  rate_limits=limits or None, body=body)
+                  rate_limits=limits or None, body=body,
+                  location=response.headers.get("location")
+                  if 300 <= response.status_code < 400 else None)
 
 
 async def _drain_capped(response: httpx.Response) -> None:

@@ -300,10 +300,14 @@ async def test_an_idle_connection_past_its_keepalive_is_not_reused(
 async def test_bytes_after_the_answer_make_the_connection_unusable() -> None:
     transport = Http1Transport(4)
     async with Scripted(NO_CONTENT + b"HTTP/1.1 200 OK\r\n\r\n") as server:
-        assert (await answer_to(transport, server.base_url)).status == 204
-        assert (await answer_to(transport, server.base_url)).status == 204
+        # which of the two answered the request cannot be known: the call's outcome is
+        # unknown (retried with its key), and the second answer is never the next call's
+        assert await answer_to(transport, server.base_url) == Answer(
+            failure=Failure.RESET_AFTER_SEND)
+        assert await answer_to(transport, server.base_url) == Answer(
+            failure=Failure.RESET_AFTER_SEND)
     await transport.aclose()
-    assert server.connections == 2  # the second answer was never taken for the second call
+    assert server.connections == 2
 
 
 @pytest.mark.parametrize("answer", [

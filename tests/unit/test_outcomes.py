@@ -81,9 +81,15 @@ CLASSIFY_TABLE: list[tuple[Answer, bool, Outcome, str, float | None]] = [
     # other 4xx: permanent
     *[(Answer(status=s), a, PE, f"http_{s}", None)
       for s in (400, 405, 409, 418, 422, 451, 499) for a in (True, False)],
-    # 1xx/3xx: not an answer to the deletion, transient
-    *[(Answer(status=s), False, TR, f"http_{s}", None)
-      for s in (100, 101, 199, 300, 301, 302, 304, 307, 308, 399)],
+    # 1xx: not an answer to the deletion, transient
+    *[(Answer(status=s), False, TR, f"http_{s}", None) for s in (100, 101, 199)],
+    # 3xx: a deletion is never followed elsewhere; where to is in the reason
+    *[(Answer(status=s), False, PE, f"http_{s}:redirect", None)
+      for s in (300, 301, 302, 304, 307, 308, 399)],
+    (Answer(status=301, location="https://new.example/carts/1?a=b"), False, PE,
+     "http_301:redirect:https://new.example/carts/1?a=b", None),
+    (Answer(status=302, location="/x\r\nSet-Cookie: a \u00e9" + "y" * 300), False, PE,
+     "http_302:redirect:" + ("/xSet-Cookie:a" + "y" * 300)[:200], None),
     # no status and no failure
     (Answer(), False, UK, "no_status", None),
     # transport failures (a failure wins over any status)
@@ -92,6 +98,7 @@ CLASSIFY_TABLE: list[tuple[Answer, bool, Outcome, str, float | None]] = [
     # the worker hands such a call back unattempted; classified, it is a call never sent
     (Answer(failure=Failure.SENT_TOO_LATE), False, TR, "sent_too_late", None),
     (Answer(failure=Failure.WITHHELD), False, TR, "withheld", None),
+    (Answer(failure=Failure.ECHO_MISMATCH), False, UK, "echo_mismatch", None),
     (Answer(failure=Failure.TIMEOUT_AFTER_SEND), False, UK, "timeout_after_send", None),
     (Answer(failure=Failure.RESET_AFTER_SEND), True, UK, "reset_after_send", None),
     (Answer(failure=Failure.PROTOCOL), False, UK, "protocol_error", None),
@@ -151,7 +158,7 @@ def test_every_status_lands_in_exactly_one_documented_class(
         expected = TH
     elif status in (401, 403):
         expected = UA
-    elif 400 <= status < 500 and status != 408:
+    elif (400 <= status < 500 and status != 408) or 300 <= status < 400:
         expected = PE
     else:
         expected = TR
