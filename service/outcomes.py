@@ -68,6 +68,9 @@ class Failure(StrEnum):
     TIMEOUT_AFTER_SEND = "timeout_after_send"  # it may have acted: unknown
     RESET_AFTER_SEND = "reset_after_send"
     PROTOCOL = "protocol_error"          # garbage where an HTTP answer should be
+    # the host resolves to an address its upstream may not reach (service/egress.py): never
+    # connected, and never will be while its DNS says so
+    PRIVATE_ADDRESS = "private_address"
     # an answer that could record a deletion lacked the value this request sent in the
     # upstream's echo_header: it may answer another request (the deletion may have happened)
     ECHO_MISMATCH = "echo_mismatch"
@@ -103,6 +106,7 @@ class Answer:
     # and only up to the policy's cap: None otherwise. Never logged or stored.
     body: bytes | None = field(default=None, repr=False)
     location: str | None = None  # a 3xx answer's Location, as received
+    detail: str | None = None  # what a PRIVATE_ADDRESS failure refused (host and address)
 
 
 @dataclass(frozen=True)
@@ -154,6 +158,9 @@ def classify(answer: Answer, *, absent_means_deleted: bool, now: datetime,
     """The one switch from an answer to an outcome. `ruled` is what the policy's answer
     rules made of it (service/answers.py), which takes precedence over the status table."""
     if answer.failure is not None:
+        if answer.failure is Failure.PRIVATE_ADDRESS:
+            return Classified(Outcome.PERMANENT, f"{answer.failure.value}:{answer.detail}"
+                              if answer.detail else answer.failure.value)
         if answer.failure is Failure.STORE_GUARD:
             return Classified(Outcome.THROTTLED, answer.failure.value,
                               parse_retry_after(answer.retry_after, now))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import ssl
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -24,6 +25,15 @@ from pydantic import ValidationError
 
 from service import store_sql
 from service.answers import NO_RULES, AnswerRules, compile_rules
+from service.egress import (
+    Proxy,
+    ProxyChoice,
+    TlsProblem,
+    environment_proxy,
+    fixed_proxy,
+    no_proxy,
+    tls_context,
+)
 from service.errors import ConfigError
 from service.list_config import ListRequest, ListSourceConfig, compile_list_request
 from service.policy_file import (
@@ -61,6 +71,21 @@ class Upstream:
     origin: Origin = field(repr=False, compare=False)
     # header -> (text before, text after) the tenant's {credential}
     credential_headers: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    # its TLS settings (ca_file, a client certificate); None: the public roots
+    tls: ssl.SSLContext | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def public_only(self) -> bool:
+        """Whether its connections may reach only public addresses: a host built from the
+        item's ids, without allow_private_addresses (service/egress.py)."""
+        return self.origin.host is None and not self.config.allow_private_addresses
+
+    @property
+    def proxy(self) -> ProxyChoice:
+        """How its connections leave: its `proxy`, or the environment's."""
+        chosen = self.config.proxy
+        return (environment_proxy if chosen is None else no_proxy if chosen == "none"
+                else fixed_proxy(chosen))
 
     @property
     def per_tenant_credentials(self) -> bool:
@@ -258,8 +283,18 @@ def resolve_policies(raw: Mapping[str, Any], env: Mapping[str, str], *, source: 
             for sub, message in exc.problems:
                 fail(f"upstreams.{name}.{sub}", message)
             continue
+        if up.proxy is not None and up.proxy != "none":
+            try:
+                Proxy.of(up.proxy)
+            except ValueError as exc:
+                fail(f"upstreams.{name}.proxy", str(exc))
+        try:
+            tls = tls_context(up.ca_file, up.client_cert_file, up.client_key_file)
+        except TlsProblem as exc:
+            fail(f"upstreams.{name}.{exc.key}", str(exc))
+            continue
         upstreams[name] = Upstream(name=name, config=up, headers=headers, origin=origin,
-                                   credential_headers=credential_headers)
+                                   credential_headers=credential_headers, tls=tls)
 
     stores = {name: Store(name=name, config=st,
                           dsn=secret(st.dsn_env, f"stores.{name}.dsn_env"))

@@ -124,6 +124,23 @@ class UpstreamConfig(_Strict):
     # a header the upstream echoes: each call sends a fresh value in it, and an answer that
     # could mean "deleted" (2xx, 404, 410) counts only when it carries that same value
     echo_header: HeaderName | None = None
+    # a host built from tenant ids reaches only public addresses unless this is true (tests,
+    # in-cluster services): service/egress.py
+    allow_private_addresses: bool = False
+    # "http://[user:password@]proxy:port", or "none"; absent: HTTPS_PROXY / HTTP_PROXY /
+    # NO_PROXY from the environment
+    proxy: str | None = Field(default=None, pattern=r"^(none|http://\S+)$", max_length=1000)
+    # TLS: the CA bundle that verifies the upstream (absent: the public roots, or
+    # SSL_CERT_FILE), and a client certificate and key for mutual TLS (both or neither)
+    ca_file: Path | None = None
+    client_cert_file: Path | None = None
+    client_key_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _client_pair(self) -> UpstreamConfig:
+        if (self.client_cert_file is None) != (self.client_key_file is None):
+            raise ValueError("give client_cert_file and client_key_file together")
+        return self
 
     @field_validator("base_url")
     @classmethod

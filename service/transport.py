@@ -50,6 +50,8 @@ from typing import Final, cast
 import httptools
 import httpx
 
+from service.egress import Proxy, ProxyChoice, environment_proxy, open_connection
+
 __all__ = ["SEND_BY", "SEND_GATE", "Http1Transport", "SentTooLate", "Withheld"]
 
 # The time.monotonic() moment after which the current task's request must not be written
@@ -311,10 +313,13 @@ class Http1Transport(httpx.AsyncBaseTransport):
 
     def __init__(self, max_connections: int, ssl_context: ssl.SSLContext | None = None, *,
                  keep_alive: bool = True,
-                 distrusted: Callable[[Distrust], None] | None = None) -> None:
+                 distrusted: Callable[[Distrust], None] | None = None,
+                 proxy: ProxyChoice = environment_proxy, public_only: bool = False) -> None:
         if max_connections < 1:
             raise ValueError("max_connections must be at least 1")
         self._max = max_connections
+        self._proxy = proxy  # how each new connection leaves (service/egress.py)
+        self._public_only = public_only  # a templated host: global addresses only
         self._keep_alive = keep_alive
         self._distrusted = distrusted
         self._distrust_until: dict[_Key, float] = {}
@@ -334,10 +339,14 @@ class Http1Transport(httpx.AsyncBaseTransport):
         if scheme not in _DEFAULT_PORTS:
             raise httpx.UnsupportedProtocol(f"{scheme!r} is not http or https")
         key = (scheme, url.raw_host.decode("ascii"), url.port or _DEFAULT_PORTS[scheme])
+        proxy = self._proxy(scheme, key[1])
+        if proxy is not None and scheme == "http":  # the proxy takes it in absolute form
+            data = _absolute(data, url, proxy)
         reuse = self._keep_alive and not self._distrusting(key)
         if not reuse:  # one request per connection, and the upstream is told so
             data = _closing(data)
-        conn = (self._pooled(key) if reuse else None) or await self._opened(key, timeouts)
+        conn = (self._pooled(key) if reuse else None) or await self._opened(key, timeouts,
+                                                                            proxy)
         read_timeout = timeouts.get("read")
         send_by = SEND_BY.get()
         if send_by is not None and time.monotonic() > send_by:
@@ -435,7 +444,8 @@ class Http1Transport(httpx.AsyncBaseTransport):
             self._discard(conn)
         return None
 
-    async def _opened(self, key: _Key, timeouts: Mapping[str, float | None]) -> _Connection:
+    async def _opened(self, key: _Key, timeouts: Mapping[str, float | None],
+                      proxy: Proxy | None) -> _Connection:
         """A new connection to `key` once the limit allows one, or an idle one freed while
         waiting for it."""
         if self._open >= self._max and not self._evict_idle():
@@ -462,22 +472,23 @@ class Http1Transport(httpx.AsyncBaseTransport):
                 raise httpx.PoolTimeout("no connection free within the pool timeout") from None
         self._open += 1
         try:
-            return await self._connect(key, timeouts.get("connect"))
+            return await self._connect(key, timeouts.get("connect"), proxy)
         except BaseException:
             self._open -= 1
             self._wake_one()
             raise
 
-    async def _connect(self, key: _Key, within: float | None) -> _Connection:
+    async def _connect(self, key: _Key, within: float | None, proxy: Proxy | None
+                       ) -> _Connection:
         scheme, host, port = key
         tls = self._ssl if scheme == "https" else None
         loop = asyncio.get_running_loop()
         started = loop.time()
         try:
             async with asyncio.timeout(within):
-                _, conn = await loop.create_connection(
-                    lambda: _Connection(key, self._note), host, port, ssl=tls,
-                    server_hostname=host if tls else None)
+                conn = cast(_Connection, await open_connection(
+                    lambda: _Connection(key, self._note), scheme, host, port, tls=tls,
+                    proxy=proxy, public_only=self._public_only))
         except TimeoutError:
             raise httpx.ConnectTimeout("not connected within the connect timeout") from None
         except OSError as exc:  # refused, unreachable, DNS, and ssl.SSLError: never sent
@@ -549,6 +560,17 @@ class Http1Transport(httpx.AsyncBaseTransport):
                 self._idle[key] = live
             else:
                 del self._idle[key]
+
+
+def _absolute(data: bytes, url: httpx.URL, proxy: Proxy) -> bytes:
+    """A serialized request as an HTTP proxy takes it: the absolute URL as its target, and
+    the proxy's credentials."""
+    line, _, rest = data.partition(b"\r\n")
+    method, _, _ = line.partition(b" ")
+    target = url.scheme.encode("ascii") + b"://" + url.netloc + url.raw_path
+    auth = b"" if proxy.authorization is None else (
+        b"Proxy-Authorization: " + proxy.authorization + b"\r\n")
+    return method + b" " + target + b" HTTP/1.1\r\n" + auth + rest
 
 
 def _closing(data: bytes) -> bytes:

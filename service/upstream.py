@@ -4,6 +4,7 @@ through httpx's transport interface (service/transport.py).
 Transport errors are mapped here, once, to :class:`service.outcomes.Failure`:
 
     httpx.TransportError
+    ├── AddressRefused (service/egress.py)        -> PRIVATE_ADDRESS (never connected)
     ├── ConnectError, ConnectTimeout, PoolTimeout  -> CONNECT / TIMEOUT_BEFORE_SEND (not sent)
     ├── WriteTimeout, WriteError                   -> TIMEOUT_AFTER_SEND (may have been read)
     ├── ReadTimeout, overall deadline              -> TIMEOUT_AFTER_SEND
@@ -36,6 +37,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from service.egress import AddressRefused
 from service.metrics import UPSTREAM_DISTRUSTED
 from service.outcomes import Answer, Classified, Failure
 from service.policies import Policy, Upstream
@@ -149,8 +151,9 @@ class UpstreamClient:
         # cookie handling were 44% of a worker's CPU per call (profiled in bench/drain.py),
         # and a deletion call needs neither cookies nor redirects.
         self._transport: httpx.AsyncBaseTransport = transport or Http1Transport(
-            cfg.max_connections, keep_alive=cfg.keep_alive,
-            distrusted=lambda reason: UPSTREAM_DISTRUSTED.labels(upstream.name, reason).inc())
+            cfg.max_connections, upstream.tls, keep_alive=cfg.keep_alive,
+            distrusted=lambda reason: UPSTREAM_DISTRUSTED.labels(upstream.name, reason).inc(),
+            proxy=upstream.proxy, public_only=upstream.public_only)
         self._echo = cfg.echo_header
         # the policies' paths hold the base path: the URL maker has the origin alone
         origin = upstream.origin
@@ -334,6 +337,8 @@ async def send(transport: httpx.AsyncBaseTransport, request: httpx.Request,
                 await response.aclose()
     except TimeoutError:
         return Answer(failure=Failure.TIMEOUT_AFTER_SEND)
+    except AddressRefused as exc:
+        return Answer(failure=Failure.PRIVATE_ADDRESS, detail=str(exc).split(",", 1)[0])
     except httpx.ConnectError:
         return Answer(failure=Failure.CONNECT)
     except (httpx.ConnectTimeout, httpx.PoolTimeout):

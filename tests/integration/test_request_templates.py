@@ -43,6 +43,7 @@ def make_policies(port: int, pattern: str = LOOPBACK) -> Policies:
         "upstreams": {
             "shops": {"base_url": f"http://{{tenant_id}}:{port}/admin/api/2025-01",
                       "host_pattern": pattern, "timeout_seconds": 2,
+                      "allow_private_addresses": True,
                       "headers_from_env": {"X-Shopify-Access-Token": "TOKEN"}},
             "fixed": {"base_url": f"http://127.0.0.1:{port}/v1", "timeout_seconds": 2}},
         "policies": {

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import ssl
 from collections.abc import Callable, Coroutine, Sequence
 from datetime import UTC, datetime
 from functools import partial
@@ -34,8 +35,10 @@ class Wire:
     """A loopback server writing exactly what its script says: `on_accept` as soon as a
     connection is accepted, then each request's steps, each after its delay."""
 
-    def __init__(self, script: Script, on_accept: bytes = b"") -> None:
+    def __init__(self, script: Script, on_accept: bytes = b"",
+                 tls: ssl.SSLContext | None = None) -> None:
         self.script = script
+        self.tls = tls
         self.on_accept = on_accept
         self.requests: list[bytes] = []
         self.connections = 0
@@ -43,7 +46,7 @@ class Wire:
         self._tasks: set[asyncio.Task[Any]] = set()
 
     async def __aenter__(self) -> Wire:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self.tls)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -56,7 +59,8 @@ class Wire:
     @property
     def url(self) -> str:
         assert self._server is not None
-        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+        scheme = "https" if self.tls else "http"
+        return f"{scheme}://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()

@@ -99,6 +99,8 @@ CLASSIFY_TABLE: list[tuple[Answer, bool, Outcome, str, float | None]] = [
     (Answer(failure=Failure.SENT_TOO_LATE), False, TR, "sent_too_late", None),
     (Answer(failure=Failure.WITHHELD), False, TR, "withheld", None),
     (Answer(failure=Failure.ECHO_MISMATCH), False, UK, "echo_mismatch", None),
+    (Answer(failure=Failure.PRIVATE_ADDRESS, detail="a.example resolves to 10.0.0.7"), False,
+     PE, "private_address:a.example resolves to 10.0.0.7", None),
     (Answer(failure=Failure.TIMEOUT_AFTER_SEND), False, UK, "timeout_after_send", None),
     (Answer(failure=Failure.RESET_AFTER_SEND), True, UK, "reset_after_send", None),
     (Answer(failure=Failure.PROTOCOL), False, UK, "protocol_error", None),
