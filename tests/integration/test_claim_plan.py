@@ -166,3 +166,29 @@ async def test_hold_checks_probe_one_index_whatever_the_number_of_holds(
     for plan in (registration, admission):
         assert "hold_objects_pkey" in plan, plan
         assert "Seq Scan on hold_objects" not in plan, plan
+
+
+async def test_a_generic_admission_plan_stops_at_its_limit_in_a_large_scope(
+        engine: AsyncEngine) -> None:
+    """The worker's admission runs as a prepared statement, whose plan turns generic after
+    five runs: its hold checks must stay filters on the rows it reads in index order, never
+    joins that sort a scope's whole backlog (a 200,000-item scope took 300 ms a claim)."""
+    policies = make_policies("http://127.0.0.1:9")
+    await register(engine, policies, 5)
+    await release_all(engine)
+    async with engine.begin() as conn:
+        await conn.execute(text("""
+            INSERT INTO items (tenant_id, object_id, policy, policy_version, operation_key,
+                               scope, due_at, released_at)
+            SELECT 'acme', 'r-' || g, 'carts', 1, encode(sha256(('r' || g)::bytea), 'hex'),
+                   'tenant:acme', now() - interval '1 day', now()
+            FROM generate_series(1, 20000) g"""))
+        await conn.execute(text("ANALYZE"))
+    async with engine.connect() as conn:
+        await conn.execute(text("SET plan_cache_mode = force_generic_plan"))
+        rows = await conn.execute(text("EXPLAIN " + str(claims._ADMIT.text)),
+                                  admission_params(["tenant:acme"]))
+        plan = "\n".join(r[0] for r in rows)
+        await conn.rollback()
+    assert "Anti Join" not in plan, plan
+    assert "items_ready" in plan and "Bitmap Heap Scan on items" not in plan, plan
