@@ -66,6 +66,13 @@ class Upstream:
     def per_tenant_credentials(self) -> bool:
         return self.config.credentials is not None
 
+    @property
+    def allow_private_addresses(self) -> bool:
+        """Whether a templated host may be an IP literal or a single-label name, and may
+        resolve to a loopback, private, link-local or metadata address (the transport
+        checks the addresses it connects to; service/templates.py the host's form)."""
+        return self.config.allow_private_addresses
+
     def tenant(self, tenant_id: str) -> str:
         """The tenant id as its credential for this upstream is stored and looked up: its
         canonical host form where the host is built from it (service/tenants.py)."""
@@ -253,7 +260,8 @@ def resolve_policies(raw: Mapping[str, Any], env: Mapping[str, str], *, source: 
         credential_headers = {h: (before, after) for h, (before, after) in templated.items()
                               if after is not None}
         try:
-            origin = compile_origin(name, up.base_url, up.host_pattern)
+            origin = compile_origin(name, up.base_url, up.host_pattern,
+                                    allow_private=up.allow_private_addresses)
         except TemplateProblems as exc:
             for sub, message in exc.problems:
                 fail(f"upstreams.{name}.{sub}", message)

@@ -108,7 +108,8 @@ class UpstreamConfig(_Strict):
     """An HTTP deletion API and how to reach it. The base_url may hold placeholders in the
     host (then host_pattern, a regular expression every host must fully match, is required)
     and in the path: see service/templates.py. `headers` are sent with every call; their
-    one placeholder is `{credential}`, the tenant's, from `credentials`."""
+    one placeholder is `{credential}`, the tenant's, from `credentials`. A templated host
+    names no internal address unless `allow_private_addresses`."""
 
     base_url: Annotated[str, Field(pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$")]
     host_pattern: str | None = Field(default=None, min_length=1, max_length=1000)
@@ -118,6 +119,9 @@ class UpstreamConfig(_Strict):
     credentials: CredentialsConfig | None = None
     timeout_seconds: float = Field(default=10.0, gt=0, le=300)
     max_connections: int = Field(default=100, ge=1, le=10_000)
+    # a templated host may be an IP literal or a single-label name, and may resolve to a
+    # loopback, private or link-local address: for tests and in-cluster services only
+    allow_private_addresses: bool = False
 
     @field_validator("base_url")
     @classmethod
