@@ -25,7 +25,11 @@ Each is substituted by where it goes, never by formatting text into text:
 - body: as JSON values. A string that is exactly one placeholder becomes the value itself (a
   JSON string; `policy_version` a number); placeholders among text are substituted inside
   that JSON string; keys are sent as written. A value full of quotes and braces stays a
-  string: it is JSON-encoded, never spliced into JSON text.
+  string: it is JSON-encoded, never spliced into JSON text. JSON escaping protects the JSON,
+  not code inside a string, so no placeholder may go in a string that is code: under a key
+  of CODE_KEYS (`query`, `mutation`, `sql`, ...; outside the top-level `variables`, which
+  are data whatever their names) or reading as a GraphQL document; values go in data
+  (GraphQL `variables`).
 
 Problems are `(key, message)` pairs, the key relative to the upstream or policy
 (`base_url`, `host_pattern`, `path`, `body.variables.id`), listed all at once.
@@ -373,37 +377,66 @@ def body_value(value: Any) -> Any:
     return value
 
 
+# Keys whose string is code for the upstream to run, not data: a value spliced into one can
+# change what runs (JSON escaping keeps the body JSON, not the code inside it). Compared
+# case-insensitively; a list under such a key is code too.
+CODE_KEYS: Final = frozenset({"query", "mutation", "subscription", "sql", "statement",
+                              "script", "code", "expression", "command"})
+# A string that reads as a GraphQL document once its placeholders are taken out: an
+# operation keyword or a selection set's brace first (after comments), and a closing brace.
+_GRAPHQL: Final = re.compile(
+    r"\A(?:\s|,|#[^\n]*)*(?:(?:query|mutation|subscription|fragment)\b[^{}]*)?\{.*\}",
+    re.DOTALL)
+SAFE_FORM: Final = ('pass the value as data, e.g. a GraphQL variable: variables = '
+                    '{ id = "gid://shopify/Customer/{object_id}" } and $id in the query')
+
+
+def code_problem(key: str | None, text: str) -> str | None:
+    """Why a placeholder may not go in `text`, the string under `key` (None: no key counts,
+    as inside GraphQL `variables`), or None: it is code (a key of CODE_KEYS, or a GraphQL
+    document), where an id could add an operation."""
+    if key is not None and key.lower() in CODE_KEYS:
+        meaning = f"a {key!r} string is code"
+    elif _GRAPHQL.match(_PLACEHOLDER.sub("", text)):
+        meaning = "this string reads as a GraphQL document, which is code"
+    else:
+        return None
+    return (f"{meaning}: a placeholder in it would splice an id into the code (JSON escaping "
+            f"keeps the body JSON, not the code inside it); {SAFE_FORM}")
+
+
 def compile_body(template: Any, constants: Mapping[str, str | int],
                  allowed: Sequence[str] = REQUEST_FIELDS) -> tuple[str | _Slot, ...]:
     """The body template as JSON text with slots for the item's fields (the policy's are
     filled in now); TemplateProblems naming each faulty key under `body`. `allowed` are the
-    placeholders it may hold (a list source's differ: service/list_config.py)."""
+    placeholders it may hold (a list source's differ: service/list_config.py). No
+    placeholder may go where a string is code (`code_problem`)."""
     out: list[str | _Slot] = []
     problems: list[tuple[str, str]] = []
 
     def literal_string(text: str) -> str:
         return json.dumps(text)[1:-1]
 
-    def walk(value: Any, at: str) -> None:
+    def walk(value: Any, at: str, key: str | None = None) -> None:
         if isinstance(value, dict):
             out.append("{")
-            for n, (key, item) in enumerate(value.items()):
-                if _PLACEHOLDER.search(key):
-                    problems.append((_key_path(at, key), "a key is sent as written, never "
-                                                        "filled in: put the placeholder in "
-                                                        "a value"))
-                out.append(("," if n else "") + json.dumps(key) + ":")
-                walk(item, _key_path(at, key))
+            for n, (name, item) in enumerate(value.items()):
+                if _PLACEHOLDER.search(name):
+                    problems.append((_key_path(at, name), "a key is sent as written, never "
+                                                         "filled in: put the placeholder in "
+                                                         "a value"))
+                out.append(("," if n else "") + json.dumps(name) + ":")
+                walk(item, _key_path(at, name), name)
             out.append("}")
         elif isinstance(value, list):
             out.append("[")
             for n, item in enumerate(value):
                 if n:
                     out.append(",")
-                walk(item, f"{at}[{n}]")
+                walk(item, f"{at}[{n}]", key)
             out.append("]")
         elif isinstance(value, str):
-            string_template(value, at)
+            string_template(value, at, None if in_variables(at) else key)
         elif isinstance(value, (bool, int)) or value is None:
             out.append(json.dumps(value))
         elif isinstance(value, float):
@@ -416,12 +449,20 @@ def compile_body(template: Any, constants: Mapping[str, str | int],
         else:
             problems.append((at, f"a {type(value).__name__} has no JSON form"))
 
-    def string_template(text: str, at: str) -> None:
+    def in_variables(at: str) -> bool:
+        # GraphQL variables are data whatever their names (a `query` variable included)
+        return at.startswith("body.variables.") or at.startswith("body.variables[")
+
+    def string_template(text: str, at: str, key: str | None) -> None:
         names = _PLACEHOLDER.findall(text)
         problem = _unknown(set(names), tuple(allowed))
         if problem:
             problems.append((at, problem + " (a placeholder is {name}; any other brace is "
                                            "text, e.g. a GraphQL selection '{ id }')"))
+            return
+        problem = code_problem(key, text) if names else None
+        if problem:
+            problems.append((at, problem))
             return
         whole = _PLACEHOLDER.fullmatch(text)
         if whole:
