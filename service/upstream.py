@@ -27,7 +27,7 @@ import asyncio
 import base64
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 import httpx
@@ -81,13 +81,16 @@ class CallResult:
     """What happened on the wire, and how long it took. A store target's statement
     (service/targets.py) reads its own result: `verdict` is its outcome when the statement
     ran, `skipped` the objects whose row no longer matched its predicate, and `rows` the
-    rows it spent from a budget in rows."""
+    rows it spent from a budget in rows; `verdicts` the objects whose outcome is their own."""
 
     answer: Answer
     latency_ms: float
     verdict: Classified | None = None
     skipped: frozenset[str] = frozenset()
     rows: int | None = None
+    # objects whose own outcome differs from the call's (a store statement split to let
+    # one bad row fail alone: service/targets.py)
+    verdicts: Mapping[str, Classified] = field(default_factory=dict)
 
 
 class UpstreamClient:
