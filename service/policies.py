@@ -130,6 +130,19 @@ class Policy:
         host form where it makes a host (service/tenants.py), else exactly as given."""
         return host_form(tenant_id) if self.tenant_in_host else tenant_id
 
+    @cached_property
+    def object_id_type(self) -> str | None:
+        """The type a store target's statement casts its ids to (`CAST(:object_ids AS
+        bigint[])`), None for any other policy: an id it cannot take is refused when it
+        is registered or discovered, never left to fail its batch."""
+        target = self.config.target
+        return store_sql.ids_type(target.statement) if target is not None else None
+
+    def object_id_problem(self, object_id: str) -> str | None:
+        """Why this policy's target could never take `object_id`, or None."""
+        kind = self.object_id_type
+        return None if kind is None else store_sql.id_type_problem(kind, object_id)
+
     def scope_for(self, tenant_id: str) -> str:
         """The limiter scope an item of this policy and tenant draws budget from."""
         return self.config.scope.format(

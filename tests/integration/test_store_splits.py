@@ -9,17 +9,20 @@ import dataclasses
 from collections.abc import AsyncIterator
 
 import asyncpg
+import httpx
 import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service import ledger
 from service.outcomes import Classified, Outcome
 from service.stores import Stores
 from service.targets import StoreTargets
 from service.upstream import Upstreams
 from service.worker import database_pool
+from tests.conftest import TOKEN_A, LiveServer, test_settings
 from tests.integration.store_schema import create_store, store_policies
-from tests.integration.test_pipeline import drain
+from tests.integration.test_pipeline import PAST, drain
 from tests.integration.test_stores import publish_carts
 
 INJECTION = "1); DROP TABLE carts;--"
@@ -115,3 +118,33 @@ async def test_the_worker_records_each_rows_own_outcome(
         await ups.aclose()
         await stores.aclose()
         await shopper.close()
+
+
+async def test_an_id_the_statements_type_cannot_take_is_refused_at_registration(
+        db_url: str, engine: AsyncEngine, store_db_url: str, store: asyncpg.Connection
+        ) -> None:
+    """The worked example casts ids to bigint[]: the issue's id is a 422 naming the item's
+    object_id, and nothing of the request is registered; the ledger refuses it for every
+    caller."""
+    policies = store_policies(store_db_url)
+    policy = policies.policies["expired-carts"]
+    assert policy.object_id_type == "bigint"
+    with pytest.raises(ledger.ObjectIdRefused) as refused:
+        await ledger.register(engine, [ledger.Registration("shop-1", "7", policy, PAST),
+                                       ledger.Registration("shop-1", INJECTION, policy, PAST)])
+    assert refused.value.index == 1 and INJECTION not in str(refused.value)
+    async with LiveServer(test_settings(db_url), policies, db_url) as server, \
+            httpx.AsyncClient(base_url=server.base_url, timeout=10, headers={
+                "Authorization": f"Bearer {TOKEN_A}"}) as client:
+        items = [{"tenant_id": "shop-1", "object_id": object_id, "policy": "expired-carts",
+                  "due_at": "2020-01-01T00:00:00Z"}
+                 for object_id in ("7", INJECTION, "9223372036854775808", " 8 ")]
+        answer = await client.post("/v1/items", json={"items": items})
+        assert answer.status_code == 422, answer.text
+        assert answer.headers["content-type"] == "application/problem+json"
+        errors = answer.json()["errors"]
+        assert [(e["loc"], e["type"]) for e in errors] == [
+            (["body", "items", str(n), "object_id"], "invalid_object_id") for n in (1, 2)]
+        assert "bigint" in errors[0]["message"] and INJECTION not in answer.text
+        answer = await client.post("/v1/items", json={"items": [items[0], items[3]]})
+        assert answer.status_code == 200, answer.text
