@@ -44,7 +44,8 @@ def shopify_policies(example: Path, port: int, secrets_dir: Path) -> str:
     """The example file's Shopify block, uncommented, on loopback."""
     toml = example_block(example, "shopify").replace('"https://{tenant_id}/admin/api/2025-10"',
                         f'"http://{{tenant_id}}:{port}/admin/api/2025-10"')
-    toml = toml.replace("'[a-z0-9][a-z0-9-]*\\.myshopify\\.com'", "'127\\.0\\.0\\.[0-9]+'")
+    toml = toml.replace("'[a-z0-9][a-z0-9-]*\\.myshopify\\.com'",
+                        "'127\\.0\\.0\\.[0-9]+'\nallow_private_addresses = true")
     return toml.replace('"/var/run/secrets/shopify"', f'"{secrets_dir}"')
 
 

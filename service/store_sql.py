@@ -10,6 +10,7 @@ store itself (service/stores.py).
 from __future__ import annotations
 
 import re
+import uuid
 from typing import Final
 
 # sqlalchemy.sql.elements.TextClause._bind_params_regex: what `text()` binds
@@ -69,3 +70,44 @@ def problems(sql: str, *, kinds: frozenset[str], required: frozenset[str],
 def without_final_semicolon(sql: str) -> str:
     """The statement as it is embedded in another (a trailing ';' would end it early)."""
     return sql.rstrip().rstrip(";").rstrip()
+
+
+# `CAST(:object_ids AS bigint[])` or `:object_ids::bigint[]`: the type a target's statement
+# takes its ids as
+_IDS_CAST: Final = re.compile(
+    r"CAST\s*\(\s*:object_ids\s+AS\s+([a-z_][a-z0-9_ ]*?)\s*\[\s*\]\s*\)"
+    r"|:object_ids\s*::\s*([a-z_][a-z0-9_ ]*?)\s*\[\s*\]", re.IGNORECASE)
+_INTEGER_BITS: Final = {"smallint": 16, "int2": 16, "integer": 32, "int": 32, "int4": 32,
+                        "bigint": 64, "int8": 64}
+_INTEGER_TEXT: Final = re.compile(r"\s*[+-]?[0-9]{1,30}\s*", re.ASCII)
+
+
+def ids_type(statement: str) -> str | None:
+    """The type a target statement casts `:object_ids` to, element-wise (`bigint`), lower
+    case with single spaces; None when it casts them to none the text names."""
+    found = _IDS_CAST.search(_code(statement))
+    if found is None:
+        return None
+    return " ".join((found[1] or found[2]).lower().split())
+
+
+def id_type_problem(type_name: str | None, object_id: str) -> str | None:
+    """Why `object_id` cannot be taken as `type_name` (an integer type or uuid; any other
+    type, or None, takes every id here: the statement's own failure is the row's), without
+    quoting it."""
+    bits = _INTEGER_BITS.get(type_name or "")
+    if bits is not None:
+        if not _INTEGER_TEXT.fullmatch(object_id):
+            return f"is not an integer, which the target's statement casts ids to ({type_name})"
+        if not -(2 ** (bits - 1)) <= int(object_id) < 2 ** (bits - 1):
+            return f"is out of the range of {type_name}, which the target's statement casts " \
+                   "ids to"
+    elif type_name == "uuid":
+        text = object_id.strip()
+        if text.lower().startswith("urn:"):
+            return "is not a uuid, which the target's statement casts ids to"
+        try:
+            uuid.UUID(text)
+        except ValueError:
+            return "is not a uuid, which the target's statement casts ids to"
+    return None

@@ -13,6 +13,18 @@ One call is one transaction on the store, for up to `batch.max_objects` items of
      `skipped`), and returns the object id of each row it deleted;
   5. what it deleted is written to the identity's row, and the transaction commits.
 
+One bad row fails alone. A statement that fails on something one row can cause (a value its
+type cannot take, SQLSTATE class 22, such as `1); DROP TABLE carts;--` against a bigint[]
+cast; a constraint one row breaks, class 23; a lock one row's holder keeps past
+`lock_timeout`, 55P03) is rolled back and the batch run again, split: each half under a
+savepoint, a failing half split again, down to single rows. The other rows finish on their
+own merits; a single row that still fails gets its own outcome (`store_refused:<SQLSTATE>`,
+permanent, for a value; `store_busy:<SQLSTATE>`, transient, for a lock). A batch with no
+bad row runs as before: one statement, no savepoint. The split stops starting statements
+when the lease could end before one finished: what is left is `store_busy:unsplit`
+(transient, retried). Any other failure (a missing table, a statement timeout, a lost
+connection) is the whole batch's, as before.
+
 A redelivered item (its lease expired after the store committed, before the ledger did)
 may come back in a batch of other items: its identity is new, so before the statement runs
 the objects earlier batches of the same policy version recorded as deleted are looked up
@@ -55,6 +67,22 @@ from service.transport import SEND_GATE
 from service.upstream import CallResult
 
 DELETED: Final = Classified(Outcome.SUCCEEDED, "store_deleted")
+# left when the lease would end before another statement of a split could (retried)
+UNSPLIT: Final = Classified(Outcome.TRANSIENT, f"{Failure.STORE_BUSY.value}:unsplit")
+# SQLSTATEs one row can cause: a value its type cannot take (class 22), a constraint it
+# breaks (class 23), a lock its holder keeps past lock_timeout
+_ONE_ROW_CLASSES: Final = ("22", "23")
+_ONE_ROW_CODES: Final = frozenset({"55P03"})
+# of the lease, the share a split may use (the rest covers the claim and the completion)
+_SPLIT_LEASE_SHARE: Final = 0.8
+
+
+def one_row_failure(exc: BaseException) -> str | None:
+    """The SQLSTATE of a statement's failure that one row can cause, or None."""
+    code = sqlstate(exc)
+    if code is not None and (code.startswith(_ONE_ROW_CLASSES) or code in _ONE_ROW_CODES):
+        return code
+    return None
 # a concurrent CREATE TABLE of the same name: duplicate table, or its row type's unique key
 _CREATED_MEANWHILE: Final = frozenset({"42P07", "23505"})
 
@@ -219,16 +247,26 @@ class StoreTargets:
         if gate is not None and not gate():
             await conn.close()
             return result(Answer(failure=Failure.WITHHELD))
+        own: dict[str, Classified] = {}
         try:
-            deleted = await self._run(conn, policy, groups)
+            try:
+                deleted = await self._run(conn, policy, groups)
+            except STORE_ERRORS as exc:
+                if len(leases) == 1 or one_row_failure(exc) is None or conn.invalidated:
+                    raise
+                # undone as a whole: again, split, so that one row fails alone
+                longest = (target.lock_timeout_ms + target.statement_timeout_ms) / 1000
+                deadline = started + cfg.lease_seconds * _SPLIT_LEASE_SHARE - longest
+                deleted = await self._run(conn, policy, groups, own=own, deadline=deadline)
         except StoreError as exc:
             return result(Answer(failure=exc.failure))
         except STORE_ERRORS as exc:
             return result(Answer(failure=failure_of(exc, connected=True)))
         finally:
             await conn.close()
-        skipped = frozenset(lease.object_id for lease in leases) - deleted
-        return result(Answer(), verdict=DELETED, skipped=skipped, rows=len(leases))
+        skipped = frozenset(lease.object_id for lease in leases) - deleted - own.keys()
+        return CallResult(Answer(), (time.perf_counter() - started) * 1000, DELETED, skipped,
+                          len(leases), own)
 
     async def _by_cutoff(self, leases: Sequence[Lease]) -> dict[datetime, list[Lease]]:
         """The leases by the cutoff their statement re-checks: their batch's run's (each
@@ -252,7 +290,12 @@ class StoreTargets:
         return groups
 
     async def _run(self, conn: AsyncConnection, policy: Policy,
-                   groups: dict[datetime, list[Lease]]) -> frozenset[str]:
+                   groups: dict[datetime, list[Lease]], *,
+                   own: dict[str, Classified] | None = None, deadline: float = 0.0
+                   ) -> frozenset[str]:
+        """Delete the groups in one transaction; what was deleted. With `own`, the
+        statement runs split (`_split`), and each object that failed alone gets its own
+        outcome there."""
         target = policy.config.target
         assert target is not None
         store = self.stores.stores[target.store]
@@ -282,13 +325,49 @@ class StoreTargets:
                         "ids": ids, "policy": policy.name, "version": policy.version})}
                 todo = [i for i in ids if i not in earlier]
                 gone: set[str] = set()
-                if todo:
+                if todo and own is None:
                     rows = await run(conn, statement, {"object_ids": todo, "cutoff": cutoff})
                     gone = {str(r.object_id) for r in rows} & set(todo)
+                elif todo and own is not None:
+                    gone = await self._split(conn, statement, todo, cutoff, own, deadline,
+                                             whole=len(groups) > 1)
+                if todo:
                     await run(conn, ledger.record, {"deleted": sorted(gone),
                                                     "identity": identity})
                 deleted |= gone | earlier
         return frozenset(deleted)
+
+    async def _split(self, conn: AsyncConnection, statement: Statement, ids: list[str],
+                     cutoff: datetime, own: dict[str, Classified], deadline: float, *,
+                     whole: bool) -> set[str]:
+        """Run the statement on `ids` under a savepoint (`whole`; else on its halves at
+        once: the whole is known to fail), splitting a part that fails on something one
+        row can cause down to single rows, whose failure is theirs (`own`). Another
+        failure is the batch's: raised."""
+        if not whole:
+            half = len(ids) // 2
+            return (await self._split(conn, statement, ids[:half], cutoff, own, deadline,
+                                      whole=True)
+                    | await self._split(conn, statement, ids[half:], cutoff, own, deadline,
+                                        whole=True))
+        if time.perf_counter() > deadline:
+            own.update(dict.fromkeys(ids, UNSPLIT))
+            return set()
+        try:
+            async with conn.begin_nested():
+                rows = await run(conn, statement, {"object_ids": ids, "cutoff": cutoff})
+                return {str(r.object_id) for r in rows} & set(ids)
+        except STORE_ERRORS as exc:
+            code = one_row_failure(exc)
+            if code is None:
+                raise
+            if len(ids) == 1:
+                failure = failure_of(exc, connected=True)
+                outcome = Outcome.TRANSIENT if failure is Failure.STORE_BUSY \
+                    else Outcome.PERMANENT
+                own[ids[0]] = Classified(outcome, f"{failure.value}:{code}")
+                return set()
+        return await self._split(conn, statement, ids, cutoff, own, deadline, whole=False)
 
     async def _ensure_ledger_table(self, conn: AsyncConnection, store: Store) -> None:
         """Create the store's ledger table if it is missing (a role without CREATE needs

@@ -14,16 +14,22 @@ body may also use `object_version` (service/answers.py: a conflict names the nex
 Each is substituted by where it goes, never by formatting text into text:
 
 - host: as written; the whole host must then be a host name (ASCII letters, digits and '-'
-  in dot-separated labels, or an IPv4 address) in its canonical form (lower case, no
-  trailing dot: service/tenants.py spells tenant ids so at every entry) that the upstream's
-  `host_pattern` fully matches. So no value can add a port, a user, a path or another host:
+  in dot-separated labels, or an IPv4 address in dotted decimal: no hex, octal, integer or
+  short forms) in its canonical form (lower case, no trailing dot: service/tenants.py spells
+  tenant ids so at every entry) that the upstream's `host_pattern` fully matches; an IP
+  literal or a single-label name (`localhost`, `metadata`) only where the upstream sets
+  `allow_private_addresses`. So no value can add a port, a user, a path or another host:
   `/`, `?`, `#`, `@`, `:`, `%`, whitespace or unicode make no host name.
 - path and query: percent-encoded, everything but the unreserved characters, so a value is
   exactly one path segment or one query value; `.` and `..` are refused.
 - body: as JSON values. A string that is exactly one placeholder becomes the value itself (a
   JSON string; `policy_version` a number); placeholders among text are substituted inside
   that JSON string; keys are sent as written. A value full of quotes and braces stays a
-  string: it is JSON-encoded, never spliced into JSON text.
+  string: it is JSON-encoded, never spliced into JSON text. JSON escaping protects the JSON,
+  not code inside a string, so no placeholder may go in a string that is code: under a key
+  of CODE_KEYS (`query`, `mutation`, `sql`, ...; outside the top-level `variables`, which
+  are data whatever their names) or reading as a GraphQL document; values go in data
+  (GraphQL `variables`).
 
 Problems are `(key, message)` pairs, the key relative to the upstream or policy
 (`base_url`, `host_pattern`, `path`, `body.variables.id`), listed all at once.
@@ -123,22 +129,42 @@ HOST_NAME_RULE: Final = ("ASCII letters, digits and '-' in dot-separated labels,
                          "or an IPv4 address")
 
 
+# A last label a resolver reads as a number (the WHATWG URL standard's "ends in a number";
+# glibc's inet_aton likewise): all digits, or 0x and hex digits. Such a host is an address
+# however it is spelled: `2130706433`, `0x7f000003`, `0177.0.0.1`, `127.1`, `0x7f.1`.
+_NUMERIC_LABEL: Final = re.compile(r"[0-9]+|0x[0-9a-f]*", re.ASCII)
+
+
 def host_name_problem(host: str) -> str | None:
-    """Why `host` is no host name (compared lower-cased), or None. A last label of digits
-    makes it an IPv4 address, which must then be dotted decimal (no `2130706433`, `0x7f.1`
-    or `1.2.3`, which resolvers read as addresses too). ASCII is checked before lower-casing:
-    the Kelvin sign lower-cases to `k`."""
+    """Why `host` is no host name (compared lower-cased), or None. A last label that reads
+    as a number makes the host an IPv4 address, which must then be in dotted decimal, four
+    parts without leading zeros (`127.0.0.3`): the hex, octal, integer and short forms
+    resolvers also take are refused. ASCII is checked before lower-casing: the Kelvin sign
+    lower-cases to `k`."""
     if not host.isascii():
         return f"not a host name ({HOST_NAME_RULE})"
     host = host.lower()
     if len(host) > MAX_HOST_CHARS or not _HOST_NAME.fullmatch(host):
         return f"not a host name ({HOST_NAME_RULE})"
-    if host.rpartition(".")[2].isdigit():
+    if _NUMERIC_LABEL.fullmatch(host.rpartition(".")[2]):
         try:
             ipaddress.IPv4Address(host)
         except ValueError:
-            return "not a host name (a last label of digits makes it an IPv4 address, " \
-                   "which this is not)"
+            return "not a host name (a last label that reads as a number makes it an IPv4 " \
+                   "address, and only dotted decimal is taken: no hex, octal, integer or " \
+                   "short forms)"
+    return None
+
+
+def internal_host_problem(host: str) -> str | None:
+    """Why `host` (a host name: `host_name_problem` passed it) may name an internal address
+    by its form alone, or None: an IPv4 literal names the address itself, and a single-label
+    name (`localhost`, `metadata`) resolves through the search domains to a host inside the
+    network. Only an upstream with allow_private_addresses takes them."""
+    if "." not in host:
+        return "a single-label name (it resolves to hosts inside the network)"
+    if _NUMERIC_LABEL.fullmatch(host.rpartition(".")[2]):
+        return "an IP address"
     return None
 
 
@@ -150,6 +176,11 @@ HOSTILE_HOST_VALUES: Final = tuple(
 # Hosts no allow-list of a real upstream accepts: a pattern that matches one accepts any host
 # (the last is the cloud metadata address).
 ARBITRARY_HOSTS: Final = ("evil.example", "sweeper-probe.invalid", "169.254.169.254")
+# Values that make internal hosts: single-label names and IP literals. A host_pattern that
+# accepts one needs allow_private_addresses (a heuristic: every call checks its host).
+INTERNAL_HOST_VALUES: Final = ("localhost", "metadata", "a", "kubernetes", "internal",
+                               "127.0.0.1", "127.0.0.3", "10.0.0.1", "172.16.0.1",
+                               "192.168.0.1", "169.254.169.254", "0.0.0.0", "1.2.3.4")  # noqa: S104 - probes
 
 
 @dataclass(frozen=True)
@@ -164,6 +195,8 @@ class Origin:
     pattern: re.Pattern[str] | None
     port: str
     path_pieces: list[tuple[str, str | None]]
+    # a templated host may be an IP literal or a single-label name (tests, in-cluster)
+    allow_private: bool = False
 
     @property
     def tenant_in_host(self) -> bool:
@@ -180,9 +213,12 @@ _BASE_URL: Final = re.compile(r"(?P<scheme>https?)://(?P<authority>[^/]*)(?P<pat
                               re.DOTALL)
 
 
-def compile_origin(upstream: str, base_url: str, host_pattern: str | None) -> Origin:
+def compile_origin(upstream: str, base_url: str, host_pattern: str | None, *,
+                   allow_private: bool = False) -> Origin:
     """Compile a base_url (already checked against the schema's pattern, trailing '/'
-    stripped); TemplateProblems naming `base_url` or `host_pattern`."""
+    stripped); TemplateProblems naming `base_url` or `host_pattern`. Without
+    `allow_private`, a templated host can be no IP literal nor single-label name, and a
+    pattern that admits one is refused."""
     problems: list[tuple[str, str]] = []
     match = _BASE_URL.fullmatch(base_url)
     if match is None:  # the schema's pattern refused it already
@@ -230,13 +266,13 @@ def compile_origin(upstream: str, base_url: str, host_pattern: str | None) -> Or
             problems.append(("host_pattern", f"not a regular expression: {exc}"))
         else:
             problems.extend(("host_pattern", p) for p in _pattern_problems(
-                pattern, pieces["host"]))
+                pattern, pieces["host"], allow_private=allow_private))
     if problems:
         raise TemplateProblems(problems)
     prefix = f"{match['scheme']}://" + (userinfo + at if at else "")
     return Origin(upstream=upstream, prefix=prefix, host=None if templated else host,
                   host_pieces=pieces["host"] if templated else None, pattern=pattern,
-                  port=port, path_pieces=pieces["path"])
+                  port=port, path_pieces=pieces["path"], allow_private=allow_private)
 
 
 # A run of literal host characters at the start or end of a pattern (`\\.myshopify\\.com`)
@@ -256,15 +292,32 @@ def _affixes(pattern: str) -> tuple[str, str]:
     return literal(lead), literal(tail)
 
 
-def _pattern_problems(pattern: re.Pattern[str], host: list[tuple[str, str | None]]
-                      ) -> list[str]:
-    """Why `pattern` could let a value escape the host template, or accept any host. (A
-    heuristic, probing with hostile values: the host itself is checked on every call.)"""
+def _internal_values(prefix: str, suffix: str) -> list[str]:
+    """INTERNAL_HOST_VALUES, also wearing the pattern's literal affixes, and completed to
+    IPv4 literals where an affix is one in part (`127\\.0\\.0\\.[0-9]+` starts with
+    `127.0.0.`)."""
+    values = [*INTERNAL_HOST_VALUES]
+    if prefix or suffix:
+        values += [prefix + value + suffix for value in INTERNAL_HOST_VALUES]
+    for parts in range(1, 5):
+        numbers = ".".join(["1"] * parts)
+        values += [prefix + numbers, numbers + suffix, prefix + numbers + suffix]
+    return values
+
+
+def _pattern_problems(pattern: re.Pattern[str], host: list[tuple[str, str | None]], *,
+                      allow_private: bool = False) -> list[str]:
+    """Why `pattern` could let a value escape the host template, accept any host, or
+    (without `allow_private`) make an internal one. (A heuristic, probing with hostile
+    values: the host itself is checked on every call.)"""
     prefix, suffix = _affixes(pattern.pattern)
+
+    def made_of(value: str) -> str:
+        return "".join(literal + (value if name else "") for literal, name in host).lower()
     values = [*HOSTILE_HOST_VALUES,
               *(prefix + value + suffix for value in HOSTILE_HOST_VALUES if prefix or suffix)]
     for value in values:
-        made = "".join(literal + (value if name else "") for literal, name in host).lower()
+        made = made_of(value)
         if pattern.fullmatch(made):
             return [f"accepts {made!r}, which is no host name (an item's id would carry the "
                     "call out of the host): allow only letters, digits, '-' and '.' where a "
@@ -273,6 +326,17 @@ def _pattern_problems(pattern: re.Pattern[str], host: list[tuple[str, str | None
     if accepted:
         return [f"accepts any host (e.g. {accepted[0]!r}): anchor it to the upstream's own "
                 f"domain, e.g. '[a-z0-9][a-z0-9-]*\\.myshopify\\.com'"]
+    if allow_private:
+        return []
+    for value in _internal_values(prefix, suffix):
+        made = made_of(value)
+        if host_name_problem(made) is None and pattern.fullmatch(made):
+            what = internal_host_problem(made)
+            if what is not None:
+                return [f"accepts {made!r}, {what}: anchor it to the upstream's own domain, "
+                        "e.g. '[a-z0-9][a-z0-9-]*\\.myshopify\\.com', or set "
+                        "allow_private_addresses = true on the upstream (for tests and "
+                        "in-cluster services)"]
     return []
 
 
@@ -313,37 +377,66 @@ def body_value(value: Any) -> Any:
     return value
 
 
+# Keys whose string is code for the upstream to run, not data: a value spliced into one can
+# change what runs (JSON escaping keeps the body JSON, not the code inside it). Compared
+# case-insensitively; a list under such a key is code too.
+CODE_KEYS: Final = frozenset({"query", "mutation", "subscription", "sql", "statement",
+                              "script", "code", "expression", "command"})
+# A string that reads as a GraphQL document once its placeholders are taken out: an
+# operation keyword or a selection set's brace first (after comments), and a closing brace.
+_GRAPHQL: Final = re.compile(
+    r"\A(?:\s|,|#[^\n]*)*(?:(?:query|mutation|subscription|fragment)\b[^{}]*)?\{.*\}",
+    re.DOTALL)
+SAFE_FORM: Final = ('pass the value as data, e.g. a GraphQL variable: variables = '
+                    '{ id = "gid://shopify/Customer/{object_id}" } and $id in the query')
+
+
+def code_problem(key: str | None, text: str) -> str | None:
+    """Why a placeholder may not go in `text`, the string under `key` (None: no key counts,
+    as inside GraphQL `variables`), or None: it is code (a key of CODE_KEYS, or a GraphQL
+    document), where an id could add an operation."""
+    if key is not None and key.lower() in CODE_KEYS:
+        meaning = f"a {key!r} string is code"
+    elif _GRAPHQL.match(_PLACEHOLDER.sub("", text)):
+        meaning = "this string reads as a GraphQL document, which is code"
+    else:
+        return None
+    return (f"{meaning}: a placeholder in it would splice an id into the code (JSON escaping "
+            f"keeps the body JSON, not the code inside it); {SAFE_FORM}")
+
+
 def compile_body(template: Any, constants: Mapping[str, str | int],
                  allowed: Sequence[str] = REQUEST_FIELDS) -> tuple[str | _Slot, ...]:
     """The body template as JSON text with slots for the item's fields (the policy's are
     filled in now); TemplateProblems naming each faulty key under `body`. `allowed` are the
-    placeholders it may hold (a list source's differ: service/list_config.py)."""
+    placeholders it may hold (a list source's differ: service/list_config.py). No
+    placeholder may go where a string is code (`code_problem`)."""
     out: list[str | _Slot] = []
     problems: list[tuple[str, str]] = []
 
     def literal_string(text: str) -> str:
         return json.dumps(text)[1:-1]
 
-    def walk(value: Any, at: str) -> None:
+    def walk(value: Any, at: str, key: str | None = None) -> None:
         if isinstance(value, dict):
             out.append("{")
-            for n, (key, item) in enumerate(value.items()):
-                if _PLACEHOLDER.search(key):
-                    problems.append((_key_path(at, key), "a key is sent as written, never "
-                                                        "filled in: put the placeholder in "
-                                                        "a value"))
-                out.append(("," if n else "") + json.dumps(key) + ":")
-                walk(item, _key_path(at, key))
+            for n, (name, item) in enumerate(value.items()):
+                if _PLACEHOLDER.search(name):
+                    problems.append((_key_path(at, name), "a key is sent as written, never "
+                                                         "filled in: put the placeholder in "
+                                                         "a value"))
+                out.append(("," if n else "") + json.dumps(name) + ":")
+                walk(item, _key_path(at, name), name)
             out.append("}")
         elif isinstance(value, list):
             out.append("[")
             for n, item in enumerate(value):
                 if n:
                     out.append(",")
-                walk(item, f"{at}[{n}]")
+                walk(item, f"{at}[{n}]", key)
             out.append("]")
         elif isinstance(value, str):
-            string_template(value, at)
+            string_template(value, at, None if in_variables(at) else key)
         elif isinstance(value, (bool, int)) or value is None:
             out.append(json.dumps(value))
         elif isinstance(value, float):
@@ -356,12 +449,20 @@ def compile_body(template: Any, constants: Mapping[str, str | int],
         else:
             problems.append((at, f"a {type(value).__name__} has no JSON form"))
 
-    def string_template(text: str, at: str) -> None:
+    def in_variables(at: str) -> bool:
+        # GraphQL variables are data whatever their names (a `query` variable included)
+        return at.startswith("body.variables.") or at.startswith("body.variables[")
+
+    def string_template(text: str, at: str, key: str | None) -> None:
         names = _PLACEHOLDER.findall(text)
         problem = _unknown(set(names), tuple(allowed))
         if problem:
             problems.append((at, problem + " (a placeholder is {name}; any other brace is "
                                            "text, e.g. a GraphQL selection '{ id }')"))
+            return
+        problem = code_problem(key, text) if names else None
+        if problem:
+            problems.append((at, problem))
             return
         whole = _PLACEHOLDER.fullmatch(text)
         if whole:
@@ -485,7 +586,8 @@ def fill_body(pieces: Sequence[str | _Slot], values: Mapping[str, BodyValue]) ->
 def checked_host(origin: Origin, made: str) -> str:
     """A templated host as filled in, or ValueError saying why it is refused (without the
     value, but for its canonical form: answers never echo input): no host name, not in its
-    canonical form (service/tenants.py), or not one the upstream's host_pattern allows."""
+    canonical form (service/tenants.py), an IP literal or single-label name the upstream
+    does not allow (allow_private_addresses), or not one its host_pattern allows."""
     assert origin.pattern is not None
     problem = host_name_problem(made)
     if problem:
@@ -496,6 +598,10 @@ def checked_host(origin: Origin, made: str) -> str:
         # a second spelling of a host is a second identity of its tenant (service/tenants.py)
         raise ValueError(f"would make a host of upstream {origin.upstream!r} that is not in "
                          f"its canonical form {canonical!r} (lower case, no trailing dot)")
+    internal = None if origin.allow_private else internal_host_problem(made)
+    if internal is not None:
+        raise ValueError(f"would make a host of upstream {origin.upstream!r} that is "
+                         f"{internal}, which it does not allow (allow_private_addresses)")
     if not origin.pattern.fullmatch(made):
         raise ValueError(f"would make a host that upstream {origin.upstream!r} does not "
                          "allow (its host_pattern)")

@@ -27,13 +27,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import re
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
-from urllib.parse import urlsplit
 
 import httpx
 
@@ -49,80 +47,38 @@ USER_AGENT: Final = "sweeper/0.1"
 JSON_CONTENT_TYPE: Final = "application/json"
 
 
-# A path httpx would take exactly as it is: ASCII path characters and valid percent escapes
-# (no `?`, `#`, spaces or unicode to encode), and no dot segment to normalise away. A query
-# likewise (`?` and `/` are plain there).
-_PLAIN_PATH: Final = re.compile(r"(?:[A-Za-z0-9\-._~!$&'()*+,;=:@/]|%[0-9A-Fa-f]{2})*")
-_PLAIN_QUERY: Final = re.compile(r"(?:[A-Za-z0-9\-._~!$&'()*+,;=:@/?]|%[0-9A-Fa-f]{2})*")
-_PROBE_PATH: Final = "/probe/a%2Fb/c-d_e~f"
-_PROBE_QUERY: Final = "a=b%26c&d=%3D/?e"
 PROBE_HOST: Final = "sweeper-host.invalid"  # stands for a templated host until a call fills it
 
 
 class UrlMaker:
-    """Request URLs under one base URL, without parsing each one.
+    """Request URLs under one base URL: the base with a rendered path and query (already
+    percent-encoded: service/templates.py) and, for a templated upstream, a checked host
+    in place of PROBE_HOST.
 
-    Parsing a URL string (httpx validates and normalises every character) was the largest
-    single cost per call in the drain benchmark. A rendered path and query are already
-    percent-encoded, and a templated host already checked to be a plain lower-case host name
-    (service/templates.py), so for plain paths and queries the parsed base URL is reused with
-    only its path, query (and host) replaced. That uses httpx's parsed form
-    (`URL._uri_reference`), which is not public API: the shortcut is checked against a real
-    parse once, at construction, and any other path, or an httpx whose internals differ,
-    takes the ordinary parse.
-
-    A base URL whose host is PROBE_HOST stands for a templated host: every URL names its
-    host."""
+    Each URL is text we build and httpx.URL parses, through its public constructor only:
+    no private internals of httpx (a release could change them silently; tests/unit/
+    test_private_api.py keeps it so)."""
 
     def __init__(self, base_url: str) -> None:
         self._base_url = base_url
-        self._base_path = urlsplit(base_url).path
         before, found, after = base_url.partition(PROBE_HOST)
         self._host_slot = (before, after) if found else None
-        self._fast = False
-        try:
-            self._reference = httpx.URL(base_url)._uri_reference
-            host = "probe.example" if found else None
-            probes = [(self.url(_PROBE_PATH, host=host, fast=True),
-                       httpx.URL(self._with_host(host) + _PROBE_PATH)),
-                      (self.url(_PROBE_PATH, query=_PROBE_QUERY, host=host, fast=True),
-                       httpx.URL(self._with_host(host) + _PROBE_PATH + "?" + _PROBE_QUERY))]
-            self._fast = all(made == parsed and made.raw_path == parsed.raw_path
-                             and str(made) == str(parsed) and made.netloc == parsed.netloc
-                             for made, parsed in probes)
-        except Exception:  # httpx changed shape: parse every URL, as httpx intends
-            self._fast = False
 
     @property
     def fixed_host(self) -> bool:
         return self._host_slot is None
 
-    def _with_host(self, host: str | None) -> str:
-        if host is None:
-            return self._base_url
-        if self._host_slot is None:
-            raise ValueError("this base URL has a fixed host")
-        return self._host_slot[0] + host + self._host_slot[1]
-
-    def url(self, path: str, *, query: str | None = None, host: str | None = None,
-            fast: bool | None = None) -> httpx.URL:
+    def url(self, path: str, *, query: str | None = None, host: str | None = None
+            ) -> httpx.URL:
         """The URL of `path` and `query` (already rendered and percent-encoded; None: no
         query) under the base URL, with `host` (a checked host name) in place of its own."""
-        if (self._fast if fast is None else fast) and _PLAIN_PATH.fullmatch(path) and (
-                "/." not in path) and (query is None or _PLAIN_QUERY.fullmatch(query)):
-            url = httpx.URL.__new__(httpx.URL)
-            if host is None and query is None:
-                url._uri_reference = self._reference._replace(path=self._base_path + path)
-            elif host is None:
-                url._uri_reference = self._reference._replace(path=self._base_path + path,
-                                                              query=query)
-            elif self._host_slot is None:
-                raise ValueError("this base URL has a fixed host")
-            else:
-                url._uri_reference = self._reference._replace(path=self._base_path + path,
-                                                              query=query, host=host)
-            return url
-        return httpx.URL(self._with_host(host) + path + ("" if query is None else "?" + query))
+        if host is None:
+            base = self._base_url
+        elif self._host_slot is None:
+            raise ValueError("this base URL has a fixed host")
+        else:
+            base = self._host_slot[0] + host + self._host_slot[1]
+        return httpx.URL(base + path if query is None else f"{base}{path}?{query}")
 
 
 @dataclass(frozen=True)
@@ -130,13 +86,16 @@ class CallResult:
     """What happened on the wire, and how long it took. A store target's statement
     (service/targets.py) reads its own result: `verdict` is its outcome when the statement
     ran, `skipped` the objects whose row no longer matched its predicate, and `rows` the
-    rows it spent from a budget in rows."""
+    rows it spent from a budget in rows; `verdicts` the objects whose outcome is their own."""
 
     answer: Answer
     latency_ms: float
     verdict: Classified | None = None
     skipped: frozenset[str] = frozenset()
     rows: int | None = None
+    # objects whose own outcome differs from the call's (a store statement split to let
+    # one bad row fail alone: service/targets.py)
+    verdicts: Mapping[str, Classified] = field(default_factory=dict)
 
 
 class UpstreamClient:

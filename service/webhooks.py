@@ -187,6 +187,10 @@ def _hint(index: int, rule: WebhookRule, policies: Policies, headers: Mapping[st
         assert value is not None
         ids[field] = value
     ids["tenant"] = policy.tenant(ids["tenant"])  # its one spelling (service/tenants.py)
+    problem = policy.object_id_problem(ids["object_id"])
+    if problem:
+        raise DeliveryRejected("unmappable", f"rules[{index}] (topic {rule.topic!r}): "
+                                             f"object_id from {rule.object_id} {problem}")
     request = policy.request
     problem = request.host_problem(ids["tenant"], ids["object_id"]) if request else None
     if problem and request is not None:

@@ -134,7 +134,15 @@ async def register_items(runtime: RuntimeDep, _actor: OperatorDep,
                        "message": problem})
         if len(errors) > 100:
             break
+    # a store target's statement that casts ids to a type: an id it cannot take
+    for n, problem in ledger.id_type_problems(obligations.object_ids,
+                                              obligations.policy_names, obligations.policies):
+        errors.append({"loc": ["body", "items", str(n), "object_id"],
+                       "type": "invalid_object_id", "message": problem})
+        if len(errors) > 100:
+            break
     if errors:
+        errors.sort(key=lambda error: int(error["loc"][2]))
         raise validation_problem(errors[:100])
     try:
         result = await ledger.register(runtime.engine, obligations)
@@ -144,6 +152,10 @@ async def register_items(runtime: RuntimeDep, _actor: OperatorDep,
                  if pair == (exc.policy, exc.tenant_id))
         raise validation_problem([{"loc": ["body", "items", str(n), "tenant_id"],
                                    "type": "scope_too_long", "message": str(exc)}]) from None
+    except ledger.ObjectIdRefused as exc:  # likewise
+        raise validation_problem([{"loc": ["body", "items", str(exc.index), "object_id"],
+                                   "type": "invalid_object_id", "message": str(exc)}]
+                                 ) from None
     except ledger.HostRefused as exc:  # the check above reports these first, all of them
         raise validation_problem([{"loc": ["body", "items", str(exc.index), exc.field],
                                    "type": "invalid_host", "message": str(exc)}]) from None

@@ -386,8 +386,9 @@ class WorkerPool:
             if effects.hold_seconds is not None:
                 self._holds.hold(lease.scope, self._clock.monotonic() + effects.hold_seconds)
         failed = reading.failed if verdict.outcome is Outcome.SUCCEEDED else None
-        return [self._completion(each, cfg, result,
-                                 SKIPPED if each.object_id in result.skipped else verdict,
+        own = result.verdicts
+        return [self._completion(each, cfg, result, own.get(each.object_id) or (
+                                 SKIPPED if each.object_id in result.skipped else verdict),
                                  started, finished, reason_override, failed) for each in call]
 
     def _completion(self, lease: Lease, cfg: PolicyConfig | None, result: CallResult,

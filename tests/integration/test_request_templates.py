@@ -43,6 +43,7 @@ def make_policies(port: int, pattern: str = LOOPBACK) -> Policies:
         "upstreams": {
             "shops": {"base_url": f"http://{{tenant_id}}:{port}/admin/api/2025-01",
                       "host_pattern": pattern, "timeout_seconds": 2,
+                      # a loopback address and `localhost` are hosts here (issue 46)
                       "allow_private_addresses": True,
                       "headers_from_env": {"X-Shopify-Access-Token": "TOKEN"}},
             "fixed": {"base_url": f"http://127.0.0.1:{port}/v1", "timeout_seconds": 2}},
@@ -83,8 +84,9 @@ def item(tenant_id: str, object_id: str = "1", policy: str = "per-shop") -> dict
 
 async def test_a_tenant_id_that_makes_a_refused_host_is_a_422_naming_it(
         live: httpx.AsyncClient, engine: AsyncEngine) -> None:
+    numeric = ["2130706433", "0x7f000003", "0xa9fea9fe", "0177.0.0.1", "127.1"]
     bad = ["evil.example", "127.0.0.1:8080", "127.0.0.1/x", "a@127.0.0.1", "127.0.0.1..",
-           "ünï", "2130706433"]
+           "ünï", *numeric]
     items = [item("127.0.0.1"), *(item(t) for t in bad),
              item("evil.example", policy="versioned")]
     answer = await live.post("/v1/items", json={"items": items})
@@ -96,6 +98,8 @@ async def test_a_tenant_id_that_makes_a_refused_host_is_a_422_naming_it(
     assert {e["type"] for e in errors} == {"invalid_host"}
     assert all("upstream 'shops'" in e["message"] for e in errors)
     assert not any(t in e["message"] for e in errors for t in bad)  # never echoed
+    # a numeric form is refused as one, before the pattern is asked (issue 46)
+    assert all("IPv4" in e["message"] for e in errors[-len(numeric):])
     assert await statuses(engine) == {}
     async with engine.connect() as conn:
         assert (await conn.execute(text("SELECT count(*) FROM scopes"))).scalar_one() == 0

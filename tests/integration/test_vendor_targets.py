@@ -48,8 +48,6 @@ def on_loopback(name: str, base_url: str, **upstream: Any) -> Policies:
     doc = vendor_block(name)
     [up] = doc["upstreams"].values()
     up.update(base_url=base_url, **upstream)
-    if "{tenant_id}" in base_url.split("/")[2]:
-        up["allow_private_addresses"] = True  # the fakes' tenants are loopback addresses
     return policies_from(doc)
 
 
@@ -120,7 +118,7 @@ async def test_shopify_per_shop_hosts_tokens_and_answers(
     (tmp_path / SHOPS[0]).write_text("shpat_0\n")  # a Secret's file: one trailing newline
     (tmp_path / SHOPS[1]).write_text("shpat_1")
     policies = on_loopback("shopify", f"http://{{tenant_id}}:{port}/admin/api/2025-10",
-                           host_pattern=r"127\.0\.0\.[0-9]+",
+                           host_pattern=r"127\.0\.0\.[0-9]+", allow_private_addresses=True,
                            credentials={"directory": str(tmp_path)})
     credentials = Credentials.of(policies, engine, None)
     # customer 99 does not exist: Shopify's userErrors say so, which counts as deleted
@@ -155,7 +153,7 @@ async def test_shopify_throttled_in_a_200_is_retried_not_lost(
     fake.add_customers(SHOPS[0], range(1, 21))
     (tmp_path / SHOPS[0]).write_text("shpat_0")
     policies = on_loopback("shopify", f"http://{{tenant_id}}:{port}/admin/api/2025-10",
-                           host_pattern=r"127\.0\.0\.[0-9]+",
+                           host_pattern=r"127\.0\.0\.[0-9]+", allow_private_addresses=True,
                            credentials={"directory": str(tmp_path)})
     doc_policy = policies.policies["shopify-customer-redact"]
     assert doc_policy.config.rate.unit == "points"
@@ -183,7 +181,7 @@ async def test_shopify_cost_refunds_and_the_shops_view_reach_the_shared_bucket(
     fake.add_customers(SHOPS[0], range(1, 11))
     (tmp_path / SHOPS[0]).write_text("shpat_0")
     policies = on_loopback("shopify", f"http://{{tenant_id}}:{port}/admin/api/2025-10",
-                           host_pattern=r"127\.0\.0\.[0-9]+",
+                           host_pattern=r"127\.0\.0\.[0-9]+", allow_private_addresses=True,
                            credentials={"directory": str(tmp_path)})
     await register(engine, policies, [(SHOPS[0], str(i)) for i in range(1, 11)])
     async with engine.begin() as conn:  # a full bucket: 100 calls of 10 points

@@ -90,6 +90,8 @@ def test_host_names(host: str) -> None:
     "a?b", "a#b", "a%2fb", "[::1]", "bücher.ch", "\u212aevil.example",  # Kelvin sign: 'k'
     "a" * 64 + ".com", ("a" * 60 + ".") * 5, "2130706433", "0x7f.0.0.1", "1.2.3",
     "127.0.0.256", "127.000.0.1", "evil.example\n", "a\x00b",
+    # numeric forms resolvers read as addresses (tests/unit/test_internal_hosts.py has more)
+    "0x7f000003", "0177.0.0.1", "127.1",
 ])
 def test_not_host_names(host: str) -> None:
     assert host_name_problem(host) is not None
@@ -214,7 +216,6 @@ def test_url_maker_with_queries_and_hosts_builds_what_httpx_parses(
     parsed = httpx.URL(text)
     assert made == parsed and str(made) == str(parsed) and made.netloc == parsed.netloc
     assert made.raw_path == parsed.raw_path
-    assert maker._fast
 
 
 def test_a_fixed_host_url_maker_refuses_a_host() -> None:
@@ -332,7 +333,6 @@ def test_base_url_refusals_name_the_key(base_url: str, pattern: str | None, key:
     ("https://{tenant_id}.myshopify.com", r"[a-z0-9][a-z0-9.-]*\.myshopify\.com"),
     ("https://shop-{tenant_id}.eu.example.com:8443/api/{tenant_id}",
      r"shop-[a-z0-9]+\.eu\.example\.com"),
-    ("http://{tenant_id}:8080", r"127\.0\.0\.1|localhost"),
     ("https://{tenant_id}.{policy}.example", r"[a-z0-9-]+\.[a-z0-9-]+\.example"),
 ])
 def test_patterns_that_pin_the_domain_are_accepted(base_url: str, pattern: str) -> None:
