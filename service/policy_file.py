@@ -119,6 +119,9 @@ class UpstreamConfig(_Strict):
     credentials: CredentialsConfig | None = None
     timeout_seconds: float = Field(default=10.0, gt=0, le=300)
     max_connections: int = Field(default=100, ge=1, le=10_000)
+    # at most this many of them to one host (a tenant's, where the host is built from its
+    # id); absent: max_connections
+    max_connections_per_host: int | None = Field(default=None, ge=1, le=10_000)
     # false: one request per connection, each saying `Connection: close` (an upstream whose
     # kept-alive connections cannot be trusted to answer only what was asked)
     keep_alive: bool = True

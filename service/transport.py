@@ -314,10 +314,13 @@ class Http1Transport(httpx.AsyncBaseTransport):
     def __init__(self, max_connections: int, ssl_context: ssl.SSLContext | None = None, *,
                  keep_alive: bool = True,
                  distrusted: Callable[[Distrust], None] | None = None,
-                 proxy: ProxyChoice = environment_proxy, public_only: bool = False) -> None:
-        if max_connections < 1:
-            raise ValueError("max_connections must be at least 1")
+                 proxy: ProxyChoice = environment_proxy, public_only: bool = False,
+                 max_per_host: int | None = None) -> None:
+        if max_connections < 1 or (max_per_host is not None and max_per_host < 1):
+            raise ValueError("max_connections and max_per_host must be at least 1")
         self._max = max_connections
+        self._max_per_host = max_connections if max_per_host is None else max_per_host
+        self._per_host: collections.Counter[_Key] = collections.Counter()
         self._proxy = proxy  # how each new connection leaves (service/egress.py)
         self._public_only = public_only  # a templated host: global addresses only
         self._keep_alive = keep_alive
@@ -377,7 +380,7 @@ class Http1Transport(httpx.AsyncBaseTransport):
             self._idle.setdefault(conn.key, []).append(conn)
             if now - self._swept_at > KEEPALIVE_SECONDS:
                 self._sweep(now)
-            self._wake_one()
+            self._wake()
         else:
             self._discard(conn)
 
@@ -387,7 +390,7 @@ class Http1Transport(httpx.AsyncBaseTransport):
         if conn.alive and not self._closed and not conn.exchanging and self._keep_alive \
                 and not self._distrusting(conn.key):
             self._idle.setdefault(conn.key, []).insert(0, conn)
-            self._wake_one()
+            self._wake()
         else:
             self._discard(conn)
 
@@ -448,7 +451,7 @@ class Http1Transport(httpx.AsyncBaseTransport):
                       proxy: Proxy | None) -> _Connection:
         """A new connection to `key` once the limit allows one, or an idle one freed while
         waiting for it."""
-        if self._open >= self._max and not self._evict_idle():
+        if not self._may_open(key):
             # a request that must be written by SEND_BY waits no longer than that: past it,
             # a connection would only be taken to refuse the write
             wait, late = timeouts.get("pool"), False
@@ -464,19 +467,42 @@ class Http1Transport(httpx.AsyncBaseTransport):
                         conn = self._pooled(key)
                         if conn is not None:
                             return conn
-                        if self._open < self._max or self._evict_idle():
+                        if self._may_open(key):
                             break
             except TimeoutError:
                 if late:
                     raise SentTooLate("no connection free before the request's moment") from None
                 raise httpx.PoolTimeout("no connection free within the pool timeout") from None
         self._open += 1
+        self._per_host[key] += 1
         try:
             return await self._connect(key, timeouts.get("connect"), proxy)
         except BaseException:
             self._open -= 1
-            self._wake_one()
+            self._closed_one(key)
             raise
+
+    def _may_open(self, key: _Key) -> bool:
+        """Whether a new connection to `key` fits both limits (closing another host's idle
+        connection to make room, if that is all it takes)."""
+        if self._per_host[key] >= self._max_per_host:
+            return False
+        return self._open < self._max or self._evict_idle()
+
+    def _closed_one(self, key: _Key) -> None:
+        """A connection to `key` (open or opening) is gone: its places are free."""
+        self._per_host[key] -= 1
+        if not self._per_host[key]:
+            del self._per_host[key]
+        self._wake()
+
+    def _wake(self) -> None:
+        """A place or an idle connection is free: the next waiter looks again, or, with a
+        limit per host, all of them (what is free may be for another host than the next's)."""
+        if self._max_per_host < self._max:
+            self._wake_all()
+        else:
+            self._wake_one()
 
     async def _connect(self, key: _Key, within: float | None, proxy: Proxy | None
                        ) -> _Connection:
@@ -519,6 +545,12 @@ class Http1Transport(httpx.AsyncBaseTransport):
                 self._waiters.remove(waiter)
             raise
 
+    def _wake_all(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+
     def _wake_one(self) -> None:
         while self._waiters:
             waiter = self._waiters.popleft()
@@ -530,7 +562,7 @@ class Http1Transport(httpx.AsyncBaseTransport):
         conn.close()
         self._note(conn)
         self._open -= 1
-        self._wake_one()
+        self._closed_one(conn.key)
 
     def _evict_idle(self) -> bool:
         """Close the longest-idle connection of any host, freeing its place for a new one."""
@@ -543,6 +575,9 @@ class Http1Transport(httpx.AsyncBaseTransport):
         conn = oldest.pop(0)
         conn.close()
         self._open -= 1
+        self._per_host[conn.key] -= 1
+        if not self._per_host[conn.key]:
+            del self._per_host[conn.key]
         self._note(conn)
         return True
 

@@ -112,7 +112,8 @@ class UpstreamClient:
         self._transport: httpx.AsyncBaseTransport = transport or Http1Transport(
             cfg.max_connections, upstream.tls, keep_alive=cfg.keep_alive,
             distrusted=lambda reason: UPSTREAM_DISTRUSTED.labels(upstream.name, reason).inc(),
-            proxy=upstream.proxy, public_only=upstream.public_only)
+            proxy=upstream.proxy, public_only=upstream.public_only,
+            max_per_host=cfg.max_connections_per_host)
         self._echo = cfg.echo_header
         # the policies' paths hold the base path: the URL maker has the origin alone
         origin = upstream.origin

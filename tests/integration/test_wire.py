@@ -262,3 +262,37 @@ def test_the_hostile_wire_under_uvloop() -> None:
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         for case in cases:
             runner.run(case())
+
+
+async def test_connections_per_host_stay_within_their_limit() -> None:
+    """max_connections_per_host: one tenant's host never holds more than its share of the
+    upstream's connections, and the other hosts still get theirs."""
+    transport = Http1Transport(6, max_per_host=2)
+    open_now: dict[str, int] = {}
+    most: dict[str, int] = {}
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        host = writer.get_extra_info("sockname")[0]
+        open_now[host] = open_now.get(host, 0) + 1
+        most[host] = max(most.get(host, 0), open_now[host])
+        try:
+            while True:
+                await reader.readuntil(b"\r\n\r\n")
+                await asyncio.sleep(0.02)
+                writer.write(NO_CONTENT)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            open_now[host] -= 1
+            writer.close()
+
+    servers = [await asyncio.start_server(serve, host, 0)
+               for host in ("127.0.0.1", "127.0.0.2")]
+    urls = [f"http://{s.sockets[0].getsockname()[0]}:{s.sockets[0].getsockname()[1]}"
+            for s in servers]
+    answers = await asyncio.gather(*(answer_to(transport, url) for url in urls * 8))
+    await transport.aclose()
+    for server in servers:
+        server.close()
+    assert {a.status for a in answers} == {204}
+    assert most == {"127.0.0.1": 2, "127.0.0.2": 2}
