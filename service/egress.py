@@ -79,7 +79,7 @@ def fixed_proxy(url: str) -> ProxyChoice:
 
 def environment_proxy(scheme: str, host: str) -> Proxy | None:
     """The proxy HTTPS_PROXY or HTTP_PROXY names for `scheme`, unless NO_PROXY covers `host`
-    (read from the environment at each new connection, as curl reads it at each run)."""
+    (the transport asks once per host, when it first reaches it)."""
     proxies = urllib.request.getproxies()
     url = proxies.get(scheme)
     if not url or urllib.request.proxy_bypass(host):

@@ -77,6 +77,7 @@ _DEFAULT_PORTS: Final = {"http": 80, "https": 443}
 _NO_TIMEOUTS: Final[Mapping[str, float | None]] = {}
 
 _Key = tuple[str, str, int]  # scheme, host, port: the connections one request may reuse
+_UNROUTED: Final = Proxy("", 0)  # no proxy chosen yet for a host
 # A new connection waits about a round trip before its first request, within these bounds.
 FRESH_WAIT_MIN_S: Final = 0.001
 FRESH_WAIT_MAX_S: Final = 0.05
@@ -321,7 +322,8 @@ class Http1Transport(httpx.AsyncBaseTransport):
         self._max = max_connections
         self._max_per_host = max_connections if max_per_host is None else max_per_host
         self._per_host: collections.Counter[_Key] = collections.Counter()
-        self._proxy = proxy  # how each new connection leaves (service/egress.py)
+        self._proxy = proxy  # how connections leave (service/egress.py), chosen per host
+        self._routes: dict[_Key, Proxy | None] = {}
         self._public_only = public_only  # a templated host: global addresses only
         self._keep_alive = keep_alive
         self._distrusted = distrusted
@@ -342,7 +344,9 @@ class Http1Transport(httpx.AsyncBaseTransport):
         if scheme not in _DEFAULT_PORTS:
             raise httpx.UnsupportedProtocol(f"{scheme!r} is not http or https")
         key = (scheme, url.raw_host.decode("ascii"), url.port or _DEFAULT_PORTS[scheme])
-        proxy = self._proxy(scheme, key[1])
+        proxy = self._routes.get(key, _UNROUTED)
+        if proxy is _UNROUTED:  # chosen when a host is first reached (the environment is
+            proxy = self._routes[key] = self._proxy(scheme, key[1])  # read then, not per call)
         if proxy is not None and scheme == "http":  # the proxy takes it in absolute form
             data = _absolute(data, url, proxy)
         reuse = self._keep_alive and not self._distrusting(key)
