@@ -102,14 +102,16 @@ class HoldGate:
         """The check a call passes right before its request is written: True (and the
         call is started) unless one of its items is revoked or a lease is about to end."""
         def may_send() -> bool:
-            now = monotonic()
-            held = [self._leased.get(lease.item_id) for lease in call]
-            if any(h is None or lease.item_id in self._revoked
-                   or now > h.ends - LEASE_END_MARGIN_S for h, lease in zip(held, call,
-                                                                           strict=True)):
+            if self._revoked and any(lease.item_id in self._revoked for lease in call):
                 return False
+            latest = monotonic() + LEASE_END_MARGIN_S
+            held = []
+            for lease in call:  # nearly always one
+                h = self._leased.get(lease.item_id)
+                if h is None or latest > h.ends:
+                    return False
+                held.append(h)
             for h in held:
-                assert h is not None
                 h.started = True
             return True
         return may_send
