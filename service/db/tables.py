@@ -225,6 +225,44 @@ evidence = Table(
     _ts("kept_at"),
 )
 
+# the append-only evidence log, its head and its signed checkpoints (0019)
+evidence_log = Table(
+    "evidence_log",
+    metadata,
+    Column("seq", BigInteger, primary_key=True, autoincrement=False),
+    Column("item_id", BigInteger, nullable=False),
+    Column("run_id", BigInteger),
+    Column("released_by", Text, nullable=False),
+    Column("tenant_id", Text, nullable=False),
+    Column("object_id", Text, nullable=False),
+    Column("policy", Text, nullable=False),
+    Column("policy_version", Integer, nullable=False),
+    Column("operation_key", Text, nullable=False),
+    Column("outcome", Text, nullable=False),
+    Column("upstream_status", SmallInteger),
+    Column("attempts", Integer, nullable=False),
+    _ts("completed_at"),
+    Column("hash", BYTEA, nullable=False),
+)
+
+evidence_log_head = Table(
+    "evidence_log_head",
+    metadata,
+    Column("id", SmallInteger, primary_key=True, autoincrement=False),
+    Column("size", BigInteger, nullable=False),
+    Column("hash", BYTEA, nullable=False),
+)
+
+evidence_checkpoints = Table(
+    "evidence_checkpoints",
+    metadata,
+    Column("size", BigInteger, primary_key=True, autoincrement=False),
+    Column("hash", BYTEA, nullable=False),
+    _ts("signed_at"),
+    Column("key_id", Text),
+    Column("signature", Text),
+)
+
 operator_actions = Table(
     "operator_actions",
     metadata,

@@ -1,0 +1,321 @@
+"""The evidence log: every deletion, chained as it is written, under signed checkpoints.
+
+What is promised. Every item that reaches `succeeded`, whatever released it (a run's batch,
+a webhook hint, a re-drive, a store target, a list source), is appended to `evidence_log`
+by the completion statement that records its outcome (claims._COMPLETE): same statement,
+same transaction, so an outcome is never committed without its entry. An entry holds
+identifiers and classified outcomes only (RECORD_FIELDS), never a payload. Entries are
+numbered `seq` = 1, 2, ... with no gap, and each stores the chain after it:
+
+    hash(seq) = SHA-256(hash(seq - 1) || leaf(seq)),   hash(0) = GENESIS
+    leaf = SHA-256(the record's canonical bytes: `canonical`, `leaf_sql`)
+
+The completion locks the one `evidence_log_head` row (size, last hash) after its items
+are updated and appends its whole flush under it with one window over the entries, so
+appends are serialised and the log has one order. Checkpoints (`evidence_checkpoints`)
+are Ed25519 signatures, with the evidence signing key, over (format, log size, head hash,
+signed_at from the database clock, key id), as Certificate Transparency and Rekor publish
+signed tree heads: one at every CHECKPOINT_RECORDS entries, one at the head every
+CHECKPOINT_INTERVAL_S when the log grew, and one at the head before each export. Exports
+(service/evidence_slices.py) are slices of the log between checkpoints.
+
+What `sweeper evidence verify` checks, and so what an attacker with write access to the
+database can and cannot do: service/evidence_slices.py's docstring.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.db.engine import repeat
+from service.db.statements import Statement, fetch, fetch_none
+from service.evidence import Signer
+
+log = logging.getLogger(__name__)
+
+FORMAT: Final = "sweeper-evidence-log/1"
+GENESIS: Final = hashlib.sha256(f"{FORMAT} genesis".encode()).digest()  # as 0019 stores it
+# A checkpoint at every this many entries, whatever the time: a slice between two
+# checkpoints (what an export must carry to prove one entry) is at most this long.
+CHECKPOINT_RECORDS: Final = 1024
+# And one at the head at this interval when the log grew: how long an entry can wait
+# for a signature (and the window an operator's copy of the checkpoints can lag by).
+CHECKPOINT_INTERVAL_S: Final = 60.0
+# Entries read per statement when an export streams the log.
+PAGE_ROWS: Final = 1000
+
+# The record, in its canonical order: name and kind ("int", "int?", "text", "time").
+RECORD_FIELDS: Final = (
+    ("item_id", "int"), ("run_id", "int?"), ("released_by", "text"), ("tenant_id", "text"),
+    ("object_id", "text"), ("policy", "text"), ("policy_version", "int"),
+    ("operation_key", "text"), ("outcome", "text"), ("upstream_status", "int?"),
+    ("attempts", "int"), ("completed_at", "time"),
+)
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND: Final = timedelta(microseconds=1)
+
+
+class RecordProblem(ValueError):
+    """A record that has no canonical form (a field missing or of the wrong kind)."""
+
+
+def _part(kind: str, value: object) -> str:
+    if kind == "time":
+        if isinstance(value, str):
+            try:
+                value = datetime.fromisoformat(value)
+            except ValueError:
+                raise RecordProblem("not an ISO 8601 time") from None
+        if not isinstance(value, datetime) or value.tzinfo is None:
+            raise RecordProblem("not a time with its offset")
+        return str((value - _EPOCH) // _MICROSECOND)
+    if kind == "text":
+        if not isinstance(value, str):
+            raise RecordProblem("not a string")
+        return f"{len(value.encode())}:{value}"  # length-prefixed: no separator is ambiguous
+    if value is None and kind == "int?":
+        return ""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise RecordProblem("not an integer")
+    return str(value)
+
+
+def canonical(record: Mapping[str, Any]) -> bytes:
+    """A record's canonical bytes: the format, then each field on its own line (integers
+    in decimal, null as nothing, text as its UTF-8 length, a colon and the text, a time as
+    microseconds since 1970 UTC). `leaf_sql` builds the same bytes in the database."""
+    parts = [FORMAT]
+    for name, kind in RECORD_FIELDS:
+        try:
+            parts.append(_part(kind, record[name]))
+        except KeyError:
+            raise RecordProblem(f"{name}: missing") from None
+        except RecordProblem as exc:
+            raise RecordProblem(f"{name}: {exc}") from None
+    return "\n".join(parts).encode()
+
+
+def leaf(record: Mapping[str, Any]) -> bytes:
+    """The SHA-256 of a record's canonical bytes: what the chain hashes."""
+    return hashlib.sha256(canonical(record)).digest()
+
+
+def chain(before: bytes, entry_leaf: bytes) -> bytes:
+    """The chain after an entry, from the chain before it."""
+    return hashlib.sha256(before + entry_leaf).digest()
+
+
+def leaf_sql(row: str) -> str:
+    """SQL for the leaf of the record whose columns (named as RECORD_FIELDS) `row` names:
+    byte for byte what `canonical` hashes (extract(epoch) is exact numeric from PG 14)."""
+    parts = [f"'{FORMAT}'"]
+    for name, kind in RECORD_FIELDS:
+        column = f"{row}.{name}"
+        parts.append({
+            "int": f"{column}::text",
+            "int?": f"coalesce({column}::text, '')",
+            "text": f"octet_length({column})::text || ':' || {column}",
+            "time": f"trunc(extract(epoch FROM {column}) * 1000000)::bigint::text",
+        }[kind])
+    return f"sha256(convert_to(concat_ws(E'\\n', {', '.join(parts)}), 'UTF8'))"
+
+
+# -- checkpoints ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A signed statement of the log's size and head hash at a time."""
+
+    size: int
+    head: bytes
+    signed_at: datetime
+    key_id: str | None
+    signature: str | None
+
+    def statement(self) -> dict[str, Any]:
+        """What the signature covers (canonical JSON of this)."""
+        return checkpoint_statement(self.size, self.head.hex(), self.signed_at.isoformat(),
+                                    self.key_id)
+
+    def line(self) -> bytes:
+        """The checkpoint as an export line."""
+        return json.dumps({"checkpoint": self.statement(), "signature": self.signature},
+                          separators=(",", ":")).encode()
+
+
+def checkpoint_statement(size: int, head_hex: str, signed_at: str, key_id: str | None
+                         ) -> dict[str, Any]:
+    """The signed part of a checkpoint."""
+    return {"format": FORMAT, "size": size, "head": head_hex, "signed_at": signed_at,
+            "key_id": key_id}
+
+
+def signed_bytes(statement: Mapping[str, Any]) -> bytes:
+    """The bytes a checkpoint's (or a manifest's) signature is over."""
+    return json.dumps(statement, sort_keys=True, separators=(",", ":")).encode()
+
+
+GENESIS_CHECKPOINT: Final = Checkpoint(0, GENESIS, _EPOCH, None, None)
+
+# The sizes due a checkpoint: each multiple of CHECKPOINT_RECORDS past the last
+# checkpoint, and the head when it is past the last checkpoint and either :at_head or the
+# last checkpoint is older than :interval_s; with the chain stored at each, and the time.
+_DUE = Statement("evidence_log.due", (
+    "The log sizes due a checkpoint (every CHECKPOINT_RECORDS entries, and the head when "
+    "asked or when the last is older than the interval), with their hashes and the time."),
+    f"""
+    WITH last AS (
+        SELECT coalesce(max(size), 0) AS size,
+               coalesce(max(signed_at), '-infinity') AS at FROM evidence_checkpoints
+    ),
+    head AS (SELECT size, hash FROM evidence_log_head WHERE id = 1),
+    due AS (
+        SELECT s AS size FROM last, head,
+             generate_series((last.size / {CHECKPOINT_RECORDS} + 1) * {CHECKPOINT_RECORDS},
+                             head.size, {CHECKPOINT_RECORDS}) s
+        UNION
+        SELECT head.size FROM last, head
+        WHERE head.size > last.size
+          AND (CAST(:at_head AS boolean)
+               OR last.at <= now() - make_interval(secs => :interval_s))
+    )
+    SELECT d.size, e.hash, now() AS signed_at
+    FROM due d JOIN evidence_log e ON e.seq = d.size
+    ORDER BY d.size
+""")  # noqa: S608 - only constants are interpolated
+
+_RECORD = Statement("evidence_log.record_checkpoints", (
+    "Store signed checkpoints; a size another replica signed first keeps its own."), """
+    INSERT INTO evidence_checkpoints (size, hash, signed_at, key_id, signature)
+    SELECT * FROM unnest(CAST(:sizes AS bigint[]), CAST(:hashes AS bytea[]),
+                         CAST(:times AS timestamptz[]), CAST(:keys AS text[]),
+                         CAST(:signatures AS text[]))
+    ON CONFLICT (size) DO NOTHING
+""")
+
+
+async def checkpoint(engine: AsyncEngine, signer: Signer | None, *, at_head: bool,
+                     interval_s: float = CHECKPOINT_INTERVAL_S) -> int:
+    """Sign and store the checkpoints due now (see _DUE; `at_head`: the head's too, as an
+    export needs). Unsigned when no key is configured (verification then says so).
+    Returns how many were stored."""
+    due = await fetch(engine, _DUE, {"at_head": at_head, "interval_s": interval_s})
+    if not due:
+        return 0
+    key_id = signer.current.key_id if signer else None
+    made = [Checkpoint(int(r.size), bytes(r.hash), r.signed_at, key_id, None) for r in due]
+    signatures = [signer.sign(signed_bytes(c.statement())) if signer else None for c in made]
+    await fetch_none(engine, _RECORD, {
+        "sizes": [c.size for c in made], "hashes": [c.head for c in made],
+        "times": [c.signed_at for c in made], "keys": [key_id] * len(made),
+        "signatures": signatures})
+    return len(made)
+
+
+async def checkpoint_loop(engine: AsyncEngine, signer: Signer | None, *,
+                          interval_s: float = CHECKPOINT_INTERVAL_S) -> None:
+    """Make the due checkpoints every `interval_s` until cancelled (outages retried)."""
+    await repeat(lambda: checkpoint(engine, signer, at_head=False, interval_s=interval_s),
+                 every_s=interval_s, what="evidence checkpoints", logger=log)
+
+
+_CHECKPOINTS = Statement("evidence_log.checkpoints", (
+    "Stored checkpoints past a size, oldest first, at most :limit."), """
+    SELECT size, hash, signed_at, key_id, signature FROM evidence_checkpoints
+    WHERE size > :after ORDER BY size LIMIT :limit
+""")
+
+
+async def checkpoints(engine: AsyncEngine, *, after: int, limit: int) -> list[Checkpoint]:
+    """Stored checkpoints with a size past `after`, oldest first."""
+    rows = await fetch(engine, _CHECKPOINTS, {"after": after, "limit": limit})
+    return [Checkpoint(int(r.size), bytes(r.hash), r.signed_at, r.key_id, r.signature)
+            for r in rows]
+
+
+# -- reading slices -------------------------------------------------------------------
+
+_AROUND = Statement("evidence_log.around", (
+    "The checkpoints a range of the log is read between: the last at or before :after, "
+    "the first at or past :until, and the last there is."), """
+    (SELECT 'start' AS side, * FROM evidence_checkpoints WHERE size <= :after
+     ORDER BY size DESC LIMIT 1)
+    UNION ALL
+    (SELECT 'end', * FROM evidence_checkpoints WHERE size >= :until
+     ORDER BY size LIMIT 1)
+    UNION ALL
+    (SELECT 'last', * FROM evidence_checkpoints ORDER BY size DESC LIMIT 1)
+""")
+
+_SPANS = Statement("evidence_log.run_spans", (
+    "The spans between consecutive checkpoints that hold entries of a run, oldest first."),
+    """
+    WITH cps AS (
+        SELECT size, lag(size, 1, CAST(0 AS bigint)) OVER (ORDER BY size) AS after
+        FROM evidence_checkpoints
+    )
+    SELECT cps.after, cps.size FROM cps
+    WHERE EXISTS (SELECT 1 FROM evidence_log e
+                  WHERE e.run_id = :run AND e.seq > cps.after AND e.seq <= cps.size)
+    ORDER BY cps.size
+""")
+
+_AT = Statement("evidence_log.checkpoints_at", (
+    "The checkpoints of the given sizes."), """
+    SELECT size, hash, signed_at, key_id, signature FROM evidence_checkpoints
+    WHERE size = ANY(CAST(:sizes AS bigint[])) ORDER BY size
+""")
+
+_ENTRIES = Statement("evidence_log.entries", (
+    "One page of log entries in a seq range, in order."), f"""
+    SELECT seq, hash, {", ".join(name for name, _ in RECORD_FIELDS)}
+    FROM evidence_log WHERE seq > :after AND seq <= :until
+    ORDER BY seq LIMIT :page
+""")  # noqa: S608 - only constants are interpolated
+
+
+def _checkpoint(r: Any) -> Checkpoint:
+    return Checkpoint(int(r.size), bytes(r.hash), r.signed_at, r.key_id, r.signature)
+
+
+async def span_for_range(engine: AsyncEngine, after: int, limit: int
+                         ) -> tuple[Checkpoint, Checkpoint] | None:
+    """The checkpoints around entries after+1 .. after+limit: the last at or before
+    `after` (genesis if none) and the first at or past after+limit (else the last one);
+    None when no checkpoint is past `after` (nothing there is signed yet)."""
+    found = {r.side: _checkpoint(r) for r in await fetch(engine, _AROUND, {
+        "after": after, "until": after + limit})}
+    last = found.get("last")
+    if last is None or last.size <= after:
+        return None
+    return found.get("start", GENESIS_CHECKPOINT), found.get("end", last)
+
+
+async def run_spans(engine: AsyncEngine, run_id: int) -> list[tuple[Checkpoint, Checkpoint]]:
+    """The (start, end) checkpoint pairs whose span holds entries of the run."""
+    spans = [(int(r.after), int(r.size)) for r in await fetch(engine, _SPANS, {"run": run_id})]
+    sizes = sorted({s for span in spans for s in span} - {0})
+    found = {c.size: c for c in map(_checkpoint, await fetch(engine, _AT, {"sizes": sizes}))}
+    found[0] = found.get(0, GENESIS_CHECKPOINT)
+    return [(found[a], found[b]) for a, b in spans]
+
+
+async def entries(engine: AsyncEngine, after: int, until: int, *, page_rows: int = PAGE_ROWS
+                  ) -> AsyncIterator[list[dict[str, Any]]]:
+    """Entries after+1 .. until in order, in pages (each its own short read)."""
+    while after < until:
+        rows = await fetch(engine, _ENTRIES, {"after": after, "until": until,
+                                              "page": page_rows})
+        if not rows:
+            return
+        page = [dict(r._mapping) for r in rows]
+        after = page[-1]["seq"]
+        yield page
