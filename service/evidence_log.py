@@ -228,17 +228,18 @@ async def checkpoint_loop(engine: AsyncEngine, signer: Signer | None, *,
 
 
 _CHECKPOINTS = Statement("evidence_log.checkpoints", (
-    "Stored checkpoints past a size, oldest first, at most :limit."), """
+    "Stored checkpoints past a size (and up to another), oldest first, at most :limit."), """
     SELECT size, hash, signed_at, key_id, signature FROM evidence_checkpoints
-    WHERE size > :after ORDER BY size LIMIT :limit
+    WHERE size > :after AND size <= :until ORDER BY size LIMIT :limit
 """)
 
 
-async def checkpoints(engine: AsyncEngine, *, after: int, limit: int) -> list[Checkpoint]:
-    """Stored checkpoints with a size past `after`, oldest first."""
-    rows = await fetch(engine, _CHECKPOINTS, {"after": after, "limit": limit})
-    return [Checkpoint(int(r.size), bytes(r.hash), r.signed_at, r.key_id, r.signature)
-            for r in rows]
+async def checkpoints(engine: AsyncEngine, *, after: int, limit: int,
+                      until: int = 2**63 - 1) -> list[Checkpoint]:
+    """Stored checkpoints with a size past `after` and at most `until`, oldest first."""
+    rows = await fetch(engine, _CHECKPOINTS, {"after": after, "until": until,
+                                              "limit": limit})
+    return [_checkpoint(r) for r in rows]
 
 
 # -- reading slices -------------------------------------------------------------------
@@ -287,16 +288,17 @@ def _checkpoint(r: Any) -> Checkpoint:
 
 
 async def span_for_range(engine: AsyncEngine, after: int, limit: int
-                         ) -> tuple[Checkpoint, Checkpoint] | None:
+                         ) -> tuple[Checkpoint, Checkpoint, int] | None:
     """The checkpoints around entries after+1 .. after+limit: the last at or before
-    `after` (genesis if none) and the first at or past after+limit (else the last one);
-    None when no checkpoint is past `after` (nothing there is signed yet)."""
+    `after` (genesis if none) and the first at or past after+limit (else the last one),
+    and the last checkpoint's size; None when no checkpoint is past `after` (nothing
+    there is signed yet)."""
     found = {r.side: _checkpoint(r) for r in await fetch(engine, _AROUND, {
         "after": after, "until": after + limit})}
     last = found.get("last")
     if last is None or last.size <= after:
         return None
-    return found.get("start", GENESIS_CHECKPOINT), found.get("end", last)
+    return found.get("start", GENESIS_CHECKPOINT), found.get("end", last), last.size
 
 
 async def run_spans(engine: AsyncEngine, run_id: int) -> list[tuple[Checkpoint, Checkpoint]]:

@@ -1,0 +1,381 @@
+"""Evidence exports as slices of the evidence log, and their offline verification.
+
+An export (`GET /v1/evidence/log`, a range of the log; `GET /v1/runs/{id}/evidence`, the
+spans of the log that hold a run's deletions) is JSON lines:
+
+- a checkpoint line, `{"checkpoint": {format, size, head, signed_at, key_id}, "signature"}`,
+  opens a slice (size 0 with the genesis head needs no signature);
+- entry lines, one per log entry after it, in order: `{"seq", <the record>, "hash"}`, or in
+  a run's export an entry of another run as `{"seq", "leaf", "hash"}` (its leaf digest
+  only: no other tenant's identifiers);
+- a checkpoint line closes the slice: the next slice opens with the same checkpoint or a
+  later one (a run's export skips spans without its entries);
+- the manifest, last: `{"manifest": {format, run_id, after, records, entries, digest,
+  next_after, exported_at, key_id}, "signature"}`, `digest` the SHA-256 of every line
+  before it.
+
+What `sweeper evidence verify` checks (`verify`): every checkpoint's signature under a
+published key; each entry's seq follows the one before; each record's leaf (recomputed
+from its fields) chained onto the hash before gives the hash the entry carries and, at the
+end of its slice, the closing checkpoint's head; no entry outside a slice closed by a
+checkpoint; two checkpoints of one size agree; with `--checkpoints`, every checkpoint
+the operator kept elsewhere agrees with the export's at its size; and the manifest's
+count, digest and signature (so the file itself was not cut or re-mixed).
+
+So, for an attacker with write access to the database but not the signing key: an UPDATE
+or DELETE of a stored entry, or an entry inserted, is caught by the verification of any
+later export that covers it: the entry no longer hashes to what its slice's signed
+checkpoint states. A checkpoint row edited or replaced fails its signature or the chain.
+Slices of two exports spliced together fail at the seam. What such an attacker can do:
+rewrite the entries after the last checkpoint and let the server sign the rewritten log,
+or rewrite everything and delete the checkpoints stored in the database so the server
+signs new ones. Neither is caught unless checkpoints are kept outside the database:
+operators copy `GET /v1/evidence/checkpoints` to storage the database's writers cannot
+change (object storage with a retention lock, another account's bucket, a transparency
+service) at least every CHECKPOINT_INTERVAL_S and pass it to `verify --checkpoints`;
+then only the entries after the last kept checkpoint can be rewritten unseen. An
+attacker with the signing key can sign anything: keep the key out of the database host.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from cryptography.exceptions import InvalidSignature
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service import evidence_log
+from service.evidence import PublicKey, Signer, VerificationFailed, b64decode
+from service.evidence_log import GENESIS, RECORD_FIELDS, Checkpoint, RecordProblem
+
+log = logging.getLogger(__name__)
+
+EXPORT_FORMAT: Final = "sweeper-evidence/2"
+_HEX64: Final = re.compile(r"[0-9a-f]{64}")
+_RECORD_KEYS: Final = frozenset({"seq", "hash", *(name for name, _ in RECORD_FIELDS)})
+_ELIDED_KEYS: Final = frozenset({"seq", "leaf", "hash"})
+
+
+def _json(value: Mapping[str, Any]) -> bytes:
+    return json.dumps(value, separators=(",", ":"),
+                      default=lambda v: v.isoformat()).encode()
+
+
+class Slices:
+    """Writes one export: checkpoints and entries as they are read, then the manifest."""
+
+    def __init__(self, signer: Signer | None, *, run_id: int | None = None,
+                 after: int | None = None) -> None:
+        self.signer = signer
+        self.run_id = run_id
+        self.after = after
+        self.records = self.entries = 0
+        self._digest = hashlib.sha256()
+        self._last_checkpoint: int | None = None
+
+    def _emit(self, line: bytes) -> bytes:
+        self._digest.update(line + b"\n")
+        return line + b"\n"
+
+    def checkpoint(self, checkpoint: Checkpoint) -> bytes:
+        """A checkpoint line (nothing when it repeats the one just written)."""
+        if checkpoint.size == self._last_checkpoint:
+            return b""
+        self._last_checkpoint = checkpoint.size
+        return self._emit(checkpoint.line())
+
+    def entry(self, row: Mapping[str, Any]) -> bytes:
+        """An entry line: the record in full, or only its leaf when this is a run's export
+        and the entry is another run's."""
+        self.entries += 1
+        self._last_checkpoint = None
+        if self.run_id is not None and row["run_id"] != self.run_id:
+            return self._emit(_json({"seq": row["seq"],
+                                     "leaf": evidence_log.leaf(row).hex(),
+                                     "hash": bytes(row["hash"]).hex()}))
+        self.records += 1
+        return self._emit(_json({**{name: row[name] for name, _ in RECORD_FIELDS},
+                                 "seq": row["seq"], "hash": bytes(row["hash"]).hex()}))
+
+    def manifest(self, *, next_after: int | None, exported_at: datetime | None = None
+                 ) -> bytes:
+        """The closing line: what the export holds, signed when a key is configured."""
+        manifest = {"format": EXPORT_FORMAT, "run_id": self.run_id, "after": self.after,
+                    "records": self.records, "entries": self.entries,
+                    "digest": self._digest.hexdigest(), "next_after": next_after,
+                    "exported_at": (exported_at or datetime.now(UTC)).isoformat(),
+                    "key_id": self.signer.current.key_id if self.signer else None}
+        signature = (self.signer.sign(evidence_log.signed_bytes(manifest))
+                     if self.signer else None)
+        return _json({"manifest": manifest, "signature": signature}) + b"\n"
+
+
+async def _span_lines(engine: AsyncEngine, slices: Slices, start: Checkpoint,
+                      end: Checkpoint) -> AsyncIterator[bytes]:
+    """A slice: its opening checkpoint, then its entries with every stored checkpoint
+    among them after the entry it covers (each one a verifier checks the chain against),
+    the last being `end`."""
+    inner = await evidence_log.checkpoints(engine, after=start.size, until=end.size,
+                                           limit=end.size - start.size)
+    inner.reverse()  # popped from the end, oldest first
+    yield slices.checkpoint(start)
+    async for page in evidence_log.entries(engine, start.size, end.size):
+        chunk = []
+        for row in page:
+            chunk.append(slices.entry(row))
+            while inner and inner[-1].size <= row["seq"]:
+                chunk.append(slices.checkpoint(inner.pop()))
+        yield b"".join(chunk)
+    yield slices.checkpoint(end)
+
+
+async def _guarded(chunks: AsyncIterator[bytes], slices: Slices, **where: int
+                   ) -> AsyncIterator[bytes]:
+    """Pass the chunks on; a read that fails part way is logged with how far it got and
+    propagates (the server then ends the body without its last chunk: the client sees an
+    incomplete answer, never a clean short one)."""
+    try:
+        async for chunk in chunks:
+            yield chunk
+    except Exception as exc:
+        log.warning("evidence read failed part way", extra={
+            **where, "entries_sent": slices.entries, "error_type": type(exc).__name__})
+        raise
+
+
+async def run_export(engine: AsyncEngine, signer: Signer | None, run_id: int
+                     ) -> AsyncIterator[bytes]:
+    """A run's export: every span between checkpoints that holds one of its deletions
+    (the head is checkpointed first, so every deletion so far is in one)."""
+    await evidence_log.checkpoint(engine, signer, at_head=True)
+    spans = await evidence_log.run_spans(engine, run_id)
+    slices = Slices(signer, run_id=run_id)
+
+    async def lines() -> AsyncIterator[bytes]:
+        for start, end in spans:
+            async for chunk in _guarded(_span_lines(engine, slices, start, end), slices,
+                                        run_id=run_id):
+                yield chunk
+        yield slices.manifest(next_after=None)
+
+    return lines()
+
+
+async def range_export(engine: AsyncEngine, signer: Signer | None, *, after: int, limit: int
+                       ) -> tuple[AsyncIterator[bytes], int | None]:
+    """Entries after+1 .. after+limit of the log, widened to the checkpoints around them
+    (at most CHECKPOINT_RECORDS more on each side), and where the next page starts (None:
+    this one reaches the last checkpoint)."""
+    await evidence_log.checkpoint(engine, signer, at_head=True)
+    span = await evidence_log.span_for_range(engine, after, limit)
+    slices = Slices(signer, after=after)
+    next_after = span[1].size if span is not None and span[1].size < span[2] else None
+
+    async def lines() -> AsyncIterator[bytes]:
+        if span is not None:
+            async for chunk in _guarded(_span_lines(engine, slices, span[0], span[1]),
+                                        slices, after=after):
+                yield chunk
+        yield slices.manifest(next_after=next_after)
+
+    return lines(), next_after
+
+
+# -- verification -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Verified:
+    """What a verified export holds."""
+
+    run_id: int | None
+    records: int
+    entries: int
+    checkpoints: int
+    first_seq: int | None
+    last_seq: int | None
+    key_id: str
+    next_after: int | None
+
+
+def _signed(where: int, what: str, statement: Any, signature: object,
+            by_id: Mapping[str, PublicKey]) -> None:
+    named = statement.get("key_id")
+    if named is None or signature is None:
+        raise VerificationFailed(where, f"{what} is not signed (the server had no signing "
+                                        f"key)")
+    key = by_id.get(str(named))
+    if key is None:
+        raise VerificationFailed(where, f"{what} is signed with key {named}, which is not "
+                                        f"among the public keys given "
+                                        f"({', '.join(sorted(by_id)) or 'none'})")
+    raw = b64decode(signature) if isinstance(signature, str) else None
+    try:
+        if raw is None:
+            raise InvalidSignature
+        key.key.verify(raw, evidence_log.signed_bytes(statement))
+    except InvalidSignature:
+        raise VerificationFailed(where, f"{what}'s signature does not verify under key "
+                                        f"{named}: it was changed or signed by another "
+                                        f"key") from None
+
+
+def read_checkpoint(where: int, obj: Mapping[str, Any], by_id: Mapping[str, PublicKey]
+                    ) -> Checkpoint:
+    """A checkpoint line's checkpoint, its signature verified (genesis needs none)."""
+    statement = obj.get("checkpoint")
+    if not isinstance(statement, dict) or set(statement) != {
+            "format", "size", "head", "signed_at", "key_id"}:
+        raise VerificationFailed(where, "a checkpoint without its fields")
+    size, head = statement["size"], statement["head"]
+    if (statement["format"] != evidence_log.FORMAT or not isinstance(size, int)
+            or isinstance(size, bool) or size < 0 or not isinstance(head, str)
+            or not _HEX64.fullmatch(head) or not isinstance(statement["signed_at"], str)):
+        raise VerificationFailed(where, "a checkpoint that is not well formed")
+    try:
+        signed_at = datetime.fromisoformat(statement["signed_at"])
+    except ValueError:
+        raise VerificationFailed(where, "a checkpoint whose time is not ISO 8601") from None
+    if not (size == 0 and head == GENESIS.hex()):
+        _signed(where, f"the checkpoint at size {size}", statement, obj.get("signature"),
+                by_id)
+    return Checkpoint(size, bytes.fromhex(head), signed_at, statement["key_id"],
+                      obj.get("signature"))
+
+
+def kept_checkpoints(text: bytes, keys: Iterable[PublicKey]) -> dict[int, bytes]:
+    """Checkpoints an operator kept outside the database (the JSON of
+    `GET /v1/evidence/checkpoints`, or checkpoint lines), each signature verified: size ->
+    head. VerificationFailed names the entry that fails (1-based)."""
+    by_id = {k.key_id: k for k in keys}
+    try:
+        doc = json.loads(text)
+        items = doc["checkpoints"] if isinstance(doc, dict) else None
+    except ValueError:
+        items = None
+    if not isinstance(items, list):
+        try:
+            items = [json.loads(line) for line in text.splitlines() if line.strip()]
+        except ValueError:
+            raise VerificationFailed(1, "neither the JSON of GET /v1/evidence/checkpoints "
+                                        "nor checkpoint lines") from None
+    kept: dict[int, bytes] = {}
+    for number, obj in enumerate(items, 1):
+        if not isinstance(obj, dict):
+            raise VerificationFailed(number, "not a checkpoint")
+        checkpoint = read_checkpoint(number, obj, by_id)
+        if kept.setdefault(checkpoint.size, checkpoint.head) != checkpoint.head:
+            raise VerificationFailed(number, f"two kept checkpoints of size "
+                                             f"{checkpoint.size} disagree")
+    return kept
+
+
+def verify(lines: Iterable[bytes], keys: Iterable[PublicKey],
+           kept: Mapping[int, bytes] | None = None) -> Verified:
+    """Check an export line by line (see the module docstring); VerificationFailed names
+    the first line that fails."""
+    by_id = {k.key_id: k for k in keys}
+    kept = kept or {}
+    digest = hashlib.sha256()
+    size: int | None = None
+    head = b""
+    open_entries = records = entries = checkpoints = number = 0
+    last_checkpoint = -1
+    heads: dict[int, bytes] = {}
+    runs: set[object] = set()
+    first_seq: int | None = None
+    manifest: dict[str, Any] | None = None
+    signature: object = None
+    for number, raw in enumerate(lines, 1):
+        line = raw[:-1] if raw.endswith(b"\n") else raw
+        if manifest is not None:
+            raise VerificationFailed(number, "a line after the manifest")
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            raise VerificationFailed(number, "not a JSON line") from None
+        if not isinstance(obj, dict):
+            raise VerificationFailed(number, "not a JSON object")
+        if "manifest" in obj:
+            if not isinstance(obj["manifest"], dict):
+                raise VerificationFailed(number, "a manifest that is not an object")
+            manifest, signature = obj["manifest"], obj.get("signature")
+            continue
+        digest.update(line + b"\n")
+        if "checkpoint" in obj:
+            cp = read_checkpoint(number, obj, by_id)
+            if heads.setdefault(cp.size, cp.head) != cp.head:
+                raise VerificationFailed(number, f"two checkpoints of size {cp.size} "
+                                                 f"disagree: the log was rewritten")
+            if kept.get(cp.size, cp.head) != cp.head:
+                raise VerificationFailed(number, f"the checkpoint at size {cp.size} is not "
+                                                 f"the one kept: the log was rewritten")
+            if open_entries and (cp.size, cp.head) != (size, head):
+                raise VerificationFailed(number, (
+                    f"the entries since the checkpoint before do not hash to this "
+                    f"checkpoint's head (size {cp.size}): an entry was changed, dropped or "
+                    f"inserted"))
+            if cp.size < last_checkpoint:
+                raise VerificationFailed(number, "a checkpoint older than the one before it")
+            size, head, open_entries, last_checkpoint = cp.size, cp.head, 0, cp.size
+            checkpoints += 1
+            continue
+        if size is None:
+            raise VerificationFailed(number, "an entry before any checkpoint")
+        seq = obj.get("seq")
+        if seq != size + 1 or isinstance(seq, bool):
+            raise VerificationFailed(number, (
+                f"entry {seq} where entry {size + 1} follows: an entry was dropped, "
+                f"inserted or moved"))
+        if set(obj) == _ELIDED_KEYS:
+            if not isinstance(obj["leaf"], str) or not _HEX64.fullmatch(obj["leaf"]):
+                raise VerificationFailed(number, "a leaf that is not a SHA-256")
+            leaf = bytes.fromhex(obj["leaf"])
+        elif set(obj) == _RECORD_KEYS:
+            try:
+                leaf = evidence_log.leaf(obj)
+            except RecordProblem as exc:
+                raise VerificationFailed(number, f"not a record: {exc}") from None
+            records += 1
+            runs.add(obj["run_id"])
+        else:
+            raise VerificationFailed(number, "neither a record nor a leaf entry")
+        head = evidence_log.chain(head, leaf)
+        if obj["hash"] != head.hex():
+            raise VerificationFailed(number, (
+                f"entry {seq} does not follow from the entries before it: it (or one "
+                f"before it) was changed after it was written"))
+        if kept.get(seq, head) != head:
+            raise VerificationFailed(number, f"entry {seq} differs from the checkpoint kept "
+                                             f"at its size: the log was rewritten")
+        size, open_entries, entries = seq, open_entries + 1, entries + 1
+        first_seq = seq if first_seq is None else first_seq
+    if manifest is None:
+        raise VerificationFailed(number + 1, "missing: the export ends without its manifest")
+    if open_entries and size is not None:
+        raise VerificationFailed(number, f"entries after the last checkpoint (from "
+                                         f"{size - open_entries + 1}): no signature covers "
+                                         f"them")
+    if manifest.get("format") != EXPORT_FORMAT:
+        raise VerificationFailed(number, f"the manifest's format is not {EXPORT_FORMAT}")
+    if (manifest.get("records"), manifest.get("entries")) != (records, entries):
+        raise VerificationFailed(number, (
+            f"the manifest counts {manifest.get('records')} records in "
+            f"{manifest.get('entries')} entries, the export holds {records} in {entries}"))
+    if manifest.get("digest") != digest.hexdigest():
+        raise VerificationFailed(number, "the manifest's digest is not that of the lines "
+                                         "before it: the export was cut or re-mixed")
+    run_id = manifest.get("run_id")
+    if run_id is not None and runs - {run_id}:
+        raise VerificationFailed(number, f"records of another run in run {run_id}'s export")
+    _signed(number, "the manifest", manifest, signature, by_id)
+    return Verified(run_id=run_id if isinstance(run_id, int) else None, records=records,
+                    entries=entries, checkpoints=checkpoints, first_seq=first_seq,
+                    last_seq=size if entries else None, key_id=str(manifest["key_id"]),
+                    next_after=manifest.get("next_after"))
