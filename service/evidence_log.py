@@ -202,15 +202,42 @@ _RECORD = Statement("evidence_log.record_checkpoints", (
 """)
 
 
+# Checkpoints stored while no key was configured, to be signed once one is.
+_UNSIGNED = Statement("evidence_log.unsigned", (
+    "Checkpoints stored without a signature, oldest first, at most :limit."), """
+    SELECT size, hash, signed_at FROM evidence_checkpoints
+    WHERE signature IS NULL ORDER BY size LIMIT :limit
+""")
+
+_SIGN = Statement("evidence_log.sign_checkpoints", (
+    "Sign checkpoints stored unsigned (one no other replica signed meanwhile)."), """
+    UPDATE evidence_checkpoints c SET key_id = s.key_id, signature = s.signature
+    FROM unnest(CAST(:sizes AS bigint[]), CAST(:keys AS text[]), CAST(:signatures AS text[]))
+         AS s(size, key_id, signature)
+    WHERE c.size = s.size AND c.signature IS NULL
+""")
+
+# Unsigned checkpoints signed per pass once a key is configured.
+SIGN_BATCH: Final = 1000
+
+
 async def checkpoint(engine: AsyncEngine, signer: Signer | None, *, at_head: bool,
                      interval_s: float = CHECKPOINT_INTERVAL_S) -> int:
     """Sign and store the checkpoints due now (see _DUE; `at_head`: the head's too, as an
-    export needs). Unsigned when no key is configured (verification then says so).
-    Returns how many were stored."""
+    export needs). Unsigned when no key is configured (verification then says so); with a
+    key, checkpoints stored unsigned before are signed as they stand (such a signature
+    says what the log held when the key came, not before). Returns how many were stored."""
+    key_id = signer.current.key_id if signer else None
+    if signer is not None:
+        unsigned = [Checkpoint(int(r.size), bytes(r.hash), r.signed_at, key_id, None)
+                    for r in await fetch(engine, _UNSIGNED, {"limit": SIGN_BATCH})]
+        if unsigned:
+            await fetch_none(engine, _SIGN, {
+                "sizes": [c.size for c in unsigned], "keys": [key_id] * len(unsigned),
+                "signatures": [signer.sign(signed_bytes(c.statement())) for c in unsigned]})
     due = await fetch(engine, _DUE, {"at_head": at_head, "interval_s": interval_s})
     if not due:
         return 0
-    key_id = signer.current.key_id if signer else None
     made = [Checkpoint(int(r.size), bytes(r.hash), r.signed_at, key_id, None) for r in due]
     signatures = [signer.sign(signed_bytes(c.statement())) if signer else None for c in made]
     await fetch_none(engine, _RECORD, {
@@ -259,14 +286,16 @@ _AROUND = Statement("evidence_log.around", (
 _SPANS = Statement("evidence_log.run_spans", (
     "The spans between consecutive checkpoints that hold entries of a run, oldest first."),
     """
-    WITH cps AS (
-        SELECT size, lag(size, 1, CAST(0 AS bigint)) OVER (ORDER BY size) AS after
-        FROM evidence_checkpoints
+    WITH mine AS (SELECT seq FROM evidence_log WHERE run_id = :run),
+    spans AS (
+        SELECT DISTINCT
+               (SELECT max(c.size) FROM evidence_checkpoints c WHERE c.size < m.seq) AS after,
+               (SELECT min(c.size) FROM evidence_checkpoints c WHERE c.size >= m.seq) AS size
+        FROM mine m
     )
-    SELECT cps.after, cps.size FROM cps
-    WHERE EXISTS (SELECT 1 FROM evidence_log e
-                  WHERE e.run_id = :run AND e.seq > cps.after AND e.seq <= cps.size)
-    ORDER BY cps.size
+    SELECT coalesce(after, 0) AS after, size FROM spans
+    WHERE size IS NOT NULL
+    ORDER BY size
 """)
 
 _AT = Statement("evidence_log.checkpoints_at", (

@@ -39,6 +39,7 @@ class Setup:
     keys: bytes
     kept: bytes  # GET /v1/evidence/checkpoints, saved before any tamper
     tmp: Path
+    upstream: FakeUpstream
 
 
 async def drain_all(engine: AsyncEngine, upstream: FakeUpstream) -> None:
@@ -73,7 +74,7 @@ async def logged(db_url: str, engine: AsyncEngine, tmp_path: Path) -> AsyncItera
                 assert (await api.get("/v1/evidence/log")).status_code == 200
                 keys = (await api.get("/v1/evidence/public-key")).content
                 kept = (await api.get("/v1/evidence/checkpoints")).content
-                yield Setup(api, engine, run_id, keys, kept, tmp_path)
+                yield Setup(api, engine, run_id, keys, kept, tmp_path, upstream)
 
 
 def verify_cli(setup: Setup, export: bytes, capsys: pytest.CaptureFixture[str], *,
@@ -258,3 +259,25 @@ async def test_spliced_exports_are_caught(logged: Setup,
         code, said = verify_cli(logged, b"".join(lines), capsys)
         assert code == Exit.INCOMPLETE, (name, said)
         assert reason in said, (name, said)
+
+
+async def test_checkpoints_come_at_their_interval_and_unsigned_ones_are_signed_later(
+        logged: Setup, capsys: pytest.CaptureFixture[str]) -> None:
+    signer = evidence.Signer(Ed25519PrivateKey.from_private_bytes(base64.b64decode(KEY)))
+    engine = logged.engine
+    assert await evidence_log.checkpoint(engine, signer, at_head=False, interval_s=0) == 0
+    answer = await post(logged.api, "shopify", shopify(
+        "customers/redact", {"shop_id": 1, "customer": {"id": 44}}))
+    assert answer.status_code == 202, answer.text
+    await drain_all(engine, logged.upstream)
+    # the log grew by one: due once the interval since the last checkpoint has passed
+    assert await evidence_log.checkpoint(engine, signer, at_head=False,
+                                         interval_s=3600) == 0
+    # a replica with no key stores it unsigned...
+    assert await evidence_log.checkpoint(engine, None, at_head=False, interval_s=0) == 1
+    [stored] = await evidence_log.checkpoints(engine, after=7, limit=10)
+    assert (stored.size, stored.signature) == (8, None)
+    # ...and one with the key signs it before it exports
+    export = (await logged.api.get("/v1/evidence/log", params={"after": 7})).content
+    code, said = verify_cli(logged, export, capsys, kept=True)
+    assert code == Exit.OK and "entries 8..8" in said, said
