@@ -38,6 +38,7 @@ from service.settings import (
 if TYPE_CHECKING:
     from service.credentials import Keyring
     from service.credentials.tenant_credentials import Reencryption
+    from service.evidence_slices import Verified
     from service.worker.process import Faults
 
 log = logging.getLogger("service.cli")
@@ -204,6 +205,21 @@ async def _reencrypt(url: URL, settings: Settings, keyring: Keyring) -> Reencryp
         await engine.dispose()
 
 
+def _verified_slices(verified: Verified, kept: int) -> str:
+    """What a verified log export holds, in one line."""
+    parts = [f"run {verified.run_id}" if verified.run_id is not None else "log range",
+             f"{verified.records} record(s)",
+             f"entries {verified.first_seq}..{verified.last_seq}" if verified.entries
+             else "no entries",
+             f"{verified.checkpoints} checkpoint(s)"]
+    if kept:
+        parts.append(f"{kept} kept checkpoint(s) given")
+    said = ", ".join(parts) + f", signed with key {verified.key_id}"
+    if verified.next_after is not None:
+        said += f"; next page after={verified.next_after}"
+    return said
+
+
 def cmd_verify_evidence(args: argparse.Namespace) -> int:
     """Verify an evidence export offline: the log's slices against their signed checkpoints
     (and the checkpoints kept outside the database, if given) and the manifest, or an
@@ -235,16 +251,7 @@ def cmd_verify_evidence(args: argparse.Namespace) -> int:
             first = lines.readline()
             lines.seek(0)
             if first.startswith(b'{"checkpoint"') or b'"sweeper-evidence/2"' in first:
-                verified = evidence_slices.verify(lines, keys, kept)
-                scope = (f"run {verified.run_id}" if verified.run_id is not None
-                         else "log range")
-                span = (f"entries {verified.first_seq}..{verified.last_seq}"
-                        if verified.entries else "no entries")
-                said = (f"{scope}, {verified.records} record(s), {span}, "
-                        f"{verified.checkpoints} checkpoint(s)"
-                        f"{f', {len(kept)} kept checkpoint(s) given' if kept else ''}"
-                        f", signed with key {verified.key_id}"
-                        f"{f'; next page after={verified.next_after}' if verified.next_after is not None else ''}")  # noqa: E501
+                said = _verified_slices(evidence_slices.verify(lines, keys, kept), len(kept))
             else:
                 if kept:
                     raise ConfigError(f"{args.file}: a sweeper-evidence/1 export (made before "
