@@ -27,7 +27,7 @@ from service.db.statements import (
     fetch_none,
     ready_item,
 )
-from service.evidence_log import RECORD_FIELDS, leaf_sql
+from service.evidence_records import canonical_sql
 from service.limiter import GRANTS_SQL, LOOKAHEAD_S, Grant
 
 NOTIFY_CHANNEL = "sweeper_released"
@@ -280,13 +280,13 @@ class Completion:
 #  1. `done`: the outcomes as rows.
 #  2. `applied`: update only items still leased under the same token. A worker whose lease
 #     expired and was re-claimed elsewhere matches nothing here: it changes nothing.
-#  3. `deleted` .. `moved`: each item that succeeded is appended to the evidence log
-#     (service/evidence_log.py), chained as it is written: `head` locks the log's one head
-#     row only after every item above is updated (the count reads `applied` to its end), so
-#     a completion never holds the head while it waits for an item's row lock, and holds
-#     it until its commit; one window over the flush's entries chains them all.
+#  3. `deleted` .. `moved`: the items that succeeded are appended to the evidence log as
+#     one segment (service/evidence_log.py), chained as it is written: `head` locks the
+#     log's one head row only after every item above is updated (the count reads `applied`
+#     to its end), so a completion never holds the head while it waits for an item's row
+#     lock, and holds it until its commit; the segment stores each entry's canonical bytes
+#     and the chain after it.
 #  4. every attempt is appended to the audit trail, fenced ones flagged as such.
-_LOG_COLUMNS: Final = ", ".join(name for name, _ in RECORD_FIELDS)
 _COMPLETE = Statement("claims.complete", (
     "Apply attempts' outcomes to items still leased under the same token, append each "
     "deletion to the evidence log chained, and append every attempt, fenced ones "
@@ -332,28 +332,36 @@ _COMPLETE = Statement("claims.complete", (
                CASE WHEN a.batch_id IS NULL THEN 'webhook' ELSE 'run' END AS released_by,
                a.tenant_id, a.object_id, a.policy, a.policy_version, a.operation_key,
                a.last_outcome AS outcome, a.last_status_code AS upstream_status, a.attempts,
-               a.completed_at, row_number() OVER (ORDER BY a.id) AS n
+               a.completed_at
         FROM applied a LEFT JOIN batches b ON b.id = a.batch_id
         WHERE a.status = 'succeeded'
     ),
+    canonical AS (
+        SELECT d.item_id, d.run_id, {canonical_sql("d")} AS bytes FROM deleted d
+    ),
     head AS (
         SELECT h.size, h.hash FROM evidence_log_head h
-        WHERE h.id = 1 AND (SELECT count(*) FROM deleted) > 0
+        WHERE h.id = 1 AND (SELECT count(*) FROM canonical) > 0
         FOR UPDATE
     ),
-    chained AS (
-        SELECT d.*, head.size + d.n AS seq,
-               evidence_chain({leaf_sql("d")}, head.hash) OVER (ORDER BY d.n) AS hash
-        FROM deleted d, head
+    segment AS (
+        SELECT head.size + 1 AS seq_start, head.size + count(*) AS seq_end,
+               coalesce(array_agg(DISTINCT c.run_id) FILTER (WHERE c.run_id IS NOT NULL),
+                        '{{}}') AS runs,
+               string_agg(int4send(octet_length(c.bytes)) || c.bytes, ''::bytea
+                          ORDER BY c.item_id) AS records,
+               sha256(head.hash || string_agg(sha256(c.bytes), ''::bytea
+                                              ORDER BY c.item_id)) AS hash
+        FROM canonical c, head
+        GROUP BY head.size, head.hash
     ),
     logged AS (
-        INSERT INTO evidence_log (seq, {_LOG_COLUMNS}, hash)
-        SELECT seq, {_LOG_COLUMNS}, hash FROM chained
+        INSERT INTO evidence_log (seq_end, seq_start, runs, records, hash)
+        SELECT seq_end, seq_start, runs, records, hash FROM segment
     ),
     moved AS (
-        UPDATE evidence_log_head h SET size = last.seq, hash = last.hash
-        FROM (SELECT seq, hash FROM chained ORDER BY seq DESC LIMIT 1) last
-        WHERE h.id = 1
+        UPDATE evidence_log_head h SET size = s.seq_end, hash = s.hash
+        FROM segment s WHERE h.id = 1
     )
     INSERT INTO attempts (item_id, attempt_no, worker, lease_token, started_at, finished_at,
                           outcome, http_status, retry_after_seconds, latency_ms, error_code,

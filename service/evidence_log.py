@@ -3,20 +3,22 @@
 What is promised. Every item that reaches `succeeded`, whatever released it (a run's batch,
 a webhook hint, a re-drive, a store target, a list source), is appended to `evidence_log`
 by the completion statement that records its outcome (claims._COMPLETE): same statement,
-same transaction, so an outcome is never committed without its entry. An entry holds
-identifiers and classified outcomes only (RECORD_FIELDS), never a payload. Entries are
-numbered `seq` = 1, 2, ... with no gap, and each stores the chain after it:
+same transaction, so an outcome is never committed without its entry. An entry is a
+record of identifiers and classified outcomes (service/evidence_records.py), never a
+payload. Entries are numbered `seq` = 1, 2, ... with no gap; each completion appends its
+entries as one *segment* row (seq_start .. seq_end) holding their canonical bytes and the
+chain after it:
 
-    hash(seq) = SHA-256(hash(seq - 1) || leaf(seq)),   hash(0) = GENESIS
-    leaf = SHA-256(the record's canonical bytes: `canonical`, `leaf_sql`)
+    hash(segment) = SHA-256(hash(segment before) || leaf(seq_start) || .. || leaf(seq_end))
+    leaf = SHA-256(an entry's canonical bytes),   the hash before the first: GENESIS
 
 The completion locks the one `evidence_log_head` row (size, last hash) after its items
-are updated and appends its whole flush under it with one window over the entries, so
-appends are serialised and the log has one order. Checkpoints (`evidence_checkpoints`)
-are Ed25519 signatures, with the evidence signing key, over (format, log size, head hash,
-signed_at from the database clock, key id), as Certificate Transparency and Rekor publish
-signed tree heads: one at every CHECKPOINT_RECORDS entries, one at the head every
-CHECKPOINT_INTERVAL_S when the log grew, and one at the head before each export. Exports
+are updated, appends under it and moves it, so appends are serialised and the log has one
+order. Checkpoints (`evidence_checkpoints`) are Ed25519 signatures, with the evidence
+signing key, over (format, log size, head hash, signed_at from the database clock, key
+id), as Certificate Transparency and Rekor publish signed tree heads, each at a segment's
+end: at the first segment end past every CHECKPOINT_RECORDS entries, at the head every
+CHECKPOINT_INTERVAL_S when the log grew, and at the head before each export. Exports
 (service/evidence_slices.py) are slices of the log between checkpoints.
 
 What `sweeper evidence verify` checks, and so what an attacker with write access to the
@@ -25,12 +27,11 @@ database can and cannot do: service/evidence_slices.py's docstring.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any, Final
 
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -38,94 +39,21 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.db.engine import repeat
 from service.db.statements import Statement, fetch, fetch_none
 from service.evidence import Signer
+from service.evidence_records import FORMAT, GENESIS, RecordProblem, frames, parse
 
 log = logging.getLogger(__name__)
 
-FORMAT: Final = "sweeper-evidence-log/1"
-GENESIS: Final = hashlib.sha256(f"{FORMAT} genesis".encode()).digest()  # as 0019 stores it
-# A checkpoint at every this many entries, whatever the time: a slice between two
-# checkpoints (what an export must carry to prove one entry) is at most this long.
+# A checkpoint at the first segment end past every this many entries, whatever the time: a
+# slice between two checkpoints (what an export must carry to prove one entry) is at most
+# this long and one completion's entries.
 CHECKPOINT_RECORDS: Final = 1024
 # And one at the head at this interval when the log grew: how long an entry can wait
 # for a signature (and the window an operator's copy of the checkpoints can lag by).
 CHECKPOINT_INTERVAL_S: Final = 60.0
-# Entries read per statement when an export streams the log.
-PAGE_ROWS: Final = 1000
-
-# The record, in its canonical order: name and kind ("int", "int?", "text", "time").
-RECORD_FIELDS: Final = (
-    ("item_id", "int"), ("run_id", "int?"), ("released_by", "text"), ("tenant_id", "text"),
-    ("object_id", "text"), ("policy", "text"), ("policy_version", "int"),
-    ("operation_key", "text"), ("outcome", "text"), ("upstream_status", "int?"),
-    ("attempts", "int"), ("completed_at", "time"),
-)
+# Segments read per statement when an export streams the log (a segment is one
+# completion's entries: a few hundred at most).
+PAGE_SEGMENTS: Final = 8
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
-_MICROSECOND: Final = timedelta(microseconds=1)
-
-
-class RecordProblem(ValueError):
-    """A record that has no canonical form (a field missing or of the wrong kind)."""
-
-
-def _part(kind: str, value: object) -> str:
-    if kind == "time":
-        if isinstance(value, str):
-            try:
-                value = datetime.fromisoformat(value)
-            except ValueError:
-                raise RecordProblem("not an ISO 8601 time") from None
-        if not isinstance(value, datetime) or value.tzinfo is None:
-            raise RecordProblem("not a time with its offset")
-        return str((value - _EPOCH) // _MICROSECOND)
-    if kind == "text":
-        if not isinstance(value, str):
-            raise RecordProblem("not a string")
-        return f"{len(value.encode())}:{value}"  # length-prefixed: no separator is ambiguous
-    if value is None and kind == "int?":
-        return ""
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise RecordProblem("not an integer")
-    return str(value)
-
-
-def canonical(record: Mapping[str, Any]) -> bytes:
-    """A record's canonical bytes: the format, then each field on its own line (integers
-    in decimal, null as nothing, text as its UTF-8 length, a colon and the text, a time as
-    microseconds since 1970 UTC). `leaf_sql` builds the same bytes in the database."""
-    parts = [FORMAT]
-    for name, kind in RECORD_FIELDS:
-        try:
-            parts.append(_part(kind, record[name]))
-        except KeyError:
-            raise RecordProblem(f"{name}: missing") from None
-        except RecordProblem as exc:
-            raise RecordProblem(f"{name}: {exc}") from None
-    return "\n".join(parts).encode()
-
-
-def leaf(record: Mapping[str, Any]) -> bytes:
-    """The SHA-256 of a record's canonical bytes: what the chain hashes."""
-    return hashlib.sha256(canonical(record)).digest()
-
-
-def chain(before: bytes, entry_leaf: bytes) -> bytes:
-    """The chain after an entry, from the chain before it."""
-    return hashlib.sha256(before + entry_leaf).digest()
-
-
-def leaf_sql(row: str) -> str:
-    """SQL for the leaf of the record whose columns (named as RECORD_FIELDS) `row` names:
-    byte for byte what `canonical` hashes (extract(epoch) is exact numeric from PG 14)."""
-    parts = [f"'{FORMAT}'"]
-    for name, kind in RECORD_FIELDS:
-        column = f"{row}.{name}"
-        parts.append({
-            "int": f"{column}::text",
-            "int?": f"coalesce({column}::text, '')",
-            "text": f"octet_length({column})::text || ':' || {column}",
-            "time": f"trunc(extract(epoch FROM {column}) * 1000000)::bigint::text",
-        }[kind])
-    return f"sha256(convert_to(concat_ws(E'\\n', {', '.join(parts)}), 'UTF8'))"
 
 
 # -- checkpoints ----------------------------------------------------------------------
@@ -165,31 +93,32 @@ def signed_bytes(statement: Mapping[str, Any]) -> bytes:
 
 GENESIS_CHECKPOINT: Final = Checkpoint(0, GENESIS, _EPOCH, None, None)
 
-# The sizes due a checkpoint: each multiple of CHECKPOINT_RECORDS past the last
-# checkpoint, and the head when it is past the last checkpoint and either :at_head or the
-# last checkpoint is older than :interval_s; with the chain stored at each, and the time.
+# The sizes due a checkpoint: each segment end past the last checkpoint that is the first
+# past a multiple of CHECKPOINT_RECORDS, and the head when it is past the last checkpoint
+# and either :at_head or the last checkpoint is older than :interval_s; with the chain
+# after each, and the time. Nothing past the head (a row written around the completion
+# statement is no segment of the log).
 _DUE = Statement("evidence_log.due", (
-    "The log sizes due a checkpoint (every CHECKPOINT_RECORDS entries, and the head when "
-    "asked or when the last is older than the interval), with their hashes and the time."),
-    f"""
+    "The log sizes due a checkpoint (a segment end past every CHECKPOINT_RECORDS entries, "
+    "and the head when asked or when the last is older than the interval), with their "
+    "hashes and the time."), f"""
     WITH last AS (
         SELECT coalesce(max(size), 0) AS size,
                coalesce(max(signed_at), '-infinity') AS at FROM evidence_checkpoints
     ),
     head AS (SELECT size, hash FROM evidence_log_head WHERE id = 1),
     due AS (
-        SELECT s AS size FROM last, head,
-             generate_series((last.size / {CHECKPOINT_RECORDS} + 1) * {CHECKPOINT_RECORDS},
-                             head.size, {CHECKPOINT_RECORDS}) s
+        SELECT s.seq_end AS size, s.hash FROM evidence_log s, last, head
+        WHERE s.seq_end > last.size AND s.seq_end < head.size
+          AND s.seq_end / {CHECKPOINT_RECORDS} > (s.seq_start - 1) / {CHECKPOINT_RECORDS}
         UNION
-        SELECT head.size FROM last, head
+        SELECT head.size, head.hash FROM last, head
         WHERE head.size > last.size
           AND (CAST(:at_head AS boolean)
-               OR last.at <= now() - make_interval(secs => :interval_s))
+               OR last.at <= now() - make_interval(secs => :interval_s)
+               OR head.size / {CHECKPOINT_RECORDS} > last.size / {CHECKPOINT_RECORDS})
     )
-    SELECT d.size, e.hash, now() AS signed_at
-    FROM due d JOIN evidence_log e ON e.seq = d.size
-    ORDER BY d.size
+    SELECT size, hash, now() AS signed_at FROM due ORDER BY size
 """)  # noqa: S608 - only constants are interpolated
 
 _RECORD = Statement("evidence_log.record_checkpoints", (
@@ -286,11 +215,13 @@ _AROUND = Statement("evidence_log.around", (
 _SPANS = Statement("evidence_log.run_spans", (
     "The spans between consecutive checkpoints that hold entries of a run, oldest first."),
     """
-    WITH mine AS (SELECT seq FROM evidence_log WHERE run_id = :run),
+    WITH mine AS (SELECT seq_end FROM evidence_log WHERE runs @> ARRAY[CAST(:run AS bigint)]),
     spans AS (
         SELECT DISTINCT
-               (SELECT max(c.size) FROM evidence_checkpoints c WHERE c.size < m.seq) AS after,
-               (SELECT min(c.size) FROM evidence_checkpoints c WHERE c.size >= m.seq) AS size
+               (SELECT max(c.size) FROM evidence_checkpoints c WHERE c.size < m.seq_end)
+                   AS after,
+               (SELECT min(c.size) FROM evidence_checkpoints c WHERE c.size >= m.seq_end)
+                   AS size
         FROM mine m
     )
     SELECT coalesce(after, 0) AS after, size FROM spans
@@ -304,12 +235,12 @@ _AT = Statement("evidence_log.checkpoints_at", (
     WHERE size = ANY(CAST(:sizes AS bigint[])) ORDER BY size
 """)
 
-_ENTRIES = Statement("evidence_log.entries", (
-    "One page of log entries in a seq range, in order."), f"""
-    SELECT seq, hash, {", ".join(name for name, _ in RECORD_FIELDS)}
-    FROM evidence_log WHERE seq > :after AND seq <= :until
-    ORDER BY seq LIMIT :page
-""")  # noqa: S608 - only constants are interpolated
+_SEGMENTS = Statement("evidence_log.segments", (
+    "One page of the log's segments ending in a seq range, in order."), """
+    SELECT seq_start, seq_end, records, hash FROM evidence_log
+    WHERE seq_end > :after AND seq_end <= :until
+    ORDER BY seq_end LIMIT :page
+""")
 
 
 def _checkpoint(r: Any) -> Checkpoint:
@@ -339,14 +270,42 @@ async def run_spans(engine: AsyncEngine, run_id: int) -> list[tuple[Checkpoint, 
     return [(found[a], found[b]) for a, b in spans]
 
 
-async def entries(engine: AsyncEngine, after: int, until: int, *, page_rows: int = PAGE_ROWS
-                  ) -> AsyncIterator[list[dict[str, Any]]]:
-    """Entries after+1 .. until in order, in pages (each its own short read)."""
+@dataclass(frozen=True)
+class Segment:
+    """One completion's entries as stored: seq_start .. seq_end, the records, the chain
+    after them."""
+
+    seq_start: int
+    seq_end: int
+    records: list[dict[str, Any]]
+    hash: bytes
+
+
+async def segments(engine: AsyncEngine, after: int, until: int, *,
+                   page_segments: int = PAGE_SEGMENTS) -> AsyncIterator[list[Segment]]:
+    """The segments ending after `after` and at most at `until`, in order, in pages
+    (each its own short read). A stored record that is not one (edited bytes) is passed
+    on as its raw bytes under `unreadable`: the verifier's leaf of those bytes then fails."""
     while after < until:
-        rows = await fetch(engine, _ENTRIES, {"after": after, "until": until,
-                                              "page": page_rows})
+        rows = await fetch(engine, _SEGMENTS, {"after": after, "until": until,
+                                               "page": page_segments})
         if not rows:
             return
-        page = [dict(r._mapping) for r in rows]
-        after = page[-1]["seq"]
+        page = [Segment(int(r.seq_start), int(r.seq_end), _records(bytes(r.records)),
+                        bytes(r.hash)) for r in rows]
+        after = page[-1].seq_end
         yield page
+
+
+def _records(stored: bytes) -> list[dict[str, Any]]:
+    try:
+        raw = frames(stored)
+    except RecordProblem:
+        return [{"unreadable": stored.hex()}]
+    out = []
+    for data in raw:
+        try:
+            out.append(parse(data))
+        except RecordProblem:
+            out.append({"unreadable": data.hex()})
+    return out

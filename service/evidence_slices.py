@@ -5,36 +5,40 @@ spans of the log that hold a run's deletions) is JSON lines:
 
 - a checkpoint line, `{"checkpoint": {format, size, head, signed_at, key_id}, "signature"}`,
   opens a slice (size 0 with the genesis head needs no signature);
-- entry lines, one per log entry after it, in order: `{"seq", <the record>, "hash"}`, or in
-  a run's export an entry of another run as `{"seq", "leaf", "hash"}` (its leaf digest
-  only: no other tenant's identifiers);
-- a checkpoint line closes the slice: the next slice opens with the same checkpoint or a
-  later one (a run's export skips spans without its entries);
+- then each segment after it (one completion's entries): its entry lines in order,
+  `{"seq", <the record>}`, or in a run's export an entry of another run as
+  `{"seq", "leaf"}` (its leaf digest only: no other tenant's identifiers), and the line
+  closing it, `{"segment": {first, last, hash}}`, the chain after it as stored;
+- a stored checkpoint line after the segment whose end it signs; the last closes the
+  slice, and the next slice opens with it or a later one (a run's export skips spans
+  without its entries);
 - the manifest, last: `{"manifest": {format, run_id, after, records, entries, digest,
   next_after, exported_at, key_id}, "signature"}`, `digest` the SHA-256 of every line
   before it.
 
 What `sweeper evidence verify` checks (`verify`): every checkpoint's signature under a
-published key; each entry's seq follows the one before; each record's leaf (recomputed
-from its fields) chained onto the hash before gives the hash the entry carries and, at the
-end of its slice, the closing checkpoint's head; no entry outside a slice closed by a
-checkpoint; two checkpoints of one size agree; with `--checkpoints`, every checkpoint
-the operator kept elsewhere agrees with the export's at its size; and the manifest's
-count, digest and signature (so the file itself was not cut or re-mixed).
+published key; each entry's seq follows the one before; each record's leaf, recomputed
+from its fields, and the leaves of its segment chained onto the hash before give the
+segment's stored hash and, at every checkpoint, that checkpoint's head; no entry outside a
+slice closed by a checkpoint; two checkpoints of one size agree; with `--checkpoints`,
+every checkpoint the operator kept elsewhere agrees with the log at its size; and the
+manifest's counts, digest and signature (so the file itself was not cut or re-mixed).
 
 So, for an attacker with write access to the database but not the signing key: an UPDATE
-or DELETE of a stored entry, or an entry inserted, is caught by the verification of any
-later export that covers it: the entry no longer hashes to what its slice's signed
-checkpoint states. A checkpoint row edited or replaced fails its signature or the chain.
-Slices of two exports spliced together fail at the seam. What such an attacker can do:
-rewrite the entries after the last checkpoint and let the server sign the rewritten log,
-or rewrite everything and delete the checkpoints stored in the database so the server
-signs new ones. Neither is caught unless checkpoints are kept outside the database:
-operators copy `GET /v1/evidence/checkpoints` to storage the database's writers cannot
-change (object storage with a retention lock, another account's bucket, a transparency
-service) at least every CHECKPOINT_INTERVAL_S and pass it to `verify --checkpoints`;
-then only the entries after the last kept checkpoint can be rewritten unseen. An
-attacker with the signing key can sign anything: keep the key out of the database host.
+or DELETE of a stored segment or of entries in it, or a segment inserted, is caught by the
+verification of any later export that covers it: its entries no longer hash to what the
+signed checkpoint after them states (or to the segment's own stored hash, if that was left
+alone). A checkpoint row edited or replaced fails its signature or the chain. Slices of
+two exports spliced together fail at the seam or at the manifest. What such an attacker
+can do: rewrite the segments after the last checkpoint and let the server sign the
+rewritten log, or rewrite everything and delete the checkpoints stored in the database so
+the server signs new ones. Neither is caught unless checkpoints are kept outside the
+database: operators copy `GET /v1/evidence/checkpoints` to storage the database's writers
+cannot change (object storage with a retention lock, another account's bucket, a
+transparency service) at least every CHECKPOINT_INTERVAL_S and pass it to `verify
+--checkpoints`; then only the entries after the last kept checkpoint can be rewritten
+unseen. An attacker with the signing key can sign anything: keep the key off the database
+host.
 """
 
 from __future__ import annotations
@@ -51,16 +55,23 @@ from typing import Any, Final
 from cryptography.exceptions import InvalidSignature
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import evidence_log
+from service import evidence_log, evidence_records
 from service.evidence import PublicKey, Signer, VerificationFailed, b64decode
-from service.evidence_log import GENESIS, RECORD_FIELDS, Checkpoint, RecordProblem
+from service.evidence_log import Checkpoint, Segment
+from service.evidence_records import (
+    GENESIS,
+    RECORD_FIELDS,
+    RecordProblem,
+    leaf,
+    segment_hash,
+)
 
 log = logging.getLogger(__name__)
 
 EXPORT_FORMAT: Final = "sweeper-evidence/2"
 _HEX64: Final = re.compile(r"[0-9a-f]{64}")
-_RECORD_KEYS: Final = frozenset({"seq", "hash", *(name for name, _ in RECORD_FIELDS)})
-_ELIDED_KEYS: Final = frozenset({"seq", "leaf", "hash"})
+_RECORD_KEYS: Final = frozenset({"seq", *(name for name, _ in RECORD_FIELDS)})
+_ELIDED_KEYS: Final = frozenset({"seq", "leaf"})
 
 
 def _json(value: Mapping[str, Any]) -> bytes:
@@ -91,18 +102,24 @@ class Slices:
         self._last_checkpoint = checkpoint.size
         return self._emit(checkpoint.line())
 
-    def entry(self, row: Mapping[str, Any]) -> bytes:
+    def entry(self, seq: int, record: Mapping[str, Any]) -> bytes:
         """An entry line: the record in full, or only its leaf when this is a run's export
-        and the entry is another run's."""
+        and the entry is another run's (a stored record that is not one: its bytes)."""
         self.entries += 1
         self._last_checkpoint = None
-        if self.run_id is not None and row["run_id"] != self.run_id:
-            return self._emit(_json({"seq": row["seq"],
-                                     "leaf": evidence_log.leaf(row).hex(),
-                                     "hash": bytes(row["hash"]).hex()}))
+        if "unreadable" in record:
+            return self._emit(_json({"seq": seq, "unreadable": record["unreadable"]}))
+        if self.run_id is not None and record["run_id"] != self.run_id:
+            return self._emit(_json({"seq": seq, "leaf": leaf(record).hex()}))
         self.records += 1
-        return self._emit(_json({**{name: row[name] for name, _ in RECORD_FIELDS},
-                                 "seq": row["seq"], "hash": bytes(row["hash"]).hex()}))
+        return self._emit(_json({"seq": seq, **{name: record[name]
+                                               for name, _ in RECORD_FIELDS}}))
+
+    def segment(self, segment: Segment) -> bytes:
+        """The line closing a segment's entries: its range and the chain after it."""
+        return self._emit(_json({"segment": {"first": segment.seq_start,
+                                             "last": segment.seq_end,
+                                             "hash": segment.hash.hex()}}))
 
     def manifest(self, *, next_after: int | None, exported_at: datetime | None = None
                  ) -> bytes:
@@ -119,21 +136,24 @@ class Slices:
 
 async def _span_lines(engine: AsyncEngine, slices: Slices, start: Checkpoint,
                       end: Checkpoint) -> AsyncIterator[bytes]:
-    """A slice: its opening checkpoint, then its entries with every stored checkpoint
-    among them after the entry it covers (each one a verifier checks the chain against),
-    the last being `end`."""
+    """A slice: its opening checkpoint, then its segments, each closed by its hash, with
+    every stored checkpoint among them after the segment it ends (each one a verifier
+    checks the chain against), the last being `end`."""
     inner = await evidence_log.checkpoints(engine, after=start.size, until=end.size,
                                            limit=end.size - start.size)
     inner.reverse()  # popped from the end, oldest first
-    yield slices.checkpoint(start)
-    async for page in evidence_log.entries(engine, start.size, end.size):
-        chunk = []
-        for row in page:
-            chunk.append(slices.entry(row))
-            while inner and inner[-1].size <= row["seq"]:
+    opening = slices.checkpoint(start)  # sent with the first page, not as a chunk alone
+    async for page in evidence_log.segments(engine, start.size, end.size):
+        chunk: list[bytes] = [opening]
+        opening = b""
+        for segment in page:
+            chunk.extend(slices.entry(segment.seq_start + n, record)
+                         for n, record in enumerate(segment.records))
+            chunk.append(slices.segment(segment))
+            while inner and inner[-1].size <= segment.seq_end:
                 chunk.append(slices.checkpoint(inner.pop()))
         yield b"".join(chunk)
-    yield slices.checkpoint(end)
+    yield opening + slices.checkpoint(end)
 
 
 async def _guarded(chunks: AsyncIterator[bytes], slices: Slices, **where: int
@@ -234,7 +254,7 @@ def read_checkpoint(where: int, obj: Mapping[str, Any], by_id: Mapping[str, Publ
             "format", "size", "head", "signed_at", "key_id"}:
         raise VerificationFailed(where, "a checkpoint without its fields")
     size, head = statement["size"], statement["head"]
-    if (statement["format"] != evidence_log.FORMAT or not isinstance(size, int)
+    if (statement["format"] != evidence_records.FORMAT or not isinstance(size, int)
             or isinstance(size, bool) or size < 0 or not isinstance(head, str)
             or not _HEX64.fullmatch(head) or not isinstance(statement["signed_at"], str)):
         raise VerificationFailed(where, "a checkpoint that is not well formed")
@@ -276,20 +296,97 @@ def kept_checkpoints(text: bytes, keys: Iterable[PublicKey]) -> dict[int, bytes]
     return kept
 
 
+class _Chain:
+    """The verifier's state along an export: where the log stands after the last segment
+    read, the entries read since, and what was counted."""
+
+    def __init__(self, by_id: Mapping[str, PublicKey], kept: Mapping[int, bytes]) -> None:
+        self.by_id, self.kept = by_id, kept
+        self.size: int | None = None  # None: no checkpoint opened a slice yet
+        self.head = b""
+        self.leaves: list[bytes] = []  # of the entries since the last segment line
+        self.open = False  # a segment read since the last checkpoint
+        self.records = self.entries = self.checkpoints = 0
+        self.last_checkpoint = -1
+        self.first_seq: int | None = None
+        self.heads: dict[int, bytes] = {}
+        self.runs: set[object] = set()
+
+    def checkpoint(self, number: int, obj: Mapping[str, Any]) -> None:
+        cp = read_checkpoint(number, obj, self.by_id)
+        if self.heads.setdefault(cp.size, cp.head) != cp.head:
+            raise VerificationFailed(number, f"two checkpoints of size {cp.size} disagree: "
+                                             f"the log was rewritten")
+        if self.kept.get(cp.size, cp.head) != cp.head:
+            raise VerificationFailed(number, f"the checkpoint at size {cp.size} is not the "
+                                             f"one kept: the log was rewritten")
+        if self.leaves:
+            raise VerificationFailed(number, "a checkpoint inside a segment")
+        if self.open and (cp.size, cp.head) != (self.size, self.head):
+            raise VerificationFailed(number, (
+                f"the segments since the checkpoint before do not hash to this checkpoint's "
+                f"head (size {cp.size}): an entry was changed, dropped or inserted"))
+        if cp.size < self.last_checkpoint:
+            raise VerificationFailed(number, "a checkpoint older than the one before it")
+        self.size, self.head, self.open, self.last_checkpoint = cp.size, cp.head, False, cp.size
+        self.checkpoints += 1
+
+    def entry(self, number: int, obj: Mapping[str, Any]) -> None:
+        if self.size is None:
+            raise VerificationFailed(number, "an entry before any checkpoint")
+        seq, expected = obj.get("seq"), self.size + len(self.leaves) + 1
+        if seq != expected or isinstance(seq, bool):
+            raise VerificationFailed(number, (
+                f"entry {seq} where entry {expected} follows: an entry was dropped, inserted "
+                f"or moved"))
+        if set(obj) == _ELIDED_KEYS:
+            if not isinstance(obj["leaf"], str) or not _HEX64.fullmatch(obj["leaf"]):
+                raise VerificationFailed(number, "a leaf that is not a SHA-256")
+            self.leaves.append(bytes.fromhex(obj["leaf"]))
+        elif set(obj) == _RECORD_KEYS:
+            try:
+                self.leaves.append(leaf(obj))
+            except RecordProblem as exc:
+                raise VerificationFailed(number, f"not a record: {exc}") from None
+            self.records += 1
+            self.runs.add(obj["run_id"])
+        elif set(obj) == {"seq", "unreadable"}:
+            raise VerificationFailed(number, (
+                f"entry {seq} is stored in no record's canonical form: its bytes were "
+                f"changed after it was written"))
+        else:
+            raise VerificationFailed(number, "neither a record nor a leaf entry")
+        self.entries += 1
+        self.first_seq = seq if self.first_seq is None else self.first_seq
+
+    def segment(self, number: int, obj: Mapping[str, Any]) -> None:
+        segment = obj["segment"]
+        if not isinstance(segment, dict) or set(segment) != {"first", "last", "hash"}:
+            raise VerificationFailed(number, "a segment line without its fields")
+        if self.size is None or not self.leaves or (segment["first"], segment["last"]) != (
+                self.size + 1, self.size + len(self.leaves)):
+            raise VerificationFailed(number, (
+                "a segment line that does not close the entries before it: an entry was "
+                "dropped, inserted or moved"))
+        self.head = segment_hash(self.head, self.leaves)
+        if segment["hash"] != self.head.hex():
+            raise VerificationFailed(number, (
+                f"the entries {segment['first']}..{segment['last']} do not hash to their "
+                f"segment's stored hash: one of them was changed after it was written"))
+        self.size, self.leaves, self.open = segment["last"], [], True
+        if self.kept.get(self.size, self.head) != self.head:
+            raise VerificationFailed(number, f"the log at {self.size} differs from the "
+                                             f"checkpoint kept at that size: the log was "
+                                             f"rewritten")
+
+
 def verify(lines: Iterable[bytes], keys: Iterable[PublicKey],
            kept: Mapping[int, bytes] | None = None) -> Verified:
     """Check an export line by line (see the module docstring); VerificationFailed names
     the first line that fails."""
-    by_id = {k.key_id: k for k in keys}
-    kept = kept or {}
+    state = _Chain({k.key_id: k for k in keys}, kept or {})
     digest = hashlib.sha256()
-    size: int | None = None
-    head = b""
-    open_entries = records = entries = checkpoints = number = 0
-    last_checkpoint = -1
-    heads: dict[int, bytes] = {}
-    runs: set[object] = set()
-    first_seq: int | None = None
+    number = 0
     manifest: dict[str, Any] | None = None
     signature: object = None
     for number, raw in enumerate(lines, 1):
@@ -309,73 +406,33 @@ def verify(lines: Iterable[bytes], keys: Iterable[PublicKey],
             continue
         digest.update(line + b"\n")
         if "checkpoint" in obj:
-            cp = read_checkpoint(number, obj, by_id)
-            if heads.setdefault(cp.size, cp.head) != cp.head:
-                raise VerificationFailed(number, f"two checkpoints of size {cp.size} "
-                                                 f"disagree: the log was rewritten")
-            if kept.get(cp.size, cp.head) != cp.head:
-                raise VerificationFailed(number, f"the checkpoint at size {cp.size} is not "
-                                                 f"the one kept: the log was rewritten")
-            if open_entries and (cp.size, cp.head) != (size, head):
-                raise VerificationFailed(number, (
-                    f"the entries since the checkpoint before do not hash to this "
-                    f"checkpoint's head (size {cp.size}): an entry was changed, dropped or "
-                    f"inserted"))
-            if cp.size < last_checkpoint:
-                raise VerificationFailed(number, "a checkpoint older than the one before it")
-            size, head, open_entries, last_checkpoint = cp.size, cp.head, 0, cp.size
-            checkpoints += 1
-            continue
-        if size is None:
-            raise VerificationFailed(number, "an entry before any checkpoint")
-        seq = obj.get("seq")
-        if seq != size + 1 or isinstance(seq, bool):
-            raise VerificationFailed(number, (
-                f"entry {seq} where entry {size + 1} follows: an entry was dropped, "
-                f"inserted or moved"))
-        if set(obj) == _ELIDED_KEYS:
-            if not isinstance(obj["leaf"], str) or not _HEX64.fullmatch(obj["leaf"]):
-                raise VerificationFailed(number, "a leaf that is not a SHA-256")
-            leaf = bytes.fromhex(obj["leaf"])
-        elif set(obj) == _RECORD_KEYS:
-            try:
-                leaf = evidence_log.leaf(obj)
-            except RecordProblem as exc:
-                raise VerificationFailed(number, f"not a record: {exc}") from None
-            records += 1
-            runs.add(obj["run_id"])
+            state.checkpoint(number, obj)
+        elif "segment" in obj:
+            state.segment(number, obj)
         else:
-            raise VerificationFailed(number, "neither a record nor a leaf entry")
-        head = evidence_log.chain(head, leaf)
-        if obj["hash"] != head.hex():
-            raise VerificationFailed(number, (
-                f"entry {seq} does not follow from the entries before it: it (or one "
-                f"before it) was changed after it was written"))
-        if kept.get(seq, head) != head:
-            raise VerificationFailed(number, f"entry {seq} differs from the checkpoint kept "
-                                             f"at its size: the log was rewritten")
-        size, open_entries, entries = seq, open_entries + 1, entries + 1
-        first_seq = seq if first_seq is None else first_seq
+            state.entry(number, obj)
     if manifest is None:
         raise VerificationFailed(number + 1, "missing: the export ends without its manifest")
-    if open_entries and size is not None:
-        raise VerificationFailed(number, f"entries after the last checkpoint (from "
-                                         f"{size - open_entries + 1}): no signature covers "
-                                         f"them")
+    if state.leaves or state.open:
+        raise VerificationFailed(number, "entries after the last checkpoint: no signature "
+                                         "covers them")
     if manifest.get("format") != EXPORT_FORMAT:
         raise VerificationFailed(number, f"the manifest's format is not {EXPORT_FORMAT}")
-    if (manifest.get("records"), manifest.get("entries")) != (records, entries):
+    counted = (state.records, state.entries)
+    if (manifest.get("records"), manifest.get("entries")) != counted:
         raise VerificationFailed(number, (
             f"the manifest counts {manifest.get('records')} records in "
-            f"{manifest.get('entries')} entries, the export holds {records} in {entries}"))
+            f"{manifest.get('entries')} entries, the export holds {counted[0]} in "
+            f"{counted[1]}"))
     if manifest.get("digest") != digest.hexdigest():
         raise VerificationFailed(number, "the manifest's digest is not that of the lines "
                                          "before it: the export was cut or re-mixed")
     run_id = manifest.get("run_id")
-    if run_id is not None and runs - {run_id}:
+    if run_id is not None and state.runs - {run_id}:
         raise VerificationFailed(number, f"records of another run in run {run_id}'s export")
-    _signed(number, "the manifest", manifest, signature, by_id)
-    return Verified(run_id=run_id if isinstance(run_id, int) else None, records=records,
-                    entries=entries, checkpoints=checkpoints, first_seq=first_seq,
-                    last_seq=size if entries else None, key_id=str(manifest["key_id"]),
-                    next_after=manifest.get("next_after"))
+    _signed(number, "the manifest", manifest, signature, state.by_id)
+    return Verified(run_id=run_id if isinstance(run_id, int) else None,
+                    records=state.records, entries=state.entries,
+                    checkpoints=state.checkpoints, first_seq=state.first_seq,
+                    last_seq=state.size if state.entries else None,
+                    key_id=str(manifest["key_id"]), next_after=manifest.get("next_after"))

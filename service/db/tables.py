@@ -225,23 +225,15 @@ evidence = Table(
     _ts("kept_at"),
 )
 
-# the append-only evidence log, its head and its signed checkpoints (0019)
+# the append-only evidence log (a row per completion's segment), its head and its signed
+# checkpoints (0019)
 evidence_log = Table(
     "evidence_log",
     metadata,
-    Column("seq", BigInteger, primary_key=True, autoincrement=False),
-    Column("item_id", BigInteger, nullable=False),
-    Column("run_id", BigInteger),
-    Column("released_by", Text, nullable=False),
-    Column("tenant_id", Text, nullable=False),
-    Column("object_id", Text, nullable=False),
-    Column("policy", Text, nullable=False),
-    Column("policy_version", Integer, nullable=False),
-    Column("operation_key", Text, nullable=False),
-    Column("outcome", Text, nullable=False),
-    Column("upstream_status", SmallInteger),
-    Column("attempts", Integer, nullable=False),
-    _ts("completed_at"),
+    Column("seq_end", BigInteger, primary_key=True, autoincrement=False),
+    Column("seq_start", BigInteger, nullable=False),
+    Column("runs", ARRAY(BigInteger), nullable=False),
+    Column("records", BYTEA, nullable=False),
     Column("hash", BYTEA, nullable=False),
 )
 

@@ -86,17 +86,22 @@ async def test_an_export_verifies_offline_and_every_edit_is_named(
     assert code == Exit.OK, said
     assert f"run {run_id}, 12 record(s), entries 1..12" in said
 
-    # genesis, entries 1..12, the checkpoint the export made at 12, the manifest
+    # genesis, entries 1..12 in their segments, the checkpoint the export made at 12, the
+    # manifest; `at(n)`: entry n's index among the lines
     lines = export.splitlines(keepends=True)
-    assert len(lines) == 15
+    at = {json.loads(line).get("seq"): n for n, line in enumerate(lines)}.__getitem__
+    closing = next(n for n, line in enumerate(lines)
+                   if n > at(3) and b'"segment"' in line)  # the segment line after entry 3
     edits = {
-        "changed": ([*lines[:3], lines[3].replace(b'"upstream_status":204',
-                                                  b'"upstream_status":404'), *lines[4:]], 4),
-        "dropped": ([*lines[:5], *lines[6:]], 6),
-        "reordered": ([*lines[:2], lines[3], lines[2], *lines[4:]], 3),
-        "inserted": ([*lines[:7], lines[1], *lines[7:]], 8),
-        "truncated": (lines[:-1], 15),
-        "cut before the checkpoint": ([*lines[:-2], lines[-1]], 14),
+        "changed": ([*lines[:at(3)], lines[at(3)].replace(b'"upstream_status":204',
+                                                          b'"upstream_status":404'),
+                     *lines[at(3) + 1:]], closing + 1),
+        "dropped": ([*lines[:at(5)], *lines[at(5) + 1:]], at(5) + 1),
+        "reordered": ([*lines[:at(2)], lines[at(3)], lines[at(2)], *lines[at(3) + 1:]],
+                      at(2) + 1),
+        "inserted": ([*lines[:at(7)], lines[at(1)], *lines[at(7):]], at(7) + 1),
+        "truncated": (lines[:-1], len(lines)),
+        "cut before the checkpoint": ([*lines[:-2], lines[-1]], len(lines) - 1),
     }
     for name, (edited, line) in edits.items():
         code, said = verify_cli(tmp_path, b"".join(edited), keys.content, capsys)

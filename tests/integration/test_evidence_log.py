@@ -7,6 +7,7 @@ spliced together are each caught."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import cli, evidence, evidence_log, ledger
+from service import cli, evidence, evidence_log, evidence_records, ledger
 from service.exits import Exit
 from service.upstream import Upstreams
 from service.worker import database_pool
@@ -95,24 +96,63 @@ def line_of(export: bytes, seq: int) -> int:
                 if json.loads(line).get("seq") == seq)
 
 
+def line_where(export: bytes, kind: str, after: int = 0, **fields: int) -> int:
+    """The 1-based line of the first `kind` line ("segment", "checkpoint") past line
+    `after` whose object has `fields` (e.g. last=5, size=5)."""
+    return next(n for n, line in enumerate(export.splitlines(), 1)
+                if n > after and kind in (obj := json.loads(line))
+                and all(obj[kind].get(k) == v for k, v in fields.items()))
+
+
 async def sql(engine: AsyncEngine, *statements: str) -> None:
     async with engine.begin() as conn:
         for statement in statements:
             await conn.execute(text(statement))
 
 
-# What an attacker who knows the format does after changing entries from 3 on: recompute
-# every stored hash from entry 3 and the head, so the rows agree with each other again.
-REHASH_FROM_3 = f"""
-    UPDATE evidence_log e SET hash = c.hash
-    FROM (SELECT x.seq, evidence_chain({evidence_log.leaf_sql("x")},
-                                       (SELECT hash FROM evidence_log WHERE seq = 2))
-                        OVER (ORDER BY x.seq) AS hash
-          FROM evidence_log x WHERE x.seq >= 3) c
-    WHERE e.seq = c.seq"""
-MOVE_HEAD = """
-    UPDATE evidence_log_head SET size = (SELECT max(seq) FROM evidence_log),
-        hash = (SELECT hash FROM evidence_log ORDER BY seq DESC LIMIT 1)"""
+# An edit of stored bytes in place: entry 3's object id (same length, so still well formed).
+EDIT_ENTRY_3 = """
+    UPDATE evidence_log SET records = decode(replace(encode(records, 'hex'),
+        encode(convert_to('cart-2', 'UTF8'), 'hex'), encode(convert_to('cart-9', 'UTF8'), 'hex')),
+        'hex')
+    WHERE seq_start <= 3 AND seq_end >= 3"""
+
+
+async def stored_segments(engine: AsyncEngine) -> list[list[bytes]]:
+    """Every segment's records (canonical bytes), in log order."""
+    async with engine.connect() as conn:
+        rows = (await conn.execute(text(
+            "SELECT records FROM evidence_log ORDER BY seq_end"))).all()
+    return [evidence_records.frames(bytes(r.records)) for r in rows]
+
+
+async def rewrite_log(engine: AsyncEngine, segments: list[list[bytes]]) -> None:
+    """What an attacker who knows the format does: store these segments numbered from 1
+    and chained afresh, and move the head to their end, so the rows agree again."""
+    head, size, rows = evidence_records.GENESIS, 0, []
+    for records in segments:
+        head = evidence_records.segment_hash(head, [hashlib.sha256(r).digest()
+                                                    for r in records])
+        runs = sorted({run for r in records
+                       if (run := evidence_records.parse(r)["run_id"]) is not None})
+        rows.append({"start": size + 1, "end": size + len(records), "runs": runs,
+                     "records": b"".join(len(r).to_bytes(4, "big") + r for r in records),
+                     "hash": head})
+        size += len(records)
+    async with engine.begin() as conn:
+        await conn.execute(text("DELETE FROM evidence_log"))
+        for row in rows:
+            await conn.execute(text(
+                "INSERT INTO evidence_log (seq_start, seq_end, runs, records, hash)"
+                " VALUES (:start, :end, :runs, :records, :hash)"), row)
+        await conn.execute(text("UPDATE evidence_log_head SET size = :size, hash = :hash"),
+                           {"size": size, "hash": head})
+
+
+async def edited_and_rehashed(engine: AsyncEngine) -> None:
+    """Entry 3's object id changed, and the log re-chained after it."""
+    await sql(engine, EDIT_ENTRY_3)
+    await rewrite_log(engine, await stored_segments(engine))
 
 
 async def test_every_deletion_is_in_a_log_that_verifies(
@@ -127,7 +167,7 @@ async def test_every_deletion_is_in_a_log_that_verifies(
         *(("run", logged.run_id, f"cart-{i}") for i in range(RUN_ITEMS)),
         ("webhook", None, "42"), ("webhook", None, "43")]
     assert {r["tenant_id"] for r in records[RUN_ITEMS:]} == {SHOP}
-    assert set(records[0]) == {"seq", "hash", *(n for n, _ in evidence_log.RECORD_FIELDS)}
+    assert set(records[0]) == {"seq", *(n for n, _ in evidence_records.RECORD_FIELDS)}
 
     # the run's export: the same slices, other runs' entries as their leaf digest only
     run_export = (await logged.api.get(f"/v1/runs/{logged.run_id}/evidence")).content
@@ -161,32 +201,41 @@ async def test_a_row_changed_in_sql_is_caught(logged: Setup, tamper: str,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     untouched = (await logged.api.get("/v1/evidence/log")).content
     assert verify_cli(logged, untouched, capsys)[0] == Exit.OK
-    statements = {
-        "edited": ["UPDATE evidence_log SET upstream_status = 404 WHERE seq = 3"],
-        "edited-and-rehashed": ["UPDATE evidence_log SET object_id = 'cart-x' WHERE seq = 3",
-                                REHASH_FROM_3, MOVE_HEAD],
-        "deleted": ["DELETE FROM evidence_log WHERE seq = 4"],
-        # a forged deletion slipped in as entry 3, the rest moved up and re-chained
-        "inserted": ["UPDATE evidence_log SET seq = seq + 1000 WHERE seq >= 3",
-                     "UPDATE evidence_log SET seq = seq - 999 WHERE seq > 1000",
-                     "INSERT INTO evidence_log SELECT 3, 999, run_id, released_by, tenant_id,"
-                     " 'forged', policy, policy_version, operation_key, outcome,"
-                     " upstream_status, attempts, completed_at, hash"
-                     " FROM evidence_log WHERE seq = 2",
-                     REHASH_FROM_3, MOVE_HEAD],
-    }[tamper]
-    await sql(logged.engine, *statements)
+    engine = logged.engine
+    async with engine.connect() as conn:
+        segment_of_3 = (await conn.execute(text(
+            "SELECT seq_start, seq_end FROM evidence_log"
+            " WHERE seq_start <= 3 AND seq_end >= 3"))).one()
+    if tamper == "edited":
+        await sql(engine, EDIT_ENTRY_3)
+    elif tamper == "edited-and-rehashed":
+        await edited_and_rehashed(engine)
+    elif tamper == "deleted":
+        await sql(engine, "DELETE FROM evidence_log WHERE seq_start <= 3 AND seq_end >= 3")
+    else:  # a forged deletion slipped in before entry 3, the rest renumbered and re-chained
+        segments = await stored_segments(engine)
+        forged = evidence_records.canonical({
+            **evidence_records.parse(segments[0][0]), "item_id": 999, "object_id": "forged"})
+        start = 1
+        for records in segments:
+            if start <= 3 < start + len(records):
+                records.insert(3 - start, forged)  # becomes entry 3
+                break
+            start += len(records)
+        await rewrite_log(engine, segments)
     export = (await logged.api.get("/v1/evidence/log")).content
     code, said = verify_cli(logged, export, capsys)
     assert code == Exit.INCOMPLETE, said
-    expected = {
-        "edited": (line_of(export, 3), "entry 3 does not follow from the entries before it"),
-        "edited-and-rehashed": (line_of(export, 5) + 1,
-                                "do not hash to this checkpoint's head (size 5)"),
-        "deleted": (line_of(export, 5), "entry 5 where entry 4 follows"),
-        "inserted": (line_of(export, 5) + 1, "do not hash to this checkpoint's head (size 5)"),
-    }[tamper]
-    assert f"NOT verified: line {expected[0]}: " in said and expected[1] in said, said
+    if tamper == "edited":
+        line = line_where(export, "segment", last=segment_of_3.seq_end)
+        reason = "do not hash to their segment's stored hash"
+    elif tamper == "deleted":
+        line = line_of(export, segment_of_3.seq_end + 1)
+        reason = f"where entry {segment_of_3.seq_start} follows"
+    else:  # re-chained: the stored hashes agree, the signed checkpoint at 5 does not
+        line = line_where(export, "checkpoint", size=5)
+        reason = "do not hash to this checkpoint's head (size 5)"
+    assert f"NOT verified: line {line}: " in said and reason in said, said
     # the run's export covers the same entries: caught there too
     code, said = verify_cli(
         logged, (await logged.api.get(f"/v1/runs/{logged.run_id}/evidence")).content, capsys)
@@ -196,15 +245,14 @@ async def test_a_row_changed_in_sql_is_caught(logged: Setup, tamper: str,
 async def test_a_replaced_checkpoint_is_caught(logged: Setup,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     # history rewritten and the checkpoint at 5 made to state the rewritten head
-    await sql(logged.engine, "UPDATE evidence_log SET upstream_status = 404 WHERE seq = 3",
-              REHASH_FROM_3, MOVE_HEAD,
-              "UPDATE evidence_checkpoints SET hash = (SELECT hash FROM evidence_log"
-              " WHERE seq = 5) WHERE size = 5")
+    await edited_and_rehashed(logged.engine)
+    await sql(logged.engine, "UPDATE evidence_checkpoints SET hash = (SELECT hash"
+                             " FROM evidence_log WHERE seq_end = 5) WHERE size = 5")
     export = (await logged.api.get("/v1/evidence/log")).content
     code, said = verify_cli(logged, export, capsys)
     assert code == Exit.INCOMPLETE
-    assert (f"line {line_of(export, 5) + 1}: the checkpoint at size 5's signature does not "
-            f"verify") in said, said
+    assert (f"line {line_where(export, 'checkpoint', size=5)}: the checkpoint at size 5's "
+            f"signature does not verify") in said, said
     # a checkpoint signed by a key that is not published
     other = evidence.Signer(Ed25519PrivateKey.generate())
     forged = evidence_log.Checkpoint(5, bytes(32), evidence_log.GENESIS_CHECKPOINT.signed_at,
@@ -212,7 +260,7 @@ async def test_a_replaced_checkpoint_is_caught(logged: Setup,
     line = json.dumps({"checkpoint": forged.statement(),
                        "signature": other.sign(evidence_log.signed_bytes(forged.statement()))})
     lines = export.splitlines(keepends=True)
-    lines[line_of(export, 5)] = line.encode() + b"\n"
+    lines[line_where(export, "checkpoint", size=5) - 1] = line.encode() + b"\n"
     code, said = verify_cli(logged, b"".join(lines), capsys)
     assert code == Exit.INCOMPLETE and "which is not among the public keys given" in said
 
@@ -221,16 +269,16 @@ async def test_a_log_rewritten_under_new_checkpoints_is_caught_by_the_kept_ones(
         logged: Setup, capsys: pytest.CaptureFixture[str]) -> None:
     # the attacker rewrites entry 3, re-chains, and deletes the stored checkpoints so the
     # server signs the rewritten log afresh
-    await sql(logged.engine, "UPDATE evidence_log SET outcome = 'forged' WHERE seq = 3",
-              REHASH_FROM_3, MOVE_HEAD, "DELETE FROM evidence_checkpoints")
+    await edited_and_rehashed(logged.engine)
+    await sql(logged.engine, "DELETE FROM evidence_checkpoints")
     export = (await logged.api.get("/v1/evidence/log")).content
     # alone, the export is consistent: only checkpoints kept outside the database show it
     code, said = verify_cli(logged, export, capsys)
     assert code == Exit.OK, said
     code, said = verify_cli(logged, export, capsys, kept=True)
     assert code == Exit.INCOMPLETE
-    assert (f"line {line_of(export, 5)}: entry 5 differs from the checkpoint kept at its "
-            f"size: the log was rewritten") in said, said
+    assert (f"line {line_where(export, 'segment', last=5)}: the log at 5 differs from the "
+            f"checkpoint kept at that size: the log was rewritten") in said, said
 
 
 async def test_spliced_exports_are_caught(logged: Setup,
@@ -242,13 +290,15 @@ async def test_spliced_exports_are_caught(logged: Setup,
               ).content.splitlines(keepends=True)
     run = (await logged.api.get(f"/v1/runs/{logged.run_id}/evidence")
            ).content.splitlines(keepends=True)
+    run_3 = line_of(b"".join(run), 3)
     splices = {
         # two pages' lines under one page's manifest: the manifest signs other lines
         "pages joined": ([*first[:-1], *second[:-1], first[-1]],
                          "the manifest counts 5 records in 5 entries, the export holds 7"),
         # the run's export with its third entry replaced by another export's fourth
-        "entry from another export": ([*run[:3], whole[4], *run[4:]],
-                                      "entry 4 where entry 3 follows"),
+        "entry from another export": (
+            [*run[:run_3 - 1], whole[line_of(b"".join(whole), 4) - 1], *run[run_3:]],
+            "entry 4 where entry 3 follows"),
         # the whole log's lines closed by the run export's manifest
         "manifest from another export": ([*whole[:-1], run[-1]],
                                          "the manifest counts 5 records in 5 entries"),

@@ -22,6 +22,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service import evidence, evidence_log, evidence_slices
+from service.evidence_records import canonical_sql
 from service.policies import Policies
 from tests.conftest import TOKEN_A, LiveServer, test_settings
 
@@ -41,27 +42,39 @@ KEY_BYTES = bytes(range(3, 35))
 PUBLIC = evidence.PublicKey(Ed25519PrivateKey.from_private_bytes(KEY_BYTES).public_key())
 
 
-# The succeeded items appended to the evidence log in id order, chained, as the workers'
-# completions would have (the items are written directly: 72,000 drained would take
-# minutes), and the head moved past them.
-APPEND_SUCCEEDED = f"""
-    WITH entries AS (
-        SELECT row_number() OVER (ORDER BY i.id) AS seq, i.id AS item_id, b.run_id,
-               'run' AS released_by, i.tenant_id, i.object_id, i.policy, i.policy_version,
-               i.operation_key, i.last_outcome AS outcome,
+# The succeeded items with ids in ($1, $2] appended to the evidence log as one segment in
+# id order, chained, as a completion would have (the items are written directly: 72,000
+# drained would take minutes), and the head moved past them.
+APPEND_SEGMENT = f"""
+    WITH deleted AS (
+        SELECT i.id AS item_id, b.run_id, 'run' AS released_by, i.tenant_id, i.object_id,
+               i.policy, i.policy_version, i.operation_key, i.last_outcome AS outcome,
                i.last_status_code AS upstream_status, i.attempts, i.completed_at
-        FROM items i JOIN batches b ON b.id = i.batch_id WHERE i.status = 'succeeded'
+        FROM items i JOIN batches b ON b.id = i.batch_id
+        WHERE i.status = 'succeeded' AND i.id > $1 AND i.id <= $2
     ),
-    chained AS (
-        INSERT INTO evidence_log
-        SELECT x.*, evidence_chain({evidence_log.leaf_sql("x")},
-                                   (SELECT hash FROM evidence_log_head))
-                    OVER (ORDER BY x.seq)
-        FROM entries x
-        RETURNING seq, hash
-    )
-    UPDATE evidence_log_head SET (size, hash) = (
-        SELECT seq, hash FROM chained ORDER BY seq DESC LIMIT 1)"""
+    canonical AS (SELECT d.item_id, d.run_id, {canonical_sql("d")} AS bytes FROM deleted d),
+    head AS (SELECT size, hash FROM evidence_log_head WHERE id = 1),
+    segment AS (
+        SELECT head.size + 1 AS seq_start, head.size + count(*) AS seq_end,
+               array_agg(DISTINCT c.run_id) AS runs,
+               string_agg(int4send(octet_length(c.bytes)) || c.bytes, ''::bytea
+                          ORDER BY c.item_id) AS records,
+               sha256(head.hash || string_agg(sha256(c.bytes), ''::bytea
+                                              ORDER BY c.item_id)) AS hash
+        FROM canonical c, head GROUP BY head.size, head.hash
+    ),
+    logged AS (INSERT INTO evidence_log SELECT seq_end, seq_start, runs, records, hash
+               FROM segment)
+    UPDATE evidence_log_head h SET size = s.seq_end, hash = s.hash FROM segment s
+    WHERE h.id = 1"""
+
+
+async def append_succeeded(conn: asyncpg.Connection, per_segment: int) -> None:
+    """Every succeeded item appended to the log, `per_segment` item ids a segment."""
+    last = await conn.fetchval("SELECT max(id) FROM items")
+    for after in range(0, last, per_segment):
+        await conn.execute(APPEND_SEGMENT, after, after + per_segment)
 
 
 async def seed(db_url: str) -> tuple[int, list[int]]:
@@ -98,7 +111,7 @@ async def seed(db_url: str) -> tuple[int, list[int]]:
                 " FROM generate_series(0, 2 * $2::int - 1) g,"
                 "      LATERAL (SELECT g / 2 % 50 = 49 AS dead) d",
                 first_batch, RUN_ITEMS)
-            await conn.execute(APPEND_SUCCEEDED)
+            await append_succeeded(conn, 1000)
             expected = [r["id"] for r in await conn.fetch(
                 "SELECT i.id FROM items i JOIN batches b ON b.id = i.batch_id"
                 " WHERE b.run_id = $1 AND i.status = 'succeeded' ORDER BY i.id", run_id)]
@@ -205,7 +218,7 @@ async def test_a_complete_read_has_every_record_once_in_id_order(
     assert [r["item_id"] for r in records] == expected  # pages of 1,000: many seams crossed
     assert set(records[0]) == {"item_id", "tenant_id", "object_id", "policy", "policy_version",
                                "operation_key", "outcome", "upstream_status", "attempts",
-                               "completed_at", "run_id", "released_by", "seq", "hash"}
+                               "completed_at", "run_id", "released_by", "seq"}
     assert json.loads(response.content.splitlines()[-1])["manifest"]["records"] == len(expected)
     # the spans of the log that hold the run's entries, each between checkpoints, verify
     verified = evidence_slices.verify(response.content.splitlines(keepends=True), [PUBLIC])
@@ -215,9 +228,9 @@ async def test_a_complete_read_has_every_record_once_in_id_order(
         ("succeeded", 204, 1)}
 
 
-@pytest.mark.parametrize("page_rows", [1, 7, 1000])
+@pytest.mark.parametrize("page_segments", [1, 2, 8])
 async def test_pages_are_never_empty_and_never_repeat(engine: AsyncEngine, db_url: str,
-                                                      page_rows: int) -> None:
+                                                      page_segments: int) -> None:
     conn = await asyncpg.connect(db_url)
     try:
         run_id = await conn.fetchval(
@@ -225,24 +238,26 @@ async def test_pages_are_never_empty_and_never_repeat(engine: AsyncEngine, db_ur
         batch = await conn.fetchval(
             "INSERT INTO batches (run_id, seq, digest, policy, policy_version, item_count)"
             " VALUES ($1, 0, repeat('a', 64), 'carts', 1, 14) RETURNING id", run_id)
-        await conn.execute(
+        ids = [r["id"] for r in await conn.fetch(
             "INSERT INTO items (tenant_id, object_id, policy, policy_version, operation_key,"
             " scope, status, due_at, released_at, batch_id, completed_at, last_outcome,"
             " last_status_code)"
             " SELECT 'acme', 'c' || g, 'carts', 1, md5(g::text) || md5('k' || g), 'tenant:acme',"
             " 'succeeded', now(), now(), $1, now(), 'succeeded', 204"
-            " FROM generate_series(1, 14) g", batch)
-        await conn.execute(APPEND_SUCCEEDED)
+            " FROM generate_series(1, 14) g RETURNING id", batch)]
+        await append_succeeded(conn, 3)  # segments ending at 3, 6, 9, 12, 14
     finally:
         await conn.close()
-    pages = [page async for page in evidence_log.entries(engine, 0, 14, page_rows=page_rows)]
-    assert all(0 < len(page) <= page_rows for page in pages)
-    assert [r["seq"] for page in pages for r in page] == list(range(1, 15))
-    middle = [r["seq"] async for page in evidence_log.entries(engine, 3, 5,
-                                                              page_rows=page_rows)
-              for r in page]
-    assert middle == [4, 5]
-    assert [page async for page in evidence_log.entries(engine, 14, 20)] == []
+    pages = [page async for page in evidence_log.segments(engine, 0, 14,
+                                                          page_segments=page_segments)]
+    assert all(0 < len(page) <= page_segments for page in pages)
+    found = [s for page in pages for s in page]
+    assert [s.seq_end for s in found] == [3, 6, 9, 12, 14]
+    assert [r["item_id"] for s in found for r in s.records] == sorted(ids)
+    middle = [s.seq_end async for page in evidence_log.segments(
+        engine, 3, 9, page_segments=page_segments) for s in page]
+    assert middle == [6, 9]
+    assert [page async for page in evidence_log.segments(engine, 14, 20)] == []
 
 
 async def test_a_stream_whose_database_goes_away_ends_in_a_client_error(
