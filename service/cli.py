@@ -38,7 +38,7 @@ from service.settings import (
 if TYPE_CHECKING:
     from service.credentials import Keyring
     from service.credentials.tenant_credentials import Reencryption
-    from service.evidence_slices import Verified
+    from service.evidence_verify import Verified
     from service.worker.process import Faults
 
 log = logging.getLogger("service.cli")
@@ -225,7 +225,7 @@ def cmd_verify_evidence(args: argparse.Namespace) -> int:
     (and the checkpoints kept outside the database, if given) and the manifest, or an
     export made before the evidence log (sweeper-evidence/1). Exit 0 verified, 1 not (the
     first failing line named), 2 a file that cannot be read."""
-    from service import evidence, evidence_slices
+    from service import evidence, evidence_verify
 
     keys: list[evidence.PublicKey] = []
     for path in args.public_key:
@@ -238,7 +238,7 @@ def cmd_verify_evidence(args: argparse.Namespace) -> int:
     kept: dict[int, bytes] = {}
     if args.checkpoints is not None:
         try:
-            kept = evidence_slices.kept_checkpoints(args.checkpoints.read_bytes(), keys)
+            kept = evidence_verify.kept_checkpoints(args.checkpoints.read_bytes(), keys)
         except OSError as exc:
             raise ConfigError(f"--checkpoints {args.checkpoints}: cannot be read "
                               f"({exc.strerror})") from None
@@ -251,7 +251,7 @@ def cmd_verify_evidence(args: argparse.Namespace) -> int:
             first = lines.readline()
             lines.seek(0)
             if first.startswith(b'{"checkpoint"') or b'"sweeper-evidence/2"' in first:
-                said = _verified_slices(evidence_slices.verify(lines, keys, kept), len(kept))
+                said = _verified_slices(evidence_verify.verify(lines, keys, kept), len(kept))
             else:
                 if kept:
                     raise ConfigError(f"{args.file}: a sweeper-evidence/1 export (made before "

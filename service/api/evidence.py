@@ -119,8 +119,9 @@ async def get_evidence_log(runtime: RuntimeDep, _actor: OperatorDep,
                            limit: Annotated[int, Query(ge=1, le=MAX_LOG_ENTRIES)] = 1000
                            ) -> StreamingResponse:
     """Every deletion, whatever released its item, in log order: entries after+1 ..
-    after+limit, widened to the checkpoints around them (at most CHECKPOINT_RECORDS more
-    each side), each record in full with the chain hash after it. `sweeper evidence verify`
+    after+limit, widened to the checkpoints around them (at most CHECKPOINT_RECORDS and a
+    segment more each side), each record in full, each segment closed by the chain hash
+    after it. `sweeper evidence verify`
     checks it against the checkpoints' signatures offline. The head is checkpointed first,
     so every deletion committed before the request is in some page."""
     lines, next_after = await evidence_slices.range_export(runtime.engine, runtime.signer,

@@ -233,12 +233,13 @@ async def get_run_evidence(runtime: RuntimeDep, _actor: OperatorDep,
     """The run's deletions as slices of the evidence log: each between two signed
     checkpoints, its entries in order (the run's records in full: object, policy version,
     operation key, outcome, upstream status, attempts, completed_at, no payloads; other
-    entries as their leaf digest only), each carrying the chain hash after it, closed by a
-    manifest signed with the evidence key (`sweeper evidence verify` checks it offline).
-    The entries were chained when they were written, so a row edited since fails the
-    verification. Read page by page, so a slow reader holds no database connection; a
-    stream that fails part way ends without its final chunk and without its manifest (an
-    incomplete body to the client), never as a short clean one."""
+    entries as their leaf digest only), each completion's segment of entries closed by the
+    chain hash after it, the whole closed by a manifest signed with the evidence key
+    (`sweeper evidence verify` checks it offline). The entries were chained when they were
+    written, so a row edited since fails the verification. Read page by page, so a slow
+    reader holds no database connection; a stream that fails part way ends without its
+    final chunk and without its manifest (an incomplete body to the client), never as a
+    short clean one."""
     response = await evidence_export(runtime, run_id)
     if response is None:
         raise Problem(404, "run-not-found", "Run not found", f"no run {run_id}")

@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import cli, evidence, evidence_slices, retention
+from service import cli, evidence, evidence_verify, retention
 from service.exits import Exit
 from service.upstream import Upstreams
 from service.worker import database_pool
@@ -163,7 +163,7 @@ async def test_pruning_keeps_the_evidence_for_its_own_period(
             assert (deletion["kept_in"], deletion["run_id"], deletion["policy"],
                     deletion["policy_version"], deletion["upstream_status"]) == (
                 "evidence", run_id, "carts", 1, 204)
-            verified = evidence_slices.verify(export.splitlines(keepends=True), keys)
+            verified = evidence_verify.verify(export.splitlines(keepends=True), keys)
             assert verified.records == 5
 
             # past the evidence's own period it goes too, and the answer says so

@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import evidence, evidence_log, evidence_slices
+from service import evidence, evidence_log, evidence_verify
 from service.evidence_records import canonical_sql
 from service.policies import Policies
 from tests.conftest import TOKEN_A, LiveServer, test_settings
@@ -221,7 +221,7 @@ async def test_a_complete_read_has_every_record_once_in_id_order(
                                "completed_at", "run_id", "released_by", "seq"}
     assert json.loads(response.content.splitlines()[-1])["manifest"]["records"] == len(expected)
     # the spans of the log that hold the run's entries, each between checkpoints, verify
-    verified = evidence_slices.verify(response.content.splitlines(keepends=True), [PUBLIC])
+    verified = evidence_verify.verify(response.content.splitlines(keepends=True), [PUBLIC])
     assert verified.records == len(expected) and verified.run_id == run_id
     assert verified.entries > verified.records  # the other run's entries: their leaf only
     assert {(r["outcome"], r["upstream_status"], r["attempts"]) for r in records} == {

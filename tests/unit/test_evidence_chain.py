@@ -18,7 +18,8 @@ from service import evidence, evidence_records
 from service.evidence import PublicKey, Signer, VerificationFailed
 from service.evidence_log import GENESIS_CHECKPOINT, Checkpoint, Segment, signed_bytes
 from service.evidence_records import GENESIS, leaf, segment_hash
-from service.evidence_slices import Slices, kept_checkpoints, verify
+from service.evidence_slices import Slices
+from service.evidence_verify import kept_checkpoints, verify
 
 KEY = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
 OTHER = Ed25519PrivateKey.from_private_bytes(bytes(range(1, 33)))

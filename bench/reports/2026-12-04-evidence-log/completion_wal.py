@@ -97,10 +97,14 @@ async def measure(server_url: str, items: int, per_scope: int) -> dict[str, Any]
                     " (SELECT avg(pg_column_size(x.*)) FROM " + table + " x) AS avg_tuple"),
                     {"t": table})).one()
                 n = max(int(row.n), 1)
-                sizes[table] = {"rows": int(row.n), "heap_bytes_per_row": round(row.heap / n, 1),
-                                "index_bytes_per_row": round(row.indexes / n, 1),
-                                "total_bytes_per_row": round(row.total / n, 1),
-                                "avg_tuple_bytes": round(float(row.avg_tuple), 1)}
+                # per deletion: the log's rows are segments (one per completion)
+                per = total["items"] if table == "evidence_log" else n
+                sizes[table] = {"rows": int(row.n), "per": "deletion" if table ==
+                                "evidence_log" else "row",
+                                "heap_bytes_per": round(row.heap / per, 1),
+                                "index_bytes_per": round(row.indexes / per, 1),
+                                "total_bytes_per": round(row.total / per, 1),
+                                "avg_tuple_bytes_in_heap": round(float(row.avg_tuple), 1)}
         items_done = max(total["items"], 1)
         return {"items": total["items"], "completions": total["completions"],
                 "wal_bytes_per_item": round(total["wal_bytes"] / items_done, 1),
