@@ -6,6 +6,7 @@ spliced together are each caught."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import json
@@ -13,19 +14,29 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import asyncpg
 import httpx
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import cli, evidence, evidence_log, evidence_records, ledger
+from service import (
+    claims,
+    cli,
+    evidence,
+    evidence_log,
+    evidence_records,
+    evidence_slices,
+    evidence_verify,
+    ledger,
+)
 from service.exits import Exit
 from service.upstream import Upstreams
 from service.worker import database_pool
 from tests.conftest import TOKEN_A, LiveServer, test_settings
 from tests.fakes.upstream import FakeUpstream
-from tests.integration.test_pipeline import PAST, drain, release_all
+from tests.integration.test_pipeline import PAST, drain, release_all, succeeded
 from tests.integration.test_webhooks import SHOP, make_policies, post, shopify
 
 KEY = base64.b64encode(bytes(range(7, 39))).decode()
@@ -331,3 +342,43 @@ async def test_checkpoints_come_at_their_interval_and_unsigned_ones_are_signed_l
     export = (await logged.api.get("/v1/evidence/log", params={"after": 7})).content
     code, said = verify_cli(logged, export, capsys, kept=True)
     assert code == Exit.OK and "entries 8..8" in said, said
+
+
+async def test_completions_racing_for_the_head_append_one_chain(
+        engine: AsyncEngine, db_url: str) -> None:
+    """Four completions on four connections queue on the head row (held here until all
+    four wait), then append in turn: contiguous segments that verify as one chain."""
+    policies = make_policies()
+    await ledger.register(engine, [ledger.Registration(
+        "acme", f"cart-{i}", policies.policies["carts"], PAST) for i in range(20)])
+    await release_all(engine)
+    batches = []
+    for owner in ("w1", "w2", "w3", "w4"):
+        admission = await claims.admit(engine, owner=owner, wants={"tenant:acme": 5},
+                                       lease_seconds={"carts": 60})
+        batches.append([succeeded(lease) for lease in admission.leases])
+    assert sorted(len(b) for b in batches) == [5, 5, 5, 5]
+    holder, watcher = await asyncpg.connect(db_url), await asyncpg.connect(db_url)
+    try:
+        async with holder.transaction():
+            await holder.execute("SELECT 1 FROM evidence_log_head WHERE id = 1 FOR UPDATE")
+            racing = [asyncio.create_task(claims.complete(engine, b)) for b in batches]
+            async with asyncio.timeout(30):  # until all four wait on a lock
+                while await watcher.fetchval(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                        " AND datname = current_database()") < 4:
+                    await asyncio.sleep(0.01)
+        assert [await task for task in racing] == [[], [], [], []]  # none fenced
+    finally:
+        await holder.close()
+        await watcher.close()
+    async with engine.connect() as conn:
+        stored = (await conn.execute(text(
+            "SELECT seq_start, seq_end FROM evidence_log ORDER BY seq_end"))).all()
+    assert [tuple(r) for r in stored] == [(1, 5), (6, 10), (11, 15), (16, 20)]
+    signer = evidence.Signer(Ed25519PrivateKey.from_private_bytes(base64.b64decode(KEY)))
+    lines, _ = await evidence_slices.range_export(engine, signer, after=0, limit=100)
+    export = b"".join([chunk async for chunk in lines])
+    verified = evidence_verify.verify(export.splitlines(keepends=True),
+                                      [signer.current])
+    assert (verified.records, verified.first_seq, verified.last_seq) == (20, 1, 20)
