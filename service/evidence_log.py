@@ -22,7 +22,7 @@ CHECKPOINT_INTERVAL_S when the log grew, and at the head before each export. Exp
 (service/evidence_slices.py) are slices of the log between checkpoints.
 
 What `sweeper evidence verify` checks, and so what an attacker with write access to the
-database can and cannot do: service/evidence_slices.py's docstring.
+database can and cannot do: service/evidence_verify.py's docstring.
 """
 
 from __future__ import annotations
