@@ -19,7 +19,7 @@ from sqlalchemy.engine import URL
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import service
-from service import holds, metrics, retention, runs, tenant_forms
+from service import evidence_log, holds, metrics, retention, runs, tenant_forms
 from service.api import credentials as credentials_routes
 from service.api import evidence as evidence_routes
 from service.api import health, items
@@ -152,7 +152,9 @@ def create_app(
                           stores=Stores(policies.stores))
         # background loops, cancelled on shutdown; the worker pool stops by itself (grace)
         loops = [asyncio.create_task(_publisher(runtime), name="publisher"),
-                 asyncio.create_task(holds.maintenance_loop(engine), name="holds")]
+                 asyncio.create_task(holds.maintenance_loop(engine), name="holds"),
+                 asyncio.create_task(evidence_log.checkpoint_loop(engine, runtime.signer),
+                                     name="evidence-checkpoints")]
         if settings.retention_days > 0:
             loops.append(asyncio.create_task(retention.retention_loop(
                 engine, keep_seconds=settings.retention_days * 86_400,

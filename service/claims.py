@@ -27,6 +27,7 @@ from service.db.statements import (
     fetch_none,
     ready_item,
 )
+from service.evidence_records import canonical_sql
 from service.limiter import GRANTS_SQL, LOOKAHEAD_S, Grant
 
 NOTIFY_CHANNEL = "sweeper_released"
@@ -281,10 +282,17 @@ class Completion:
 #  1. `done`: the outcomes as rows.
 #  2. `applied`: update only items still leased under the same token. A worker whose lease
 #     expired and was re-claimed elsewhere matches nothing here: it changes nothing.
-#  3. every attempt is appended to the audit trail, fenced ones flagged as such.
+#  3. `deleted` .. `moved`: the items that succeeded are appended to the evidence log as
+#     one segment (service/evidence_log.py), chained as it is written: `head` locks the
+#     log's one head row only after every item above is updated (the count reads `applied`
+#     to its end), so a completion never holds the head while it waits for an item's row
+#     lock, and holds it until its commit; the segment stores each entry's canonical bytes
+#     and the chain after it.
+#  4. every attempt is appended to the audit trail, fenced ones flagged as such.
 _COMPLETE = Statement("claims.complete", (
-    "Apply attempts' outcomes to items still leased under the same token and append every "
-    "attempt, fenced ones flagged."), """
+    "Apply attempts' outcomes to items still leased under the same token, append each "
+    "deletion to the evidence log chained, and append every attempt, fenced ones "
+    "flagged."), f"""
     WITH done AS (
         SELECT * FROM unnest(
             CAST(:ids AS bigint[]), CAST(:tokens AS uuid[]), CAST(:statuses AS text[]),
@@ -317,7 +325,45 @@ _COMPLETE = Statement("claims.complete", (
         -- the token alone fences: only leased rows carry one (CHECK items_lease), and
         -- without a status filter the planner keeps to primary-key lookups
         WHERE i.id = d.id AND i.lease_token = d.token
-        RETURNING i.id
+        RETURNING i.id, i.status, i.tenant_id, i.object_id, i.policy, i.policy_version,
+                  i.operation_key, i.last_outcome, i.last_status_code, i.attempts,
+                  i.completed_at, i.batch_id
+    ),
+    deleted AS (
+        SELECT a.id AS item_id, b.run_id,
+               CASE WHEN a.batch_id IS NULL THEN 'webhook' ELSE 'run' END AS released_by,
+               a.tenant_id, a.object_id, a.policy, a.policy_version, a.operation_key,
+               a.last_outcome AS outcome, a.last_status_code AS upstream_status, a.attempts,
+               a.completed_at
+        FROM applied a LEFT JOIN batches b ON b.id = a.batch_id
+        WHERE a.status = 'succeeded'
+    ),
+    canonical AS (
+        SELECT d.item_id, d.run_id, {canonical_sql("d")} AS bytes FROM deleted d
+    ),
+    head AS (
+        SELECT h.size, h.hash FROM evidence_log_head h
+        WHERE h.id = 1 AND (SELECT count(*) FROM canonical) > 0
+        FOR UPDATE
+    ),
+    segment AS (
+        SELECT head.size + 1 AS seq_start, head.size + count(*) AS seq_end,
+               coalesce(array_agg(DISTINCT c.run_id) FILTER (WHERE c.run_id IS NOT NULL),
+                        '{{}}') AS runs,
+               string_agg(int4send(octet_length(c.bytes)) || c.bytes, ''::bytea
+                          ORDER BY c.item_id) AS records,
+               sha256(head.hash || string_agg(sha256(c.bytes), ''::bytea
+                                              ORDER BY c.item_id)) AS hash
+        FROM canonical c, head
+        GROUP BY head.size, head.hash
+    ),
+    logged AS (
+        INSERT INTO evidence_log (seq_end, seq_start, runs, records, hash)
+        SELECT seq_end, seq_start, runs, records, hash FROM segment
+    ),
+    moved AS (
+        UPDATE evidence_log_head h SET size = s.seq_end, hash = s.hash
+        FROM segment s WHERE h.id = 1
     )
     INSERT INTO attempts (item_id, attempt_no, worker, lease_token, started_at, finished_at,
                           outcome, http_status, retry_after_seconds, latency_ms, error_code,
@@ -328,7 +374,7 @@ _COMPLETE = Statement("claims.complete", (
            d.id NOT IN (SELECT id FROM applied)
     FROM done d
     RETURNING item_id, fenced
-""")
+""")  # noqa: S608 - only constant fragments are interpolated
 
 
 async def complete(db: Database, completions: Sequence[Completion]) -> list[int]:

@@ -38,6 +38,7 @@ from service.settings import (
 if TYPE_CHECKING:
     from service.credentials import Keyring
     from service.credentials.tenant_credentials import Reencryption
+    from service.evidence_verify import Verified
     from service.worker.process import Faults
 
 log = logging.getLogger("service.cli")
@@ -204,11 +205,27 @@ async def _reencrypt(url: URL, settings: Settings, keyring: Keyring) -> Reencryp
         await engine.dispose()
 
 
+def _verified_slices(verified: Verified, kept: int) -> str:
+    """What a verified log export holds, in one line."""
+    parts = [f"run {verified.run_id}" if verified.run_id is not None else "log range",
+             f"{verified.records} record(s)",
+             f"entries {verified.first_seq}..{verified.last_seq}" if verified.entries
+             else "no entries",
+             f"{verified.checkpoints} checkpoint(s)"]
+    if kept:
+        parts.append(f"{kept} kept checkpoint(s) given")
+    said = ", ".join(parts) + f", signed with key {verified.key_id}"
+    if verified.next_after is not None:
+        said += f"; next page after={verified.next_after}"
+    return said
+
+
 def cmd_verify_evidence(args: argparse.Namespace) -> int:
-    """Verify an evidence export offline: its chain, its manifest, the manifest's signature
-    under one of the public keys given. Exit 0 verified, 1 not (the first failing line
-    named), 2 a key file that cannot be read."""
-    from service import evidence
+    """Verify an evidence export offline: the log's slices against their signed checkpoints
+    (and the checkpoints kept outside the database, if given) and the manifest, or an
+    export made before the evidence log (sweeper-evidence/1). Exit 0 verified, 1 not (the
+    first failing line named), 2 a file that cannot be read."""
+    from service import evidence, evidence_verify
 
     keys: list[evidence.PublicKey] = []
     for path in args.public_key:
@@ -218,16 +235,36 @@ def cmd_verify_evidence(args: argparse.Namespace) -> int:
             raise ConfigError(f"--public-key {path}: cannot be read ({exc.strerror})") from None
         except evidence.KeyProblem as exc:
             raise ConfigError(f"--public-key {path}: {exc}") from None
+    kept: dict[int, bytes] = {}
+    if args.checkpoints is not None:
+        try:
+            kept = evidence_verify.kept_checkpoints(args.checkpoints.read_bytes(), keys)
+        except OSError as exc:
+            raise ConfigError(f"--checkpoints {args.checkpoints}: cannot be read "
+                              f"({exc.strerror})") from None
+        except evidence.VerificationFailed as exc:
+            print(f"{args.checkpoints}: NOT verified: checkpoint {exc.line}: {exc.reason}",
+                  file=sys.stderr)
+            return Exit.INCOMPLETE
     try:
         with args.file.open("rb") as lines:
-            verified = evidence.verify(lines, keys)
+            first = lines.readline()
+            lines.seek(0)
+            if first.startswith(b'{"checkpoint"') or b'"sweeper-evidence/2"' in first:
+                said = _verified_slices(evidence_verify.verify(lines, keys, kept), len(kept))
+            else:
+                if kept:
+                    raise ConfigError(f"{args.file}: a sweeper-evidence/1 export (made before "
+                                      f"the evidence log): --checkpoints does not apply")
+                old = evidence.verify(lines, keys)
+                said = (f"run {old.run_id}, {old.records} record(s), signed with key "
+                        f"{old.key_id} (sweeper-evidence/1: chained at export)")
     except OSError as exc:
         raise ConfigError(f"{args.file}: cannot be read ({exc.strerror})") from None
     except evidence.VerificationFailed as exc:
         print(f"{args.file}: NOT verified: {exc}", file=sys.stderr)
         return Exit.INCOMPLETE
-    print(f"{args.file}: verified: run {verified.run_id}, {verified.records} record(s), "
-          f"signed with key {verified.key_id}")
+    print(f"{args.file}: verified: {said}")
     return Exit.OK
 
 
@@ -514,21 +551,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     evidence = sub.add_parser(
         "evidence", help="verify deletion evidence exports",
-        description="Work with the evidence exports of GET /v1/runs/{id}/evidence.")
+        description="Work with the evidence exports of GET /v1/runs/{id}/evidence and "
+                    "GET /v1/evidence/log.")
     evidence_actions = evidence.add_subparsers(dest="action", required=True, metavar="ACTION",
                                                help="what to do")
     verify = evidence_actions.add_parser(
-        "verify", help="verify an export offline (chain, manifest, signature)",
-        description="Check that an evidence export is what the server signed: every line "
-                    "follows the one before, the manifest counts them and names the last, "
-                    "and its signature verifies under one of the public keys given. Exit 0 "
-                    "verified, 1 not (the first line that fails is named), 2 a file that "
-                    "cannot be read.")
+        "verify", help="verify an export offline (log chain, checkpoints, manifest)",
+        description="Check an evidence export (GET /v1/runs/{id}/evidence or "
+                    "/v1/evidence/log): every entry's record chains onto the one before to "
+                    "the head its slice's closing checkpoint signs, every checkpoint and "
+                    "the manifest verify under one of the public keys given, and, with "
+                    "--checkpoints, every checkpoint kept outside the database agrees with "
+                    "the log. Exit 0 verified, 1 not (the first line that fails is named), "
+                    "2 a file that cannot be read.")
     verify.add_argument("file", type=Path, help="the export (JSON lines)")
     verify.add_argument("--public-key", type=Path, action="append", required=True,
                         metavar="FILE",
                         help="a PEM public key, base64 keys, or the JSON of GET "
                              "/v1/evidence/public-key (repeat for more)")
+    verify.add_argument("--checkpoints", type=Path, metavar="FILE",
+                        help="checkpoints kept outside the database (the JSON of GET "
+                             "/v1/evidence/checkpoints): the log must agree with each")
     verify.set_defaults(func=cmd_verify_evidence)
 
     add_plugin_commands(sub)

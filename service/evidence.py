@@ -1,22 +1,22 @@
-"""Deletion evidence nobody can quietly edit: a run's export as a hash chain closed by a
-signed manifest, and its offline verification.
+"""Deletion evidence: the signing keys, the lookup of an object's deletions, and the
+verification of run exports made before the evidence log (format sweeper-evidence/1).
 
-The export (`GET /v1/runs/{id}/evidence`) is JSON lines. Each record line carries the run's
-id and `prev`, the SHA-256 of the previous line's bytes (the first line's `prev` is the
-run's genesis digest, so lines of another run's export do not fit). The last line is the
-manifest: the format, the run, the number of records, the digest of the last record line,
-when it was exported and the id of the signing key, with an Ed25519 signature over its
-canonical JSON. A changed, dropped, inserted or reordered line breaks the chain at the first
-line that no longer follows its predecessor; a dropped tail or a changed count breaks the
-manifest; a manifest changed or signed by an unpublished key fails its signature.
+Exports are now slices of the evidence log (service/evidence_log.py writes it,
+service/evidence_slices.py exports and verifies it). A sweeper-evidence/1 export, as
+`GET /v1/runs/{id}/evidence` answered before revision 0019, is JSON lines: each record line
+carries the run's id and `prev`, the SHA-256 of the previous line's bytes (the first line's
+`prev` is the run's genesis digest), and the last line is a manifest (format, run, record
+count, last digest, export time, key id) with an Ed25519 signature over its canonical JSON.
+`verify` still checks such files; the chain there was computed at export, so it proves only
+that the file is what the server signed then.
 
 Keys: the private key from a PEM file (`openssl genpkey -algorithm ed25519`) or base64 of
 its 32 raw bytes, from SWEEPER_EVIDENCE_SIGNING_KEY_FILE or SWEEPER_EVIDENCE_SIGNING_KEY;
 never logged or rendered. A key's id is the first 16 hex digits of the SHA-256 of its raw
 public key. Earlier public keys stay published (SWEEPER_EVIDENCE_PREVIOUS_PUBLIC_KEYS) so
-exports signed before a rotation still verify. With the embedded database (local use) and
-no key configured, a key is created once under SWEEPER_DATA_DIR; otherwise, with no key,
-manifests are unsigned and verification says so.
+exports and checkpoints signed before a rotation still verify. With the embedded database
+(local use) and no key configured, a key is created once under SWEEPER_DATA_DIR;
+otherwise, with no key, checkpoints and manifests are unsigned and verification says so.
 """
 
 from __future__ import annotations
@@ -27,9 +27,8 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
@@ -63,12 +62,6 @@ def genesis(run_id: int) -> str:
 
 def _canonical(value: Mapping[str, Any]) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
-
-
-def _iso(value: object) -> str:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    raise TypeError(type(value).__name__)
 
 
 def _raw_public(key: Ed25519PublicKey) -> bytes:
@@ -120,7 +113,8 @@ class Signer:
         return base64.b64encode(self.private.sign(payload)).decode()
 
 
-def _b64(text: str) -> bytes | None:
+def b64decode(text: str) -> bytes | None:
+    """Bytes from base64 (standard or URL-safe, padding optional), None if it is not."""
     try:
         return base64.b64decode(text.strip() + "=" * (-len(text.strip()) % 4),
                                 altchars=b"-_" if ("-" in text or "_" in text) else None,
@@ -139,7 +133,7 @@ def private_key(text: bytes) -> Ed25519PrivateKey:
         if not isinstance(key, Ed25519PrivateKey):
             raise KeyProblem("not an Ed25519 key")
         return key
-    raw = _b64(text.decode("ascii", "replace"))
+    raw = b64decode(text.decode("ascii", "replace"))
     if raw is None or len(raw) != 32:
         raise KeyProblem("neither PEM nor base64 of 32 bytes")
     return Ed25519PrivateKey.from_private_bytes(raw)
@@ -155,7 +149,7 @@ def public_keys(text: bytes) -> list[PublicKey]:
             texts = [k["public_key"] for k in doc["keys"]]
         except (ValueError, KeyError, TypeError):
             raise KeyProblem("JSON without keys[].public_key") from None
-        return [_public_from_b64(t) for t in texts]
+        return [_public_fromb64decode(t) for t in texts]
     if b"-----BEGIN" in stripped:
         keys = []
         for block in stripped.split(b"-----END PUBLIC KEY-----"):
@@ -171,11 +165,11 @@ def public_keys(text: bytes) -> list[PublicKey]:
     parts = [p for p in stripped.decode("ascii", "replace").replace(",", "\n").split() if p]
     if not parts:
         raise KeyProblem("no key")
-    return [_public_from_b64(p) for p in parts]
+    return [_public_fromb64decode(p) for p in parts]
 
 
-def _public_from_b64(text: object) -> PublicKey:
-    raw = _b64(text) if isinstance(text, str) else None
+def _public_fromb64decode(text: object) -> PublicKey:
+    raw = b64decode(text) if isinstance(text, str) else None
     if raw is None or len(raw) != 32:
         raise KeyProblem("a public key is neither PEM nor base64 of 32 bytes")
     return PublicKey(Ed25519PublicKey.from_public_bytes(raw))
@@ -205,34 +199,6 @@ def local_key(data_dir: Path) -> Ed25519PrivateKey:
             with os.fdopen(fd, "wb") as out:
                 out.write(pem)
     return private_key(path.read_bytes())
-
-
-class Chain:
-    """Writes one run's export: record lines, then the manifest."""
-
-    def __init__(self, run_id: int, signer: Signer | None) -> None:
-        self.run_id = run_id
-        self.signer = signer
-        self.records = 0
-        self.last = genesis(run_id)
-
-    def line(self, record: Mapping[str, Any]) -> bytes:
-        """A record's line (without its line break), chained to the one before."""
-        body = json.dumps({**record, "run_id": self.run_id, "prev": self.last},
-                          default=_iso, separators=(",", ":")).encode()
-        self.last = digest(body)
-        self.records += 1
-        return body
-
-    def manifest(self, exported_at: datetime | None = None) -> bytes:
-        """The closing line: what the chain holds, signed when a key is configured."""
-        manifest = {"format": FORMAT, "run_id": self.run_id, "records": self.records,
-                    "last": self.last,
-                    "exported_at": (exported_at or datetime.now(UTC)).isoformat(),
-                    "key_id": self.signer.current.key_id if self.signer else None}
-        signature = self.signer.sign(_canonical(manifest)) if self.signer else None
-        return json.dumps({"manifest": manifest, "signature": signature},
-                          separators=(",", ":")).encode()
 
 
 class VerificationFailed(Exception):
@@ -315,7 +281,7 @@ def verify(lines: Iterable[bytes], keys: Iterable[PublicKey]) -> Verified:
     if key is None:
         raise VerificationFailed(where, f"signed with key {named}, which is not among the "
                                         f"public keys given ({', '.join(sorted(by_id)) or 'none'})")
-    sig = _b64(signature) if isinstance(signature, str) else None
+    sig = b64decode(signature) if isinstance(signature, str) else None
     try:
         if sig is None:
             raise InvalidSignature
@@ -329,34 +295,8 @@ def verify(lines: Iterable[bytes], keys: Iterable[PublicKey]) -> Verified:
 
 # -- reading it from the ledger -----------------------------------------------------------------
 
-# Records per evidence page: each page is one short read whose connection goes back to the
-# pool before the page is written to the client, so a slow reader holds no connection and
-# no transaction, and the stream's memory is one page.
-PAGE_ROWS: Final = 1000
-
 _RECORD_COLUMNS: Final = ("item_id, tenant_id, object_id, policy, policy_version, "
                           "operation_key, outcome, upstream_status, attempts, completed_at")
-
-# One page of a run's deletion evidence: its succeeded items still in the ledger and the
-# evidence retention kept of those it pruned, after `after` in item id order (keyset: the
-# next page starts past the last id sent, so no record is sent twice; retention moves an
-# item's evidence in one statement, so a page finds it in exactly one of the two).
-_PAGE = Statement("evidence.page", (
-    "One page of a run's deletion evidence, from its succeeded items and the evidence kept "
-    "of pruned ones, after a keyset cursor, by item id."), f"""
-    (SELECT i.id AS item_id, i.tenant_id, i.object_id, i.policy, i.policy_version,
-            i.operation_key, i.last_outcome AS outcome, i.last_status_code AS upstream_status,
-            i.attempts, i.completed_at
-     FROM items i JOIN batches b ON b.id = i.batch_id
-     WHERE b.run_id = :id AND i.status = 'succeeded' AND i.id > :after
-     ORDER BY i.id LIMIT :page)
-    UNION ALL
-    (SELECT {_RECORD_COLUMNS} FROM evidence
-     WHERE run_id = :id AND item_id > :after
-     ORDER BY item_id LIMIT :page)
-    ORDER BY item_id
-    LIMIT :page
-""")  # noqa: S608 - only a constant is interpolated
 
 # An object's deletions: its succeeded items (any policy and version) and the evidence kept
 # of pruned ones, oldest first; both through an index led by (tenant_id, object_id).
@@ -374,31 +314,6 @@ _LOOKUP = Statement("evidence.lookup", (
     ORDER BY completed_at, item_id
     LIMIT :limit
 """)  # noqa: S608 - only a constant is interpolated
-
-
-async def pages(engine: AsyncEngine, run_id: int, *, page_rows: int = PAGE_ROWS
-                ) -> AsyncIterator[list[dict[str, Any]]]:
-    """Yield the run's deletion evidence, one record per succeeded item in id order, in
-    pages of at most `page_rows` (never an empty one). Each page is read at its own moment
-    in its own short transaction: an item that succeeds while the stream runs is included
-    when its id is past the pages already read."""
-    after = sent = 0
-    while True:
-        try:
-            rows = await fetch(engine, _PAGE, {"id": run_id, "after": after, "page": page_rows})
-        except Exception as exc:
-            if sent:  # the caller has passed part of the evidence on: say where it broke
-                log.warning("evidence read failed part way", extra={
-                    "run_id": run_id, "records_sent": sent, "error_type": type(exc).__name__})
-            raise
-        # the connection is back in the pool before the caller sees the page
-        if not rows:
-            return
-        page = [dict(row._mapping) for row in rows]
-        after, sent = page[-1]["item_id"], sent + len(page)
-        yield page
-        if len(page) < page_rows:
-            return
 
 
 async def lookup(engine: AsyncEngine, tenant_id: str, object_id: str, *, limit: int

@@ -17,7 +17,8 @@ finished and were pruned.
 A succeeded item's deletion evidence outlives it: the statement that prunes it copies its
 evidence (no payload: identifiers, policy version, operation key, outcome, upstream status,
 attempts, completion time, its run) to `evidence`, kept for the evidence retention period
-after completion and pruned the same way; `GET /v1/evidence` and the run's export read it.
+after completion and pruned the same way; `GET /v1/evidence` reads it. The deletion's
+entry in the evidence log (service/evidence_log.py), which exports read, is not pruned.
 What pruning forgets: the item's obligation, so registering the same object again creates a
 new item, whose call the upstream de-duplicates by the unchanged operation key.
 """

@@ -17,14 +17,14 @@ had leased but not started, which it hands back. A hold answers once every worke
 covered lease has acknowledged it or that lease has run out (service/holds.py).
 
 Revision ID: 0020
-Revises: 0018
+Revises: 0019
 Create Date: 2026-12-04
 """
 
 from alembic import op
 
 revision = "0020"
-down_revision = "0018"
+down_revision = "0019"
 branch_labels = None
 depends_on = None
 

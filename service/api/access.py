@@ -65,6 +65,8 @@ ROUTES: Final[Mapping[tuple[str, str], Access]] = {
     ("POST", "/v1/holds/{hold_id}/release"): ADMIN,
     ("GET", "/v1/evidence"): VIEWER,
     ("GET", "/v1/evidence/public-key"): VIEWER,
+    ("GET", "/v1/evidence/log"): VIEWER,  # a slice of the log: ids and outcomes, as the run export
+    ("GET", "/v1/evidence/checkpoints"): VIEWER,
     # the console: signing in is open; its pages read, its forms change
     ("GET", "/console/static/{name}"): PUBLIC,
     ("GET", "/console/sign-in"): PUBLIC,

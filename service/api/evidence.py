@@ -1,4 +1,5 @@
-"""Deletion evidence by object, and the keys that verify evidence exports."""
+"""Deletion evidence by object, the evidence log's ranges and checkpoints, and the keys
+that verify them."""
 
 from __future__ import annotations
 
@@ -6,10 +7,11 @@ from datetime import datetime
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
-from service import evidence
-from service.api.bodies import ID_PATTERN, MAX_ID_CHARS, JsonRoute
+from service import evidence, evidence_log, evidence_slices
+from service.api.bodies import ID_PATTERN, MAX_BIGINT, MAX_ID_CHARS, JsonRoute
 from service.api.deps import OperatorDep, RuntimeDep
 from service.api.problems import problem_responses, validation_problem
 from service.api.tenants import stored_tenant
@@ -97,3 +99,71 @@ async def get_public_keys(runtime: RuntimeDep, _actor: OperatorDep) -> KeysOut:
     current = signer.current.key_id
     return KeysOut(keys=[KeyOut(key_id=k.key_id, public_key=k.base64, pem=k.pem,
                                 current=k.key_id == current) for k in signer.published])
+
+
+# Entries per range export and checkpoints per page: one answer stays a few MB.
+MAX_LOG_ENTRIES = 10_000
+MAX_CHECKPOINTS = 1000
+
+
+@router.get("/evidence/log", operation_id="getEvidenceLog",
+            response_class=StreamingResponse,
+            responses={200: {"content": {"application/x-ndjson": {}},
+                             "description": (
+                                 "a slice of the evidence log as JSON lines: the signed "
+                                 "checkpoint at or before `after`, every entry after it up "
+                                 "to the first checkpoint at or past after + limit, that "
+                                 "checkpoint, then the signed manifest line (its "
+                                 "`next_after` is the next page's `after`, null at the end; "
+                                 "a `Link: rel=next` header says the same)")},
+                       **problem_responses(422, 503)})
+async def get_evidence_log(runtime: RuntimeDep, _actor: OperatorDep,
+                           after: Annotated[int, Query(ge=0, le=MAX_BIGINT)] = 0,
+                           limit: Annotated[int, Query(ge=1, le=MAX_LOG_ENTRIES)] = 1000
+                           ) -> StreamingResponse:
+    """Every deletion, whatever released its item, in log order: entries after+1 ..
+    after+limit, widened to the checkpoints around them (at most CHECKPOINT_RECORDS and a
+    segment more each side), each record in full, each segment closed by the chain hash
+    after it. `sweeper evidence verify`
+    checks it against the checkpoints' signatures offline. The head is checkpointed first,
+    so every deletion committed before the request is in some page."""
+    lines, next_after = await evidence_slices.range_export(runtime.engine, runtime.signer,
+                                                           after=after, limit=limit)
+    headers = ({"Link": f'</v1/evidence/log?after={next_after}&limit={limit}>; rel="next"'}
+               if next_after is not None else {})
+    return StreamingResponse(lines, media_type="application/x-ndjson", headers=headers)
+
+
+class CheckpointOut(BaseModel):
+    """A signed checkpoint: the statement and its Ed25519 signature (base64) over the
+    statement's canonical JSON (keys sorted, no spaces)."""
+
+    checkpoint: dict[str, str | int | None] = Field(description=(
+        "format, size (entries in the log), head (the chain hash after entry `size`, hex), "
+        "signed_at, key_id"))
+    signature: str | None = Field(description="null: the server had no signing key")
+
+
+class CheckpointsOut(BaseModel):
+    """Checkpoints oldest first: keep them outside the database and pass them to
+    `sweeper evidence verify --checkpoints`."""
+
+    checkpoints: list[CheckpointOut]
+    next_after: int | None = Field(description="the next page's `after`; null: no more")
+
+
+@router.get("/evidence/checkpoints", operation_id="getEvidenceCheckpoints",
+            response_model=CheckpointsOut, responses=problem_responses(422, 503))
+async def get_evidence_checkpoints(runtime: RuntimeDep, _actor: OperatorDep,
+                                   after: Annotated[int, Query(ge=0, le=MAX_BIGINT)] = 0,
+                                   limit: Annotated[int, Query(
+                                       ge=1, le=MAX_CHECKPOINTS)] = MAX_CHECKPOINTS
+                                   ) -> CheckpointsOut:
+    """The evidence log's signed checkpoints with a size past `after`, oldest first. An
+    operator who copies them somewhere the database's writers cannot change can later
+    prove the log up to each was not rewritten."""
+    found = await evidence_log.checkpoints(runtime.engine, after=after, limit=limit)
+    return CheckpointsOut(
+        checkpoints=[CheckpointOut(checkpoint=c.statement(), signature=c.signature)
+                     for c in found],
+        next_after=found[-1].size if len(found) == limit else None)

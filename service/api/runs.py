@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -11,7 +10,7 @@ from fastapi.openapi.models import Example
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
-from service import discovery, evidence, runs
+from service import discovery, evidence_slices, runs
 from service.api.bodies import (
     ID_PATTERN,
     MAX_BIGINT,
@@ -226,20 +225,24 @@ async def get_run_discovery(runtime: RuntimeDep, _actor: OperatorDep,
             response_class=StreamingResponse,
             responses={200: {"content": {"application/x-ndjson": {}},
                              "description": (
-                                 "one JSON object per line per succeeded item, each with the "
-                                 "run's id and `prev` (the SHA-256 of the line before), then "
-                                 "the signed manifest line")},
+                                 "the spans of the evidence log that hold the run's "
+                                 "deletions, as JSON lines: signed checkpoints around each "
+                                 "span's entries (the run's in full, others' as their leaf "
+                                 "digest), then the signed manifest line")},
                        **problem_responses(404, 422)})
 async def get_run_evidence(runtime: RuntimeDep, _actor: OperatorDep,
                            run_id: Annotated[int, Path(ge=1, le=MAX_BIGINT)]
                            ) -> StreamingResponse:
-    """Deletion evidence as a hash chain of JSON lines: object, policy version, operation
-    key, outcome, upstream status, attempts, completed_at (no payloads), each line carrying
-    the digest of the one before, closed by a manifest signed with the evidence key
-    (`sweeper evidence verify` checks it offline). Items retention pruned are included from
-    the evidence it kept. Read page by page, so a slow reader holds no database connection;
-    a stream that fails part way ends without its final chunk and without its manifest (an
-    incomplete body to the client), never as a short clean one."""
+    """The run's deletions as slices of the evidence log: each between two signed
+    checkpoints, its entries in order (the run's records in full: object, policy version,
+    operation key, outcome, upstream status, attempts, completed_at, no payloads; other
+    entries as their leaf digest only), each completion's segment of entries closed by the
+    chain hash after it, the whole closed by a manifest signed with the evidence key
+    (`sweeper evidence verify` checks it offline). The entries were chained when they were
+    written, so a row edited since fails the verification. Read page by page, so a slow
+    reader holds no database connection; a stream that fails part way ends without its
+    final chunk and without its manifest (an incomplete body to the client), never as a
+    short clean one."""
     response = await evidence_export(runtime, run_id)
     if response is None:
         raise Problem(404, "run-not-found", "Run not found", f"no run {run_id}")
@@ -251,17 +254,7 @@ async def evidence_export(runtime: Runtime, run_id: int) -> StreamingResponse | 
     when there is no such run."""
     if not await runs.run_exists(runtime.engine, run_id):
         return None
-    pages = evidence.pages(runtime.engine, run_id)
-    # read before answering: a database failing now gets its problem answer, not a 200
-    first = await anext(pages, None)
-    chain = evidence.Chain(run_id, runtime.signer)
-
-    async def lines() -> AsyncIterator[bytes]:
-        page = first
-        while page is not None:
-            yield b"".join(chain.line(record) + b"\n" for record in page)
-            # an error here propagates: the server closes the connection mid-body
-            page = await anext(pages, None)
-        yield chain.manifest() + b"\n"
-
-    return StreamingResponse(lines(), media_type="application/x-ndjson")
+    # the checkpoint and the spans are read before answering: a database failing now gets
+    # its problem answer, not a 200
+    lines = await evidence_slices.run_export(runtime.engine, runtime.signer, run_id)
+    return StreamingResponse(lines, media_type="application/x-ndjson")

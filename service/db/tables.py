@@ -242,6 +242,36 @@ evidence = Table(
     _ts("kept_at"),
 )
 
+# the append-only evidence log (a row per completion's segment), its head and its signed
+# checkpoints (0019)
+evidence_log = Table(
+    "evidence_log",
+    metadata,
+    Column("seq_end", BigInteger, primary_key=True, autoincrement=False),
+    Column("seq_start", BigInteger, nullable=False),
+    Column("runs", ARRAY(BigInteger), nullable=False),
+    Column("records", BYTEA, nullable=False),
+    Column("hash", BYTEA, nullable=False),
+)
+
+evidence_log_head = Table(
+    "evidence_log_head",
+    metadata,
+    Column("id", SmallInteger, primary_key=True, autoincrement=False),
+    Column("size", BigInteger, nullable=False),
+    Column("hash", BYTEA, nullable=False),
+)
+
+evidence_checkpoints = Table(
+    "evidence_checkpoints",
+    metadata,
+    Column("size", BigInteger, primary_key=True, autoincrement=False),
+    Column("hash", BYTEA, nullable=False),
+    _ts("signed_at"),
+    Column("key_id", Text),
+    Column("signature", Text),
+)
+
 operator_actions = Table(
     "operator_actions",
     metadata,

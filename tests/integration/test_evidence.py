@@ -1,6 +1,8 @@
-"""Deletion evidence end to end: a drained run's export is a signed hash chain that
-`sweeper evidence verify` accepts and any edit breaks; pruning keeps the evidence (for its own
-retention period) so the lookup and the export still answer; bad lookups are refused."""
+"""Deletion evidence end to end: a drained run's export (slices of the evidence log between
+signed checkpoints) is what `sweeper evidence verify` accepts and any edit of the file
+breaks; exports made before the log still verify; pruning keeps the evidence (for its own
+retention period) so the lookup and the export still answer; bad lookups are refused.
+Tampering with the stored log: tests/integration/test_evidence_log.py."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import cli, evidence, retention
+from service import cli, evidence, evidence_verify, retention
 from service.exits import Exit
 from service.upstream import Upstreams
 from service.worker import database_pool
@@ -82,31 +84,52 @@ async def test_an_export_verifies_offline_and_every_edit_is_named(
 
     code, said = verify_cli(tmp_path, export, keys.content, capsys)
     assert code == Exit.OK, said
-    assert f"run {run_id}, 12 record(s)" in said
+    assert f"run {run_id}, 12 record(s), entries 1..12" in said
 
+    # genesis, entries 1..12 in their segments, the checkpoint the export made at 12, the
+    # manifest; `at(n)`: entry n's index among the lines
     lines = export.splitlines(keepends=True)
-    assert len(lines) == 13
+    at = {json.loads(line).get("seq"): n for n, line in enumerate(lines)}.__getitem__
+    closing = next(n for n, line in enumerate(lines)
+                   if n > at(3) and b'"segment"' in line)  # the segment line after entry 3
     edits = {
-        "changed": ([*lines[:3], lines[3].replace(b'"upstream_status":204',
-                                                  b'"upstream_status":404'), *lines[4:]], 5),
-        "dropped": ([*lines[:5], *lines[6:]], 6),
-        "reordered": ([*lines[:2], lines[3], lines[2], *lines[4:]], 3),
-        "inserted": ([*lines[:7], lines[1], *lines[7:]], 8),
-        "truncated": (lines[:-1], 13),
+        "changed": ([*lines[:at(3)], lines[at(3)].replace(b'"upstream_status":204',
+                                                          b'"upstream_status":404'),
+                     *lines[at(3) + 1:]], closing + 1),
+        "dropped": ([*lines[:at(5)], *lines[at(5) + 1:]], at(5) + 1),
+        "reordered": ([*lines[:at(2)], lines[at(3)], lines[at(2)], *lines[at(3) + 1:]],
+                      at(2) + 1),
+        "inserted": ([*lines[:at(7)], lines[at(1)], *lines[at(7):]], at(7) + 1),
+        "truncated": (lines[:-1], len(lines)),
+        "cut before the checkpoint": ([*lines[:-2], lines[-1]], len(lines) - 1),
     }
     for name, (edited, line) in edits.items():
         code, said = verify_cli(tmp_path, b"".join(edited), keys.content, capsys)
         assert code == Exit.INCOMPLETE, (name, said)
         assert f"NOT verified: line {line}:" in said, (name, said)
-    # signed by a key that is not published: refused, the key id named
-    other = evidence.Chain(run_id, evidence.Signer(Ed25519PrivateKey.generate()))
-    forged = b"".join(other.line({k: v for k, v in json.loads(line).items()
-                                  if k not in ("run_id", "prev")}) + b"\n"
-                      for line in lines[:-1]) + other.manifest() + b"\n"
-    code, said = verify_cli(tmp_path, forged, keys.content, capsys)
-    assert code == Exit.INCOMPLETE and "not among the public keys" in said
     code, said = verify_cli(tmp_path, export, b"not a key", capsys)
     assert code == Exit.CONFIG and "neither PEM nor base64" in said
+
+
+def test_an_export_made_before_the_log_still_verifies(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """sweeper-evidence/1: lines chained by `prev` at export, closed by a signed manifest."""
+    signer = evidence.Signer(Ed25519PrivateKey.from_private_bytes(base64.b64decode(OLD_KEY)))
+    prev, lines = evidence.genesis(7), []
+    for n in range(3):
+        line = json.dumps({"item_id": n + 1, "object_id": f"cart-{n}", "run_id": 7,
+                           "prev": prev}).encode()
+        lines.append(line + b"\n")
+        prev = evidence.digest(line)
+    manifest = {"format": evidence.FORMAT, "run_id": 7, "records": 3, "last": prev,
+                "exported_at": "2026-12-01T00:00:00+00:00", "key_id": signer.current.key_id}
+    signature = signer.sign(json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode())
+    lines.append(json.dumps({"manifest": manifest, "signature": signature}).encode() + b"\n")
+    keys = public_of(OLD_KEY).encode()
+    code, said = verify_cli(tmp_path, b"".join(lines), keys, capsys)
+    assert code == Exit.OK and "run 7, 3 record(s)" in said and "sweeper-evidence/1" in said
+    code, said = verify_cli(tmp_path, b"".join([lines[0], lines[2], lines[3]]), keys, capsys)
+    assert code == Exit.INCOMPLETE and "NOT verified: line 2:" in said
 
 
 async def test_pruning_keeps_the_evidence_for_its_own_period(
@@ -140,7 +163,7 @@ async def test_pruning_keeps_the_evidence_for_its_own_period(
             assert (deletion["kept_in"], deletion["run_id"], deletion["policy"],
                     deletion["policy_version"], deletion["upstream_status"]) == (
                 "evidence", run_id, "carts", 1, 204)
-            verified = evidence.verify(export.splitlines(keepends=True), keys)
+            verified = evidence_verify.verify(export.splitlines(keepends=True), keys)
             assert verified.records == 5
 
             # past the evidence's own period it goes too, and the answer says so

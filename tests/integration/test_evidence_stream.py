@@ -5,6 +5,7 @@ database goes away part way ends in an error the client sees, never a clean shor
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import logging
@@ -16,10 +17,12 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import evidence
+from service import evidence, evidence_log, evidence_verify
+from service.evidence_records import canonical_sql
 from service.policies import Policies
 from tests.conftest import TOKEN_A, LiveServer, test_settings
 
@@ -35,6 +38,43 @@ POOL_SIZE = 2
 # answering well within it shows the readers hold none (a loaded machine takes seconds).
 POOL_TIMEOUT_S = 30.0
 PROMPT_S = 10.0
+KEY_BYTES = bytes(range(3, 35))
+PUBLIC = evidence.PublicKey(Ed25519PrivateKey.from_private_bytes(KEY_BYTES).public_key())
+
+
+# The succeeded items with ids in ($1, $2] appended to the evidence log as one segment in
+# id order, chained, as a completion would have (the items are written directly: 72,000
+# drained would take minutes), and the head moved past them.
+APPEND_SEGMENT = f"""
+    WITH deleted AS (
+        SELECT i.id AS item_id, b.run_id, 'run' AS released_by, i.tenant_id, i.object_id,
+               i.policy, i.policy_version, i.operation_key, i.last_outcome AS outcome,
+               i.last_status_code AS upstream_status, i.attempts, i.completed_at
+        FROM items i JOIN batches b ON b.id = i.batch_id
+        WHERE i.status = 'succeeded' AND i.id > $1 AND i.id <= $2
+    ),
+    canonical AS (SELECT d.item_id, d.run_id, {canonical_sql("d")} AS bytes FROM deleted d),
+    head AS (SELECT size, hash FROM evidence_log_head WHERE id = 1),
+    segment AS (
+        SELECT head.size + 1 AS seq_start, head.size + count(*) AS seq_end,
+               array_agg(DISTINCT c.run_id) AS runs,
+               string_agg(int4send(octet_length(c.bytes)) || c.bytes, ''::bytea
+                          ORDER BY c.item_id) AS records,
+               sha256(head.hash || string_agg(sha256(c.bytes), ''::bytea
+                                              ORDER BY c.item_id)) AS hash
+        FROM canonical c, head GROUP BY head.size, head.hash
+    ),
+    logged AS (INSERT INTO evidence_log SELECT seq_end, seq_start, runs, records, hash
+               FROM segment)
+    UPDATE evidence_log_head h SET size = s.seq_end, hash = s.hash FROM segment s
+    WHERE h.id = 1"""
+
+
+async def append_succeeded(conn: asyncpg.Connection, per_segment: int) -> None:
+    """Every succeeded item appended to the log, `per_segment` item ids a segment."""
+    last = await conn.fetchval("SELECT max(id) FROM items")
+    for after in range(0, last, per_segment):
+        await conn.execute(APPEND_SEGMENT, after, after + per_segment)
 
 
 async def seed(db_url: str) -> tuple[int, list[int]]:
@@ -71,6 +111,7 @@ async def seed(db_url: str) -> tuple[int, list[int]]:
                 " FROM generate_series(0, 2 * $2::int - 1) g,"
                 "      LATERAL (SELECT g / 2 % 50 = 49 AS dead) d",
                 first_batch, RUN_ITEMS)
+            await append_succeeded(conn, 1000)
             expected = [r["id"] for r in await conn.fetch(
                 "SELECT i.id FROM items i JOIN batches b ON b.id = i.batch_id"
                 " WHERE b.run_id = $1 AND i.status = 'succeeded' ORDER BY i.id", run_id)]
@@ -85,7 +126,8 @@ async def seed(db_url: str) -> tuple[int, list[int]]:
 async def live(db_url: str) -> AsyncIterator[tuple[str, int, list[int]]]:
     run_id, expected = await seed(db_url)
     settings = test_settings(db_url, db_pool_size=POOL_SIZE, shutdown_grace_seconds=1,
-                             db_pool_timeout_seconds=POOL_TIMEOUT_S)
+                             db_pool_timeout_seconds=POOL_TIMEOUT_S,
+                             evidence_signing_key=base64.b64encode(KEY_BYTES).decode())
     async with LiveServer(settings, Policies.empty(), db_url) as server:
         yield server.base_url, run_id, expected
 
@@ -115,9 +157,9 @@ async def read_into(body: bytearray, chunks: AsyncIterator[bytes]) -> None:
 
 
 def records_of(body: bytes) -> list[dict[str, Any]]:
-    """The record lines of an export (or of part of one): not the manifest."""
-    return [record for record in map(json.loads, body.splitlines())
-            if "manifest" not in record]
+    """The record lines of an export (or of part of one): not the checkpoints, the other
+    run's entries (their leaf only) or the manifest."""
+    return [record for record in map(json.loads, body.splitlines()) if "item_id" in record]
 
 
 async def transactions_held(db_url: str) -> list[tuple[Any, ...]]:
@@ -176,15 +218,19 @@ async def test_a_complete_read_has_every_record_once_in_id_order(
     assert [r["item_id"] for r in records] == expected  # pages of 1,000: many seams crossed
     assert set(records[0]) == {"item_id", "tenant_id", "object_id", "policy", "policy_version",
                                "operation_key", "outcome", "upstream_status", "attempts",
-                               "completed_at", "run_id", "prev"}
+                               "completed_at", "run_id", "released_by", "seq"}
     assert json.loads(response.content.splitlines()[-1])["manifest"]["records"] == len(expected)
+    # the spans of the log that hold the run's entries, each between checkpoints, verify
+    verified = evidence_verify.verify(response.content.splitlines(keepends=True), [PUBLIC])
+    assert verified.records == len(expected) and verified.run_id == run_id
+    assert verified.entries > verified.records  # the other run's entries: their leaf only
     assert {(r["outcome"], r["upstream_status"], r["attempts"]) for r in records} == {
         ("succeeded", 204, 1)}
 
 
-@pytest.mark.parametrize("page_rows", [1, 7, 1000])
+@pytest.mark.parametrize("page_segments", [1, 2, 8])
 async def test_pages_are_never_empty_and_never_repeat(engine: AsyncEngine, db_url: str,
-                                                      page_rows: int) -> None:
+                                                      page_segments: int) -> None:
     conn = await asyncpg.connect(db_url)
     try:
         run_id = await conn.fetchval(
@@ -194,16 +240,24 @@ async def test_pages_are_never_empty_and_never_repeat(engine: AsyncEngine, db_ur
             " VALUES ($1, 0, repeat('a', 64), 'carts', 1, 14) RETURNING id", run_id)
         ids = [r["id"] for r in await conn.fetch(
             "INSERT INTO items (tenant_id, object_id, policy, policy_version, operation_key,"
-            " scope, status, due_at, released_at, batch_id, completed_at)"
+            " scope, status, due_at, released_at, batch_id, completed_at, last_outcome,"
+            " last_status_code)"
             " SELECT 'acme', 'c' || g, 'carts', 1, md5(g::text) || md5('k' || g), 'tenant:acme',"
-            " 'succeeded', now(), now(), $1, now() FROM generate_series(1, 14) g RETURNING id",
-            batch)]
+            " 'succeeded', now(), now(), $1, now(), 'succeeded', 204"
+            " FROM generate_series(1, 14) g RETURNING id", batch)]
+        await append_succeeded(conn, 3)  # segments ending at 3, 6, 9, 12, 14
     finally:
         await conn.close()
-    pages = [page async for page in evidence.pages(engine, run_id, page_rows=page_rows)]
-    assert all(0 < len(page) <= page_rows for page in pages)
-    assert [r["item_id"] for page in pages for r in page] == sorted(ids)
-    assert [page async for page in evidence.pages(engine, run_id + 1)] == []
+    pages = [page async for page in evidence_log.segments(engine, 0, 14,
+                                                          page_segments=page_segments)]
+    assert all(0 < len(page) <= page_segments for page in pages)
+    found = [s for page in pages for s in page]
+    assert [s.seq_end for s in found] == [3, 6, 9, 12, 14]
+    assert [r["item_id"] for s in found for r in s.records] == sorted(ids)
+    middle = [s.seq_end async for page in evidence_log.segments(
+        engine, 3, 9, page_segments=page_segments) for s in page]
+    assert middle == [6, 9]
+    assert [page async for page in evidence_log.segments(engine, 14, 20)] == []
 
 
 async def test_a_stream_whose_database_goes_away_ends_in_a_client_error(

@@ -60,6 +60,8 @@ INVALID_INPUT: dict[str, dict[str, Any]] = {
     "getHold": {"path": INVALID},
     "releaseHold": {"json": {}},  # no `why`
     "getEvidence": {"params": {"tenant_id": "acme.myshopify.com"}},  # no object_id
+    "getEvidenceLog": {"params": {"limit": 10_001}},
+    "getEvidenceCheckpoints": {"params": {"after": -1}},
 }
 # the query an operation cannot do without (valid values)
 VALID_QUERY: dict[str, dict[str, str]] = {

@@ -161,7 +161,9 @@ async def test_operations_commands_work(db_url: str, policies: Policies, tmp_pat
 
             code, out, err = await bash(runbook, env, cwd=tmp_path)
             assert code == 0, f"{err}\n{out}"
-            assert re.search(r"verified: run \d+, 0 record\(s\), signed with key", out), out
+            assert re.search(r"verified: run \d+, 0 record\(s\), no entries, 0 checkpoint\(s\), "
+                             r"signed with key", out), out
+            assert re.search(r"log-0.jsonl: verified: log range, 0 record\(s\)", out), out
 
             runs = (await api.get("/v1/runs")).json()["runs"]
             assert [(r["dry_run"], r["tenant_id"], r["max_items"]) for r in runs[:2]] == [

@@ -1,0 +1,145 @@
+"""One deletion's evidence record: its fields, its canonical bytes, and the hashes over them.
+
+The canonical bytes are what the log stores and what its chain hashes, built the same way
+in the database (`canonical_sql`, inside the completion statement) and here (`canonical`,
+by the verifier from an export's JSON): the format, then each field of RECORD_FIELDS on
+its own line: an integer in decimal, a null as nothing, a text as its UTF-8 length, a
+colon and the text (so no byte of one field can pass for another's: the encoding is
+injective whatever the ids hold), a time as microseconds since 1970 UTC. Identifiers and
+classified outcomes only, never a payload.
+
+    leaf = SHA-256(canonical bytes)
+    segment hash = SHA-256(hash before the segment || leaf of each entry, in order)
+
+A segment is one completion's entries; the hash before the log's first is GENESIS.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final
+
+FORMAT: Final = "sweeper-evidence-log/1"
+GENESIS: Final = hashlib.sha256(f"{FORMAT} genesis".encode()).digest()  # as 0019 stores it
+
+# The record, in its canonical order: name and kind ("int", "int?", "text", "time").
+RECORD_FIELDS: Final = (
+    ("item_id", "int"), ("run_id", "int?"), ("released_by", "text"), ("tenant_id", "text"),
+    ("object_id", "text"), ("policy", "text"), ("policy_version", "int"),
+    ("operation_key", "text"), ("outcome", "text"), ("upstream_status", "int?"),
+    ("attempts", "int"), ("completed_at", "time"),
+)
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND: Final = timedelta(microseconds=1)
+_PREFIX: Final = f"{FORMAT}\n".encode()
+FRAME_BYTES: Final = 4  # each stored record is preceded by its length, big-endian
+
+
+class RecordProblem(ValueError):
+    """A record that has no canonical form, or bytes that are not one."""
+
+
+def _part(kind: str, value: object) -> str:
+    if kind == "time":
+        if isinstance(value, str):
+            try:
+                value = datetime.fromisoformat(value)
+            except ValueError:
+                raise RecordProblem("not an ISO 8601 time") from None
+        if not isinstance(value, datetime) or value.tzinfo is None:
+            raise RecordProblem("not a time with its offset")
+        return str((value - _EPOCH) // _MICROSECOND)
+    if kind == "text":
+        if not isinstance(value, str):
+            raise RecordProblem("not a string")
+        return f"{len(value.encode())}:{value}"
+    if value is None and kind == "int?":
+        return ""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise RecordProblem("not an integer")
+    return str(value)
+
+
+def canonical(record: Mapping[str, Any]) -> bytes:
+    """A record's canonical bytes (the module docstring)."""
+    parts = [FORMAT]
+    for name, kind in RECORD_FIELDS:
+        try:
+            parts.append(_part(kind, record[name]))
+        except KeyError:
+            raise RecordProblem(f"{name}: missing") from None
+        except RecordProblem as exc:
+            raise RecordProblem(f"{name}: {exc}") from None
+    return "\n".join(parts).encode()
+
+
+def parse(data: bytes) -> dict[str, Any]:
+    """The record whose canonical bytes `data` are (`canonical`'s inverse)."""
+    if not data.startswith(_PREFIX):
+        raise RecordProblem("not a record of this format")
+    pos, record = len(_PREFIX), dict[str, Any]()
+    try:
+        for number, (name, kind) in enumerate(RECORD_FIELDS):
+            last = number == len(RECORD_FIELDS) - 1
+            if kind == "text":
+                colon = data.index(b":", pos)
+                start = colon + 1
+                end = start + int(data[pos:colon])
+                record[name] = data[start:end].decode()
+            else:
+                end = len(data) if last else data.index(b"\n", pos)
+                raw = data[pos:end].decode()
+                record[name] = (None if kind == "int?" and raw == "" else
+                                _EPOCH + int(raw) * _MICROSECOND if kind == "time" else
+                                int(raw))
+            pos = end
+            if not last:
+                if data[pos:pos + 1] != b"\n":
+                    raise RecordProblem(f"{name}: not followed by a line break")
+                pos += 1
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RecordProblem(f"not a record: {exc}") from None
+    if pos != len(data) or canonical(record) != data:
+        raise RecordProblem("not a record in its canonical form")
+    return record
+
+
+def frames(stored: bytes) -> list[bytes]:
+    """A segment's stored records: each record's canonical bytes, in order."""
+    out, pos = [], 0
+    while pos < len(stored):
+        size = int.from_bytes(stored[pos:pos + FRAME_BYTES], "big")
+        pos += FRAME_BYTES
+        if size <= 0 or pos + size > len(stored):
+            raise RecordProblem("a stored record's length runs past its segment")
+        out.append(stored[pos:pos + size])
+        pos += size
+    return out
+
+
+def leaf(record: Mapping[str, Any]) -> bytes:
+    """The SHA-256 of a record's canonical bytes."""
+    return hashlib.sha256(canonical(record)).digest()
+
+
+def segment_hash(before: bytes, leaves: Iterable[bytes]) -> bytes:
+    """The chain after a segment, from the chain before it and its entries' leaves."""
+    return hashlib.sha256(before + b"".join(leaves)).digest()
+
+
+def canonical_sql(row: str) -> str:
+    """SQL for the canonical bytes (bytea) of the record whose columns, named as
+    RECORD_FIELDS, `row` names: byte for byte `canonical` (extract(epoch) is an exact
+    numeric from PostgreSQL 14)."""
+    parts = [f"'{FORMAT}'"]
+    for name, kind in RECORD_FIELDS:
+        column = f"{row}.{name}"
+        parts.append({
+            "int": f"{column}::text",
+            "int?": f"coalesce({column}::text, '')",
+            "text": f"octet_length({column})::text || ':' || {column}",
+            "time": f"trunc(extract(epoch FROM {column}) * 1000000)::bigint::text",
+        }[kind])
+    return f"convert_to(concat_ws(E'\\n', {', '.join(parts)}), 'UTF8')"
