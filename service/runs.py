@@ -190,7 +190,8 @@ CHUNK_MAX_BATCHES: Final = 4
 CHUNK_MAX_SECONDS: Final = 0.25
 # Chunk transactions of one run at once. A release is never a HOT update, so its index
 # inserts keep a backend busy: one lane would leave the database server's other cores idle.
-# A run with `max_items` publishes in one lane, which keeps its count exact.
+# A run with `max_items` publishes in one lane per publisher, and its chunks take the run
+# row one at a time (_CAPPED_LANE_RUN), which keeps its count exact.
 PUBLICATION_LANES: Final = 2
 
 
@@ -224,8 +225,9 @@ async def publish(engine: AsyncEngine, run_id: int, *, batch_size: int,
             if not run["report"]:
                 await _record_candidates(conn, run, discovered=True)
     if not run["dry_run"]:
-        serial = run["max_items"] is not None
-        await _all_lanes(engine, run_id, batch_size, 1 if serial else max(1, lanes))
+        capped = run["max_items"] is not None
+        await _all_lanes(engine, run_id, batch_size, 1 if capped else max(1, lanes),
+                         _CAPPED_LANE_RUN if capped else _LANE_RUN)
     async with engine.begin() as conn:
         # waits for chunk transactions still open elsewhere (their KEY SHARE locks)
         run = await _publishing_run(conn, run_id, _FINISH_RUN)
@@ -244,6 +246,16 @@ _LANE_RUN = Statement("runs.lane_run", (
     "A publishing run's row shared by the lanes for one chunk, so it is not finished under "
     "them."),
     "SELECT * FROM runs WHERE id = :id AND state = 'publishing' FOR KEY SHARE")
+# A capped run's chunk must read the `released` the previous chunk committed, whichever
+# publisher (replica) wrote it: FOR NO KEY UPDATE conflicts with itself, so a second
+# publisher's chunk waits for the first to commit and then reads the row as it committed
+# (a locking read returns the newest version), but it still lets the lanes' KEY SHARE and
+# the items' foreign keys through. Under KEY SHARE two chunks read the same `released` and
+# each released up to the remainder.
+_CAPPED_LANE_RUN = Statement("runs.capped_lane_run", (
+    "A capped publishing run's row for one chunk, one chunk at a time across publishers, "
+    "so each reads the count the last one committed."),
+    "SELECT * FROM runs WHERE id = :id AND state = 'publishing' FOR NO KEY UPDATE")
 _FINISH_RUN = Statement("runs.finish_run", (
     "A publishing run's row locked to finish it, once every lane's chunk has committed."),
     "SELECT * FROM runs WHERE id = :id AND state = 'publishing' FOR UPDATE")
@@ -256,10 +268,12 @@ async def _publishing_run(conn: AsyncConnection, run_id: int, statement: Stateme
     return (await run_statement(conn, statement, {"id": run_id})).mappings().one_or_none()
 
 
-async def _all_lanes(engine: AsyncEngine, run_id: int, batch_size: int, lanes: int) -> None:
-    """Run the lanes to the end; the first failure stops the others and is raised as it
-    is (callers tell a database outage from a bug by the exception itself)."""
-    tasks = [asyncio.create_task(_publish_lane(engine, run_id, batch_size))
+async def _all_lanes(engine: AsyncEngine, run_id: int, batch_size: int, lanes: int,
+                     lock: Statement) -> None:
+    """Run the lanes to the end, each chunk taking the run row with `lock`; the first
+    failure stops the others and is raised as it is (callers tell a database outage from a
+    bug by the exception itself)."""
+    tasks = [asyncio.create_task(_publish_lane(engine, run_id, batch_size, lock))
              for _ in range(lanes)]
     try:
         await asyncio.gather(*tasks)
@@ -270,13 +284,15 @@ async def _all_lanes(engine: AsyncEngine, run_id: int, batch_size: int, lanes: i
         raise
 
 
-async def _publish_lane(engine: AsyncEngine, run_id: int, batch_size: int) -> None:
+async def _publish_lane(engine: AsyncEngine, run_id: int, batch_size: int,
+                        lock: Statement) -> None:
     """Release chunk after chunk until none is left (or the run was finished elsewhere).
     FOR KEY SHARE lets lanes share the run row and keeps it from being finished under
-    them; each chunk adds its counts to the row as it commits."""
+    them (a capped run's chunks take it one at a time); each chunk adds its counts to the
+    row as it commits."""
     while True:
         async with engine.begin() as conn:
-            run = await _publishing_run(conn, run_id, _LANE_RUN)
+            run = await _publishing_run(conn, run_id, lock)
             if run is None or await _release_chunk(conn, run, batch_size) == 0:
                 return
 
