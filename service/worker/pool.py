@@ -162,6 +162,10 @@ class WorkerPool:
         self._stopping = asyncio.Event()
         self._flusher_stop = asyncio.Event()
         self.token_wait: float | None = None
+        # the probes' view (service/worker/health.py): when the loop last turned, and
+        # whether it is warmed up and not stopping
+        self.turned_at = self._clock.monotonic()
+        self.ready = False
         self.completed = 0
         self.fenced = 0
         self.reclaimed = 0
@@ -462,6 +466,7 @@ class WorkerPool:
         """Claim, call and complete until stop(); survives database outages. `first` runs
         before the first claim, tried again every FIRST_RETRY_S until it succeeds."""
         while first is not None and not self._stopping.is_set():
+            self.turned_at = self._clock.monotonic()
             try:
                 await first()
                 break
@@ -479,15 +484,18 @@ class WorkerPool:
                 self._wake.set, self._hold_placed.set))
             flusher = asyncio.create_task(self._flush_loop())
             watcher = asyncio.create_task(self._watch_holds())
+            self.ready = True
             try:
                 await self._loop()
             finally:
+                self.ready = False
                 await self._finish(flusher, listener, watcher)
 
     async def _loop(self) -> None:
         idle = IDLE_POLL_MIN_S
         error_backoff = 0.1
         while not self._stopping.is_set():
+            self.turned_at = self._clock.monotonic()
             try:
                 claimed = await self.run_once()
                 error_backoff = 0.1
@@ -598,6 +606,7 @@ class WorkerPool:
         # woken by each finished call: O(1) per call, where asyncio.wait over every task
         # in flight costs O(concurrency) per round
         while len(self._in_flight) >= self._calls.claimable and not self._stopping.is_set():
+            self.turned_at = self._clock.monotonic()  # waiting on calls is not a hang
             self._slot_freed.clear()
             await self._slot_freed.wait()
 
@@ -621,5 +630,6 @@ class WorkerPool:
     def stop(self) -> None:
         """Stop claiming; calls in flight finish and their outcomes are committed."""
         self._stopping.set()
+        self.ready = False
         self._wake.set()
         self._slot_freed.set()
