@@ -8,7 +8,12 @@ and the next publisher (any replica) resumes from the run row.
 PUBLICATION_LANES chunk transactions run side by side: they pick disjoint items (SKIP
 LOCKED), share the run row (FOR KEY SHARE), number their batches from a sequence, and
 add their counts to the run row as they commit. The run is marked published once every
-lane found nothing left.
+lane found nothing left. A run with `max_items` publishes one chunk at a time, whichever
+publisher runs it (FOR NO KEY UPDATE on the run row), so each reads the count the last
+committed and the cap is exact.
+
+The publisher runs on the cluster's leader (service/leader.py); given the leader's term, a
+chunk commits only while that term's lease is in force (`_ADD_RELEASED`).
 
 A run whose publication raises is isolated: runs are published one after another, and one
 run's error never keeps the next from publishing. The database being unavailable or busy
