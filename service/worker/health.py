@@ -6,7 +6,7 @@ A worker has no API, so its one port answers three paths, and 404 elsewhere:
   poll, a wait for a slot or for the database each turn it), else 503: a hung loop (a
   deadlock, a blocked event loop) gets the pod restarted.
 - `/readyz`: 200 once the pool has warmed up and while it is not stopping, else 503.
-- `/metrics`: this process's counters and histograms.
+- `/metrics`: this process's counters and histograms (OpenMetrics when asked).
 
 The server runs on a daemon thread, so it still answers (503) when the event loop it
 watches is blocked.
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Final, Protocol
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import choose_encoder
 
 from service.metrics import REGISTRY
 
@@ -56,7 +56,9 @@ def serve_probes(health: WorkerHealth, host: str, port: int) -> ThreadingHTTPSer
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
-                self._answer(200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST)
+                # OpenMetrics when the scraper's Accept asks for it, as the API's /metrics
+                encode, content_type = choose_encoder(self.headers.get("Accept", ""))
+                self._answer(200, encode(REGISTRY), content_type)
             elif path in ("/healthz", "/readyz"):
                 ok = health.live() if path == "/healthz" else health.ready()
                 self._answer(200 if ok else 503, b"ok\n" if ok else b"unavailable\n")
