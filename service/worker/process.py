@@ -86,4 +86,5 @@ async def run_worker_process(settings: Settings, policies: Policies, url: URL, *
         await upstreams.aclose()
         await stores.aclose()
         await engine.dispose()
-        log.info("worker stopped", extra={"worker": pool.name, "completed": pool.completed})
+        log.info("worker stopped", extra={"worker": pool.name, "completed": pool.completed,
+                                          "unwritten": pool.unwritten})
