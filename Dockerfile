@@ -28,14 +28,18 @@ FROM base
 RUN useradd --system --uid 10001 --home-dir /var/lib/sweeper --create-home sweeper
 COPY --from=build /opt/venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
-    SWEEPER_HOST=0.0.0.0 SWEEPER_PORT=8080 SWEEPER_DATA_DIR=/var/lib/sweeper
+    SWEEPER_HOST=0.0.0.0 SWEEPER_PORT=8080 SWEEPER_METRICS_PORT=9090 \
+    SWEEPER_DATA_DIR=/var/lib/sweeper
 USER 10001
 WORKDIR /var/lib/sweeper
-EXPOSE 8080
-# Liveness of the process itself, on whatever port it was given. With SWEEPER_TLS_* set it
-# speaks HTTPS; the certificate names the public host, never 127.0.0.1, so this local probe
-# cannot verify it and does not try. Any error or non-2xx answer exits 1 (unhealthy).
+EXPOSE 8080 9090
+# Liveness of the process itself, whichever command it runs: `serve` answers /healthz on
+# SWEEPER_PORT; `sweeper worker` serves none, so when nothing listens there the probe asks
+# the worker's own /healthz on SWEEPER_METRICS_PORT (its loop turned lately:
+# service/worker/health.py). With SWEEPER_TLS_* set the API speaks HTTPS; the certificate
+# names the public host, never 127.0.0.1, so this local probe cannot verify it and does
+# not try. Any error or non-2xx answer exits 1 (unhealthy).
 HEALTHCHECK --interval=15s --timeout=3s --start-period=30s \
-    CMD ["python", "-c", "import os, ssl, urllib.request; tls = bool(os.environ.get('SWEEPER_TLS_CERT_FILE')); url = ('https' if tls else 'http') + '://127.0.0.1:' + os.environ.get('SWEEPER_PORT', '8080') + '/healthz'; urllib.request.urlopen(url, timeout=2, context=ssl._create_unverified_context() if tls else None)"]
+    CMD ["python", "-c", "import os, socket, ssl, urllib.request; tls = bool(os.environ.get('SWEEPER_TLS_CERT_FILE')); api = int(os.environ.get('SWEEPER_PORT', '8080')); serving = socket.socket().connect_ex(('127.0.0.1', api)) == 0; port = api if serving else int(os.environ.get('SWEEPER_METRICS_PORT', '9090')); secure = tls and serving; urllib.request.urlopen(('https' if secure else 'http') + '://127.0.0.1:' + str(port) + '/healthz', timeout=2, context=ssl._create_unverified_context() if secure else None)"]
 ENTRYPOINT ["sweeper"]
 CMD ["serve"]

@@ -38,9 +38,13 @@ from service.console import ConsoleState, console_state
 from service.console import routers as console_routers
 from service.credentials import CredentialStore, Keyring
 from service.credentials.waits import Credentials
-from service.db.engine import is_busy, is_unavailable, make_engine
+from service.db.engine import make_engine
 from service.db.migrate import head_revision
 from service.discovery import Discovery
+from service.errors import NotLeader
+from service.failures import InternalErrors, expected
+from service.leader import Duty, Elector
+from service.metrics import Where
 from service.policies import Policies
 from service.runtime import Runtime
 from service.settings import Settings, plain_url
@@ -50,6 +54,7 @@ from service.tokens import TokenSet
 from service.upstream import Upstreams
 from service.waits import waiting_loop
 from service.worker import database_pool
+from service.worker.pool import worker_name
 
 log = logging.getLogger("service.http")
 
@@ -105,27 +110,55 @@ class RequestLog:
                     "request_id": request_id})
 
 
-async def _publisher(runtime: Runtime) -> None:
-    """Publish runs left in state `publishing` (new ones, or ones a crash interrupted).
-    A run's own error is handled inside `publish_pending` (a retry, or the run marked failed
-    and logged once); one reaching this loop came from listing the runs: the next pass
-    lists them again."""
+async def _publisher(runtime: Runtime, term: int) -> None:
+    """Publish runs left in state `publishing` (new ones, or ones a crash interrupted), as
+    the leader of `term`: each chunk commits only while that term's lease holds. A run's
+    own error is handled inside `publish_pending` (a retry, or the run marked failed and
+    logged once); one reaching this loop came from listing the runs: the next pass lists
+    them again."""
     discovery = Discovery(runtime.policies, runtime.stores, runtime.tenant_credentials)
+    errors = InternalErrors(log)
     while True:
         # cleared before the pass: a run created while it lists runs wakes the next one
         runtime.publisher_wake.clear()
         try:
             await runs.publish_pending(runtime.engine, batch_size=runtime.settings.batch_size,
-                                       discovery=discovery)
+                                       discovery=discovery, term=term)
+        except NotLeader:
+            log.warning("publisher: the leader's term ended; publication stops here",
+                        extra={"term": term})
+            return
         except Exception as exc:
-            if is_unavailable(exc) or is_busy(exc):
+            if expected(exc):
                 log.warning("publisher: database unavailable or busy",
                             extra={"error_type": type(exc).__name__})
             else:
-                log.exception("publisher failed")
+                errors.caught(Where.PUBLISHER, exc)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(PUBLISHER_POLL_S):
                 await runtime.publisher_wake.wait()
+
+
+def leader_duties(runtime: Runtime) -> dict[str, Duty]:
+    """The loops that must run once in the cluster, on the leader only (service/leader.py):
+    publication, holds maintenance (expired holds released, unfinished markings finished),
+    the evidence log's periodic checkpoints and retention. Each is started with the
+    leader's term and cancelled when it ends."""
+    settings, engine = runtime.settings, runtime.engine
+    duties: dict[str, Duty] = {
+        "publisher": lambda term: _publisher(runtime, term),
+        "holds": lambda _term: holds.maintenance_loop(engine),
+        "evidence-checkpoints": lambda _term: evidence_log.checkpoint_loop(engine,
+                                                                           runtime.signer),
+    }
+    if settings.retention_days > 0:
+        duties["retention"] = lambda _term: retention.retention_loop(
+            engine, keep_seconds=settings.retention_days * 86_400,
+            batch_size=settings.retention_batch_size,
+            evidence_keep_seconds=settings.evidence_retention_days * 86_400,
+            interval_s=settings.retention_interval_seconds, stores=runtime.stores,
+            ledgers=ledger_tables(runtime.policies))
+    return duties
 
 
 def create_app(
@@ -150,18 +183,10 @@ def create_app(
                           tenant_credentials=Credentials.of(policies, engine, keyring, store),
                           signer=settings.local_evidence_signer(),
                           stores=Stores(policies.stores))
-        # background loops, cancelled on shutdown; the worker pool stops by itself (grace)
-        loops = [asyncio.create_task(_publisher(runtime), name="publisher"),
-                 asyncio.create_task(holds.maintenance_loop(engine), name="holds"),
-                 asyncio.create_task(evidence_log.checkpoint_loop(engine, runtime.signer),
-                                     name="evidence-checkpoints")]
-        if settings.retention_days > 0:
-            loops.append(asyncio.create_task(retention.retention_loop(
-                engine, keep_seconds=settings.retention_days * 86_400,
-                batch_size=settings.retention_batch_size,
-                evidence_keep_seconds=settings.evidence_retention_days * 86_400,
-                interval_s=settings.retention_interval_seconds, stores=runtime.stores,
-                ledgers=ledger_tables(policies)), name="retention"))
+        # background loops, cancelled on shutdown; the worker pool stops by itself (grace).
+        # The cluster's once-only loops run under the elector, on the leader alone.
+        elector = Elector(engine, worker_name())
+        loops = [asyncio.create_task(elector.run(leader_duties(runtime)), name="leader")]
         tasks = list(loops)
         pool = upstreams = None
         if run_workers and settings.workers > 0:

@@ -13,6 +13,7 @@ import gc
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from importlib.metadata import PackageNotFoundError, entry_points, version
@@ -296,19 +297,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_worker(_args: argparse.Namespace, faults: Faults | None = None) -> int:
     """`sweeper worker`; `faults` wraps the pool's ports (drills/agent.py)."""
     from service.worker import run_worker_process
+    from service.worker.health import WorkerHealth, serve_probes
 
     settings, policies = load_config()
     if settings.workers < 1:
         raise ConfigError("SWEEPER_WORKERS: must be at least 1 for `sweeper worker`")
+    health = WorkerHealth(time.monotonic)
     if settings.metrics_port:
-        # The process registry over plain HTTP from a daemon thread (prometheus_client's own
-        # server): counters and histograms only; the API replicas report the ledger gauges.
-        from prometheus_client import start_http_server
-
-        from service.metrics import REGISTRY
-
+        # /healthz, /readyz and the process registry over plain HTTP from a daemon thread
+        # (service/worker/health.py): counters and histograms only; the API replicas report
+        # the ledger gauges.
         try:
-            start_http_server(settings.metrics_port, addr=settings.host, registry=REGISTRY)
+            serve_probes(health, settings.host, settings.metrics_port)
         except OSError as exc:
             raise ListenError(f"SWEEPER_METRICS_PORT: cannot listen on {settings.host}:"
                               f"{settings.metrics_port}: {exc.strerror}") from None
@@ -316,7 +316,7 @@ def cmd_worker(_args: argparse.Namespace, faults: Faults | None = None) -> int:
         if settings.migrate_on_start:
             asyncio.run(migrate_database(url, settings))
         settle_heap()
-        asyncio.run(run_worker_process(settings, policies, url, faults=faults))
+        asyncio.run(run_worker_process(settings, policies, url, faults=faults, health=health))
     return Exit.OK
 
 

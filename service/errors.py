@@ -4,6 +4,7 @@
     ├── ConfigError            settings or policies file refused at start-up (exit 2)
     ├── DatabaseUnavailable    could not reach PostgreSQL (API answers 503, CLI exits 3)
     ├── ListenError            an address the process cannot listen on (CLI exits 4)
+    ├── NotLeader              a leader's duty found its term over (service/leader.py)
     └── Problem                an HTTP-facing failure rendered as RFC 9457 problem details
 """
 
@@ -33,6 +34,11 @@ class DatabaseUnavailable(SweeperError):
 
 class ListenError(SweeperError):
     """A port in use, an address not on this host, or one the process may not bind."""
+
+
+class NotLeader(SweeperError):
+    """A duty statement fenced by a leader's term found that term's lease lapsed: it wrote
+    nothing, and the duty stops (another process leads, or will)."""
 
 
 class Problem(SweeperError):

@@ -36,10 +36,10 @@ from typing import Any, Final
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.db.engine import repeat
 from service.db.statements import Statement, fetch, fetch_none
 from service.evidence import Signer
 from service.evidence_records import FORMAT, GENESIS, RecordProblem, frames, parse
+from service.failures import repeat
 
 log = logging.getLogger(__name__)
 

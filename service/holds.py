@@ -53,7 +53,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service import audit
 from service.claims import HOLDS_CHANNEL, NOTIFY_CHANNEL
-from service.db.engine import is_busy, repeat
+from service.db.engine import is_busy
 from service.db.statements import (
     Database,
     Statement,
@@ -64,6 +64,7 @@ from service.db.statements import (
     hold_covers,
     run,
 )
+from service.failures import repeat
 
 log = logging.getLogger(__name__)
 

@@ -180,6 +180,42 @@ WEBHOOKS: Final = Counter(
     "Webhook deliveries by result: accepted, duplicate, ignored (no rule) or rejected",
     ["source", "result", "reason"], registry=REGISTRY)
 
+# --- the cluster's leader and failures nobody expected ------------------------------------
+LEADER: Final = Gauge(
+    "sweeper_leader", "1 while this process is the cluster's leader (service/leader.py)",
+    registry=REGISTRY)
+LEADER_TERM: Final = Gauge(
+    "sweeper_leader_term", "The term this process last led in (0: never led)",
+    registry=REGISTRY)
+
+
+class Where(StrEnum):
+    """Where an unexpected error was caught and survived: the closed set of `where` on
+    sweeper_internal_errors_total (service/errors.py `internal_error`)."""
+
+    URGENT_SIGNALS = "urgent_signals"  # a throttle or pause applied at once after a call
+    SIGNALS = "signals"                # scope signals applied with a flush
+    HAND_BACK = "hand_back"            # unstarted leases returned with a flush
+    COMPLETIONS = "completions"        # outcomes written with a flush
+    SHUTDOWN_FLUSH = "shutdown_flush"  # the last flush before a pool stops
+    WARM_UP = "warm_up"                # the statements a pool prepares before its first claim
+    LISTEN = "listen"                  # the LISTEN connection for wake-ups and holds
+    CLAIM = "claim"                    # an admission round
+    CALL = "call"                      # an upstream call that crashed (its outcome: unknown)
+    ANSWER_RULES = "answer_rules"      # a policy's answer rules that could not read a body
+    HOLDS_WATCH = "holds_watch"        # a pool learning of new legal holds
+    FIRST_STEP = "first_step"          # the step before a pool's first claim
+    LEADER = "leader"                  # an election or renewal of the leader's lease
+    PUBLISHER = "publisher"            # a publisher pass listing runs
+    MAINTENANCE = "maintenance"        # holds maintenance, retention (service/db/engine.repeat)
+    WAITS = "waits"                    # the waiting scopes' checks
+
+
+INTERNAL_ERRORS: Final = Counter(
+    "sweeper_internal_errors_total",
+    "Unexpected errors caught and survived (not a database outage), by where",
+    ["where"], registry=REGISTRY)
+
 # --- HTTP and the database pool -----------------------------------------------------------
 HTTP_DURATION: Final = Histogram(
     "sweeper_http_request_duration_seconds",
@@ -390,6 +426,8 @@ def initialise_series(policies: Iterable[str]) -> None:
         LEASES_RETURNED.labels(returned)
     for signal in ScopeSignal:
         SCOPE_SIGNALS.labels(signal)
+    for where in Where:
+        INTERNAL_ERRORS.labels(where)
 
 
 def install_ledger(engine: AsyncEngine, policies: Iterable[str]) -> Exporter:

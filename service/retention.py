@@ -35,8 +35,8 @@ from typing import Final
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service import metrics, targets
-from service.db.engine import repeat
 from service.db.statements import Statement, run
+from service.failures import repeat
 from service.stores import STORE_ERRORS, Stores, describe, limit_transaction
 
 log = logging.getLogger(__name__)

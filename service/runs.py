@@ -8,7 +8,12 @@ and the next publisher (any replica) resumes from the run row.
 PUBLICATION_LANES chunk transactions run side by side: they pick disjoint items (SKIP
 LOCKED), share the run row (FOR KEY SHARE), number their batches from a sequence, and
 add their counts to the run row as they commit. The run is marked published once every
-lane found nothing left.
+lane found nothing left. A run with `max_items` publishes one chunk at a time, whichever
+publisher runs it (FOR NO KEY UPDATE on the run row), so each reads the count the last
+committed and the cap is exact.
+
+The publisher runs on the cluster's leader (service/leader.py); given the leader's term, a
+chunk commits only while that term's lease is in force (`_ADD_RELEASED`).
 
 A run whose publication raises is isolated: runs are published one after another, and one
 run's error never keeps the next from publishing. The database being unavailable or busy
@@ -38,7 +43,8 @@ from service.claims import NOTIFY_CHANNEL
 from service.db.engine import is_busy, is_unavailable, sqlstate
 from service.db.statements import Statement, fetch
 from service.db.statements import run as run_statement
-from service.errors import SweeperError
+from service.errors import NotLeader, SweeperError
+from service.leader import CLUSTER
 from service.list_source import SourceDeferred
 from service.stores import StoreError
 
@@ -190,7 +196,8 @@ CHUNK_MAX_BATCHES: Final = 4
 CHUNK_MAX_SECONDS: Final = 0.25
 # Chunk transactions of one run at once. A release is never a HOT update, so its index
 # inserts keep a backend busy: one lane would leave the database server's other cores idle.
-# A run with `max_items` publishes in one lane, which keeps its count exact.
+# A run with `max_items` publishes in one lane per publisher, and its chunks take the run
+# row one at a time (_CAPPED_LANE_RUN), which keeps its count exact.
 PUBLICATION_LANES: Final = 2
 
 
@@ -202,9 +209,11 @@ def batch_digest(policy: str, version: int, cutoff: datetime, item_ids: list[int
 
 
 async def publish(engine: AsyncEngine, run_id: int, *, batch_size: int,
-                  lanes: int = PUBLICATION_LANES, discovery: Discovery | None = None) -> bool:
+                  lanes: int = PUBLICATION_LANES, discovery: Discovery | None = None,
+                  term: int | None = None) -> bool:
     """Publish one run to completion, its store sources' candidates discovered first
-    (service/discovery.py). False when another publisher holds it."""
+    (service/discovery.py). False when another publisher holds it. With the leader's
+    `term`, each chunk commits only while that term's lease is in force (NotLeader)."""
     started = time.perf_counter()
     async with engine.begin() as conn:
         run = await _publishing_run(conn, run_id, _TAKE_RUN)
@@ -224,8 +233,9 @@ async def publish(engine: AsyncEngine, run_id: int, *, batch_size: int,
             if not run["report"]:
                 await _record_candidates(conn, run, discovered=True)
     if not run["dry_run"]:
-        serial = run["max_items"] is not None
-        await _all_lanes(engine, run_id, batch_size, 1 if serial else max(1, lanes))
+        capped = run["max_items"] is not None
+        await _all_lanes(engine, run_id, batch_size, 1 if capped else max(1, lanes),
+                         _CAPPED_LANE_RUN if capped else _LANE_RUN, term)
     async with engine.begin() as conn:
         # waits for chunk transactions still open elsewhere (their KEY SHARE locks)
         run = await _publishing_run(conn, run_id, _FINISH_RUN)
@@ -244,6 +254,16 @@ _LANE_RUN = Statement("runs.lane_run", (
     "A publishing run's row shared by the lanes for one chunk, so it is not finished under "
     "them."),
     "SELECT * FROM runs WHERE id = :id AND state = 'publishing' FOR KEY SHARE")
+# A capped run's chunk must read the `released` the previous chunk committed, whichever
+# publisher (replica) wrote it: FOR NO KEY UPDATE conflicts with itself, so a second
+# publisher's chunk waits for the first to commit and then reads the row as it committed
+# (a locking read returns the newest version), but it still lets the lanes' KEY SHARE and
+# the items' foreign keys through. Under KEY SHARE two chunks read the same `released` and
+# each released up to the remainder.
+_CAPPED_LANE_RUN = Statement("runs.capped_lane_run", (
+    "A capped publishing run's row for one chunk, one chunk at a time across publishers, "
+    "so each reads the count the last one committed."),
+    "SELECT * FROM runs WHERE id = :id AND state = 'publishing' FOR NO KEY UPDATE")
 _FINISH_RUN = Statement("runs.finish_run", (
     "A publishing run's row locked to finish it, once every lane's chunk has committed."),
     "SELECT * FROM runs WHERE id = :id AND state = 'publishing' FOR UPDATE")
@@ -256,10 +276,12 @@ async def _publishing_run(conn: AsyncConnection, run_id: int, statement: Stateme
     return (await run_statement(conn, statement, {"id": run_id})).mappings().one_or_none()
 
 
-async def _all_lanes(engine: AsyncEngine, run_id: int, batch_size: int, lanes: int) -> None:
-    """Run the lanes to the end; the first failure stops the others and is raised as it
-    is (callers tell a database outage from a bug by the exception itself)."""
-    tasks = [asyncio.create_task(_publish_lane(engine, run_id, batch_size))
+async def _all_lanes(engine: AsyncEngine, run_id: int, batch_size: int, lanes: int,
+                     lock: Statement, term: int | None) -> None:
+    """Run the lanes to the end, each chunk taking the run row with `lock`; the first
+    failure stops the others and is raised as it is (callers tell a database outage from a
+    bug by the exception itself)."""
+    tasks = [asyncio.create_task(_publish_lane(engine, run_id, batch_size, lock, term))
              for _ in range(lanes)]
     try:
         await asyncio.gather(*tasks)
@@ -270,14 +292,16 @@ async def _all_lanes(engine: AsyncEngine, run_id: int, batch_size: int, lanes: i
         raise
 
 
-async def _publish_lane(engine: AsyncEngine, run_id: int, batch_size: int) -> None:
+async def _publish_lane(engine: AsyncEngine, run_id: int, batch_size: int,
+                        lock: Statement, term: int | None) -> None:
     """Release chunk after chunk until none is left (or the run was finished elsewhere).
     FOR KEY SHARE lets lanes share the run row and keeps it from being finished under
-    them; each chunk adds its counts to the row as it commits."""
+    them (a capped run's chunks take it one at a time); each chunk adds its counts to the
+    row as it commits."""
     while True:
         async with engine.begin() as conn:
-            run = await _publishing_run(conn, run_id, _LANE_RUN)
-            if run is None or await _release_chunk(conn, run, batch_size) == 0:
+            run = await _publishing_run(conn, run_id, lock)
+            if run is None or await _release_chunk(conn, run, batch_size, term) == 0:
                 return
 
 
@@ -367,9 +391,21 @@ async def _record_candidates(conn: AsyncConnection, run: Any, discovered: bool =
                             {"comparison": json.dumps(comparison), "id": run["id"]})
 
 
+# The last statement of a chunk, so it is also where a leader's term fences the chunk: once
+# that term's lease has lapsed (another process may lead), no row is returned and the chunk
+# rolls back (NotLeader). clock_timestamp(), not the transaction's start: the chunk ran
+# for a while.
 _ADD_RELEASED = Statement("runs.add_released", (
-    "Add a chunk's released items and batches to the run row, in the chunk's transaction."),
-    "UPDATE runs SET released = released + :n, batches = batches + :b WHERE id = :id")
+    "Add a chunk's released items and batches to the run row, in the chunk's transaction, "
+    "while the leader's term that publishes it holds its lease."), """
+    UPDATE runs SET released = released + :n, batches = batches + :b
+    WHERE id = :id
+      AND (CAST(:term AS bigint) IS NULL  -- published outside the leader's loop (tools)
+           OR EXISTS (SELECT FROM leader
+                      WHERE name = :leader AND term = :term
+                        AND expires_at > clock_timestamp()))
+    RETURNING id
+""")
 # Sent inside the chunk's transaction: delivered to the workers when it commits.
 _NOTIFY_RELEASED = Statement("runs.notify_released", (
     "Wake idle workers: items were released (delivered when the chunk commits)."),
@@ -377,9 +413,10 @@ _NOTIFY_RELEASED = Statement("runs.notify_released", (
 
 
 async def _release_chunk(conn: AsyncConnection, run: Any, batch_size: int,
-                         max_batches: int = CHUNK_MAX_BATCHES) -> int:
+                         term: int | None = None, max_batches: int = CHUNK_MAX_BATCHES) -> int:
     """One publication transaction: up to `max_batches` batches, stopping early once it has
-    run for CHUNK_MAX_SECONDS. Returns the items released (0: nothing left)."""
+    run for CHUNK_MAX_SECONDS. Returns the items released (0: nothing left). Raises
+    NotLeader (the caller's transaction rolls back) when `term`'s lease has lapsed."""
     started = time.perf_counter()
     released = batches = 0
     while batches < max_batches:
@@ -402,7 +439,11 @@ async def _release_chunk(conn: AsyncConnection, run: Any, batch_size: int,
         if len(ids) < limit or time.perf_counter() - started > CHUNK_MAX_SECONDS:
             break
     if released:
-        await run_statement(conn, _ADD_RELEASED, {"n": released, "b": batches, "id": run["id"]})
+        counted = (await run_statement(conn, _ADD_RELEASED, {
+            "n": released, "b": batches, "id": run["id"], "term": term, "leader": CLUSTER})
+        ).first()
+        if counted is None:
+            raise NotLeader(f"term {term} ended while publishing run {run['id']}")
         await run_statement(conn, _NOTIFY_RELEASED)
         metrics.ITEMS_RELEASED.inc(released)  # counted a moment before the commit
     return released
@@ -432,7 +473,7 @@ _PUBLISHING_RUNS = Statement("runs.publishing", (
 
 
 async def publish_pending(engine: AsyncEngine, *, batch_size: int,
-                          discovery: Discovery | None = None) -> int:
+                          discovery: Discovery | None = None, term: int | None = None) -> int:
     """Publish every run still in state `publishing` (new, or left by a crash), each on its
     own: a run that raises is left for the next pass (database unavailable or busy) or
     marked failed, and the runs after it are published all the same. Returns the runs
@@ -442,8 +483,11 @@ async def publish_pending(engine: AsyncEngine, *, batch_size: int,
     deferred: list[int] = []
     for run_id in ids:
         try:
-            if await publish(engine, run_id, batch_size=batch_size, discovery=discovery):
+            if await publish(engine, run_id, batch_size=batch_size, discovery=discovery,
+                             term=term):
                 done += 1
+        except NotLeader:
+            raise  # the pass ends: the run is the next leader's, as it stands
         except StoreError as exc:
             # a store could not answer discovery: recorded on the run's discovery row, and
             # the run waits for the next pass (nothing is lost)

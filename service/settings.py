@@ -130,7 +130,8 @@ class Settings(BaseSettings):
     retention_interval_seconds: float = Field(default=300.0, gt=0, le=86_400)
     metrics_port: int = Field(
         default=0, ge=0, le=65535,
-        description="`sweeper worker` serves /metrics here (0: off); `serve` uses its API port")
+        description="`sweeper worker` serves /metrics, /healthz and /readyz here (0: off); "
+                    "`serve` uses its API port")
     tls_cert_file: Path | None = Field(default=None, description="serve HTTPS with this PEM")
     tls_key_file: Path | None = Field(default=None, description="private key of tls_cert_file")
     log_level: str = "INFO"

@@ -22,7 +22,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service import scopes
 from service.credentials.waits import Credentials, resume_arrived
-from service.db.engine import is_unavailable
+from service.failures import InternalErrors, expected
+from service.metrics import Where
 from service.outcomes import Failure
 from service.policies import Policies
 from service.scope_signals import PAUSE_REASONS
@@ -73,15 +74,16 @@ async def _answers(stores: Stores, store: str) -> bool:
 async def waiting_loop(engine: AsyncEngine, policies: Policies, credentials: Credentials,
                        stores: Stores, interval_s: float = WAIT_CHECK_S) -> None:
     """Resume waiting scopes as what they wait for arrives, until cancelled."""
+    errors = InternalErrors(log)
     while True:
         await asyncio.sleep(interval_s)
         try:
             await resume_arrived(engine, policies, credentials)
         except Exception as exc:
-            if not is_unavailable(exc):
-                log.exception("credential wait check failed")
+            if not expected(exc):
+                errors.caught(Where.WAITS, exc, check="credentials")
         try:
             await resume_reachable(engine, policies, stores)
         except Exception as exc:
-            if not is_unavailable(exc):
-                log.exception("store wait check failed")
+            if not expected(exc):
+                errors.caught(Where.WAITS, exc, check="stores")

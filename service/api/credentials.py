@@ -4,7 +4,7 @@ rule, never echoed (service/api/problems.py)."""
 
 from __future__ import annotations
 
-import contextlib
+import logging
 from dataclasses import asdict
 from datetime import datetime
 from typing import Annotated, Any
@@ -22,7 +22,11 @@ from service.api.tenants import stored_tenant
 from service.credentials import tenant_credentials, waits
 from service.credentials.source import HEADER_VALUE_PATTERN, MAX_SECRET_CHARS, secret_problem
 from service.errors import Problem
+from service.failures import InternalErrors, expected
+from service.metrics import Where
 from service.policy_file import NAME_PATTERN
+
+_errors = InternalErrors(logging.getLogger("service.http"))
 
 router = APIRouter(prefix="/v1", tags=["credentials"], route_class=JsonRoute,
                    responses=problem_responses(401, 503))
@@ -141,9 +145,12 @@ async def put_credential(runtime: RuntimeDep, actor: OperatorDep, tenant_id: Ten
         runtime.credentials.invalidate(tenant_id, upstream)
     # the tenant's scopes waiting for it resume now (other replicas' checks would within
     # seconds); the credential is stored whatever this finds
-    with contextlib.suppress(Exception):
+    try:
         await waits.resume_arrived(runtime.engine, runtime.policies,
                                    runtime.tenant_credentials, tenant_id=tenant_id)
+    except Exception as exc:
+        if not expected(exc):
+            _errors.caught(Where.WAITS, exc, check="credentials")
     return CredentialOut(**asdict(stored))
 
 

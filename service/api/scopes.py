@@ -9,7 +9,7 @@ from fastapi import APIRouter, Body, Path, Query
 from fastapi.openapi.models import Example
 from pydantic import AfterValidator, BaseModel, Field
 
-from service import scopes
+from service import leader, scopes
 from service.api import access
 from service.api.bodies import JsonInt, JsonRoute, RequestBody
 from service.api.deps import CallerDep, OperatorDep, RuntimeDep
@@ -18,6 +18,7 @@ from service.api.reasons import Reason
 from service.api.scope_names import scope_name
 from service.errors import Problem
 from service.policy_file import MAX_RATE_PER_SECOND, MAX_SCOPE_BYTES, MIN_RATE_PER_SECOND
+from service.runtime import Runtime
 
 router = APIRouter(prefix="/v1", tags=["scopes"], route_class=JsonRoute,
                    responses=problem_responses(401, 503))
@@ -96,12 +97,23 @@ class ResumeIn(RequestBody):
         "trail. Without it a closed scope stays closed until closed_until"))
 
 
+class LeaderOut(BaseModel):
+    """The process running the cluster's once-only loops (publication, holds maintenance,
+    retention) and its lease, on the database clock."""
+
+    name: str
+    term: int
+    lease_expires_at: datetime
+
+
 class WorkersOut(BaseModel):
-    """Whether every replica has stopped claiming."""
+    """Whether every replica has stopped claiming, and which process leads the cluster
+    (null while the lease has lapsed: a new leader is elected within seconds)."""
 
     workers_paused: bool
     paused_reason: str | None
     updated_at: datetime
+    leader: LeaderOut | None
 
 
 # a scope route with a body: bad JSON, no such scope, an invalid body
@@ -189,10 +201,18 @@ async def resume_scope(runtime: RuntimeDep, caller: CallerDep, scope: ScopeName,
     return await _changed(runtime, scope, found)
 
 
+async def _workers(runtime: Runtime) -> WorkersOut:
+    found = await leader.current(runtime.engine)
+    return WorkersOut.model_validate({
+        **await scopes.workers_state(runtime.engine),
+        "leader": None if found is None else LeaderOut(
+            name=found.holder, term=found.term, lease_expires_at=found.lease_expires_at)})
+
+
 @router.get("/workers", operation_id="getWorkers", response_model=WorkersOut)
 async def get_workers(runtime: RuntimeDep, _actor: OperatorDep) -> WorkersOut:
-    """Whether workers are paused everywhere."""
-    return WorkersOut.model_validate(await scopes.workers_state(runtime.engine))
+    """Whether workers are paused everywhere, and the cluster's leader."""
+    return await _workers(runtime)
 
 
 @router.post("/workers/pause", operation_id="pauseWorkers", response_model=WorkersOut,
@@ -202,7 +222,7 @@ async def pause_workers(runtime: RuntimeDep, actor: OperatorDep,
     """Stop claiming on every replica without losing the schedule."""
     await scopes.set_workers_paused(runtime.engine, paused=True, actor=actor,
                                     reason=body.reason if body else None)
-    return WorkersOut.model_validate(await scopes.workers_state(runtime.engine))
+    return await _workers(runtime)
 
 
 @router.post("/workers/resume", operation_id="resumeWorkers", response_model=WorkersOut,
@@ -212,4 +232,4 @@ async def resume_workers(runtime: RuntimeDep, actor: OperatorDep,
     """Claim again everywhere."""
     await scopes.set_workers_paused(runtime.engine, paused=False, actor=actor,
                                     reason=body.reason if body else None)
-    return WorkersOut.model_validate(await scopes.workers_state(runtime.engine))
+    return await _workers(runtime)

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import socket
 import time
-from collections.abc import Awaitable, Callable
 from typing import Final
 
 import asyncpg
@@ -117,21 +115,3 @@ def is_busy(exc: BaseException) -> bool:
     later as it stands."""
     code = sqlstate(exc)
     return code is not None and (code in BUSY_SQLSTATES or code.startswith("53"))
-
-
-async def repeat(step: Callable[[], Awaitable[object]], *, every_s: float, what: str,
-                 logger: logging.Logger) -> None:
-    """Run `step`, sleep `every_s`, again until cancelled (a process's background loops). A
-    database out of reach is a warning and is tried again next time; any other failure is
-    logged with its traceback and tried again too."""
-    while True:
-        try:
-            await step()
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            if is_unavailable(exc):
-                logger.warning("%s: database unavailable", what)
-            else:
-                logger.exception("%s failed", what)
-        await asyncio.sleep(every_s)

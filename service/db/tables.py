@@ -321,3 +321,13 @@ console_key = Table(
     Column("singleton", Boolean, primary_key=True),
     Column("key", BYTEA, nullable=False),
 )
+
+leader = Table(
+    "leader",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("holder", Text, nullable=False),
+    Column("term", BigInteger, nullable=False),
+    _ts("elected_at"),
+    _ts("expires_at"),
+)

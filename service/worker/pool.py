@@ -24,9 +24,17 @@ from typing import Final
 from service import limiter, scope_signals
 from service.answers import NOTHING_READ, Costs, Reading
 from service.claims import Completion, Lease
-from service.db.engine import is_busy, is_unavailable
+from service.failures import InternalErrors, expected
 from service.limiter import Grant
-from service.metrics import IN_FLIGHT, LIMITER_WAITS, TOKENS_GRANTED, TOKENS_RETURNED, LeaseReturn
+from service.metrics import (
+    IN_FLIGHT,
+    INTERNAL_ERRORS,
+    LIMITER_WAITS,
+    TOKENS_GRANTED,
+    TOKENS_RETURNED,
+    LeaseReturn,
+    Where,
+)
 from service.outcomes import (
     UNKNOWN_POLICY_VERSION,
     Answer,
@@ -41,6 +49,7 @@ from service.policies import Policies, Policy
 from service.policy_file import PolicyConfig
 from service.transport import SEND_BY, SEND_GATE
 from service.upstream import CallResult
+from service.worker.flush_buffer import FlushBuffer
 from service.worker.hold_gate import HoldGate
 from service.worker.pacing import CallLimit, DatabaseClock, LocalHolds, ScopeCache
 from service.worker.ports import Ports
@@ -52,6 +61,9 @@ IDLE_POLL_MIN_S: Final = 0.05
 IDLE_POLL_MAX_S: Final = 2.0
 FLUSH_INTERVAL_S: Final = 0.02
 FLUSH_STOP_TIMEOUT_S: Final = 5.0  # at shutdown, for a flush in progress to commit
+FLUSH_RETRY_S: Final = 0.5  # after a write failed, before that buffer tries again
+LAST_FLUSH_TRIES: Final = 50  # at shutdown, FLUSH_RETRY_S apart, before giving up
+WRITES_PER_FLUSH: Final = 1_000  # completions (or hand-backs) in one statement
 ERROR_BACKOFF_MAX_S: Final = 5.0
 FIRST_RETRY_S: Final = 1.0  # between tries of the step before the first claim
 # How often a process looks for new legal holds without a notification (a hold placed while
@@ -121,7 +133,8 @@ class WorkerPool:
         self._calls = CallLimit(concurrency)
         self._scopes = ScopeCache()
         self._holds = LocalHolds()
-        self._signals = SignalBuffer()
+        self._errors = InternalErrors(log, self._clock.monotonic)
+        self._signals = SignalBuffer(ports.signals, self._errors)
         self._db_clock = DatabaseClock()
         self._cursor = ""
         self._per_call: dict[str, int] = {}  # scopes whose calls carry many items, as granted
@@ -129,16 +142,30 @@ class WorkerPool:
         # calls claimed ahead wait here: at most `concurrency` upstream calls at once
         self._slots = asyncio.Semaphore(concurrency)
         self._finished = 0  # calls finished since start
-        self._done: list[Completion] = []
-        self._unstarted: list[tuple[Call, LeaseReturn]] = []
+        # completions, hand-backs and scope signals each wait in a buffer of their own,
+        # so none holds back another (flush_buffer.py)
+        self._done: FlushBuffer[Completion] = FlushBuffer(
+            self._complete, max_batch=WRITES_PER_FLUSH, where=Where.COMPLETIONS,
+            errors=self._errors, logger=log)
+        self._unstarted: FlushBuffer[tuple[Call, LeaseReturn]] = FlushBuffer(
+            self._hand_back, max_batch=WRITES_PER_FLUSH, where=Where.HAND_BACK,
+            errors=self._errors, logger=log)
+        self._flush_now = asyncio.Event()
+        self._not_started: dict[asyncio.Task[None], Call] = {}  # created, first step not run
+        self.unwritten = 0  # outcomes the last flush at shutdown could not write
         self._counts = PipelineCounts()
         self._wake = asyncio.Event()
         self._gate = HoldGate()  # holds bind at the send (hold_gate.py)
         self._hold_placed = asyncio.Event()
+        self._retry_at: dict[Where, float] = {}  # a failed buffer's next try (monotonic)
         self._unacked: dict[int, list[int]] = {}  # revoked calls by hold, not yet acknowledged
         self._stopping = asyncio.Event()
         self._flusher_stop = asyncio.Event()
         self.token_wait: float | None = None
+        # the probes' view (service/worker/health.py): when the loop last turned, and
+        # whether it is warmed up and not stopping
+        self.turned_at = self._clock.monotonic()
+        self.ready = False
         self.completed = 0
         self.fenced = 0
         self.reclaimed = 0
@@ -197,8 +224,9 @@ class WorkerPool:
         self.reclaimed += self._counts.claimed(leases)
         if self._stopping.is_set():
             # stop() arrived while the claim was committing: nothing was called yet, so the
-            # leases and their tokens go straight back without counting an attempt
-            await self._hand_back([(c, LeaseReturn.SHUTDOWN) for c in calls])
+            # leases and their tokens go back without counting an attempt
+            self._unstarted.add((c, LeaseReturn.SHUTDOWN) for c in calls)
+            await self._unstarted.flush()
             return 0
         position: Counter[str] = Counter()
         # the local moment of each grant, on this process's calibrated database clock
@@ -218,6 +246,7 @@ class WorkerPool:
             give_up = due + limiter.late_tolerance(grant.rate)
             task = asyncio.create_task(self._attempt(call, due, give_up, round_no))
             self._in_flight.add(task)
+            self._not_started[task] = call
             task.add_done_callback(self._call_done)
         return len(leases)
 
@@ -225,6 +254,15 @@ class WorkerPool:
         self._in_flight.discard(task)
         self._finished += 1
         self._slot_freed.set()
+        call = self._not_started.pop(task, None)
+        if call is not None:
+            # cancelled before its first step, so `_attempt`'s own cleanup never ran: the
+            # call was not made, its lease goes back and it leaves the in-flight gauge
+            log.warning("call cancelled before it started; its lease goes back",
+                        extra={"items": len(call)})
+            self._gate.finished(call)
+            IN_FLIGHT.dec()
+            self._unstarted.add([(call, LeaseReturn.SHUTDOWN)])
 
     async def _hand_back(self, calls: list[tuple[Call, LeaseReturn]]) -> None:
         """Return the leases of calls that were never made, without an attempt, in one
@@ -242,31 +280,29 @@ class WorkerPool:
             reasons[reason] += len(call)
         self._counts.returned(reasons, tokens=sum(tokens))
 
-    async def drain(self) -> None:
-        """Wait for every call in flight and commit their outcomes."""
+    async def drain(self) -> bool:
+        """Wait for every call in flight and commit their outcomes; whether all were."""
         if self._in_flight:
             await asyncio.gather(*list(self._in_flight), return_exceptions=True)
-        await self.flush()
+        return await self.flush(force=True)
 
-    async def flush(self) -> None:
-        """Apply scope signals, hand back leases that were never called, then commit the
-        outcomes gathered so far (one statement) and count them."""
-        await self._signals.apply(self.ports.signals)
-        unstarted, self._unstarted = self._unstarted, []
-        if unstarted:
-            try:
-                await self._hand_back(unstarted)
-            except Exception:
-                self._unstarted = unstarted + self._unstarted
-                raise
-        batch, self._done = self._done, []
-        if not batch:
-            return
-        try:
-            fenced = await self.ports.completion.complete(batch)
-        except Exception:
-            self._done = batch + self._done  # keep them; the next flush retries
-            raise
+    async def flush(self, force: bool = False) -> bool:
+        """Commit the outcomes gathered so far first, then hand back leases that were never
+        called, then apply scope signals: each in its own statements, a failure of one
+        never keeping the others back, and what fails kept for the next flush. A buffer
+        whose write failed rests FLUSH_RETRY_S unless `force`. True when all are written."""
+        written = True
+        for buffer in (self._done, self._unstarted, self._signals.buffer):
+            if force or self._clock.monotonic() >= self._retry_at.get(buffer.where, 0.0):
+                if await buffer.flush():
+                    self._retry_at.pop(buffer.where, None)
+                else:
+                    self._retry_at[buffer.where] = self._clock.monotonic() + FLUSH_RETRY_S
+            written = written and not len(buffer)
+        return written
+
+    async def _complete(self, batch: list[Completion]) -> None:
+        fenced = await self.ports.completion.complete(batch)
         self.completed += len(batch) - len(fenced)
         self.fenced += len(fenced)
         self._counts.completed(batch, set(fenced))
@@ -277,6 +313,7 @@ class WorkerPool:
                        round_no: int = 0) -> None:
         clock = self._clock
         lease = call[0]
+        self._not_started.pop(asyncio.current_task(), None)  # type: ignore[arg-type]
         try:
             try:
                 delay = due - clock.monotonic()
@@ -286,7 +323,7 @@ class WorkerPool:
             except asyncio.CancelledError:
                 # abandoned at shutdown before it was made: its lease goes back with the
                 # last flush instead of waiting to expire
-                self._unstarted.append((call, LeaseReturn.SHUTDOWN))
+                self._unstarted.add([(call, LeaseReturn.SHUTDOWN)])
                 raise
             try:
                 unstarted = (LeaseReturn.SHUTDOWN if self._stopping.is_set()
@@ -321,13 +358,14 @@ class WorkerPool:
                         return
             finally:
                 self._slots.release()
-            self._done.extend(self._completions(call, policy, result, started,
-                                                reason_override))
+            self._done.add(self._completions(call, policy, result, started, reason_override))
+            if self._done.full:
+                self._flush_now.set()
             if self._signals.urgent:
                 # a throttle or credential signal acts now, not at the next flush: every
-                # replica's next admission round must already see the scope closed
-                with contextlib.suppress(Exception):
-                    await self._signals.apply(self.ports.signals)
+                # replica's next admission round must already see the scope closed (what
+                # fails waits for the next flush, and is counted)
+                await self._signals.flush(Where.URGENT_SIGNALS)
         finally:
             self._gate.finished(call)
             IN_FLIGHT.dec()
@@ -337,7 +375,7 @@ class WorkerPool:
         of them, `_hand_back`), no attempt counted; a late one also tells the round."""
         if reason is LeaseReturn.LATE_START:
             self._calls.started_late(round_no)
-        self._unstarted.append((call, reason))
+        self._unstarted.add([(call, reason)])
 
     async def _call(self, policy: Policy, call: Call) -> CallResult:
         lease = call[0]
@@ -345,10 +383,10 @@ class WorkerPool:
             return await (self.ports.calls.delete(policy, lease) if len(call) == 1
                           and policy.per_call == 1 and policy.config.target is None
                           else self.ports.calls.delete_batch(policy, call))
-        except Exception:
+        except Exception as exc:
             # A bug or an unforeseen client error must still end in an outcome; the request
             # may have been sent, so it is `unknown` (the same key next time).
-            log.exception("upstream call crashed", extra={"item_id": lease.item_id})
+            self._errors.caught(Where.CALL, exc, policy=policy.name)
             return CallResult(Answer(failure=Failure.PROTOCOL), 0.0)
 
     def _completions(self, call: Call, policy: Policy | None, result: CallResult,
@@ -367,10 +405,10 @@ class WorkerPool:
                 and not policy.answers.reads_nothing:
             try:
                 reading = policy.answers.read(answer.status, answer.body)
-            except Exception:
+            except Exception as exc:
                 # an answer the rules cannot read is read by its status alone: a hostile
                 # body must never leave an item without an outcome
-                log.exception("answer rules failed", extra={"item_id": lease.item_id})
+                self._errors.caught(Where.ANSWER_RULES, exc, policy=policy.name)
         ruled = reading.verdict
         if ruled is not None and ruled.version is not None and ruled.version == (
                 lease.object_version or (cfg.initial_object_version if cfg else None)):
@@ -429,14 +467,15 @@ class WorkerPool:
         """Claim, call and complete until stop(); survives database outages. `first` runs
         before the first claim, tried again every FIRST_RETRY_S until it succeeds."""
         while first is not None and not self._stopping.is_set():
+            self.turned_at = self._clock.monotonic()
             try:
                 await first()
                 break
             except Exception as exc:
-                if is_unavailable(exc) or is_busy(exc):
+                if expected(exc):
                     log.warning("workers: waiting for the database before the first claim")
                 else:
-                    log.exception("workers: the step before the first claim failed")
+                    self._errors.caught(Where.FIRST_STEP, exc)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(FIRST_RETRY_S):
                     await self._stopping.wait()
@@ -446,24 +485,27 @@ class WorkerPool:
                 self._wake.set, self._hold_placed.set))
             flusher = asyncio.create_task(self._flush_loop())
             watcher = asyncio.create_task(self._watch_holds())
+            self.ready = True
             try:
                 await self._loop()
             finally:
+                self.ready = False
                 await self._finish(flusher, listener, watcher)
 
     async def _loop(self) -> None:
         idle = IDLE_POLL_MIN_S
         error_backoff = 0.1
         while not self._stopping.is_set():
+            self.turned_at = self._clock.monotonic()
             try:
                 claimed = await self.run_once()
                 error_backoff = 0.1
             except Exception as exc:
-                if not is_unavailable(exc):
-                    log.exception("claim failed")
-                else:
-                    log.warning("database unavailable; claims paused",
+                if expected(exc):
+                    log.warning("database unavailable or busy; claims paused",
                                 extra={"retry_in_s": error_backoff})
+                else:
+                    self._errors.caught(Where.CLAIM, exc)
                 await self._sleep(error_backoff)
                 error_backoff = min(ERROR_BACKOFF_MAX_S, error_backoff * 2)
                 continue
@@ -483,7 +525,7 @@ class WorkerPool:
         """Prepare the admission statements before the first token is taken: a cold first
         claim made this process spend its first tokens late. (The HTTP client has nothing to
         prepare: service/transport.py builds its TLS context when it is made.)"""
-        with contextlib.suppress(Exception):
+        try:
             # calibrate the database-clock offset before the first grant: a first sample
             # taken on a cold connection would place this process's first calls late
             for _ in range(CLOCK_SAMPLES):
@@ -491,9 +533,14 @@ class WorkerPool:
                 self._db_clock.local(db_time, self._clock.monotonic())
             await self.ports.admission.eligible_scopes("", 1)
             await self.ports.admission.admit({WARM_UP_SCOPE: 1})
-        with contextlib.suppress(Exception):
             # before the first claim: every hold up to here is one its admissions see
             self._gate.known = await self.ports.holds.latest_hold()
+        except Exception as exc:
+            # the first rounds then run cold, and holds are learned by the watcher
+            if expected(exc):
+                log.warning("workers: warm-up skipped: database unavailable or busy")
+            else:
+                self._errors.caught(Where.WARM_UP, exc)
 
     # -- legal holds (hold_gate.py) ----------------------------------------------------
 
@@ -521,10 +568,10 @@ class WorkerPool:
             try:
                 await self.learn_holds()
             except Exception as exc:
-                if is_unavailable(exc) or is_busy(exc):
+                if expected(exc):
                     log.warning("workers: holds could not be read; trying again")
                 else:
-                    log.exception("workers: learning of holds failed")
+                    self._errors.caught(Where.HOLDS_WATCH, exc)
 
     async def _finish(self, flusher: asyncio.Task[None], listener: asyncio.Task[None],
                       watcher: asyncio.Task[None]) -> None:
@@ -545,19 +592,22 @@ class WorkerPool:
             helper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await helper
-        for _ in range(50):
-            try:
-                await self.flush()
+        for _ in range(LAST_FLUSH_TRIES):
+            if await self.flush(force=True):
                 return
-            except Exception as exc:
-                if not is_unavailable(exc):
-                    raise
-                await asyncio.sleep(0.2)
+            await asyncio.sleep(FLUSH_RETRY_S)
+        # given up: these items are called again once their leases expire
+        self.unwritten = len(self._done)
+        INTERNAL_ERRORS.labels(Where.SHUTDOWN_FLUSH).inc()
+        log.error("shutdown: writes could not be made", extra={
+            "where": Where.SHUTDOWN_FLUSH.value, "outcomes": len(self._done),
+            "hand_backs": len(self._unstarted), "signals": len(self._signals.buffer)})
 
     async def _wait_for_slot(self) -> None:
         # woken by each finished call: O(1) per call, where asyncio.wait over every task
         # in flight costs O(concurrency) per round
         while len(self._in_flight) >= self._calls.claimable and not self._stopping.is_set():
+            self.turned_at = self._clock.monotonic()  # waiting on calls is not a hang
             self._slot_freed.clear()
             await self._slot_freed.wait()
 
@@ -571,16 +621,16 @@ class WorkerPool:
 
     async def _flush_loop(self) -> None:
         while not self._flusher_stop.is_set():
-            await asyncio.sleep(FLUSH_INTERVAL_S)
-            try:
-                await self.flush()
-            except Exception as exc:
-                if not is_unavailable(exc):
-                    log.exception("completion failed")
-                await asyncio.sleep(0.5)
+            # every FLUSH_INTERVAL_S, or at once when a buffer holds a full batch
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(FLUSH_INTERVAL_S):
+                    await self._flush_now.wait()
+            self._flush_now.clear()
+            await self.flush()
 
     def stop(self) -> None:
         """Stop claiming; calls in flight finish and their outcomes are committed."""
         self._stopping.set()
+        self.ready = False
         self._wake.set()
         self._slot_freed.set()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Final
@@ -20,6 +21,8 @@ from service import claims, holds, limiter
 from service.claims import Admission, Completion, Lease
 from service.credentials.waits import Credentials
 from service.db.statements import Database, HeldConnection
+from service.failures import InternalErrors, expected
+from service.metrics import Where
 from service.policies import Policies
 from service.stores import Stores
 from service.targets import StoreTargets
@@ -28,6 +31,9 @@ from service.worker.hold_gate import HoldCover
 from service.worker.ports import NoWakeups, Ports, SystemClock, UpstreamCalls
 
 LISTEN_PROBE_INTERVAL_S: Final = 10.0
+LISTEN_RETRY_S: Final = 1.0  # between attempts to connect the LISTEN connection again
+
+log = logging.getLogger("service.worker")
 
 
 class PostgresLedger:
@@ -120,10 +126,12 @@ class PostgresLedger:
 
 class Listener:
     """LISTEN for releases on a connection of its own; reconnects after outages (polling
-    covers any gap)."""
+    covers any gap). Anything but an outage (bad credentials, a bug) is an internal error,
+    logged once per kind and counted; an outage is a warning when it begins."""
 
     def __init__(self, url: str) -> None:
         self.url = url
+        self._errors = InternalErrors(log)
 
     async def listen(self, wake: Callable[[], None],
                      held: Callable[[], None] | None = None) -> None:
@@ -134,6 +142,7 @@ class Listener:
             if held is not None:
                 held()
 
+        outage = ""  # the class of the outage logged last ("": none)
         while True:
             try:
                 conn = await asyncpg.connect(self.url, timeout=5)
@@ -154,8 +163,17 @@ class Listener:
                     await conn.close(timeout=1)
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                await asyncio.sleep(1)
+            except Exception as exc:
+                if not expected(exc):
+                    self._errors.caught(Where.LISTEN, exc)
+                elif outage != type(exc).__name__:
+                    # once per outage and kind: refused credentials say so by their class
+                    log.warning("listen: cannot connect; workers poll until it can",
+                                extra={"error_type": type(exc).__name__})
+                outage = type(exc).__name__ if expected(exc) else ""
+                await asyncio.sleep(LISTEN_RETRY_S)
+                continue
+            outage = ""
 
 
 def database_ports(engine: AsyncEngine, policies: Policies, upstreams: Upstreams, *,

@@ -22,6 +22,7 @@ from service.settings import Settings, plain_url
 from service.stores import Stores
 from service.upstream import Upstreams
 from service.waits import waiting_loop
+from service.worker.health import WorkerHealth
 from service.worker.pool import WorkerPool, worker_name
 from service.worker.ports import Ports
 from service.worker.postgres import database_ports
@@ -53,8 +54,10 @@ def database_pool(engine: AsyncEngine, policies: Policies, upstreams: Upstreams,
 
 
 async def run_worker_process(settings: Settings, policies: Policies, url: URL, *,
-                             faults: Faults | None = None) -> None:
-    """`sweeper worker`: the pool alone, until SIGTERM or SIGINT."""
+                             faults: Faults | None = None,
+                             health: WorkerHealth | None = None) -> None:
+    """`sweeper worker`: the pool alone, until SIGTERM or SIGINT; `health` (its probes)
+    watches the pool."""
     initialise_series(policies.policies)
     engine = make_engine(url, settings)
     upstreams = Upstreams(policies.upstreams)
@@ -64,6 +67,8 @@ async def run_worker_process(settings: Settings, policies: Policies, url: URL, *
                          listen_url=plain_url(url),
                          grace_seconds=settings.shutdown_grace_seconds, faults=faults,
                          credentials=credentials, stores=stores)
+    if health is not None:
+        health.pool = pool
     # always: a scope paused before the policies file changed must resume too
     waits = asyncio.create_task(waiting_loop(engine, policies, credentials, stores),
                                 name="waits")
@@ -81,4 +86,5 @@ async def run_worker_process(settings: Settings, policies: Policies, url: URL, *
         await upstreams.aclose()
         await stores.aclose()
         await engine.dispose()
-        log.info("worker stopped", extra={"worker": pool.name, "completed": pool.completed})
+        log.info("worker stopped", extra={"worker": pool.name, "completed": pool.completed,
+                                          "unwritten": pool.unwritten})

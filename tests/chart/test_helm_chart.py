@@ -587,7 +587,6 @@ def test_worker_deployment_when_enabled(all_on: Rendered) -> None:
     assert worker["args"] == ["worker"]
     assert env_of(worker)["SWEEPER_WORKERS"]["value"] == "16"
     assert [p["name"] for p in worker["ports"]] == ["metrics"]
-    assert "readinessProbe" not in worker
     assert "SWEEPER_TLS_CERT_FILE" not in env_of(worker)
     assert worker["resources"] == all_on.values["worker"]["resources"]
     # Autoscaled Deployments leave replicas to their HPA.
@@ -813,6 +812,23 @@ def test_service_monitor(all_on: Rendered) -> None:
     assert set(sm["spec"]) == {"namespaceSelector", "selector", "endpoints"}
     assert set(endpoint) <= {"port", "path", "scheme", "interval", "scrapeTimeout",
                              "tlsConfig", "relabelings", "metricRelabelings"}
+
+
+def test_worker_probes_use_its_metrics_port(all_on: Rendered, engine: HelmEngine) -> None:
+    """`sweeper worker` answers /healthz and /readyz on SWEEPER_METRICS_PORT
+    (service/worker/health.py); without that port it has nothing to probe."""
+    worker = container(pod_spec(all_on.get("Deployment", f"{FULLNAME}-worker")), "worker")
+    expected = {"livenessProbe": ("/healthz", "liveness"),
+                "readinessProbe": ("/readyz", "readiness")}
+    for probe, (path, timings) in expected.items():
+        assert worker[probe]["httpGet"] == {"path": path, "port": "metrics", "scheme": "HTTP"}
+        for key, value in all_on.values.get("probes", {}).get(timings, {}).items():
+            assert worker[probe][key] == value, (probe, key)
+    assert "startupProbe" not in worker  # alive while it starts: its loop has not hung
+    values = {"worker": {"enabled": True, "metricsPort": 0}, "config": {"workers": 4}}
+    portless = Rendered(*engine.render(values), values)
+    bare = container(pod_spec(portless.get("Deployment", f"{FULLNAME}-worker")), "worker")
+    assert "livenessProbe" not in bare and "readinessProbe" not in bare and "ports" not in bare
 
 
 def test_worker_metrics_are_scraped(all_on: Rendered) -> None:

@@ -378,7 +378,7 @@ def test_the_build_steps_make_the_image_venv_and_the_entrypoint_runs(
     """The build stage's RUN commands, for real (the lock file from the package index or
     pip's cache), then what the image runs: `sweeper --version`, a refusal to serve without
     a database URL (no embedded PostgreSQL in the image), check-config, migrate, the
-    entrypoint and its HEALTHCHECK."""
+    entrypoint and its HEALTHCHECK, for `serve` and for `worker`."""
     _, build, runtime = stages()
     venv = _build_stage(build, tmp_path)
 
@@ -445,6 +445,25 @@ def test_the_build_steps_make_the_image_venv_and_the_entrypoint_runs(
         _, stderr = server.communicate(timeout=30)
     assert server.returncode == 0, stderr[-3000:]
     # the same probe reports a stopped server as unhealthy
+    unhealthy = subprocess.run(healthcheck, env=env, cwd=workdir, capture_output=True,
+                               text=True, timeout=10, check=False)
+    assert unhealthy.returncode == 1, unhealthy.stderr
+
+    # `sweeper worker` serves no API: the same HEALTHCHECK asks its probes port instead
+    probes = free_port()
+    env["SWEEPER_METRICS_PORT"] = str(probes)
+    worker = subprocess.Popen([*find(runtime, "ENTRYPOINT")[0].exec_form(), "worker"], env=env,
+                              cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    try:
+        _wait_healthy(f"http://127.0.0.1:{probes}/readyz", worker, 30)
+        healthy = subprocess.run(healthcheck, env=env, cwd=workdir, capture_output=True,
+                                 text=True, timeout=10, check=False)
+        assert healthy.returncode == 0, healthy.stderr
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        _, stderr = worker.communicate(timeout=30)
+    assert worker.returncode == 0, stderr[-3000:]
     unhealthy = subprocess.run(healthcheck, env=env, cwd=workdir, capture_output=True,
                                text=True, timeout=10, check=False)
     assert unhealthy.returncode == 1, unhealthy.stderr

@@ -264,7 +264,7 @@ async def test_a_fresh_app_exports_known_series_at_zero(db_url: str) -> None:
 
 def test_sweeper_worker_serves_openmetrics_and_known_series_at_zero(db_url: str,
                                                                    tmp_path: Path) -> None:
-    # a fresh `sweeper worker` process: prometheus_client's own server negotiates the format,
+    # a fresh `sweeper worker` process: its probes server negotiates the format as the API does,
     # and the series are initialised by the same function as the app's
     policies_file = tmp_path / "policies.toml"
     policies_file.write_text(

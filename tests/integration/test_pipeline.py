@@ -321,12 +321,12 @@ async def test_crash_mid_publication_resumes_without_duplicates(engine: AsyncEng
     original = runs._release_chunk
     calls = 0
 
-    async def two_chunks(conn: Any, run: Any, batch_size: int) -> int:
+    async def two_chunks(conn: Any, run: Any, batch_size: int, term: int | None) -> int:
         nonlocal calls
         calls += 1
         if calls > 2:
             raise RuntimeError("crash")
-        return await original(conn, run, batch_size, max_batches=1)
+        return await original(conn, run, batch_size, term, max_batches=1)
 
     runs._release_chunk = two_chunks  # type: ignore[assignment]
     try:

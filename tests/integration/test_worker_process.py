@@ -1,5 +1,5 @@
 """`sweeper worker` as a real OS process drains and stops cleanly on SIGTERM, serving its
-counters meanwhile. Crashes, stalls and shared budgets of worker processes are drills
+counters and probes meanwhile. Crashes, stalls and shared budgets of worker processes are drills
 (tests/drills, drills), built on the same stage."""
 
 from __future__ import annotations
@@ -24,7 +24,11 @@ async def test_worker_process_drains_and_stops_on_sigterm(db_url: str, tmp_path:
         # the worker process serves its own counters for Prometheus
         async with httpx.AsyncClient() as client:
             scraped = (await client.get(f"{worker.base_url}/metrics")).text
+            probes = {path: (await client.get(f"{worker.base_url}{path}")).status_code
+                      for path in ("/healthz", "/readyz", "/elsewhere")}
         assert 'sweeper_build_info{version="' in scraped
+        # its probes (service/worker/health.py), and nothing else
+        assert probes == {"/healthz": 200, "/readyz": 200, "/elsewhere": 404}
         assert await stage.stop(worker) == 0, worker.log()
         assert len(upstream.calls()) == 50
         assert await stage.statuses() == {"succeeded": 50}

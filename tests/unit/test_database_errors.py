@@ -8,7 +8,9 @@ import logging
 import pytest
 from sqlalchemy import exc as sa_exc
 
-from service.db.engine import is_busy, repeat
+from service.db.engine import is_busy
+from service.failures import repeat
+from service.metrics import REGISTRY
 
 
 class _DriverError(Exception):
@@ -39,7 +41,10 @@ def test_other_errors_are_not_busy() -> None:
 async def test_a_background_loop_outlives_every_failure_but_its_cancellation(
         caplog: pytest.LogCaptureFixture) -> None:
     """`repeat` (retention, hold maintenance): an unreachable database is a warning, any
-    other failure is logged with its traceback, and both are tried again next time."""
+    other failure an internal error (its class logged, counted), and both are tried again
+    next time."""
+    counted = REGISTRY.get_sample_value("sweeper_internal_errors_total",
+                                        {"where": "maintenance"}) or 0.0
     failures: list[BaseException] = [ConnectionRefusedError(), ValueError("bug")]
     turns = 0
     stop = asyncio.Event()
@@ -59,6 +64,10 @@ async def test_a_background_loop_outlives_every_failure_but_its_cancellation(
         with pytest.raises(asyncio.CancelledError):
             await loop
     assert turns >= 3  # it went on after the two failures (until cancelled)
-    assert [(r.levelno, r.getMessage(), r.exc_info is not None) for r in caplog.records] == [
-        (logging.WARNING, "chores: database unavailable", False),
-        (logging.ERROR, "chores failed", True)]
+    assert [(r.levelno, r.getMessage(), getattr(r, "error_type", None))
+            for r in caplog.records] == [
+        (logging.WARNING, "chores: database unavailable or busy", None),
+        (logging.ERROR, "internal error", "ValueError")]
+    assert "bug" not in caplog.text  # the class, never the text
+    assert REGISTRY.get_sample_value("sweeper_internal_errors_total",
+                                     {"where": "maintenance"}) == counted + 1

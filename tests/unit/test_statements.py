@@ -25,6 +25,7 @@ from service import (
     holds,
     inspection,
     intake,
+    leader,
     ledger,
     limiter,
     list_source,
@@ -54,7 +55,7 @@ from tests.integration.store_schema import store_policies
 # Every module that runs SQL, each with its statements as module-level constants.
 MODULES = (claims, limiter, metrics, scopes, runs, ledger, retention, intake, audit, health,
            migrate, embedded, tenant_credentials, holds, evidence, evidence_log, discovery,
-           stores, targets, list_source, inspection, sessions, statements, tenant_forms)
+           stores, targets, list_source, inspection, sessions, statements, tenant_forms, leader)
 # Statements on a plain asyncpg connection, sent as `statement.text` (`$n` parameters):
 # webhook intake (its own pool, one round trip per delivery) and the embedded server's
 # bootstrap (its admin database, before Sweeper's exists).

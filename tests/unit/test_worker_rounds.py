@@ -361,10 +361,9 @@ async def test_a_failed_commit_loses_no_outcome() -> None:
     r.ledger.add("tenant:a", 6)
     r.ledger.fail_completes = 1
     await r.pool.run_once()
-    with pytest.raises(ConnectionError):
-        await r.pool.drain()
+    assert not await r.pool.drain()  # kept, not raised: the loop flushes again
     assert r.ledger.completed == []
-    await r.pool.flush()
+    assert await r.pool.flush(force=True)
     assert len(r.ledger.completed) == 6 and r.pool.completed == 6
 
 
