@@ -118,7 +118,9 @@ MAX_CHECKPOINTS = 1000
                                  "a `Link: rel=next` header says the same)")},
                        **problem_responses(422, 503)})
 async def get_evidence_log(runtime: RuntimeDep, _actor: OperatorDep,
-                           after: Annotated[int, Query(ge=0, le=MAX_BIGINT)] = 0,
+                           # after + limit stays a bigint (the log never gets near it)
+                           after: Annotated[int, Query(
+                               ge=0, le=MAX_BIGINT - MAX_LOG_ENTRIES)] = 0,
                            limit: Annotated[int, Query(ge=1, le=MAX_LOG_ENTRIES)] = 1000
                            ) -> StreamingResponse:
     """Every deletion, whatever released its item, in log order: entries after+1 ..
