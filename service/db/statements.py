@@ -126,11 +126,14 @@ def not_held(now: str = "now()") -> str:
     """Item `i` is under no legal hold at `now`: not marked with one (`hold_id`, which a
     claim re-reads from the row it locks) and covered by no active hold (which a hold
     placed after the item was written may not have marked yet): service/holds.py says why
-    both. Each check stays a filter on the row (OFFSET 0: never turned into a join), so a
-    claim reading the claimable index in order stops at its LIMIT: as joins, a generic
-    plan sorted a 200,000-item scope on every claim."""
-    return (f"i.hold_id IS NULL AND NOT EXISTS (SELECT 1 {_whole_holds('i', now)} OFFSET 0)"
-            f" AND NOT EXISTS (SELECT 1 {_object_holds('i', now)} OFFSET 0)")
+    both. With no hold in force (nearly always) an uncorrelated EXISTS, evaluated once per
+    statement, spares every row its checks. Each check stays a filter on the row (inside
+    the OR, and OFFSET 0: never turned into a join), so a claim reading the claimable
+    index in order stops at its LIMIT: as joins, a generic plan sorted a 200,000-item scope
+    on every claim."""
+    return (f"i.hold_id IS NULL AND (NOT EXISTS (SELECT FROM holds hx WHERE {active_hold(now)})"
+            f" OR (NOT EXISTS (SELECT 1 {_whole_holds('i', now)} OFFSET 0)"
+            f" AND NOT EXISTS (SELECT 1 {_object_holds('i', now)} OFFSET 0)))")
 
 
 def ready_item(now: str = "now()") -> str:
