@@ -78,6 +78,12 @@ class CrashOnAnswer:
             _crash()
         return result
 
+    async def confirm(self, policy: Policy, lease: Lease) -> CallResult:
+        result = await self.inner.confirm(policy, lease)
+        if lease.object_id == self.object_id:
+            _crash()
+        return result
+
     async def delete_batch(self, policy: Policy, leases: Sequence[Lease]) -> CallResult:
         result = await self.inner.delete_batch(policy, leases)
         if any(lease.object_id == self.object_id for lease in leases):

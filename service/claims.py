@@ -63,12 +63,14 @@ class Lease:
     reclaimed: bool = False  # the claim took over an expired lease
     object_version: str | None = None  # the version a conflict answer named, if any
     batch_id: int | None = None  # the batch that released it (None: a webhook released it)
+    # its deletion answered success: this claim reads whether the object is gone instead
+    confirming: bool = False
 
 
 def _lease(r: Row[Any]) -> Lease:
     return Lease(r.id, r.tenant_id, r.object_id, r.policy, r.policy_version, r.operation_key,
                  r.scope, r.lease_token, r.attempts, r.lease_expires_at, r.reclaimed,
-                 r.object_version, r.batch_id)
+                 r.object_version, r.batch_id, r.confirming)
 
 
 # Admission in one statement: take tokens and claim at most that many items per scope.
@@ -170,7 +172,7 @@ _ADMIT = Statement("claims.admit", (
         WHERE i.id = picked.id
         RETURNING i.id, i.tenant_id, i.object_id, i.policy, i.policy_version,
                   i.operation_key, i.scope, i.lease_token, i.attempts, i.lease_expires_at,
-                  i.object_version, i.batch_id,
+                  i.object_version, i.batch_id, i.confirming,
                   EXISTS (SELECT 1 FROM expired WHERE expired.id = i.id) AS reclaimed
     ),
     used AS (SELECT scope, count(*)::integer AS n FROM claimed GROUP BY scope),
@@ -261,7 +263,9 @@ class Completion:
 
     `status` is the item's next status (pending, succeeded, dead, skipped); `retry_in_seconds` sets
     next_attempt_at from the database clock for pending; `refund_attempt` gives the attempt
-    back (throttled, unauthorized: not the item's fault)."""
+    back (throttled, unauthorized: not the item's fault). `to_confirm`: pending, its next
+    claim makes the policy's confirmation read, not the deletion; `confirmed`: succeeded
+    because that read found the object gone (the evidence record says so)."""
 
     lease: Lease
     worker: str
@@ -276,12 +280,15 @@ class Completion:
     finished_at: datetime
     latency_ms: float
     object_version: str | None = None  # a conflict's current version: the next call's
+    to_confirm: bool = False
+    confirmed: bool = False
 
 
 # Fenced completion, for a whole set of attempts in one statement:
 #  1. `done`: the outcomes as rows.
 #  2. `applied`: update only items still leased under the same token. A worker whose lease
-#     expired and was re-claimed elsewhere matches nothing here: it changes nothing.
+#     expired and was re-claimed elsewhere matches nothing here: it changes nothing. Every
+#     outcome sets `confirming`: whether the item's next claim reads rather than deletes.
 #  3. `deleted` .. `moved`: the items that succeeded are appended to the evidence log as
 #     one segment (service/evidence_log.py), chained as it is written: `head` locks the
 #     log's one head row only after every item above is updated (the count reads `applied`
@@ -301,9 +308,11 @@ _COMPLETE = Statement("claims.complete", (
             CAST(:refund AS boolean[]), CAST(:attempt_nos AS integer[]),
             CAST(:workers AS text[]), CAST(:started AS timestamptz[]),
             CAST(:finished AS timestamptz[]), CAST(:latency AS double precision[]),
-            CAST(:versions AS text[]))
+            CAST(:versions AS text[]), CAST(:to_confirm AS boolean[]),
+            CAST(:confirmed AS boolean[]))
         AS d(id, token, status, outcome, reason, http, retry_after, retry_in, refund,
-             attempt_no, worker, started_at, finished_at, latency_ms, object_version)
+             attempt_no, worker, started_at, finished_at, latency_ms, object_version,
+             to_confirm, confirmed)
     ),
     applied AS (
         UPDATE items i
@@ -320,6 +329,7 @@ _COMPLETE = Statement("claims.complete", (
             completed_at = CASE WHEN d.status IN ('succeeded', 'dead', 'skipped') THEN now()
                            END,
             object_version = coalesce(d.object_version, i.object_version),
+            confirming = d.to_confirm,
             updated_at = now()
         FROM done d
         -- the token alone fences: only leased rows carry one (CHECK items_lease), and
@@ -327,14 +337,14 @@ _COMPLETE = Statement("claims.complete", (
         WHERE i.id = d.id AND i.lease_token = d.token
         RETURNING i.id, i.status, i.tenant_id, i.object_id, i.policy, i.policy_version,
                   i.operation_key, i.last_outcome, i.last_status_code, i.attempts,
-                  i.completed_at, i.batch_id
+                  i.completed_at, i.batch_id, d.confirmed
     ),
     deleted AS (
         SELECT a.id AS item_id, b.run_id,
                CASE WHEN a.batch_id IS NULL THEN 'webhook' ELSE 'run' END AS released_by,
                a.tenant_id, a.object_id, a.policy, a.policy_version, a.operation_key,
                a.last_outcome AS outcome, a.last_status_code AS upstream_status, a.attempts,
-               a.completed_at
+               a.completed_at, a.confirmed
         FROM applied a LEFT JOIN batches b ON b.id = a.batch_id
         WHERE a.status = 'succeeded'
     ),
@@ -393,6 +403,7 @@ async def complete(db: Database, completions: Sequence[Completion]) -> list[int]
         "started": [x.started_at for x in c], "finished": [x.finished_at for x in c],
         "latency": [x.latency_ms for x in c],
         "versions": [x.object_version for x in c],
+        "to_confirm": [x.to_confirm for x in c], "confirmed": [x.confirmed for x in c],
     }
     rows = await fetch(db, _COMPLETE, params)
     return [r.item_id for r in rows if r.fenced]

@@ -2,11 +2,18 @@
 
 The canonical bytes are what the log stores and what its chain hashes, built the same way
 in the database (`canonical_sql`, inside the completion statement) and here (`canonical`,
-by the verifier from an export's JSON): the format, then each field of RECORD_FIELDS on
+by the verifier from an export's JSON): the record's format, then each of its fields on
 its own line: an integer in decimal, a null as nothing, a text as its UTF-8 length, a
 colon and the text (so no byte of one field can pass for another's: the encoding is
-injective whatever the ids hold), a time as microseconds since 1970 UTC. Identifiers and
-classified outcomes only, never a payload.
+injective whatever the ids hold), a time as microseconds since 1970 UTC, a flag as 1 or 0.
+Identifiers and classified outcomes only, never a payload.
+
+Two record formats, told apart by their first line (so by their bytes and their leaf):
+FORMAT's records (RECORD_FIELDS_V1, written before confirmation reads existed) and
+RECORD_FORMAT's (RECORD_FIELDS: the same fields, then `confirmed`, whether a read found the
+object absent after its deletion). The log itself (its genesis, its checkpoints) keeps
+FORMAT, so every export written before verifies as it did; an export's record carries
+`confirmed` exactly when it is of the newer format.
 
     leaf = SHA-256(canonical bytes)
     segment hash = SHA-256(hash before the segment || leaf of each entry, in order)
@@ -21,19 +28,22 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
-FORMAT: Final = "sweeper-evidence-log/1"
+FORMAT: Final = "sweeper-evidence-log/1"  # the log's, and its first records'
 GENESIS: Final = hashlib.sha256(f"{FORMAT} genesis".encode()).digest()  # as 0019 stores it
+RECORD_FORMAT: Final = "sweeper-evidence-record/2"  # the records written since 0023
 
-# The record, in its canonical order: name and kind ("int", "int?", "text", "time").
-RECORD_FIELDS: Final = (
+# A record, in its canonical order: name and kind ("int", "int?", "text", "time", "flag").
+RECORD_FIELDS_V1: Final = (
     ("item_id", "int"), ("run_id", "int?"), ("released_by", "text"), ("tenant_id", "text"),
     ("object_id", "text"), ("policy", "text"), ("policy_version", "int"),
     ("operation_key", "text"), ("outcome", "text"), ("upstream_status", "int?"),
     ("attempts", "int"), ("completed_at", "time"),
 )
+RECORD_FIELDS: Final = (*RECORD_FIELDS_V1, ("confirmed", "flag"))
+# each record format's first line and fields
+_FORMATS: Final = ((RECORD_FORMAT, RECORD_FIELDS), (FORMAT, RECORD_FIELDS_V1))
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND: Final = timedelta(microseconds=1)
-_PREFIX: Final = f"{FORMAT}\n".encode()
 FRAME_BYTES: Final = 4  # each stored record is preceded by its length, big-endian
 
 
@@ -41,7 +51,16 @@ class RecordProblem(ValueError):
     """A record that has no canonical form, or bytes that are not one."""
 
 
+def fields_of(record: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """The fields of `record`'s format: the newer one's exactly when it has `confirmed`."""
+    return RECORD_FIELDS if "confirmed" in record else RECORD_FIELDS_V1
+
+
 def _part(kind: str, value: object) -> str:
+    if kind == "flag":
+        if not isinstance(value, bool):
+            raise RecordProblem("not a boolean")
+        return "1" if value else "0"
     if kind == "time":
         if isinstance(value, str):
             try:
@@ -63,9 +82,10 @@ def _part(kind: str, value: object) -> str:
 
 
 def canonical(record: Mapping[str, Any]) -> bytes:
-    """A record's canonical bytes (the module docstring)."""
-    parts = [FORMAT]
-    for name, kind in RECORD_FIELDS:
+    """A record's canonical bytes (the module docstring), in the format its fields name."""
+    fields = fields_of(record)
+    parts = [RECORD_FORMAT if fields is RECORD_FIELDS else FORMAT]
+    for name, kind in fields:
         try:
             parts.append(_part(kind, record[name]))
         except KeyError:
@@ -77,12 +97,15 @@ def canonical(record: Mapping[str, Any]) -> bytes:
 
 def parse(data: bytes) -> dict[str, Any]:
     """The record whose canonical bytes `data` are (`canonical`'s inverse)."""
-    if not data.startswith(_PREFIX):
-        raise RecordProblem("not a record of this format")
-    pos, record = len(_PREFIX), dict[str, Any]()
+    found = next(((f"{name}\n".encode(), fields) for name, fields in _FORMATS
+                  if data.startswith(f"{name}\n".encode())), None)
+    if found is None:
+        raise RecordProblem("not a record of a known format")
+    prefix, fields = found
+    pos, record = len(prefix), dict[str, Any]()
     try:
-        for number, (name, kind) in enumerate(RECORD_FIELDS):
-            last = number == len(RECORD_FIELDS) - 1
+        for number, (name, kind) in enumerate(fields):
+            last = number == len(fields) - 1
             if kind == "text":
                 colon = data.index(b":", pos)
                 start = colon + 1
@@ -91,9 +114,11 @@ def parse(data: bytes) -> dict[str, Any]:
             else:
                 end = len(data) if last else data.index(b"\n", pos)
                 raw = data[pos:end].decode()
+                if kind == "flag" and raw not in ("0", "1"):
+                    raise RecordProblem(f"{name}: not 0 or 1")
                 record[name] = (None if kind == "int?" and raw == "" else
                                 _EPOCH + int(raw) * _MICROSECOND if kind == "time" else
-                                int(raw))
+                                raw == "1" if kind == "flag" else int(raw))
             pos = end
             if not last:
                 if data[pos:pos + 1] != b"\n":
@@ -130,10 +155,10 @@ def segment_hash(before: bytes, leaves: Iterable[bytes]) -> bytes:
 
 
 def canonical_sql(row: str) -> str:
-    """SQL for the canonical bytes (bytea) of the record whose columns, named as
-    RECORD_FIELDS, `row` names: byte for byte `canonical` (extract(epoch) is an exact
-    numeric from PostgreSQL 14)."""
-    parts = [f"'{FORMAT}'"]
+    """SQL for the canonical bytes (bytea) of the record, in RECORD_FORMAT, whose columns,
+    named as RECORD_FIELDS, `row` names: byte for byte `canonical` (extract(epoch) is an
+    exact numeric from PostgreSQL 14)."""
+    parts = [f"'{RECORD_FORMAT}'"]
     for name, kind in RECORD_FIELDS:
         column = f"{row}.{name}"
         parts.append({
@@ -141,5 +166,6 @@ def canonical_sql(row: str) -> str:
             "int?": f"coalesce({column}::text, '')",
             "text": f"octet_length({column})::text || ':' || {column}",
             "time": f"trunc(extract(epoch FROM {column}) * 1000000)::bigint::text",
+            "flag": f"CASE WHEN {column} THEN '1' ELSE '0' END",
         }[kind])
     return f"convert_to(concat_ws(E'\\n', {', '.join(parts)}), 'UTF8')"

@@ -34,7 +34,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service import evidence_log
 from service.evidence import Signer
 from service.evidence_log import Checkpoint, Segment
-from service.evidence_records import RECORD_FIELDS, leaf
+from service.evidence_records import fields_of, leaf
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class Slices:
             return self._emit(_json({"seq": seq, "leaf": leaf(record).hex()}))
         self.records += 1
         return self._emit(_json({"seq": seq, **{name: record[name]
-                                               for name, _ in RECORD_FIELDS}}))
+                                               for name, _ in fields_of(record)}}))
 
     def segment(self, segment: Segment) -> bytes:
         """The line closing a segment's entries: its range and the chain after it."""

@@ -40,11 +40,20 @@ from cryptography.exceptions import InvalidSignature
 from service import evidence_records
 from service.evidence import PublicKey, VerificationFailed, b64decode
 from service.evidence_log import Checkpoint, signed_bytes
-from service.evidence_records import GENESIS, RECORD_FIELDS, RecordProblem, leaf, segment_hash
+from service.evidence_records import (
+    GENESIS,
+    RECORD_FIELDS,
+    RECORD_FIELDS_V1,
+    RecordProblem,
+    leaf,
+    segment_hash,
+)
 from service.evidence_slices import EXPORT_FORMAT
 
 _HEX64: Final = re.compile(r"[0-9a-f]{64}")
-_RECORD_KEYS: Final = frozenset({"seq", *(name for name, _ in RECORD_FIELDS)})
+# a record's keys in either record format (evidence_records.py): older exports verify still
+_RECORD_KEYS: Final = (frozenset({"seq", *(name for name, _ in RECORD_FIELDS)}),
+                       frozenset({"seq", *(name for name, _ in RECORD_FIELDS_V1)}))
 _ELIDED_KEYS: Final = frozenset({"seq", "leaf"})
 
 
@@ -181,7 +190,7 @@ class _Chain:
             if not isinstance(obj["leaf"], str) or not _HEX64.fullmatch(obj["leaf"]):
                 raise VerificationFailed(number, "a leaf that is not a SHA-256")
             self.leaves.append(bytes.fromhex(obj["leaf"]))
-        elif set(obj) == _RECORD_KEYS:
+        elif set(obj) in _RECORD_KEYS:
             try:
                 self.leaves.append(leaf(obj))
             except RecordProblem as exc:

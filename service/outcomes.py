@@ -26,13 +26,24 @@ A store target's statement (service/targets.py) fails as:
     its guard over the threshold            throttled, for the guard's backoff
 
 A policy's answer rules (service/answers.py) are read first and passed in as `ruled`.
+
+A confirmation read (a policy's `confirm`, after its deletion answered success) is read by
+`classify_confirmation`, never by the rules:
+
+    succeeded     one of the policy's `absent` statuses: the object is gone
+    transient     2xx (`not_confirmed`): the object is still served, the deletion did not
+                  take; deleted again with the same key, dead at max_attempts
+    otherwise     the read's own failure, as the table above classifies it with reason
+                  `confirm:<reason>`: throttled, transient, unknown, unauthorized or
+                  permanent, never succeeded
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -195,6 +206,23 @@ def classify(answer: Answer, *, absent_means_deleted: bool, now: datetime,
         return Classified(Outcome.PERMANENT, redirect_reason(status, answer.location))
     # 1xx: the deletion API did not answer the deletion; treat as a transient fault
     return Classified(Outcome.TRANSIENT, f"http_{status}")
+
+
+NOT_CONFIRMED: Final = "not_confirmed"  # a confirmation read found the object served
+
+
+def classify_confirmation(answer: Answer, *, absent: Collection[int], now: datetime
+                          ) -> Classified:
+    """A confirmation read's answer as an outcome (the module docstring): SUCCEEDED only for
+    a status in `absent`."""
+    status = answer.status if answer.failure is None else None
+    if status is not None and status in absent:
+        return Classified(Outcome.SUCCEEDED, f"confirmed:http_{status}")
+    if status is not None and 200 <= status < 300:
+        return Classified(Outcome.TRANSIENT, NOT_CONFIRMED)
+    # with no deletion semantics, no status left here classifies as a success
+    read = classify(answer, absent_means_deleted=False, now=now)
+    return dataclasses.replace(read, reason=f"confirm:{read.reason}")
 
 
 REDIRECT_SHOWN_CHARS: Final = 200

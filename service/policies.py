@@ -11,6 +11,7 @@ so a file is fixed in one pass.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import ssl
@@ -116,6 +117,20 @@ class Policy:
     # an HTTP list source's call and how its answers are read (None: no such source)
     listing: ListRequest | None = field(default=None, repr=False, compare=False)
     list_answers: AnswerRules = field(default=NO_RULES, repr=False, compare=False)
+    # the confirmation read's call (None: the policy's deletions are not confirmed)
+    confirm_request: RequestTemplate | None = field(default=None, repr=False, compare=False)
+
+    def confirms(self, operation_key: str) -> bool:
+        """Whether the deletion of the item with `operation_key` is confirmed by a read:
+        its key's place in [0, 1) under the policy's `confirm.share`, so every attempt of
+        the item (and every replica) decides the same."""
+        confirm = self.config.confirm
+        if confirm is None or confirm.share <= 0.0:
+            return False
+        if confirm.share >= 1.0:
+            return True
+        drawn = int.from_bytes(hashlib.sha256(operation_key.encode()).digest()[:8], "big")
+        return drawn < confirm.share * 2.0**64
 
     @property
     def store_source(self) -> SourceConfig | None:
@@ -351,6 +366,10 @@ def resolve_policies(raw: Mapping[str, Any], env: Mapping[str, str], *, source: 
         elif upstream.config.timeout_seconds >= pol.lease_seconds:
             fail(f"{key}.lease_seconds", f"must be longer than upstream {pol.upstream!r} "
                                          f"timeout_seconds ({upstream.config.timeout_seconds})")
+        if pol.batch is not None and pol.confirm is not None:
+            fail(f"{key}.confirm", "a confirmation reads one object, and a policy with "
+                                   "batch deletes many per call: not supported together "
+                                   "(drop batch to confirm its deletions)")
         if pol.batch is not None and not {"tenant_id", "policy"} <= template_fields(pol.scope):
             # a call is one scope's objects: one tenant's, sent with one policy's template
             fail(f"{key}.scope", "a policy with batch needs a scope holding {tenant_id} and "
@@ -384,7 +403,17 @@ def resolve_policies(raw: Mapping[str, Any], env: Mapping[str, str], *, source: 
             if answer.version is not None and not request.uses_object_version:
                 fail(f"{key}.answers[{i}].version", "the request must carry "
                                                      "{object_version} for a retry to use it")
+        confirm_request = None
+        if pol.confirm is not None and pol.batch is None:
+            try:
+                confirm_request = compile_request(upstream.origin, policy=name,
+                                                  version=pol.version, path=pol.confirm.path)
+            except TemplateProblems as exc:
+                for sub, message in exc.problems:
+                    fail(f"{key}.confirm.{sub}", message)
+                continue
         policies[name] = Policy(name=name, config=pol, request=request,
+                                confirm_request=confirm_request,
                                 answers=compile_rules(
                                     pol.answers, pol.answer_max_bytes,
                                     actual_cost=pol.cost.actual if pol.cost else None,
@@ -463,6 +492,10 @@ def _store_problems(key: str, pol: PolicyConfig, stores: Mapping[str, StoreConfi
     for option in _HTTP_ONLY:
         if option in pol.model_fields_set:
             fail(f"{key}.{option}", "is for an upstream's HTTP call, not a store target")
+    if pol.confirm is not None:
+        fail(f"{key}.confirm", "a confirmation read is for an upstream's deletions, not "
+                               "supported with a store target (its statement's RETURNING "
+                               "already names the rows it deleted)")
     if pol.batch is not None and "policy" not in template_fields(pol.scope):
         # a statement is one policy's, and a token one statement of the scope's
         fail(f"{key}.scope", "a store target with batch needs a scope holding {policy}, "

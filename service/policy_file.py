@@ -205,6 +205,55 @@ class BatchConfig(_Strict):
         return value
 
 
+# A confirmation read's statuses that say the object is gone: a few client errors, never
+# one that means something else (401/403 credentials, 408 a timeout, 429 a throttle)
+MAX_ABSENT_STATUSES: Final = 8
+_NOT_ABSENT: Final = frozenset({401, 403, 408, 429})
+
+
+class ConfirmConfig(_Strict):
+    """A confirmation read (service/outcomes.py `classify_confirmation`): after a deletion
+    answered success, `method` `path` on the same upstream, with its headers and the
+    tenant's credential, must answer one of `absent` before the item is `succeeded`.
+    `share` of the policy's items are confirmed, chosen by their operation key."""
+
+    # GET only: our transport reads an answer's body by its length, which a HEAD's lacks
+    method: Literal["GET"] = "GET"
+    path: str
+    absent: list[int] = Field(default_factory=lambda: [404, 410], min_length=1,
+                              max_length=MAX_ABSENT_STATUSES)
+    share: float = Field(default=1.0, ge=0.0, le=1.0)
+
+    @field_validator("path")
+    @classmethod
+    def _path_template(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError("must start with '/'")
+        if "#" in value:
+            raise ValueError("must not contain '#' (a fragment is never sent)")
+        names = template_fields(value)
+        unknown = names - set(REQUEST_FIELDS)
+        if unknown:
+            raise ValueError(f"unknown placeholder(s) {sorted(unknown)}; allowed: "
+                             f"{sorted(REQUEST_FIELDS)}")
+        if "object_id" not in names:
+            raise ValueError("must contain {object_id}: the read is of the item's object")
+        if "object_ids" in names:
+            raise ValueError("{object_ids} is a batch's: a confirmation reads one object")
+        return value
+
+    @field_validator("absent")
+    @classmethod
+    def _absent(cls, value: list[int]) -> list[int]:
+        for status in value:
+            if not 400 <= status <= 499 or status in _NOT_ABSENT:
+                raise ValueError(f"{status} cannot mean absent: a client error (400-499) "
+                                 f"other than {sorted(_NOT_ABSENT)}, e.g. [404, 410]")
+        if len(set(value)) != len(value):
+            raise ValueError("a status is listed twice")
+        return value
+
+
 EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
 SqlText = Annotated[str, Field(min_length=1, max_length=store_sql.MAX_SQL_CHARS)]
 # a table name in the store, optionally schema-qualified, as it is written unquoted
@@ -313,6 +362,8 @@ class PolicyConfig(_Strict):
     answer_max_bytes: int = Field(default=DEFAULT_MAX_BYTES, ge=1024, le=MAX_BODY_BYTES)
     # {object_version} until a conflict answer names the current one
     initial_object_version: str = Field(default="1", pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
+    # a read that must find the object gone before the item is `succeeded`
+    confirm: ConfirmConfig | None = None
 
     @field_validator("initial_object_version")
     @classmethod

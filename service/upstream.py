@@ -29,7 +29,7 @@ import asyncio
 import base64
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -184,6 +184,55 @@ class UpstreamClient:
         return await send(self._transport, request, self.deadline_seconds, rules.wants_body,
                           rules.max_bytes, echo=echo)
 
+    async def confirm(self, policy: Policy, *, tenant_id: str, object_id: str,
+                      object_version: str | None = None, credential: str | None = None
+                      ) -> CallResult:
+        """The policy's confirmation read of one object (its `confirm`): a GET of its path
+        with the upstream's headers and the tenant's credential, no Idempotency-Key (it
+        changes nothing), the body drained unread. With the upstream's echo_header, an
+        answer that could confirm or refute (an `absent` status, a 2xx) counts only with
+        this request's value echoed."""
+        started = time.perf_counter()
+        template, confirm = policy.confirm_request, policy.config.confirm
+        if template is None or confirm is None:
+            answer = Answer(failure=Failure.INVALID_REQUEST)
+        elif self._credential_headers and credential is None:
+            answer = Answer(failure=Failure.NO_CREDENTIAL)
+        else:
+            answer = await self._read(template, confirm.method, tenant_id, object_id,
+                                      object_version or policy.config.initial_object_version,
+                                      credential, frozenset(confirm.absent))
+        return CallResult(answer, (time.perf_counter() - started) * 1000)
+
+    async def _read(self, template: RequestTemplate, method: str, tenant_id: str,
+                    object_id: str, object_version: str, credential: str | None,
+                    absent: frozenset[int]) -> Answer:
+        try:
+            path, query = template.target(tenant_id, object_id, object_version)
+            host = None if template.host_format is None else template.host(tenant_id,
+                                                                            object_id)
+            url = self._urls.url(path, query=query, host=host)
+            if host is None:
+                headers = httpx.Headers(self._headers_for.get(method) or self._prepare(method))
+            else:
+                raw = [*(self._templated_for.get((method, False))
+                         or self._prepare_templated(method, False))]
+                if "Host" not in self._headers:
+                    raw.insert(0, (b"Host", url.netloc))
+                headers = httpx.Headers(raw)
+            if credential is not None:
+                self._with_credential(headers, credential)
+            request = httpx.Request(method, url, headers=headers, stream=_NO_BODY,
+                                    extensions={"timeout": self._timeouts})
+        except (ValueError, KeyError, httpx.InvalidURL):
+            return Answer(failure=Failure.INVALID_REQUEST)
+        echo = None
+        if self._echo is not None:
+            echo = (self._echo, uuid.uuid4().hex)
+            request.headers[echo[0]] = echo[1]
+        return await send(self._transport, request, self.deadline_seconds, _no_body, 0,
+                          echo=echo, echoed=absent | _SUCCESS_STATUSES)
+
     async def read_page(self, method: str, url: str, body: bytes | None, *,
                     credential: str | None, wants_body: Callable[[int], bool], cap: int
                     ) -> Answer:
@@ -273,17 +322,24 @@ _LENGTH_REQUIRED: Final = frozenset({"POST", "PUT", "PATCH"})
 
 # The statuses that can record a deletion (2xx; 404 and 410 where absent means deleted):
 # with an echo header, these count only with the request's own value echoed.
-_DELETING_STATUSES: Final = frozenset({*range(200, 300), 404, 410})
+_SUCCESS_STATUSES: Final = frozenset(range(200, 300))
+_DELETING_STATUSES: Final = _SUCCESS_STATUSES | {404, 410}
+
+
+def _no_body(status: int) -> bool:
+    """A read's `wants_body`: no body is read, whatever the status."""
+    return False
 
 
 async def send(transport: httpx.AsyncBaseTransport, request: httpx.Request,
                deadline_seconds: float, wants_body: Callable[[int], bool], cap: int, *,
-               echo: tuple[str, str] | None = None) -> Answer:
+               echo: tuple[str, str] | None = None,
+               echoed: Collection[int] = _DELETING_STATUSES) -> Answer:
     """Send `request` within an overall deadline: the answer's status and rate-limit
     headers, its body (up to `cap` bytes, never a part) where `wants_body(status)`, or how
     the call failed (the mapping in this module's docstring). With `echo` (a header and the
-    value this request sent in it), an answer that could record a deletion without that
-    value is ECHO_MISMATCH: it may be another request's."""
+    value this request sent in it), an answer with a status in `echoed` (one that could
+    record a deletion) without that value is ECHO_MISMATCH: it may be another request's."""
     body: bytes | None = None
     try:
         async with asyncio.timeout(deadline_seconds):
@@ -315,7 +371,7 @@ async def send(transport: httpx.AsyncBaseTransport, request: httpx.Request,
         return Answer(failure=Failure.WITHHELD)
     except httpx.TransportError:
         return Answer(failure=Failure.PROTOCOL)
-    if echo is not None and response.status_code in _DELETING_STATUSES \
+    if echo is not None and response.status_code in echoed \
             and response.headers.get(echo[0]) != echo[1]:
         if isinstance(transport, Http1Transport):
             transport.distrust(request.url, "echo_mismatch")

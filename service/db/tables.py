@@ -151,6 +151,8 @@ items = Table(
     _ts("completed_at", nullable=True),
     Column("object_version", Text),  # named by a conflict answer (0011)
     Column("hold_id", BigInteger),  # the legal hold holding it (0013; no key)
+    # its deletion answered success; its next claim reads whether the object is gone (0023)
+    Column("confirming", Boolean, nullable=False),
     UniqueConstraint("tenant_id", "object_id", "policy", "policy_version",
                      name="items_obligation"),
 )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -36,12 +37,14 @@ from service.metrics import (
     Where,
 )
 from service.outcomes import (
+    NOT_CONFIRMED,
     UNKNOWN_POLICY_VERSION,
     Answer,
     Classified,
     Failure,
     Outcome,
     classify,
+    classify_confirmation,
     plan,
 )
 from service.pipeline_counts import PipelineCounts
@@ -107,6 +110,13 @@ def calls_of(leases: Sequence[Lease], grants: Mapping[str, Grant]) -> list[Call]
             del open_call[lease.scope]
     calls.extend(tuple(group) for group in open_call.values())
     return calls
+
+
+def _reads(policy: Policy, call: Call) -> bool:
+    """Whether `call` is a confirmation read: its one item's deletion answered success and
+    its policy confirms deletions (an item whose policy no longer does is deleted again,
+    with the same key, and succeeds unconfirmed)."""
+    return len(call) == 1 and call[0].confirming and policy.confirm_request is not None
 
 
 def worker_name() -> str:
@@ -380,6 +390,8 @@ class WorkerPool:
     async def _call(self, policy: Policy, call: Call) -> CallResult:
         lease = call[0]
         try:
+            if _reads(policy, call):
+                return await self.ports.calls.confirm(policy, lease)
             return await (self.ports.calls.delete(policy, lease) if len(call) == 1
                           and policy.per_call == 1 and policy.config.target is None
                           else self.ports.calls.delete_batch(policy, call))
@@ -398,6 +410,8 @@ class WorkerPool:
         lease = call[0]
         cfg = policy.config if policy is not None else None
         answer = result.answer
+        if policy is not None and reason_override is None and _reads(policy, call):
+            return [self._confirmation(lease, policy, result, started, finished)]
         reading = NOTHING_READ
         if result.rows is not None:
             reading = Reading(None, Costs(actual=result.rows, available=None))
@@ -425,14 +439,39 @@ class WorkerPool:
                 self._holds.hold(lease.scope, self._clock.monotonic() + effects.hold_seconds)
         failed = reading.failed if verdict.outcome is Outcome.SUCCEEDED else None
         own = result.verdicts
+        # a deletion that answered success on an item whose policy confirms it goes back
+        # pending, to be claimed again (budget, lease, holds, send gate and all) for its read
+        confirms = policy is not None and reason_override is None and len(call) == 1 \
+            and policy.confirm_request is not None and policy.confirms(lease.operation_key)
         return [self._completion(each, cfg, result, own.get(each.object_id) or (
                                  SKIPPED if each.object_id in result.skipped else verdict),
-                                 started, finished, reason_override, failed) for each in call]
+                                 started, finished, reason_override, failed, confirms)
+                for each in call]
+
+    def _confirmation(self, lease: Lease, policy: Policy, result: CallResult,
+                      started: datetime, finished: datetime) -> Completion:
+        """The outcome of a confirmation read: succeeded (confirmed) when it found the
+        object absent; a deletion again, with the same key, when it found the object served
+        (`not_confirmed`, an attempt counted); the read again after a failure of its own.
+        Its answer acts on the scope as a deletion's would (a 429 closes it)."""
+        cfg = policy.config
+        confirm = cfg.confirm
+        absent = confirm.absent if confirm is not None else ()
+        verdict = classify_confirmation(result.answer, absent=absent, now=finished)
+        effects = scope_signals.effects_of(verdict, result.answer, cfg, finished)
+        self._signals.note(lease.scope, effects)
+        if effects.hold_seconds is not None:
+            self._holds.hold(lease.scope, self._clock.monotonic() + effects.hold_seconds)
+        done = self._completion(lease, cfg, result, verdict, started, finished, None, None,
+                                False)
+        confirmed = verdict.outcome is Outcome.SUCCEEDED
+        again = done.status == "pending" and verdict.reason != NOT_CONFIRMED
+        return dataclasses.replace(done, confirmed=confirmed, to_confirm=again)
 
     def _completion(self, lease: Lease, cfg: PolicyConfig | None, result: CallResult,
                     verdict: Classified, started: datetime, finished: datetime,
-                    reason_override: str | None, failed: frozenset[str] | None
-                    ) -> Completion:
+                    reason_override: str | None, failed: frozenset[str] | None,
+                    confirms: bool = False) -> Completion:
         if failed and lease.object_id in failed:
             verdict = Classified(Outcome.TRANSIENT, verdict.reason + ":object_failed")
         if cfg is None or reason_override is not None:
@@ -444,6 +483,12 @@ class WorkerPool:
                              backoff_max_s=cfg.backoff.max_seconds,
                              retry_after_max_s=cfg.retry_after_max_seconds,
                              jitter=self._rng.random())
+        to_confirm = confirms and next_step.status == "succeeded"
+        if to_confirm:
+            # not succeeded until a read finds the object gone: pending at once, and the
+            # attempt given back, so an attempt is one deletion and its read together
+            next_step = dataclasses.replace(next_step, status="pending", retry_in_seconds=0.0,
+                                            refund_attempt=True)
         # successes are the bulk: DEBUG; anything else is worth a line at INFO
         level = logging.DEBUG if verdict.outcome is Outcome.SUCCEEDED else logging.INFO
         if log.isEnabledFor(level):  # the extra dict is built only for a line written
@@ -459,7 +504,7 @@ class WorkerPool:
                                  if verdict.outcome is Outcome.THROTTLED else None),
             retry_in_seconds=next_step.retry_in_seconds, refund_attempt=next_step.refund_attempt,
             started_at=started, finished_at=finished, latency_ms=result.latency_ms,
-            object_version=verdict.version)
+            object_version=verdict.version, to_confirm=to_confirm)
 
     # -- the loop --------------------------------------------------------------------
 

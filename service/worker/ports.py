@@ -79,9 +79,13 @@ class ScopeSignalPort(Protocol):
 
 
 class CallPort(Protocol):
-    """The upstream deletion call of one lease."""
+    """The upstream deletion call of one lease, and the read confirming it."""
 
     async def delete(self, policy: Policy, lease: Lease) -> CallResult: ...
+
+    async def confirm(self, policy: Policy, lease: Lease) -> CallResult:
+        """The policy's confirmation read of the lease's object (its `confirm`)."""
+        ...
 
     async def delete_batch(self, policy: Policy, leases: Sequence[Lease]) -> CallResult:
         """One call deleting every lease's object (a batch policy's, one scope's)."""
@@ -171,6 +175,14 @@ class UpstreamCalls:
             policy, tenant_id=lease.tenant_id, object_id=lease.object_id,
             operation_key=lease.operation_key, object_version=lease.object_version,
             credential=found)
+
+    async def confirm(self, policy: Policy, lease: Lease) -> CallResult:
+        found = await self._credential(policy, lease)
+        if isinstance(found, CallResult):
+            return found
+        return await self.upstreams.for_policy(policy).confirm(
+            policy, tenant_id=lease.tenant_id, object_id=lease.object_id,
+            object_version=lease.object_version, credential=found)
 
     async def delete_batch(self, policy: Policy, leases: Sequence[Lease]) -> CallResult:
         if policy.config.target is not None:

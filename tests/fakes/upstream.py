@@ -17,7 +17,7 @@ from urllib.parse import parse_qs, unquote
 
 from drills.upstream import Call, FakeUpstream, Fault, main
 
-__all__ = ["Call", "FakeUpstream", "Fault", "ListEndpoint", "main", "over_limit"]
+__all__ = ["Call", "FakeUpstream", "Fault", "ListEndpoint", "Objects", "main", "over_limit"]
 
 
 def over_limit(per_second: int) -> Callable[[Call], bool]:
@@ -39,6 +39,36 @@ def over_limit(per_second: int) -> Callable[[Call], bool]:
         return True
 
     return match
+
+
+class Objects:
+    """The objects under one path prefix of a FakeUpstream route (``route(prefix, objects)``):
+    ``GET <prefix><id>`` answers 200 while the object is held, 404 once it is not;
+    ``DELETE`` removes it (204; 404 when absent), unless `keep`: an upstream that answers
+    204 and deletes nothing, so reads keep serving the object."""
+
+    def __init__(self, prefix: str, ids: Iterable[str], *, keep: bool = False) -> None:
+        self.prefix = prefix
+        self.keep = keep
+        self._lock = threading.Lock()
+        self._held = set(ids)
+
+    def held(self) -> set[str]:
+        with self._lock:
+            return set(self._held)
+
+    def __call__(self, call: Call) -> tuple[int, dict[str, str], bytes]:
+        object_id = unquote(call.path[len(self.prefix):])
+        with self._lock:
+            there = object_id in self._held
+            if call.method == "DELETE" and there and not self.keep:
+                self._held.discard(object_id)
+        if call.method == "DELETE":
+            return (204 if there else 404), {}, b""
+        if call.method == "GET" and there:
+            return 200, {"Content-Type": "application/json"}, json.dumps(
+                {"id": object_id}).encode()
+        return (404 if call.method == "GET" else 405), {}, b""
 
 
 def _iso(when: datetime) -> str:

@@ -219,3 +219,54 @@ def test_the_local_key_is_made_once_and_kept_private(tmp_path: object) -> None:
     again = evidence.local_key(data_dir)
     assert evidence.key_id(first.public_key()) == evidence.key_id(again.public_key())
     assert (data_dir / evidence.LOCAL_KEY_FILE).stat().st_mode & 0o077 == 0
+
+
+def confirmed_record(seq: int, confirmed: bool) -> dict[str, Any]:
+    """Entry `seq` in the record format written since confirmation reads (0023)."""
+    return {**record(seq), "confirmed": confirmed}
+
+
+def test_records_say_whether_a_read_confirmed_the_deletion_and_old_ones_read_as_before(
+        ) -> None:
+    # the newer format: its own first line, `confirmed` last as 1 or 0; the older format's
+    # bytes (pinned above) are untouched, so what was written before hashes as it did
+    data = evidence_records.canonical(confirmed_record(1, True))
+    assert data == (b"sweeper-evidence-record/2\n1\n7\n3:run\n4:acme\n6:cart-1\n5:carts\n1\n"
+                    b"64:" + b"k" * 64 + b"\n9:succeeded\n204\n1\n1796126400000000\n1")
+    assert evidence_records.parse(data) == confirmed_record(1, True)
+    assert evidence_records.parse(evidence_records.canonical(confirmed_record(1, False))) \
+        == confirmed_record(1, False)
+    assert "confirmed" not in evidence_records.parse(evidence_records.canonical(record(1)))
+    assert leaf(confirmed_record(1, True)) != leaf(confirmed_record(1, False)) != leaf(record(1))
+    for bad in ({**record(1), "confirmed": 1}, {**record(1), "confirmed": None}):
+        with pytest.raises(evidence_records.RecordProblem):
+            evidence_records.canonical(bad)
+    for bad_bytes in (data[:-1] + b"2", data[:-2], data.replace(b"record/2", b"record/3")):
+        with pytest.raises(evidence_records.RecordProblem):
+            evidence_records.parse(bad_bytes)
+
+
+def test_an_export_mixing_both_record_formats_verifies_and_a_flipped_flag_fails() -> None:
+    # entries 1-3 written before 0023, 4-6 after: one log, one chain
+    records = [record(1), record(2), record(3), confirmed_record(4, True),
+               confirmed_record(5, False), confirmed_record(6, True)]
+    slices = Slices(SIGNER)
+    lines = [slices.checkpoint(GENESIS_CHECKPOINT)]
+    head = GENESIS
+    for first, last in ((1, 3), (4, 6)):
+        part = records[first - 1:last]
+        head = segment_hash(head, map(leaf, part))
+        segment = Segment(first, last, part, head)
+        lines.extend(slices.entry(first + n, r) for n, r in enumerate(part))
+        lines.append(slices.segment(segment))
+        lines.append(slices.checkpoint(checkpoint(segment)))
+    lines.append(slices.manifest(next_after=None, exported_at=AT))
+    assert verify(lines, PUBLISHED).records == 6
+    entry = json.loads(lines[6])  # after entries 1-3, their segment and checkpoint
+    assert entry["seq"] == 4 and entry["confirmed"] is True
+    assert "confirmed" not in json.loads(lines[1])
+    flipped = [*lines]
+    flipped[6] = lines[6].replace(b'"confirmed":true', b'"confirmed":false')
+    assert flipped[6] != lines[6]
+    assert "do not hash to their segment's stored hash" in failure(
+        [line.rstrip(b"\n") for line in flipped]).reason
