@@ -133,6 +133,8 @@ def sort_page(policy: Policy, rows: SourceRows, cutoff: datetime, *,
     tenants, objects, ages = rows.tenant_ids, rows.object_ids, rows.ages
     if policy.tenant_in_host:  # each tenant id in its one spelling (service/tenants.py)
         tenants = [None if t is None else policy.tenant(t) for t in tenants]
+    if policy.config.object_id_case == "insensitive":
+        objects = [None if o is None else policy.object_id(o) for o in objects]
     problems: dict[int, str] = {}
     for name, column in (("tenant_id", tenants), ("object_id", objects)):
         for n, found in ledger.id_problems(column):

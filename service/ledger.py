@@ -212,14 +212,20 @@ class Obligations:
         return len(self.tenant_ids)
 
     def canonical(self) -> Obligations:
-        """The same obligations with each tenant id as its policy stores it (`Policy.tenant`:
-        one spelling where the id makes a host)."""
-        if not any(self.policies[name].tenant_in_host for name in set(self.policy_names)):
+        """The same obligations with each tenant id and object id as its policy stores it
+        (`Policy.tenant`: one spelling where the id makes a host; `Policy.object_id`: lower
+        case where the upstream ignores case)."""
+        used = [self.policies[name] for name in set(self.policy_names)]
+        tenants, objects = self.tenant_ids, self.object_ids
+        if any(policy.tenant_in_host for policy in used):
+            tenants = [self.policies[name].tenant(tenant)
+                       for tenant, name in zip(tenants, self.policy_names, strict=True)]
+        if any(policy.config.object_id_case == "insensitive" for policy in used):
+            objects = [self.policies[name].object_id(obj)
+                       for obj, name in zip(objects, self.policy_names, strict=True)]
+        if tenants is self.tenant_ids and objects is self.object_ids:
             return self
-        tenants = [self.policies[name].tenant(tenant)
-                   for tenant, name in zip(self.tenant_ids, self.policy_names, strict=True)]
-        return Obligations(tenants, self.object_ids, self.policy_names, self.due_ats,
-                           self.policies)
+        return Obligations(tenants, objects, self.policy_names, self.due_ats, self.policies)
 
     def earliest_per_obligation(self) -> Obligations:
         """One row per obligation, with the earliest due_at (an INSERT may not touch a row

@@ -183,6 +183,11 @@ class Policy:
         kind = self.object_id_type
         return None if kind is None else store_sql.id_type_problem(kind, object_id)
 
+    def object_id(self, object_id: str) -> str:
+        """The object id as this policy's items are stored, compared and sent: lower-cased
+        where the upstream treats ids case-insensitively (`object_id_case`)."""
+        return object_id.lower() if self.config.object_id_case == "insensitive" else object_id
+
     def scope_for(self, tenant_id: str) -> str:
         """The limiter scope an item of this policy and tenant draws budget from."""
         return self.config.scope.format(
@@ -230,6 +235,27 @@ class Policies:
         """The policies whose host is built from the tenant id, by name."""
         return tuple(sorted(name for name, policy in self.policies.items()
                             if policy.tenant_in_host))
+
+    @cached_property
+    def case_insensitive_ids(self) -> tuple[str, ...]:
+        """The policies whose upstream treats object ids case-insensitively, by name."""
+        return tuple(sorted(name for name, policy in self.policies.items()
+                            if policy.config.object_id_case == "insensitive"))
+
+    def object_id(self, object_id: str, policy: str | None) -> str:
+        """The object id (or id prefix) an entry naming it (and a policy, or every policy)
+        stores and compares: that policy's spelling (`Policy.object_id`); without one, the
+        id as given, or ValueError when a case-insensitive policy would spell it otherwise."""
+        known = self.policies.get(policy) if policy is not None else None
+        if known is not None:
+            return known.object_id(object_id)
+        lowered = object_id.lower()
+        if lowered == object_id or not self.case_insensitive_ids:
+            return object_id
+        raise ValueError(
+            f"is not in the lower case that policies {', '.join(self.case_insensitive_ids)} "
+            "store it in (object_id_case = \"insensitive\"): send it lower-cased, or name a "
+            "policy")
 
     def tenant(self, tenant_id: str, policy: str | None) -> str:
         """The tenant id an entry naming it (and a policy, or every policy) stores and
@@ -340,6 +366,9 @@ def resolve_policies(raw: Mapping[str, Any], env: Mapping[str, str], *, source: 
     for name, pol in parsed.policies.items():
         key = f"policies.{name}"
         _store_problems(key, pol, parsed.stores, fail)
+        if pol.target is not None and pol.object_id_case == "insensitive":
+            fail(f"{key}.object_id_case", "a store target's statement compares ids as its "
+                                          "column does: \"insensitive\" is for HTTP upstreams")
         if pol.backoff.max_seconds < pol.backoff.base_seconds:
             fail(f"{key}.backoff.max_seconds", "must be at least base_seconds")
         listing = _listing(key, name, pol, upstreams, parsed.upstreams, fail)

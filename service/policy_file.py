@@ -339,6 +339,9 @@ class PolicyConfig(_Strict):
 
     version: int = Field(ge=1)
     upstream: str | None = None
+    # "insensitive": the upstream does not tell `ABC` from `abc`, so object ids are stored,
+    # compared and sent lower-cased (one object, one operation key, one hold)
+    object_id_case: Literal["exact", "insensitive"] = "exact"
     method: Literal["DELETE", "POST", "PUT", "PATCH"] = "DELETE"
     path: str | None = None
     # where candidates are found: a store's query or an upstream's list (service/

@@ -52,12 +52,16 @@ import httpx
 
 from service.egress import Proxy, ProxyChoice, environment_proxy, open_connection
 
-__all__ = ["SEND_BY", "SEND_GATE", "Http1Transport", "SentTooLate", "Withheld"]
+__all__ = ["SEND_BY", "SEND_GATE", "TARGET", "Http1Transport", "SentTooLate", "Withheld"]
 
 # The time.monotonic() moment after which the current task's request must not be written
 # at all. A worker spends a rate-limit token only until a tolerance after its moment
 # (service/worker/pool.py); taking a connection, or opening one, can outlast that.
 SEND_BY: ContextVar[float | None] = ContextVar("SEND_BY", default=None)
+
+# A request extension: its request-target as bytes (path and query), when its URL is its
+# origin's alone (service/upstream.py's UrlMaker spares a parse of every call's URL).
+TARGET: Final = "sweeper.target"
 
 # Asked in the same step that writes the current task's request, with nothing run between:
 # False withholds it (a legal hold took the call back: service/worker/hold_gate.py).
@@ -348,7 +352,7 @@ class Http1Transport(httpx.AsyncBaseTransport):
         if proxy is _UNROUTED:  # chosen when a host is first reached (the environment is
             proxy = self._routes[key] = self._proxy(scheme, key[1])  # read then, not per call)
         if proxy is not None and scheme == "http":  # the proxy takes it in absolute form
-            data = _absolute(data, url, proxy)
+            data = _absolute(data, url, _target(request), proxy)
         reuse = self._keep_alive and not self._distrusting(key)
         if not reuse:  # one request per connection, and the upstream is told so
             data = _closing(data)
@@ -601,12 +605,18 @@ class Http1Transport(httpx.AsyncBaseTransport):
                 del self._idle[key]
 
 
-def _absolute(data: bytes, url: httpx.URL, proxy: Proxy) -> bytes:
+def _target(request: httpx.Request) -> bytes:
+    """The request-target: the TARGET extension's, or the URL's path and query."""
+    target = request.extensions.get(TARGET)
+    return target if isinstance(target, bytes) else request.url.raw_path
+
+
+def _absolute(data: bytes, url: httpx.URL, path: bytes, proxy: Proxy) -> bytes:
     """A serialized request as an HTTP proxy takes it: the absolute URL as its target, and
     the proxy's credentials."""
     line, _, rest = data.partition(b"\r\n")
     method, _, _ = line.partition(b" ")
-    target = url.scheme.encode("ascii") + b"://" + url.netloc + url.raw_path
+    target = url.scheme.encode("ascii") + b"://" + url.netloc + path
     auth = b"" if proxy.authorization is None else (
         b"Proxy-Authorization: " + proxy.authorization + b"\r\n")
     return method + b" " + target + b" HTTP/1.1\r\n" + auth + rest
@@ -634,7 +644,7 @@ async def _serialized(request: httpx.Request) -> bytes:
     chunked = "transfer-encoding" in headers
     if body and not chunked and "content-length" not in headers:
         raw.append((b"Content-Length", str(len(body)).encode("ascii")))
-    head = [request.method.encode("ascii"), b" ", url.raw_path, b" HTTP/1.1\r\n"]
+    head = [request.method.encode("ascii"), b" ", _target(request), b" HTTP/1.1\r\n"]
     for name, value in raw:
         head += (name, b": ", value, b"\r\n")
     head.append(b"\r\n")

@@ -187,6 +187,7 @@ def _hint(index: int, rule: WebhookRule, policies: Policies, headers: Mapping[st
         assert value is not None
         ids[field] = value
     ids["tenant"] = policy.tenant(ids["tenant"])  # its one spelling (service/tenants.py)
+    ids["object_id"] = policy.object_id(ids["object_id"])
     problem = policy.object_id_problem(ids["object_id"])
     if problem:
         raise DeliveryRejected("unmappable", f"rules[{index}] (topic {rule.topic!r}): "

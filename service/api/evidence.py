@@ -14,7 +14,7 @@ from service import evidence, evidence_log, evidence_slices
 from service.api.bodies import ID_PATTERN, MAX_BIGINT, MAX_ID_CHARS, JsonRoute
 from service.api.deps import OperatorDep, RuntimeDep
 from service.api.problems import problem_responses, validation_problem
-from service.api.tenants import stored_tenant
+from service.api.tenants import stored_object, stored_tenant
 from service.errors import Problem
 from service.ledger import id_problem
 
@@ -82,6 +82,7 @@ async def get_evidence(runtime: RuntimeDep, _actor: OperatorDep,
         raise validation_problem(errors)
     # the deletions were recorded under the tenant's stored spelling (service/tenants.py)
     tenant_id = stored_tenant(runtime.policies, tenant_id, None, ("query", "tenant_id"))
+    object_id = stored_object(runtime.policies, object_id, None, ("query", "object_id"))
     rows = await evidence.lookup(runtime.engine, tenant_id, object_id, limit=limit)
     return EvidenceOut(tenant_id=tenant_id, object_id=object_id, deleted=bool(rows),
                        deletions=[Deletion.model_validate(r) for r in rows])

@@ -21,7 +21,7 @@ from service.api.bodies import (
 from service.api.deps import OperatorDep, RuntimeDep
 from service.api.problems import problem_responses, validation_problem
 from service.api.reasons import Reason, Reference
-from service.api.tenants import stored_filter, stored_tenant
+from service.api.tenants import stored_filter, stored_object, stored_tenant
 from service.errors import Problem
 
 router = APIRouter(prefix="/v1", tags=["holds"], route_class=JsonRoute,
@@ -159,9 +159,14 @@ async def place_hold(runtime: RuntimeDep, actor: OperatorDep,
     # the tenant as the covered items store it: a hold on another spelling would hold nothing
     tenant_id = stored_tenant(runtime.policies, body.tenant_id, body.policy,
                               ("body", "tenant_id"))
+    object_ids = None if body.object_ids is None else [
+        stored_object(runtime.policies, value, body.policy, ("body", "object_ids", str(n)))
+        for n, value in enumerate(body.object_ids)]
+    prefix = None if body.object_id_prefix is None else stored_object(
+        runtime.policies, body.object_id_prefix, body.policy, ("body", "object_id_prefix"))
     hold = await holds.place(runtime.engine, holds.HoldSpec(
-        tenant_id=tenant_id, policy=body.policy, object_ids=body.object_ids,
-        object_id_prefix=body.object_id_prefix, reason=body.reason,
+        tenant_id=tenant_id, policy=body.policy, object_ids=object_ids,
+        object_id_prefix=prefix, reason=body.reason,
         reference=body.reference, expires_at=body.expires_at), actor=actor)
     return _out(hold)
 

@@ -272,7 +272,8 @@ def _selection(runtime: RuntimeDep, body: ItemSelection) -> ledger.ItemFilter:
                 raise validation_problem([{"loc": ["body", "items", str(i), "policy"],
                                            "type": "unknown_policy",
                                            "message": "no such policy in the policies file"}])
-            keys.append(ledger.operation_key(policy.tenant(ref.tenant_id), ref.object_id,
+            keys.append(ledger.operation_key(policy.tenant(ref.tenant_id),
+                                             policy.object_id(ref.object_id),
                                              policy.name, policy.version))
     tenant_id = stored_filter(runtime.policies, body.tenant_id, body.policy,
                               ("body", "tenant_id"))

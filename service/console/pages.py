@@ -137,15 +137,17 @@ def item_filter(values: Params | Form, policies: Policies
     if shown["object_id"] is not None and shown["tenant_id"] is None:
         raise ConsoleError(422, "Tenant needed", "searching by object id needs the tenant id "
                                                  "too")
-    tenant_id = shown["tenant_id"]
-    if tenant_id is not None:
-        try:
+    tenant_id, object_id = shown["tenant_id"], shown["object_id"]
+    try:
+        if tenant_id is not None:
             tenant_id = policies.tenant(tenant_id, shown["policy"])
-        except ValueError as exc:
-            raise ConsoleError(422, "Tenant id not in its stored form",
-                               f"the tenant id {exc}") from None
+        if object_id is not None:
+            object_id = policies.object_id(object_id, shown["policy"])
+    except ValueError as exc:
+        raise ConsoleError(422, "Id not in its stored form",
+                           f"the tenant or object id {exc}") from None
     return shown, ledger.ItemFilter(policy=shown["policy"], tenant_id=tenant_id,
-                                    object_id=shown["object_id"], reason=shown["reason"])
+                                    object_id=object_id, reason=shown["reason"])
 
 
 @router.get("/items")

@@ -17,11 +17,13 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service import ledger, tenant_forms
+from service.errors import ConfigError
 from service.tenants import host_form
 from service.upstream import Upstreams
 from service.worker import database_pool
-from tests.conftest import TOKEN_A, LiveServer, test_settings
+from tests.conftest import TOKEN_A, LiveServer, policies_from, test_settings
 from tests.fakes.upstream import FakeUpstream
+from tests.integration.store_schema import store_policies
 from tests.integration.test_holds import drain
 from tests.integration.test_pipeline import PAST, release_all
 from tests.integration.test_request_templates import SECRET, item, make_policies
@@ -177,3 +179,62 @@ async def test_rows_stored_before_are_held_and_never_called(
                      "new": ("pending", None, True)}
     assert upstream.calls() == []
 
+
+
+def insensitive_policies(base_url: str) -> Any:
+    policy = {"version": 1, "upstream": "shop", "scope": "shop",
+              "rate": {"per_second": 1000, "burst": 1000}, "lease_seconds": 30,
+              "max_attempts": 2, "backoff": {"base_seconds": 0.01, "max_seconds": 0.05}}
+    return policies_from({
+        "upstreams": {"shop": {"base_url": base_url, "timeout_seconds": 2}},
+        "policies": {"coupons": {**policy, "path": "/coupons/{object_id}",
+                                 "object_id_case": "insensitive"},
+                     "carts": {**policy, "path": "/carts/{object_id}"}}})
+
+
+async def test_an_upstream_that_ignores_case_gets_one_object_id(
+        db_url: str, engine: AsyncEngine, upstream: FakeUpstream) -> None:
+    """object_id_case = "insensitive": `ABC` and `abc` are one item, one key and one hold;
+    an entry naming no policy must send the lower case; exact policies keep the case."""
+    policies = insensitive_policies(upstream.base_url)
+    async with LiveServer(test_settings(db_url), policies, db_url) as server, \
+            httpx.AsyncClient(base_url=server.base_url, timeout=10,
+                              headers={"Authorization": f"Bearer {TOKEN_A}"}) as live:
+        hold = await live.post("/v1/holds", json={
+            "tenant_id": "t", "object_ids": ["held"], "reason": "r", "reference": "c"})
+        assert hold.status_code == 201, hold.text
+        answer = await live.post("/v1/items", json={"items": [
+            item("t", "ABC", "coupons"), item("t", "abc", "coupons"),
+            item("t", "HELD", "coupons"), item("t", "ABC", "carts")]})
+        assert answer.json() == {"inserted": 3, "advanced": 0, "unchanged": 1}, answer.text
+        for refused in (
+                await live.post("/v1/holds", json={"tenant_id": "t", "object_ids": ["ABC"],
+                                                   "reason": "r", "reference": "c"}),
+                await live.post("/v1/holds", json={"tenant_id": "t", "reason": "r",
+                                                   "reference": "c",
+                                                   "object_id_prefix": "AB"}),
+                await live.get("/v1/evidence", params={"tenant_id": "t", "object_id": "ABC"})):
+            assert refused.status_code == 422, refused.text
+            [error] = refused.json()["errors"]
+            assert error["type"] == "object_id_not_canonical" and "coupons" in error["message"]
+        named = await live.post("/v1/holds", json={
+            "tenant_id": "t", "policy": "coupons", "object_id_prefix": "Zz", "reason": "r",
+            "reference": "c"})
+        assert named.status_code == 201 and named.json()["object_id_prefix"] == "zz"
+    assert await rows(engine) == [("t", "ABC", "pending", False),
+                                  ("t", "abc", "pending", False),
+                                  ("t", "held", "pending", True)]
+    await release_all(engine)
+    ups = Upstreams(policies.upstreams)
+    try:
+        await drain([database_pool(engine, policies, ups, concurrency=2)], engine, leave=1)
+    finally:
+        await ups.aclose()
+    assert sorted(c.path for c in upstream.calls()) == ["/carts/ABC", "/coupons/abc"]
+
+
+def test_a_store_target_compares_ids_as_its_column_does() -> None:
+    with pytest.raises(ConfigError) as refused:
+        store_policies("postgresql://store.invalid/shop", object_id_case="insensitive")
+    assert "object_id_case" in str(refused.value) and "store" in str(refused.value)
+    assert store_policies("postgresql://store.invalid/shop").policies  # "exact" is fine

@@ -186,8 +186,10 @@ def test_each_id_is_one_segment_and_one_query_value(tenant_id: str, object_id: s
     assert len(params) == 2 and params[1] == "v=7"
     assert unquote(params[0].removeprefix("id:in=")) == object_id
     # httpx sends both exactly as rendered
-    url = UrlMaker("https://api.example.com").url(path, query=query)
+    url, _ = UrlMaker("https://api.example.com").url(path, query=query)
     assert url.raw_path == (path + "?" + query).encode("ascii")
+    origin, target = UrlMaker("https://api.example.com", target=True).url(path, query=query)
+    assert (target if target is not None else origin.raw_path) == url.raw_path
     assert url == httpx.URL("https://api.example.com" + path + "?" + query)
 
 
@@ -207,20 +209,27 @@ def test_url_maker_with_queries_and_hosts_builds_what_httpx_parses(
     from service.templates import segment
     from service.upstream import PROBE_HOST
 
-    maker = UrlMaker(f"https://{PROBE_HOST}:8443")
     rendered = "/" + "/".join(segment(p) if p not in (".", "..", "") else "x" for p in path)
     query = None if query is None else segment(query) + "=" + segment(query[::-1])
-    made = maker.url(rendered, query=query, host=host)
     text = f"https://{host or PROBE_HOST}:8443{rendered}" + ("" if query is None else
                                                               "?" + query)
     parsed = httpx.URL(text)
+    made, target = UrlMaker(f"https://{PROBE_HOST}:8443").url(rendered, query=query,
+                                                              host=host)
+    assert target is None
     assert made == parsed and str(made) == str(parsed) and made.netloc == parsed.netloc
     assert made.raw_path == parsed.raw_path
+    origin, target = UrlMaker(f"https://{PROBE_HOST}:8443", target=True).url(
+        rendered, query=query, host=host)
+    assert origin.netloc == parsed.netloc
+    assert (target if target is not None else origin.raw_path) == parsed.raw_path
 
 
 def test_a_fixed_host_url_maker_refuses_a_host() -> None:
     with pytest.raises(ValueError, match="fixed host"):
         UrlMaker("https://api.example.com").url("/x", host="evil.example")
+    with pytest.raises(ValueError, match="fixed host"):
+        UrlMaker("https://api.example.com", target=True).url("/x", host="evil.example")
 
 
 # -- JSON bodies -----------------------------------------------------------------------------
