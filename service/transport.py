@@ -84,7 +84,7 @@ _Key = tuple[str, str, int]  # scheme, host, port: the connections one request m
 _UNROUTED: Final = Proxy("", 0)  # no proxy chosen yet for a host
 # A new connection waits about a round trip before its first request, within these bounds.
 FRESH_WAIT_MIN_S: Final = 0.001
-FRESH_WAIT_MAX_S: Final = 0.05
+FRESH_WAIT_MAX_S: Final = 0.01
 # How long a host that said something out of turn gets a new connection per request.
 DISTRUST_SECONDS: Final = 60.0
 # Why a connection was distrusted (the reasons counted by the `distrusted` callback).
@@ -532,7 +532,11 @@ class Http1Transport(httpx.AsyncBaseTransport):
         # connect took) after the connection is made, with the request if it went at once:
         # wait that long (bounded) before writing, then two turns of the loop so what
         # arrived is read (the first queues its callback). Only new connections pay it.
-        await asyncio.sleep(min(max(now - started, FRESH_WAIT_MIN_S), FRESH_WAIT_MAX_S))
+        wait = min(max(now - started, FRESH_WAIT_MIN_S), FRESH_WAIT_MAX_S)
+        send_by = SEND_BY.get()
+        if send_by is not None:  # never at the cost of the request's own moment
+            wait = min(wait, max(0.0, send_by - time.monotonic() - FRESH_WAIT_MIN_S))
+        await asyncio.sleep(wait)
         for _ in range(2):
             await asyncio.sleep(0)
         if not conn.alive:

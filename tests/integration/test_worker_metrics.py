@@ -111,7 +111,9 @@ async def test_pool_metrics_count_what_the_ledger_shows(engine: AsyncEngine) -> 
     returned = delta["returned_late"] + delta["returned_held"] + delta["returned_shutdown"]
     # every claim was either called or handed back unstarted
     assert delta["claimed"] == called + returned
-    assert delta["granted"] - delta["returned_tokens"] == called
+    # every token granted was spent on a call, refunded, or lost with a call that would
+    # have started too late (its refill is not given back: service/worker/pool.py)
+    assert delta["granted"] - delta["returned_tokens"] == called + delta["returned_late"]
     assert delta["reclaimed"] == 1 and pool.reclaimed == 1
     assert delta["late"] == 1 and pool.fenced == 1
     assert (delta["succeeded"], delta["permanent"], delta["transient"], delta["throttled"],
