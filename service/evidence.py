@@ -27,7 +27,7 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -60,8 +60,9 @@ def genesis(run_id: int) -> str:
     return digest(f"{FORMAT} run {run_id}".encode())
 
 
-def _canonical(value: Mapping[str, Any]) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+def signed_bytes(statement: Mapping[str, Any]) -> bytes:
+    """The bytes a manifest's (or a checkpoint's) signature is over: its canonical JSON."""
+    return json.dumps(statement, sort_keys=True, separators=(",", ":")).encode()
 
 
 def _raw_public(key: Ed25519PublicKey) -> bytes:
@@ -210,6 +211,69 @@ class VerificationFailed(Exception):
         self.reason = reason
 
 
+def check_signed(where: int, what: str, statement: Mapping[str, Any], signature: object,
+                 by_id: Mapping[str, PublicKey]) -> None:
+    """`statement` (a manifest or a checkpoint, naming its `key_id`) carries a signature
+    that verifies under one of the published keys; VerificationFailed at line `where`."""
+    named = statement.get("key_id")
+    if named is None or signature is None:
+        raise VerificationFailed(where, f"{what} is not signed (the server had no signing "
+                                        f"key)")
+    key = by_id.get(str(named))
+    if key is None:
+        raise VerificationFailed(where, f"{what} is signed with key {named}, which is not "
+                                        f"among the public keys given "
+                                        f"({', '.join(sorted(by_id)) or 'none'})")
+    raw = b64decode(signature) if isinstance(signature, str) else None
+    try:
+        if raw is None:
+            raise InvalidSignature
+        key.key.verify(raw, signed_bytes(statement))
+    except InvalidSignature:
+        raise VerificationFailed(where, f"{what}'s signature does not verify under key "
+                                        f"{named}: it was changed or signed by another "
+                                        f"key") from None
+
+
+class ExportLines:
+    """An export's lines before its manifest, each as (number, its bytes without the line
+    break, its JSON object); the manifest line, which must be the last, is kept in
+    `manifest` and `signature`. VerificationFailed for a line that is no JSON object, or
+    one after the manifest."""
+
+    def __init__(self, lines: Iterable[bytes]) -> None:
+        self._lines = lines
+        self.number = 0  # the last line read
+        self.manifest: dict[str, Any] | None = None
+        self.signature: object = None
+
+    def __iter__(self) -> Iterator[tuple[int, bytes, dict[str, Any]]]:
+        for number, raw in enumerate(self._lines, 1):
+            self.number = number
+            line = raw[:-1] if raw.endswith(b"\n") else raw
+            if self.manifest is not None:
+                raise VerificationFailed(number, "a line after the manifest")
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                raise VerificationFailed(number, "not a JSON line") from None
+            if not isinstance(obj, dict):
+                raise VerificationFailed(number, "not a JSON object")
+            if "manifest" in obj:
+                if not isinstance(obj["manifest"], dict):
+                    raise VerificationFailed(number, "a manifest that is not an object")
+                self.manifest, self.signature = obj["manifest"], obj.get("signature")
+                continue
+            yield number, line, obj
+
+    def last_manifest(self) -> dict[str, Any]:
+        """The manifest, once every line was read; VerificationFailed when there was none."""
+        if self.manifest is None:
+            raise VerificationFailed(self.number + 1,
+                                     "missing: the export ends without its manifest")
+        return self.manifest
+
+
 @dataclass(frozen=True)
 class Verified:
     run_id: int
@@ -223,24 +287,9 @@ def verify(lines: Iterable[bytes], keys: Iterable[PublicKey]) -> Verified:
     by_id = {k.key_id: k for k in keys}
     run_id: int | None = None
     last: str | None = None
-    records = number = 0
-    manifest: dict[str, Any] | None = None
-    signature: object = None
-    for number, raw in enumerate(lines, 1):
-        line = raw[:-1] if raw.endswith(b"\n") else raw
-        if manifest is not None:
-            raise VerificationFailed(number, "a line after the manifest")
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            raise VerificationFailed(number, "not a JSON line") from None
-        if not isinstance(obj, dict):
-            raise VerificationFailed(number, "not a JSON object")
-        if "manifest" in obj:
-            if not isinstance(obj["manifest"], dict):
-                raise VerificationFailed(number, "a manifest that is not an object")
-            manifest, signature = obj["manifest"], obj.get("signature")
-            continue
+    records = 0
+    export = ExportLines(lines)
+    for number, line, obj in export:
         record_run = obj.get("run_id")
         if not isinstance(record_run, int) or isinstance(record_run, bool):
             raise VerificationFailed(number, "a record without its run_id")
@@ -256,9 +305,8 @@ def verify(lines: Iterable[bytes], keys: Iterable[PublicKey]) -> Verified:
                 if number > 1 else "is not the first record of its run's export"))
         last = digest(line)
         records += 1
-    if manifest is None:
-        raise VerificationFailed(number + 1, "missing: the export ends without its manifest")
-    where = number
+    manifest = export.last_manifest()
+    where = export.number
     if run_id is None:  # an export with no records
         if not isinstance(manifest.get("run_id"), int):
             raise VerificationFailed(where, "a manifest without its run_id")
@@ -273,24 +321,8 @@ def verify(lines: Iterable[bytes], keys: Iterable[PublicKey]) -> Verified:
     if manifest.get("last") != last:
         raise VerificationFailed(where, "the manifest's last digest is not the last record's: "
                                         "records were changed or dropped at the end")
-    named = manifest.get("key_id")
-    if named is None or signature is None:
-        raise VerificationFailed(where, "the manifest is not signed (the server had no "
-                                        "signing key)")
-    key = by_id.get(str(named))
-    if key is None:
-        raise VerificationFailed(where, f"signed with key {named}, which is not among the "
-                                        f"public keys given ({', '.join(sorted(by_id)) or 'none'})")
-    sig = b64decode(signature) if isinstance(signature, str) else None
-    try:
-        if sig is None:
-            raise InvalidSignature
-        key.key.verify(sig, _canonical(manifest))
-    except InvalidSignature:
-        raise VerificationFailed(where, f"the manifest's signature does not verify under key "
-                                        f"{named}: the manifest was changed or signed by "
-                                        f"another key") from None
-    return Verified(run_id=run_id, records=records, key_id=str(named))
+    check_signed(where, "the manifest", manifest, export.signature, by_id)
+    return Verified(run_id=run_id, records=records, key_id=str(manifest["key_id"]))
 
 
 # -- reading it from the ledger -----------------------------------------------------------------

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -37,7 +37,7 @@ from typing import Any, Final
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.db.statements import Statement, fetch, fetch_none
-from service.evidence import Signer
+from service.evidence import Signer, signed_bytes
 from service.evidence_records import FORMAT, GENESIS, RecordProblem, frames, parse
 from service.failures import repeat
 
@@ -84,11 +84,6 @@ def checkpoint_statement(size: int, head_hex: str, signed_at: str, key_id: str |
     """The signed part of a checkpoint."""
     return {"format": FORMAT, "size": size, "head": head_hex, "signed_at": signed_at,
             "key_id": key_id}
-
-
-def signed_bytes(statement: Mapping[str, Any]) -> bytes:
-    """The bytes a checkpoint's (or a manifest's) signature is over."""
-    return json.dumps(statement, sort_keys=True, separators=(",", ":")).encode()
 
 
 GENESIS_CHECKPOINT: Final = Checkpoint(0, GENESIS, _EPOCH, None, None)

@@ -32,7 +32,7 @@ from typing import Any, Final
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service import evidence_log
-from service.evidence import Signer
+from service.evidence import Signer, signed_bytes
 from service.evidence_log import Checkpoint, Segment
 from service.evidence_records import fields_of, leaf
 
@@ -96,7 +96,7 @@ class Slices:
                     "digest": self._digest.hexdigest(), "next_after": next_after,
                     "exported_at": (exported_at or datetime.now(UTC)).isoformat(),
                     "key_id": self.signer.current.key_id if self.signer else None}
-        signature = (self.signer.sign(evidence_log.signed_bytes(manifest))
+        signature = (self.signer.sign(signed_bytes(manifest))
                      if self.signer else None)
         return _json({"manifest": manifest, "signature": signature}) + b"\n"
 

@@ -35,11 +35,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
-from cryptography.exceptions import InvalidSignature
-
 from service import evidence_records
-from service.evidence import PublicKey, VerificationFailed, b64decode
-from service.evidence_log import Checkpoint, signed_bytes
+from service.evidence import ExportLines, PublicKey, VerificationFailed, check_signed
+from service.evidence_log import Checkpoint
 from service.evidence_records import (
     GENESIS,
     RECORD_FIELDS,
@@ -71,28 +69,6 @@ class Verified:
     next_after: int | None
 
 
-def _signed(where: int, what: str, statement: Any, signature: object,
-            by_id: Mapping[str, PublicKey]) -> None:
-    named = statement.get("key_id")
-    if named is None or signature is None:
-        raise VerificationFailed(where, f"{what} is not signed (the server had no signing "
-                                        f"key)")
-    key = by_id.get(str(named))
-    if key is None:
-        raise VerificationFailed(where, f"{what} is signed with key {named}, which is not "
-                                        f"among the public keys given "
-                                        f"({', '.join(sorted(by_id)) or 'none'})")
-    raw = b64decode(signature) if isinstance(signature, str) else None
-    try:
-        if raw is None:
-            raise InvalidSignature
-        key.key.verify(raw, signed_bytes(statement))
-    except InvalidSignature:
-        raise VerificationFailed(where, f"{what}'s signature does not verify under key "
-                                        f"{named}: it was changed or signed by another "
-                                        f"key") from None
-
-
 def read_checkpoint(where: int, obj: Mapping[str, Any], by_id: Mapping[str, PublicKey]
                     ) -> Checkpoint:
     """A checkpoint line's checkpoint, its signature verified (genesis needs none)."""
@@ -110,7 +86,7 @@ def read_checkpoint(where: int, obj: Mapping[str, Any], by_id: Mapping[str, Publ
     except ValueError:
         raise VerificationFailed(where, "a checkpoint whose time is not ISO 8601") from None
     if not (size == 0 and head == GENESIS.hex()):
-        _signed(where, f"the checkpoint at size {size}", statement, obj.get("signature"),
+        check_signed(where, f"the checkpoint at size {size}", statement, obj.get("signature"),
                 by_id)
     return Checkpoint(size, bytes.fromhex(head), signed_at, statement["key_id"],
                       obj.get("signature"))
@@ -233,24 +209,8 @@ def verify(lines: Iterable[bytes], keys: Iterable[PublicKey],
     the first line that fails."""
     state = _Chain({k.key_id: k for k in keys}, kept or {})
     digest = hashlib.sha256()
-    number = 0
-    manifest: dict[str, Any] | None = None
-    signature: object = None
-    for number, raw in enumerate(lines, 1):
-        line = raw[:-1] if raw.endswith(b"\n") else raw
-        if manifest is not None:
-            raise VerificationFailed(number, "a line after the manifest")
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            raise VerificationFailed(number, "not a JSON line") from None
-        if not isinstance(obj, dict):
-            raise VerificationFailed(number, "not a JSON object")
-        if "manifest" in obj:
-            if not isinstance(obj["manifest"], dict):
-                raise VerificationFailed(number, "a manifest that is not an object")
-            manifest, signature = obj["manifest"], obj.get("signature")
-            continue
+    export = ExportLines(lines)
+    for number, line, obj in export:
         digest.update(line + b"\n")
         if "checkpoint" in obj:
             state.checkpoint(number, obj)
@@ -258,8 +218,8 @@ def verify(lines: Iterable[bytes], keys: Iterable[PublicKey],
             state.segment(number, obj)
         else:
             state.entry(number, obj)
-    if manifest is None:
-        raise VerificationFailed(number + 1, "missing: the export ends without its manifest")
+    manifest = export.last_manifest()
+    number = export.number
     if state.leaves or state.open:
         raise VerificationFailed(number, "entries after the last checkpoint: no signature "
                                          "covers them")
@@ -277,7 +237,7 @@ def verify(lines: Iterable[bytes], keys: Iterable[PublicKey],
     run_id = manifest.get("run_id")
     if run_id is not None and state.runs - {run_id}:
         raise VerificationFailed(number, f"records of another run in run {run_id}'s export")
-    _signed(number, "the manifest", manifest, signature, state.by_id)
+    check_signed(number, "the manifest", manifest, export.signature, state.by_id)
     return Verified(run_id=run_id if isinstance(run_id, int) else None,
                     records=state.records, entries=state.entries,
                     checkpoints=state.checkpoints, first_seq=state.first_seq,
