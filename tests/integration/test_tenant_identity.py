@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service import ledger, tenant_forms
 from service.errors import ConfigError
+from service.policies import Policies
 from service.tenants import host_form
 from service.upstream import Upstreams
 from service.worker import database_pool
@@ -50,8 +51,8 @@ async def rows(engine: AsyncEngine) -> list[tuple[Any, ...]]:
             "ORDER BY object_id, tenant_id"))).all()]
 
 
-async def run_workers(engine: AsyncEngine, upstream: FakeUpstream) -> None:
-    policies = make_policies(upstream.port)
+async def run_workers(engine: AsyncEngine, policies: Policies) -> None:
+    """Release what is registered and drain it, all but one item (held, or refused)."""
     await release_all(engine)
     ups = Upstreams(policies.upstreams)
     try:
@@ -81,7 +82,7 @@ async def test_a_hold_covers_every_spelling_and_one_object_has_one_key(
     assert answer.json() == {"inserted": 2, "advanced": 0, "unchanged": 2}
     assert await rows(engine) == [("localhost", "h1", "pending", True),
                                   ("localhost", "h2", "pending", False)]
-    await run_workers(engine, upstream)
+    await run_workers(engine, make_policies(upstream.port))
     assert await rows(engine) == [("localhost", "h1", "pending", True),
                                   ("localhost", "h2", "succeeded", False)]
     calls = upstream.calls()
@@ -101,7 +102,7 @@ async def test_a_webhook_in_another_spelling_is_held_too(
         "X-Event": "customer.redact"})
     assert answer.status_code in (200, 202), answer.text
     assert await rows(engine) == [("localhost", "42", "pending", True)]
-    await run_workers(engine, upstream)
+    await run_workers(engine, make_policies(upstream.port))
     assert upstream.calls() == []
 
 
@@ -165,12 +166,7 @@ async def test_rows_stored_before_are_held_and_never_called(
             "SELECT tenant_id, policy, placed_by FROM holds WHERE tenant_id = 'localhost'"
         ))).all()
     assert [tuple(t) for t in twins] == [("localhost", None, "sweeper")]
-    await release_all(engine)
-    ups = Upstreams(policies.upstreams)
-    try:
-        await drain([database_pool(engine, policies, ups, concurrency=1)], engine, leave=1)
-    finally:
-        await ups.aclose()
+    await run_workers(engine, policies)
     async with engine.connect() as conn:
         found = {r.object_id: (r.status, r.dead_reason, r.hold_id is not None)
                  for r in (await conn.execute(text(
@@ -224,12 +220,7 @@ async def test_an_upstream_that_ignores_case_gets_one_object_id(
     assert await rows(engine) == [("t", "ABC", "pending", False),
                                   ("t", "abc", "pending", False),
                                   ("t", "held", "pending", True)]
-    await release_all(engine)
-    ups = Upstreams(policies.upstreams)
-    try:
-        await drain([database_pool(engine, policies, ups, concurrency=2)], engine, leave=1)
-    finally:
-        await ups.aclose()
+    await run_workers(engine, policies)
     assert sorted(c.path for c in upstream.calls()) == ["/carts/ABC", "/coupons/abc"]
 
 
