@@ -215,10 +215,7 @@ class UpstreamClient:
                     self._with_credential(request.headers, credential)
         except (ValueError, KeyError, httpx.InvalidURL):
             return Answer(failure=Failure.INVALID_REQUEST)
-        echo = None
-        if self._echo is not None:
-            echo = (self._echo, uuid.uuid4().hex)
-            request.headers[echo[0]] = echo[1]
+        echo = self._echoed(request)
         rules = policy.answers
         return await send(self._transport, request, self.deadline_seconds, rules.wants_body,
                           rules.max_bytes, echo=echo)
@@ -265,10 +262,7 @@ class UpstreamClient:
                                     extensions=self._extensions(target))
         except (ValueError, KeyError, httpx.InvalidURL):
             return Answer(failure=Failure.INVALID_REQUEST)
-        echo = None
-        if self._echo is not None:
-            echo = (self._echo, uuid.uuid4().hex)
-            request.headers[echo[0]] = echo[1]
+        echo = self._echoed(request)
         return await send(self._transport, request, self.deadline_seconds, _no_body, 0,
                           echo=echo, echoed=absent | _SUCCESS_STATUSES)
 
@@ -316,6 +310,15 @@ class UpstreamClient:
         return httpx.Request(method, url, headers=headers,
                              stream=_NO_BODY if body is None else httpx.ByteStream(body),
                              extensions=self._extensions(target))
+
+    def _echoed(self, request: httpx.Request) -> tuple[str, str] | None:
+        """For an upstream with an echo_header: a fresh value in it, and (header, value) for
+        `send` to check the answer against; else None."""
+        if self._echo is None:
+            return None
+        value = uuid.uuid4().hex
+        request.headers[self._echo] = value
+        return self._echo, value
 
     def _extensions(self, target: bytes | None) -> dict[str, object]:
         """A request's extensions: its timeouts, and its target where the URL is its
