@@ -98,6 +98,15 @@ async def answer_to(transport: Http1Transport, url: str) -> Answer:
     return await send(transport, request(url), 3.0, lambda status: True, 1 << 20)
 
 
+async def the_answer_to(written: bytes) -> tuple[Answer, Wire]:
+    """One call on a new transport to an upstream that writes `written` for each request."""
+    transport = Http1Transport(4)
+    async with Wire(lambda n, head: [(0, written)]) as wire:
+        answer = await answer_to(transport, wire.url)
+    await transport.aclose()
+    return answer, wire
+
+
 def deleted(answer: Answer) -> bool:
     return classify(answer, absent_means_deleted=True, now=datetime.now(UTC)).outcome \
         is Outcome.SUCCEEDED
@@ -165,20 +174,13 @@ async def test_keep_alive_off_sends_one_request_per_connection() -> None:
 async def test_a_trailer_is_never_read_as_the_answers_header() -> None:
     chunked = (b"HTTP/1.1 429 Too Many Requests\r\nTransfer-Encoding: chunked\r\n\r\n"
                b"2\r\nno\r\n0\r\nRetry-After: 999\r\n\r\n")
-    transport = Http1Transport(4)
-    async with Wire(lambda n, head: [(0, chunked)]) as wire:
-        answer = await answer_to(transport, wire.url)
-    await transport.aclose()
+    answer, _ = await the_answer_to(chunked)
     assert answer.status == 429 and answer.retry_after is None
 
 
 async def test_a_status_below_100_fails_at_once() -> None:
-    transport = Http1Transport(4)
-    async with Wire(lambda n, head: [(0, b"HTTP/1.1 099 Odd\r\nContent-Length: 0\r\n\r\n")]
-                    ) as wire:
-        started = asyncio.get_running_loop().time()
-        answer = await answer_to(transport, wire.url)
-    await transport.aclose()
+    started = asyncio.get_running_loop().time()
+    answer, _ = await the_answer_to(b"HTTP/1.1 099 Odd\r\nContent-Length: 0\r\n\r\n")
     assert answer == Answer(failure=Failure.RESET_AFTER_SEND)
     assert asyncio.get_running_loop().time() - started < 1.0  # not the 3 s deadline
 
@@ -240,10 +242,7 @@ async def test_an_upstream_that_echoes_a_request_id_is_checked(echo: str,
 async def test_a_redirect_is_refused_at_once_naming_where_to() -> None:
     moved = (b"HTTP/1.1 301 Moved Permanently\r\nLocation: https://new.example/v2/carts/1"
              b"\r\nContent-Length: 0\r\n\r\n")
-    transport = Http1Transport(4)
-    async with Wire(lambda n, head: [(0, moved)]) as wire:
-        answer = await answer_to(transport, wire.url)
-    await transport.aclose()
+    answer, wire = await the_answer_to(moved)
     verdict = classify(answer, absent_means_deleted=False, now=datetime.now(UTC))
     assert verdict.outcome is Outcome.PERMANENT
     assert verdict.reason == "http_301:redirect:https://new.example/v2/carts/1"
