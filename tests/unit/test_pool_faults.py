@@ -183,10 +183,11 @@ async def test_a_call_cancelled_before_its_first_step_hands_its_lease_back() -> 
     items = r.ledger.add("tenant:a", 2)
     gauge = REGISTRY.get_sample_value("sweeper_upstream_in_flight") or 0.0
     assert await r.pool.run_once() == 2
-    for task in list(r.pool._in_flight):
+    cancelled = list(r.pool._in_flight)
+    for task in cancelled:
         task.cancel()  # before the loop ran a single step of it
-    await asyncio.sleep(0)
-    await asyncio.sleep(0)
+    # the pool's done-callbacks were added first, so they have run once these are awaited
+    await asyncio.gather(*cancelled, return_exceptions=True)
     assert REGISTRY.get_sample_value("sweeper_upstream_in_flight") == gauge
     assert await r.pool.flush(force=True)
     assert sorted(r.ledger.handed_back, key=lambda lease: lease.item_id) == sorted(
