@@ -49,7 +49,7 @@ from bench.common import (
     summarize,
 )
 from bench.drain import MOCK_BASE_URL, POLICY, bench_policies, no_op_answer, seed, status_counts
-from service.upstream import Upstreams
+from service.upstreams.deletion_api import Upstreams
 from service.worker import WorkerPool, database_pool
 
 TARGET_RATIO = 0.9

@@ -63,8 +63,10 @@ from bench.common import (
 )
 from bench.drain import fake_upstream_process
 from drills.stage import free_port, trailing_counts, worst_window
-from service import ledger, limiter, runs
-from service.policies import load_policies
+from service.budget import limiter
+from service.config.policies import load_policies
+from service.ledger import registration
+from service.runs import publication
 
 SCOPE_TENANT = "acme"
 REGISTER_CHUNK = 10_000
@@ -259,9 +261,10 @@ async def worker_processes(url: str, policies_file: Path, workers: int, replicas
 
 async def release_everything(engine: AsyncEngine) -> None:
     """A run over every due item, published at once."""
-    run_id, _ = await runs.create_run(engine, runs.RunRequest(None, None, None, False, None),
+    run_id, _ = await publication.create_run(engine, publication.RunRequest(None, None, None,
+                                                                            False, None),
                                       None)
-    await runs.publish(engine, run_id, batch_size=5_000)
+    await publication.publish(engine, run_id, batch_size=5_000)
 
 
 def upstream_options(budget: int, burst: int, kind: str) -> list[str]:
@@ -294,8 +297,8 @@ async def one_configuration(ctx: BenchContext, replicas: int, budget: int, secon
             policy = load_policies(policies_file).policies["carts"]
             due = datetime.now(UTC) - timedelta(days=1)
             for start in range(0, items, REGISTER_CHUNK):
-                await ledger.register(db.engine, [
-                    ledger.Registration(SCOPE_TENANT, f"cart-{i:08d}", policy, due)
+                await registration.register(db.engine, [
+                    registration.Registration(SCOPE_TENANT, f"cart-{i:08d}", policy, due)
                     for i in range(start, min(items, start + REGISTER_CHUNK))])
             workers = concurrency_for(budget, replicas)
             ports = [free_port() for _ in range(replicas)]

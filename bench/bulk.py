@@ -39,8 +39,8 @@ from bench.common import BenchContext, Benchmark, fresh_database, progress, summ
 from drills.vendors import example_block
 from drills.vendors.bigcommerce import FakeBigCommerce
 from drills.vendors.serve import serve_in_thread
-from service import ledger
-from service.policies import load_policies
+from service.config.policies import load_policies
+from service.ledger import registration
 
 STORE = "abc123"
 TOKEN = "bc_bench_token"  # noqa: S105 - the fake store's token, on loopback
@@ -107,8 +107,8 @@ async def one_run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]
         async with fresh_database(ctx.server_url, "bulk") as db:
             due = datetime.now(UTC) - timedelta(days=1)
             for start in range(1, args.customers + 1, REGISTER_CHUNK):
-                await ledger.register(db.engine, [
-                    ledger.Registration(STORE, str(i), policy, due)
+                await registration.register(db.engine, [
+                    registration.Registration(STORE, str(i), policy, due)
                     for i in range(start, min(args.customers + 1, start + REGISTER_CHUNK))])
             async with worker_processes(db.url, policies_file, args.workers, args.replicas):
                 await release_everything(db.engine)

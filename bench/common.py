@@ -29,10 +29,10 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.config.settings import Settings, async_url
 from service.db import migrate
 from service.db.engine import make_engine
-from service.logs import configure_logging
-from service.settings import Settings, async_url
+from service.observability.logs import configure_logging
 
 DATABASE_PREFIX = "sweeper_bench_"
 PACKAGES = ("sqlalchemy", "asyncpg", "httpx", "alembic", "uvloop", "sweeper")

@@ -74,11 +74,14 @@ from bench.common import (
     vacuum_analyze,
 )
 from bench.server import TOKEN, sweeper_server
-from service import inspection, ledger, metrics, runs, scopes
-from service.api.items import MAX_CHANGE
-from service.console.overview import OVERVIEW_MAX_AGE_S, RECENT_RUNS
-from service.console.pages import PAGE_SIZE
+from service.budget import scope_controls
 from service.db.statements import Statement
+from service.http.api.items import MAX_CHANGE
+from service.http.console.overview import OVERVIEW_MAX_AGE_S, RECENT_RUNS
+from service.http.console.pages import PAGE_SIZE
+from service.ledger import operator_reads, registration
+from service.observability import metrics
+from service.runs import publication as runs
 
 TARGET_P95_MS: Final = 200.0
 SEED_CHUNK: Final = 250_000
@@ -496,7 +499,7 @@ class Page:
 def _items_params(status: str | None = None, policy: str | None = None,
                   tenant: str | None = None, obj: str | None = None) -> dict[str, Any]:
     return {"status": status, "after": None, "limit": PAGE_SIZE,
-            **ledger.filter_params(ledger.ItemFilter(policy=policy, tenant_id=tenant,
+            **registration.filter_params(registration.ItemFilter(policy=policy, tenant_id=tenant,
                                                      object_id=obj))}
 
 
@@ -507,10 +510,11 @@ def pages(f: Facts) -> list[Page]:
                           metrics._LEDGER_DEAD, metrics._LEDGER_HELD, metrics._LEDGER_HOLDS,
                           metrics._LEDGER_SCOPES)]
     overview = [*ledger_reading,
-                (inspection._SUCCEEDED_RECENTLY, {"window": inspection.THROUGHPUT_WINDOW_S}),
+                (operator_reads._SUCCEEDED_RECENTLY,
+                 {"window": operator_reads.THROUGHPUT_WINDOW_S}),
                 (runs._LIST, _runs_params(RECENT_RUNS)),
                 (runs._PROGRESS, {"ids": f.newest_runs[:RECENT_RUNS]}),
-                (inspection._TROUBLED_SCOPES, {})]
+                (operator_reads._TROUBLED_SCOPES, {})]
     scope_name = f"tenant:{f.big_tenant}"
     return [
         Page("overview", "/console", statements=overview),
@@ -520,41 +524,42 @@ def pages(f: Facts) -> list[Page]:
             (runs._PROGRESS, {"ids": f.newest_runs[:PAGE_SIZE]})]),
         Page("run", f"/console/runs/{f.large_run}", statements=[
             (runs._RUN, {"id": f.large_run}), (runs._PROGRESS, {"ids": [f.large_run]})]),
-        Page("items", "/console/items", statements=[(ledger._LIST, _items_params())]),
+        Page("items", "/console/items", statements=[(registration._LIST, _items_params())]),
         Page("items-dead", "/console/items?status=dead",
-             statements=[(ledger._LIST, _items_params("dead"))]),
+             statements=[(registration._LIST, _items_params("dead"))]),
         Page("items-pending", "/console/items?status=pending",
-             statements=[(ledger._LIST, _items_params("pending"))]),
+             statements=[(registration._LIST, _items_params("pending"))]),
         Page("items-pending-policy",
              f"/console/items?status=pending&policy={f.pending_policy}",
-             statements=[(ledger._LIST, _items_params("pending", f.pending_policy))]),
+             statements=[(registration._LIST, _items_params("pending", f.pending_policy))]),
         Page("items-big-tenant", f"/console/items?tenant_id={f.big_tenant}",
-             statements=[(ledger._LIST, _items_params(tenant=f.big_tenant))]),
+             statements=[(registration._LIST, _items_params(tenant=f.big_tenant))]),
         Page("items-small-tenant", f"/console/items?tenant_id={f.small_tenant}",
-             statements=[(ledger._LIST, _items_params(tenant=f.small_tenant))]),
+             statements=[(registration._LIST, _items_params(tenant=f.small_tenant))]),
         Page("items-tenant-object",
              f"/console/items?tenant_id={f.big_tenant}&object_id={f.object_id}",
-             statements=[(ledger._LIST, _items_params(tenant=f.big_tenant, obj=f.object_id))]),
+             statements=[(registration._LIST, _items_params(tenant=f.big_tenant,
+                                                            obj=f.object_id))]),
         Page("item", f"/console/items/{f.dead_item}", statements=[
-            (inspection._ITEM, {"id": f.dead_item}),
-            (inspection._ATTEMPTS, {"id": f.dead_item})]),
+            (operator_reads._ITEM, {"id": f.dead_item}),
+            (operator_reads._ATTEMPTS, {"id": f.dead_item})]),
         Page("scopes", "/console/scopes", statements=[
-            (scopes._LIST, {"after": None, "name": None, "limit": PAGE_SIZE}),
-            (scopes._WORKERS_STATE, {})]),
+            (scope_controls._LIST, {"after": None, "name": None, "limit": PAGE_SIZE}),
+            (scope_controls._WORKERS_STATE, {})]),
         Page("scope", "/console/scope?" + urlencode({"name": scope_name}),
-             statements=[(scopes._LIST, {"after": None, "name": scope_name, "limit": 1})]),
+             statements=[(scope_controls._LIST, {"after": None, "name": scope_name, "limit": 1})]),
         Page("webhooks", "/console/webhooks", statements=[
-            (inspection._RECEIPTS, {"source": None, "result": None, "before": None,
+            (operator_reads._RECEIPTS, {"source": None, "result": None, "before": None,
                                     "limit": PAGE_SIZE}),
-            (inspection._RECEIPT_COUNTS, {})]),
+            (operator_reads._RECEIPT_COUNTS, {})]),
         Page("audit", "/console/audit", statements=[
-            (inspection._ACTIONS, {"before": None, "limit": PAGE_SIZE})]),
+            (operator_reads._ACTIONS, {"before": None, "limit": PAGE_SIZE})]),
         Page("redrive-preview", "/console/items/action", form={
             "action": "redrive", "target": "filter", "why": "bench: preview only",
             "step": "preview", "policy": POLICIES[0][0], "tenant_id": f.big_tenant},
-             statements=[(inspection._SELECTION_SIZE, {
+             statements=[(operator_reads._SELECTION_SIZE, {
                  "status": "dead", "cap": MAX_CHANGE,
-                 **ledger.filter_params(ledger.ItemFilter(policy=POLICIES[0][0],
+                 **registration.filter_params(registration.ItemFilter(policy=POLICIES[0][0],
                                                           tenant_id=f.big_tenant))})]),
     ]
 

@@ -1,7 +1,7 @@
 """Drain throughput: how fast ONE WorkerPool takes N released items to `succeeded`.
 
 Every repetition gets a fresh database (CREATE DATABASE, migrate to head), seeds N items of
-one policy over a few tenants (bulk `ledger.register` in chunks of 10,000), publishes them
+one policy over a few tenants (bulk `registration.register` in chunks of 10,000), publishes them
 with one run (batch_size 500), runs VACUUM (ANALYZE) on items so each repetition starts from
 the same statistics, and only then starts the clock: `WorkerPool.run()` in a task until
 `pool.completed` reaches N (every outcome committed), then `stop()`. The database is checked
@@ -58,10 +58,11 @@ from bench.common import (
     vacuum_analyze,
 )
 from bench.plans import PlanCatcher, StatementKind
-from service import ledger, runs
-from service.cli import settle_heap
-from service.policies import Policies, Policy, resolve_policies
-from service.upstream import Upstreams
+from service.commands.cli import settle_heap
+from service.config.policies import Policies, Policy, resolve_policies
+from service.ledger import registration
+from service.runs import publication
+from service.upstreams.deletion_api import Upstreams
 from service.worker import database_pool
 
 MODES = ("mock", "loopback")
@@ -146,7 +147,7 @@ def no_op_answer(request: httpx.Request) -> httpx.Response:
     """An empty 204, *streamed* like a real transport's answer.
 
     `httpx.Response(204)` would not do: httpx pre-reads a body given as content, and
-    service/upstream.py `_drain_capped` then raises httpx.StreamConsumed from
+    service/upstreams/deletion_api.py `_drain_capped` then raises httpx.StreamConsumed from
     `aiter_raw()`, which nothing catches, so the attempt task dies and the item stays
     leased until its lease expires (see the report)."""
     return httpx.Response(204, stream=httpx.ByteStream(b""))
@@ -237,13 +238,14 @@ async def seed(engine: AsyncEngine, policy: Policy, n: int) -> dict[str, Any]:
     started = time.perf_counter()
     due = datetime.now(UTC) - timedelta(days=1)
     for start in range(0, n, REGISTER_CHUNK):
-        await ledger.register(engine, [
-            ledger.Registration(TENANTS[i % len(TENANTS)], f"cart-{i:08d}", policy, due)
+        await registration.register(engine, [
+            registration.Registration(TENANTS[i % len(TENANTS)], f"cart-{i:08d}", policy, due)
             for i in range(start, min(n, start + REGISTER_CHUNK))])
     registered = time.perf_counter()
-    run_id, _ = await runs.create_run(engine, runs.RunRequest(None, None, None, False, None),
+    run_id, _ = await publication.create_run(engine, publication.RunRequest(None, None, None,
+                                                                            False, None),
                                       None)
-    if not await runs.publish(engine, run_id, batch_size=BATCH_SIZE):
+    if not await publication.publish(engine, run_id, batch_size=BATCH_SIZE):
         raise RuntimeError("publication was taken by another publisher")
     published = time.perf_counter()
     await vacuum_analyze(engine, "items")
@@ -262,12 +264,13 @@ async def seed(engine: AsyncEngine, policy: Policy, n: int) -> dict[str, Any]:
 async def top_up(engine: AsyncEngine, policy: Policy, n: int) -> None:
     """Register and release N more due items (ids apart from seed's)."""
     due = datetime.now(UTC) - timedelta(days=1)
-    await ledger.register(engine, [
-        ledger.Registration(TENANTS[i % len(TENANTS)], f"extra-{i:08d}", policy, due)
+    await registration.register(engine, [
+        registration.Registration(TENANTS[i % len(TENANTS)], f"extra-{i:08d}", policy, due)
         for i in range(n)])
-    run_id, _ = await runs.create_run(engine, runs.RunRequest(None, None, None, False, None),
+    run_id, _ = await publication.create_run(engine, publication.RunRequest(None, None, None,
+                                                                            False, None),
                                       None)
-    await runs.publish(engine, run_id, batch_size=BATCH_SIZE)
+    await publication.publish(engine, run_id, batch_size=BATCH_SIZE)
 
 
 async def status_counts(engine: AsyncEngine) -> dict[str, int]:
@@ -292,12 +295,12 @@ async def attempt_breakdown(engine: AsyncEngine) -> dict[str, int]:
 # Awaited functions on the worker's path whose wall time is recorded: (label, module,
 # attribute). Whatever does not exist in the service as it is today is skipped.
 TIMED_CALLS: tuple[tuple[str, str, str], ...] = (
-    ("admit", "service.claims", "admit"),  # tokens + claim in one statement
-    ("complete", "service.claims", "complete"),
-    ("hand_back", "service.claims", "hand_back"),  # leases and their tokens back
-    ("limiter.eligible_scopes", "service.limiter", "eligible_scopes"),
-    ("limiter.close", "service.limiter", "close"),
-    ("limiter.recovered", "service.limiter", "recovered"),
+    ("admit", "service.ledger.claims", "admit"),  # tokens + claim in one statement
+    ("complete", "service.ledger.claims", "complete"),
+    ("hand_back", "service.ledger.claims", "hand_back"),  # leases and their tokens back
+    ("limiter.eligible_scopes", "service.budget.limiter", "eligible_scopes"),
+    ("limiter.close", "service.budget.limiter", "close"),
+    ("limiter.recovered", "service.budget.limiter", "recovered"),
 )
 
 
@@ -334,7 +337,7 @@ async def drain(engine: AsyncEngine, policies: Policies, upstreams: Upstreams, *
             timers[label] = CallTimer()
             stack.enter_context(patched(module, attr, timed(fn, timers[label], rows)))
         if "complete" not in timers:
-            raise RuntimeError("service.claims.complete is gone: the drain cannot count")
+            raise RuntimeError("service.ledger.claims.complete is gone: the drain cannot count")
         # as `sweeper worker` does after start-up: full collections then walk only what the
         # drain made, not every module and the setup's objects
         settle_heap()
@@ -436,13 +439,13 @@ async def repetition(ctx: BenchContext, args: argparse.Namespace, *, mode: str, 
 
 _PROFILE_ANCHORS: dict[str, tuple[str, str]] = {
     # label: (path suffix, function name); cumulative time, so the shares overlap
-    "admit_statement": ("service/claims.py", "admit"),  # tokens and leases: the claim
-    "complete_statement": ("service/claims.py", "complete"),
-    "upstream_call_httpx": ("service/upstream.py", "delete"),
+    "admit_statement": ("service/ledger/claims.py", "admit"),  # tokens and leases: the claim
+    "complete_statement": ("service/ledger/claims.py", "complete"),
+    "upstream_call_httpx": ("service/upstreams/deletion_api.py", "delete"),
     "worker_completion_incl_logging": ("service/worker/pool.py", "_completion"),
     "logging_info": ("logging/__init__.py", "info"),
-    "limiter_eligible_scopes": ("service/limiter.py", "eligible_scopes"),
-    "hand_back": ("service/claims.py", "hand_back"),  # leases and their tokens back
+    "limiter_eligible_scopes": ("service/budget/limiter.py", "eligible_scopes"),
+    "hand_back": ("service/ledger/claims.py", "hand_back"),  # leases and their tokens back
     "attempt_task": ("service/worker/pool.py", "_attempt"),
     "run_once": ("service/worker/pool.py", "run_once"),
     "flush": ("service/worker/pool.py", "flush"),

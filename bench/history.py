@@ -53,8 +53,9 @@ from bench.drain import (
     no_op_answer,
     seed,
 )
-from service import claims, limiter, retention
-from service.upstream import Upstreams
+from service.budget import limiter
+from service.ledger import claims, retention
+from service.upstreams.deletion_api import Upstreams
 
 SEED_CHUNK = 1_000_000
 TARGET_RATIO = 0.9

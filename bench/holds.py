@@ -24,9 +24,12 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
 from bench.common import BenchContext, Benchmark, fresh_database, progress
-from service import holds, ledger, metrics, runs, scopes
+from service.budget import scope_controls
+from service.config.policies import Policies, resolve_policies
 from service.db.engine import is_busy
-from service.policies import Policies, resolve_policies
+from service.ledger import holds, registration
+from service.observability import metrics
+from service.runs import publication
 
 TENANT = "acme"
 PAST = datetime(2026, 1, 1, tzinfo=UTC)
@@ -73,18 +76,19 @@ async def once(ctx: BenchContext, args: argparse.Namespace) -> dict[str, float |
         async def register() -> None:
             for first in range(0, args.items, REQUEST_ITEMS):
                 count = min(REQUEST_ITEMS, args.items - first)
-                await ledger.register(db.engine, ledger.Obligations(
+                await registration.register(db.engine, registration.Obligations(
                     [TENANT] * count, [f"cart-{first + i}" for i in range(count)],
                     ["carts"] * count, [PAST] * count, {"carts": policy}))
 
         registered = await timed(register())
-        run_id, _ = await runs.create_run(db.engine, runs.RunRequest(None, None, None, False,
+        run_id, _ = await publication.create_run(db.engine, publication.RunRequest(None, None,
+                                                                                   None, False,
                                                                      None), None)
-        while not await runs.publish(db.engine, run_id, batch_size=1000):
+        while not await publication.publish(db.engine, run_id, batch_size=1000):
             pass
         async with db.engine.begin() as conn:
             await conn.execute(text("ANALYZE"))
-        scopes_view = await timed(scopes.list_scopes(db.engine, after=None, limit=100))
+        scopes_view = await timed(scope_controls.list_scopes(db.engine, after=None, limit=100))
         ledger_reading = await timed(metrics.read_ledger(db.engine))
     return {"register_s": registered, "scopes_view_s": scopes_view,
             "metrics_ledger_s": ledger_reading}

@@ -31,8 +31,8 @@ from bench.common import BenchContext, Benchmark, fresh_database, int_list, prog
 from drills.vendors import example_block
 from drills.vendors.serve import serve_in_thread
 from drills.vendors.shopify import FakeShopify
-from service import ledger
-from service.policies import load_policies
+from service.config.policies import load_policies
+from service.ledger import registration
 
 SHOP = "127.0.0.2"
 TOKEN = "shpat_bench"  # noqa: S105 - the fake shop's token, on loopback
@@ -79,8 +79,8 @@ async def one_run(ctx: BenchContext, args: argparse.Namespace, actual: int) -> d
         async with fresh_database(ctx.server_url, "points") as db:
             due = datetime.now(UTC) - timedelta(days=1)
             for start in range(1, calls + 1, REGISTER_CHUNK):
-                await ledger.register(db.engine, [
-                    ledger.Registration(SHOP, str(i), policy, due)
+                await registration.register(db.engine, [
+                    registration.Registration(SHOP, str(i), policy, due)
                     for i in range(start, min(calls + 1, start + REGISTER_CHUNK))])
             async with worker_processes(db.url, policies_file, args.workers, args.replicas):
                 await release_everything(db.engine)

@@ -63,11 +63,11 @@ from bench.common import (
     with_database,
 )
 from drills.vendors import example_block
-from service import runs
-from service.discovery import Discovery, Page
-from service.policies import Policies, resolve_policies
-from service.stores import Cursor, SourceRows, Stores
-from service.upstream import Upstreams
+from service.config.policies import Policies, resolve_policies
+from service.runs import publication
+from service.runs.discovery import Discovery, Page
+from service.sweeps.store_databases import Cursor, SourceRows, Stores
+from service.upstreams.deletion_api import Upstreams
 from service.worker import database_pool
 
 SHOPS = 100
@@ -194,7 +194,8 @@ class TimedDiscovery(Discovery):
 
 async def discover(engine: Any, policies: Policies, dry_run: bool) -> dict[str, Any]:
     """One run's discovery of the whole table, timed; the run is left unpublished."""
-    run_id, _ = await runs.create_run(engine, runs.RunRequest(POLICY, None, None, dry_run,
+    run_id, _ = await publication.create_run(engine, publication.RunRequest(POLICY, None, None,
+                                                                            dry_run,
                                                               None), None)
     async with engine.connect() as conn:
         row = (await conn.execute(text("SELECT * FROM runs WHERE id = :id"), {"id": run_id})
@@ -343,7 +344,7 @@ async def delete_beside_shoppers(engine: Any, policies: Policies, store_url: str
     """Publish the registered run, then windows of shoppers alone and beside the drain in
     turn until it is done: the shoppers' figures alone and beside it over all windows of
     each kind, and the median of each pair's p99 ratio."""
-    assert await runs.publish(engine, run_id, batch_size=args.batch)
+    assert await publication.publish(engine, run_id, batch_size=args.batch)
     # the setup's bulk writes flushed first, so that its checkpoint does not land on the
     # first windows
     conn = await asyncpg.connect(plain_url(store_url))

@@ -23,9 +23,9 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 
-from service.claims import Admission, Completion, Lease
-from service.policies import Policy
-from service.upstream import CallResult
+from service.config.policies import Policy
+from service.ledger.claims import Admission, Completion, Lease
+from service.upstreams.deletion_api import CallResult
 from service.worker.ports import AdmissionPort, CallPort, Clock, CompletionPort, Ports
 
 
@@ -133,8 +133,8 @@ def faults_from(env: Mapping[str, str]) -> Callable[[Ports], Ports]:
 
 def main(argv: list[str] | None = None) -> int:
     """`sweeper worker` with the faults of this process's environment."""
-    from service import cli
-    from service.exits import Exit
+    from service.commands import cli
+    from service.commands.exits import Exit
 
     args = cli.build_parser().parse_args(argv if argv is not None else sys.argv[1:])
     if args.command != "worker":

@@ -16,7 +16,7 @@ from pathlib import Path
 from drills.base import Drill, Facts, check
 from drills.stage import Proc, Stage
 from drills.upstream import Call, Fault
-from service.limiter import LOOKAHEAD_S, late_tolerance
+from service.budget.limiter import LOOKAHEAD_S, late_tolerance
 
 
 async def _outcomes(stage: Stage, object_id: str) -> list[str]:

@@ -21,7 +21,7 @@ from typing import Any
 from drills.base import Verdict, run_drill
 from drills.catalog import DRILLS, find
 from drills.scratch import create_database, drop_database
-from service.exits import Exit
+from service.commands.exits import Exit
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -39,8 +39,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def cmd_drill(args: argparse.Namespace) -> int:
-    from service.cli import database_server
-    from service.settings import load_settings
+    from service.commands.cli import database_server
+    from service.config.settings import load_settings
 
     if args.list:
         return list_drills()

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncpg
 from sqlalchemy.engine import make_url
 
+from service.config.settings import Settings, async_url
 from service.db.engine import is_unavailable, make_engine
 from service.errors import DatabaseUnavailable
-from service.settings import Settings, async_url
 
 
 async def _connect(server_url: str) -> asyncpg.Connection:

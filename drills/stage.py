@@ -27,10 +27,11 @@ import httpx
 
 from drills.base import Facts, check
 from drills.upstream import Call, FakeUpstream
-from service import ledger, runs
+from service.config.policies import Policies, load_policies
+from service.config.settings import Settings, async_url
 from service.db.engine import make_engine
-from service.policies import Policies, load_policies
-from service.settings import Settings, async_url
+from service.ledger import registration
+from service.runs import publication
 
 PAST: Final = datetime(2026, 1, 1, tzinfo=UTC)
 STOP_GRACE_S: Final = 10.0
@@ -217,19 +218,19 @@ class Stage:
         tenant = tenant or self.tenant()
         engine = make_engine(async_url(self.db_url), self._settings())
         try:
-            await ledger.register(engine, [ledger.Registration(tenant, o, policy, PAST)
+            await registration.register(engine, [registration.Registration(tenant, o, policy, PAST)
                                            for o in objects])
         finally:
             await engine.dispose()
-        return [ledger.operation_key(tenant, o, "drill", policy.version) for o in objects]
+        return [registration.operation_key(tenant, o, "drill", policy.version) for o in objects]
 
     async def release(self) -> int:
         """Trigger a run and publish it here (no API needed); returns the run id."""
         engine = make_engine(async_url(self.db_url), self._settings())
         try:
-            run_id, _ = await runs.create_run(
-                engine, runs.RunRequest("drill", None, None, False, None), None)
-            await runs.publish(engine, run_id, batch_size=500)
+            run_id, _ = await publication.create_run(
+                engine, publication.RunRequest("drill", None, None, False, None), None)
+            await publication.publish(engine, run_id, batch_size=500)
         finally:
             await engine.dispose()
         return run_id

@@ -11,7 +11,7 @@ from alembic import context
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from service.settings import async_url
+from service.config.settings import async_url
 
 config = context.config
 

@@ -1,5 +1,5 @@
 """`python -m service` is the same as the `sweeper` command."""
 
-from service.cli import main
+from service.commands.cli import main
 
 raise SystemExit(main())

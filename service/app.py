@@ -19,40 +19,43 @@ from sqlalchemy.engine import URL
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import service
-from service import evidence_log, holds, metrics, retention, runs, tenant_forms
-from service.api import credentials as credentials_routes
-from service.api import evidence as evidence_routes
-from service.api import health, items
-from service.api import holds as holds_routes
-from service.api import metrics as metrics_api
-from service.api import policies as policies_api
-from service.api import runs as runs_routes
-from service.api import scopes as scopes_routes
-from service.api import webhooks as webhooks_routes
-from service.api.deps import strict_query
-from service.api.gate import Gate
-from service.api.links import install_links
-from service.api.methods import RouteMethods
-from service.api.problems import REQUEST_ID, install_problem_handlers
-from service.console import ConsoleState, console_state
-from service.console import routers as console_routers
+from service.budget.credential_waits import Credentials
+from service.budget.pauses import waiting_loop
+from service.cluster.leader import Duty, Elector
+from service.config.policies import Policies
+from service.config.settings import Settings, plain_url
+from service.config.tokens import TokenSet
 from service.credentials import CredentialStore, Keyring
-from service.credentials.waits import Credentials
 from service.db.engine import make_engine
 from service.db.migrate import head_revision
-from service.discovery import Discovery
 from service.errors import NotLeader
-from service.failures import InternalErrors, expected
-from service.leader import Duty, Elector
-from service.metrics import Where
-from service.policies import Policies
+from service.evidence import chain
+from service.http.api import credentials as credentials_routes
+from service.http.api import evidence as evidence_routes
+from service.http.api import health, items
+from service.http.api import holds as holds_routes
+from service.http.api import metrics as metrics_api
+from service.http.api import policies as policies_api
+from service.http.api import runs as runs_routes
+from service.http.api import scopes as scopes_routes
+from service.http.api import webhooks as webhooks_routes
+from service.http.api.deps import strict_query
+from service.http.api.gate import Gate
+from service.http.api.links import install_links
+from service.http.api.methods import RouteMethods
+from service.http.api.problems import REQUEST_ID, install_problem_handlers
+from service.http.console import ConsoleState, console_state
+from service.http.console import routers as console_routers
+from service.ledger import holds, retention, tenant_spellings
+from service.observability import metrics
+from service.observability.failures import InternalErrors, expected
+from service.observability.metrics import Where
+from service.runs import publication
+from service.runs.discovery import Discovery
 from service.runtime import Runtime
-from service.settings import Settings, plain_url
-from service.stores import Stores
-from service.targets import ledger_tables
-from service.tokens import TokenSet
-from service.upstream import Upstreams
-from service.waits import waiting_loop
+from service.sweeps.store_databases import Stores
+from service.sweeps.store_targets import ledger_tables
+from service.upstreams.deletion_api import Upstreams
 from service.worker import database_pool
 from service.worker.pool import worker_name
 
@@ -122,7 +125,8 @@ async def _publisher(runtime: Runtime, term: int) -> None:
         # cleared before the pass: a run created while it lists runs wakes the next one
         runtime.publisher_wake.clear()
         try:
-            await runs.publish_pending(runtime.engine, batch_size=runtime.settings.batch_size,
+            await publication.publish_pending(runtime.engine,
+                                              batch_size=runtime.settings.batch_size,
                                        discovery=discovery, term=term)
         except NotLeader:
             log.warning("publisher: the leader's term ended; publication stops here",
@@ -140,7 +144,7 @@ async def _publisher(runtime: Runtime, term: int) -> None:
 
 
 def leader_duties(runtime: Runtime) -> dict[str, Duty]:
-    """The loops that must run once in the cluster, on the leader only (service/leader.py):
+    """The loops that must run once in the cluster, on the leader only (service/cluster/leader.py):
     publication, holds maintenance (expired holds released, unfinished markings finished),
     the evidence log's periodic checkpoints and retention. Each is started with the
     leader's term and cancelled when it ends."""
@@ -148,7 +152,7 @@ def leader_duties(runtime: Runtime) -> dict[str, Duty]:
     duties: dict[str, Duty] = {
         "publisher": lambda term: _publisher(runtime, term),
         "holds": lambda _term: holds.maintenance_loop(engine),
-        "evidence-checkpoints": lambda _term: evidence_log.checkpoint_loop(engine,
+        "evidence-checkpoints": lambda _term: chain.checkpoint_loop(engine,
                                                                            runtime.signer),
     }
     if settings.retention_days > 0:
@@ -198,7 +202,7 @@ def create_app(
                                  stores=runtime.stores)
             # before the first claim: holds on an old tenant spelling cover its items
             tasks.append(asyncio.create_task(pool.run(
-                first=lambda: tenant_forms.reconcile(engine, policies)), name="workers"))
+                first=lambda: tenant_spellings.reconcile(engine, policies)), name="workers"))
             # always: a scope paused before the policies file changed must resume too
             loops.append(asyncio.create_task(waiting_loop(
                 engine, policies, runtime.tenant_credentials, runtime.stores), name="waits"))
@@ -239,7 +243,7 @@ def create_app(
                (webhooks_routes.router, [])]
     for router, dependencies in routers:
         app.include_router(router, dependencies=dependencies)
-    for router in console_routers:  # outside /v1: signed in by cookie (service/console)
+    for router in console_routers:  # outside /v1: signed in by cookie (service/http/console)
         app.include_router(router)
     app.state.route_methods = RouteMethods(
         [*app.router.routes, *(route for router, _ in routers for route in router.routes),

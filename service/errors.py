@@ -4,7 +4,7 @@
     ├── ConfigError            settings or policies file refused at start-up (exit 2)
     ├── DatabaseUnavailable    could not reach PostgreSQL (API answers 503, CLI exits 3)
     ├── ListenError            an address the process cannot listen on (CLI exits 4)
-    ├── NotLeader              a leader's duty found its term over (service/leader.py)
+    ├── NotLeader              a leader's duty found its term over (service/cluster/leader.py)
     └── Problem                an HTTP-facing failure rendered as RFC 9457 problem details
 """
 

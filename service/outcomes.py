@@ -17,7 +17,7 @@ docs/architecture.md (Outcomes), in full:
                   predicate (active again since discovery): not deleted, item ends skipped
     (a credential lookup that failed is `throttled`: nothing was sent, the item unpunished)
 
-A store target's statement (service/targets.py) fails as:
+A store target's statement (service/sweeps/store_targets.py) fails as:
 
     store unreachable, permission denied    unauthorized (the scope paused with the reason)
     lock or statement timeout, serialization failure, deadlock    transient
@@ -25,7 +25,7 @@ A store target's statement (service/targets.py) fails as:
     any other SQL error                                            permanent
     its guard over the threshold            throttled, for the guard's backoff
 
-A policy's answer rules (service/answers.py) are read first and passed in as `ruled`.
+A policy's answer rules (service/config/answer_rules.py) are read first and passed in as `ruled`.
 
 A confirmation read (a policy's `confirm`, after its deletion answered success) is read by
 `classify_confirmation`, never by the rules:
@@ -79,8 +79,8 @@ class Failure(StrEnum):
     TIMEOUT_AFTER_SEND = "timeout_after_send"  # it may have acted: unknown
     RESET_AFTER_SEND = "reset_after_send"
     PROTOCOL = "protocol_error"          # garbage where an HTTP answer should be
-    # the host resolves to an address its upstream may not reach (service/egress.py): never
-    # connected, and never will be while its DNS says so
+    # the host resolves to an address its upstream may not reach (service/protocols/egress.py):
+    # never connected, and never will be while its DNS says so
     PRIVATE_ADDRESS = "private_address"
     # an answer that could record a deletion lacked the value this request sent in the
     # upstream's echo_header: it may answer another request (the deletion may have happened)
@@ -94,7 +94,7 @@ class Failure(StrEnum):
     # a legal hold took the call back, or its lease was ending, just before the request
     # would have been written: never sent (the lease goes back: service/worker/hold_gate.py)
     WITHHELD = "withheld"
-    # a store target's statement (service/targets.py)
+    # a store target's statement (service/sweeps/store_targets.py)
     STORE_UNREACHABLE = "store_unreachable"  # no connection: nothing ran
     STORE_PERMISSION = "store_permission_denied"
     STORE_BUSY = "store_busy"  # lock or statement timeout, serialization, deadlock: undone
@@ -113,7 +113,7 @@ class Answer:
     failure: Failure | None = None
     # the rate-limit header fields as received (lower-case names), read by scope_signals
     rate_limits: Mapping[str, str] | None = None
-    # the body, read only where a policy's answer rules look at it (service/answers.py),
+    # the body, read only where a policy's answer rules look at it (service/config/answer_rules.py),
     # and only up to the policy's cap: None otherwise. Never logged or stored.
     body: bytes | None = field(default=None, repr=False)
     location: str | None = None  # a 3xx answer's Location, as received
@@ -167,7 +167,8 @@ def _whole_seconds(digits: str) -> float:
 def classify(answer: Answer, *, absent_means_deleted: bool, now: datetime,
              ruled: Classified | None = None) -> Classified:
     """The one switch from an answer to an outcome. `ruled` is what the policy's answer
-    rules made of it (service/answers.py), which takes precedence over the status table."""
+    rules made of it (service/config/answer_rules.py), which takes precedence over the status
+    table."""
     if answer.failure is not None:
         if answer.failure is Failure.PRIVATE_ADDRESS:
             return Classified(Outcome.PERMANENT, f"{answer.failure.value}:{answer.detail}"

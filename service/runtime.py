@@ -7,15 +7,15 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.budget.credential_waits import Credentials
+from service.config.policies import Policies
+from service.config.settings import Settings
+from service.config.tokens import TokenSet
 from service.credentials import CredentialStore, Keyring
-from service.credentials.waits import Credentials
-from service.evidence import Signer
-from service.metrics import Exporter
-from service.policies import Policies
-from service.runs import ProgressCache
-from service.settings import Settings
-from service.stores import Stores
-from service.tokens import TokenSet
+from service.evidence.signing import Signer
+from service.observability.metrics import Exporter
+from service.runs.publication import ProgressCache
+from service.sweeps.store_databases import Stores
 
 
 @dataclass(frozen=True)

@@ -28,11 +28,11 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.app import create_app
+from service.config.policies import Policies, resolve_policies
+from service.config.settings import Settings, async_url
 from service.db import migrate
 from service.db.engine import make_engine
-from service.policies import Policies, resolve_policies
-from service.serving import server_config
-from service.settings import Settings, async_url
+from service.http.serving import server_config
 
 TOKEN_A = "test-token-aaaaaaaaaaaaaaaa"
 TOKEN_B = "test-token-bbbbbbbbbbbbbbbb"

@@ -1,7 +1,7 @@
 """Items' due times and runs' cutoffs lie in the range the API accepts.
 
 The API now refuses timestamps outside 1970-01-01T00:00:00Z .. 9999-12-31T00:00:00Z
-(service/api/bodies.py). Before, a due_at such as 0001-01-01T00:00:00+14:00 was stored
+(service/http/api/bodies.py). Before, a due_at such as 0001-01-01T00:00:00+14:00 was stored
 as a BC time that Python cannot represent, and every read of it failed. This migration
 moves any such value to the nearest end of the range, which keeps what it meant (a
 past due time is due now; a time past year 9999 is never reached), and adds CHECK

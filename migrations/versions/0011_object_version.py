@@ -2,7 +2,7 @@
 
 An upstream such as commercetools deletes `?version=N` only when N is the object's current
 version, and answers a stale one with 409 and the current version. The policy's answer rule
-(service/answers.py) reads it, and the item's next call carries it as {object_version}.
+(service/config/answer_rules.py) reads it, and the item's next call carries it as {object_version}.
 NULL: none named yet (the policy's initial_object_version is sent).
 
 A new nullable column with no default is a catalog change, made under a brief ACCESS

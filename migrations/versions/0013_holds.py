@@ -1,10 +1,10 @@
 """Legal holds: while one is active, no item it covers is leased.
 
 A hold names a tenant and optionally a policy and either object ids or an object-id
-prefix. `items.hold_id` marks the items a hold covers (service/holds.py sets it when a hold
+prefix. `items.hold_id` marks the items a hold covers (service/ledger/holds.py sets it when a hold
 is placed and when an item is registered under one, and clears it at release), and
 `items_ready` leaves marked items out, so a held backlog costs claims nothing. The
-admission statement also checks the active holds themselves: see service/holds.py for why
+admission statement also checks the active holds themselves: see service/ledger/holds.py for why
 both are needed.
 
 `items.hold_id` has no foreign key (holds are never deleted, and the item writes on the hot

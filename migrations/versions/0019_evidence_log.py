@@ -4,7 +4,7 @@
 released the items (a run's batch, a webhook hint, a re-drive, a store target, a list
 source), appended by that completion (claims._COMPLETE) in the same statement. Its entries
 are numbered seq_start .. seq_end in the whole log, with no gap; `records` holds each
-entry's canonical bytes (service/evidence_records.py: identifiers and classified outcomes,
+entry's canonical bytes (service/evidence/deletion_records.py: identifiers and classified outcomes,
 never a payload), each preceded by its length (4 bytes, big-endian); `hash` is the chain
 after the segment: SHA-256(hash of the segment before || SHA-256 of each entry's canonical
 bytes, in order), the genesis digest before the first. One row per completion rather than

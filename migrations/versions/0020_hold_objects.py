@@ -14,7 +14,7 @@ tenant, a policy, a prefix), the other half of each check. Filled from the activ
 `hold_acks`: a worker process's word that it knows a hold (service/worker/hold_gate.py):
 from then on it starts no call the hold covers, and `revoked` names the covered calls it
 had leased but not started, which it hands back. A hold answers once every worker holding a
-covered lease has acknowledged it or that lease has run out (service/holds.py).
+covered lease has acknowledged it or that lease has run out (service/ledger/holds.py).
 
 Revision ID: 0020
 Revises: 0019

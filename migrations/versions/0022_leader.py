@@ -1,7 +1,7 @@
 """The cluster's leader: one row per duty group, held by one process under a lease.
 
 `leader` names the process (`holder`) that runs the cluster's once-only loops (publication,
-holds maintenance, retention: service/leader.py), its `term` (raised at every election, so
+holds maintenance, retention: service/cluster/leader.py), its `term` (raised at every election, so
 a statement written for an older term can tell it is no longer the leader's) and when its
 lease ends on the database clock (`expires_at`). A holder renews its lease well before that;
 any process takes over a lease that has lapsed.

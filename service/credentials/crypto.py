@@ -26,8 +26,8 @@ from typing import Final
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from service.config.settings import Settings
 from service.errors import SweeperError
-from service.settings import Settings
 
 NONCE_BYTES: Final = 12
 TAG_BYTES: Final = 16

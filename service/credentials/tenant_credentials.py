@@ -16,9 +16,9 @@ from typing import Any, Final
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import audit
 from service.credentials.crypto import CredentialUnreadable, Keyring, Sealed
 from service.db.statements import Database, Statement, fetch, run
+from service.ledger import audit
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import AsyncAdaptedQueuePool, ConnectionPoolEntry
 
-from service.metrics import POOL_WAIT
-from service.settings import Settings
+from service.config.settings import Settings
+from service.observability.metrics import POOL_WAIT
 
 CONNECT_TIMEOUT_SECONDS: Final = 5.0
 APPLICATION_NAME: Final = "sweeper"

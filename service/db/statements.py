@@ -16,7 +16,7 @@ service/ to that). This module holds only what they share:
   the caller holds (registration, an operator change and its audit row, one reading).
   Two exceptions, both on plain asyncpg connections with no SQLAlchemy in between, whose
   statements take asyncpg's positional `$n` parameters and are sent as their `.text`:
-  webhook intake (service/intake.py: its own pool, one round trip per delivery, no BEGIN or
+  webhook intake (service/webhooks/intake.py: its own pool, one round trip per delivery, no BEGIN or
   COMMIT) and the embedded server's bootstrap (service/db/embedded.py: the admin database,
   before Sweeper's exists). A statement whose text depends on a value no parameter can
   carry (CREATE DATABASE's identifier) is a function returning a `Statement`, named like
@@ -125,7 +125,7 @@ def covering_hold(item: str, now: str = "now()") -> str:
 def not_held(now: str = "now()") -> str:
     """Item `i` is under no legal hold at `now`: not marked with one (`hold_id`, which a
     claim re-reads from the row it locks) and covered by no active hold (which a hold
-    placed after the item was written may not have marked yet): service/holds.py says why
+    placed after the item was written may not have marked yet): service/ledger/holds.py says why
     both. With no hold in force (nearly always) an uncorrelated EXISTS, evaluated once per
     statement, spares every row its checks. Each check stays a filter on the row (inside
     the OR, and OFFSET 0: never turned into a join), so a claim reading the claimable

@@ -4,7 +4,7 @@
 - `ports.py`: what the pool needs from outside (admission, completion, scope signals,
   upstream calls, clock, wake-ups);
 - `pacing.py`: the calls allowed in flight, the scope cache, local holds, the database clock;
-- `signals.py`: scope effects gathered between flushes (the policy: service.scope_signals);
+- `signals.py`: scope effects gathered between flushes (the policy: service.budget.answer_effects);
 - `postgres.py`: the ledger ports on PostgreSQL and LISTEN wake-ups;
 - `process.py`: wiring a pool on a database, and `sweeper worker`.
 """

@@ -8,7 +8,7 @@ each fails on its own: a bug in one never holds back another.
 
 A write that raises keeps all its items; one of several statements that wrote some raises
 `Unwritten` with the rest, chained to the error. An outage (the database unavailable or busy) is a
-warning; anything else is an internal error (service/failures.py).
+warning; anything else is an internal error (service/observability/failures.py).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Generic, TypeVar
 
-from service.failures import InternalErrors, expected
-from service.metrics import Where
+from service.observability.failures import InternalErrors, expected
+from service.observability.metrics import Where
 
 T = TypeVar("T")
 

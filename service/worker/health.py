@@ -21,7 +21,7 @@ from typing import Final, Protocol
 
 from prometheus_client.exposition import choose_encoder
 
-from service.metrics import REGISTRY
+from service.observability.metrics import REGISTRY
 
 LOOP_STALL_S: Final = 60.0  # longest a healthy loop goes without turning (waits are shorter)
 

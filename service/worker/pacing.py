@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Final
 
-from service.claims import Admission
+from service.ledger.claims import Admission
 
 # When calls start so late that their tokens go back (this event loop is congested: many
 # answers to process, or too little CPU), the calls allowed in flight are halved, at most

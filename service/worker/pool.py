@@ -22,12 +22,14 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Final
 
-from service import limiter, scope_signals
-from service.answers import NOTHING_READ, Costs, Reading
-from service.claims import Completion, Lease
-from service.failures import InternalErrors, expected
-from service.limiter import Grant
-from service.metrics import (
+from service.budget import answer_effects, limiter
+from service.budget.limiter import Grant
+from service.config.answer_rules import NOTHING_READ, Costs, Reading
+from service.config.policies import Policies, Policy
+from service.config.policy_file import PolicyConfig
+from service.ledger.claims import Completion, Lease
+from service.observability.failures import InternalErrors, expected
+from service.observability.metrics import (
     IN_FLIGHT,
     INTERNAL_ERRORS,
     LIMITER_WAITS,
@@ -47,14 +49,12 @@ from service.outcomes import (
     classify_confirmation,
     plan,
 )
-from service.pipeline_counts import PipelineCounts
-from service.policies import Policies, Policy
-from service.policy_file import PolicyConfig
-from service.transport import SEND_BY, SEND_GATE
-from service.upstream import CallResult
+from service.protocols.transport import SEND_BY, SEND_GATE
+from service.upstreams.deletion_api import CallResult
 from service.worker.flush_buffer import FlushBuffer
 from service.worker.hold_gate import HoldGate
 from service.worker.pacing import CallLimit, DatabaseClock, LocalHolds, ScopeCache
+from service.worker.pipeline_metrics import PipelineCounts
 from service.worker.ports import Ports
 from service.worker.signals import SignalBuffer
 
@@ -351,7 +351,7 @@ class WorkerPool:
                 else:
                     reason_override = None
                     # lateness counts until the request is written: taking or opening a
-                    # connection can outlast the tolerance (service/transport.py)
+                    # connection can outlast the tolerance (service/protocols/transport.py)
                     send_by = SEND_BY.set(give_up if give_up < math.inf else None)
                     send_gate = SEND_GATE.set(self._gate.gate(call, clock.monotonic))
                     try:
@@ -433,7 +433,7 @@ class WorkerPool:
             answer, now=finished, ruled=ruled,
             absent_means_deleted=bool(cfg and cfg.absent_means_deleted))
         if cfg is not None and reason_override is None:
-            effects = scope_signals.effects_of(verdict, answer, cfg, finished, reading.costs)
+            effects = answer_effects.effects_of(verdict, answer, cfg, finished, reading.costs)
             self._signals.note(lease.scope, effects)
             if effects.hold_seconds is not None:
                 self._holds.hold(lease.scope, self._clock.monotonic() + effects.hold_seconds)
@@ -458,7 +458,7 @@ class WorkerPool:
         confirm = cfg.confirm
         absent = confirm.absent if confirm is not None else ()
         verdict = classify_confirmation(result.answer, absent=absent, now=finished)
-        effects = scope_signals.effects_of(verdict, result.answer, cfg, finished)
+        effects = answer_effects.effects_of(verdict, result.answer, cfg, finished)
         self._signals.note(lease.scope, effects)
         if effects.hold_seconds is not None:
             self._holds.hold(lease.scope, self._clock.monotonic() + effects.hold_seconds)
@@ -569,7 +569,7 @@ class WorkerPool:
     async def _warm_up(self) -> None:
         """Prepare the admission statements before the first token is taken: a cold first
         claim made this process spend its first tokens late. (The HTTP client has nothing to
-        prepare: service/transport.py builds its TLS context when it is made.)"""
+        prepare: service/protocols/transport.py builds its TLS context when it is made.)"""
         try:
             # calibrate the database-clock offset before the first grant: a first sample
             # taken on a cold connection would place this process's first calls late

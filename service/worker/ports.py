@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Protocol
 
-from service.claims import Admission, Completion, Lease
-from service.credentials.waits import Credentials
-from service.limiter import Closure
+from service.budget.credential_waits import Credentials
+from service.budget.limiter import Closure
+from service.config.policies import Policy
+from service.ledger.claims import Admission, Completion, Lease
 from service.outcomes import Answer, Failure
-from service.policies import Policy
-from service.targets import StoreTargets
-from service.upstream import CallResult, Upstreams
+from service.sweeps.store_targets import StoreTargets
+from service.upstreams.deletion_api import CallResult, Upstreams
 from service.worker.hold_gate import HoldCover
 
 log = logging.getLogger("service.worker")
@@ -62,7 +62,7 @@ class CompletionPort(Protocol):
 
 
 class ScopeSignalPort(Protocol):
-    """What answers do to scopes, for every replica (see service.scope_signals)."""
+    """What answers do to scopes, for every replica (see service.budget.answer_effects)."""
 
     async def close(self, closures: Mapping[str, Closure]) -> None: ...
 

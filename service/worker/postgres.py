@@ -17,16 +17,17 @@ from typing import Any, Final
 import asyncpg
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import claims, holds, limiter
-from service.claims import Admission, Completion, Lease
-from service.credentials.waits import Credentials
+from service.budget import limiter
+from service.budget.credential_waits import Credentials
+from service.config.policies import Policies
 from service.db.statements import Database, HeldConnection
-from service.failures import InternalErrors, expected
-from service.metrics import Where
-from service.policies import Policies
-from service.stores import Stores
-from service.targets import StoreTargets
-from service.upstream import Upstreams
+from service.ledger import claims, holds
+from service.ledger.claims import Admission, Completion, Lease
+from service.observability.failures import InternalErrors, expected
+from service.observability.metrics import Where
+from service.sweeps.store_databases import Stores
+from service.sweeps.store_targets import StoreTargets
+from service.upstreams.deletion_api import Upstreams
 from service.worker.hold_gate import HoldCover
 from service.worker.ports import NoWakeups, Ports, SystemClock, UpstreamCalls
 

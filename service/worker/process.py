@@ -12,16 +12,16 @@ from collections.abc import Callable
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import tenant_forms
+from service.budget.credential_waits import Credentials
+from service.budget.pauses import waiting_loop
+from service.config.policies import Policies
+from service.config.settings import Settings, plain_url
 from service.credentials import Keyring
-from service.credentials.waits import Credentials
 from service.db.engine import make_engine
-from service.metrics import initialise_series
-from service.policies import Policies
-from service.settings import Settings, plain_url
-from service.stores import Stores
-from service.upstream import Upstreams
-from service.waits import waiting_loop
+from service.ledger import tenant_spellings
+from service.observability.metrics import initialise_series
+from service.sweeps.store_databases import Stores
+from service.upstreams.deletion_api import Upstreams
 from service.worker.health import WorkerHealth
 from service.worker.pool import WorkerPool, worker_name
 from service.worker.ports import Ports
@@ -78,7 +78,7 @@ async def run_worker_process(settings: Settings, policies: Policies, url: URL, *
     log.info("worker started", extra={"worker": pool.name, "concurrency": settings.workers})
     try:
         # before the first claim: holds on an old tenant spelling cover its items
-        await pool.run(first=lambda: tenant_forms.reconcile(engine, policies))
+        await pool.run(first=lambda: tenant_spellings.reconcile(engine, policies))
     finally:
         waits.cancel()
         with contextlib.suppress(asyncio.CancelledError):

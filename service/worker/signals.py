@@ -14,18 +14,18 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Final
 
-from service import scope_signals
-from service.failures import InternalErrors
-from service.limiter import Closure
-from service.metrics import SCOPE_SIGNALS, Where
-from service.scope_signals import ScopeEffects
+from service.budget import answer_effects
+from service.budget.answer_effects import ScopeEffects
+from service.budget.limiter import Closure
+from service.observability.failures import InternalErrors
+from service.observability.metrics import SCOPE_SIGNALS, Where
 from service.worker.flush_buffer import FlushBuffer, Unwritten
 from service.worker.ports import ScopeSignalPort
 
 log = logging.getLogger("service.worker")
 
-_PAUSED = {scope_signals.UNAUTHORIZED: "scope paused: the upstream refused our credentials",
-           scope_signals.NO_CREDENTIAL: "scope paused: its tenant has no credential for the "
+_PAUSED = {answer_effects.UNAUTHORIZED: "scope paused: the upstream refused our credentials",
+           answer_effects.NO_CREDENTIAL: "scope paused: its tenant has no credential for the "
                                         "upstream; it resumes when one arrives"}
 SIGNALS_PER_FLUSH: Final = 1_000  # signals merged into one flush's statements
 
@@ -98,7 +98,7 @@ class SignalBuffer:
         caps: dict[str, float] = {}
         for s in batch:
             if s.kind is Kind.CLOSE and s.closure is not None:
-                closures[s.scope] = scope_signals.merged(closures.get(s.scope), s.closure)
+                closures[s.scope] = answer_effects.merged(closures.get(s.scope), s.closure)
             elif s.kind is Kind.PAUSE:
                 pauses[s.scope] = s.reason
             elif s.kind is Kind.REFUND:

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from prometheus_client.metrics import MetricWrapperBase
 
-from service import metrics
+from service.observability import metrics
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "charts" / "sweeper" / "dashboards" / (
     "sweeper.json")

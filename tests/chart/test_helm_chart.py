@@ -33,8 +33,8 @@ import annotated_types
 import pytest
 from pydantic import ValidationError
 
-from service.policies import resolve_policies
-from service.settings import Settings
+from service.config.policies import resolve_policies
+from service.config.settings import Settings
 
 try:
     import yaml
@@ -600,7 +600,7 @@ def test_worker_deployment_when_enabled(all_on: Rendered) -> None:
 # --- config values of the service's settings --------------------------------------------
 
 API, WORKER, MIGRATE = FULLNAME, f"{FULLNAME}-worker", f"{FULLNAME}-migrate"
-# config key -> (service.settings.Settings field, the workloads whose process reads it).
+# config key -> (service.config.settings.Settings field, the workloads whose process reads it).
 # The pool and statement timeouts go to every process (each builds an engine, `sweeper
 # migrate` included); the webhook intake, the HTTP server's limits and retention run only in
 # `sweeper serve` (`sweeper worker`'s /metrics server is prometheus_client's own).

@@ -36,7 +36,7 @@ from typing import Any
 
 import httpx
 
-from service.policies import Policies
+from service.config.policies import Policies
 from tests.conftest import TOKEN_A, LiveServer, policies_from, test_settings
 from tests.fakes.upstream import FakeUpstream, Fault
 

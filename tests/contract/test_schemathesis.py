@@ -8,7 +8,7 @@ is on; the only widening is in schemathesis.toml, with its reason.
   inputs; webhook deliveries go to a configured source, signed over the exact bytes sent
   (tests/contract/hooks.py), so they reach the mapping and the ledger
 - one stateful test: Hypothesis chains calls along the contract's OpenAPI links
-  (service/api/links.py), e.g. a run it created, then that run's status and evidence
+  (service/http/api/links.py), e.g. a run it created, then that run's status and evidence
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import schemathesis
 from hypothesis import HealthCheck
 from schemathesis.config import SchemathesisConfig
 
-from service.api.links import LINKS
+from service.http.api.links import LINKS
 from tests.contract import hooks  # noqa: F401 - registers the auth and signing hooks
 from tests.contract.seeded import SOURCE, Seeded
 

@@ -12,7 +12,7 @@ import asyncpg
 import pytest
 
 from drills.catalog import DRILLS
-from service.exits import Exit
+from service.commands.exits import Exit
 
 # every test here starts processes (see the marker in pyproject.toml)
 pytestmark = pytest.mark.slow

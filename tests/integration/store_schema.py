@@ -11,7 +11,7 @@ from typing import Any, Final
 import asyncpg
 
 from drills.vendors import example_block
-from service.policies import Policies
+from service.config.policies import Policies
 from tests.conftest import REPO_ROOT, policies_from
 
 # the first SQL block of docs/stores.md: the schema its worked example runs on

@@ -13,9 +13,9 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import ledger
-from service.policies import Policies
-from service.upstream import Upstreams
+from service.config.policies import Policies
+from service.ledger import registration
+from service.upstreams.deletion_api import Upstreams
 from service.worker.process import database_pool
 from tests.conftest import policies_from
 from tests.fakes.upstream import Call, FakeUpstream, Fault
@@ -70,7 +70,8 @@ class MidJitter(random.Random):
 
 
 async def run(engine: AsyncEngine, policies: Policies, policy: str, ids: list[str]) -> None:
-    await ledger.register(engine, [ledger.Registration("acme", i, policies.policies[policy],
+    await registration.register(engine, [registration.Registration("acme", i,
+                                                                   policies.policies[policy],
                                                        PAST) for i in ids])
     await release_all(engine)
     ups = Upstreams(policies.upstreams)

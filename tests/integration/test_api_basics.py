@@ -8,11 +8,11 @@ import logging
 import httpx
 import pytest
 
-from service.api.health import UNSIGNED_WARNING
+from service.config.policies import Policies
+from service.config.settings import async_url
 from service.db import migrate
 from service.db.engine import make_engine
-from service.policies import Policies
-from service.settings import async_url
+from service.http.api.health import UNSIGNED_WARNING
 from tests.conftest import TOKEN_A, TOKEN_B, LiveServer, test_settings
 
 
@@ -114,7 +114,7 @@ async def test_readyz_stays_ready_on_a_newer_schema(db_url: str) -> None:
 
 
 @pytest.mark.parametrize(("method", "path", "body", "problem"), [
-    # reasons (service/api/reasons.py), ids and policy names are refused by the schema itself
+    # reasons (service/http/api/reasons.py), ids and policy names are refused by the schema itself
     ("POST", "/v1/items/cancel", '{"ids": [1], "why": "a\\u0000b"}', "validation-error"),
     ("POST", "/v1/items/redrive", '{"tenant_id": "t", "why": "\\udfff"}', "validation-error"),
     ("POST", "/v1/items/cancel", '{"tenant_id": "a\\u0000b", "why": "x"}', "validation-error"),

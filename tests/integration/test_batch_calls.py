@@ -12,9 +12,9 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import claims, ledger
-from service.policies import Policies
-from service.upstream import Upstreams
+from service.config.policies import Policies
+from service.ledger import claims, registration
+from service.upstreams.deletion_api import Upstreams
 from service.worker.process import database_pool
 from tests.conftest import policies_from
 from tests.fakes.upstream import FakeUpstream, Fault
@@ -35,7 +35,7 @@ def make_policies(port: int, **batch: Any) -> Policies:
 
 async def register(engine: AsyncEngine, policies: Policies, n: int) -> None:
     policy = policies.policies["bulk"]
-    await ledger.register(engine, [ledger.Registration("acme", f"c{i}", policy, PAST)
+    await registration.register(engine, [registration.Registration("acme", f"c{i}", policy, PAST)
                                    for i in range(n)])
     await release_all(engine)
 

@@ -11,7 +11,7 @@ import asyncpg
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.upstream import Upstreams
+from service.upstreams.deletion_api import Upstreams
 from service.worker import database_pool
 from tests.fakes.upstream import FakeUpstream
 from tests.integration.test_pipeline import make_policies, register, release_all

@@ -8,7 +8,10 @@ from datetime import UTC, datetime
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import claims, holds, ledger, limiter, runs, scopes
+from service.budget import limiter, scope_controls
+from service.ledger import claims, holds
+from service.ledger import registration as ledger
+from service.runs import publication
 from tests.integration.test_pipeline import make_policies, register, release_all
 
 HISTORY = 50_000
@@ -90,9 +93,9 @@ async def test_only_operators_reads_can_use_the_listed_pending_index(engine: Asy
     statements = [
         ("items_ready", str(claims._ADMIT.text), admission_params(["tenant:acme"])),
         ("items_ready", limiter._ELIGIBLE.text, {"cursor": "", "limit": 10}),
-        ("items_ready", scopes._WAITING.text, {"reason": "store-unreachable", "after": "",
+        ("items_ready", scope_controls._WAITING.text, {"reason": "store-unreachable", "after": "",
                                                "tenant": None, "limit": 100}),
-        ("items_unreleased", runs._PICK.text, {"cutoff": datetime.now(UTC), "policy": None,
+        ("items_unreleased", publication._PICK.text, {"cutoff": datetime.now(UTC), "policy": None,
                                                "tenant": None, "limit": 500}),
     ]
     for own_index, statement, params in statements:
@@ -135,7 +138,7 @@ async def test_publication_picks_without_sorting_even_before_any_analyze(
             "SELECT (SELECT count(*) FROM pg_stats WHERE tablename = 'items'), "
             "(SELECT reltuples FROM pg_class WHERE oid = 'items'::regclass)"))).one()
         assert known[0] == 0 and known[1] < 0, known
-        rows = await conn.execute(text("EXPLAIN " + str(runs._PICK.text)), {
+        rows = await conn.execute(text("EXPLAIN " + str(publication._PICK.text)), {
             "cutoff": datetime.now(UTC), "policy": None, "tenant": None, "limit": 500})
         plan = "\n".join(r[0] for r in rows)
         await conn.execute(text("ALTER TABLE items RESET (autovacuum_enabled)"))

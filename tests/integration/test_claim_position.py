@@ -10,8 +10,10 @@ from datetime import datetime
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import claims, limiter, runs
-from service.claims import Admission
+from service.budget import limiter
+from service.ledger import claims
+from service.ledger.claims import Admission
+from service.runs import publication
 from tests.integration.db_clock import advance
 from tests.integration.test_pipeline import SCOPE, make_policies, register
 
@@ -19,9 +21,10 @@ from tests.integration.test_pipeline import SCOPE, make_policies, register
 async def publish_batches(engine: AsyncEngine, n: int, batch_size: int) -> list[int]:
     """Register and publish n items in batches of batch_size; the batch ids, in order."""
     await register(engine, make_policies("http://127.0.0.1:9"), n)
-    run_id, _ = await runs.create_run(engine, runs.RunRequest(None, None, None, False, None),
+    run_id, _ = await publication.create_run(engine, publication.RunRequest(None, None, None,
+                                                                            False, None),
                                       None)
-    assert await runs.publish(engine, run_id, batch_size=batch_size, lanes=1)
+    assert await publication.publish(engine, run_id, batch_size=batch_size, lanes=1)
     async with engine.connect() as conn:
         return list((await conn.execute(text("SELECT id FROM batches ORDER BY id"))).scalars())
 

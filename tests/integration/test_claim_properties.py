@@ -1,4 +1,4 @@
-"""service.claims.admit around its `now` boundaries and its claim position, as properties
+"""service.ledger.claims.admit around its `now` boundaries and its claim position, as properties
 over a real database.
 
 An item is claimable iff it is pending, released and next_attempt_at <= now, or leased with
@@ -32,8 +32,8 @@ from hypothesis import strategies as st
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from service import claims
-from service.claims import Admission
+from service.ledger import claims
+from service.ledger.claims import Admission
 from tests.conftest import wait_for_lock_waits
 
 # microseconds on purpose: the boundaries are checked at full timestamptz precision

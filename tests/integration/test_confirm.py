@@ -12,8 +12,9 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import evidence_records, ledger
-from service.upstream import Upstreams
+from service.evidence import deletion_records
+from service.ledger import registration
+from service.upstreams.deletion_api import Upstreams
 from service.worker import database_pool
 from tests.fakes.upstream import FakeUpstream, Fault, Objects
 from tests.integration.test_pipeline import (
@@ -38,8 +39,8 @@ async def evidence(engine: AsyncEngine) -> dict[str, dict[str, Any]]:
     async with engine.connect() as conn:
         rows = (await conn.execute(text(
             "SELECT records FROM evidence_log ORDER BY seq_end"))).all()
-    records = [evidence_records.parse(data) for r in rows
-               for data in evidence_records.frames(bytes(r.records))]
+    records = [deletion_records.parse(data) for r in rows
+               for data in deletion_records.frames(bytes(r.records))]
     return {r["object_id"]: r for r in records}
 
 
@@ -74,7 +75,7 @@ async def test_a_deletion_read_as_absent_succeeds_with_evidence_saying_confirmed
         mine = [c for c in calls if c.path == f"/carts/cart-{i}"]
         # the deletion first, then the read; the read changes nothing and carries no key
         assert [c.method for c in mine] == ["DELETE", "GET"]
-        assert mine[0].idempotency_key == ledger.operation_key("acme", f"cart-{i}",
+        assert mine[0].idempotency_key == registration.operation_key("acme", f"cart-{i}",
                                                                "carts", 1)
         assert mine[1].idempotency_key is None
     found = await evidence(engine)
@@ -128,7 +129,7 @@ async def test_a_share_confirms_only_the_items_it_chooses(
     assert await statuses(engine) == {"succeeded": n}
     policy = make_policies(upstream.base_url, confirm=share).policies["carts"]
     chosen = {f"cart-{i}" for i in range(n)
-              if policy.confirms(ledger.operation_key("acme", f"cart-{i}", "carts", 1))}
+              if policy.confirms(registration.operation_key("acme", f"cart-{i}", "carts", 1))}
     assert 0 < len(chosen) < n
     read = {c.path.removeprefix("/carts/") for c in upstream.calls() if c.method == "GET"}
     assert read == chosen

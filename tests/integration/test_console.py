@@ -13,12 +13,12 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import metrics
-from service.console.overview import OverviewCache
-from service.console.render import CSP
-from service.console.sessions import COOKIE, Sessions
+from service.config.tokens import TokenSet
+from service.http.console.overview import OverviewCache
+from service.http.console.render import CSP
+from service.http.console.sessions import COOKIE, Sessions
+from service.observability import metrics
 from service.runtime import Runtime
-from service.tokens import TokenSet
 from tests.conftest import TOKEN_A, TOKEN_B, LiveServer, test_settings
 from tests.integration.test_pipeline import make_policies
 

@@ -20,7 +20,10 @@ import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import cli
+from service.commands import cli
+from service.commands.exits import Exit
+from service.config.policies import Policies
+from service.config.settings import async_url
 from service.credentials import (
     CredentialStore,
     CredentialUnreadable,
@@ -31,11 +34,8 @@ from service.credentials import (
 from service.credentials.crypto import Sealed, key_id
 from service.credentials.source import MAX_SECRET_CHARS
 from service.db.engine import is_unavailable, make_engine
-from service.exits import Exit
-from service.logs import JsonFormatter
-from service.metrics import REGISTRY
-from service.policies import Policies
-from service.settings import async_url
+from service.observability.logs import JsonFormatter
+from service.observability.metrics import REGISTRY
 from tests.conftest import TOKEN_A, LiveServer, policies_from, test_settings
 
 KEY_A = bytes(range(32))

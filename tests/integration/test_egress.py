@@ -1,4 +1,4 @@
-"""How calls leave (service/egress.py): through a real HTTP proxy (Debian's tinyproxy,
+"""How calls leave (service/protocols/egress.py): through a real HTTP proxy (Debian's tinyproxy,
 started here) for http and https upstreams, NO_PROXY honoured; mutual TLS with a private
 CA; and a host built from tenant ids that resolves to a private address is never
 connected to. All on loopback."""
@@ -27,12 +27,12 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from service.egress import refused_address
+from service.config.policies import Policies
 from service.errors import ConfigError
 from service.outcomes import Answer, Failure
-from service.policies import Policies
-from service.transport import Http1Transport
-from service.upstream import CallResult, UpstreamClient, send
+from service.protocols.egress import refused_address
+from service.protocols.transport import Http1Transport
+from service.upstreams.deletion_api import CallResult, UpstreamClient, send
 from tests.conftest import free_port, policies_from
 from tests.fakes.upstream import FakeUpstream
 from tests.integration.test_wire import NO_CONTENT, Wire, request

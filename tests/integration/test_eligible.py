@@ -14,7 +14,8 @@ import httpx
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import metrics, scopes
+from service.budget import scope_controls
+from service.observability import metrics
 from tests.conftest import TOKEN_A, LiveServer, test_settings
 from tests.integration.db_clock import advance
 from tests.integration.test_metrics import samples, scrape
@@ -87,7 +88,7 @@ def expected(*claimable: str) -> dict[str, int]:
 
 
 async def both_counts(engine: AsyncEngine) -> tuple[dict[str, Any], metrics.LedgerSnapshot]:
-    listed = {r["name"]: r for r in await scopes.list_scopes(engine)}
+    listed = {r["name"]: r for r in await scope_controls.list_scopes(engine)}
     return listed, await metrics.read_ledger(engine)
 
 

@@ -21,18 +21,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import (
-    claims,
-    cli,
-    evidence,
-    evidence_log,
-    evidence_records,
-    evidence_slices,
-    evidence_verify,
-    ledger,
-)
-from service.exits import Exit
-from service.upstream import Upstreams
+from service.commands import cli
+from service.commands.exits import Exit
+from service.evidence import chain, deletion_records, export_slices, signing, verification
+from service.ledger import claims, registration
+from service.upstreams.deletion_api import Upstreams
 from service.worker import database_pool
 from tests.conftest import TOKEN_A, LiveServer, test_settings
 from tests.fakes.upstream import FakeUpstream
@@ -69,7 +62,7 @@ async def logged(db_url: str, engine: AsyncEngine, tmp_path: Path) -> AsyncItera
     that webhook hints released (checkpointed by another), and the checkpoints kept."""
     async with FakeUpstream() as upstream:
         policies = make_policies(upstream.base_url)
-        await ledger.register(engine, [ledger.Registration(
+        await registration.register(engine, [registration.Registration(
             "acme", f"cart-{i}", policies.policies["carts"], PAST) for i in range(RUN_ITEMS)])
         run_id = await release_all(engine)
         settings = test_settings(db_url, evidence_signing_key=KEY)
@@ -134,18 +127,18 @@ async def stored_segments(engine: AsyncEngine) -> list[list[bytes]]:
     async with engine.connect() as conn:
         rows = (await conn.execute(text(
             "SELECT records FROM evidence_log ORDER BY seq_end"))).all()
-    return [evidence_records.frames(bytes(r.records)) for r in rows]
+    return [deletion_records.frames(bytes(r.records)) for r in rows]
 
 
 async def rewrite_log(engine: AsyncEngine, segments: list[list[bytes]]) -> None:
     """What an attacker who knows the format does: store these segments numbered from 1
     and chained afresh, and move the head to their end, so the rows agree again."""
-    head, size, rows = evidence_records.GENESIS, 0, []
+    head, size, rows = deletion_records.GENESIS, 0, []
     for records in segments:
-        head = evidence_records.segment_hash(head, [hashlib.sha256(r).digest()
+        head = deletion_records.segment_hash(head, [hashlib.sha256(r).digest()
                                                     for r in records])
         runs = sorted({run for r in records
-                       if (run := evidence_records.parse(r)["run_id"]) is not None})
+                       if (run := deletion_records.parse(r)["run_id"]) is not None})
         rows.append({"start": size + 1, "end": size + len(records), "runs": runs,
                      "records": b"".join(len(r).to_bytes(4, "big") + r for r in records),
                      "hash": head})
@@ -180,7 +173,7 @@ async def test_every_deletion_is_in_a_log_that_verifies(
                                            for i in range(RUN_ITEMS)]
     assert sorted(entries[RUN_ITEMS:]) == [("webhook", None, "42"), ("webhook", None, "43")]
     assert {r["tenant_id"] for r in records[RUN_ITEMS:]} == {SHOP}
-    assert set(records[0]) == {"seq", *(n for n, _ in evidence_records.RECORD_FIELDS)}
+    assert set(records[0]) == {"seq", *(n for n, _ in deletion_records.RECORD_FIELDS)}
 
     # the run's export: the same slices, other runs' entries as their leaf digest only
     run_export = (await logged.api.get(f"/v1/runs/{logged.run_id}/evidence")).content
@@ -232,8 +225,8 @@ async def test_a_row_changed_in_sql_is_caught(logged: Setup, tamper: str,
         await sql(engine, "DELETE FROM evidence_log WHERE seq_start <= 3 AND seq_end >= 3")
     else:  # a forged deletion slipped in before entry 3, the rest renumbered and re-chained
         segments = await stored_segments(engine)
-        forged = evidence_records.canonical({
-            **evidence_records.parse(segments[0][0]), "item_id": 999, "object_id": "forged"})
+        forged = deletion_records.canonical({
+            **deletion_records.parse(segments[0][0]), "item_id": 999, "object_id": "forged"})
         start = 1
         for records in segments:
             if start <= 3 < start + len(records):
@@ -276,11 +269,11 @@ async def test_a_replaced_checkpoint_is_caught(logged: Setup,
     assert (f"line {line_where(export, 'checkpoint', size=5)}: the checkpoint at size 5's "
             f"signature does not verify") in said, said
     # a checkpoint signed by a key that is not published
-    other = evidence.Signer(Ed25519PrivateKey.generate())
-    forged = evidence_log.Checkpoint(5, bytes(32), evidence_log.GENESIS_CHECKPOINT.signed_at,
+    other = signing.Signer(Ed25519PrivateKey.generate())
+    forged = chain.Checkpoint(5, bytes(32), chain.GENESIS_CHECKPOINT.signed_at,
                                      other.current.key_id, None)
     line = json.dumps({"checkpoint": forged.statement(),
-                       "signature": other.sign(evidence_log.signed_bytes(forged.statement()))})
+                       "signature": other.sign(chain.signed_bytes(forged.statement()))})
     lines = export.splitlines(keepends=True)
     lines[line_where(export, "checkpoint", size=5) - 1] = line.encode() + b"\n"
     code, said = verify_cli(logged, b"".join(lines), capsys)
@@ -335,19 +328,19 @@ async def test_spliced_exports_are_caught(logged: Setup,
 
 async def test_checkpoints_come_at_their_interval_and_unsigned_ones_are_signed_later(
         logged: Setup, capsys: pytest.CaptureFixture[str]) -> None:
-    signer = evidence.Signer(Ed25519PrivateKey.from_private_bytes(base64.b64decode(KEY)))
+    signer = signing.Signer(Ed25519PrivateKey.from_private_bytes(base64.b64decode(KEY)))
     engine = logged.engine
-    assert await evidence_log.checkpoint(engine, signer, at_head=False, interval_s=0) == 0
+    assert await chain.checkpoint(engine, signer, at_head=False, interval_s=0) == 0
     answer = await post(logged.api, "shopify", shopify(
         "customers/redact", {"shop_id": 1, "customer": {"id": 44}}))
     assert answer.status_code == 202, answer.text
     await drain_all(engine, logged.upstream)
     # the log grew by one: due once the interval since the last checkpoint has passed
-    assert await evidence_log.checkpoint(engine, signer, at_head=False,
+    assert await chain.checkpoint(engine, signer, at_head=False,
                                          interval_s=3600) == 0
     # a replica with no key stores it unsigned...
-    assert await evidence_log.checkpoint(engine, None, at_head=False, interval_s=0) == 1
-    [stored] = await evidence_log.checkpoints(engine, after=7, limit=10)
+    assert await chain.checkpoint(engine, None, at_head=False, interval_s=0) == 1
+    [stored] = await chain.checkpoints(engine, after=7, limit=10)
     assert (stored.size, stored.signature) == (8, None)
     # ...and one with the key signs it before it exports
     export = (await logged.api.get("/v1/evidence/log", params={"after": 7})).content
@@ -360,7 +353,7 @@ async def test_completions_racing_for_the_head_append_one_chain(
     """Four completions on four connections queue on the head row (held here until all
     four wait), then append in turn: contiguous segments that verify as one chain."""
     policies = make_policies()
-    await ledger.register(engine, [ledger.Registration(
+    await registration.register(engine, [registration.Registration(
         "acme", f"cart-{i}", policies.policies["carts"], PAST) for i in range(20)])
     await release_all(engine)
     batches = []
@@ -387,9 +380,9 @@ async def test_completions_racing_for_the_head_append_one_chain(
         stored = (await conn.execute(text(
             "SELECT seq_start, seq_end FROM evidence_log ORDER BY seq_end"))).all()
     assert [tuple(r) for r in stored] == [(1, 5), (6, 10), (11, 15), (16, 20)]
-    signer = evidence.Signer(Ed25519PrivateKey.from_private_bytes(base64.b64decode(KEY)))
-    lines, _ = await evidence_slices.range_export(engine, signer, after=0, limit=100)
+    signer = signing.Signer(Ed25519PrivateKey.from_private_bytes(base64.b64decode(KEY)))
+    lines, _ = await export_slices.range_export(engine, signer, after=0, limit=100)
     export = b"".join([chunk async for chunk in lines])
-    verified = evidence_verify.verify(export.splitlines(keepends=True),
+    verified = verification.verify(export.splitlines(keepends=True),
                                       [signer.current])
     assert (verified.records, verified.first_seq, verified.last_seq) == (20, 1, 20)

@@ -21,9 +21,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import evidence, evidence_log, evidence_verify
-from service.evidence_records import canonical_sql
-from service.policies import Policies
+from service.config.policies import Policies
+from service.evidence import chain, signing, verification
+from service.evidence.deletion_records import canonical_sql
 from tests.conftest import TOKEN_A, LiveServer, test_settings
 
 # Items of the seeded run: about 11 MB of evidence, far more than a stalled reader's socket
@@ -39,7 +39,7 @@ POOL_SIZE = 2
 POOL_TIMEOUT_S = 30.0
 PROMPT_S = 10.0
 KEY_BYTES = bytes(range(3, 35))
-PUBLIC = evidence.PublicKey(Ed25519PrivateKey.from_private_bytes(KEY_BYTES).public_key())
+PUBLIC = signing.PublicKey(Ed25519PrivateKey.from_private_bytes(KEY_BYTES).public_key())
 
 
 # The succeeded items with ids in ($1, $2] appended to the evidence log as one segment in
@@ -222,7 +222,7 @@ async def test_a_complete_read_has_every_record_once_in_id_order(
                                "completed_at", "run_id", "released_by", "confirmed", "seq"}
     assert json.loads(response.content.splitlines()[-1])["manifest"]["records"] == len(expected)
     # the spans of the log that hold the run's entries, each between checkpoints, verify
-    verified = evidence_verify.verify(response.content.splitlines(keepends=True), [PUBLIC])
+    verified = verification.verify(response.content.splitlines(keepends=True), [PUBLIC])
     assert verified.records == len(expected) and verified.run_id == run_id
     assert verified.entries > verified.records  # the other run's entries: their leaf only
     assert {(r["outcome"], r["upstream_status"], r["attempts"], r["confirmed"])
@@ -249,16 +249,16 @@ async def test_pages_are_never_empty_and_never_repeat(engine: AsyncEngine, db_ur
         await append_succeeded(conn, 3)  # segments ending at 3, 6, 9, 12, 14
     finally:
         await conn.close()
-    pages = [page async for page in evidence_log.segments(engine, 0, 14,
+    pages = [page async for page in chain.segments(engine, 0, 14,
                                                           page_segments=page_segments)]
     assert all(0 < len(page) <= page_segments for page in pages)
     found = [s for page in pages for s in page]
     assert [s.seq_end for s in found] == [3, 6, 9, 12, 14]
     assert [r["item_id"] for s in found for r in s.records] == sorted(ids)
-    middle = [s.seq_end async for page in evidence_log.segments(
+    middle = [s.seq_end async for page in chain.segments(
         engine, 3, 9, page_segments=page_segments) for s in page]
     assert middle == [6, 9]
-    assert [page async for page in evidence_log.segments(engine, 14, 20)] == []
+    assert [page async for page in chain.segments(engine, 14, 20)] == []
 
 
 async def test_a_stream_whose_database_goes_away_ends_in_a_client_error(

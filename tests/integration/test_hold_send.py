@@ -15,10 +15,11 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import ledger, runs
-from service.policies import Policies
-from service.settings import async_url, plain_url
-from service.upstream import Upstreams
+from service.config.policies import Policies
+from service.config.settings import async_url, plain_url
+from service.ledger import registration
+from service.runs import publication
+from service.upstreams.deletion_api import Upstreams
 from service.worker import database_pool
 from tests.conftest import TOKEN_A, LiveServer, policies_from, test_settings
 from tests.fakes.upstream import FakeUpstream, Fault
@@ -62,12 +63,13 @@ async def test_no_leased_call_starts_after_the_hold_answers(
         db_url: str, engine: AsyncEngine, upstream: FakeUpstream, notified: bool) -> None:
     upstream.inject(Fault.STATUS, times=None, status=204, delay=2.0)
     policies = one_connection(upstream.base_url)
-    await ledger.register(engine, [ledger.Registration("acme", f"c-{n}",
+    await registration.register(engine, [registration.Registration("acme", f"c-{n}",
                                                        policies.policies["carts"], PAST)
                                    for n in range(ITEMS)])
-    run_id, _ = await runs.create_run(engine, runs.RunRequest(None, None, None, False, None),
+    run_id, _ = await publication.create_run(engine, publication.RunRequest(None, None, None,
+                                                                            False, None),
                                       None)
-    assert await runs.publish(engine, run_id, batch_size=50)
+    assert await publication.publish(engine, run_id, batch_size=50)
     ups = Upstreams(policies.upstreams)
     pool = database_pool(engine, policies, ups, concurrency=ITEMS,
                          listen_url=plain_url(async_url(db_url)) if notified else None)

@@ -18,10 +18,10 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.api.bodies import JsonRoute
+from service.commands.openapi import openapi_document
+from service.config.settings import async_url
 from service.db.engine import make_engine
-from service.openapi import openapi_document
-from service.settings import async_url
+from service.http.api.bodies import JsonRoute
 from tests.conftest import TOKEN_A, LiveServer, test_settings
 from tests.integration.test_webhooks import SHOP, make_policies, post, shopify
 

@@ -33,11 +33,14 @@ from hypothesis.stateful import (
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import claims, intake, ledger, limiter, runs
-from service.claims import Completion, Lease
+from service.budget import limiter
+from service.config.settings import async_url
 from service.db.engine import make_engine
-from service.settings import async_url
-from service.webhooks import Delivery, Hint
+from service.ledger import claims, registration
+from service.ledger.claims import Completion, Lease
+from service.runs import publication
+from service.webhooks import intake
+from service.webhooks.deliveries import Delivery, Hint
 from tests.conftest import test_settings
 from tests.integration.test_claim_properties import Candidate, Position, verify_admission
 from tests.integration.test_pipeline import make_policies
@@ -149,8 +152,8 @@ class ItemLifeCycle(RuleBasedStateMachine):
     @rule(i=st.integers(0, N_ITEMS - 1), minutes=st.integers(-120, 120))
     def register(self, i: int, minutes: int) -> None:
         due = self.now + timedelta(minutes=minutes)
-        result = self.run(ledger.register(self.engine, [
-            ledger.Registration("acme", f"o{i}", POLICY, due)]))
+        result = self.run(registration.register(self.engine, [
+            registration.Registration("acme", f"o{i}", POLICY, due)]))
         item = self.items[i]
         if item.status == "absent":
             assert (result.inserted, result.advanced) == (1, 0)
@@ -170,9 +173,9 @@ class ItemLifeCycle(RuleBasedStateMachine):
 
     @rule()
     def publish(self) -> None:
-        run_id, _ = self.run(runs.create_run(
-            self.engine, runs.RunRequest(None, None, self.now, False, None), None))
-        assert self.run(runs.publish(self.engine, run_id, batch_size=2))
+        run_id, _ = self.run(publication.create_run(
+            self.engine, publication.RunRequest(None, None, self.now, False, None), None))
+        assert self.run(publication.publish(self.engine, run_id, batch_size=2))
         batches = {r.id: r.batch_id for r in self.run(self._fetch(
             "SELECT id, batch_id FROM items WHERE released_at IS NOT NULL"))}
         for i, item in enumerate(self.items):
@@ -348,7 +351,8 @@ class ItemLifeCycle(RuleBasedStateMachine):
     @rule()
     def redrive_dead(self) -> None:
         dead = [self.ids[i] for i, item in enumerate(self.items) if item.status == "dead"]
-        got = self.run(ledger.redrive(self.engine, ledger.ItemFilter(ids=list(self.ids.values())),
+        got = self.run(registration.redrive(self.engine,
+                                            registration.ItemFilter(ids=list(self.ids.values())),
                                       actor="machine", reason="test", limit=100))
         assert sorted(got) == sorted(dead)
         for item in self.items:
@@ -359,7 +363,7 @@ class ItemLifeCycle(RuleBasedStateMachine):
     def cancel(self, i: int) -> None:
         if i not in self.ids:
             return
-        got = self.run(ledger.cancel(self.engine, ledger.ItemFilter(ids=[self.ids[i]]),
+        got = self.run(registration.cancel(self.engine, registration.ItemFilter(ids=[self.ids[i]]),
                                      actor="machine", reason="test", limit=10))
         item = self.items[i]
         if item.status == "pending":

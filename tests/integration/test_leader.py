@@ -1,4 +1,4 @@
-"""One leader for the cluster's once-only loops (service/leader.py): elected through the
+"""One leader for the cluster's once-only loops (service/cluster/leader.py): elected through the
 `leader` row, replaced once its lease lapses, fenced by its term, stepping down by its own
 clock when its renewals cannot get through, and shown in GET /v1/workers and
 sweeper_leader."""
@@ -13,11 +13,11 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import runs
+from service.cluster.leader import Duty, Elector, current
 from service.errors import NotLeader
-from service.leader import Duty, Elector, current
-from service.metrics import LEADER, LEADER_TERM
-from service.metrics import REGISTRY as METRICS
+from service.observability.metrics import LEADER, LEADER_TERM
+from service.observability.metrics import REGISTRY as METRICS
+from service.runs import publication
 from tests.conftest import TOKEN_A, LiveServer, test_settings
 from tests.integration.test_pipeline import make_policies, register
 
@@ -52,17 +52,18 @@ async def test_a_chunk_of_an_ended_term_writes_nothing(engine: AsyncEngine) -> N
     assert await old.step()
     await lapse(engine)
     assert await Elector(engine, "new").step()
-    run_id, _ = await runs.create_run(engine, runs.RunRequest(None, None, None, False, None),
+    run_id, _ = await publication.create_run(engine, publication.RunRequest(None, None, None,
+                                                                            False, None),
                                       None)
     with pytest.raises(NotLeader):
-        await runs.publish_pending(engine, batch_size=10, term=old.term)
+        await publication.publish_pending(engine, batch_size=10, term=old.term)
     async with engine.connect() as conn:
         state, released = (await conn.execute(text(
             "SELECT state, released FROM runs WHERE id = :id"), {"id": run_id})).one()
         unreleased = (await conn.execute(text(
             "SELECT count(*) FROM items WHERE released_at IS NULL"))).scalar_one()
     assert (state, released, unreleased) == ("publishing", 0, 30)
-    assert await runs.publish_pending(engine, batch_size=10, term=2) == 1
+    assert await publication.publish_pending(engine, batch_size=10, term=2) == 1
 
 
 def duty(started: asyncio.Event, stopped: asyncio.Event) -> Duty:

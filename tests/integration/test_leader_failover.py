@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from drills.stage import Proc, Stage
-from service.leader import LEASE_S, RENEW_EVERY_S
+from service.cluster.leader import LEASE_S, RENEW_EVERY_S
 
 
 def holder_pid(holder: str) -> int:

@@ -18,8 +18,9 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import claims, limiter
-from service.upstream import Upstreams
+from service.budget import limiter
+from service.ledger import claims
+from service.upstreams.deletion_api import Upstreams
 from service.worker import WorkerPool, database_pool
 from tests.conftest import TOKEN_A, LiveServer, test_settings
 from tests.fakes.upstream import FakeUpstream, Fault

@@ -8,8 +8,9 @@ from __future__ import annotations
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import ledger, runs
 from service.db.statements import Statement, fetch, fetch_filtered
+from service.ledger import registration
+from service.runs import publication
 from tests.integration.test_pipeline import make_policies, register, release_all
 
 HISTORY = 50_000
@@ -39,11 +40,11 @@ async def test_pending_pages_read_the_pending_index_despite_history(engine: Asyn
         await conn.execute(text("ANALYZE items"))
     for policy in (None, "carts"):
         params = {"status": "pending", "after": None, "limit": 50,
-                  **ledger.filter_params(ledger.ItemFilter(policy=policy))}
-        plan = await explained(engine, ledger._LIST, params)
+                  **registration.filter_params(registration.ItemFilter(policy=policy))}
+        plan = await explained(engine, registration._LIST, params)
         assert "items_listed" in plan and "items_pkey" not in plan, plan
-    rows = await ledger.list_items(engine, status="pending", after=None, limit=50,
-                                   item_filter=ledger.ItemFilter(policy="carts"))
+    rows = await registration.list_items(engine, status="pending", after=None, limit=50,
+                                   item_filter=registration.ItemFilter(policy="carts"))
     assert len(rows) == 20
 
 
@@ -70,6 +71,6 @@ async def test_run_progress_reads_its_batches_items_from_the_index(engine: Async
     async with engine.connect() as conn:
         await conn.execution_options(isolation_level="AUTOCOMMIT")
         await conn.execute(text("VACUUM ANALYZE items"))
-    plan = await explained(engine, runs._PROGRESS, {"ids": [run_id]})
+    plan = await explained(engine, publication._PROGRESS, {"ids": [run_id]})
     assert "Index Only Scan using items_batch_cover" in plan, plan
     assert "Seq Scan on items" not in plan, plan

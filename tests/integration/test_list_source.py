@@ -22,11 +22,13 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from drills.vendors import example_block
-from service import discovery, limiter, runs, scopes
-from service.credentials.waits import Credentials
-from service.discovery import Discovery
-from service.policies import Policies
-from service.stores import Stores
+from service.budget import limiter
+from service.budget import scope_controls as scopes
+from service.budget.credential_waits import Credentials
+from service.config.policies import Policies
+from service.runs import discovery, publication
+from service.runs.discovery import Discovery
+from service.sweeps.store_databases import Stores
 from tests.conftest import REPO_ROOT, TOKEN_A, LiveServer, free_port, policies_from, test_settings
 from tests.fakes.upstream import Call, FakeUpstream, Fault, ListEndpoint
 from tests.integration.db_clock import advance
@@ -216,7 +218,7 @@ async def run_state(engine: AsyncEngine, run_id: int) -> tuple[str, int]:
 
 
 async def new_run(engine: AsyncEngine, *, dry_run: bool = False) -> int:
-    run_id, _ = await runs.create_run(engine, runs.RunRequest(
+    run_id, _ = await publication.create_run(engine, publication.RunRequest(
         "stale-customers", None, None, dry_run, None), None)
     return run_id
 
@@ -244,7 +246,7 @@ async def test_a_crash_resumes_from_the_persisted_cursor_and_malformed_entries_a
     run_id = await new_run(engine)
     # the third list call never answers; the process dies while it waits
     up.inject(Fault.HANG, times=1, match=nth(3), seconds=30)
-    task = asyncio.create_task(runs.publish_pending(engine, batch_size=50,
+    task = asyncio.create_task(publication.publish_pending(engine, batch_size=50,
                                                     discovery=publisher(policies)))
     async with asyncio.timeout(10):
         while len(list_calls(up)) < 3:
@@ -258,7 +260,7 @@ async def test_a_crash_resumes_from_the_persisted_cursor_and_malformed_entries_a
     assert await run_state(engine, run_id) == ("publishing", 0)
 
     # another replica's publisher picks the run up where the cursor stands
-    assert await runs.publish_pending(engine, batch_size=50,
+    assert await publication.publish_pending(engine, batch_size=50,
                                       discovery=publisher(policies)) == 1
     calls = list_calls(up)
     assert cursor_of(calls[3]) == cursor_of(calls[2])  # the hung page, asked again
@@ -294,7 +296,7 @@ async def test_a_429_closes_the_scope_and_discovery_waits_for_it(
               headers={"Retry-After": "30"})
     policies = rest_policies(up.base_url, ["shop-a"])
     run_id = await new_run(engine, dry_run=True)
-    assert await runs.publish_pending(engine, batch_size=50,
+    assert await publication.publish_pending(engine, batch_size=50,
                                       discovery=publisher(policies)) == 0
     scope = await scope_row(engine, "shop:shop-a")
     assert scope.closed and scope.closed_reason == "http_429" and not scope.paused
@@ -302,12 +304,12 @@ async def test_a_429_closes_the_scope_and_discovery_waits_for_it(
     assert walk["pages"] == 1 and not walk["done"]
     assert "http_429" in walk["failure"] and "closed" in walk["failure"]
     # while the scope is closed, the next passes wait without calling
-    assert await runs.publish_pending(engine, batch_size=50,
+    assert await publication.publish_pending(engine, batch_size=50,
                                       discovery=publisher(policies)) == 0
     assert len(list_calls(up)) == 2
     assert "closed until" in (await walk_of(engine, run_id))["failure"]
     await advance(engine, 31)  # Retry-After has passed
-    assert await runs.publish_pending(engine, batch_size=50,
+    assert await publication.publish_pending(engine, batch_size=50,
                                       discovery=publisher(policies)) == 1
     walk = await walk_of(engine, run_id)
     assert walk["done"] and (walk["pages"], walk["candidates"]) == (3, 25)
@@ -319,7 +321,7 @@ async def test_an_unreachable_or_failing_endpoint_loses_nothing(engine: AsyncEng
     port = free_port()  # nothing listens there yet
     policies = rest_policies(f"http://127.0.0.1:{port}", ["shop-a"])
     run_id = await new_run(engine)
-    assert await runs.publish_pending(engine, batch_size=50,
+    assert await publication.publish_pending(engine, batch_size=50,
                                       discovery=publisher(policies)) == 0
     walk = await walk_of(engine, run_id)
     assert "connect_error" in walk["failure"] and walk["pages"] == 0
@@ -331,11 +333,11 @@ async def test_an_unreachable_or_failing_endpoint_loses_nothing(engine: AsyncEng
     async with FakeUpstream(port=port) as up:
         up.route("/shops/", endpoint)
         up.inject(Fault.STATUS, times=1, match=nth(2), status=503)
-        assert await runs.publish_pending(engine, batch_size=50,
+        assert await publication.publish_pending(engine, batch_size=50,
                                           discovery=publisher(policies)) == 0
         walk = await walk_of(engine, run_id)
         assert "http_503" in walk["failure"] and walk["pages"] == 1
-        assert await runs.publish_pending(engine, batch_size=50,
+        assert await publication.publish_pending(engine, batch_size=50,
                                           discovery=publisher(policies)) == 1
     walk = await walk_of(engine, run_id)
     assert walk["done"] and (walk["candidates"], walk["registered"]) == (15, 15)
@@ -348,11 +350,11 @@ async def test_a_pass_reads_at_most_its_pages_and_the_next_pass_goes_on(
     endpoint.add("shop-a", range(35), OLD)
     policies = rest_policies(up.base_url, ["shop-a"], pages_per_pass=2)
     run_id = await new_run(engine)
-    assert await runs.publish_pending(engine, batch_size=50,
+    assert await publication.publish_pending(engine, batch_size=50,
                                       discovery=publisher(policies)) == 0
     walk = await walk_of(engine, run_id)
     assert (walk["pages"], walk["candidates"], walk["done"]) == (2, 20, False)
-    assert await runs.publish_pending(engine, batch_size=50,
+    assert await publication.publish_pending(engine, batch_size=50,
                                       discovery=publisher(policies)) == 1
     walk = await walk_of(engine, run_id)
     assert (walk["pages"], walk["candidates"], walk["done"]) == (4, 35, True)
@@ -369,7 +371,7 @@ async def test_a_cursor_that_repeats_ends_the_tenants_walk_as_an_error(
               body=json.dumps(page).encode())
     policies = rest_policies(up.base_url, ["shop-a", "shop-b"])
     run_id = await new_run(engine, dry_run=True)
-    assert await runs.publish_pending(engine, batch_size=50,
+    assert await publication.publish_pending(engine, batch_size=50,
                                       discovery=publisher(policies)) == 1
     walk = await walk_of(engine, run_id)
     assert walk["done"] and walk["candidates"] == 1 + 1 + 3
@@ -426,12 +428,12 @@ async def test_a_paused_scope_skips_its_tenant_and_paused_workers_hold_discovery
     await scopes.set_workers_paused(engine, paused=True, actor="test", reason="deploy")
     run_id = await new_run(engine)
     # every scope grants nothing while the workers are paused: discovery waits, no call
-    assert await runs.publish_pending(engine, batch_size=50,
+    assert await publication.publish_pending(engine, batch_size=50,
                                       discovery=publisher(policies)) == 0
     assert list_calls(up) == []
     assert "the workers are paused" in (await walk_of(engine, run_id))["failure"]
     await scopes.set_workers_paused(engine, paused=False, actor="test", reason=None)
-    assert await runs.publish_pending(engine, batch_size=50,
+    assert await publication.publish_pending(engine, batch_size=50,
                                       discovery=publisher(policies)) == 1
     walk = await walk_of(engine, run_id)
     assert walk["done"] and (walk["pages"], walk["candidates"], walk["errors"]) == (1, 6, 1)
@@ -455,15 +457,15 @@ async def test_a_graphql_throttle_inside_a_200_closes_the_shops_scope(
                   headers={"Content-Type": "application/json"})
         policies = example(up.base_url, tmp_path)
         credentials = Credentials.of(policies, engine, None)
-        run_id, _ = await runs.create_run(engine, runs.RunRequest(
+        run_id, _ = await publication.create_run(engine, publication.RunRequest(
             "inactive-customers", shop, None, True, None), None)
-        assert await runs.publish_pending(engine, batch_size=50, discovery=Discovery(
+        assert await publication.publish_pending(engine, batch_size=50, discovery=Discovery(
             policies, Stores({}), credentials)) == 0
         scope = await scope_row(engine, f"shopify:{shop}")
         assert scope.closed and scope.closed_reason == "http_200:throttled"
         assert "http_200:throttled" in (await walk_of(engine, run_id))["failure"]
         await advance(engine, 5)  # the policy's backoff (no Retry-After) has passed
-        assert await runs.publish_pending(engine, batch_size=50, discovery=Discovery(
+        assert await publication.publish_pending(engine, batch_size=50, discovery=Discovery(
             policies, Stores({}), credentials)) == 1
     walk = await walk_of(engine, run_id)
     assert walk["done"] and (walk["candidates"], walk["errors"]) == (5, 0)

@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from service.metrics import REGISTRY
+from service.observability.metrics import REGISTRY
 from service.worker.postgres import Listener
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.exits import Exit
-from service.local import LOCAL_TOKEN, try_commands
+from service.commands.exits import Exit
+from service.commands.local import LOCAL_TOKEN, try_commands
 from tests.conftest import REPO_ROOT, free_port
 from tests.integration.test_readme_commands import bash, section, shell_block_list
 

@@ -30,10 +30,10 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.routing import Route
 
-from service import metrics
-from service.metrics import LeaseReturn, ScopeSignal
+from service.observability import metrics
+from service.observability.metrics import LeaseReturn, ScopeSignal
 from service.outcomes import Outcome
-from service.upstream import Upstreams
+from service.upstreams.deletion_api import Upstreams
 from service.worker import database_pool
 from tests.conftest import TOKEN_A, LiveServer, free_port, policies_from, test_settings
 from tests.fakes.upstream import FakeUpstream, Fault

@@ -11,9 +11,9 @@ from typing import Any
 import httpx
 import pytest
 
-from service.api.problems import ProblemDetails
-from service.openapi import openapi_document
-from service.policies import Policies
+from service.commands.openapi import openapi_document
+from service.config.policies import Policies
+from service.http.api.problems import ProblemDetails
 from tests.conftest import TOKEN_A, LiveServer, policies_from, test_settings
 
 DOC = openapi_document()

@@ -12,7 +12,7 @@ import asyncpg
 import httpx
 import pytest
 
-from service import ledger
+from service.ledger import registration
 from tests.conftest import TOKEN_A, LiveServer, test_settings
 from tests.fakes.upstream import FakeUpstream, Fault
 from tests.integration.test_pipeline import make_policies
@@ -119,7 +119,7 @@ async def test_evidence_lists_exactly_the_succeeded_items(setup: Any) -> None:
     assert {r["object_id"] for r in records} | {dead[0]["object_id"]} == {
         f"c{i}" for i in range(5)}
     for r in records:
-        assert r["operation_key"] == ledger.operation_key("acme", r["object_id"], "carts", 1)
+        assert r["operation_key"] == registration.operation_key("acme", r["object_id"], "carts", 1)
         assert r["outcome"] == "succeeded" and r["upstream_status"] == 204
         assert r["policy_version"] == 1 and r["attempts"] == 1 and r["completed_at"]
     assert (await api.get("/v1/runs/424242/evidence")).status_code == 404

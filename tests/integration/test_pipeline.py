@@ -13,9 +13,10 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import claims, ledger, runs
-from service.policies import Policies
-from service.upstream import Upstreams
+from service.config.policies import Policies
+from service.ledger import claims, registration
+from service.runs import publication
+from service.upstreams.deletion_api import Upstreams
 from service.worker import WorkerPool, database_pool
 from tests.conftest import TOKEN_A, LiveServer, policies_from, test_settings
 from tests.fakes.upstream import FakeUpstream, Fault
@@ -38,14 +39,14 @@ def make_policies(base_url: str, **policy: Any) -> Policies:
 async def register(engine: AsyncEngine, policies: Policies, n: int, tenant: str = "acme",
                    due: datetime = PAST) -> None:
     pol = policies.policies["carts"]
-    await ledger.register(engine, [ledger.Registration(tenant, f"cart-{i}", pol, due)
+    await registration.register(engine, [registration.Registration(tenant, f"cart-{i}", pol, due)
                                    for i in range(n)])
 
 
 async def release_all(engine: AsyncEngine) -> int:
-    run_id, _ = await runs.create_run(engine, runs.RunRequest(None, None, None, False, None),
-                                      None)
-    assert await runs.publish(engine, run_id, batch_size=50)
+    request = publication.RunRequest(None, None, None, False, None)
+    run_id, _ = await publication.create_run(engine, request, None)
+    assert await publication.publish(engine, run_id, batch_size=50)
     return run_id
 
 
@@ -83,9 +84,9 @@ async def test_register_run_drain_each_item_once(engine: AsyncEngine, upstream: 
     assert await statuses(engine) == {"succeeded": 120}
     keys = [c.idempotency_key for c in upstream.calls()]
     assert len(keys) == 120 and len(set(keys)) == 120
-    assert set(keys) == {ledger.operation_key("acme", f"cart-{i}", "carts", 1)
+    assert set(keys) == {registration.operation_key("acme", f"cart-{i}", "carts", 1)
                          for i in range(120)}
-    status = await runs.run_status(engine, run_id, runs.ProgressCache())
+    status = await publication.run_status(engine, run_id, publication.ProgressCache())
     assert status is not None
     assert status["released"] == 120 and status["batches"] == 3  # batch_size 50
     assert status["items"] == {"succeeded": 120}
@@ -97,7 +98,8 @@ async def test_ids_stay_in_their_path_segment(engine: AsyncEngine, upstream: Fak
     policies = make_policies(upstream.base_url)
     pol = policies.policies["carts"]
     ids = ["a/b", "../../admin", "x?y=1", "frag#1", "ünï", "%2F", "' OR 1=1 --"]
-    await ledger.register(engine, [ledger.Registration("acme", i, pol, PAST) for i in ids])
+    await registration.register(engine, [registration.Registration("acme", i, pol,
+                                                                   PAST) for i in ids])
     await release_all(engine)
     ups = Upstreams(policies.upstreams)
     await drain(database_pool(engine, policies, ups, concurrency=4), engine)
@@ -315,10 +317,11 @@ async def test_429_refunds_the_attempt(engine: AsyncEngine, upstream: FakeUpstre
 async def test_crash_mid_publication_resumes_without_duplicates(engine: AsyncEngine) -> None:
     policies = make_policies("http://127.0.0.1:9")
     await register(engine, policies, 130)
-    run_id, _ = await runs.create_run(engine, runs.RunRequest(None, None, None, False, None),
+    run_id, _ = await publication.create_run(engine, publication.RunRequest(None, None, None,
+                                                                            False, None),
                                       None)
     # publish two chunks of one batch each, then "crash" (stop between transactions)
-    original = runs._release_chunk
+    original = publication._release_chunk
     calls = 0
 
     async def two_chunks(conn: Any, run: Any, batch_size: int, term: int | None) -> int:
@@ -328,13 +331,13 @@ async def test_crash_mid_publication_resumes_without_duplicates(engine: AsyncEng
             raise RuntimeError("crash")
         return await original(conn, run, batch_size, term, max_batches=1)
 
-    runs._release_chunk = two_chunks  # type: ignore[assignment]
+    publication._release_chunk = two_chunks  # type: ignore[assignment]
     try:
         with pytest.raises(RuntimeError):
-            await runs.publish(engine, run_id, batch_size=50)
+            await publication.publish(engine, run_id, batch_size=50)
     finally:
-        runs._release_chunk = original  # type: ignore[assignment]
-    assert await runs.publish_pending(engine, batch_size=50) == 1
+        publication._release_chunk = original  # type: ignore[assignment]
+    assert await publication.publish_pending(engine, batch_size=50) == 1
     async with engine.connect() as conn:
         released = (await conn.execute(text(
             "SELECT count(*), count(DISTINCT batch_id) FROM items WHERE released_at IS NOT NULL"
@@ -411,8 +414,8 @@ async def test_bad_items_are_named_and_nothing_is_written(db_url: str, item: dic
             huge_id = await api.get("/v1/runs/99999999999999999999999")
             assert huge_id.status_code == 422
     engine_settings = test_settings(db_url)
+    from service.config.settings import async_url
     from service.db.engine import make_engine
-    from service.settings import async_url
     eng = make_engine(async_url(db_url), engine_settings)
     assert await statuses(eng) == {}
     await eng.dispose()
@@ -423,10 +426,11 @@ async def test_parallel_lanes_release_each_item_once(engine: AsyncEngine, lanes:
     policies = make_policies("http://127.0.0.1:9")
     await register(engine, policies, 1_003)
     await register(engine, policies, 40, tenant="other")
-    run_id, _ = await runs.create_run(engine, runs.RunRequest(None, None, None, False, None),
+    run_id, _ = await publication.create_run(engine, publication.RunRequest(None, None, None,
+                                                                            False, None),
                                       None)
-    assert await runs.publish(engine, run_id, batch_size=20, lanes=lanes)
-    status = await runs.run_status(engine, run_id, runs.ProgressCache())
+    assert await publication.publish(engine, run_id, batch_size=20, lanes=lanes)
+    status = await publication.run_status(engine, run_id, publication.ProgressCache())
     assert status is not None
     assert (status["state"], status["released"], status["remaining"]) == ("published", 1_043, 0)
     async with engine.connect() as conn:
@@ -447,17 +451,19 @@ async def test_max_items_leaves_the_rest_for_the_next_run(engine: AsyncEngine) -
     policies = make_policies("http://127.0.0.1:9")
     await register(engine, policies, 70)
     await register(engine, policies, 5, tenant="other")
-    first, _ = await runs.create_run(engine, runs.RunRequest(None, "acme", None, False, 60),
+    first, _ = await publication.create_run(engine, publication.RunRequest(None, "acme", None,
+                                                                           False, 60),
                                      None)
-    assert await runs.publish(engine, first, batch_size=25)
-    status = await runs.run_status(engine, first, runs.ProgressCache())
+    assert await publication.publish(engine, first, batch_size=25)
+    status = await publication.run_status(engine, first, publication.ProgressCache())
     assert status is not None
     assert (status["released"], status["batches"], status["remaining"]) == (60, 3, 10)
     assert status["candidates"] == 70  # the tenant filter kept 'other' out
-    second, _ = await runs.create_run(engine, runs.RunRequest(None, "acme", None, False,
+    second, _ = await publication.create_run(engine, publication.RunRequest(None, "acme", None,
+                                                                            False,
                                                               None), None)
-    assert await runs.publish(engine, second, batch_size=25)
-    status = await runs.run_status(engine, second, runs.ProgressCache())
+    assert await publication.publish(engine, second, batch_size=25)
+    status = await publication.run_status(engine, second, publication.ProgressCache())
     assert status is not None
     assert (status["released"], status["remaining"]) == (10, 0)
     async with engine.connect() as conn:
@@ -470,14 +476,15 @@ async def test_max_items_leaves_the_rest_for_the_next_run(engine: AsyncEngine) -
 async def test_future_items_wait_for_a_later_cutoff(engine: AsyncEngine) -> None:
     policies = make_policies("http://127.0.0.1:9")
     await register(engine, policies, 3, due=datetime.now(UTC) + timedelta(days=2))
-    run_id, _ = await runs.create_run(engine, runs.RunRequest(None, None, None, False, None),
+    run_id, _ = await publication.create_run(engine, publication.RunRequest(None, None, None,
+                                                                            False, None),
                                       None)
-    assert await runs.publish(engine, run_id, batch_size=50)
-    status = await runs.run_status(engine, run_id, runs.ProgressCache())
+    assert await publication.publish(engine, run_id, batch_size=50)
+    status = await publication.run_status(engine, run_id, publication.ProgressCache())
     assert status is not None and status["released"] == 0
-    later, _ = await runs.create_run(
-        engine, runs.RunRequest(None, None, datetime.now(UTC) + timedelta(days=3), False,
+    later, _ = await publication.create_run(
+        engine, publication.RunRequest(None, None, datetime.now(UTC) + timedelta(days=3), False,
                                 None), None)
-    assert await runs.publish(engine, later, batch_size=50)
-    status = await runs.run_status(engine, later, runs.ProgressCache())
+    assert await publication.publish(engine, later, batch_size=50)
+    status = await publication.run_status(engine, later, publication.ProgressCache())
     assert status is not None and status["released"] == 3

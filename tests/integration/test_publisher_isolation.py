@@ -15,10 +15,11 @@ import httpx
 import pytest
 from sqlalchemy import text
 
-from service import ledger, runs
+from service.config.policies import Policies
+from service.config.settings import async_url
 from service.db.engine import make_engine
-from service.policies import Policies
-from service.settings import async_url
+from service.ledger import registration
+from service.runs import publication
 from tests.conftest import TOKEN_A, LiveServer, policies_from, test_settings
 
 DUE = "2026-01-01T00:00:00Z"
@@ -76,7 +77,8 @@ async def test_a_due_at_python_cannot_hold_still_publishes_and_reports(
         await conn.execute(
             "INSERT INTO items (tenant_id, object_id, policy, policy_version, operation_key,"
             " scope, due_at) VALUES ('acme', 'ancient', 'carts', 1, $1, 'tenant:acme',"
-            " '0001-01-01T00:00:00+14:00')", ledger.operation_key("acme", "ancient", "carts", 1))
+            " '0001-01-01T00:00:00+14:00')", registration.operation_key("acme", "ancient", "carts",
+            1))
     finally:
         await conn.close()
     assert (await api.post("/v1/items", json={"items": entries("carts", 2)})).status_code == 200
@@ -116,7 +118,7 @@ async def test_a_failing_run_is_failed_logged_once_and_later_runs_publish(
         await conn.execute(
             "INSERT INTO batches (run_id, seq, digest, policy, policy_version, item_count)"
             " VALUES ($1, 0, $2, 'carts', 1, 1)", other,
-            runs.batch_digest("carts", 1, CUTOFF, [item_id]))
+            publication.batch_digest("carts", 1, CUTOFF, [item_id]))
     finally:
         await conn.close()
     failing = await trigger(api, {"policy": "carts", "cutoff": CUTOFF.isoformat()})
@@ -152,14 +154,14 @@ async def test_a_busy_database_leaves_the_run_publishing_for_the_next_pass(
     holder = await asyncpg.connect(db_url)
     try:
         pol = two_policies().policies["carts"]
-        await ledger.register(engine, [ledger.Registration("acme", "c1", pol, CUTOFF)])
-        run_id, _ = await runs.create_run(
-            engine, runs.RunRequest("carts", None, None, False, None), None)
+        await registration.register(engine, [registration.Registration("acme", "c1", pol, CUTOFF)])
+        run_id, _ = await publication.create_run(
+            engine, publication.RunRequest("carts", None, None, False, None), None)
         # a lock that makes the batch insert wait past the statement timeout (SQLSTATE 57014)
         tx = holder.transaction()
         await tx.start()
         await holder.execute("LOCK TABLE batches IN SHARE MODE")
-        assert await runs.publish_pending(engine, batch_size=50) == 0
+        assert await publication.publish_pending(engine, batch_size=50) == 0
         await tx.rollback()
         async with engine.connect() as conn:
             row = (await conn.execute(text("SELECT state, error, report ? 'error' AS reported "
@@ -169,7 +171,7 @@ async def test_a_busy_database_leaves_the_run_publishing_for_the_next_pass(
             "run publication deferred")]
         assert len(deferred) == 1 and getattr(deferred[0], "run_ids", None) == [run_id]
 
-        assert await runs.publish_pending(engine, batch_size=50) == 1
+        assert await publication.publish_pending(engine, batch_size=50) == 1
         async with engine.connect() as conn:
             state = (await conn.execute(text("SELECT state FROM runs WHERE id = :id"),
                                         {"id": run_id})).scalar_one()

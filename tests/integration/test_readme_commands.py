@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from service.policies import Policies
+from service.config.policies import Policies
 from tests.conftest import (
     REPO_ROOT,
     TOKEN_A,

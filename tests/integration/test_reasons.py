@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from service.api.reasons import MAX_REASON_CHARS, MAX_REFERENCE_CHARS
+from service.http.api.reasons import MAX_REASON_CHARS, MAX_REFERENCE_CHARS
 from tests.conftest import TOKEN_A, LiveServer, test_settings
 from tests.integration.test_console import Browser, sign_in
 from tests.integration.test_pipeline import make_policies

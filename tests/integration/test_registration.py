@@ -1,4 +1,4 @@
-"""Bulk registration (`ledger.register`): one statement per request, its columns sent as
+"""Bulk registration (`registration.register`): one statement per request, its columns sent as
 text. Each value must arrive in its own row, exactly as given."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import ledger
-from service.policies import Policies
+from service.config.policies import Policies
+from service.ledger import registration
 from tests.conftest import policies_from
 from tests.integration.test_pipeline import PAST, make_policies, statuses
 
@@ -37,14 +37,14 @@ async def test_each_value_lands_in_its_own_row_exactly(engine: AsyncEngine) -> N
     carts, orders = policies.policies["carts"], policies.policies["orders"]
     ist = timezone(timedelta(hours=5, minutes=30))
     given = [
-        ledger.Registration("acme", "cart/1 ü", carts,
+        registration.Registration("acme", "cart/1 ü", carts,
                             datetime(2026, 3, 1, 10, 0, 0, 123456, ist)),
-        ledger.Registration("globex", "🛒", orders,
+        registration.Registration("globex", "🛒", orders,
                             datetime(9999, 12, 31, tzinfo=UTC)),  # the range's end
-        ledger.Registration("acme", "o-2", orders, datetime(1970, 1, 1, tzinfo=UTC)),
-        ledger.Registration("a" * 505, "x" * 512, carts, PAST),
+        registration.Registration("acme", "o-2", orders, datetime(1970, 1, 1, tzinfo=UTC)),
+        registration.Registration("a" * 505, "x" * 512, carts, PAST),
     ]
-    result = await ledger.register(engine, given)
+    result = await registration.register(engine, given)
     assert (result.inserted, result.advanced, result.unchanged) == (4, 0, 0)
     stored = await rows(engine)
     assert [(r["tenant_id"], r["object_id"], r["policy"], r["policy_version"], r["due_at"])
@@ -53,7 +53,7 @@ async def test_each_value_lands_in_its_own_row_exactly(engine: AsyncEngine) -> N
     assert [r["scope"] for r in stored] == ["tenant:acme", "shared:shop", "shared:shop",
                                             "tenant:" + "a" * 505]
     assert [r["operation_key"] for r in stored] == [
-        ledger.operation_key(g.tenant_id, g.object_id, g.policy.name, g.policy.version)
+        registration.operation_key(g.tenant_id, g.object_id, g.policy.name, g.policy.version)
         for g in given]
     async with engine.connect() as conn:
         budgets = dict((await conn.execute(text(
@@ -64,17 +64,18 @@ async def test_each_value_lands_in_its_own_row_exactly(engine: AsyncEngine) -> N
 async def test_the_earliest_of_duplicates_in_one_request_wins(engine: AsyncEngine) -> None:
     carts = make_policies("http://127.0.0.1:9").policies["carts"]
     late, early = PAST, PAST - timedelta(days=3)
-    result = await ledger.register(engine, [
-        ledger.Registration("acme", "c1", carts, late),
-        ledger.Registration("acme", "c2", carts, late),
-        ledger.Registration("acme", "c1", carts, early),
-        ledger.Registration("acme", "c1", carts, late),
+    result = await registration.register(engine, [
+        registration.Registration("acme", "c1", carts, late),
+        registration.Registration("acme", "c2", carts, late),
+        registration.Registration("acme", "c1", carts, early),
+        registration.Registration("acme", "c1", carts, late),
     ])
     assert (result.inserted, result.advanced, result.unchanged) == (2, 0, 2)
     assert sorted((r["object_id"], r["due_at"]) for r in await rows(engine)) == [
         ("c1", early), ("c2", late)]
-    again = await ledger.register(engine, [ledger.Registration("acme", "c2", carts, early),
-                                           ledger.Registration("acme", "c2", carts, late)])
+    again = await registration.register(engine, [registration.Registration("acme", "c2", carts,
+                                                                           early),
+                                           registration.Registration("acme", "c2", carts, late)])
     assert (again.inserted, again.advanced, again.unchanged) == (0, 1, 1)
 
 
@@ -85,15 +86,16 @@ async def test_a_value_holding_the_column_separator_is_refused(engine: AsyncEngi
     # its columns shifted by one
     carts = make_policies("http://127.0.0.1:9").policies["carts"]
     with pytest.raises(ValueError, match="U\\+001F"):
-        await ledger.register(engine, [ledger.Registration("acme", "c1", carts, PAST),
-                                       ledger.Registration(tenant, "c2", carts, PAST)])
+        await registration.register(engine, [registration.Registration("acme", "c1", carts, PAST),
+                                       registration.Registration(tenant, "c2", carts, PAST)])
     assert await statuses(engine) == {}
 
 
 async def test_a_tenant_too_long_for_its_scope_is_refused(engine: AsyncEngine) -> None:
     carts = make_policies("http://127.0.0.1:9").policies["carts"]  # "tenant:{tenant_id}"
-    with pytest.raises(ledger.ScopeTooLong, match="519 bytes") as refused:
-        await ledger.register(engine, [ledger.Registration("a" * 512, "c1", carts, PAST)])
+    with pytest.raises(registration.ScopeTooLong, match="519 bytes") as refused:
+        await registration.register(engine, [registration.Registration("a" * 512, "c1", carts,
+                                                                       PAST)])
     assert (refused.value.policy, refused.value.tenant_id) == ("carts", "a" * 512)
     assert await statuses(engine) == {}
 
@@ -101,6 +103,6 @@ async def test_a_tenant_too_long_for_its_scope_is_refused(engine: AsyncEngine) -
 async def test_a_naive_due_at_is_refused(engine: AsyncEngine) -> None:
     carts = make_policies("http://127.0.0.1:9").policies["carts"]
     with pytest.raises(ValueError, match="timezone-aware"):
-        await ledger.register(engine, [ledger.Registration("acme", "c1", carts,
+        await registration.register(engine, [registration.Registration("acme", "c1", carts,
                                                            datetime(2026, 1, 1))])
     assert await statuses(engine) == {}

@@ -16,9 +16,9 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import ledger
-from service.policies import Policies
-from service.upstream import Upstreams
+from service.config.policies import Policies
+from service.ledger import registration
+from service.upstreams.deletion_api import Upstreams
 from service.worker import database_pool
 from tests.conftest import TOKEN_A, LiveServer, policies_from, test_settings
 from tests.fakes.upstream import FakeUpstream
@@ -112,9 +112,11 @@ async def test_a_tenant_id_that_makes_a_refused_host_is_a_422_naming_it(
 
 async def test_the_ledger_refuses_it_for_every_caller(engine: AsyncEngine) -> None:
     policy = make_policies(9).policies["per-shop"]
-    with pytest.raises(ledger.HostRefused) as refused:
-        await ledger.register(engine, [ledger.Registration("127.0.0.1", "1", policy, PAST),
-                                       ledger.Registration("evil.example", "2", policy, PAST)])
+    with pytest.raises(registration.HostRefused) as refused:
+        await registration.register(engine, [registration.Registration("127.0.0.1", "1", policy,
+                                                                       PAST),
+                                       registration.Registration("evil.example", "2", policy,
+                                                                 PAST)])
     assert (refused.value.index, refused.value.field) == (1, "tenant_id")
     assert await statuses(engine) == {}
 
@@ -141,9 +143,9 @@ async def test_the_worker_calls_the_tenants_host_with_the_json_body(
         engine: AsyncEngine, upstream: FakeUpstream) -> None:
     policies = make_policies(upstream.port)
     shop, versioned = policies.policies["per-shop"], policies.policies["versioned"]
-    await ledger.register(engine, [ledger.Registration("127.0.0.1", i, shop, PAST)
+    await registration.register(engine, [registration.Registration("127.0.0.1", i, shop, PAST)
                                    for i in HOSTILE_IDS]
-                          + [ledger.Registration("acme eu", i, versioned, PAST)
+                          + [registration.Registration("acme eu", i, versioned, PAST)
                              for i in HOSTILE_IDS])
     await release_all(engine)
     ups = Upstreams(policies.upstreams)
@@ -163,7 +165,7 @@ async def test_the_worker_calls_the_tenants_host_with_the_json_body(
         assert sent["query"] == QUERY and sent["variables"]["v"] == 2
         object_id = sent["variables"]["raw"]
         assert sent["variables"]["input"] == {"id": f"gid://shopify/Customer/{object_id}"}
-        assert call.idempotency_key == ledger.operation_key("127.0.0.1", object_id,
+        assert call.idempotency_key == registration.operation_key("127.0.0.1", object_id,
                                                             "per-shop", 2)
     assert sorted(json.loads(c.body)["variables"]["raw"] for c in graphql) == sorted(HOSTILE_IDS)
     for call in calls:
@@ -172,7 +174,7 @@ async def test_the_worker_calls_the_tenants_host_with_the_json_body(
         assert call.method == "DELETE" and call.body == "" and call.query == "version=2"
         assert call.path.startswith("/v1/acme%20eu/customers/") and call.path.count("/") == 4
     keys = {c.idempotency_key for c in calls}
-    assert keys == {ledger.operation_key(t, i, p, 2) for i in HOSTILE_IDS
+    assert keys == {registration.operation_key(t, i, p, 2) for i in HOSTILE_IDS
                     for t, p in (("127.0.0.1", "per-shop"), ("acme eu", "versioned"))}
 
 
@@ -181,7 +183,7 @@ async def test_a_host_refused_after_registration_is_never_called(
     """Registered while the pattern allowed it, the item meets a narrower pattern at call
     time: the host is checked again before anything is sent, and the item is dead."""
     before = make_policies(upstream.port)
-    await ledger.register(engine, [ledger.Registration(
+    await registration.register(engine, [registration.Registration(
         "localhost", "7", before.policies["per-shop"], PAST)])
     await release_all(engine)
     now = make_policies(upstream.port, pattern=r"127\.0\.0\.1")

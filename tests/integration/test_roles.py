@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.tokens import token_id
+from service.config.tokens import token_id
 from tests.conftest import TOKEN_A, LiveServer, test_settings
 from tests.integration.test_console import Browser, sign_in
 from tests.integration.test_pipeline import make_policies

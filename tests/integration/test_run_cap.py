@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import runs
+from service.runs import publication
 from tests.integration.test_pipeline import make_policies, register
 
 ITEMS = 120
@@ -24,10 +24,11 @@ PUBLISHERS = 3
 async def test_three_publishers_release_exactly_the_cap(engine: AsyncEngine,
                                                          attempt: int) -> None:
     await register(engine, make_policies("http://127.0.0.1:9"), ITEMS)
-    run_id, _ = await runs.create_run(engine, runs.RunRequest(None, None, None, False, CAP),
+    run_id, _ = await publication.create_run(engine, publication.RunRequest(None, None, None,
+                                                                            False, CAP),
                                       None)
     # the production path: each replica's publisher pass, all at once
-    await asyncio.gather(*(runs.publish_pending(engine, batch_size=BATCH)
+    await asyncio.gather(*(publication.publish_pending(engine, batch_size=BATCH)
                            for _ in range(PUBLISHERS)))
     async with engine.connect() as conn:
         state, counted = (await conn.execute(text(

@@ -14,8 +14,8 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import follow
-from service.exits import Exit
+from service.commands import run_client
+from service.commands.exits import Exit
 from tests.conftest import TOKEN_A, LiveServer, test_settings
 from tests.fakes.upstream import FakeUpstream, Fault
 from tests.integration.test_pipeline import make_policies
@@ -33,14 +33,14 @@ async def test_trigger_and_follow_until_drained(db_url: str) -> None:
                 items = [{"tenant_id": "t", "object_id": f"o{i}", "policy": "carts",
                           "due_at": "2026-01-01T00:00:00Z"} for i in range(40)]
                 assert (await api.post("/v1/items", json={"items": items})).status_code == 200
-                run = await follow.trigger(api, {"policy": "carts"}, "slot-42")
+                run = await run_client.trigger(api, {"policy": "carts"}, "slot-42")
                 out = io.StringIO()
-                final = await follow.follow(api, int(run["id"]), out=out, timeout_s=30)
+                final = await run_client.follow(api, int(run["id"]), out=out, timeout_s=30)
             assert final["items"] == {"succeeded": 40}
             assert "40/40 100%" in out.getvalue()
-            with pytest.raises(follow.RunFailed, match="HTTP 401"):
+            with pytest.raises(run_client.RunFailed, match="HTTP 401"):
                 async with httpx.AsyncClient(base_url=live.base_url) as anon:
-                    await follow.trigger(anon, {}, None)
+                    await run_client.trigger(anon, {}, None)
 
 
 def test_run_command_without_a_server_is_one_clear_line() -> None:
@@ -76,8 +76,8 @@ async def test_following_a_failed_run_stops_with_its_error(api: httpx.AsyncClien
             "VALUES ('d', now(), false, 'failed', 'database-error', jsonb_build_object("
             "'error', jsonb_build_object('code', 'database-error', 'message', "
             "'UniqueViolationError (SQLSTATE 23505)'))) RETURNING id"))).scalar_one()
-    final = await follow.follow(api, run_id, out=io.StringIO(), timeout_s=10)
-    code, line = follow.outcome(final)
+    final = await run_client.follow(api, run_id, out=io.StringIO(), timeout_s=10)
+    code, line = run_client.outcome(final)
     assert code == Exit.RUN_FAILED
     assert line == f"run {run_id} failed: database-error: UniqueViolationError (SQLSTATE 23505)"
 
@@ -89,7 +89,7 @@ async def test_run_follow_exit_codes(db_url: str, capsys: pytest.CaptureFixture[
         policies = make_policies(upstream.base_url, max_attempts=1)
         async with LiveServer(test_settings(db_url, workers=4), policies, db_url) as live:
             def command(**body: object) -> Any:
-                return follow.run_command(live.base_url, TOKEN_A, dict(body), None, True)
+                return run_client.run_command(live.base_url, TOKEN_A, dict(body), None, True)
 
             assert await command(policy="carts") == Exit.OK
             assert "nothing was due by the cutoff" in capsys.readouterr().out
@@ -111,4 +111,4 @@ async def test_run_follow_exit_codes(db_url: str, capsys: pytest.CaptureFixture[
 def test_outcome_of_a_drained_run() -> None:
     run = {"id": 7, "state": "published", "dry_run": False, "released": 3,
            "items": {"succeeded": 2, "cancelled": 1}, "cutoff": "2026-01-01T00:00:00Z"}
-    assert follow.outcome(run) == (Exit.OK, "run 7 drained: cancelled=1, succeeded=2")
+    assert run_client.outcome(run) == (Exit.OK, "run 7 drained: cancelled=1, succeeded=2")

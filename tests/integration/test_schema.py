@@ -13,11 +13,11 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import ledger
+from service.config.settings import async_url
 from service.db import migrate
 from service.db.engine import make_engine
 from service.db.tables import metadata
-from service.settings import async_url
+from service.ledger import registration
 from tests.conftest import test_settings
 from tests.integration.test_pipeline import PAST, make_policies
 
@@ -70,7 +70,7 @@ async def test_operation_key_is_the_obligations_own(engine: AsyncEngine,
     # The key has no unique index of its own (revision 0004): it is unique because it is a
     # function of the obligation, which is. Every writer must derive it so.
     policy = make_policies("http://127.0.0.1:9").policies["carts"]
-    await ledger.register(engine, [ledger.Registration(t, o, policy, PAST) for t, o in
+    await registration.register(engine, [registration.Registration(t, o, policy, PAST) for t, o in
                                    (("acme", "c1"), ("acme", "c2"), ("globex", "c1"))])
     rows = await conn.fetch(
         "SELECT tenant_id, object_id, policy, policy_version, operation_key FROM items")
@@ -78,7 +78,7 @@ async def test_operation_key_is_the_obligations_own(engine: AsyncEngine,
                                "AND indexdef LIKE '%(operation_key)%'")
     assert len(rows) == 3 and len({r["operation_key"] for r in rows}) == 3
     for r in rows:
-        assert r["operation_key"] == ledger.operation_key(
+        assert r["operation_key"] == registration.operation_key(
             r["tenant_id"], r["object_id"], r["policy"], r["policy_version"])
     assert indexes == []
 

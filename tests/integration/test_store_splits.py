@@ -14,11 +14,11 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import ledger
+from service.ledger import registration
 from service.outcomes import Classified, Outcome
-from service.stores import Stores
-from service.targets import StoreTargets
-from service.upstream import Upstreams
+from service.sweeps.store_databases import Stores
+from service.sweeps.store_targets import StoreTargets
+from service.upstreams.deletion_api import Upstreams
 from service.worker import database_pool
 from tests.conftest import TOKEN_A, LiveServer, test_settings
 from tests.integration.store_schema import create_store, store_policies
@@ -129,9 +129,10 @@ async def test_an_id_the_statements_type_cannot_take_is_refused_at_registration(
     policies = store_policies(store_db_url)
     policy = policies.policies["expired-carts"]
     assert policy.object_id_type == "bigint"
-    with pytest.raises(ledger.ObjectIdRefused) as refused:
-        await ledger.register(engine, [ledger.Registration("shop-1", "7", policy, PAST),
-                                       ledger.Registration("shop-1", INJECTION, policy, PAST)])
+    with pytest.raises(registration.ObjectIdRefused) as refused:
+        await registration.register(engine, [registration.Registration("shop-1", "7", policy, PAST),
+                                       registration.Registration("shop-1", INJECTION, policy,
+                                                                 PAST)])
     assert refused.value.index == 1 and INJECTION not in str(refused.value)
     async with LiveServer(test_settings(db_url), policies, db_url) as server, \
             httpx.AsyncClient(base_url=server.base_url, timeout=10, headers={

@@ -20,15 +20,18 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import claims, discovery, metrics, retention, runs, scopes, waits
-from service.credentials.waits import Credentials
-from service.discovery import Discovery
+from service.budget import pauses, scope_controls
+from service.budget.credential_waits import Credentials
+from service.config.policies import Policies
+from service.config.policy_file import GuardConfig
+from service.ledger import claims, retention
+from service.observability import metrics
 from service.outcomes import Failure, Outcome, classify
-from service.policies import Policies
-from service.policy_file import GuardConfig
-from service.stores import SourceRows, StoreError, Stores
-from service.targets import StoreTargets, ledger_tables
-from service.upstream import Upstreams
+from service.runs import discovery, publication
+from service.runs.discovery import Discovery
+from service.sweeps.store_databases import SourceRows, StoreError, Stores
+from service.sweeps.store_targets import StoreTargets, ledger_tables
+from service.upstreams.deletion_api import Upstreams
 from service.worker import database_pool
 from tests.conftest import TOKEN_A, LiveServer, free_port, test_settings
 from tests.integration.store_schema import (
@@ -190,12 +193,13 @@ async def test_discovery_resumes_after_a_crash_and_counts_malformed_rows(
                         "interval '9 days'), (repeat('x', 600), now() - interval '9 days')")
     policies = store_policies(store_db_url)
     stores = Stores(policies.stores)
-    run_id, _ = await runs.create_run(engine, runs.RunRequest("expired-carts", None, None,
+    run_id, _ = await publication.create_run(engine, publication.RunRequest("expired-carts", None,
+                                                                            None,
                                                               False, None), None)
     try:
         flaky = FailingStores(stores, pages=2)
         with pytest.raises(StoreError):
-            await runs.publish(engine, run_id, batch_size=50,
+            await publication.publish(engine, run_id, batch_size=50,
                                discovery=Discovery(policies, flaky))
         report = await discovery.report(engine, run_id)
         assert report is not None
@@ -206,7 +210,7 @@ async def test_discovery_resumes_after_a_crash_and_counts_malformed_rows(
             state = (await conn.execute(text("SELECT state, released FROM runs"))).one()
         assert tuple(state) == ("publishing", 0)  # waits for the store, nothing lost
         # a publisher on another replica picks the run up where the cursor stands
-        assert await runs.publish_pending(engine, batch_size=50,
+        assert await publication.publish_pending(engine, batch_size=50,
                                           discovery=Discovery(policies, stores)) == 1
         await flaky.aclose()
     finally:
@@ -233,9 +237,9 @@ async def publish_carts(engine: AsyncEngine, policies: Policies) -> list[claims.
     """Discover and release the expired carts; lease them all."""
     stores = Stores(policies.stores)
     try:
-        run_id, _ = await runs.create_run(engine, runs.RunRequest(
+        run_id, _ = await publication.create_run(engine, publication.RunRequest(
             "expired-carts", None, None, False, None), None)
-        assert await runs.publish(engine, run_id, batch_size=100,
+        assert await publication.publish(engine, run_id, batch_size=100,
                                   discovery=Discovery(policies, stores))
     finally:
         await stores.aclose()
@@ -435,16 +439,16 @@ async def test_an_unreachable_store_pauses_the_scope_loses_nothing_and_resumes_w
         assert {tuple(i) for i in items} == {("pending", 1, "store_unreachable")}
         assert await store.fetchval("SELECT count(*) FROM carts") == 5
         # still down: the look leaves it paused
-        assert await waits.resume_reachable(engine, policies, stores) == []
+        assert await pauses.resume_reachable(engine, policies, stores) == []
 
         # the store answers on that address again: the waiting loop resumes the scope (as
         # the system, audited) and the items are deleted, each attempt counted once more
         async with forwarding(port, store_db_url):
-            loop = asyncio.create_task(waits.waiting_loop(engine, policies, Credentials({}),
+            loop = asyncio.create_task(pauses.waiting_loop(engine, policies, Credentials({}),
                                                           stores, interval_s=0.05))
             try:
                 async with asyncio.timeout(10):
-                    while (await scopes.list_scopes(engine, name=scope.name))[0]["paused"]:
+                    while (await scope_controls.list_scopes(engine, name=scope.name))[0]["paused"]:
                         await asyncio.sleep(0.05)
             finally:
                 loop.cancel()

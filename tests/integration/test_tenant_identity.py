@@ -1,7 +1,8 @@
-"""One identity per tenant where the tenant id makes the upstream's host (service/tenants.py):
-every entry stores one spelling, so a hold on it covers every spelling a caller uses, one
-object has one operation key, and an ambiguous spelling is refused naming the canonical one.
-Through HTTP, a real database and the fake upstream on loopback (`localhost` is its host)."""
+"""One identity per tenant where the tenant id makes the upstream's host
+(service/config/tenants.py): every entry stores one spelling, so a hold on it covers every spelling
+a caller uses, one object has one operation key, and an ambiguous spelling is refused naming the
+canonical one. Through HTTP, a real database and the fake upstream on loopback (`localhost` is its
+host)."""
 
 from __future__ import annotations
 
@@ -16,11 +17,11 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import ledger, tenant_forms
+from service.config.policies import Policies
+from service.config.tenants import host_form
 from service.errors import ConfigError
-from service.policies import Policies
-from service.tenants import host_form
-from service.upstream import Upstreams
+from service.ledger import registration, tenant_spellings
+from service.upstreams.deletion_api import Upstreams
 from service.worker import database_pool
 from tests.conftest import TOKEN_A, LiveServer, policies_from, test_settings
 from tests.fakes.upstream import FakeUpstream
@@ -88,7 +89,7 @@ async def test_a_hold_covers_every_spelling_and_one_object_has_one_key(
     calls = upstream.calls()
     assert [json.loads(c.body)["variables"]["raw"] for c in calls] == ["h2"]
     assert calls[0].headers["host"] == f"localhost:{upstream.port}"
-    assert calls[0].idempotency_key == ledger.operation_key("localhost", "h2", "per-shop", 2)
+    assert calls[0].idempotency_key == registration.operation_key("localhost", "h2", "per-shop", 2)
 
 
 async def test_a_webhook_in_another_spelling_is_held_too(
@@ -153,13 +154,13 @@ async def test_rows_stored_before_are_held_and_never_called(
             "INSERT INTO items (tenant_id, object_id, policy, policy_version, operation_key, "
             "scope, due_at) VALUES ('LOCALHOST', 'old', 'per-shop', 2, :key, "
             "'shops:LOCALHOST', '2020-01-01Z')"),
-            {"key": ledger.operation_key("LOCALHOST", "old", "per-shop", 2)})
+            {"key": registration.operation_key("LOCALHOST", "old", "per-shop", 2)})
         await conn.execute(text(
             "INSERT INTO scopes (name, rate_per_second, burst, tokens, objects_per_call) "
             "VALUES ('shops:LOCALHOST', 1000, 1000, 1000, 1)"))
-    assert await tenant_forms.reconcile(engine, policies) == 1
-    assert await tenant_forms.reconcile(engine, policies) == 0
-    await ledger.register(engine, [ledger.Registration(
+    assert await tenant_spellings.reconcile(engine, policies) == 1
+    assert await tenant_spellings.reconcile(engine, policies) == 0
+    await registration.register(engine, [registration.Registration(
         "LocalHost", "new", policies.policies["per-shop"], PAST)])
     async with engine.connect() as conn:
         twins = (await conn.execute(text(

@@ -1,6 +1,6 @@
-"""The real wire (service/transport.py under service/upstream.py) against the fake upstream
-on loopback: what each fault becomes, what reaches the upstream, and the pool's limit; then
-against scripted servers: each framing of an answer, reuse and its limits, TLS."""
+"""The real wire (service/protocols/transport.py under service/upstreams/deletion_api.py) against
+the fake upstream on loopback: what each fault becomes, what reaches the upstream, and the pool's
+limit; then against scripted servers: each framing of an answer, reuse and its limits, TLS."""
 
 from __future__ import annotations
 
@@ -25,12 +25,12 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-import service.transport as transport_module
+import service.protocols.transport as transport_module
 from drills.upstream import FakeUpstream, Fault
+from service.config.policies import Policies, resolve_policies
 from service.outcomes import Answer, Failure
-from service.policies import Policies, resolve_policies
-from service.transport import SEND_BY, Http1Transport
-from service.upstream import CallResult, Upstreams, send
+from service.protocols.transport import SEND_BY, Http1Transport
+from service.upstreams.deletion_api import CallResult, Upstreams, send
 
 KEY = "op-key-0123456789"
 
@@ -234,7 +234,7 @@ def everything(status: int) -> bool:
 
 
 async def answer_to(transport: Http1Transport, url: str, **headers: str) -> Answer:
-    """One call as service/upstream.py makes it, reading the whole body."""
+    """One call as service/upstreams/deletion_api.py makes it, reading the whole body."""
     return await send(transport, request(url, **headers), 2.0, everything, 1 << 20)
 
 

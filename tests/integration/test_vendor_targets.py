@@ -25,11 +25,12 @@ from drills.vendors.commercetools import FakeCommercetools
 from drills.vendors.serve import serve
 from drills.vendors.shopify import FakeShopify
 from drills.vendors.stripe import FakeStripe
-from service import ledger, scopes
+from service.budget import scope_controls
+from service.budget.credential_waits import Credentials, resume_arrived
+from service.config.policies import Policies
 from service.credentials import CredentialStore, Keyring, tenant_credentials
-from service.credentials.waits import Credentials, resume_arrived
-from service.policies import Policies
-from service.upstream import Upstreams
+from service.ledger import registration
+from service.upstreams.deletion_api import Upstreams
 from service.worker.process import database_pool
 from tests.conftest import REPO_ROOT, TOKEN_A, LiveServer, policies_from, test_settings
 from tests.integration.test_pipeline import PAST, release_all
@@ -92,7 +93,8 @@ async def scope_pause(engine: AsyncEngine, scope: str) -> tuple[bool, str | None
 async def register(engine: AsyncEngine, policies: Policies, pairs: list[tuple[str, str]]
                    ) -> None:
     [policy] = policies.policies.values()
-    await ledger.register(engine, [ledger.Registration(t, o, policy, PAST) for t, o in pairs])
+    await registration.register(engine, [registration.Registration(t, o, policy, PAST) for t,
+                                         o in pairs])
     await release_all(engine)
 
 
@@ -338,6 +340,6 @@ async def test_a_scope_waiting_for_nothing_any_more_resumes(engine: AsyncEngine,
     assert await resume_arrived(engine, policies_from(doc), Credentials({})) == [
         "stripe:acct_a"]
     # an operator's pause keeps its reason apart from the answers' own
-    assert await scopes.pause(engine, "stripe:acct_a", actor="op", reason="no-credential")
+    assert await scope_controls.pause(engine, "stripe:acct_a", actor="op", reason="no-credential")
     assert await scope_pause(engine, "stripe:acct_a") == (True, "operator: no-credential")
     assert await resume_arrived(engine, policies_from(doc), Credentials({})) == []

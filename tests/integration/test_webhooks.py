@@ -22,9 +22,11 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from standardwebhooks import Webhook
 
-from service import intake, ledger, metrics, webhooks
-from service.openapi import openapi_document
-from service.policies import Policies
+from service.commands.openapi import openapi_document
+from service.config.policies import Policies
+from service.ledger import registration
+from service.observability import metrics
+from service.webhooks import deliveries, intake
 from tests.conftest import LiveServer, free_port, policies_from, test_settings, wait_for_lock_waits
 from tests.fakes.upstream import FakeUpstream
 
@@ -164,7 +166,7 @@ async def test_standard_delivery_releases_the_item_at_once(hooks: httpx.AsyncCli
     assert (item.tenant_id, item.object_id, item.policy, item.status) == (
         "acme", "881", "carts", "pending")
     assert item.batch_id is None and item.released and item.due and item.claimable
-    assert item.operation_key == ledger.operation_key("acme", "881", "carts", 1)
+    assert item.operation_key == registration.operation_key("acme", "881", "carts", 1)
     assert tuple(receipt) == ("std", answer.request.headers["webhook-id"], "order.cancelled",
                               "applied", [item.id])
     assert tuple(scope) == ("tenant:acme", 1000.0)
@@ -330,7 +332,7 @@ async def test_plain_hmac_deduplicates_on_the_body_digest(hooks: httpx.AsyncClie
 async def test_a_hint_never_postpones(hooks: httpx.AsyncClient, engine: AsyncEngine) -> None:
     pol = make_policies().policies["carts"]
     due = datetime.now(UTC) - timedelta(hours=1)
-    await ledger.register(engine, [ledger.Registration("acme", "early", pol, due)])
+    await registration.register(engine, [registration.Registration("acme", "early", pol, due)])
     before = await tables(engine)
     answer = await post(hooks, "std", standard(
         {"type": "cart.abandoned", "data": {"shop": "acme", "id": "early"}}))
@@ -341,7 +343,7 @@ async def test_a_hint_never_postpones(hooks: httpx.AsyncClient, engine: AsyncEng
 
     # a later due date advances an item due later still, without releasing it
     far = datetime.now(UTC) + timedelta(days=30)
-    await ledger.register(engine, [ledger.Registration("acme", "late", pol, far)])
+    await registration.register(engine, [registration.Registration("acme", "late", pol, far)])
     answer = await post(hooks, "std", standard(
         {"type": "cart.abandoned", "data": {"shop": "acme", "id": "late"}}))
     assert len(answer.json()["item_ids"]) == 1
@@ -355,7 +357,8 @@ async def test_a_hint_never_postpones(hooks: httpx.AsyncClient, engine: AsyncEng
 async def test_finished_items_are_left_alone(hooks: httpx.AsyncClient,
                                              engine: AsyncEngine) -> None:
     pol = make_policies().policies["carts"]
-    await ledger.register(engine, [ledger.Registration(SHOP, "9", pol, datetime.now(UTC))])
+    await registration.register(engine, [registration.Registration(SHOP, "9", pol,
+                                                                   datetime.now(UTC))])
     async with engine.begin() as conn:
         await conn.execute(text("UPDATE items SET status = 'cancelled', completed_at = now()"))
     before = await tables(engine)
@@ -367,7 +370,7 @@ async def test_finished_items_are_left_alone(hooks: httpx.AsyncClient,
 async def test_concurrent_duplicates_have_one_effect(hooks: httpx.AsyncClient,
                                                      engine: AsyncEngine) -> None:
     pol = make_policies().policies["carts"]
-    await ledger.register(engine, [ledger.Registration(SHOP, "77", pol,
+    await registration.register(engine, [registration.Registration(SHOP, "77", pol,
                                                        datetime.now(UTC) + timedelta(days=9))])
     delivery = shopify("orders/cancelled", {"id": 77})
     answers = await asyncio.gather(*(post(hooks, "shopify", delivery) for _ in range(12)))
@@ -383,10 +386,10 @@ async def test_concurrent_duplicates_have_one_effect(hooks: httpx.AsyncClient,
     assert item.released_at is not None
 
 
-def verified(policies: Policies, delivery: tuple[bytes, dict[str, str]]) -> webhooks.Delivery:
+def verified(policies: Policies, delivery: tuple[bytes, dict[str, str]]) -> deliveries.Delivery:
     """A delivery as the route hands it to the intake: read and verified."""
     body, headers = delivery
-    return webhooks.read_delivery(policies.webhooks["shopify"], policies,
+    return deliveries.read_delivery(policies.webhooks["shopify"], policies,
                                   {k.lower(): v for k, v in headers.items()}, body,
                                   now_s=time.time())
 
@@ -432,7 +435,7 @@ async def test_deliveries_that_wait_together_commit_together_as_if_one_by_one(
     settings = test_settings(db_url, webhook_db_pool_size=1)
     box = intake.Intake()
 
-    def apply(delivery: webhooks.Delivery) -> asyncio.Task[intake.Receipt]:
+    def apply(delivery: deliveries.Delivery) -> asyncio.Task[intake.Receipt]:
         return asyncio.create_task(box.apply(engine.url, settings, delivery))
 
     try:
@@ -526,7 +529,7 @@ async def test_a_group_that_fails_goes_again_one_by_one(db_url: str, engine: Asy
                 await winner.commit()
             assert [len((await g).item_ids) for g in good] == [1, 1, 1]
             if spoiler == "refused":
-                with pytest.raises(webhooks.DeliveryRejected) as caught:
+                with pytest.raises(deliveries.DeliveryRejected) as caught:
                     await spoiled
                 assert caught.value.reason == "unmappable"
             else:
@@ -620,7 +623,7 @@ async def test_hint_drains_through_the_workers_without_a_run(db_url: str,
         policies = make_policies(upstream.base_url)
         pol = policies.policies["customers"]
         far = datetime.now(UTC) + timedelta(days=30)
-        await ledger.register(engine, [ledger.Registration(SHOP, "42", pol, far)])
+        await registration.register(engine, [registration.Registration(SHOP, "42", pol, far)])
         settings = test_settings(db_url, workers=2)
         async with LiveServer(settings, policies, db_url) as live:
             async with httpx.AsyncClient(base_url=live.base_url, timeout=10) as client:
@@ -638,7 +641,7 @@ async def test_hint_drains_through_the_workers_without_a_run(db_url: str,
         assert status == "succeeded"
         calls = upstream.calls()
         assert [c.path for c in calls] == ["/customers/42"]
-        assert calls[0].idempotency_key == ledger.operation_key(SHOP, "42", "customers", 1)
+        assert calls[0].idempotency_key == registration.operation_key(SHOP, "42", "customers", 1)
     async with engine.connect() as conn:
         assert (await conn.execute(text("SELECT count(*) FROM runs"))).scalar() == 0
         item = (await conn.execute(text("SELECT id, due_at FROM items"))).one()

@@ -1,6 +1,6 @@
 """What any HTTP client behind the upstream call must get right on a hostile wire: scripted
 raw-socket upstreams that answer out of turn, and the call's answer for each. A client that
-replaces service/transport.py must pass these (they drive `upstream.send`, the call port's
+replaces service/protocols/transport.py must pass these (they drive `upstream.send`, the call port's
 one entry, and UpstreamClient where the policy's settings matter)."""
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import httpx
 import pytest
 import uvloop
 
-from service import transport as transport_module
 from service.outcomes import Answer, Failure, Outcome, classify
-from service.transport import SEND_BY, Http1Transport
-from service.upstream import UpstreamClient, send
+from service.protocols import transport as transport_module
+from service.protocols.transport import SEND_BY, Http1Transport
+from service.upstreams.deletion_api import UpstreamClient, send
 from tests.conftest import policies_from
 
 NO_CONTENT = b"HTTP/1.1 204 No Content\r\n\r\n"
@@ -94,7 +94,7 @@ def request(url: str, **headers: str) -> httpx.Request:
 
 
 async def answer_to(transport: Http1Transport, url: str) -> Answer:
-    """One call as service/upstream.py makes it, reading the whole body."""
+    """One call as service/upstreams/deletion_api.py makes it, reading the whole body."""
     return await send(transport, request(url), 3.0, lambda status: True, 1 << 20)
 
 

@@ -1,5 +1,5 @@
-"""The worker's Prometheus series, read back from service.metrics.REGISTRY: a pool drains
-items against the fake upstream with a permanent failure, transient failures, a 429, a
+"""The worker's Prometheus series, read back from service.observability.metrics.REGISTRY: a pool
+drains items against the fake upstream with a permanent failure, transient failures, a 429, a
 lease that expired under a crashed worker (reclaimed) and a call whose lease is taken over
 while it is in flight (its completion fenced out). Counters are process-wide, so the test
 compares deltas."""
@@ -13,9 +13,9 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service import ledger
-from service.metrics import REGISTRY
-from service.upstream import Upstreams
+from service.ledger import registration
+from service.observability.metrics import REGISTRY
+from service.upstreams.deletion_api import Upstreams
 from service.worker import database_pool
 from tests.fakes.upstream import FakeUpstream, Fault
 from tests.integration.test_pipeline import PAST, make_policies, release_all, statuses
@@ -62,7 +62,7 @@ async def test_pool_metrics_count_what_the_ledger_shows(engine: AsyncEngine) -> 
     async with FakeUpstream() as upstream:
         policies = make_policies(upstream.base_url, max_attempts=3)
         pol = policies.policies[POLICY]
-        await ledger.register(engine, [ledger.Registration("acme", o, pol, PAST)
+        await registration.register(engine, [registration.Registration("acme", o, pol, PAST)
                                        for o in PLAIN + SPECIAL])
         await release_all(engine)
         # a worker crashed holding this one: its lease has expired
@@ -132,12 +132,13 @@ async def test_pool_metrics_count_what_the_ledger_shows(engine: AsyncEngine) -> 
 
 async def test_admit_charges_only_claimed_items_and_hand_back_refunds(engine: AsyncEngine
                                                                       ) -> None:
-    from service import claims
+    from service.ledger import claims
 
     # burst 11: the bucket's stock stops one token short (late_tolerance(1/s) is 1 s)
     policies = make_policies("http://127.0.0.1:9", rate={"per_second": 1, "burst": 11})
     pol = policies.policies[POLICY]
-    await ledger.register(engine, [ledger.Registration("acme", o, pol, PAST) for o in PLAIN])
+    await registration.register(engine, [registration.Registration("acme", o, pol,
+                                                                   PAST) for o in PLAIN])
     await release_all(engine)
     scope = "tenant:acme"
     tokens = "SELECT tokens FROM scopes WHERE name = :s"

@@ -1,4 +1,4 @@
-"""Every route of the app has a declared role (service/api/access.py), so a new route cannot
+"""Every route of the app has a declared role (service/http/api/access.py), so a new route cannot
 forget one; the table names no route that does not exist; and the OpenAPI document states
 each operator operation's role."""
 
@@ -9,12 +9,12 @@ from collections.abc import Iterable, Iterator
 from fastapi.routing import _IncludedRouter
 from starlette.routing import BaseRoute
 
-from service.api import access
 from service.app import create_app
-from service.openapi import openapi_document
-from service.policies import Policies
-from service.settings import Settings, async_url
-from service.tokens import Role
+from service.commands.openapi import openapi_document
+from service.config.policies import Policies
+from service.config.settings import Settings, async_url
+from service.config.tokens import Role
+from service.http.api import access
 
 
 def every_route(routes: Iterable[BaseRoute]) -> Iterator[tuple[str, str]]:
@@ -35,7 +35,7 @@ ROUTES = set(every_route(APP.router.routes))
 
 def test_every_route_has_a_declared_role() -> None:
     undeclared = sorted(ROUTES - set(access.ROUTES))
-    assert not undeclared, f"add these routes to service/api/access.py ROUTES: {undeclared}"
+    assert not undeclared, f"add these routes to service/http/api/access.py ROUTES: {undeclared}"
     assert len(ROUTES) > 50  # the walk reached the included routers
 
 

@@ -1,5 +1,5 @@
-"""Answer rules (service/answers.py): paths, matching, what is recorded, and how the policies
-file refuses a rule it cannot use."""
+"""Answer rules (service/config/answer_rules.py): paths, matching, what is recorded, and how the
+policies file refuses a rule it cannot use."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from service.answers import (
+from service.config.answer_rules import (
     ANY,
     AnswerRule,
     Costs,
@@ -20,9 +20,9 @@ from service.answers import (
     same_json,
     values_at,
 )
+from service.config.policies import resolve_policies
 from service.errors import ConfigError
 from service.outcomes import Answer, Classified, Outcome, classify, plan
-from service.policies import resolve_policies
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
 

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from service.claims import Lease
+from service.budget.limiter import Grant
+from service.config.policies import resolve_policies
 from service.errors import ConfigError
-from service.limiter import Grant
-from service.policies import resolve_policies
+from service.ledger.claims import Lease
 from service.worker.pool import calls_of
 from service.worker.ports import batch_key
 

@@ -6,7 +6,7 @@ from importlib.metadata import EntryPoint
 
 import pytest
 
-from service import cli
+from service.commands import cli
 
 
 def test_the_drill_command_is_registered_through_its_entry_point() -> None:

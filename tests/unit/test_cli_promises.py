@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from service import cli
-from service.exits import Exit
+from service.commands import cli
+from service.commands.exits import Exit
 from tests.conftest import REPO_ROOT
 
 
@@ -131,7 +131,7 @@ def test_an_address_not_on_this_host(capsys: pytest.CaptureFixture[str], host: s
 
 
 def test_localhost_binds_its_ipv4_address_as_uvicorn_did() -> None:
-    from service.serving import listening_socket
+    from service.http.serving import listening_socket
 
     with listening_socket("localhost", 0) as sock:
         assert sock.family == socket.AF_INET and sock.getsockname()[0] == "127.0.0.1"
@@ -141,7 +141,7 @@ async def test_connections_to_our_socket_send_without_delay_on_plain_asyncio() -
     """`sweeper local` serves on the standard event loop, which sets TCP_NODELAY on an
     accepted connection only when the listening socket names IPPROTO_TCP: without it a
     keep-alive client's requests waited out delayed ACKs (~40 ms each)."""
-    from service.serving import listening_socket
+    from service.http.serving import listening_socket
 
     nodelay: list[int] = []
 
@@ -284,7 +284,7 @@ def test_an_empty_policies_file_variable_means_not_set(capsys: pytest.CaptureFix
 def test_check_config_accepts_the_local_policies(capsys: pytest.CaptureFixture[str],
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SWEEPER_POLICIES_FILE",
-                       str(REPO_ROOT / "service" / "local" / "policies.toml"))
+                       str(REPO_ROOT / "service" / "commands" / "local" / "policies.toml"))
     code, out, err = sweeper(capsys, "check-config")
     assert (code, err) == (Exit.OK, "")
     assert out.startswith("ok: 1 upstream(s), 1 policy(ies), 0 webhook source(s)")

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from service.config.policies import resolve_policies
+from service.config.request_templates import SAFE_FORM, TemplateProblems, code_problem, compile_body
 from service.errors import ConfigError
-from service.policies import resolve_policies
-from service.templates import SAFE_FORM, TemplateProblems, code_problem, compile_body
 from tests.unit.test_request_templates import QUERY, send, shopify, shopify_doc
 
 # the object id: spliced into the query text, it deletes customer 2 as well

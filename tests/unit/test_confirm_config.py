@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
+from service.config.policies import Policies, resolve_policies
 from service.errors import ConfigError
-from service.ledger import operation_key
+from service.ledger.registration import operation_key
 from service.outcomes import Answer, Failure, Outcome, classify_confirmation
-from service.policies import Policies, resolve_policies
 
 NOW = datetime(2026, 12, 5, tzinfo=UTC)
 CONFIRM = {"path": "/carts/{object_id}", "absent": [404, 410], "share": 1.0}

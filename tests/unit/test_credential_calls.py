@@ -7,10 +7,10 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
-from service.claims import Lease
-from service.credentials.waits import Credentials
+from service.budget.credential_waits import Credentials
+from service.ledger.claims import Lease
 from service.outcomes import Failure, Outcome, classify
-from service.upstream import Upstreams
+from service.upstreams.deletion_api import Upstreams
 from service.worker.ports import UpstreamCalls
 from tests.conftest import policies_from
 

@@ -12,10 +12,10 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
+from service.config.settings import Settings, load_settings
 from service.credentials.crypto import CredentialUnreadable, Keyring, Sealed, key_id
 from service.credentials.source import MAX_SECRET_CHARS, secret_problem
 from service.errors import ConfigError
-from service.settings import Settings, load_settings
 
 KEY_A = bytes(range(32))
 KEY_B = bytes(range(32, 64))

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
+from service.budget.credential_waits import missing_key
+from service.config.policies import resolve_policies
 from service.credentials.crypto import Keyring
-from service.credentials.waits import missing_key
 from service.errors import ConfigError
-from service.policies import resolve_policies
 
 
 def doc(tmp_path: Path, scope: str = "shop:{tenant_id}", **upstream: Any) -> dict[str, Any]:

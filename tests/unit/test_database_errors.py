@@ -9,8 +9,8 @@ import pytest
 from sqlalchemy import exc as sa_exc
 
 from service.db.engine import is_busy
-from service.failures import repeat
-from service.metrics import REGISTRY
+from service.observability.failures import repeat
+from service.observability.metrics import REGISTRY
 
 
 class _DriverError(Exception):

@@ -8,11 +8,11 @@ from datetime import UTC, datetime, timedelta
 from hypothesis import given
 from hypothesis import strategies as st
 
-from service import ledger
-from service.discovery import Page, _per_tenant, sort_page
-from service.policies import resolve_policies
-from service.policy_file import MAX_SCOPE_BYTES
-from service.stores import SourceRows
+from service.config.policies import resolve_policies
+from service.config.policy_file import MAX_SCOPE_BYTES
+from service.ledger import registration
+from service.runs.discovery import Page, _per_tenant, sort_page
+from service.sweeps.store_databases import SourceRows
 from tests.integration.store_schema import CARTS_SOURCE, CARTS_TARGET, store_policy
 
 ENV = {"SHOP_DATABASE_URL": "postgresql://shop.invalid/shop"}
@@ -36,7 +36,7 @@ _IDS = st.one_of(
 def one_by_one(values: list[str | None]) -> list[tuple[int, str]]:
     found = []
     for n, value in enumerate(values):
-        problem = "is NULL" if value is None else ledger.id_problem(value)
+        problem = "is NULL" if value is None else registration.id_problem(value)
         if problem is not None:
             found.append((n, problem))
     return found
@@ -44,12 +44,12 @@ def one_by_one(values: list[str | None]) -> list[tuple[int, str]]:
 
 @given(st.lists(_IDS, max_size=30))
 def test_a_column_has_the_problems_its_values_have(values: list[str | None]) -> None:
-    assert list(ledger.id_problems(values)) == one_by_one(values)
+    assert list(registration.id_problems(values)) == one_by_one(values)
 
 
 def test_a_clean_column_is_passed_whole() -> None:
-    assert list(ledger.id_problems([f"cart-{n}" for n in range(5000)])) == []
-    assert list(ledger.id_problems([])) == []
+    assert list(registration.id_problems([f"cart-{n}" for n in range(5000)])) == []
+    assert list(registration.id_problems([])) == []
 
 
 def test_each_row_keeps_its_first_problem_in_row_order() -> None:

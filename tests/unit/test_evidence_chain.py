@@ -14,12 +14,12 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from service import evidence, evidence_records
-from service.evidence import PublicKey, Signer, VerificationFailed
-from service.evidence_log import GENESIS_CHECKPOINT, Checkpoint, Segment, signed_bytes
-from service.evidence_records import GENESIS, leaf, segment_hash
-from service.evidence_slices import Slices
-from service.evidence_verify import kept_checkpoints, verify
+from service.evidence import deletion_records, signing
+from service.evidence.chain import GENESIS_CHECKPOINT, Checkpoint, Segment, signed_bytes
+from service.evidence.deletion_records import GENESIS, leaf, segment_hash
+from service.evidence.export_slices import Slices
+from service.evidence.signing import PublicKey, Signer, VerificationFailed
+from service.evidence.verification import kept_checkpoints, verify
 
 KEY = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
 OTHER = Ed25519PrivateKey.from_private_bytes(bytes(range(1, 33)))
@@ -81,23 +81,23 @@ def failure(lines: list[bytes], keys: list[PublicKey] = PUBLISHED,
 def test_the_canonical_record_is_pinned_and_read_back() -> None:
     # the database builds these bytes too (evidence_records.canonical_sql): a change is a
     # new format
-    data = evidence_records.canonical(record(1))
+    data = deletion_records.canonical(record(1))
     assert data == (b"sweeper-evidence-log/1\n1\n7\n3:run\n4:acme\n6:cart-1\n5:carts\n1\n"
                     b"64:" + b"k" * 64 + b"\n9:succeeded\n204\n1\n1796126400000000")
-    assert evidence_records.parse(data) == record(1)
+    assert deletion_records.parse(data) == record(1)
     odd = {**record(2), "tenant_id": "a:b\n12:c", "object_id": "\u00e9", "upstream_status": None}
-    assert evidence_records.parse(evidence_records.canonical(odd)) == odd
+    assert deletion_records.parse(deletion_records.canonical(odd)) == odd
     framed = b"".join(len(d).to_bytes(4, "big") + d for d in (data, data))
-    assert evidence_records.frames(framed) == [data, data]
+    assert deletion_records.frames(framed) == [data, data]
     for bad in ({**record(1), "attempts": True}, {**record(1), "completed_at": "yesterday"},
                 {k: v for k, v in record(1).items() if k != "policy"}):
-        with pytest.raises(evidence_records.RecordProblem):
-            evidence_records.canonical(bad)
+        with pytest.raises(deletion_records.RecordProblem):
+            deletion_records.canonical(bad)
     for bad_bytes in (data[:-1] + b"x", data.replace(b"4:acme", b"5:acme"), b"other\n1"):
-        with pytest.raises(evidence_records.RecordProblem):
-            evidence_records.parse(bad_bytes)
-    with pytest.raises(evidence_records.RecordProblem):
-        evidence_records.frames(framed[:-1])
+        with pytest.raises(deletion_records.RecordProblem):
+            deletion_records.parse(bad_bytes)
+    with pytest.raises(deletion_records.RecordProblem):
+        deletion_records.frames(framed[:-1])
 
 
 def test_an_untouched_export_verifies() -> None:
@@ -195,30 +195,30 @@ def test_keys_load_from_pem_base64_and_the_public_key_document() -> None:
     pem = KEY.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                             serialization.NoEncryption())
     raw = base64.b64encode(bytes(range(32)))
-    assert evidence.key_id(evidence.private_key(pem).public_key()) == SIGNER.current.key_id
-    assert evidence.key_id(evidence.private_key(raw).public_key()) == SIGNER.current.key_id
+    assert signing.key_id(signing.private_key(pem).public_key()) == SIGNER.current.key_id
+    assert signing.key_id(signing.private_key(raw).public_key()) == SIGNER.current.key_id
     document = json.dumps({"keys": [{"key_id": k.key_id, "public_key": k.base64}
                                     for k in Signer(OTHER, (PUBLISHED[0],)).published]})
-    assert len(evidence.public_keys(document.encode())) == 2
-    assert [k.key_id for k in evidence.public_keys(PUBLISHED[0].pem.encode())] == [
+    assert len(signing.public_keys(document.encode())) == 2
+    assert [k.key_id for k in signing.public_keys(PUBLISHED[0].pem.encode())] == [
         SIGNER.current.key_id]
-    assert [k.key_id for k in evidence.public_keys(PUBLISHED[0].base64.encode())] == [
+    assert [k.key_id for k in signing.public_keys(PUBLISHED[0].base64.encode())] == [
         SIGNER.current.key_id]
     for bad in (b"", b"not a key", b"-----BEGIN PRIVATE KEY-----\nxx\n-----END PRIVATE KEY-----"):
-        with pytest.raises(evidence.KeyProblem) as caught:
-            evidence.private_key(bad)
+        with pytest.raises(signing.KeyProblem) as caught:
+            signing.private_key(bad)
         assert "xx" not in str(caught.value)
-    with pytest.raises(evidence.KeyProblem):
-        evidence.public_keys(b'{"keys": [{"public_key": "short"}]}')
+    with pytest.raises(signing.KeyProblem):
+        signing.public_keys(b'{"keys": [{"public_key": "short"}]}')
 
 
 def test_the_local_key_is_made_once_and_kept_private(tmp_path: object) -> None:
     from pathlib import Path
     data_dir = Path(str(tmp_path)) / "data"
-    first = evidence.local_key(data_dir)
-    again = evidence.local_key(data_dir)
-    assert evidence.key_id(first.public_key()) == evidence.key_id(again.public_key())
-    assert (data_dir / evidence.LOCAL_KEY_FILE).stat().st_mode & 0o077 == 0
+    first = signing.local_key(data_dir)
+    again = signing.local_key(data_dir)
+    assert signing.key_id(first.public_key()) == signing.key_id(again.public_key())
+    assert (data_dir / signing.LOCAL_KEY_FILE).stat().st_mode & 0o077 == 0
 
 
 def confirmed_record(seq: int, confirmed: bool) -> dict[str, Any]:
@@ -230,20 +230,20 @@ def test_records_say_whether_a_read_confirmed_the_deletion_and_old_ones_read_as_
         ) -> None:
     # the newer format: its own first line, `confirmed` last as 1 or 0; the older format's
     # bytes (pinned above) are untouched, so what was written before hashes as it did
-    data = evidence_records.canonical(confirmed_record(1, True))
+    data = deletion_records.canonical(confirmed_record(1, True))
     assert data == (b"sweeper-evidence-record/2\n1\n7\n3:run\n4:acme\n6:cart-1\n5:carts\n1\n"
                     b"64:" + b"k" * 64 + b"\n9:succeeded\n204\n1\n1796126400000000\n1")
-    assert evidence_records.parse(data) == confirmed_record(1, True)
-    assert evidence_records.parse(evidence_records.canonical(confirmed_record(1, False))) \
+    assert deletion_records.parse(data) == confirmed_record(1, True)
+    assert deletion_records.parse(deletion_records.canonical(confirmed_record(1, False))) \
         == confirmed_record(1, False)
-    assert "confirmed" not in evidence_records.parse(evidence_records.canonical(record(1)))
+    assert "confirmed" not in deletion_records.parse(deletion_records.canonical(record(1)))
     assert leaf(confirmed_record(1, True)) != leaf(confirmed_record(1, False)) != leaf(record(1))
     for bad in ({**record(1), "confirmed": 1}, {**record(1), "confirmed": None}):
-        with pytest.raises(evidence_records.RecordProblem):
-            evidence_records.canonical(bad)
+        with pytest.raises(deletion_records.RecordProblem):
+            deletion_records.canonical(bad)
     for bad_bytes in (data[:-1] + b"2", data[:-2], data.replace(b"record/2", b"record/3")):
-        with pytest.raises(evidence_records.RecordProblem):
-            evidence_records.parse(bad_bytes)
+        with pytest.raises(deletion_records.RecordProblem):
+            deletion_records.parse(bad_bytes)
 
 
 def test_an_export_mixing_both_record_formats_verifies_and_a_flipped_flag_fails() -> None:

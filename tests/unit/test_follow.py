@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from service import follow
+from service.commands import run_client
 
 
 class Terminal(io.StringIO):
@@ -35,12 +35,12 @@ def run(state: str, **items: int) -> dict[str, Any]:
 async def test_a_terminal_line_never_wraps(monkeypatch: pytest.MonkeyPatch) -> None:
     """A line wider than the terminal wraps, and `\\r` then redraws only its last row,
     leaving an older bar above newer counts."""
-    monkeypatch.setattr(follow, "POLL_INTERVAL_S", 0)
+    monkeypatch.setattr(run_client, "POLL_INTERVAL_S", 0)
     monkeypatch.setenv("COLUMNS", "60")
     out = Terminal()
     async with api(run("published", pending=2412, succeeded=588),
                    run("published", succeeded=3000)) as client:
-        final = await follow.follow(client, 3, out=out)
+        final = await run_client.follow(client, 3, out=out)
     assert final["items"] == {"succeeded": 3000}
     drawn = [row for row in out.getvalue().split("\r\x1b[2K") if row.strip()]
     assert len(drawn) == 2
@@ -49,10 +49,10 @@ async def test_a_terminal_line_never_wraps(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 async def test_bar_and_attempts_come_from_one_answer(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(follow, "POLL_INTERVAL_S", 0)
+    monkeypatch.setattr(run_client, "POLL_INTERVAL_S", 0)
     out = io.StringIO()
     async with api(run("published", succeeded=3000)) as client:
-        await follow.follow(client, 3, out=out)
+        await run_client.follow(client, 3, out=out)
     assert out.getvalue().endswith(
         "3000/3000 100%     0.0/s ETA -  attempts: succeeded=3000 throttled=41 transient=7\n")
 
@@ -80,6 +80,6 @@ async def test_a_refused_trigger_says_what_was_wrong(status: int, answer: Any,
 
     async with httpx.AsyncClient(base_url="http://sweeper.test",
                                  transport=httpx.MockTransport(handle)) as client:
-        with pytest.raises(follow.RunFailed) as refused:
-            await follow.trigger(client, {"policy": ""}, None)
+        with pytest.raises(run_client.RunFailed) as refused:
+            await run_client.trigger(client, {"policy": ""}, None)
     assert str(refused.value) == message

@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 
-from service.claims import Lease
+from service.ledger.claims import Lease
 from service.worker.hold_gate import LEASE_END_MARGIN_S, HoldCover, HoldGate
 
 

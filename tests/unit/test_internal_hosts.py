@@ -10,16 +10,16 @@ from typing import Any
 import httpx
 import pytest
 
-from service.errors import ConfigError
-from service.outcomes import Answer, Failure
-from service.policies import Policies, resolve_policies
-from service.templates import (
+from service.config.policies import Policies, resolve_policies
+from service.config.request_templates import (
     TemplateProblems,
     compile_origin,
     compile_request,
     host_name_problem,
     internal_host_problem,
 )
+from service.errors import ConfigError
+from service.outcomes import Answer, Failure
 from tests.unit.test_request_templates import send
 
 # Every numeric form glibc's inet_aton and the WHATWG URL parser read as an IPv4 address:

@@ -2,7 +2,7 @@
 
 - the domain never imports the HTTP layers: only the wiring (app, cli, openapi, demo), the
   routers themselves and the operator console (which validates its forms with the API's
-  own bodies) import `service.api`, and only the wiring imports `service.console`;
+  own bodies) import `service.http.api`, and only the wiring imports `service.http.console`;
 - the service never imports tests, bench or the drills (`sweeper drill` reaches the drills
   through the `sweeper.commands` entry point);
 - bench and the drills never import tests.
@@ -17,7 +17,8 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 
-WIRING = frozenset({"service/app.py", "service/cli.py", "service/openapi.py", "service/demo.py"})
+WIRING = frozenset({"service/app.py", "service/commands/cli.py", "service/commands/openapi.py",
+                    "service/commands/demo.py"})
 
 
 def modules(folder: str) -> list[Path]:
@@ -54,9 +55,9 @@ def offending(paths: list[Path], *prefixes: str, allowed: frozenset[str] = froze
 def test_the_domain_never_imports_the_http_layers() -> None:
     domain = [p for p in modules("service")
               if not {"api", "console"} & set(p.relative_to(REPO_ROOT).parts)]
-    assert offending(domain, "service.api", "service.console", allowed=WIRING) == {}
+    assert offending(domain, "service.http.api", "service.http.console", allowed=WIRING) == {}
     api = [p for p in modules("service") if "api" in p.relative_to(REPO_ROOT).parts]
-    assert offending(api, "service.console") == {}
+    assert offending(api, "service.http.console") == {}
 
 
 def test_the_service_never_imports_tests_bench_or_drills() -> None:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from service.limiter import fair_shares, jitter_for
+from service.budget.limiter import fair_shares, jitter_for
 from service.outcomes import exhausted_for
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 from drills.vendors import example_block
+from service.config.list_sources import MAX_TENANTS
+from service.config.policies import Policies, resolve_policies
 from service.errors import ConfigError
-from service.list_config import MAX_TENANTS
-from service.list_source import read_page
-from service.policies import Policies, resolve_policies
+from service.sweeps.list_pages import read_page
 
 REPO = Path(__file__).resolve().parents[2]
 CUTOFF = datetime(2026, 12, 1, 12, 30, 45, 123456, tzinfo=UTC)

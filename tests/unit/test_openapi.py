@@ -12,7 +12,7 @@ import pytest
 from openapi_spec_validator import validate
 from openapi_spec_validator.validation.exceptions import OpenAPIValidationError
 
-from service.openapi import openapi_document, render_openapi
+from service.commands.openapi import openapi_document, render_openapi
 from tests.conftest import REPO_ROOT
 
 CHECKED_IN = REPO_ROOT / "openapi" / "openapi.json"

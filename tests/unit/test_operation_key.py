@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 
-from service.ledger import operation_key, operation_keys
+from service.ledger.registration import operation_key, operation_keys
 
 
 def test_known_vectors_never_change() -> None:

@@ -109,7 +109,7 @@ CLASSIFY_TABLE: list[tuple[Answer, bool, Outcome, str, float | None]] = [
     (Answer(failure=Failure.NO_CREDENTIAL), True, UA, "no_credential", None),
     # its lookup failed (the store's database): nothing sent, the item unpunished
     (Answer(failure=Failure.CREDENTIAL_UNAVAILABLE), True, TH, "credential_unavailable", None),
-    # a store target's statement (service/targets.py)
+    # a store target's statement (service/sweeps/store_targets.py)
     (Answer(failure=Failure.STORE_UNREACHABLE), False, UA, "store_unreachable", None),
     (Answer(failure=Failure.STORE_PERMISSION), False, UA, "store_permission_denied", None),
     (Answer(failure=Failure.STORE_BUSY), False, TR, "store_busy", None),

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from service.config.policies import load_policies, resolve_policies
+from service.config.policy_file import parse_duration
 from service.errors import ConfigError
-from service.policies import load_policies, resolve_policies
-from service.policy_file import parse_duration
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "policies.example.toml"

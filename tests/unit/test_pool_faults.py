@@ -15,11 +15,11 @@ from collections.abc import Mapping, Sequence
 
 import pytest
 
-from service.failures import InternalErrors
-from service.limiter import Closure
-from service.metrics import REGISTRY, Where
+from service.budget.answer_effects import ScopeEffects
+from service.budget.limiter import Closure
+from service.observability.failures import InternalErrors
+from service.observability.metrics import REGISTRY, Where
 from service.outcomes import Answer
-from service.scope_signals import ScopeEffects
 from service.worker.signals import SignalBuffer
 from tests.unit.test_worker_rounds import Rig, rig
 

@@ -9,9 +9,9 @@ import pytest
 from fastapi import FastAPI
 from pydantic import BaseModel, Field
 
-from service.api.gate import content_length
-from service.api.problems import install_problem_handlers
 from service.errors import Problem
+from service.http.api.gate import content_length
+from service.http.api.problems import install_problem_handlers
 
 
 class Body(BaseModel):

@@ -1,5 +1,5 @@
-"""service.templates: request templates compiled at start-up and filled per item. A host
-made from an id is a host name the upstream's host_pattern allows, or nothing is sent; ids
+"""service.config.request_templates: request templates compiled at start-up and filled per item. A
+host made from an id is a host name the upstream's host_pattern allows, or nothing is sent; ids
 stay one path segment, one query value, one JSON string; the call on the wire is the one
 the template describes, with the same Idempotency-Key as ever."""
 
@@ -14,9 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from service.outcomes import Answer, Failure
-from service.policies import Policies, resolve_policies
-from service.templates import (
+from service.config.policies import Policies, resolve_policies
+from service.config.request_templates import (
     HOSTILE_HOST_VALUES,
     TemplateProblems,
     compile_body,
@@ -24,7 +23,8 @@ from service.templates import (
     compile_request,
     host_name_problem,
 )
-from service.upstream import USER_AGENT, Upstreams, UrlMaker
+from service.outcomes import Answer, Failure
+from service.upstreams.deletion_api import USER_AGENT, Upstreams, UrlMaker
 from tests.unit.test_upstream import streamed
 
 KEY = "cd" * 32
@@ -206,8 +206,8 @@ def test_dot_ids_make_no_path(tenant_id: str, object_id: str) -> None:
        host=st.none() | st.sampled_from(["acme.myshopify.com", "127.0.0.1", "a-b.c"]))
 def test_url_maker_with_queries_and_hosts_builds_what_httpx_parses(
         path: list[str], query: str | None, host: str | None) -> None:
-    from service.templates import segment
-    from service.upstream import PROBE_HOST
+    from service.config.request_templates import segment
+    from service.upstreams.deletion_api import PROBE_HOST
 
     rendered = "/" + "/".join(segment(p) if p not in (".", "..", "") else "x" for p in path)
     query = None if query is None else segment(query) + "=" + segment(query[::-1])

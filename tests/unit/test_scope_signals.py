@@ -1,4 +1,4 @@
-"""service.scope_signals: what one answer does to its scope, as a table."""
+"""service.budget.answer_effects: what one answer does to its scope, as a table."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ from datetime import UTC, datetime
 
 import pytest
 
-from service.answers import Costs
-from service.limiter import Closure
-from service.metrics import ScopeSignal
+from service.budget.answer_effects import LOCAL_HOLD_S, NO_EFFECT, SUCCESS, effects_of, merged
+from service.budget.limiter import Closure
+from service.config.answer_rules import Costs
+from service.config.policy_file import PolicyConfig
+from service.observability.metrics import ScopeSignal
 from service.outcomes import Answer, Classified, Failure, Outcome, classify
-from service.policy_file import PolicyConfig
-from service.scope_signals import LOCAL_HOLD_S, NO_EFFECT, SUCCESS, effects_of, merged
 from tests.conftest import policies_from
 
 NOW = datetime(2026, 6, 1, tzinfo=UTC)
@@ -136,7 +136,7 @@ def test_a_cost_budget_ignores_quota_headers_in_calls() -> None:
 
 
 def test_a_budget_in_points_is_kept_in_calls_of_the_requested_cost() -> None:
-    from service.limiter import budget_of
+    from service.budget.limiter import budget_of
     policy = policies_from({"upstreams": {"shop": {"base_url": "http://127.0.0.1:9"}},
                             "policies": {"p": {"version": 1, "upstream": "shop",
                                                "path": "/c/{object_id}", **POINTS}}}

@@ -8,9 +8,9 @@ import logging
 import pytest
 from pydantic import ValidationError
 
-from service.logs import ConsoleFormatter, JsonFormatter
-from service.settings import Environment, Settings
-from service.tokens import Caller, Role, TokenSet, token_id
+from service.config.settings import Environment, Settings
+from service.config.tokens import Caller, Role, TokenSet, token_id
+from service.observability.logs import ConsoleFormatter, JsonFormatter
 
 
 def test_tokens_are_comma_separated(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,8 +12,8 @@ from datetime import UTC, datetime
 import pytest
 from standardwebhooks import Webhook
 
-from service import signatures
-from service.signatures import SignatureRejected, keys_for, verify
+from service.protocols import webhook_signatures
+from service.protocols.webhook_signatures import SignatureRejected, keys_for, verify
 
 # The vector the Standard Webhooks libraries test against (secret without prefix).
 VECTOR_SECRET = "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -34,7 +34,7 @@ def std_headers(body: bytes, secret: str = SECRET, ts: int = NOW, msg_id: str = 
 
 
 def check_std(headers: dict[str, str], body: bytes, secrets: tuple[str, ...] = (SECRET,),
-              now: float = NOW) -> signatures.Verified:
+              now: float = NOW) -> webhook_signatures.Verified:
     return verify("standard", keys_for("standard", secrets), headers, body, now_s=now,
                   tolerance_s=300)
 
@@ -108,11 +108,11 @@ def test_standard_truncated_body_and_wrong_secret() -> None:
 def test_standard_secret_decoding() -> None:
     raw = b"0123456789abcdef0123456789abcdef"
     unpadded = base64.b64encode(raw).decode().rstrip("=")
-    assert signatures.standard_key("whsec_" + unpadded) == raw
-    assert signatures.standard_key(base64.b64encode(raw).decode()) == raw
+    assert webhook_signatures.standard_key("whsec_" + unpadded) == raw
+    assert webhook_signatures.standard_key(base64.b64encode(raw).decode()) == raw
     for bad in ("whsec_", "whsec_@@@@", "whsec_abcde"):
         with pytest.raises(ValueError, match=r"base64|empty"):
-            signatures.standard_key(bad)
+            webhook_signatures.standard_key(bad)
 
 
 def shopify_hmac(secret: str, body: bytes) -> str:

@@ -16,29 +16,9 @@ from types import ModuleType
 
 import pytest
 
-from service import (
-    audit,
-    claims,
-    discovery,
-    evidence,
-    evidence_log,
-    holds,
-    inspection,
-    intake,
-    leader,
-    ledger,
-    limiter,
-    list_source,
-    metrics,
-    retention,
-    runs,
-    scopes,
-    stores,
-    targets,
-    tenant_forms,
-)
-from service.api import health
-from service.console import sessions
+from service.budget import limiter, scope_controls
+from service.cluster import leader
+from service.config.policy_file import GuardConfig
 from service.credentials import tenant_credentials
 from service.db import embedded, migrate, statements
 from service.db.statements import (
@@ -48,14 +28,30 @@ from service.db.statements import (
     expired_lease,
     ready_item,
 )
-from service.policy_file import GuardConfig
+from service.evidence import chain, signing
+from service.http.api import health
+from service.http.console import sessions
+from service.ledger import (
+    audit,
+    claims,
+    holds,
+    operator_reads,
+    registration,
+    retention,
+    tenant_spellings,
+)
+from service.observability import metrics
+from service.runs import discovery, publication
+from service.sweeps import list_pages, store_databases, store_targets
+from service.webhooks import intake
 from tests.conftest import REPO_ROOT
 from tests.integration.store_schema import store_policies
 
 # Every module that runs SQL, each with its statements as module-level constants.
-MODULES = (claims, limiter, metrics, scopes, runs, ledger, retention, intake, audit, health,
-           migrate, embedded, tenant_credentials, holds, evidence, evidence_log, discovery,
-           stores, targets, list_source, inspection, sessions, statements, tenant_forms, leader)
+MODULES = (claims, limiter, metrics, scope_controls, publication, registration, retention, intake,
+           audit, health, migrate, embedded, tenant_credentials, holds, signing, chain, discovery,
+           store_databases, store_targets, list_pages, operator_reads, sessions, statements,
+           tenant_spellings, leader)
 # Statements on a plain asyncpg connection, sent as `statement.text` (`$n` parameters):
 # webhook intake (its own pool, one round trip per delivery) and the embedded server's
 # bootstrap (its admin database, before Sweeper's exists).
@@ -68,15 +64,15 @@ _GUARD = GuardConfig(store="shop", active_backends=True, max=20)
 BUILT = {"service/db/embedded.py": {"_create_database": embedded._create_database(
     embedded.DATABASE_NAME)},
     # a store's statements hold the policy's own SQL and its ledger table's name
-    "service/stores.py": {
-        "page_statement": stores.page_statement(_SHOP.source, after=True, tenant=True),
-        "columns_statement": stores.columns_statement(_SHOP.source),
-        "explain_statement": stores.explain_statement(
-            stores.page_statement(_SHOP.source, after=False, tenant=False), as_json=True),
-        "guard_statement": stores.guard_statement(_GUARD),
-        "target_statement": stores.target_statement(_SHOP.target)},
-    "service/targets.py": {
-        name: getattr(targets, name)("cleanup_ledger")
+    "service/sweeps/store_databases.py": {
+        "page_statement": store_databases.page_statement(_SHOP.source, after=True, tenant=True),
+        "columns_statement": store_databases.columns_statement(_SHOP.source),
+        "explain_statement": store_databases.explain_statement(
+            store_databases.page_statement(_SHOP.source, after=False, tenant=False), as_json=True),
+        "guard_statement": store_databases.guard_statement(_GUARD),
+        "target_statement": store_databases.target_statement(_SHOP.target)},
+    "service/sweeps/store_targets.py": {
+        name: getattr(store_targets, name)("cleanup_ledger")
         for name in ("ledger_create", "ledger_index", "ledger_prune", "ledger_insert",
                      "ledger_done", "ledger_earlier", "ledger_record")}}
 
@@ -189,8 +185,8 @@ def test_every_statement_builder_is_checked() -> None:
 
 def test_a_statement_is_sent_with_its_name() -> None:
     assert claims._ADMIT.text.startswith("/* claims.admit */ WITH clock AS")
-    assert runs._PICK.text.startswith(
-        "/* runs.pick */ SELECT id, policy, policy_version FROM items\n")
+    assert publication._PICK.text.startswith(
+        "/* publication.pick */ SELECT id, policy, policy_version FROM items\n")
     assert intake._RECORD.text.startswith("/* intake.record */ WITH existing AS (")
 
 
@@ -264,6 +260,6 @@ def test_the_predicates_are_where_they_must_be() -> None:
     assert claims._ADMIT.text.count(expired_lease("clock.now")) == 1
     assert claims._ADMIT.text.count(OPEN_SCOPE) == 1
     # the scopes listing and the gauge count one set, on one clock
-    assert scopes._LIST.text.count(ready_item("now()")) == 1
+    assert scope_controls._LIST.text.count(ready_item("now()")) == 1
     assert metrics._LEDGER_ELIGIBLE.text.count(ready_item("now()")) == 1
     assert metrics._LEDGER_SCOPES.text.count(CLOSURE_OVER) == 1

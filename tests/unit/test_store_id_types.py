@@ -1,12 +1,12 @@
-"""service.store_sql.ids_type and id_type_problem: the type a store target's statement casts
-its ids to, read from its text, and the ids that type could never take (refused at
+"""service.config.store_statements.ids_type and id_type_problem: the type a store target's
+statement casts its ids to, read from its text, and the ids that type could never take (refused at
 registration and discovery instead of failing a batch)."""
 
 from __future__ import annotations
 
 import pytest
 
-from service.store_sql import id_type_problem, ids_type
+from service.config.store_statements import id_type_problem, ids_type
 
 
 @pytest.mark.parametrize(("statement", "kind"), [

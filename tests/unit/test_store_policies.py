@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
-from service import limiter, store_sql
+from service.budget import limiter
+from service.config import store_statements
+from service.config.policies import resolve_policies
 from service.errors import ConfigError
-from service.policies import resolve_policies
 from tests.integration.store_schema import CARTS_SOURCE, CARTS_TARGET, EXAMPLE, store_policy
 
 ENV = {"SHOP_DATABASE_URL": "postgresql://shop.invalid/shop"}
@@ -129,11 +130,11 @@ def test_a_guard_needs_a_target_and_a_rows_budget_a_store() -> None:
 def test_binds_are_what_sqlalchemy_binds(sql: str, found: set[str]) -> None:
     from sqlalchemy import text
 
-    assert store_sql.binds(sql) == found == set(text(sql)._bindparams)
+    assert store_statements.binds(sql) == found == set(text(sql)._bindparams)
 
 
 def test_typed_parameters_leave_literals_and_casts_alone() -> None:
-    assert store_sql.typed("SELECT a::int FROM t WHERE b < :cutoff AND c = ANY(:ids)",
+    assert store_statements.typed("SELECT a::int FROM t WHERE b < :cutoff AND c = ANY(:ids)",
                            {"cutoff": "timestamptz", "ids": "text[]"}) == (
         "SELECT a::int FROM t WHERE b < CAST(:cutoff AS timestamptz) AND c = "
         "ANY(CAST(:ids AS text[]))")

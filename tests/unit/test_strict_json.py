@@ -1,4 +1,4 @@
-"""service/strict_json: what Python's reader takes and JSON does not say one way."""
+"""service/protocols/strict_json: what Python's reader takes and JSON does not say one way."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from service import strict_json
+from service.protocols import strict_json
 
 
 @pytest.mark.parametrize(("text", "why"), [

@@ -1,5 +1,5 @@
-"""service.upstream: ids stay in their own percent-encoded path segment, each call carries the
-operation key as Idempotency-Key with the policy's method and path and the env-provided
+"""service.upstreams.deletion_api: ids stay in their own percent-encoded path segment, each call
+carries the operation key as Idempotency-Key with the policy's method and path and the env-provided
 headers, transport failures map to the Failure the module docstring promises, bodies are
 read only up to the cap, and an overall deadline bounds every call."""
 
@@ -18,10 +18,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from service.config.policies import Policies, resolve_policies
+from service.config.request_templates import compile_origin, compile_request
 from service.outcomes import Answer, Failure, Outcome, classify
-from service.policies import Policies, resolve_policies
-from service.templates import compile_origin, compile_request
-from service.upstream import BODY_CAP_BYTES, USER_AGENT, Upstreams
+from service.upstreams.deletion_api import BODY_CAP_BYTES, USER_AGENT, Upstreams
 
 TEMPLATE = "/tenants/{tenant_id}/carts/{object_id}"
 KEY = "ab" * 32
@@ -292,7 +292,7 @@ NOT_SENT = {Failure.CONNECT, Failure.TIMEOUT_BEFORE_SEND}
     (httpx.ReadTimeout("r"), {Failure.TIMEOUT_AFTER_SEND}),
     (httpx.ReadError("reset"), {Failure.RESET_AFTER_SEND}),
     (httpx.RemoteProtocolError("closed mid-answer"), {Failure.RESET_AFTER_SEND}),
-    # refused before sending: a header holding a line break (service/transport.py)
+    # refused before sending: a header holding a line break (service/protocols/transport.py)
     (httpx.LocalProtocolError("bad"), {Failure.INVALID_REQUEST}),
     # other protocol errors
     (httpx.UnsupportedProtocol("gopher"), {Failure.PROTOCOL}),
@@ -417,7 +417,7 @@ async def test_upstreams_aclose_closes_every_transport() -> None:
                         "http://other.example:8080/v1/"]))
 def test_url_maker_builds_what_httpx_parses(ids: list[str], base: str) -> None:
     """The URL maker yields exactly the URL httpx makes of the base and the path."""
-    from service.upstream import UrlMaker
+    from service.upstreams.deletion_api import UrlMaker
 
     path = "/x/" + "/".join(render_path("{object_id}", tenant_id="t", object_id=i)
                             if i not in (".", "..") else "dot" for i in ids)

@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from service.policies import Policies
-from service.policy_file import parse_body_path
-from service.webhooks import DeliveryRejected, extract, read_delivery
+from service.config.policies import Policies
+from service.config.policy_file import parse_body_path
+from service.webhooks.deliveries import DeliveryRejected, extract, read_delivery
 from tests.conftest import policies_from
 
 SECRET = "shpss_unit"

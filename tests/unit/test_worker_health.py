@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 import httpx
 
-from service.claims import Admission
+from service.ledger.claims import Admission
 from service.worker.health import WorkerHealth, serve_probes
 from service.worker.pool import WARM_UP_SCOPE
 from tests.unit.test_worker_rounds import rig

@@ -20,13 +20,13 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from service import limiter
-from service.claims import Admission, Completion, Lease
-from service.limiter import Closure, Grant
+from service.budget import limiter
+from service.budget.limiter import Closure, Grant
+from service.config.policies import Policies, Policy
+from service.ledger.claims import Admission, Completion, Lease
 from service.outcomes import Answer, Failure
-from service.policies import Policies, Policy
-from service.transport import SEND_BY
-from service.upstream import CallResult
+from service.protocols.transport import SEND_BY
+from service.upstreams.deletion_api import CallResult
 from service.worker import Ports, WorkerPool
 from service.worker.pacing import CallLimit
 from service.worker.ports import NoWakeups

@@ -1,0 +1,613 @@
+"""The `sweeper` command: serve, worker, migrate, check-config, run, local, demo, drill,
+openapi, credentials.
+
+Exit codes are service/commands/exits.py's. Expected failures print one line per problem to
+stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from importlib.metadata import PackageNotFoundError, entry_points, version
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from sqlalchemy.engine import URL
+
+from service.commands.exits import Exit
+from service.commands.run_client import RunFailed
+from service.config.policies import Policies, load_policies
+from service.config.settings import (
+    Settings,
+    async_url,
+    load_settings,
+    plain_url,
+    unknown_variables,
+)
+from service.db.engine import is_unavailable, make_engine
+from service.errors import ConfigError, DatabaseUnavailable, ListenError
+from service.observability.logs import configure_logging
+
+if TYPE_CHECKING:
+    from service.credentials import Keyring
+    from service.credentials.tenant_credentials import Reencryption
+    from service.evidence.verification import Verified
+    from service.worker.process import Faults
+
+log = logging.getLogger("service.commands.cli")
+
+PLUGIN_GROUP = "sweeper.commands"
+
+
+def load_config() -> tuple[Settings, Policies]:
+    """Settings and the policies file they name, both validated; unknown SWEEPER_*
+    variables are logged as warnings (they are ignored, so a misspelt one is a mistake)."""
+    from service.budget.credential_waits import missing_key
+    from service.credentials import Keyring
+
+    settings = load_settings()
+    policies = load_policies(settings.policies_file)
+    problems = missing_key(policies, Keyring.from_settings(settings))
+    if problems:
+        raise ConfigError(*problems)
+    configure_logging(settings)
+    for warning in unknown_variables(os.environ):
+        log.warning(warning)
+    if policies.stores:
+        from service.sweeps.store_databases import check_policies
+
+        checked = asyncio.run(check_policies(policies))
+        if checked.problems:
+            raise ConfigError(*checked.problems)
+        for warning in checked.warnings:
+            log.warning(warning)
+    return settings, policies
+
+
+@contextmanager
+def database(settings: Settings) -> Iterator[URL]:
+    """The configured database URL, or an embedded server for as long as the block runs."""
+    url = settings.sqlalchemy_url()
+    if url is not None:
+        yield url
+        return
+    from service.db.embedded import embedded_database
+
+    with embedded_database(settings.data_dir) as embedded:
+        yield async_url(embedded)
+
+
+async def migrate_database(url: URL, settings: Settings, target: str = "head") -> None:
+    """Run migrations, mapping 'cannot connect' to DatabaseUnavailable with a clear message."""
+    from service.db import migrate
+
+    engine = make_engine(url, settings)
+    try:
+        await migrate.upgrade(engine, target)
+    except Exception as exc:
+        if is_unavailable(exc):
+            where = url.set(drivername="postgresql").render_as_string(hide_password=True)
+            reason = str(getattr(exc, "orig", None) or exc) or type(exc).__name__
+            raise DatabaseUnavailable(f"cannot reach PostgreSQL at {where}: {reason}") from None
+        raise
+    finally:
+        await engine.dispose()
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    """Every problem of the settings and the policies file at once, then the warnings."""
+    problems: list[str] = []
+    settings: Settings | None = None
+    try:
+        settings = load_settings()
+        policies_file = settings.policies_file
+    except ConfigError as exc:
+        problems += exc.problems
+        policies_file = Path(os.environ["SWEEPER_POLICIES_FILE"]) if os.environ.get(
+            "SWEEPER_POLICIES_FILE") else None
+    try:
+        policies = load_policies(policies_file)
+    except ConfigError as exc:
+        problems += exc.problems
+        policies = None
+    warnings = unknown_variables(os.environ)
+    if policies_file is None:
+        warnings.append("SWEEPER_POLICIES_FILE is not set: there are no policies, so no item "
+                        "can be registered and no webhook accepted")
+    for warning in warnings:
+        print(f"sweeper: warning: {warning}", file=sys.stderr)
+    if settings is not None and policies is not None:
+        from service.budget.credential_waits import missing_key
+        from service.credentials import Keyring
+
+        problems += missing_key(policies, Keyring.from_settings(settings))
+    statements: list[str] = []
+    if policies is not None and policies.stores:
+        from service.sweeps.store_databases import check_policies
+
+        checked = asyncio.run(check_policies(policies, explain=args.explain))
+        problems += checked.problems
+        statements = checked.statements
+        for warning in checked.warnings:
+            print(f"sweeper: warning: {warning}", file=sys.stderr)
+    if problems:
+        raise ConfigError(*problems)
+    assert settings is not None
+    assert policies is not None
+    signer = settings.evidence_signer()
+    if signer is not None:
+        signing = f"signed with key {signer.current.key_id}"
+    elif settings.database_url is None:
+        signing = f"signed with the key under {settings.data_dir}"
+    else:
+        signing = "UNSIGNED (set SWEEPER_EVIDENCE_SIGNING_KEY_FILE)"
+    stores = f"{len(policies.stores)} store(s), " if policies.stores else ""
+    print(f"ok: {len(policies.upstreams)} upstream(s), {stores}"
+          f"{len(policies.policies)} policy(ies), "
+          f"{len(policies.webhooks)} webhook source(s) from {policies.source}; "
+          f"database: {'configured' if settings.database_url else 'embedded'}; "
+          f"evidence exports: {signing}")
+    for shown in statements:
+        print(shown)
+    from service.sweeps.list_pages import describe_requests
+
+    for shown in describe_requests(policies):
+        print(shown)
+    return Exit.OK
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    settings, _ = load_config()
+    with database(settings) as url:
+        asyncio.run(migrate_database(url, settings, args.revision))
+    print(f"schema at {args.revision}")
+    return 0
+
+
+def cmd_rotate_credentials_key(_args: argparse.Namespace) -> int:
+    """Re-encrypt every stored credential under SWEEPER_CREDENTIALS_KEY; exit 1 if some
+    row opens under no configured key (each is logged with its tenant and upstream)."""
+    from service.credentials import Keyring
+
+    settings = load_settings()
+    configure_logging(settings)
+    keyring = Keyring.from_settings(settings)
+    if keyring is None:
+        raise ConfigError("SWEEPER_CREDENTIALS_KEY: must be set: stored credentials are "
+                          "re-encrypted under it")
+    with database(settings) as url:
+        done = asyncio.run(_reencrypt(url, settings, keyring))
+    print(f"{done.reencrypted} credential(s) re-encrypted under key {keyring.current_id}, "
+          f"{done.replaced_meanwhile} replaced meanwhile, {len(done.unreadable)} unreadable")
+    return Exit.INCOMPLETE if done.unreadable else Exit.OK
+
+
+async def _reencrypt(url: URL, settings: Settings, keyring: Keyring) -> Reencryption:
+    from service.credentials import tenant_credentials
+
+    engine = make_engine(url, settings)
+    try:
+        return await tenant_credentials.reencrypt(engine, keyring,
+                                                  actor="cli:credentials rotate-key")
+    except Exception as exc:
+        if is_unavailable(exc):
+            where = url.set(drivername="postgresql").render_as_string(hide_password=True)
+            raise DatabaseUnavailable(f"cannot reach PostgreSQL at {where}") from None
+        raise
+    finally:
+        await engine.dispose()
+
+
+def _verified_slices(verified: Verified, kept: int) -> str:
+    """What a verified log export holds, in one line."""
+    parts = [f"run {verified.run_id}" if verified.run_id is not None else "log range",
+             f"{verified.records} record(s)",
+             f"entries {verified.first_seq}..{verified.last_seq}" if verified.entries
+             else "no entries",
+             f"{verified.checkpoints} checkpoint(s)"]
+    if kept:
+        parts.append(f"{kept} kept checkpoint(s) given")
+    said = ", ".join(parts) + f", signed with key {verified.key_id}"
+    if verified.next_after is not None:
+        said += f"; next page after={verified.next_after}"
+    return said
+
+
+def cmd_verify_evidence(args: argparse.Namespace) -> int:
+    """Verify an evidence export offline: the log's slices against their signed checkpoints
+    (and the checkpoints kept outside the database, if given) and the manifest, or an
+    export made before the evidence log (sweeper-evidence/1). Exit 0 verified, 1 not (the
+    first failing line named), 2 a file that cannot be read."""
+    from service.evidence import signing as evidence
+    from service.evidence import verification
+
+    keys: list[evidence.PublicKey] = []
+    for path in args.public_key:
+        try:
+            keys.extend(evidence.public_keys(path.read_bytes()))
+        except OSError as exc:
+            raise ConfigError(f"--public-key {path}: cannot be read ({exc.strerror})") from None
+        except evidence.KeyProblem as exc:
+            raise ConfigError(f"--public-key {path}: {exc}") from None
+    kept: dict[int, bytes] = {}
+    if args.checkpoints is not None:
+        try:
+            kept = verification.kept_checkpoints(args.checkpoints.read_bytes(), keys)
+        except OSError as exc:
+            raise ConfigError(f"--checkpoints {args.checkpoints}: cannot be read "
+                              f"({exc.strerror})") from None
+        except evidence.VerificationFailed as exc:
+            print(f"{args.checkpoints}: NOT verified: checkpoint {exc.line}: {exc.reason}",
+                  file=sys.stderr)
+            return Exit.INCOMPLETE
+    try:
+        with args.file.open("rb") as lines:
+            first = lines.readline()
+            lines.seek(0)
+            if first.startswith(b'{"checkpoint"') or b'"sweeper-evidence/2"' in first:
+                said = _verified_slices(verification.verify(lines, keys, kept), len(kept))
+            else:
+                if kept:
+                    raise ConfigError(f"{args.file}: a sweeper-evidence/1 export (made before "
+                                      f"the evidence log): --checkpoints does not apply")
+                old = evidence.verify(lines, keys)
+                said = (f"run {old.run_id}, {old.records} record(s), signed with key "
+                        f"{old.key_id} (sweeper-evidence/1: chained at export)")
+    except OSError as exc:
+        raise ConfigError(f"{args.file}: cannot be read ({exc.strerror})") from None
+    except evidence.VerificationFailed as exc:
+        print(f"{args.file}: NOT verified: {exc}", file=sys.stderr)
+        return Exit.INCOMPLETE
+    print(f"{args.file}: verified: {said}")
+    return Exit.OK
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from service.app import create_app
+    from service.http.serving import GracefulServer, listening_socket, server_config
+
+    settings, policies = load_config()
+    host = args.host or settings.host
+    port = settings.port if args.port is None else args.port
+    # bound before the database starts: a port in use is refused at once, with exit 4
+    sock = listening_socket(host, port)
+    try:
+        with database(settings) as url:
+            if settings.migrate_on_start:
+                asyncio.run(migrate_database(url, settings))
+            app = create_app(settings, policies, url, run_workers=not args.api_only)
+            settle_heap()
+            log.info("serving", extra={"host": host, "port": sock.getsockname()[1],
+                                       "workers": 0 if args.api_only else settings.workers,
+                                       "tls": settings.tls_cert_file is not None})
+            GracefulServer(server_config(app, settings, host=host, port=port)).run(
+                sockets=[sock])
+    finally:
+        sock.close()
+    return Exit.OK
+
+
+def cmd_worker(_args: argparse.Namespace, faults: Faults | None = None) -> int:
+    """`sweeper worker`; `faults` wraps the pool's ports (drills/agent.py)."""
+    from service.worker import run_worker_process
+    from service.worker.health import WorkerHealth, serve_probes
+
+    settings, policies = load_config()
+    if settings.workers < 1:
+        raise ConfigError("SWEEPER_WORKERS: must be at least 1 for `sweeper worker`")
+    health = WorkerHealth(time.monotonic)
+    if settings.metrics_port:
+        # /healthz, /readyz and the process registry over plain HTTP from a daemon thread
+        # (service/worker/health.py): counters and histograms only; the API replicas report
+        # the ledger gauges.
+        try:
+            serve_probes(health, settings.host, settings.metrics_port)
+        except OSError as exc:
+            raise ListenError(f"SWEEPER_METRICS_PORT: cannot listen on {settings.host}:"
+                              f"{settings.metrics_port}: {exc.strerror}") from None
+    with database(settings) as url:
+        if settings.migrate_on_start:
+            asyncio.run(migrate_database(url, settings))
+        settle_heap()
+        asyncio.run(run_worker_process(settings, policies, url, faults=faults, health=health))
+    return Exit.OK
+
+
+def settle_heap() -> None:
+    """Exempt what start-up built (modules, the app, policies: ~130,000 objects) from the
+    garbage collector's full passes, which walked all of it in tens of ms each, stalling
+    every request and every call of a long-running process now and then. Objects made
+    later are collected as usual."""
+    gc.collect()
+    gc.freeze()
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from service.commands.run_client import run_command
+
+    body = {k: v for k, v in {"policy": args.policy, "tenant_id": args.tenant,
+                              "dry_run": args.dry_run, "max_items": args.max_items}.items()
+            if v not in (None, False)}
+    token = args.token or os.environ.get("SWEEPER_TOKEN")
+    return asyncio.run(run_command(args.url, token, body, args.idempotency_key, args.follow))
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from service.commands.demo import run_demo
+
+    return run_demo(args.items, args.tenants, args.workers, args.keep)
+
+
+def cmd_local(args: argparse.Namespace) -> int:
+    from service.commands.local import run_local
+
+    if args.port == args.store_port:
+        raise ConfigError(f"--port and --store-port must differ (both {args.port})")
+    return run_local(args.port, args.store_port, args.workers, args.data_dir)
+
+
+@contextmanager
+def database_server(settings: Settings) -> Iterator[str]:
+    """The plain postgresql:// URL of the configured database's server (or an embedded
+    one), for commands that create databases of their own there (`sweeper drill`)."""
+    with database(settings) as url:
+        yield plain_url(url)
+
+
+def add_plugin_commands(sub: argparse._SubParsersAction[Any]) -> None:
+    """Commands shipped beside the service (`sweeper drill`) register through the
+    `sweeper.commands` entry point group, so the service never imports them."""
+    for entry in sorted(entry_points(group=PLUGIN_GROUP), key=lambda e: e.name):
+        try:
+            register = entry.load()
+        except ImportError as exc:  # a partial install must not take the other commands down
+            print(f"sweeper: command {entry.name!r} is unavailable: {exc}", file=sys.stderr)
+            continue
+        register(sub)
+
+
+def cmd_openapi(args: argparse.Namespace) -> int:
+    from service.commands.openapi import render_openapi
+
+    document = render_openapi()
+    out: Path = args.output
+    if args.check:
+        current = out.read_text(encoding="utf-8") if out.exists() else ""
+        if current != document:
+            print(f"{out} is out of date; run `sweeper openapi`", file=sys.stderr)
+            return 1
+        print(f"{out} is up to date")
+        return 0
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(document, encoding="utf-8")
+    print(f"wrote {out}")
+    return 0
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with usage errors on their own exit code (64), told apart from a refused
+    configuration (2), and option defaults shown in --help."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(Exit.USAGE, f"{self.prog}: usage error: {message}\n")
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Appends an option's default to its help, unless the help already tells it: `off`
+    for a flag, the value otherwise (options without one say what happens instead)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "default" in text or not action.option_strings or action.default in (
+                None, argparse.SUPPRESS):
+            return text
+        if action.default is False:
+            return f"{text} (default off)"
+        return f"{text} (default %(default)s)"
+
+
+def port_number(text: str) -> int:
+    """A TCP port, 1-65535: larger numbers would wrap to another port, 0 picks any."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port (1-65535)")
+    return port
+
+
+def bounded(low: int, high: int) -> Callable[[str], int]:
+    """An integer option within [low, high]."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is outside {low}-{high}")
+        return value
+    parse.__name__ = "number"
+    return parse
+
+
+def sweeper_version() -> str:
+    try:
+        return version("sweeper")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        from service import __version__
+        return __version__
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="sweeper", description=__doc__.splitlines()[0],
+                    epilog="Exit codes: 0 success, 1 a run left dead items (run --follow), a "
+                           "stale file (openapi --check) or a failed drill, 2 configuration "
+                           "refused, 3 database unreachable, 4 cannot listen on the address, "
+                           "5 the server could not be reached or refused (run), 6 the run "
+                           "failed (run --follow), 64 usage error, 130 interrupted.")
+    parser.add_argument("--version", action="version", version=f"sweeper {sweeper_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run the HTTP API and the worker pool",
+                           description="Run the HTTP API, the run publisher and the worker "
+                                       "pool (configured by SWEEPER_* variables).")
+    serve.add_argument("--host", default=None,
+                       help="bind address (default SWEEPER_HOST, 127.0.0.1)")
+    serve.add_argument("--port", type=port_number, default=None,
+                       help="port, 1-65535 (default SWEEPER_PORT, 8080)")
+    serve.add_argument("--api-only", action="store_true", help="do not start workers")
+    serve.set_defaults(func=cmd_serve)
+
+    worker = sub.add_parser("worker", help="run only the worker pool (no HTTP API)",
+                            description="Run only the worker pool (SWEEPER_WORKERS of them).")
+    worker.set_defaults(func=cmd_worker)
+
+    migrate = sub.add_parser("migrate", help="bring the database schema to a revision")
+    migrate.add_argument("--revision", default="head", help="target revision")
+    migrate.set_defaults(func=cmd_migrate)
+
+    check = sub.add_parser("check-config", help="validate settings and the policies file",
+                           description="List every problem of the SWEEPER_* settings and the "
+                                       "policies file, and warn about unknown SWEEPER_* "
+                                       "variables; exit 2 if there are problems. Each "
+                                       "store's source queries and target statements are "
+                                       "checked against the store and shown.")
+    check.add_argument("--explain", action="store_true",
+                       help="show each store statement's plan (EXPLAIN; nothing is deleted)")
+    check.set_defaults(func=cmd_check_config)
+
+    run = sub.add_parser("run", help="trigger a run on a server (and follow it)",
+                         description="Trigger a run on a server; with --follow, show its "
+                                     "progress and exit 0 only if it ended with no dead item "
+                                     "(1: dead items, 5: server unreachable or refused, "
+                                     "6: the run failed).")
+    run.add_argument("--url", default=os.environ.get("SWEEPER_URL", "http://127.0.0.1:8080"),
+                     help="server base URL (default SWEEPER_URL or http://127.0.0.1:8080)")
+    run.add_argument("--token", default=None, help="bearer token (default SWEEPER_TOKEN)")
+    run.add_argument("--policy", default=None, help="only this policy (default: all)")
+    run.add_argument("--tenant", default=None, help="only this tenant (default: all)")
+    run.add_argument("--dry-run", action="store_true",
+                     help="report only: count candidates, release nothing")
+    run.add_argument("--max-items", type=bounded(1, 10_000_000), default=None,
+                     help="release at most this many items (default: every due item)")
+    run.add_argument("--idempotency-key", default=None,
+                     help="the trigger's Idempotency-Key: the same key gives the same run "
+                          "(default: none, every call is a new run)")
+    run.add_argument("--follow", action="store_true",
+                     help="show progress until the run drains, and exit by how it ended")
+    run.set_defaults(func=cmd_run)
+
+    local = sub.add_parser("local", help="try it locally: the service, a simulated store and "
+                                         "a ready configuration",
+                           description="Serve the API and workers on 127.0.0.1 with an "
+                                       "embedded database, a simulated store and the policies "
+                                       "of service/commands/local/policies.toml; prints a token "
+                                       "and three curl commands to try.")
+    local.add_argument("--port", type=port_number, default=8080, help="API port")
+    local.add_argument("--store-port", type=port_number, default=8081,
+                       help="the simulated store's port")
+    local.add_argument("--workers", type=bounded(1, 256), default=8, help="workers")
+    local.add_argument("--data-dir", type=Path, default=None,
+                       help="keep the database in this folder (default: a temporary one, "
+                            "removed on exit)")
+    local.set_defaults(func=cmd_local)
+
+    demo = sub.add_parser("demo", help="run everything locally against a simulated store")
+    demo.add_argument("--items", type=bounded(1, 1_000_000), default=3000,
+                      help="expired carts to register")
+    demo.add_argument("--tenants", type=bounded(1, 10_000), default=6,
+                      help="tenants they belong to")
+    demo.add_argument("--workers", type=bounded(1, 1024), default=32, help="workers")
+    demo.add_argument("--keep", type=Path, default=None,
+                      help="keep the demo database in this folder (default: a temporary one)")
+    demo.set_defaults(func=cmd_demo)
+
+    credentials = sub.add_parser(
+        "credentials", help="manage tenants' stored upstream credentials",
+        description="Manage the upstream credentials stored through the API (encrypted "
+                    "under SWEEPER_CREDENTIALS_KEY).")
+    actions = credentials.add_subparsers(dest="action", required=True, metavar="ACTION",
+                                         help="what to do")
+    rotate = actions.add_parser(
+        "rotate-key", help="re-encrypt every stored credential under the current key",
+        description="Re-encrypt every stored credential under SWEEPER_CREDENTIALS_KEY (rows "
+                    "under a key of SWEEPER_CREDENTIALS_PREVIOUS_KEYS); afterwards the "
+                    "previous keys may be removed. Exit 1 if a row opens under no configured "
+                    "key (logged by tenant and upstream, left as it is).")
+    rotate.set_defaults(func=cmd_rotate_credentials_key)
+
+    evidence = sub.add_parser(
+        "evidence", help="verify deletion evidence exports",
+        description="Work with the evidence exports of GET /v1/runs/{id}/evidence and "
+                    "GET /v1/evidence/log.")
+    evidence_actions = evidence.add_subparsers(dest="action", required=True, metavar="ACTION",
+                                               help="what to do")
+    verify = evidence_actions.add_parser(
+        "verify", help="verify an export offline (log chain, checkpoints, manifest)",
+        description="Check an evidence export (GET /v1/runs/{id}/evidence or "
+                    "/v1/evidence/log): every entry's record chains onto the one before to "
+                    "the head its slice's closing checkpoint signs, every checkpoint and "
+                    "the manifest verify under one of the public keys given, and, with "
+                    "--checkpoints, every checkpoint kept outside the database agrees with "
+                    "the log. Exit 0 verified, 1 not (the first line that fails is named), "
+                    "2 a file that cannot be read.")
+    verify.add_argument("file", type=Path, help="the export (JSON lines)")
+    verify.add_argument("--public-key", type=Path, action="append", required=True,
+                        metavar="FILE",
+                        help="a PEM public key, base64 keys, or the JSON of GET "
+                             "/v1/evidence/public-key (repeat for more)")
+    verify.add_argument("--checkpoints", type=Path, metavar="FILE",
+                        help="checkpoints kept outside the database (the JSON of GET "
+                             "/v1/evidence/checkpoints): the log must agree with each")
+    verify.set_defaults(func=cmd_verify_evidence)
+
+    add_plugin_commands(sub)
+
+    openapi = sub.add_parser("openapi", help="write the OpenAPI document")
+    openapi.add_argument("--output", type=Path, default=Path("openapi/openapi.json"),
+                         help="file to write or check")
+    openapi.add_argument("--check", action="store_true",
+                         help="only check the file is current; exit 1 if stale")
+    openapi.set_defaults(func=cmd_openapi)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `sweeper` console script."""
+    return run(build_parser().parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run a parsed command; expected failures become one line each and an exit code."""
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except ConfigError as exc:
+        for problem in exc.problems or (str(exc),):
+            print(f"sweeper: configuration error: {problem}", file=sys.stderr)
+        return Exit.CONFIG
+    except DatabaseUnavailable as exc:
+        print(f"sweeper: database unavailable: {exc}", file=sys.stderr)
+        return Exit.DATABASE
+    except ListenError as exc:
+        print(f"sweeper: {exc}", file=sys.stderr)
+        return Exit.LISTEN
+    except RunFailed as exc:
+        print(f"sweeper: {exc}", file=sys.stderr)
+        return Exit.SERVER
+    except KeyboardInterrupt:
+        return Exit.INTERRUPTED

@@ -1,0 +1,164 @@
+"""`sweeper run`: trigger a run on a server and, with --follow, show its progress live
+and exit by how it ended (service/commands/exits.py): 0 drained with no dead item (or nothing was
+due), 1 some items went dead, 6 the run failed, 5 the server was unreachable or refused."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+import httpx
+
+from service.commands.exits import Exit
+from service.errors import ConfigError, SweeperError
+
+TERMINAL = ("succeeded", "dead", "cancelled", "skipped")
+POLL_INTERVAL_S = 0.5
+PLAIN_REPORT_EVERY_S = 5.0
+BAR_WIDTH = 30
+MAX_ERRORS_SHOWN = 10
+
+
+class RunFailed(SweeperError):
+    """The server refused the trigger or could not be reached."""
+
+
+@dataclass
+class Progress:
+    """Done/total with a rate measured over the follow so far."""
+
+    started: float
+    first_done: int | None = None
+
+    def line(self, run: dict[str, Any], now: float) -> str:
+        items: dict[str, int] = run.get("items", {})
+        total = int(run.get("released", 0))
+        done = sum(items.get(s, 0) for s in TERMINAL)
+        if self.first_done is None:
+            self.first_done = done
+        elapsed = max(now - self.started, 1e-9)
+        rate = (done - self.first_done) / elapsed
+        publishing = run.get("state") == "publishing"
+        share = done / total if total else (0.0 if publishing else 1.0)
+        filled = int(BAR_WIDTH * share)
+        eta = f"{(total - done) / rate:.0f}s" if rate > 0 and done < total else "-"
+        attempts = run.get("attempts", {})
+        outcomes = " ".join(f"{k}={v}" for k, v in sorted(attempts.items()))
+        state = "" if run.get("state") == "published" else f" ({run.get('state')})"
+        return (f"[{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {done}/{total} "
+                f"{share:4.0%} {rate:7.1f}/s ETA {eta}{state}  attempts: {outcomes or '-'}")
+
+
+def finished(run: dict[str, Any]) -> bool:
+    """Published, and none of its items pending or leased any more."""
+    items = run.get("items", {})
+    return bool(run.get("state") == "published" and not items.get("pending")
+                and not items.get("leased"))
+
+
+async def trigger(client: httpx.AsyncClient, body: dict[str, Any], key: str | None
+                  ) -> dict[str, Any]:
+    """POST /v1/runs and return the run."""
+    headers = {"Idempotency-Key": key} if key else {}
+    try:
+        response = await client.post("/v1/runs", json=body, headers=headers)
+    except httpx.TransportError as exc:
+        raise RunFailed(f"cannot reach {client.base_url}: {type(exc).__name__}") from None
+    if response.status_code not in (200, 202):
+        raise RunFailed(_problem_text(response))
+    run: dict[str, Any] = response.json()
+    return run
+
+
+async def follow(client: httpx.AsyncClient, run_id: int, out: TextIO = sys.stderr,
+                 timeout_s: float | None = None) -> dict[str, Any]:
+    """Poll the run until it drains or fails, drawing a progress bar (a line every few
+    seconds when `out` is not a terminal). Returns the final run."""
+    progress = Progress(started=time.monotonic())
+    tty = out.isatty()
+    last_plain = 0.0
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        response = await client.get(f"/v1/runs/{run_id}")
+        if response.status_code != 200:
+            raise RunFailed(_problem_text(response))
+        run: dict[str, Any] = response.json()
+        now = time.monotonic()
+        line = progress.line(run, now)
+        done = finished(run)
+        if tty:
+            # one terminal row: `\r` returns to the start of the last row only, so a wrapped
+            # line would leave an older bar above newer counts
+            width = shutil.get_terminal_size().columns
+            out.write("\r\x1b[2K" + line[:max(width - 1, 1)])
+        elif done or now - last_plain >= PLAIN_REPORT_EVERY_S:
+            out.write(line + "\n")
+            last_plain = now
+        out.flush()
+        if done or run.get("state") == "failed":
+            if tty:
+                out.write("\n")
+            return run
+        if deadline is not None and now > deadline:
+            raise RunFailed(f"run {run_id} did not drain within {timeout_s:.0f} s")
+        await asyncio.sleep(POLL_INTERVAL_S)
+
+
+def _problem_text(response: httpx.Response) -> str:
+    """The refusal's status, title and detail, and for a 422 what was wrong where (a
+    `--policy` naming no policy, say): "1 problem(s) in the request" alone says nothing."""
+    try:
+        doc = response.json()
+    except ValueError:
+        return f"HTTP {response.status_code}"
+    if not isinstance(doc, dict):
+        return f"HTTP {response.status_code}"
+    text = f"HTTP {response.status_code}: {doc.get('title')}: {doc.get('detail', '')}"
+    errors = doc.get("errors")
+    for error in errors[:MAX_ERRORS_SHOWN] if isinstance(errors, list) else ():
+        if isinstance(error, dict):
+            where = ".".join(str(part) for part in error.get("loc", ()))
+            text += f"\n  {where}: {error.get('message', '')}"
+    return text
+
+
+def outcome(run: dict[str, Any]) -> tuple[Exit, str]:
+    """How a followed run ended: the exit code and the line that says so."""
+    name = f"run {run['id']}"
+    if run.get("state") == "failed":
+        error = run.get("report", {}).get("error") or {}
+        return Exit.RUN_FAILED, f"{name} failed: {error.get('code')}: {error.get('message')}"
+    if run["dry_run"]:
+        return Exit.OK, (f"{name} (report only): {run['candidates']} candidate(s), oldest due "
+                         f"{run['oldest_due_at'] or '-'}; nothing released")
+    if not run.get("released"):
+        return Exit.OK, f"{name}: nothing was due by the cutoff {run['cutoff']}; no item released"
+    items = run.get("items", {})
+    drained = f"{name} drained: " + ", ".join(f"{k}={v}" for k, v in sorted(items.items()))
+    if items.get("dead"):
+        return Exit.INCOMPLETE, (f"{drained}; {items['dead']} item(s) went dead "
+                                 "(GET /v1/items?status=dead shows why)")
+    return Exit.OK, drained
+
+
+async def run_command(url: str, token: str | None, body: dict[str, Any], key: str | None,
+                      follow_run: bool) -> int:
+    """The `sweeper run` command body; prints the run id, then follows if asked and exits
+    by how the run ended."""
+    if not token:
+        raise ConfigError("SWEEPER_TOKEN (or --token) is required to call the API")
+    async with httpx.AsyncClient(base_url=url, timeout=10,
+                                 headers={"Authorization": f"Bearer {token}"}) as client:
+        run = await trigger(client, body, key)
+        print(f"run {run['id']}: cutoff {run['cutoff']}, state {run['state']}"
+              f"{' (dry run)' if run['dry_run'] else ''}")
+        if not follow_run:
+            return Exit.OK
+        final = await follow(client, int(run["id"]))
+    code, line = outcome(final)
+    print(line, file=sys.stdout if code is Exit.OK else sys.stderr)
+    return code

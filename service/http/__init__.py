@@ -1,0 +1,3 @@
+"""The HTTP surface: the REST API (`api`), the operator console (`console`) and the server around
+them (`serving`). Routers translate HTTP to domain calls and back; no SQL here.
+"""

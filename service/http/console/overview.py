@@ -1,0 +1,73 @@
+"""The console's overview, read at most once per OVERVIEW_MAX_AGE_S per process and shared
+by every viewer: however many browsers poll it, the ledger sees one reading per interval.
+
+Its parts come from the caches that already exist (the metrics' ledger snapshot: backlog
+age, eligible and dead items per policy, workers paused; the run progress cache: recent
+runs) and two bounded reads of its own (succeeded per second over a short window through
+the finished-items index, and the closed or paused scopes with their reasons)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from service.ledger import operator_reads
+from service.observability.metrics import LedgerSnapshot
+from service.runs import publication as runs
+from service.runtime import Runtime
+
+OVERVIEW_MAX_AGE_S: Final = 2.0
+RECENT_RUNS: Final = 8
+
+
+@dataclass(frozen=True)
+class Overview:
+    """One reading of everything the overview shows."""
+
+    ledger: LedgerSnapshot
+    policies: list[dict[str, Any]]
+    succeeded_per_second: float
+    scopes: list[dict[str, Any]]
+    runs: list[dict[str, Any]]
+    read_at: float = field(default_factory=time.monotonic)
+
+
+class OverviewCache:
+    """The last Overview, shared; one reading at a time, readers arriving meanwhile wait."""
+
+    def __init__(self, max_age_s: float = OVERVIEW_MAX_AGE_S) -> None:
+        self.max_age_s = max_age_s
+        self.readings = 0  # since the process started
+        self._last: Overview | None = None
+        self._lock = asyncio.Lock()
+
+    async def get(self, runtime: Runtime) -> Overview:
+        async with self._lock:
+            last = self._last
+            if last is None or time.monotonic() - last.read_at >= self.max_age_s:
+                last = self._last = await _read(runtime)
+                self.readings += 1
+            return last
+
+
+async def _read(runtime: Runtime) -> Overview:
+    collector = runtime.exporter.collector
+    await collector.refresh()
+    snap = collector.snapshot
+    rates = await operator_reads.succeeded_per_second(runtime.engine)
+    names = sorted(set(runtime.policies.policies) | set(snap.eligible) | set(snap.dead)
+                   | set(rates))
+    policies = [{"name": name,
+                 "oldest_eligible_s": snap.oldest_eligible_s.get(name),
+                 "eligible": snap.eligible.get(name, 0),
+                 "leased": snap.leased.get(name, 0),
+                 "dead": snap.dead.get(name, 0),
+                 "held": snap.held.get(name, 0),
+                 "succeeded_per_second": rates.get(name, 0.0)} for name in names]
+    recent = await runs.list_runs(runtime.engine, limit=RECENT_RUNS, before=None,
+                                  progress=runtime.run_progress)
+    return Overview(ledger=snap, policies=policies,
+                    succeeded_per_second=sum(rates.values()),
+                    scopes=await operator_reads.troubled_scopes(runtime.engine), runs=recent)

@@ -1,0 +1,3 @@
+"""The upstream deletion APIs: the client that calls one (`deletion_api`), on the wire of
+`protocols.transport`.
+"""

@@ -1,0 +1,3 @@
+"""Storefront webhooks: a signed delivery read and checked (`deliveries`) and recorded in the
+ledger (`intake`).
+"""
