@@ -54,7 +54,8 @@ from bench.drain import (
     seed,
 )
 from service.budget import limiter
-from service.ledger import claims, retention
+from service.cluster import retention
+from service.ledger import claims
 from service.upstreams.deletion_api import Upstreams
 
 SEED_CHUNK = 1_000_000

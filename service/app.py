@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import service
 from service.budget.credential_waits import Credentials
-from service.budget.pauses import waiting_loop
+from service.cluster import retention
 from service.cluster.leader import Duty, Elector
 from service.config.policies import Policies
 from service.config.settings import Settings, plain_url
@@ -46,7 +46,7 @@ from service.http.api.methods import RouteMethods
 from service.http.api.problems import REQUEST_ID, install_problem_handlers
 from service.http.console import ConsoleState, console_state
 from service.http.console import routers as console_routers
-from service.ledger import holds, retention, tenant_spellings
+from service.ledger import holds, tenant_spellings
 from service.observability import metrics
 from service.observability.failures import InternalErrors, expected
 from service.observability.metrics import Where
@@ -58,6 +58,7 @@ from service.sweeps.store_targets import ledger_tables
 from service.upstreams.deletion_api import Upstreams
 from service.worker import database_pool
 from service.worker.pool import worker_name
+from service.worker.scope_resumption import waiting_loop
 
 log = logging.getLogger("service.http")
 

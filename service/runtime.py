@@ -10,9 +10,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.budget.credential_waits import Credentials
 from service.config.policies import Policies
 from service.config.settings import Settings
+from service.config.signing_keys import Signer
 from service.config.tokens import TokenSet
 from service.credentials import CredentialStore, Keyring
-from service.evidence.signing import Signer
 from service.observability.metrics import Exporter
 from service.runs.publication import ProgressCache
 from service.sweeps.store_databases import Stores

@@ -3,7 +3,7 @@
 When retention prunes a succeeded item, its evidence moves here in the same statement:
 tenant, object, policy and version, operation key, outcome, upstream status, attempts,
 completion time and the run whose batch released it; never a payload. It is kept for
-SWEEPER_EVIDENCE_RETENTION_DAYS after completion (service/ledger/retention.py), answers
+SWEEPER_EVIDENCE_RETENTION_DAYS after completion (service/cluster/retention.py), answers
 `GET /v1/evidence` (by tenant and object id) and joins the run's export.
 
 `item_id` is the pruned item's id: the key of an export's order, and unique.

@@ -90,7 +90,7 @@ CREATE TABLE discovery_tenants (
     FOREIGN KEY (run_id, policy) REFERENCES discoveries (run_id, policy) ON DELETE CASCADE
 )""",
     "ALTER TABLE scopes ADD COLUMN closed_reason text",
-    # retention prunes skipped items by age (service/ledger/retention.py); on a large ledger create
+    # retention prunes skipped items by age (service/cluster/retention.py); on a large ledger create
     # it by hand first, CONCURRENTLY, as 0003 says of items_finished
     "CREATE INDEX IF NOT EXISTS items_skipped ON items (completed_at) WHERE status = 'skipped'",
 )

@@ -3,9 +3,9 @@
 A call whose tenant has no credential is never sent: the item goes back unpunished and its
 scope pauses with reason `no-credential` (service/budget/answer_effects.py). A scope so paused
 resumes when the credential arrives: at once for a PUT through the API (on the replica that
-took it), and within `service.budget.pauses.WAIT_CHECK_S` for a file that appears in a credentials
-directory or a PUT on another replica (every worker process looks). Only that reason is lifted: an
-operator's pause, or an `unauthorized` one, stays for an operator.
+took it), and within `service.worker.scope_resumption.WAIT_CHECK_S` for a file that appears in a
+credentials directory or a PUT on another replica (every worker process looks). Only that reason is
+lifted: an operator's pause, or an `unauthorized` one, stays for an operator.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.budget.limiter import tokens_at
 from service.db.statements import CLOSURE_OVER, Statement, fetch, ready_item, run
-from service.ledger import audit
+from service.evidence import audit_trail
 
 # `eligible` is the set sweeper_items_eligible counts (ready_item on the same clock), per
 # scope, whether or not the scope is open: its backlog, not what its bucket lets through.
@@ -65,7 +65,7 @@ async def set_budget(engine: AsyncEngine, scope: str, *, rate: float, burst: int
                                              "name": scope})).first()
         if row is None:
             return False
-        await audit.record(conn, actor=actor, action="scope.budget", reason=reason,
+        await audit_trail.record(conn, actor=actor, action="scope.budget", reason=reason,
                            details={"scope": scope, "rate_per_second": rate, "burst": burst,
                                     "weight": weight})
     return True
@@ -93,7 +93,7 @@ async def pause(engine: AsyncEngine, scope: str, *, actor: str, reason: str | No
         row = (await run(conn, _PAUSE, {"reason": stored, "name": scope})).first()
         if row is None:
             return False
-        await audit.record(conn, actor=actor, action="scope.pause", reason=reason,
+        await audit_trail.record(conn, actor=actor, action="scope.pause", reason=reason,
                            details={"scope": scope})
     return True
 
@@ -135,13 +135,13 @@ async def resume(engine: AsyncEngine, scope: str, *, actor: str, reason: str | N
         if row is None:
             return False
         closed_until = row.closed_until.isoformat() if row.closed_until else None
-        await audit.record(conn, actor=actor, action="scope.resume", reason=reason, details={
+        await audit_trail.record(conn, actor=actor, action="scope.resume", reason=reason, details={
             "scope": scope, "lift_closure": lift_closure, "closed_until": closed_until,
             "backoff_level": row.backoff_level})
     return True
 
 
-# -- pauses that end by themselves (service/budget/pauses.py) --------------------------------------
+# -- pauses that end by themselves (service/worker/scope_resumption.py) ------------------
 
 WAITING_PAGE: Final = 500
 
@@ -208,7 +208,7 @@ async def resume_waiting(engine: AsyncEngine, names: list[str], reason: str, *, 
         resumed = [r.name for r in await run(conn, _RESUME_WAITING,
                                              {"names": names, "reason": reason})]
         for scope in resumed:
-            await audit.record(conn, actor=actor, action="scope.resume", reason=why,
+            await audit_trail.record(conn, actor=actor, action="scope.resume", reason=why,
                                details={"scope": scope, "paused_reason": reason})
     return resumed
 
@@ -234,7 +234,7 @@ async def set_workers_paused(engine: AsyncEngine, *, paused: bool, actor: str,
     async with engine.begin() as conn:
         await run(conn, _LOCK_CONTROL)
         await run(conn, _SET_WORKERS_PAUSED, {"paused": paused, "reason": reason})
-        await audit.record(conn, actor=actor, reason=reason, details={},
+        await audit_trail.record(conn, actor=actor, reason=reason, details={},
                            action="workers.pause" if paused else "workers.resume")
 
 

@@ -226,16 +226,16 @@ def cmd_verify_evidence(args: argparse.Namespace) -> int:
     (and the checkpoints kept outside the database, if given) and the manifest, or an
     export made before the evidence log (sweeper-evidence/1). Exit 0 verified, 1 not (the
     first failing line named), 2 a file that cannot be read."""
-    from service.evidence import signing as evidence
-    from service.evidence import verification
+    from service.config import signing_keys
+    from service.evidence import signed_exports, verification
 
-    keys: list[evidence.PublicKey] = []
+    keys: list[signing_keys.PublicKey] = []
     for path in args.public_key:
         try:
-            keys.extend(evidence.public_keys(path.read_bytes()))
+            keys.extend(signing_keys.public_keys(path.read_bytes()))
         except OSError as exc:
             raise ConfigError(f"--public-key {path}: cannot be read ({exc.strerror})") from None
-        except evidence.KeyProblem as exc:
+        except signing_keys.KeyProblem as exc:
             raise ConfigError(f"--public-key {path}: {exc}") from None
     kept: dict[int, bytes] = {}
     if args.checkpoints is not None:
@@ -244,7 +244,7 @@ def cmd_verify_evidence(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise ConfigError(f"--checkpoints {args.checkpoints}: cannot be read "
                               f"({exc.strerror})") from None
-        except evidence.VerificationFailed as exc:
+        except signed_exports.VerificationFailed as exc:
             print(f"{args.checkpoints}: NOT verified: checkpoint {exc.line}: {exc.reason}",
                   file=sys.stderr)
             return Exit.INCOMPLETE
@@ -258,12 +258,12 @@ def cmd_verify_evidence(args: argparse.Namespace) -> int:
                 if kept:
                     raise ConfigError(f"{args.file}: a sweeper-evidence/1 export (made before "
                                       f"the evidence log): --checkpoints does not apply")
-                old = evidence.verify(lines, keys)
+                old = signed_exports.verify(lines, keys)
                 said = (f"run {old.run_id}, {old.records} record(s), signed with key "
                         f"{old.key_id} (sweeper-evidence/1: chained at export)")
     except OSError as exc:
         raise ConfigError(f"{args.file}: cannot be read ({exc.strerror})") from None
-    except evidence.VerificationFailed as exc:
+    except signed_exports.VerificationFailed as exc:
         print(f"{args.file}: NOT verified: {exc}", file=sys.stderr)
         return Exit.INCOMPLETE
     print(f"{args.file}: verified: {said}")

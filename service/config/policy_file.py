@@ -403,7 +403,8 @@ class PolicyConfig(_Strict):
             raise ValueError(f"unknown placeholder(s) {sorted(unknown)}; allowed: "
                              f"{sorted(SCOPE_FIELDS)}")
         # what the ledger's CHECK on a scope's name allows, known before any item is
-        # registered (a tenant id that makes it too long is refused per item, ledger/registration.py)
+        # registered (a tenant id that makes it too long is refused per item,
+        # ledger/registration.py)
         literal = "".join(text for text, *_ in string.Formatter().parse(value))
         if not value:
             raise ValueError('must name the token bucket, e.g. "tenant:{tenant_id}"')

@@ -20,9 +20,9 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
+from service.config import signing_keys
 from service.config.tokens import ROLE_SETTINGS, Role, token_problems
 from service.errors import ConfigError
-from service.evidence import signing
 
 ENV_PREFIX = "SWEEPER_"
 
@@ -241,8 +241,8 @@ class Settings(BaseSettings):
     def _public_keys(cls, keys: list[str]) -> list[str]:
         for n, key in enumerate(keys, 1):
             try:
-                signing.public_keys(key.encode())
-            except signing.KeyProblem as exc:
+                signing_keys.public_keys(key.encode())
+            except signing_keys.KeyProblem as exc:
                 raise ValueError(f"key {n} of {len(keys)}: {exc}") from None
         return keys
 
@@ -254,34 +254,35 @@ class Settings(BaseSettings):
         self.evidence_signer()  # raises, naming the setting and never the key
         return self
 
-    def _previous_public_keys(self) -> tuple[signing.PublicKey, ...]:
+    def _previous_public_keys(self) -> tuple[signing_keys.PublicKey, ...]:
         return tuple(k for text in self.evidence_previous_public_keys
-                     for k in signing.public_keys(text.encode()))
+                     for k in signing_keys.public_keys(text.encode()))
 
-    def evidence_signer(self) -> signing.Signer | None:
+    def evidence_signer(self) -> signing_keys.Signer | None:
         """The configured evidence signing key with the earlier public keys, or None (the
         process makes a local key for the embedded database: `local_evidence_signer`)."""
         try:
             if self.evidence_signing_key is not None:
                 source = "SWEEPER_EVIDENCE_SIGNING_KEY"
-                key = signing.private_key(self.evidence_signing_key.get_secret_value().encode())
+                secret = self.evidence_signing_key.get_secret_value()
+                key = signing_keys.private_key(secret.encode())
             elif self.evidence_signing_key_file is not None:
                 source = f"SWEEPER_EVIDENCE_SIGNING_KEY_FILE {self.evidence_signing_key_file}"
-                key = signing.private_key(self.evidence_signing_key_file.read_bytes())
+                key = signing_keys.private_key(self.evidence_signing_key_file.read_bytes())
             else:
                 return None
         except OSError as exc:
             raise ValueError(f"{source}: cannot be read ({exc.strerror})") from None
-        except signing.KeyProblem as exc:
+        except signing_keys.KeyProblem as exc:
             raise ValueError(f"{source}: {exc}") from None
-        return signing.Signer(key, self._previous_public_keys())
+        return signing_keys.Signer(key, self._previous_public_keys())
 
-    def local_evidence_signer(self) -> signing.Signer | None:
+    def local_evidence_signer(self) -> signing_keys.Signer | None:
         """`evidence_signer`, or with none configured and the embedded database (no
         database URL: local use), a key kept under data_dir, made on first use."""
         signer = self.evidence_signer()
         if signer is None and self.database_url is None:
-            signer = signing.Signer(signing.local_key(self.data_dir),
+            signer = signing_keys.Signer(signing_keys.local_key(self.data_dir),
                                      self._previous_public_keys())
         return signer
 

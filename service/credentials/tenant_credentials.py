@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.credentials.crypto import CredentialUnreadable, Keyring, Sealed
 from service.db.statements import Database, Statement, fetch, run
-from service.ledger import audit
+from service.evidence import audit_trail
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,8 @@ async def put(engine: AsyncEngine, keyring: Keyring, tenant_id: str, upstream: s
             "tenant_id": tenant_id, "upstream": upstream, "key_id": sealed.key_id,
             "nonce": sealed.nonce, "ciphertext": sealed.ciphertext,
             "fingerprint": fingerprint, "actor": actor})).one()
-        await audit.record(conn, actor=actor, action="credential.put", reason=reason, details={
+        await audit_trail.record(conn, actor=actor, action="credential.put", reason=reason,
+                                 details={
             "tenant_id": tenant_id, "upstream": upstream, "fingerprint": fingerprint,
             "previous_fingerprint": row.previous_fingerprint, "key_id": sealed.key_id})
     return StoredCredential(row.tenant_id, row.upstream, row.fingerprint, row.updated_at,
@@ -131,7 +132,7 @@ async def delete(engine: AsyncEngine, tenant_id: str, upstream: str, *, actor: s
                ).first()
         if row is None:
             return False
-        await audit.record(conn, actor=actor, action="credential.delete", reason=reason,
+        await audit_trail.record(conn, actor=actor, action="credential.delete", reason=reason,
                            details={"tenant_id": tenant_id, "upstream": upstream,
                                     "fingerprint": row.fingerprint})
     return True
@@ -200,7 +201,7 @@ async def reencrypt(engine: AsyncEngine, keyring: Keyring, *, actor: str,
             raced += len(page["tenant_ids"]) - len(done)
     result = Reencryption(moved, raced, unreadable)
     async with engine.begin() as conn:
-        await audit.record(conn, actor=actor, action="credential.reencrypt", reason=None,
+        await audit_trail.record(conn, actor=actor, action="credential.reencrypt", reason=None,
                            details={"key_id": keyring.current_id, "reencrypted": moved,
                                     "replaced_meanwhile": raced,
                                     "unreadable": len(unreadable)})

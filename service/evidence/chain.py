@@ -36,9 +36,9 @@ from typing import Any, Final
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.config.signing_keys import Signer, signed_bytes
 from service.db.statements import Statement, fetch, fetch_none
 from service.evidence.deletion_records import FORMAT, GENESIS, RecordProblem, frames, parse
-from service.evidence.signing import Signer, signed_bytes
 from service.observability.failures import repeat
 
 log = logging.getLogger(__name__)

@@ -31,10 +31,10 @@ from typing import Any, Final
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.config.signing_keys import Signer, signed_bytes
 from service.evidence import chain
 from service.evidence.chain import Checkpoint, Segment
 from service.evidence.deletion_records import fields_of, leaf
-from service.evidence.signing import Signer, signed_bytes
 
 log = logging.getLogger(__name__)
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
+from service.config.signing_keys import PublicKey
 from service.evidence import deletion_records
 from service.evidence.chain import Checkpoint
 from service.evidence.deletion_records import (
@@ -46,7 +47,7 @@ from service.evidence.deletion_records import (
     segment_hash,
 )
 from service.evidence.export_slices import EXPORT_FORMAT
-from service.evidence.signing import ExportLines, PublicKey, VerificationFailed, check_signed
+from service.evidence.signed_exports import ExportLines, VerificationFailed, check_signed
 
 _HEX64: Final = re.compile(r"[0-9a-f]{64}")
 # a record's keys in either record format (evidence_records.py): older exports verify still

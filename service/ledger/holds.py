@@ -62,7 +62,7 @@ from service.db.statements import (
     hold_covers,
     run,
 )
-from service.ledger import audit
+from service.evidence import audit_trail
 from service.ledger.claims import HOLDS_CHANNEL, NOTIFY_CHANNEL
 from service.observability.failures import repeat
 
@@ -261,7 +261,8 @@ async def place(engine: AsyncEngine, spec: HoldSpec, *, actor: str) -> dict[str,
             "object_id_prefix": spec.object_id_prefix, "reason": spec.reason,
             "reference": spec.reference, "expires_at": spec.expires_at, "actor": actor,
             "channel": HOLDS_CHANNEL})).one().id
-        await audit.record(conn, actor=actor, action="hold.place", reason=spec.reason, details={
+        await audit_trail.record(conn, actor=actor, action="hold.place", reason=spec.reason,
+                                 details={
             "hold_id": hold_id, "tenant_id": spec.tenant_id, "policy": spec.policy,
             "object_ids": spec.object_ids, "object_id_prefix": spec.object_id_prefix,
             "reference": spec.reference,
@@ -416,7 +417,7 @@ async def _release(conn: AsyncConnection, hold_id: int, *, why: str, actor: str
     counts = (await run(conn, _UNMARK, {"id": hold_id})).one()
     if counts.freed:
         await run(conn, _WAKE)
-    await audit.record(conn, actor=actor, action="hold.release", reason=why, details={
+    await audit_trail.record(conn, actor=actor, action="hold.release", reason=why, details={
         "hold_id": hold_id, "tenant_id": hold["tenant_id"], "reference": hold["reference"],
         "items_freed": counts.freed, "items_still_held": counts.still_held})
     return {**hold, "items_freed": counts.freed, "items_still_held": counts.still_held}

@@ -19,7 +19,7 @@ from service.budget import limiter
 from service.config.policies import Policy
 from service.config.policy_file import MAX_SCOPE_BYTES, UNSTORABLE
 from service.db.statements import Statement, covering_hold, fetch_filtered, run
-from service.ledger import audit
+from service.evidence import audit_trail
 
 if TYPE_CHECKING:
     from _hashlib import HASH
@@ -461,5 +461,5 @@ async def _operator_change(engine: AsyncEngine, statement: Statement, action: st
             conn, statement, {**filter_params(item_filter), "limit": limit})]
         details = {"filter": {k: v for k, v in asdict(item_filter).items() if v is not None},
                    "count": len(ids), "item_ids": ids[:1000]}
-        await audit.record(conn, actor=actor, action=action, reason=reason, details=details)
+        await audit_trail.record(conn, actor=actor, action=action, reason=reason, details=details)
     return ids

@@ -161,7 +161,8 @@ def source_query(source: SourceConfig) -> str:
 
 def columns_statement(source: SourceConfig) -> Statement:
     """No row of the source query: what its columns are called."""
-    return Statement("store_databases.source_columns", "The source query's columns, reading no row.",
+    return Statement("store_databases.source_columns",
+                     "The source query's columns, reading no row.",
                      f"SELECT * FROM ({source_query(source)}) AS q LIMIT 0")  # noqa: S608
 
 

@@ -117,7 +117,7 @@ def ledger_create(table: str) -> Statement:
 
 
 def ledger_index(table: str) -> Statement:
-    """Retention prunes the ledger by age (service/ledger/retention.py); without this index each of
+    """Retention prunes the ledger by age (service/cluster/retention.py); without this index each of
     its batches would read the whole table."""
     index = f"{table.rpartition('.')[2][:52]}_deleted_at"  # in the table's schema, <= 63
     return Statement("store_targets.ledger_index", "Index the store's ledger by when each batch "
@@ -172,8 +172,8 @@ def ledger_done(table: str) -> Statement:
 
 
 def ledger_earlier(table: str) -> Statement:
-    return Statement("store_targets.ledger_earlier", "Which of these objects earlier batches of the "
-                     "policy version deleted.", f"""
+    return Statement("store_targets.ledger_earlier", "Which of these objects earlier batches "
+                     "of the policy version deleted.", f"""
     SELECT DISTINCT o FROM {table}, unnest(deleted) AS o
     WHERE policy = :policy AND policy_version = :version AND deleted && CAST(:ids AS text[])
       AND o = ANY(CAST(:ids AS text[]))""")  # noqa: S608 - the table name is validated config

@@ -13,7 +13,6 @@ from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.budget.credential_waits import Credentials
-from service.budget.pauses import waiting_loop
 from service.config.policies import Policies
 from service.config.settings import Settings, plain_url
 from service.credentials import Keyring
@@ -26,6 +25,7 @@ from service.worker.health import WorkerHealth
 from service.worker.pool import WorkerPool, worker_name
 from service.worker.ports import Ports
 from service.worker.postgres import database_ports
+from service.worker.scope_resumption import waiting_loop
 
 log = logging.getLogger("service.worker")
 

@@ -18,10 +18,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.cluster import retention
 from service.commands import cli
 from service.commands.exits import Exit
-from service.evidence import signing, verification
-from service.ledger import retention
+from service.config import signing_keys
+from service.evidence import signed_exports, verification
 from service.upstreams.deletion_api import Upstreams
 from service.worker import database_pool
 from tests.conftest import TOKEN_A, LiveServer, test_settings
@@ -35,7 +36,7 @@ NEW_KEY = base64.b64encode(bytes(range(1, 33))).decode()
 
 def public_of(private: str) -> str:
     key = Ed25519PrivateKey.from_private_bytes(base64.b64decode(private))
-    return signing.PublicKey(key.public_key()).base64
+    return signing_keys.PublicKey(key.public_key()).base64
 
 
 @pytest.fixture
@@ -116,14 +117,14 @@ async def test_an_export_verifies_offline_and_every_edit_is_named(
 def test_an_export_made_before_the_log_still_verifies(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """sweeper-evidence/1: lines chained by `prev` at export, closed by a signed manifest."""
-    signer = signing.Signer(Ed25519PrivateKey.from_private_bytes(base64.b64decode(OLD_KEY)))
-    prev, lines = signing.genesis(7), []
+    signer = signing_keys.Signer(Ed25519PrivateKey.from_private_bytes(base64.b64decode(OLD_KEY)))
+    prev, lines = signed_exports.genesis(7), []
     for n in range(3):
         line = json.dumps({"item_id": n + 1, "object_id": f"cart-{n}", "run_id": 7,
                            "prev": prev}).encode()
         lines.append(line + b"\n")
-        prev = signing.digest(line)
-    manifest = {"format": signing.FORMAT, "run_id": 7, "records": 3, "last": prev,
+        prev = signed_exports.digest(line)
+    manifest = {"format": signed_exports.FORMAT, "run_id": 7, "records": 3, "last": prev,
                 "exported_at": "2026-12-01T00:00:00+00:00", "key_id": signer.current.key_id}
     signature = signer.sign(json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode())
     lines.append(json.dumps({"manifest": manifest, "signature": signature}).encode() + b"\n")
@@ -158,7 +159,7 @@ async def test_pruning_keeps_the_evidence_for_its_own_period(
             found = (await api.get("/v1/evidence", params={
                 "tenant_id": "acme", "object_id": "cart-3"})).json()
             export = (await api.get(f"/v1/runs/{run_id}/evidence")).content
-            keys = [signing.PublicKey(Ed25519PrivateKey.from_private_bytes(
+            keys = [signing_keys.PublicKey(Ed25519PrivateKey.from_private_bytes(
                 base64.b64decode(NEW_KEY)).public_key())]
             assert found["deleted"] and len(found["deletions"]) == 1
             [deletion] = found["deletions"]

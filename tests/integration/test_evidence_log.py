@@ -23,7 +23,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.commands import cli
 from service.commands.exits import Exit
-from service.evidence import chain, deletion_records, export_slices, signing, verification
+from service.config import signing_keys
+from service.evidence import chain, deletion_records, export_slices, verification
 from service.ledger import claims, registration
 from service.upstreams.deletion_api import Upstreams
 from service.worker import database_pool
@@ -269,7 +270,7 @@ async def test_a_replaced_checkpoint_is_caught(logged: Setup,
     assert (f"line {line_where(export, 'checkpoint', size=5)}: the checkpoint at size 5's "
             f"signature does not verify") in said, said
     # a checkpoint signed by a key that is not published
-    other = signing.Signer(Ed25519PrivateKey.generate())
+    other = signing_keys.Signer(Ed25519PrivateKey.generate())
     forged = chain.Checkpoint(5, bytes(32), chain.GENESIS_CHECKPOINT.signed_at,
                                      other.current.key_id, None)
     line = json.dumps({"checkpoint": forged.statement(),
@@ -328,7 +329,7 @@ async def test_spliced_exports_are_caught(logged: Setup,
 
 async def test_checkpoints_come_at_their_interval_and_unsigned_ones_are_signed_later(
         logged: Setup, capsys: pytest.CaptureFixture[str]) -> None:
-    signer = signing.Signer(Ed25519PrivateKey.from_private_bytes(base64.b64decode(KEY)))
+    signer = signing_keys.Signer(Ed25519PrivateKey.from_private_bytes(base64.b64decode(KEY)))
     engine = logged.engine
     assert await chain.checkpoint(engine, signer, at_head=False, interval_s=0) == 0
     answer = await post(logged.api, "shopify", shopify(
@@ -380,7 +381,7 @@ async def test_completions_racing_for_the_head_append_one_chain(
         stored = (await conn.execute(text(
             "SELECT seq_start, seq_end FROM evidence_log ORDER BY seq_end"))).all()
     assert [tuple(r) for r in stored] == [(1, 5), (6, 10), (11, 15), (16, 20)]
-    signer = signing.Signer(Ed25519PrivateKey.from_private_bytes(base64.b64decode(KEY)))
+    signer = signing_keys.Signer(Ed25519PrivateKey.from_private_bytes(base64.b64decode(KEY)))
     lines, _ = await export_slices.range_export(engine, signer, after=0, limit=100)
     export = b"".join([chunk async for chunk in lines])
     verified = verification.verify(export.splitlines(keepends=True),

@@ -21,8 +21,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.config import signing_keys
 from service.config.policies import Policies
-from service.evidence import chain, signing, verification
+from service.evidence import chain, verification
 from service.evidence.deletion_records import canonical_sql
 from tests.conftest import TOKEN_A, LiveServer, test_settings
 
@@ -39,7 +40,7 @@ POOL_SIZE = 2
 POOL_TIMEOUT_S = 30.0
 PROMPT_S = 10.0
 KEY_BYTES = bytes(range(3, 35))
-PUBLIC = signing.PublicKey(Ed25519PrivateKey.from_private_bytes(KEY_BYTES).public_key())
+PUBLIC = signing_keys.PublicKey(Ed25519PrivateKey.from_private_bytes(KEY_BYTES).public_key())
 
 
 # The succeeded items with ids in ($1, $2] appended to the evidence log as one segment in

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.ledger import retention
+from service.cluster import retention
 from service.observability import metrics
 from tests.integration.test_pipeline import make_policies, register
 

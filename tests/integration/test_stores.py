@@ -20,11 +20,12 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.budget import pauses, scope_controls
+from service.budget import scope_controls
 from service.budget.credential_waits import Credentials
+from service.cluster import retention
 from service.config.policies import Policies
 from service.config.policy_file import GuardConfig
-from service.ledger import claims, retention
+from service.ledger import claims
 from service.observability import metrics
 from service.outcomes import Failure, Outcome, classify
 from service.runs import discovery, publication
@@ -32,7 +33,7 @@ from service.runs.discovery import Discovery
 from service.sweeps.store_databases import SourceRows, StoreError, Stores
 from service.sweeps.store_targets import StoreTargets, ledger_tables
 from service.upstreams.deletion_api import Upstreams
-from service.worker import database_pool
+from service.worker import database_pool, scope_resumption
 from tests.conftest import TOKEN_A, LiveServer, free_port, test_settings
 from tests.integration.store_schema import (
     CARTS_SOURCE,
@@ -439,12 +440,13 @@ async def test_an_unreachable_store_pauses_the_scope_loses_nothing_and_resumes_w
         assert {tuple(i) for i in items} == {("pending", 1, "store_unreachable")}
         assert await store.fetchval("SELECT count(*) FROM carts") == 5
         # still down: the look leaves it paused
-        assert await pauses.resume_reachable(engine, policies, stores) == []
+        assert await scope_resumption.resume_reachable(engine, policies, stores) == []
 
         # the store answers on that address again: the waiting loop resumes the scope (as
         # the system, audited) and the items are deleted, each attempt counted once more
         async with forwarding(port, store_db_url):
-            loop = asyncio.create_task(pauses.waiting_loop(engine, policies, Credentials({}),
+            loop = asyncio.create_task(scope_resumption.waiting_loop(engine, policies,
+                                                                     Credentials({}),
                                                           stores, interval_s=0.05))
             try:
                 async with asyncio.timeout(10):

@@ -14,11 +14,13 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from service.evidence import deletion_records, signing
+from service.config import signing_keys
+from service.config.signing_keys import PublicKey, Signer
+from service.evidence import deletion_records
 from service.evidence.chain import GENESIS_CHECKPOINT, Checkpoint, Segment, signed_bytes
 from service.evidence.deletion_records import GENESIS, leaf, segment_hash
 from service.evidence.export_slices import Slices
-from service.evidence.signing import PublicKey, Signer, VerificationFailed
+from service.evidence.signed_exports import VerificationFailed
 from service.evidence.verification import kept_checkpoints, verify
 
 KEY = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
@@ -195,30 +197,30 @@ def test_keys_load_from_pem_base64_and_the_public_key_document() -> None:
     pem = KEY.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                             serialization.NoEncryption())
     raw = base64.b64encode(bytes(range(32)))
-    assert signing.key_id(signing.private_key(pem).public_key()) == SIGNER.current.key_id
-    assert signing.key_id(signing.private_key(raw).public_key()) == SIGNER.current.key_id
+    assert signing_keys.key_id(signing_keys.private_key(pem).public_key()) == SIGNER.current.key_id
+    assert signing_keys.key_id(signing_keys.private_key(raw).public_key()) == SIGNER.current.key_id
     document = json.dumps({"keys": [{"key_id": k.key_id, "public_key": k.base64}
                                     for k in Signer(OTHER, (PUBLISHED[0],)).published]})
-    assert len(signing.public_keys(document.encode())) == 2
-    assert [k.key_id for k in signing.public_keys(PUBLISHED[0].pem.encode())] == [
+    assert len(signing_keys.public_keys(document.encode())) == 2
+    assert [k.key_id for k in signing_keys.public_keys(PUBLISHED[0].pem.encode())] == [
         SIGNER.current.key_id]
-    assert [k.key_id for k in signing.public_keys(PUBLISHED[0].base64.encode())] == [
+    assert [k.key_id for k in signing_keys.public_keys(PUBLISHED[0].base64.encode())] == [
         SIGNER.current.key_id]
     for bad in (b"", b"not a key", b"-----BEGIN PRIVATE KEY-----\nxx\n-----END PRIVATE KEY-----"):
-        with pytest.raises(signing.KeyProblem) as caught:
-            signing.private_key(bad)
+        with pytest.raises(signing_keys.KeyProblem) as caught:
+            signing_keys.private_key(bad)
         assert "xx" not in str(caught.value)
-    with pytest.raises(signing.KeyProblem):
-        signing.public_keys(b'{"keys": [{"public_key": "short"}]}')
+    with pytest.raises(signing_keys.KeyProblem):
+        signing_keys.public_keys(b'{"keys": [{"public_key": "short"}]}')
 
 
 def test_the_local_key_is_made_once_and_kept_private(tmp_path: object) -> None:
     from pathlib import Path
     data_dir = Path(str(tmp_path)) / "data"
-    first = signing.local_key(data_dir)
-    again = signing.local_key(data_dir)
-    assert signing.key_id(first.public_key()) == signing.key_id(again.public_key())
-    assert (data_dir / signing.LOCAL_KEY_FILE).stat().st_mode & 0o077 == 0
+    first = signing_keys.local_key(data_dir)
+    again = signing_keys.local_key(data_dir)
+    assert signing_keys.key_id(first.public_key()) == signing_keys.key_id(again.public_key())
+    assert (data_dir / signing_keys.LOCAL_KEY_FILE).stat().st_mode & 0o077 == 0
 
 
 def confirmed_record(seq: int, confirmed: bool) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from types import ModuleType
 import pytest
 
 from service.budget import limiter, scope_controls
-from service.cluster import leader
+from service.cluster import leader, retention
 from service.config.policy_file import GuardConfig
 from service.credentials import tenant_credentials
 from service.db import embedded, migrate, statements
@@ -28,18 +28,10 @@ from service.db.statements import (
     expired_lease,
     ready_item,
 )
-from service.evidence import chain, signing
+from service.evidence import audit_trail, chain, object_deletions
 from service.http.api import health
 from service.http.console import sessions
-from service.ledger import (
-    audit,
-    claims,
-    holds,
-    operator_reads,
-    registration,
-    retention,
-    tenant_spellings,
-)
+from service.ledger import claims, holds, operator_reads, registration, tenant_spellings
 from service.observability import metrics
 from service.runs import discovery, publication
 from service.sweeps import list_pages, store_databases, store_targets
@@ -49,9 +41,9 @@ from tests.integration.store_schema import store_policies
 
 # Every module that runs SQL, each with its statements as module-level constants.
 MODULES = (claims, limiter, metrics, scope_controls, publication, registration, retention, intake,
-           audit, health, migrate, embedded, tenant_credentials, holds, signing, chain, discovery,
-           store_databases, store_targets, list_pages, operator_reads, sessions, statements,
-           tenant_spellings, leader)
+           audit_trail, health, migrate, embedded, tenant_credentials, holds, object_deletions, chain,
+           discovery, store_databases, store_targets, list_pages, operator_reads, sessions,
+           statements, tenant_spellings, leader)
 # Statements on a plain asyncpg connection, sent as `statement.text` (`$n` parameters):
 # webhook intake (its own pool, one round trip per delivery) and the embedded server's
 # bootstrap (its admin database, before Sweeper's exists).

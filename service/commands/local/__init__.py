@@ -21,7 +21,7 @@ from sqlalchemy.engine import make_url
 from service.commands.local.store import SimulatedStore
 from service.config.policies import Policies, resolve_policies
 from service.config.settings import Environment, LogFormat, Settings, async_url
-from service.evidence.signing import new_key
+from service.config.signing_keys import new_key
 
 log = logging.getLogger(__name__)
 

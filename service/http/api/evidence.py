@@ -11,7 +11,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
 from service.errors import Problem
-from service.evidence import chain, export_slices, signing
+from service.evidence import chain, export_slices, object_deletions
 from service.http.api.bodies import ID_PATTERN, MAX_BIGINT, MAX_ID_CHARS, JsonRoute
 from service.http.api.deps import OperatorDep, RuntimeDep
 from service.http.api.problems import problem_responses, validation_problem
@@ -83,7 +83,7 @@ async def get_evidence(runtime: RuntimeDep, _actor: OperatorDep,
     # the deletions were recorded under the tenant's stored spelling (service/config/tenants.py)
     tenant_id = stored_tenant(runtime.policies, tenant_id, None, ("query", "tenant_id"))
     object_id = stored_object(runtime.policies, object_id, None, ("query", "object_id"))
-    rows = await signing.lookup(runtime.engine, tenant_id, object_id, limit=limit)
+    rows = await object_deletions.lookup(runtime.engine, tenant_id, object_id, limit=limit)
     return EvidenceOut(tenant_id=tenant_id, object_id=object_id, deleted=bool(rows),
                        deletions=[Deletion.model_validate(r) for r in rows])
 

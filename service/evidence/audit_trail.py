@@ -9,7 +9,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.db.statements import Statement, run
 
-_RECORD = Statement("audit.record", (
+_RECORD = Statement("audit_trail.record", (
     "Append one operator action (who, what, why, on which rows) in the transaction of the "
     "change it records."), """
     INSERT INTO operator_actions (actor, action, reason, details)
