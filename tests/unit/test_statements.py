@@ -41,9 +41,9 @@ from tests.integration.store_schema import store_policies
 
 # Every module that runs SQL, each with its statements as module-level constants.
 MODULES = (claims, limiter, metrics, scope_controls, publication, registration, retention, intake,
-           audit_trail, health, migrate, embedded, tenant_credentials, holds, object_deletions, chain,
-           discovery, store_databases, store_targets, list_pages, operator_reads, sessions,
-           statements, tenant_spellings, leader)
+           audit_trail, health, migrate, embedded, tenant_credentials, holds, object_deletions,
+           chain, discovery, store_databases, store_targets, list_pages, operator_reads,
+           sessions, statements, tenant_spellings, leader)
 # Statements on a plain asyncpg connection, sent as `statement.text` (`$n` parameters):
 # webhook intake (its own pool, one round trip per delivery) and the embedded server's
 # bootstrap (its admin database, before Sweeper's exists).
