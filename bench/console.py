@@ -79,7 +79,7 @@ from service.db.statements import Statement
 from service.http.api.items import MAX_CHANGE
 from service.http.console.overview import OVERVIEW_MAX_AGE_S, RECENT_RUNS
 from service.http.console.pages import PAGE_SIZE
-from service.ledger import operator_reads, registration
+from service.ledger import gauges, operator_reads, registration
 from service.observability import metrics
 from service.runs import publication as runs
 
@@ -95,7 +95,7 @@ PAGE_SECONDS_DEFAULT: Final = 120.0
 # and the metrics' ledger snapshot under it) and run progress. A request after the longest
 # of those ages finds nothing to share (a drained run's progress, 60 s, aside).
 CACHED_PAGES: Final = ("overview", "overview-live", "runs", "run")
-COLD_GAP_S: Final = max(OVERVIEW_MAX_AGE_S, runs.PROGRESS_MAX_AGE_S, metrics.LEDGER_CACHE_S) + 0.1
+COLD_GAP_S: Final = max(OVERVIEW_MAX_AGE_S, runs.PROGRESS_MAX_AGE_S, gauges.LEDGER_CACHE_S) + 0.1
 # policy, share of the runs (and of the unpublished items)
 POLICIES: Final = (("carts", 0.50), ("sessions", 0.25), ("uploads", 0.15), ("exports", 0.10))
 POLICIES_TOML: Final = """

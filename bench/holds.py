@@ -27,8 +27,7 @@ from bench.common import BenchContext, Benchmark, fresh_database, progress
 from service.budget import scope_controls
 from service.config.policies import Policies, resolve_policies
 from service.db.engine import is_busy
-from service.ledger import holds, registration
-from service.observability import metrics
+from service.ledger import gauges, holds, registration
 from service.runs import publication
 
 TENANT = "acme"
@@ -89,7 +88,7 @@ async def once(ctx: BenchContext, args: argparse.Namespace) -> dict[str, float |
         async with db.engine.begin() as conn:
             await conn.execute(text("ANALYZE"))
         scopes_view = await timed(scope_controls.list_scopes(db.engine, after=None, limit=100))
-        ledger_reading = await timed(metrics.read_ledger(db.engine))
+        ledger_reading = await timed(gauges.read_ledger(db.engine))
     return {"register_s": registered, "scopes_view_s": scopes_view,
             "metrics_ledger_s": ledger_reading}
 

@@ -46,7 +46,7 @@ from service.http.api.methods import RouteMethods
 from service.http.api.problems import REQUEST_ID, install_problem_handlers
 from service.http.console import ConsoleState, console_state
 from service.http.console import routers as console_routers
-from service.ledger import holds, tenant_spellings
+from service.ledger import gauges, holds, tenant_spellings
 from service.observability import metrics
 from service.observability.failures import InternalErrors, expected
 from service.observability.metrics import Where
@@ -178,12 +178,12 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[State]:
-        engine = make_engine(database_url, settings)
+        engine = make_engine(database_url, settings, pool_wait=metrics.POOL_WAIT.observe)
         keyring = Keyring.from_settings(settings)
         store = CredentialStore(engine, keyring) if keyring else None
         runtime = Runtime(settings=settings, policies=policies, engine=engine,
                           tokens=TokenSet.of(settings.role_tokens()), schema_head=head_revision(),
-                          exporter=metrics.install_ledger(engine, policies.policies),
+                          exporter=gauges.install_ledger(engine, policies.policies),
                           keyring=keyring, credentials=store,
                           tenant_credentials=Credentials.of(policies, engine, keyring, store),
                           signer=settings.local_evidence_signer(),

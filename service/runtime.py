@@ -13,7 +13,7 @@ from service.config.settings import Settings
 from service.config.signing_keys import Signer
 from service.config.tokens import TokenSet
 from service.credentials import CredentialStore, Keyring
-from service.observability.metrics import Exporter
+from service.ledger.gauges import Exporter
 from service.runs.publication import ProgressCache
 from service.sweeps.store_databases import Stores
 

@@ -33,6 +33,7 @@ from service.config.settings import Settings, async_url
 from service.db import migrate
 from service.db.engine import make_engine
 from service.http.serving import server_config
+from service.observability.metrics import POOL_WAIT
 
 TOKEN_A = "test-token-aaaaaaaaaaaaaaaa"
 TOKEN_B = "test-token-bbbbbbbbbbbbbbbb"
@@ -329,7 +330,8 @@ test_settings.__test__ = False  # type: ignore[attr-defined]
 
 @pytest.fixture
 async def engine(db_url: str) -> AsyncIterator[AsyncEngine]:
-    eng = make_engine(async_url(db_url), test_settings(db_url))
+    # as the serving processes make theirs: every checkout counted in the pool-wait series
+    eng = make_engine(async_url(db_url), test_settings(db_url), pool_wait=POOL_WAIT.observe)
     yield eng
     await eng.dispose()
 

@@ -5,16 +5,16 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
+from collections.abc import Callable
 from typing import Final
 
 import asyncpg
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
-from sqlalchemy.pool import AsyncAdaptedQueuePool, ConnectionPoolEntry
+from sqlalchemy.pool import AsyncAdaptedQueuePool, ConnectionPoolEntry, QueuePool
 
 from service.config.settings import Settings
-from service.observability.metrics import POOL_WAIT
 
 CONNECT_TIMEOUT_SECONDS: Final = 5.0
 APPLICATION_NAME: Final = "sweeper"
@@ -22,25 +22,38 @@ APPLICATION_NAME: Final = "sweeper"
 
 class TimedPool(AsyncAdaptedQueuePool):
     """The standard async pool, timing every checkout (the wait for a free connection, or
-    for a new one to connect) into `sweeper_db_pool_wait_seconds`."""
+    for a new one to connect) into the engine's `pool_wait` observer, if it has one."""
 
     # SQLAlchemy names a pool's logger after its class; under "sqlalchemy" this one follows
     # SQLAlchemy's default (warnings only) like the pool it extends, instead of logging every
     # checkout at the service's DEBUG level
     _sqla_logger_namespace = "sqlalchemy.pool.impl.TimedPool"
 
+    _pool_wait: Callable[[float], None] | None = None
+
     def _do_get(self) -> ConnectionPoolEntry:
+        if self._pool_wait is None:
+            return super()._do_get()
         started = time.perf_counter()
         try:
             return super()._do_get()
         finally:
-            POOL_WAIT.observe(time.perf_counter() - started)
+            self._pool_wait(time.perf_counter() - started)
+
+    def recreate(self) -> QueuePool:
+        # SQLAlchemy rebuilds a pool (engine.dispose) from the arguments it knows of
+        pool = super().recreate()
+        if isinstance(pool, TimedPool):
+            pool._pool_wait = self._pool_wait
+        return pool
 
 
-def make_engine(url: URL, settings: Settings) -> AsyncEngine:
+def make_engine(url: URL, settings: Settings, *,
+                pool_wait: Callable[[float], None] | None = None) -> AsyncEngine:
     """An engine with a bounded pool: waiting longer than the pool timeout raises, so the
-    API can shed load with 503 instead of queueing without bound."""
-    return create_async_engine(
+    API can shed load with 503 instead of queueing without bound. `pool_wait` receives each
+    checkout's wait in seconds (the serving processes pass their histogram's observe)."""
+    engine = create_async_engine(
         url,
         poolclass=TimedPool,
         pool_size=settings.db_pool_size,
@@ -60,6 +73,10 @@ def make_engine(url: URL, settings: Settings) -> AsyncEngine:
             },
         },
     )
+    pool = engine.sync_engine.pool
+    if isinstance(pool, TimedPool):
+        pool._pool_wait = pool_wait
+    return engine
 
 
 # Errors that mean "PostgreSQL is not reachable right now" rather than "the query is wrong".

@@ -5,7 +5,7 @@ only from closed sets: policy (from the policies file), outcome class, reason, s
 configured webhook source), route templates. Never tenant, scope or object id.
 
 Per-process series are updated where things happen. Ledger-wide series are read from the
-database by `LedgerCollector` at scrape time (every replica reports the same value;
+database by `ledger.gauges.LedgerCollector` at scrape time (every replica reports the same value;
 dashboards take `max`), from small tables and claimable-row indexes only, cached for a few
 seconds so that many scrapers cannot multiply the cost.
 
@@ -15,11 +15,8 @@ Every name must stay distinct in OpenMetrics too, where a counter `X` is exposed
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from enum import StrEnum
 from typing import Final
 
@@ -34,20 +31,8 @@ from prometheus_client import (
     ProcessCollector,
     disable_created_metrics,
 )
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.exposition import choose_encoder
-from prometheus_client.registry import Collector
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 import service
-from service.db.statements import (
-    CLOSURE_OVER,
-    Statement,
-    active_hold,
-    expired_lease,
-    ready_item,
-    run,
-)
 from service.outcomes import Outcome
 
 log = logging.getLogger(__name__)
@@ -55,8 +40,6 @@ log = logging.getLogger(__name__)
 # `_created` series double every counter's output and no dashboard here reads them
 disable_created_metrics()  # type: ignore[no-untyped-call]
 REGISTRY: Final = CollectorRegistry(auto_describe=True)
-LEDGER_CACHE_S: Final = 5.0
-LEDGER_QUERY_TIMEOUT_MS: Final = 2_000
 
 # Upstream calls take milliseconds to tens of seconds (the per-call deadline).
 _CALL_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -231,185 +214,6 @@ def status_class(status: int) -> str:
     return f"{status // 100}xx"
 
 
-# --- ledger-wide gauges, read from the database ----------------------------------------------
-
-# Each query reads a small table or walks an index of claimable rows only; none grows with
-# finished history. Dead items are counted through their partial index: they stay until an
-# operator re-drives or cancels them (or retention prunes them).
-_LEDGER_TIMEOUT = Statement("metrics.ledger_timeout", (
-    "Bound the ledger reading, so a slow database cannot hold a scrape."),
-    f"SET LOCAL statement_timeout = {LEDGER_QUERY_TIMEOUT_MS}")
-_LEDGER_ELIGIBLE = Statement("metrics.ledger_eligible", (
-    "Ready items per policy and the age of the oldest: the backlog workers could claim now."),
-    f"""
-    SELECT i.policy, count(*) AS n,
-           coalesce(extract(epoch FROM now() - min(i.due_at)), 0) AS oldest
-    FROM items i
-    WHERE {ready_item("now()")}
-    GROUP BY i.policy""")  # noqa: S608 - only a constant fragment is interpolated
-_LEDGER_LEASED = Statement("metrics.ledger_leased", (
-    "Leased items per policy, and those whose lease ran out (a worker died or stalled)."),
-    f"""
-    SELECT i.policy, count(*) AS n,
-           count(*) FILTER (WHERE {expired_lease("now()")}) AS expired
-    FROM items i WHERE i.status = 'leased' GROUP BY i.policy""")  # noqa: S608 - as above
-_LEDGER_DEAD = Statement("metrics.ledger_dead", (
-    "Dead items per policy, through their partial index."),
-    "SELECT policy, count(*) AS n FROM items WHERE status = 'dead' GROUP BY policy")
-_LEDGER_HELD = Statement("metrics.ledger_held", (
-    "Items under a legal hold per policy, through their partial index."),
-    "SELECT policy, count(*) AS n FROM items WHERE hold_id IS NOT NULL "
-    "AND status IN ('pending', 'leased') GROUP BY policy")
-_LEDGER_HOLDS = Statement("metrics.ledger_holds", "Legal holds in force.",
-                          f"SELECT count(*) FROM holds hx WHERE {active_hold()}")  # noqa: S608
-_LEDGER_SCOPES = Statement("metrics.ledger_scopes", (
-    "Scopes closed by the upstream, paused, and in all."), f"""
-    SELECT count(*) FILTER (WHERE NOT {CLOSURE_OVER}) AS closed,
-           count(*) FILTER (WHERE s.paused) AS paused,
-           count(*) AS total
-    FROM scopes s""")  # noqa: S608 - only a constant fragment is interpolated
-_LEDGER_CONTROL = Statement("metrics.ledger_control", (
-    "Whether workers are paused everywhere."), "SELECT workers_paused FROM control")
-
-
-@dataclass
-class LedgerSnapshot:
-    """One reading of the ledger-wide figures."""
-
-    eligible: dict[str, int] = field(default_factory=dict)
-    oldest_eligible_s: dict[str, float] = field(default_factory=dict)
-    leased: dict[str, int] = field(default_factory=dict)
-    leases_expired: dict[str, int] = field(default_factory=dict)
-    dead: dict[str, int] = field(default_factory=dict)
-    held: dict[str, int] = field(default_factory=dict)
-    holds_active: int = 0
-    scopes_closed: int = 0
-    scopes_paused: int = 0
-    scopes: int = 0
-    workers_paused: bool = False
-    up: bool = False
-
-
-async def read_ledger(engine: AsyncEngine) -> LedgerSnapshot:
-    """Read every ledger-wide figure in one short read-only transaction."""
-    snap = LedgerSnapshot()
-    async with engine.connect() as conn:
-        await run(conn, _LEDGER_TIMEOUT)
-        for row in await run(conn, _LEDGER_ELIGIBLE):
-            snap.eligible[row.policy] = row.n
-            snap.oldest_eligible_s[row.policy] = max(0.0, float(row.oldest))
-        for row in await run(conn, _LEDGER_LEASED):
-            snap.leased[row.policy] = row.n
-            snap.leases_expired[row.policy] = row.expired
-        for row in await run(conn, _LEDGER_DEAD):
-            snap.dead[row.policy] = row.n
-        for row in await run(conn, _LEDGER_HELD):
-            snap.held[row.policy] = row.n
-        snap.holds_active = int((await run(conn, _LEDGER_HOLDS)).scalar_one())
-        scopes = (await run(conn, _LEDGER_SCOPES)).one()
-        snap.scopes_closed, snap.scopes_paused, snap.scopes = (
-            scopes.closed, scopes.paused, scopes.total)
-        snap.workers_paused = bool((await run(conn, _LEDGER_CONTROL)).scalar())
-        await conn.rollback()
-    snap.up = True
-    return snap
-
-
-class LedgerCollector(Collector):
-    """Exports the last ledger snapshot. `refresh` runs before each scrape is rendered
-    (from the event loop, with a cache), so `collect` itself never blocks on the database."""
-
-    def __init__(self, engine: AsyncEngine, policies: Iterable[str]) -> None:
-        self._engine = engine
-        self._policies = sorted(policies)
-        self._snapshot = LedgerSnapshot()
-        self._read_at = -LEDGER_CACHE_S
-        self._lock = asyncio.Lock()
-
-    async def refresh(self) -> None:
-        async with self._lock:
-            if time.monotonic() - self._read_at < LEDGER_CACHE_S:
-                return
-            try:
-                self._snapshot = await read_ledger(self._engine)
-            except Exception as exc:  # a scrape must answer even when the database cannot
-                log.warning("metrics: ledger figures unavailable",
-                            extra={"error": type(exc).__name__})
-                self._snapshot = LedgerSnapshot()
-            self._read_at = time.monotonic()
-
-    @property
-    def snapshot(self) -> LedgerSnapshot:
-        """The last reading (`refresh` first for one at most LEDGER_CACHE_S old)."""
-        return self._snapshot
-
-    def _per_policy(self, name: str, doc: str, values: Mapping[str, float]
-                    ) -> GaugeMetricFamily:
-        family = GaugeMetricFamily(name, doc, labels=["policy"])
-        # every configured policy appears (0 when it has nothing), plus any the ledger
-        # still holds from an earlier policies file: a bounded set either way
-        for policy in sorted(set(self._policies) | set(values)):
-            family.add_metric([policy], values.get(policy, 0))
-        return family
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        snap = self._snapshot
-        yield GaugeMetricFamily("sweeper_ledger_up",
-                                "1 if the last ledger reading succeeded", value=int(snap.up))
-        yield self._per_policy("sweeper_oldest_eligible_age_seconds",
-                               "Age (now - due_at) of the oldest item workers could claim now",
-                               snap.oldest_eligible_s)
-        yield self._per_policy("sweeper_items_eligible",
-                               "Released pending items whose next attempt is due",
-                               snap.eligible)
-        yield self._per_policy("sweeper_items_leased", "Items under a lease", snap.leased)
-        yield self._per_policy("sweeper_leases_expired",
-                               "Leases past their expiry, waiting to be re-claimed",
-                               snap.leases_expired)
-        # not `sweeper_items_dead`: OpenMetrics refuses it beside the counter
-        # sweeper_items_dead_total
-        yield self._per_policy("sweeper_ledger_items_dead", "Items in status dead",
-                               snap.dead)
-        yield self._per_policy("sweeper_items_held",
-                               "Pending and leased items under a legal hold", snap.held)
-        yield GaugeMetricFamily("sweeper_holds_active", "Legal holds in force",
-                                value=snap.holds_active)
-        yield GaugeMetricFamily("sweeper_scopes_closed",
-                                "Scopes closed by the upstream (429 or rate-limit headers)",
-                                value=snap.scopes_closed)
-        yield GaugeMetricFamily("sweeper_scopes_paused",
-                                "Scopes paused (by an operator or a credential fault)",
-                                value=snap.scopes_paused)
-        yield GaugeMetricFamily("sweeper_scopes", "Scopes with a budget row", value=snap.scopes)
-        yield GaugeMetricFamily("sweeper_workers_paused",
-                                "1 while all workers are paused", value=int(snap.workers_paused))
-
-    def describe(self) -> Iterator[GaugeMetricFamily]:
-        return iter(())
-
-
-@dataclass(frozen=True)
-class Exposition:
-    """One rendered scrape: the body and the content type it is written in."""
-
-    body: bytes
-    content_type: str
-
-
-@dataclass
-class Exporter:
-    """What `/metrics` renders: the process registry plus this engine's ledger figures."""
-
-    collector: LedgerCollector
-
-    async def render(self, accept: str = "") -> Exposition:
-        """The registry in the format the scraper's Accept header asks for, negotiated by
-        prometheus_client itself: OpenMetrics when asked, else the Prometheus text format."""
-        await self.collector.refresh()
-        encode, content_type = choose_encoder(accept)
-        return Exposition(encode(REGISTRY), content_type)
-
-
 def initialise_series(policies: Iterable[str]) -> None:
     """Create, at 0, every labelled counter series whose label values come from a closed
     set known at start (the configured policies, outcome classes, reasons): without a
@@ -428,20 +232,3 @@ def initialise_series(policies: Iterable[str]) -> None:
         SCOPE_SIGNALS.labels(signal)
     for where in Where:
         INTERNAL_ERRORS.labels(where)
-
-
-def install_ledger(engine: AsyncEngine, policies: Iterable[str]) -> Exporter:
-    """Initialise this process's series and register a ledger collector for this engine
-    (replacing an earlier one: a test process builds many apps); return the exporter that
-    serves them."""
-    global _installed
-    names = sorted(policies)
-    initialise_series(names)
-    if _installed is not None:
-        REGISTRY.unregister(_installed)
-    _installed = LedgerCollector(engine, names)
-    REGISTRY.register(_installed)
-    return Exporter(_installed)
-
-
-_installed: LedgerCollector | None = None

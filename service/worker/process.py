@@ -18,7 +18,7 @@ from service.config.settings import Settings, plain_url
 from service.credentials import Keyring
 from service.db.engine import make_engine
 from service.ledger import tenant_spellings
-from service.observability.metrics import initialise_series
+from service.observability.metrics import POOL_WAIT, initialise_series
 from service.sweeps.store_databases import Stores
 from service.upstreams.deletion_api import Upstreams
 from service.worker.health import WorkerHealth
@@ -59,7 +59,7 @@ async def run_worker_process(settings: Settings, policies: Policies, url: URL, *
     """`sweeper worker`: the pool alone, until SIGTERM or SIGINT; `health` (its probes)
     watches the pool."""
     initialise_series(policies.policies)
-    engine = make_engine(url, settings)
+    engine = make_engine(url, settings, pool_wait=POOL_WAIT.observe)
     upstreams = Upstreams(policies.upstreams)
     stores = Stores(policies.stores)
     credentials = Credentials.of(policies, engine, Keyring.from_settings(settings))

@@ -16,6 +16,7 @@ import pytest
 import yaml
 from prometheus_client.metrics import MetricWrapperBase
 
+from service.ledger import gauges
 from service.observability import metrics
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "charts" / "sweeper" / "dashboards" / (
@@ -45,7 +46,7 @@ def exported() -> dict[str, set[str]]:
             out[name + "_info"] = labels
         else:
             out[name] = labels
-    collector = metrics.LedgerCollector(engine=None, policies=["p"])  # type: ignore[arg-type]
+    collector = gauges.LedgerCollector(engine=None, policies=["p"])  # type: ignore[arg-type]
     for family in collector.collect():
         out[family.name] = {k for s in family.samples for k in s.labels}
     return out

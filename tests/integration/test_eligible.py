@@ -15,7 +15,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.budget import scope_controls
-from service.observability import metrics
+from service.ledger import gauges
 from tests.conftest import TOKEN_A, LiveServer, test_settings
 from tests.integration.db_clock import advance
 from tests.integration.test_metrics import samples, scrape
@@ -87,9 +87,9 @@ def expected(*claimable: str) -> dict[str, int]:
     return counts
 
 
-async def both_counts(engine: AsyncEngine) -> tuple[dict[str, Any], metrics.LedgerSnapshot]:
+async def both_counts(engine: AsyncEngine) -> tuple[dict[str, Any], gauges.LedgerSnapshot]:
     listed = {r["name"]: r for r in await scope_controls.list_scopes(engine)}
-    return listed, await metrics.read_ledger(engine)
+    return listed, await gauges.read_ledger(engine)
 
 
 async def test_scopes_eligible_and_the_gauge_count_the_same_items(engine: AsyncEngine) -> None:

@@ -20,9 +20,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config.policies import Policies
 from service.db.engine import make_engine
-from service.ledger import holds
+from service.ledger import gauges, holds
 from service.ledger import registration as ledger
-from service.observability import metrics
 from service.runs import publication
 from service.upstreams.deletion_api import Upstreams
 from service.webhooks import intake
@@ -145,7 +144,7 @@ async def test_held_items_wait_unpunished_and_drain_after_the_release(
 
         status = await publication.run_status(engine, run_id, publication.ProgressCache())
         assert status is not None and status["items"]["held"] == len(covered)
-        snap = await metrics.read_ledger(engine)
+        snap = await gauges.read_ledger(engine)
         assert snap.held == {"carts": len(covered) + 1} and snap.holds_active == 2
 
         released = await holds.release(engine, hold["id"], why="settled", actor=ACTOR)

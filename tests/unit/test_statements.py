@@ -31,8 +31,7 @@ from service.db.statements import (
 from service.evidence import audit_trail, chain, object_deletions
 from service.http.api import health
 from service.http.console import sessions
-from service.ledger import claims, holds, operator_reads, registration, tenant_spellings
-from service.observability import metrics
+from service.ledger import claims, gauges, holds, operator_reads, registration, tenant_spellings
 from service.runs import discovery, publication
 from service.sweeps import list_pages, store_databases, store_targets
 from service.webhooks import intake
@@ -40,7 +39,7 @@ from tests.conftest import REPO_ROOT
 from tests.integration.store_schema import store_policies
 
 # Every module that runs SQL, each with its statements as module-level constants.
-MODULES = (claims, limiter, metrics, scope_controls, publication, registration, retention, intake,
+MODULES = (claims, limiter, gauges, scope_controls, publication, registration, retention, intake,
            audit_trail, health, migrate, embedded, tenant_credentials, holds, object_deletions,
            chain, discovery, store_databases, store_targets, list_pages, operator_reads,
            sessions, statements, tenant_spellings, leader)
@@ -253,5 +252,5 @@ def test_the_predicates_are_where_they_must_be() -> None:
     assert claims._ADMIT.text.count(OPEN_SCOPE) == 1
     # the scopes listing and the gauge count one set, on one clock
     assert scope_controls._LIST.text.count(ready_item("now()")) == 1
-    assert metrics._LEDGER_ELIGIBLE.text.count(ready_item("now()")) == 1
-    assert metrics._LEDGER_SCOPES.text.count(CLOSURE_OVER) == 1
+    assert gauges._LEDGER_ELIGIBLE.text.count(ready_item("now()")) == 1
+    assert gauges._LEDGER_SCOPES.text.count(CLOSURE_OVER) == 1

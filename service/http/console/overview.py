@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from service.ledger import operator_reads
-from service.observability.metrics import LedgerSnapshot
+from service.ledger.gauges import LedgerSnapshot
 from service.runs import publication as runs
 from service.runtime import Runtime
 
