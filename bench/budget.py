@@ -66,7 +66,7 @@ from drills.stage import free_port, trailing_counts, worst_window
 from service.budget import limiter
 from service.config.policies import load_policies
 from service.ledger import registration
-from service.runs import publication
+from service.runs import publication, trigger
 
 SCOPE_TENANT = "acme"
 REGISTER_CHUNK = 10_000
@@ -261,7 +261,7 @@ async def worker_processes(url: str, policies_file: Path, workers: int, replicas
 
 async def release_everything(engine: AsyncEngine) -> None:
     """A run over every due item, published at once."""
-    run_id, _ = await publication.create_run(engine, publication.RunRequest(None, None, None,
+    run_id, _ = await trigger.create_run(engine, trigger.RunRequest(None, None, None,
                                                                             False, None),
                                       None)
     await publication.publish(engine, run_id, batch_size=5_000)

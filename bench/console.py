@@ -80,8 +80,7 @@ from service.http.api.items import MAX_CHANGE
 from service.http.console.overview import OVERVIEW_MAX_AGE_S, RECENT_RUNS
 from service.http.console.pages import PAGE_SIZE
 from service.ledger import gauges, operator_reads, registration
-from service.observability import metrics
-from service.runs import publication as runs
+from service.runs import progress as run_progress
 
 TARGET_P95_MS: Final = 200.0
 SEED_CHUNK: Final = 250_000
@@ -95,7 +94,8 @@ PAGE_SECONDS_DEFAULT: Final = 120.0
 # and the metrics' ledger snapshot under it) and run progress. A request after the longest
 # of those ages finds nothing to share (a drained run's progress, 60 s, aside).
 CACHED_PAGES: Final = ("overview", "overview-live", "runs", "run")
-COLD_GAP_S: Final = max(OVERVIEW_MAX_AGE_S, runs.PROGRESS_MAX_AGE_S, gauges.LEDGER_CACHE_S) + 0.1
+COLD_GAP_S: Final = max(OVERVIEW_MAX_AGE_S, run_progress.PROGRESS_MAX_AGE_S,
+                        gauges.LEDGER_CACHE_S) + 0.1
 # policy, share of the runs (and of the unpublished items)
 POLICIES: Final = (("carts", 0.50), ("sessions", 0.25), ("uploads", 0.15), ("exports", 0.10))
 POLICIES_TOML: Final = """
@@ -506,24 +506,25 @@ def _items_params(status: str | None = None, policy: str | None = None,
 def pages(f: Facts) -> list[Page]:
     """The timed pages, each with the statements it runs (as the service sends them)."""
     ledger_reading: list[tuple[Statement, dict[str, Any]]] = [
-        (s, {}) for s in (metrics._LEDGER_ELIGIBLE, metrics._LEDGER_LEASED,
-                          metrics._LEDGER_DEAD, metrics._LEDGER_HELD, metrics._LEDGER_HOLDS,
-                          metrics._LEDGER_SCOPES)]
+        (s, {}) for s in (gauges._LEDGER_ELIGIBLE, gauges._LEDGER_LEASED,
+                          gauges._LEDGER_DEAD, gauges._LEDGER_HELD, gauges._LEDGER_HOLDS,
+                          gauges._LEDGER_SCOPES)]
     overview = [*ledger_reading,
                 (operator_reads._SUCCEEDED_RECENTLY,
                  {"window": operator_reads.THROUGHPUT_WINDOW_S}),
-                (runs._LIST, _runs_params(RECENT_RUNS)),
-                (runs._PROGRESS, {"ids": f.newest_runs[:RECENT_RUNS]}),
+                (run_progress._LIST, _runs_params(RECENT_RUNS)),
+                (run_progress._PROGRESS, {"ids": f.newest_runs[:RECENT_RUNS]}),
                 (operator_reads._TROUBLED_SCOPES, {})]
     scope_name = f"tenant:{f.big_tenant}"
     return [
         Page("overview", "/console", statements=overview),
         Page("overview-live", "/console/overview/live", statements=overview),
         Page("runs", "/console/runs", statements=[
-            (runs._LIST, _runs_params(PAGE_SIZE)),
-            (runs._PROGRESS, {"ids": f.newest_runs[:PAGE_SIZE]})]),
+            (run_progress._LIST, _runs_params(PAGE_SIZE)),
+            (run_progress._PROGRESS, {"ids": f.newest_runs[:PAGE_SIZE]})]),
         Page("run", f"/console/runs/{f.large_run}", statements=[
-            (runs._RUN, {"id": f.large_run}), (runs._PROGRESS, {"ids": [f.large_run]})]),
+            (run_progress._RUN, {"id": f.large_run}),
+            (run_progress._PROGRESS, {"ids": [f.large_run]})]),
         Page("items", "/console/items", statements=[(registration._LIST, _items_params())]),
         Page("items-dead", "/console/items?status=dead",
              statements=[(registration._LIST, _items_params("dead"))]),

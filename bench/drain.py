@@ -61,7 +61,7 @@ from bench.plans import PlanCatcher, StatementKind
 from service.commands.cli import settle_heap
 from service.config.policies import Policies, Policy, resolve_policies
 from service.ledger import registration
-from service.runs import publication
+from service.runs import publication, trigger
 from service.upstreams.deletion_api import Upstreams
 from service.worker import database_pool
 
@@ -242,7 +242,7 @@ async def seed(engine: AsyncEngine, policy: Policy, n: int) -> dict[str, Any]:
             registration.Registration(TENANTS[i % len(TENANTS)], f"cart-{i:08d}", policy, due)
             for i in range(start, min(n, start + REGISTER_CHUNK))])
     registered = time.perf_counter()
-    run_id, _ = await publication.create_run(engine, publication.RunRequest(None, None, None,
+    run_id, _ = await trigger.create_run(engine, trigger.RunRequest(None, None, None,
                                                                             False, None),
                                       None)
     if not await publication.publish(engine, run_id, batch_size=BATCH_SIZE):
@@ -267,7 +267,7 @@ async def top_up(engine: AsyncEngine, policy: Policy, n: int) -> None:
     await registration.register(engine, [
         registration.Registration(TENANTS[i % len(TENANTS)], f"extra-{i:08d}", policy, due)
         for i in range(n)])
-    run_id, _ = await publication.create_run(engine, publication.RunRequest(None, None, None,
+    run_id, _ = await trigger.create_run(engine, trigger.RunRequest(None, None, None,
                                                                             False, None),
                                       None)
     await publication.publish(engine, run_id, batch_size=BATCH_SIZE)

@@ -28,7 +28,7 @@ from service.budget import scope_controls
 from service.config.policies import Policies, resolve_policies
 from service.db.engine import is_busy
 from service.ledger import gauges, holds, registration
-from service.runs import publication
+from service.runs import publication, trigger
 
 TENANT = "acme"
 PAST = datetime(2026, 1, 1, tzinfo=UTC)
@@ -80,7 +80,7 @@ async def once(ctx: BenchContext, args: argparse.Namespace) -> dict[str, float |
                     ["carts"] * count, [PAST] * count, {"carts": policy}))
 
         registered = await timed(register())
-        run_id, _ = await publication.create_run(db.engine, publication.RunRequest(None, None,
+        run_id, _ = await trigger.create_run(db.engine, trigger.RunRequest(None, None,
                                                                                    None, False,
                                                                      None), None)
         while not await publication.publish(db.engine, run_id, batch_size=1000):

@@ -64,7 +64,7 @@ from bench.common import (
 )
 from drills.vendors import example_block
 from service.config.policies import Policies, resolve_policies
-from service.runs import publication
+from service.runs import publication, trigger
 from service.runs.discovery import Discovery, Page
 from service.sweeps.store_databases import Cursor, SourceRows, Stores
 from service.upstreams.deletion_api import Upstreams
@@ -194,7 +194,7 @@ class TimedDiscovery(Discovery):
 
 async def discover(engine: Any, policies: Policies, dry_run: bool) -> dict[str, Any]:
     """One run's discovery of the whole table, timed; the run is left unpublished."""
-    run_id, _ = await publication.create_run(engine, publication.RunRequest(POLICY, None, None,
+    run_id, _ = await trigger.create_run(engine, trigger.RunRequest(POLICY, None, None,
                                                                             dry_run,
                                                               None), None)
     async with engine.connect() as conn:

@@ -1,17 +1,11 @@
 """A drill: a named failure scenario with its setup, the fault it injects, the assertion it
-checks, and a `run` that returns what it measured. `run_drill` gives every drill a scratch
-database and a stage, and turns the outcome into a one-line verdict."""
+checks, and a `run` that returns what it measured; and the verdict it comes to
+(drills/runner.py runs one)."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-import time
-import traceback
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 Facts = dict[str, Any]
@@ -84,37 +78,3 @@ def _short(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.2f}"
     return str(value)
-
-
-def drill_label() -> str:
-    """A unique prefix for one drill's tenants, so its rows are recognisable."""
-    return f"drill-{uuid.uuid4().hex[:8]}"
-
-
-async def run_drill(drill: Drill, db_url: str, *, keep_logs: Path | None = None) -> Verdict:
-    """Run one drill against a migrated database (plain postgresql:// URL); every process it
-    started is stopped before this returns."""
-    from drills.stage import Stage
-
-    started = time.monotonic()
-    workdir = Path(tempfile.mkdtemp(prefix="sweeper-drill-", dir=keep_logs))
-    stage = Stage(db_url, workdir, label=drill_label())
-    facts: Facts = {}
-    try:
-        facts = await drill.run(stage)
-        status, reason = "pass", None
-    except DrillSkipped as exc:
-        status, reason = "skip", str(exc)
-    except DrillFailed as exc:
-        status, reason = "fail", str(exc)
-    except Exception as exc:
-        status = "fail"
-        reason = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}"
-    finally:
-        await stage.aclose()
-    if status == "fail":
-        facts = {**stage.facts, **facts}
-        reason = f"{reason}\n{stage.log_tail()}\n(logs in {workdir})"
-    elif keep_logs is None:
-        shutil.rmtree(workdir, ignore_errors=True)
-    return Verdict(drill, status, time.monotonic() - started, facts or stage.facts, reason)

@@ -18,8 +18,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from drills.base import Verdict, run_drill
+from drills.base import Verdict
 from drills.catalog import DRILLS, find
+from drills.runner import run_drill
 from drills.scratch import create_database, drop_database
 from service.commands.exits import Exit
 

@@ -31,7 +31,7 @@ from service.config.policies import Policies, load_policies
 from service.config.settings import Settings, async_url
 from service.db.engine import make_engine
 from service.ledger import registration
-from service.runs import publication
+from service.runs import publication, trigger
 
 PAST: Final = datetime(2026, 1, 1, tzinfo=UTC)
 STOP_GRACE_S: Final = 10.0
@@ -228,8 +228,8 @@ class Stage:
         """Trigger a run and publish it here (no API needed); returns the run id."""
         engine = make_engine(async_url(self.db_url), self._settings())
         try:
-            run_id, _ = await publication.create_run(
-                engine, publication.RunRequest("drill", None, None, False, None), None)
+            run_id, _ = await trigger.create_run(
+                engine, trigger.RunRequest("drill", None, None, False, None), None)
             await publication.publish(engine, run_id, batch_size=500)
         finally:
             await engine.dispose()

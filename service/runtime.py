@@ -14,7 +14,7 @@ from service.config.signing_keys import Signer
 from service.config.tokens import TokenSet
 from service.credentials import CredentialStore, Keyring
 from service.ledger.gauges import Exporter
-from service.runs.publication import ProgressCache
+from service.runs.progress import ProgressCache
 from service.sweeps.store_databases import Stores
 
 

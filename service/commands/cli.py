@@ -33,6 +33,7 @@ from service.config.settings import (
     unknown_variables,
 )
 from service.db.engine import is_unavailable, make_engine
+from service.db.migrate import migrate_database
 from service.errors import ConfigError, DatabaseUnavailable, ListenError
 from service.observability.logs import configure_logging
 
@@ -83,23 +84,6 @@ def database(settings: Settings) -> Iterator[URL]:
 
     with embedded_database(settings.data_dir) as embedded:
         yield async_url(embedded)
-
-
-async def migrate_database(url: URL, settings: Settings, target: str = "head") -> None:
-    """Run migrations, mapping 'cannot connect' to DatabaseUnavailable with a clear message."""
-    from service.db import migrate
-
-    engine = make_engine(url, settings)
-    try:
-        await migrate.upgrade(engine, target)
-    except Exception as exc:
-        if is_unavailable(exc):
-            where = url.set(drivername="postgresql").render_as_string(hide_password=True)
-            reason = str(getattr(exc, "orig", None) or exc) or type(exc).__name__
-            raise DatabaseUnavailable(f"cannot reach PostgreSQL at {where}: {reason}") from None
-        raise
-    finally:
-        await engine.dispose()
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:

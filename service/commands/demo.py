@@ -21,11 +21,11 @@ import uvicorn
 
 from service.app import create_app
 from service.commands import run_client
-from service.commands.cli import migrate_database
 from service.commands.local.store import SimulatedStore, Weather
 from service.config.policies import Policies, resolve_policies
 from service.config.settings import LogFormat, Settings, async_url
 from service.db.embedded import embedded_database
+from service.db.migrate import migrate_database
 from service.http.serving import listening_socket
 
 log = logging.getLogger(__name__)

@@ -11,11 +11,14 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import URL, Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import service
+from service.config.settings import Settings
+from service.db.engine import is_unavailable, make_engine
 from service.db.statements import Statement, run
+from service.errors import DatabaseUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -111,3 +114,18 @@ async def current_revision(engine: AsyncEngine) -> str | None:
     """The revision the database is at (None before the first migration)."""
     async with engine.connect() as conn:
         return await conn.run_sync(_current)
+
+
+async def migrate_database(url: URL, settings: Settings, target: str = "head") -> None:
+    """Run migrations, mapping 'cannot connect' to DatabaseUnavailable with a clear message."""
+    engine = make_engine(url, settings)
+    try:
+        await upgrade(engine, target)
+    except Exception as exc:
+        if is_unavailable(exc):
+            where = url.set(drivername="postgresql").render_as_string(hide_password=True)
+            reason = str(getattr(exc, "orig", None) or exc) or type(exc).__name__
+            raise DatabaseUnavailable(f"cannot reach PostgreSQL at {where}: {reason}") from None
+        raise
+    finally:
+        await engine.dispose()

@@ -51,7 +51,7 @@ from service.db.statements import run as run_statement
 from service.ledger import registration
 from service.ledger.registration import Obligations
 from service.observability import metrics
-from service.runs import publication
+from service.runs import reports
 from service.sweeps.list_pages import Lister, SourceDeferred
 from service.sweeps.store_databases import Cursor, SourceRows, StoreError, Stores
 
@@ -432,7 +432,7 @@ async def report(engine: AsyncEngine, run_id: int, *, limit: int = MAX_TENANTS_S
     previous = None
     if run.dry_run:
         async with engine.connect() as conn:
-            found_previous = await publication.previous_dry_run(conn, run_id, run.policy,
+            found_previous = await reports.previous_dry_run(conn, run_id, run.policy,
                                                          run.tenant_id)
         previous = int(found_previous.id) if found_previous is not None else None
     policies = {r.policy: {**r._mapping, "tenants": []}

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from drills.base import run_drill
 from drills.catalog import DRILLS, Drill
+from drills.runner import run_drill
 
 
 @pytest.mark.slow

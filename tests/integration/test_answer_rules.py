@@ -18,9 +18,9 @@ from service.ledger import registration
 from service.upstreams.deletion_api import Upstreams
 from service.worker.process import database_pool
 from tests.conftest import policies_from
+from tests.fakes.answer_rules import SHOPIFY
 from tests.fakes.upstream import Call, FakeUpstream, Fault
 from tests.integration.test_pipeline import PAST, drain, release_all
-from tests.unit.test_answers import SHOPIFY
 
 QUERY = "mutation($id: ID!) { customerDelete(input: {id: $id}) { deletedCustomerId } }"
 CONFLICT = {"status": 409, "path": "errors[*].code", "equals": "ConcurrentModification",

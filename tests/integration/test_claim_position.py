@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.budget import limiter
 from service.ledger import claims
 from service.ledger.claims import Admission
-from service.runs import publication
+from service.runs import publication, trigger
 from tests.integration.db_clock import advance
 from tests.integration.test_pipeline import SCOPE, make_policies, register
 
@@ -21,7 +21,7 @@ from tests.integration.test_pipeline import SCOPE, make_policies, register
 async def publish_batches(engine: AsyncEngine, n: int, batch_size: int) -> list[int]:
     """Register and publish n items in batches of batch_size; the batch ids, in order."""
     await register(engine, make_policies("http://127.0.0.1:9"), n)
-    run_id, _ = await publication.create_run(engine, publication.RunRequest(None, None, None,
+    run_id, _ = await trigger.create_run(engine, trigger.RunRequest(None, None, None,
                                                                             False, None),
                                       None)
     assert await publication.publish(engine, run_id, batch_size=batch_size, lanes=1)

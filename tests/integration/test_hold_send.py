@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.config.policies import Policies
 from service.config.settings import async_url, plain_url
 from service.ledger import registration
-from service.runs import publication
+from service.runs import publication, trigger
 from service.upstreams.deletion_api import Upstreams
 from service.worker import database_pool
 from tests.conftest import TOKEN_A, LiveServer, policies_from, test_settings
@@ -66,7 +66,7 @@ async def test_no_leased_call_starts_after_the_hold_answers(
     await registration.register(engine, [registration.Registration("acme", f"c-{n}",
                                                        policies.policies["carts"], PAST)
                                    for n in range(ITEMS)])
-    run_id, _ = await publication.create_run(engine, publication.RunRequest(None, None, None,
+    run_id, _ = await trigger.create_run(engine, trigger.RunRequest(None, None, None,
                                                                             False, None),
                                       None)
     assert await publication.publish(engine, run_id, batch_size=50)

@@ -22,7 +22,7 @@ from service.config.policies import Policies
 from service.db.engine import make_engine
 from service.ledger import gauges, holds
 from service.ledger import registration as ledger
-from service.runs import publication
+from service.runs import progress, publication, trigger
 from service.upstreams.deletion_api import Upstreams
 from service.webhooks import intake
 from service.worker import WorkerPool, database_pool
@@ -57,7 +57,7 @@ async def register(engine: AsyncEngine, policies: Policies,
 
 
 async def release_all(engine: AsyncEngine) -> int:
-    run_id, _ = await publication.create_run(engine, publication.RunRequest(None, None, None,
+    run_id, _ = await trigger.create_run(engine, trigger.RunRequest(None, None, None,
                                                                             False, None),
                                       None)
     assert await publication.publish(engine, run_id, batch_size=50)
@@ -122,11 +122,11 @@ async def test_held_items_wait_unpunished_and_drain_after_the_release(
         await box.aclose()
     assert len(receipt.item_ids) == 1  # recorded (and released: it is due now)
     covered.add(("carts", "acme", "cart-100"))
-    report_only, _ = await publication.create_run(
-        engine, publication.RunRequest(None, None, None, True, None), None)
+    report_only, _ = await trigger.create_run(
+        engine, trigger.RunRequest(None, None, None, True, None), None)
     assert await publication.publish(engine, report_only, batch_size=50)
-    report = (await publication.run_status(engine, report_only,
-                                           publication.ProgressCache()) or {})["report"]
+    report = (await progress.run_status(engine, report_only,
+                                           progress.ProgressCache()) or {})["report"]
     assert {p: f["held"] for p, f in report["policies"].items()} == {
         "carts": len(covered), "exports": 0}
     run_id = await release_all(engine)
@@ -142,7 +142,7 @@ async def test_held_items_wait_unpunished_and_drain_after_the_release(
         assert {called(c) for c in upstream.calls()} == set(state) - held
         assert all(i["status"] == "succeeded" for k, i in state.items() if k not in held)
 
-        status = await publication.run_status(engine, run_id, publication.ProgressCache())
+        status = await progress.run_status(engine, run_id, progress.ProgressCache())
         assert status is not None and status["items"]["held"] == len(covered)
         snap = await gauges.read_ledger(engine)
         assert snap.held == {"carts": len(covered) + 1} and snap.holds_active == 2
@@ -384,8 +384,8 @@ async def test_no_call_starts_under_a_hold_in_force(
                 _, policy, t, object_id = step
                 await ledger.register(engine, [ledger.Registration(
                     tenant[t], object_id, policies.policies[policy], PAST)])
-                await publication.publish(engine, (await publication.create_run(
-                    engine, publication.RunRequest(None, None, None, False, None), None))[0],
+                await publication.publish(engine, (await trigger.create_run(
+                    engine, trigger.RunRequest(None, None, None, False, None), None))[0],
                     batch_size=50)
             elif step[0] == "hold":
                 spec = step[1]

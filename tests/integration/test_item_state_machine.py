@@ -38,7 +38,7 @@ from service.config.settings import async_url
 from service.db.engine import make_engine
 from service.ledger import claims, registration
 from service.ledger.claims import Completion, Lease
-from service.runs import publication
+from service.runs import publication, trigger
 from service.webhooks import intake
 from service.webhooks.deliveries import Delivery, Hint
 from tests.conftest import test_settings
@@ -173,8 +173,8 @@ class ItemLifeCycle(RuleBasedStateMachine):
 
     @rule()
     def publish(self) -> None:
-        run_id, _ = self.run(publication.create_run(
-            self.engine, publication.RunRequest(None, None, self.now, False, None), None))
+        run_id, _ = self.run(trigger.create_run(
+            self.engine, trigger.RunRequest(None, None, self.now, False, None), None))
         assert self.run(publication.publish(self.engine, run_id, batch_size=2))
         batches = {r.id: r.batch_id for r in self.run(self._fetch(
             "SELECT id, batch_id FROM items WHERE released_at IS NOT NULL"))}

@@ -17,7 +17,7 @@ from service.cluster.leader import Duty, Elector, current
 from service.errors import NotLeader
 from service.observability.metrics import LEADER, LEADER_TERM
 from service.observability.metrics import REGISTRY as METRICS
-from service.runs import publication
+from service.runs import publication, trigger
 from tests.conftest import TOKEN_A, LiveServer, test_settings
 from tests.integration.test_pipeline import make_policies, register
 
@@ -52,7 +52,7 @@ async def test_a_chunk_of_an_ended_term_writes_nothing(engine: AsyncEngine) -> N
     assert await old.step()
     await lapse(engine)
     assert await Elector(engine, "new").step()
-    run_id, _ = await publication.create_run(engine, publication.RunRequest(None, None, None,
+    run_id, _ = await trigger.create_run(engine, trigger.RunRequest(None, None, None,
                                                                             False, None),
                                       None)
     with pytest.raises(NotLeader):

@@ -10,7 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.db.statements import Statement, fetch, fetch_filtered
 from service.ledger import registration
-from service.runs import publication
+from service.runs import progress
 from tests.integration.test_pipeline import make_policies, register, release_all
 
 HISTORY = 50_000
@@ -71,6 +71,6 @@ async def test_run_progress_reads_its_batches_items_from_the_index(engine: Async
     async with engine.connect() as conn:
         await conn.execution_options(isolation_level="AUTOCOMMIT")
         await conn.execute(text("VACUUM ANALYZE items"))
-    plan = await explained(engine, publication._PROGRESS, {"ids": [run_id]})
+    plan = await explained(engine, progress._PROGRESS, {"ids": [run_id]})
     assert "Index Only Scan using items_batch_cover" in plan, plan
     assert "Seq Scan on items" not in plan, plan

@@ -26,7 +26,7 @@ from service.budget import limiter
 from service.budget import scope_controls as scopes
 from service.budget.credential_waits import Credentials
 from service.config.policies import Policies
-from service.runs import discovery, publication
+from service.runs import discovery, publication, trigger
 from service.runs.discovery import Discovery
 from service.sweeps.store_databases import Stores
 from tests.conftest import REPO_ROOT, TOKEN_A, LiveServer, free_port, policies_from, test_settings
@@ -218,7 +218,7 @@ async def run_state(engine: AsyncEngine, run_id: int) -> tuple[str, int]:
 
 
 async def new_run(engine: AsyncEngine, *, dry_run: bool = False) -> int:
-    run_id, _ = await publication.create_run(engine, publication.RunRequest(
+    run_id, _ = await trigger.create_run(engine, trigger.RunRequest(
         "stale-customers", None, None, dry_run, None), None)
     return run_id
 
@@ -457,7 +457,7 @@ async def test_a_graphql_throttle_inside_a_200_closes_the_shops_scope(
                   headers={"Content-Type": "application/json"})
         policies = example(up.base_url, tmp_path)
         credentials = Credentials.of(policies, engine, None)
-        run_id, _ = await publication.create_run(engine, publication.RunRequest(
+        run_id, _ = await trigger.create_run(engine, trigger.RunRequest(
             "inactive-customers", shop, None, True, None), None)
         assert await publication.publish_pending(engine, batch_size=50, discovery=Discovery(
             policies, Stores({}), credentials)) == 0

@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config.policies import Policies
 from service.ledger import claims, registration
-from service.runs import publication
+from service.runs import progress, publication, trigger
 from service.upstreams.deletion_api import Upstreams
 from service.worker import WorkerPool, database_pool
 from tests.conftest import TOKEN_A, LiveServer, policies_from, test_settings
@@ -44,8 +44,8 @@ async def register(engine: AsyncEngine, policies: Policies, n: int, tenant: str 
 
 
 async def release_all(engine: AsyncEngine) -> int:
-    request = publication.RunRequest(None, None, None, False, None)
-    run_id, _ = await publication.create_run(engine, request, None)
+    request = trigger.RunRequest(None, None, None, False, None)
+    run_id, _ = await trigger.create_run(engine, request, None)
     assert await publication.publish(engine, run_id, batch_size=50)
     return run_id
 
@@ -86,7 +86,7 @@ async def test_register_run_drain_each_item_once(engine: AsyncEngine, upstream: 
     assert len(keys) == 120 and len(set(keys)) == 120
     assert set(keys) == {registration.operation_key("acme", f"cart-{i}", "carts", 1)
                          for i in range(120)}
-    status = await publication.run_status(engine, run_id, publication.ProgressCache())
+    status = await progress.run_status(engine, run_id, progress.ProgressCache())
     assert status is not None
     assert status["released"] == 120 and status["batches"] == 3  # batch_size 50
     assert status["items"] == {"succeeded": 120}
@@ -317,7 +317,7 @@ async def test_429_refunds_the_attempt(engine: AsyncEngine, upstream: FakeUpstre
 async def test_crash_mid_publication_resumes_without_duplicates(engine: AsyncEngine) -> None:
     policies = make_policies("http://127.0.0.1:9")
     await register(engine, policies, 130)
-    run_id, _ = await publication.create_run(engine, publication.RunRequest(None, None, None,
+    run_id, _ = await trigger.create_run(engine, trigger.RunRequest(None, None, None,
                                                                             False, None),
                                       None)
     # publish two chunks of one batch each, then "crash" (stop between transactions)
@@ -426,11 +426,11 @@ async def test_parallel_lanes_release_each_item_once(engine: AsyncEngine, lanes:
     policies = make_policies("http://127.0.0.1:9")
     await register(engine, policies, 1_003)
     await register(engine, policies, 40, tenant="other")
-    run_id, _ = await publication.create_run(engine, publication.RunRequest(None, None, None,
+    run_id, _ = await trigger.create_run(engine, trigger.RunRequest(None, None, None,
                                                                             False, None),
                                       None)
     assert await publication.publish(engine, run_id, batch_size=20, lanes=lanes)
-    status = await publication.run_status(engine, run_id, publication.ProgressCache())
+    status = await progress.run_status(engine, run_id, progress.ProgressCache())
     assert status is not None
     assert (status["state"], status["released"], status["remaining"]) == ("published", 1_043, 0)
     async with engine.connect() as conn:
@@ -451,19 +451,19 @@ async def test_max_items_leaves_the_rest_for_the_next_run(engine: AsyncEngine) -
     policies = make_policies("http://127.0.0.1:9")
     await register(engine, policies, 70)
     await register(engine, policies, 5, tenant="other")
-    first, _ = await publication.create_run(engine, publication.RunRequest(None, "acme", None,
+    first, _ = await trigger.create_run(engine, trigger.RunRequest(None, "acme", None,
                                                                            False, 60),
                                      None)
     assert await publication.publish(engine, first, batch_size=25)
-    status = await publication.run_status(engine, first, publication.ProgressCache())
+    status = await progress.run_status(engine, first, progress.ProgressCache())
     assert status is not None
     assert (status["released"], status["batches"], status["remaining"]) == (60, 3, 10)
     assert status["candidates"] == 70  # the tenant filter kept 'other' out
-    second, _ = await publication.create_run(engine, publication.RunRequest(None, "acme", None,
+    second, _ = await trigger.create_run(engine, trigger.RunRequest(None, "acme", None,
                                                                             False,
                                                               None), None)
     assert await publication.publish(engine, second, batch_size=25)
-    status = await publication.run_status(engine, second, publication.ProgressCache())
+    status = await progress.run_status(engine, second, progress.ProgressCache())
     assert status is not None
     assert (status["released"], status["remaining"]) == (10, 0)
     async with engine.connect() as conn:
@@ -476,15 +476,15 @@ async def test_max_items_leaves_the_rest_for_the_next_run(engine: AsyncEngine) -
 async def test_future_items_wait_for_a_later_cutoff(engine: AsyncEngine) -> None:
     policies = make_policies("http://127.0.0.1:9")
     await register(engine, policies, 3, due=datetime.now(UTC) + timedelta(days=2))
-    run_id, _ = await publication.create_run(engine, publication.RunRequest(None, None, None,
+    run_id, _ = await trigger.create_run(engine, trigger.RunRequest(None, None, None,
                                                                             False, None),
                                       None)
     assert await publication.publish(engine, run_id, batch_size=50)
-    status = await publication.run_status(engine, run_id, publication.ProgressCache())
+    status = await progress.run_status(engine, run_id, progress.ProgressCache())
     assert status is not None and status["released"] == 0
-    later, _ = await publication.create_run(
-        engine, publication.RunRequest(None, None, datetime.now(UTC) + timedelta(days=3), False,
+    later, _ = await trigger.create_run(
+        engine, trigger.RunRequest(None, None, datetime.now(UTC) + timedelta(days=3), False,
                                 None), None)
     assert await publication.publish(engine, later, batch_size=50)
-    status = await publication.run_status(engine, later, publication.ProgressCache())
+    status = await progress.run_status(engine, later, progress.ProgressCache())
     assert status is not None and status["released"] == 3

@@ -20,6 +20,7 @@ from service.config.settings import async_url
 from service.db.engine import make_engine
 from service.ledger import registration
 from service.runs import publication
+from service.runs import trigger as runs_trigger
 from tests.conftest import TOKEN_A, LiveServer, policies_from, test_settings
 
 DUE = "2026-01-01T00:00:00Z"
@@ -155,8 +156,8 @@ async def test_a_busy_database_leaves_the_run_publishing_for_the_next_pass(
     try:
         pol = two_policies().policies["carts"]
         await registration.register(engine, [registration.Registration("acme", "c1", pol, CUTOFF)])
-        run_id, _ = await publication.create_run(
-            engine, publication.RunRequest("carts", None, None, False, None), None)
+        run_id, _ = await runs_trigger.create_run(
+            engine, runs_trigger.RunRequest("carts", None, None, False, None), None)
         # a lock that makes the batch insert wait past the statement timeout (SQLSTATE 57014)
         tx = holder.transaction()
         await tx.start()

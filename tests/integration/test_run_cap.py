@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.runs import publication
+from service.runs import publication, trigger
 from tests.integration.test_pipeline import make_policies, register
 
 ITEMS = 120
@@ -24,7 +24,7 @@ PUBLISHERS = 3
 async def test_three_publishers_release_exactly_the_cap(engine: AsyncEngine,
                                                          attempt: int) -> None:
     await register(engine, make_policies("http://127.0.0.1:9"), ITEMS)
-    run_id, _ = await publication.create_run(engine, publication.RunRequest(None, None, None,
+    run_id, _ = await trigger.create_run(engine, trigger.RunRequest(None, None, None,
                                                                             False, CAP),
                                       None)
     # the production path: each replica's publisher pass, all at once

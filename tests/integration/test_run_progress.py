@@ -16,11 +16,11 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.ledger import registration
-from service.runs import publication
+from service.runs import progress, publication, trigger
 from tests.conftest import TOKEN_A, LiveServer, test_settings
 from tests.integration.test_pipeline import make_policies, register, release_all
 
-V: Final = publication.RunVersion("published", 3)
+V: Final = progress.RunVersion("published", 3)
 
 
 @pytest.fixture
@@ -28,7 +28,7 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Each real count's run ids, in order (one count may take several runs); each count
     takes at least 50 ms."""
     calls: list[int] = []
-    real = publication.runs_progress
+    real = progress.runs_progress
 
     async def slow_count(engine: AsyncEngine, run_ids: Sequence[int]
                          ) -> dict[int, dict[str, Any]]:
@@ -46,17 +46,17 @@ async def test_callers_share_one_count_until_it_is_too_old(engine: AsyncEngine,
     run_id = await release_all(engine)
     # long enough that a loaded machine's next call still falls inside it (0.3 s did not,
     # once, in a full run)
-    cache = publication.ProgressCache(max_age_s=1.5)
+    cache = progress.ProgressCache(max_age_s=1.5)
 
-    answers = await asyncio.gather(*(publication.run_status(engine, run_id,
+    answers = await asyncio.gather(*(progress.run_status(engine, run_id,
                                                             cache) for _ in range(5)))
     assert counted == [run_id]
     assert all(a is not None and a["items"] == {"pending": 30} for a in answers)
-    await publication.run_status(engine, run_id, cache)
+    await progress.run_status(engine, run_id, cache)
     assert counted == [run_id]
 
     await asyncio.sleep(1.55)
-    assert (await publication.run_status(engine, run_id, cache) or {})["items"] == {"pending": 30}
+    assert (await progress.run_status(engine, run_id, cache) or {})["items"] == {"pending": 30}
     assert counted == [run_id, run_id]
 
 
@@ -65,18 +65,18 @@ async def test_a_count_from_before_the_run_row_changed_is_not_shown(
     # counted when the run was created (nothing released yet), then published: the old
     # (empty) count beside the new row would say "published, nothing left to do"
     await register(engine, make_policies("http://127.0.0.1:9"), 5)
-    cache = publication.ProgressCache(max_age_s=60)
-    run_id, _ = await publication.create_run(engine, publication.RunRequest(None, None, None,
+    cache = progress.ProgressCache(max_age_s=60)
+    run_id, _ = await trigger.create_run(engine, trigger.RunRequest(None, None, None,
                                                                             False, None),
                                       None)
-    before = await publication.run_status(engine, run_id, cache)
+    before = await progress.run_status(engine, run_id, cache)
     assert before is not None and before["items"] == {}
     assert await publication.publish(engine, run_id, batch_size=50)
-    after = await publication.run_status(engine, run_id, cache)
+    after = await progress.run_status(engine, run_id, cache)
     assert after is not None and after["state"] == "published"
     assert after["items"] == {"pending": 5} and counted == [run_id, run_id]
     cache.forget()
-    await publication.run_status(engine, run_id, cache)
+    await progress.run_status(engine, run_id, cache)
     assert counted == [run_id] * 3
 
 
@@ -84,7 +84,7 @@ async def test_a_failed_count_is_not_kept(engine: AsyncEngine,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     await register(engine, make_policies("http://127.0.0.1:9"), 3)
     run_id = await release_all(engine)
-    real, failures = publication.runs_progress, [OSError("database went away")]
+    real, failures = progress.runs_progress, [OSError("database went away")]
 
     async def flaky(engine: AsyncEngine, run_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
         if failures:
@@ -92,7 +92,7 @@ async def test_a_failed_count_is_not_kept(engine: AsyncEngine,
         return await real(engine, run_ids)
 
     monkeypatch.setattr(publication, "runs_progress", flaky)
-    cache = publication.ProgressCache()
+    cache = progress.ProgressCache()
     with pytest.raises(OSError, match="went away"):
         await cache.get(engine, run_id, V)
     assert (await cache.get(engine, run_id, V))["items"] == {"pending": 3}
@@ -102,7 +102,7 @@ async def test_a_caller_that_leaves_does_not_cancel_the_others_count(
         engine: AsyncEngine, counted: list[int]) -> None:
     await register(engine, make_policies("http://127.0.0.1:9"), 3)
     run_id = await release_all(engine)
-    cache = publication.ProgressCache()
+    cache = progress.ProgressCache()
     leaving = asyncio.create_task(cache.get(engine, run_id, V))
     staying = asyncio.create_task(cache.get(engine, run_id, V))
     await asyncio.sleep(0.01)
@@ -112,7 +112,7 @@ async def test_a_caller_that_leaves_does_not_cancel_the_others_count(
 
 
 async def test_the_cache_holds_a_bounded_number_of_runs(engine: AsyncEngine) -> None:
-    cache = publication.ProgressCache(max_runs=3)
+    cache = progress.ProgressCache(max_runs=3)
     for run_id in range(1, 6):
         await cache.get(engine, run_id, V)  # no such runs: empty counts, still cached
     assert sorted(cache._counts) == [3, 4, 5]
@@ -161,9 +161,9 @@ EXPECTED: Final = [  # three_runs's, newest first
 async def test_a_list_counts_the_runs_it_lacks_in_one_statement(
         engine: AsyncEngine, counted: list[int]) -> None:
     first, second, third = await three_runs(engine)
-    cache = publication.ProgressCache()
-    assert (await publication.run_status(engine, first, cache) or {})["items"] == EXPECTED[2][0]
-    listed = await publication.list_runs(engine, limit=10, before=None, progress=cache)
+    cache = progress.ProgressCache()
+    assert (await progress.run_status(engine, first, cache) or {})["items"] == EXPECTED[2][0]
+    listed = await progress.list_runs(engine, limit=10, before=None, progress=cache)
     assert [r["id"] for r in listed] == [third, second, first]
     assert [(r["items"], r["attempts"]) for r in listed] == EXPECTED
     assert listed[1]["oldest_remaining_due_at"] is None  # nothing left to do
@@ -171,32 +171,32 @@ async def test_a_list_counts_the_runs_it_lacks_in_one_statement(
     # the first run's count was shared; the other two were counted in one statement
     assert counted == [first, third, second]
     assert (cache.statements, cache.runs_counted) == (2, 3)
-    assert await publication.list_runs(engine, limit=10, before=None, progress=cache) == listed
+    assert await progress.list_runs(engine, limit=10, before=None, progress=cache) == listed
     assert (cache.statements, cache.runs_counted) == (2, 3)
     # pages count only their own runs
-    page = await publication.list_runs(engine, limit=1, before=third,
-                                       progress=publication.ProgressCache())
+    page = await progress.list_runs(engine, limit=1, before=third,
+                                       progress=progress.ProgressCache())
     assert [r["id"] for r in page] == [second] and counted[3:] == [second]
     for run in listed:  # the same figures as a count of each run alone
         assert {k: run[k] for k in ("items", "attempts", "oldest_remaining_due_at")} == \
-            (await publication.runs_progress(engine, [run["id"]]))[run["id"]]
+            (await progress.runs_progress(engine, [run["id"]]))[run["id"]]
 
 
 async def test_a_drained_runs_count_is_kept_longer_until_an_operator_acts(
         engine: AsyncEngine, counted: list[int]) -> None:
     first, second, third = await three_runs(engine)
-    cache = publication.ProgressCache(max_age_s=0.05, drained_max_age_s=60)
-    await publication.list_runs(engine, limit=10, before=None, progress=cache)
+    cache = progress.ProgressCache(max_age_s=0.05, drained_max_age_s=60)
+    await progress.list_runs(engine, limit=10, before=None, progress=cache)
     assert counted == [third, second, first]
     await asyncio.sleep(0.1)
     # the run still pending and the half-done one are counted again; the drained one is not
-    await publication.list_runs(engine, limit=10, before=None, progress=cache)
+    await progress.list_runs(engine, limit=10, before=None, progress=cache)
     assert counted[3:] == [third, first]
     # a re-drive (an operator action, here on another replica: this cache is not told)
     # puts the drained run's items back to pending: its count is not shared any more
     assert len(await registration.redrive(engine, registration.ItemFilter(policy="carts"),
                                     actor="test", reason="fixed", limit=10)) == 3
-    status = await publication.run_status(engine, second, cache)
+    status = await progress.run_status(engine, second, cache)
     assert status is not None and status["items"] == {"pending": 3}
     assert counted[5:] == [second]
 
@@ -245,13 +245,13 @@ async def test_list_requests_within_the_window_share_one_count(db_url: str,
             await finish(engine, run_id, 1, "succeeded", "succeeded")  # as a worker does
             again = (await listing(api))[run_id]
             single = (await api.get(f"/v1/runs/{run_id}")).json()
-            if time.monotonic() - started < publication.PROGRESS_MAX_AGE_S:
+            if time.monotonic() - started < progress.PROGRESS_MAX_AGE_S:
                 break  # else too slow to tell a shared count from a new one: again
         else:
             pytest.fail("the machine never answered three requests within the window")
         # not counted again: the item that succeeded in between is not seen yet
         assert again == single == before
-        await asyncio.sleep(publication.PROGRESS_MAX_AGE_S + 0.1)
+        await asyncio.sleep(progress.PROGRESS_MAX_AGE_S + 0.1)
         after = (await listing(api))[run_id]
         assert after["items"]["succeeded"] == before["items"].get("succeeded", 0) + 1
         assert (await api.get(f"/v1/runs/{run_id}")).json() == after
@@ -271,7 +271,7 @@ async def test_a_drained_runs_count_waits_for_an_operator_action_on_any_replica(
                 "INSERT INTO attempts (item_id, attempt_no, worker, lease_token, started_at, "
                 "finished_at, outcome, latency_ms, fenced) SELECT min(id), 1, 'late', "
                 "gen_random_uuid(), now(), now(), 'succeeded', 1, true FROM items"))
-        await asyncio.sleep(publication.PROGRESS_MAX_AGE_S + 0.2)
+        await asyncio.sleep(progress.PROGRESS_MAX_AGE_S + 0.2)
         kept = (await listing(one))[run_id]  # drained: the count is kept longer
         assert (kept["items"], kept["attempts"]) == ({"dead": 3}, {"permanent": 3})
         redriven = await other.post("/v1/items/redrive", json={

@@ -1,7 +1,7 @@
 """One bad row fails alone (issue 46, point 4): a store batch whose statement fails on one
 id (a cast error, a lock held by a shopper) is split and run again, so its other rows are
 deleted on their own merits; only the bad id ends dead with its reason, the busy one goes
-back transient. Against a real store database (tests/integration/store_schema.py)."""
+back transient. Against a real store database (tests/fakes/store_schema.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from service.sweeps.store_targets import StoreTargets
 from service.upstreams.deletion_api import Upstreams
 from service.worker import database_pool
 from tests.conftest import TOKEN_A, LiveServer, test_settings
-from tests.integration.store_schema import create_store, store_policies
+from tests.fakes.store_schema import create_store, store_policies
 from tests.integration.test_pipeline import PAST, drain
 from tests.integration.test_stores import publish_carts
 

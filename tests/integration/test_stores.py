@@ -28,14 +28,14 @@ from service.config.policy_file import GuardConfig
 from service.ledger import claims
 from service.observability import metrics
 from service.outcomes import Failure, Outcome, classify
-from service.runs import discovery, publication
+from service.runs import discovery, publication, trigger
 from service.runs.discovery import Discovery
 from service.sweeps.store_databases import SourceRows, StoreError, Stores
 from service.sweeps.store_targets import StoreTargets, ledger_tables
 from service.upstreams.deletion_api import Upstreams
 from service.worker import database_pool, scope_resumption
 from tests.conftest import TOKEN_A, LiveServer, free_port, test_settings
-from tests.integration.store_schema import (
+from tests.fakes.store_schema import (
     CARTS_SOURCE,
     CARTS_TARGET,
     create_store,
@@ -194,7 +194,7 @@ async def test_discovery_resumes_after_a_crash_and_counts_malformed_rows(
                         "interval '9 days'), (repeat('x', 600), now() - interval '9 days')")
     policies = store_policies(store_db_url)
     stores = Stores(policies.stores)
-    run_id, _ = await publication.create_run(engine, publication.RunRequest("expired-carts", None,
+    run_id, _ = await trigger.create_run(engine, trigger.RunRequest("expired-carts", None,
                                                                             None,
                                                               False, None), None)
     try:
@@ -238,7 +238,7 @@ async def publish_carts(engine: AsyncEngine, policies: Policies) -> list[claims.
     """Discover and release the expired carts; lease them all."""
     stores = Stores(policies.stores)
     try:
-        run_id, _ = await publication.create_run(engine, publication.RunRequest(
+        run_id, _ = await trigger.create_run(engine, trigger.RunRequest(
             "expired-carts", None, None, False, None), None)
         assert await publication.publish(engine, run_id, batch_size=100,
                                   discovery=Discovery(policies, stores))

@@ -24,8 +24,8 @@ from service.ledger import registration, tenant_spellings
 from service.upstreams.deletion_api import Upstreams
 from service.worker import database_pool
 from tests.conftest import TOKEN_A, LiveServer, policies_from, test_settings
+from tests.fakes.store_schema import store_policies
 from tests.fakes.upstream import FakeUpstream
-from tests.integration.store_schema import store_policies
 from tests.integration.test_holds import drain
 from tests.integration.test_pipeline import PAST, release_all
 from tests.integration.test_request_templates import SECRET, item, make_policies

@@ -23,24 +23,9 @@ from service.config.answer_rules import (
 from service.config.policies import resolve_policies
 from service.errors import ConfigError
 from service.outcomes import Answer, Classified, Outcome, classify, plan
+from tests.fakes.answer_rules import SHOPIFY
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
-
-# Shopify's customerDelete, as docs/configuration.md writes it
-SHOPIFY = [
-    {"status": 200, "path": "errors[*].extensions.code", "equals": "THROTTLED",
-     "outcome": "throttled", "reason": "throttled"},
-    # a retry after a call that deleted but was not answered finds nothing: deleted
-    {"status": 200, "path": "data.customerDelete.userErrors[*].message",
-     "equals": "Customer can't be found", "outcome": "succeeded", "reason": "absent"},
-    # UserError has `field` and `message` only: the field names what was refused
-    {"status": 200, "path": "data.customerDelete.userErrors[0]", "present": True,
-     "outcome": "permanent", "reason": "user_errors",
-     "code": "data.customerDelete.userErrors[0].field[0]"},
-    {"status": 200, "path": "data.customerDelete.deletedCustomerId", "present": True,
-     "outcome": "succeeded", "reason": "deleted"},
-    {"status": 200, "outcome": "transient", "reason": "no_deletion"},
-]
 
 
 def rules(specs: list[dict[str, Any]], max_bytes: int = 65536) -> Any:

@@ -13,7 +13,7 @@ from service.config.policy_file import MAX_SCOPE_BYTES
 from service.ledger import registration
 from service.runs.discovery import Page, _per_tenant, sort_page
 from service.sweeps.store_databases import SourceRows
-from tests.integration.store_schema import CARTS_SOURCE, CARTS_TARGET, store_policy
+from tests.fakes.store_schema import CARTS_SOURCE, CARTS_TARGET, store_policy
 
 ENV = {"SHOP_DATABASE_URL": "postgresql://shop.invalid/shop"}
 POLICY = resolve_policies(

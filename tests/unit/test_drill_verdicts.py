@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from drills.base import Drill, DrillSkipped, Facts, check, run_drill
+from drills.base import Drill, DrillSkipped, Facts, check
 from drills.catalog import DRILLS, find
+from drills.runner import run_drill
 
 
 def drill(run: Any) -> Drill:

@@ -32,17 +32,17 @@ from service.evidence import audit_trail, chain, object_deletions
 from service.http.api import health
 from service.http.console import sessions
 from service.ledger import claims, gauges, holds, operator_reads, registration, tenant_spellings
-from service.runs import discovery, publication
+from service.runs import discovery, progress, publication, reports, trigger
 from service.sweeps import list_pages, store_databases, store_targets
 from service.webhooks import intake
 from tests.conftest import REPO_ROOT
-from tests.integration.store_schema import store_policies
+from tests.fakes.store_schema import store_policies
 
 # Every module that runs SQL, each with its statements as module-level constants.
 MODULES = (claims, limiter, gauges, scope_controls, publication, registration, retention, intake,
            audit_trail, health, migrate, embedded, tenant_credentials, holds, object_deletions,
            chain, discovery, store_databases, store_targets, list_pages, operator_reads,
-           sessions, statements, tenant_spellings, leader)
+           sessions, statements, tenant_spellings, leader, progress, reports, trigger)
 # Statements on a plain asyncpg connection, sent as `statement.text` (`$n` parameters):
 # webhook intake (its own pool, one round trip per delivery) and the embedded server's
 # bootstrap (its admin database, before Sweeper's exists).

@@ -13,7 +13,7 @@ from service.budget import limiter
 from service.config import store_statements
 from service.config.policies import resolve_policies
 from service.errors import ConfigError
-from tests.integration.store_schema import CARTS_SOURCE, CARTS_TARGET, EXAMPLE, store_policy
+from tests.fakes.store_schema import CARTS_SOURCE, CARTS_TARGET, EXAMPLE, store_policy
 
 ENV = {"SHOP_DATABASE_URL": "postgresql://shop.invalid/shop"}
 

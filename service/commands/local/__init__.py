@@ -76,7 +76,7 @@ async def _serve(url: str, api_socket: socket.socket, store_socket: socket.socke
     import uvicorn
 
     from service.app import create_app
-    from service.commands.cli import migrate_database
+    from service.db.migrate import migrate_database
     from service.http.serving import CompanionServer, GracefulServer, server_config
 
     port = int(api_socket.getsockname()[1])

@@ -26,8 +26,7 @@ from service.http.api.deps import OperatorDep, RuntimeDep
 from service.http.api.problems import problem_responses, validation_problem
 from service.http.api.tenants import stored_filter
 from service.ledger.registration import MAX_ID_BYTES, id_problem, utf8_size_over
-from service.runs import discovery
-from service.runs import publication as runs
+from service.runs import discovery, progress, trigger
 from service.runtime import Runtime
 
 router = APIRouter(prefix="/v1", tags=["runs"], route_class=JsonRoute,
@@ -165,18 +164,18 @@ async def create_run(runtime: RuntimeDep, _actor: OperatorDep, response: Respons
     tenant_id = stored_filter(runtime.policies, request.tenant_id, request.policy,
                               ("body", "tenant_id"))
     try:
-        run_id, created = await runs.create_run(
-            runtime.engine, runs.RunRequest(request.policy, tenant_id, request.cutoff,
+        run_id, created = await trigger.create_run(
+            runtime.engine, trigger.RunRequest(request.policy, tenant_id, request.cutoff,
                                             request.dry_run, request.max_items),
             idempotency_key or None)
-    except runs.TriggerKeyReused as exc:
+    except trigger.TriggerKeyReused as exc:
         raise Problem(409, "idempotency-key-reused", "Idempotency-Key already used",
                       "this key started a run with a different request",
                       run_id=exc.run_id) from None
     if not created:
         response.status_code = 200
     runtime.wake_publisher()
-    status = await runs.run_status(runtime.engine, run_id, runtime.run_progress)
+    status = await progress.run_status(runtime.engine, run_id, runtime.run_progress)
     assert status is not None
     return RunOut.model_validate(status)
 
@@ -189,7 +188,7 @@ async def list_runs(runtime: RuntimeDep, _actor: OperatorDep,
                     ) -> RunPage:
     """Runs, newest first, each with its counts as `GET /v1/runs/{run_id}` shows them (the
     same per-replica counts; the runs without a recent one are counted together)."""
-    rows = await runs.list_runs(runtime.engine, limit=limit, before=before,
+    rows = await progress.list_runs(runtime.engine, limit=limit, before=before,
                                 progress=runtime.run_progress)
     return RunPage(runs=[RunOut.model_validate(r) for r in rows],
                    next_before=rows[-1]["id"] if len(rows) == limit else None)
@@ -202,7 +201,7 @@ async def get_run(runtime: RuntimeDep, _actor: OperatorDep,
     """A run with counts by item status, attempts by outcome and the oldest remaining item
     (counted at most every 2 s per replica, a drained run's at most every 60 s: the counts
     read every item of the run)."""
-    status = await runs.run_status(runtime.engine, run_id, runtime.run_progress)
+    status = await progress.run_status(runtime.engine, run_id, runtime.run_progress)
     if status is None:
         raise Problem(404, "run-not-found", "Run not found", f"no run {run_id}")
     return RunOut.model_validate(status)
@@ -254,7 +253,7 @@ async def get_run_evidence(runtime: RuntimeDep, _actor: OperatorDep,
 async def evidence_export(runtime: Runtime, run_id: int) -> StreamingResponse | None:
     """A run's evidence export as a streamed answer (the API's and the console's), or None
     when there is no such run."""
-    if not await runs.run_exists(runtime.engine, run_id):
+    if not await progress.run_exists(runtime.engine, run_id):
         return None
     # the checkpoint and the spans are read before answering: a database failing now gets
     # its problem answer, not a 200

@@ -40,7 +40,7 @@ from service.http.console.web import (
     whole_number,
 )
 from service.ledger import operator_reads, registration
-from service.runs import publication
+from service.runs import trigger
 
 router = APIRouter(prefix=PREFIX, route_class=ConsoleRoute, include_in_schema=False)
 
@@ -119,8 +119,8 @@ async def trigger_run(request: Request) -> Response:
     form = await checked_form(request, session, ("policy", "dry_run"))
     policy = form.choice("policy", runtime.policies.policies)
     dry_run = form.choice("dry_run", ("on",)) == "on"
-    run_id, _created = await publication.create_run(
-        runtime.engine, publication.RunRequest(policy, None, None, dry_run, None), None)
+    run_id, _created = await trigger.create_run(
+        runtime.engine, trigger.RunRequest(policy, None, None, dry_run, None), None)
     runtime.wake_publisher()
     return _see_other(f"/runs/{run_id}")
 

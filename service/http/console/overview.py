@@ -15,7 +15,7 @@ from typing import Any, Final
 
 from service.ledger import operator_reads
 from service.ledger.gauges import LedgerSnapshot
-from service.runs import publication as runs
+from service.runs import progress
 from service.runtime import Runtime
 
 OVERVIEW_MAX_AGE_S: Final = 2.0
@@ -66,7 +66,7 @@ async def _read(runtime: Runtime) -> Overview:
                  "dead": snap.dead.get(name, 0),
                  "held": snap.held.get(name, 0),
                  "succeeded_per_second": rates.get(name, 0.0)} for name in names]
-    recent = await runs.list_runs(runtime.engine, limit=RECENT_RUNS, before=None,
+    recent = await progress.list_runs(runtime.engine, limit=RECENT_RUNS, before=None,
                                   progress=runtime.run_progress)
     return Overview(ledger=snap, policies=policies,
                     succeeded_per_second=sum(rates.values()),

@@ -28,7 +28,7 @@ from service.http.console.web import (
     whole_number,
 )
 from service.ledger import operator_reads, registration
-from service.runs import discovery, publication
+from service.runs import discovery, progress
 
 router = APIRouter(prefix=PREFIX, route_class=ConsoleRoute, include_in_schema=False)
 
@@ -70,7 +70,7 @@ async def run_list(request: Request) -> Response:
                "kind": params.choice("kind", ("report-only", "real"))}
     before = params.number("before")
     kind = filters["kind"]
-    rows = await publication.list_runs(runtime.engine, limit=PAGE_SIZE, before=before,
+    rows = await progress.list_runs(runtime.engine, limit=PAGE_SIZE, before=before,
                                 progress=runtime.run_progress, policy=filters["policy"],
                                 state=filters["state"],
                                 dry_run=None if kind is None else kind == "report-only")
@@ -89,7 +89,7 @@ def _path_id(value: str, what: str) -> int:
 
 async def _run_or_404(request: Request, run_id: int) -> dict[str, object]:
     runtime = runtime_of(request)
-    run = await publication.run_status(runtime.engine, run_id, runtime.run_progress)
+    run = await progress.run_status(runtime.engine, run_id, runtime.run_progress)
     if run is None:
         raise ConsoleError(404, "No such run", f"there is no run {run_id}")
     return run
