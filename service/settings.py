@@ -10,12 +10,14 @@ import base64
 import binascii
 import difflib
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Final
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
@@ -219,9 +221,20 @@ class Settings(BaseSettings):
         return path
 
     @model_validator(mode="after")
-    def _tls_pair(self) -> Settings:
+    def _consistent(self) -> Settings:
+        """Every rule between settings checked, each broken one its own problem, so that
+        they are all listed at once (a validator stops at its first)."""
+        errors = [InitErrorDetails(type=PydanticCustomError(rule.name, "{problem}",
+                                                            {"problem": problem}),
+                                   loc=(), input=None)
+                  for rule in RULES for problem in rule.check(self)]
+        if errors:
+            raise ValidationError.from_exception_data(type(self).__name__, errors)
+        return self
+
+    def _tls_problems(self) -> list[str]:
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
-            raise ValueError("SWEEPER_TLS_CERT_FILE and SWEEPER_TLS_KEY_FILE go together")
+            return ["SWEEPER_TLS_CERT_FILE and SWEEPER_TLS_KEY_FILE go together"]
         if self.tls_cert_file is not None and self.tls_key_file is not None:
             # the same load uvicorn does at start, here so that a bad pair is refused by
             # check-config too; an encrypted key is refused rather than prompted for
@@ -230,11 +243,10 @@ class Settings(BaseSettings):
                 context.load_cert_chain(self.tls_cert_file, self.tls_key_file,
                                         password=lambda: b"")
             except ssl.SSLError as exc:
-                raise ValueError(
-                    f"SWEEPER_TLS_CERT_FILE {self.tls_cert_file} and SWEEPER_TLS_KEY_FILE "
-                    f"{self.tls_key_file}: not a PEM certificate and its unencrypted private "
-                    f"key ({exc.reason or exc})") from None
-        return self
+                return [f"SWEEPER_TLS_CERT_FILE {self.tls_cert_file} and SWEEPER_TLS_KEY_FILE "
+                        f"{self.tls_key_file}: not a PEM certificate and its unencrypted "
+                        f"private key ({exc.reason or exc})"]
+        return []
 
     @field_validator("evidence_previous_public_keys")
     @classmethod
@@ -246,13 +258,15 @@ class Settings(BaseSettings):
                 raise ValueError(f"key {n} of {len(keys)}: {exc}") from None
         return keys
 
-    @model_validator(mode="after")
-    def _evidence_key_readable(self) -> Settings:
+    def _evidence_key_problems(self) -> list[str]:
         if self.evidence_signing_key is not None and self.evidence_signing_key_file is not None:
-            raise ValueError("set SWEEPER_EVIDENCE_SIGNING_KEY or "
-                             "SWEEPER_EVIDENCE_SIGNING_KEY_FILE, not both")
-        self.evidence_signer()  # raises, naming the setting and never the key
-        return self
+            return ["set SWEEPER_EVIDENCE_SIGNING_KEY or SWEEPER_EVIDENCE_SIGNING_KEY_FILE, "
+                    "not both"]
+        try:
+            self.evidence_signer()
+        except ValueError as exc:  # it names the setting and never the key
+            return [str(exc)]
+        return []
 
     def _previous_public_keys(self) -> tuple[evidence.PublicKey, ...]:
         return tuple(k for text in self.evidence_previous_public_keys
@@ -285,35 +299,31 @@ class Settings(BaseSettings):
                                      self._previous_public_keys())
         return signer
 
-    @model_validator(mode="after")
-    def _previous_keys_need_a_key(self) -> Settings:
+    def _credential_key_problems(self) -> list[str]:
         if self.credentials_previous_keys and self.credentials_key is None:
-            raise ValueError("SWEEPER_CREDENTIALS_PREVIOUS_KEYS needs SWEEPER_CREDENTIALS_KEY: "
-                             "every write uses the current key")
-        return self
+            return ["SWEEPER_CREDENTIALS_PREVIOUS_KEYS needs SWEEPER_CREDENTIALS_KEY: every "
+                    "write uses the current key"]
+        return []
 
     def role_tokens(self) -> list[tuple[str, Role]]:
         """Every configured token with the role its setting gives it."""
         return [(token.get_secret_value(), role) for role, name in ROLE_SETTINGS.items()
                 for token in getattr(self, name)]
 
-    @model_validator(mode="after")
-    def _one_role_per_token(self) -> Settings:
-        problems = token_problems(self.role_tokens())
-        if problems:
-            raise ValueError("; ".join(problems))
-        return self
+    def _token_problems(self) -> list[str]:
+        return token_problems(self.role_tokens())
 
-    @model_validator(mode="after")
-    def _safe_in_production(self) -> Settings:
-        if self.environment is Environment.PRODUCTION:
-            if not self.role_tokens():
-                raise ValueError("SWEEPER_API_TOKENS must be set in production (or "
-                                 "SWEEPER_OPERATOR_TOKENS / SWEEPER_VIEWER_TOKENS)")
-            if self.database_url is None:
-                raise ValueError("SWEEPER_DATABASE_URL must be set in production "
-                                 "(the embedded database is for development)")
-        return self
+    def _production_problems(self) -> list[str]:
+        if self.environment is not Environment.PRODUCTION:
+            return []
+        problems = []
+        if not self.role_tokens():
+            problems.append("SWEEPER_API_TOKENS must be set in production (or "
+                            "SWEEPER_OPERATOR_TOKENS / SWEEPER_VIEWER_TOKENS)")
+        if self.database_url is None:
+            problems.append("SWEEPER_DATABASE_URL must be set in production (the embedded "
+                            "database is for development)")
+        return problems
 
     def credential_keys(self) -> list[bytes]:
         """The credential encryption keys, the current one first; empty when unset."""
@@ -327,6 +337,30 @@ class Settings(BaseSettings):
         if self.database_url is None:
             return None
         return async_url(self.database_url.get_secret_value())
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A rule between settings: the fields it reads, and its check (a problem per line)."""
+
+    name: str
+    reads: frozenset[str]
+    check: Callable[[Settings], list[str]]
+
+
+_TOKENS = frozenset(ROLE_SETTINGS.values())
+RULES: Final = (
+    Rule("tls_pair", frozenset({"tls_cert_file", "tls_key_file"}), Settings._tls_problems),
+    Rule("evidence_key", frozenset({"evidence_signing_key", "evidence_signing_key_file",
+                                    "evidence_previous_public_keys"}),
+         Settings._evidence_key_problems),
+    Rule("credential_keys", frozenset({"credentials_key", "credentials_previous_keys"}),
+         Settings._credential_key_problems),
+    Rule("one_role_per_token", _TOKENS, Settings._token_problems),
+    Rule("production", _TOKENS | {"environment", "database_url"},
+         Settings._production_problems),
+)
+_RULE_READS: Final = {rule.name: rule.reads for rule in RULES}
 
 
 CREDENTIAL_KEY_BYTES = 32  # AES-256
@@ -399,8 +433,27 @@ def settings_problems(exc: ValidationError) -> list[str]:
 
 
 def load_settings() -> Settings:
-    """Settings from the environment; ConfigError listing every problem."""
+    """Settings from the environment; ConfigError listing every problem: those of each
+    variable, and of every rule between settings that reads none of the refused ones."""
     try:
         return Settings()
     except ValidationError as exc:
-        raise ConfigError(*settings_problems(exc)) from None
+        refused = {str(err["loc"][0]) for err in exc.errors() if err["loc"]}
+        raise ConfigError(*settings_problems(exc), *_rules_besides(refused)) from None
+
+
+def _rules_besides(refused: set[str]) -> list[str]:
+    """The broken rules between settings that read none of the `refused` fields: pydantic
+    checks rules only once every field is valid, so these are found on the settings with
+    the refused fields at their defaults."""
+    if not refused:
+        return []
+    defaults = {name: Settings.model_fields[name].get_default(call_default_factory=True)
+                for name in refused}
+    try:
+        Settings(**defaults)
+    except ValidationError as exc:
+        return [message for err, message in zip(exc.errors(include_input=False),
+                                                 settings_problems(exc), strict=True)
+                if not _RULE_READS.get(err["type"], refused) & refused]
+    return []
