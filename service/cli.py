@@ -14,7 +14,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from importlib.metadata import PackageNotFoundError, entry_points, version
 from pathlib import Path
@@ -27,12 +27,13 @@ from service.errors import ConfigError, DatabaseUnavailable, ListenError
 from service.exits import Exit
 from service.follow import RunFailed
 from service.logs import configure_logging
-from service.policies import Policies, load_policies
+from service.policies import Policies, load_policies, read_policies
 from service.settings import (
     Settings,
     async_url,
     load_settings,
     plain_url,
+    read_settings,
     unknown_variables,
 )
 
@@ -85,6 +86,13 @@ def database(settings: Settings) -> Iterator[URL]:
         yield async_url(embedded)
 
 
+def unreachable(url: URL, exc: Exception) -> DatabaseUnavailable:
+    """'Cannot connect' said once: where (no password) and why."""
+    where = url.set(drivername="postgresql").render_as_string(hide_password=True)
+    reason = str(getattr(exc, "orig", None) or exc) or type(exc).__name__
+    return DatabaseUnavailable(f"cannot reach PostgreSQL at {where}: {reason}")
+
+
 async def migrate_database(url: URL, settings: Settings, target: str = "head") -> None:
     """Run migrations, mapping 'cannot connect' to DatabaseUnavailable with a clear message."""
     from service.db import migrate
@@ -94,43 +102,51 @@ async def migrate_database(url: URL, settings: Settings, target: str = "head") -
         await migrate.upgrade(engine, target)
     except Exception as exc:
         if is_unavailable(exc):
-            where = url.set(drivername="postgresql").render_as_string(hide_password=True)
-            reason = str(getattr(exc, "orig", None) or exc) or type(exc).__name__
-            raise DatabaseUnavailable(f"cannot reach PostgreSQL at {where}: {reason}") from None
+            raise unreachable(url, exc) from None
+        raise
+    finally:
+        await engine.dispose()
+
+
+async def schema_revision(url: URL, settings: Settings) -> str | None:
+    """The revision the database's schema is at (None: not migrated yet), reached as
+    `serve` reaches it; DatabaseUnavailable when it cannot be."""
+    from service.db import migrate
+
+    engine = make_engine(url, settings)
+    try:
+        return await migrate.current_revision(engine)
+    except Exception as exc:
+        if is_unavailable(exc):
+            raise unreachable(url, exc) from None
         raise
     finally:
         await engine.dispose()
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
-    """Every problem of the settings and the policies file at once, then the warnings."""
-    problems: list[str] = []
-    settings: Settings | None = None
-    try:
-        settings = load_settings()
-        policies_file = settings.policies_file
-    except ConfigError as exc:
-        problems += exc.problems
-        policies_file = Path(os.environ["SWEEPER_POLICIES_FILE"]) if os.environ.get(
-            "SWEEPER_POLICIES_FILE") else None
-    try:
-        policies = load_policies(policies_file)
-    except ConfigError as exc:
-        problems += exc.problems
-        policies = None
+    """Every problem of the settings, the policies file and the database at once (each
+    source checked as far as its own problems allow), then the warnings; exit 2 on a
+    configuration problem, else 3 when the database cannot be reached."""
+    settings, problems = read_settings()
+    named = os.environ.get("SWEEPER_POLICIES_FILE")  # where no settings could be read
+    policies_file = (settings.policies_file if settings is not None
+                     else Path(named) if named else None)
+    policies, found = read_policies(policies_file)
+    problems += found
     warnings = unknown_variables(os.environ)
     if policies_file is None:
         warnings.append("SWEEPER_POLICIES_FILE is not set: there are no policies, so no item "
                         "can be registered and no webhook accepted")
     for warning in warnings:
         print(f"sweeper: warning: {warning}", file=sys.stderr)
-    if settings is not None and policies is not None:
+    if settings is not None:
         from service.credentials import Keyring
         from service.credentials.waits import missing_key
 
         problems += missing_key(policies, Keyring.from_settings(settings))
     statements: list[str] = []
-    if policies is not None and policies.stores:
+    if policies.stores:
         from service.stores import check_policies
 
         checked = asyncio.run(check_policies(policies, explain=args.explain))
@@ -138,10 +154,20 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         statements = checked.statements
         for warning in checked.warnings:
             print(f"sweeper: warning: {warning}", file=sys.stderr)
-    if problems:
-        raise ConfigError(*problems)
-    assert settings is not None
-    assert policies is not None
+    database, down = "", None  # what is said of the database; why it cannot be reached
+    try:
+        database = check_database(settings) if settings is not None else ""
+    except ConfigError as exc:
+        problems += exc.problems
+    except DatabaseUnavailable as exc:
+        down = exc
+    report_problems(problems)
+    if down is not None:
+        print(f"sweeper: database unavailable: {down}", file=sys.stderr)
+    if problems or settings is None:
+        return Exit.CONFIG
+    if down is not None:
+        return Exit.DATABASE
     signer = settings.evidence_signer()
     if signer is not None:
         signing = f"signed with key {signer.current.key_id}"
@@ -153,8 +179,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     print(f"ok: {len(policies.upstreams)} upstream(s), {stores}"
           f"{len(policies.policies)} policy(ies), "
           f"{len(policies.webhooks)} webhook source(s) from {policies.source}; "
-          f"database: {'configured' if settings.database_url else 'embedded'}; "
-          f"evidence exports: {signing}")
+          f"database: {database}; evidence exports: {signing}")
     for shown in statements:
         print(shown)
     from service.list_source import describe_requests
@@ -162,6 +187,27 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     for shown in describe_requests(policies):
         print(shown)
     return Exit.OK
+
+
+def check_database(settings: Settings) -> str:
+    """What check-config says of the database: the configured one reached, and its schema
+    against this build's; the embedded one's folder. DatabaseUnavailable when it cannot be
+    reached, ConfigError when the embedded one is not installed."""
+    from service.db import embedded
+    from service.db.migrate import head_revision
+
+    url = settings.sqlalchemy_url()
+    if url is None:
+        if not embedded.installed():
+            raise ConfigError(embedded.NOT_INSTALLED)
+        return f"embedded, under {settings.data_dir}"
+    revision = asyncio.run(schema_revision(url, settings))
+    said = f"reachable, schema at {revision or 'nothing yet'}"
+    if revision != head_revision():
+        said += (f" (this build's is {head_revision()}: "
+                 + ("`serve` migrates it at start)" if settings.migrate_on_start
+                    else "run `sweeper migrate`, SWEEPER_MIGRATE_ON_START is off)"))
+    return said
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -199,8 +245,7 @@ async def _reencrypt(url: URL, settings: Settings, keyring: Keyring) -> Reencryp
                                                   actor="cli:credentials rotate-key")
     except Exception as exc:
         if is_unavailable(exc):
-            where = url.set(drivername="postgresql").render_as_string(hide_password=True)
-            raise DatabaseUnavailable(f"cannot reach PostgreSQL at {where}") from None
+            raise unreachable(url, exc) from None
         raise
     finally:
         await engine.dispose()
@@ -479,12 +524,15 @@ def build_parser() -> argparse.ArgumentParser:
     migrate.add_argument("--revision", default="head", help="target revision")
     migrate.set_defaults(func=cmd_migrate)
 
-    check = sub.add_parser("check-config", help="validate settings and the policies file",
+    check = sub.add_parser("check-config",
+                           help="validate settings and the policies file, reach the database",
                            description="List every problem of the SWEEPER_* settings and the "
-                                       "policies file, and warn about unknown SWEEPER_* "
-                                       "variables; exit 2 if there are problems. Each "
-                                       "store's source queries and target statements are "
-                                       "checked against the store and shown.")
+                                       "policies file at once, reach the database as `serve` "
+                                       "would, and warn about unknown SWEEPER_* variables; "
+                                       "exit 2 if there are problems, 3 if only the database "
+                                       "cannot be reached. Each store's source queries and "
+                                       "target statements are checked against the store and "
+                                       "shown.")
     check.add_argument("--explain", action="store_true",
                        help="show each store statement's plan (EXPLAIN; nothing is deleted)")
     check.set_defaults(func=cmd_check_config)
@@ -590,14 +638,19 @@ def main(argv: list[str] | None = None) -> int:
     return run(build_parser().parse_args(argv))
 
 
+def report_problems(problems: Iterable[str]) -> None:
+    """One line per configuration problem, on stderr."""
+    for problem in problems:
+        print(f"sweeper: configuration error: {problem}", file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run a parsed command; expected failures become one line each and an exit code."""
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)
     except ConfigError as exc:
-        for problem in exc.problems or (str(exc),):
-            print(f"sweeper: configuration error: {problem}", file=sys.stderr)
+        report_problems(exc.problems or (str(exc),))
         return Exit.CONFIG
     except DatabaseUnavailable as exc:
         print(f"sweeper: database unavailable: {exc}", file=sys.stderr)

@@ -350,7 +350,9 @@ def resolve_checked(raw: Mapping[str, Any], env: Mapping[str, str], *, source: s
         return value
 
     upstreams: dict[str, Upstream] = {}
+    troubled: set[str] = set()  # upstreams with problems: checked against, never resolved
     for name, up in parsed.upstreams.items():
+        found = len(problems)
         headers = {header: header_secret(var, f"upstreams.{name}.headers_from_env.{header}")
                    for header, var in up.headers_from_env.items()}
         templated = _header_templates(f"upstreams.{name}", up, fail)
@@ -374,15 +376,19 @@ def resolve_checked(raw: Mapping[str, Any], env: Mapping[str, str], *, source: s
         except TlsProblem as exc:
             fail(f"upstreams.{name}.{exc.key}", str(exc))
             continue
+        if len(problems) > found:
+            troubled.add(name)
         if origin is None:
             continue
         # kept with a secret's problem: its policies' own checks still run against it
         upstreams[name] = Upstream(name=name, config=up, headers=headers, origin=origin,
                                    credential_headers=credential_headers, tls=tls)
 
-    stores = {name: Store(name=name, config=st,
-                          dsn=secret(st.dsn_env, f"stores.{name}.dsn_env"))
-              for name, st in parsed.stores.items()}
+    stores: dict[str, Store] = {}
+    for name, st in parsed.stores.items():
+        dsn = secret(st.dsn_env, f"stores.{name}.dsn_env")
+        if dsn:
+            stores[name] = Store(name=name, config=st, dsn=dsn)
 
     policies: dict[str, Policy] = {}
     # every policy as written: one that does not fit the schema still has its names checked
@@ -464,6 +470,13 @@ def resolve_checked(raw: Mapping[str, Any], env: Mapping[str, str], *, source: s
         if len(problems) == found:
             webhooks[name] = WebhookSource(name=name, config=src, secrets=secrets)
 
+    # what resolved: the entries without a problem, and the policies whose upstreams and
+    # stores are among them
+    upstreams = {name: upstream for name, upstream in upstreams.items() if name not in troubled}
+    resolved: dict[str, Mapping[str, object]] = {"upstreams": upstreams, "stores": stores}
+    policies = {name: policy for name, policy in policies.items()
+                if all(named in resolved[section]
+                       for _, section, named in _names(written["policies"][name]))}
     return Policies(upstreams=upstreams, policies=policies, webhooks=webhooks, source=source,
                     stores=stores), problems
 
@@ -495,12 +508,11 @@ def _parse(raw: Mapping[str, Any], fail: Callable[[str, str], None]
     return PoliciesFile.model_validate(valid), written
 
 
-def _reference_problems(key: str, entry: object, written: Mapping[str, Mapping[str, Any]],
-                        fail: Callable[[str, str], None]) -> None:
-    """The upstreams and stores a policy names that the file does not declare, read from
-    the entry as written: a policy with other mistakes still has its names checked."""
+def _names(entry: object) -> list[tuple[str, str, str]]:
+    """The upstreams and stores a policy entry names, as written: (its key, the section,
+    the name) each."""
     if not isinstance(entry, Mapping):
-        return
+        return []
     named = [("upstream", "upstreams", entry.get("upstream"))]
     for part in ("source", "target", "guard"):
         cfg = entry.get(part)
@@ -509,8 +521,15 @@ def _reference_problems(key: str, entry: object, written: Mapping[str, Mapping[s
             named.append((f"{part}.upstream", "upstreams", cfg["upstream"])
                          if part == "source" and "upstream" in cfg
                          else (f"{part}.store", "stores", cfg.get("store")))
-    for sub, section, name in named:
-        if isinstance(name, str) and name not in written[section]:
+    return [(sub, section, name) for sub, section, name in named if isinstance(name, str)]
+
+
+def _reference_problems(key: str, entry: object, written: Mapping[str, Mapping[str, Any]],
+                        fail: Callable[[str, str], None]) -> None:
+    """The upstreams and stores a policy names that the file does not declare, read from
+    the entry as written: a policy with other mistakes still has its names checked."""
+    for sub, section, name in _names(entry):
+        if name not in written[section]:
             fail(f"{key}.{sub}", f"unknown {section[:-1]} {name!r}; declared: "
                                  f"{sorted(written[section]) or 'none'}")
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Final
+from typing import Annotated, Any, Final
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
@@ -433,13 +433,29 @@ def settings_problems(exc: ValidationError) -> list[str]:
 
 
 def load_settings() -> Settings:
-    """Settings from the environment; ConfigError listing every problem: those of each
-    variable, and of every rule between settings that reads none of the refused ones."""
+    """Settings from the environment; ConfigError listing every problem (`read_settings`)."""
+    settings, problems = read_settings()
+    if problems or settings is None:
+        raise ConfigError(*problems)
+    return settings
+
+
+def read_settings() -> tuple[Settings | None, list[str]]:
+    """Settings from the environment, and every problem: each variable's, and each broken
+    rule between settings that reads none of the refused variables. With problems, the
+    settings returned are for checking the rest further (check-config), never for running:
+    the refused variables and those of the broken rules at their defaults."""
     try:
-        return Settings()
+        return Settings(), []
     except ValidationError as exc:
         refused = {str(err["loc"][0]) for err in exc.errors() if err["loc"]}
-        raise ConfigError(*settings_problems(exc), *_rules_besides(refused)) from None
+        problems = [*settings_problems(exc), *_rules_besides(refused)]
+    return _checkable(refused), problems
+
+
+def _defaults(names: set[str]) -> dict[str, Any]:
+    return {name: Settings.model_fields[name].get_default(call_default_factory=True)
+            for name in names}
 
 
 def _rules_besides(refused: set[str]) -> list[str]:
@@ -448,12 +464,26 @@ def _rules_besides(refused: set[str]) -> list[str]:
     the refused fields at their defaults."""
     if not refused:
         return []
-    defaults = {name: Settings.model_fields[name].get_default(call_default_factory=True)
-                for name in refused}
     try:
-        Settings(**defaults)
+        Settings(**_defaults(refused))
     except ValidationError as exc:
         return [message for err, message in zip(exc.errors(include_input=False),
                                                  settings_problems(exc), strict=True)
                 if not _RULE_READS.get(err["type"], refused) & refused]
     return []
+
+
+def _checkable(reset: set[str]) -> Settings | None:
+    """The settings with the `reset` fields at their defaults, and those of each rule that
+    still breaks, until none does; the database URL is kept (a rule reading it holds with
+    the environment at its default), so that check-config can reach the database."""
+    for _ in range(len(RULES) + 1):
+        try:
+            return Settings(**_defaults(reset))
+        except ValidationError as exc:
+            more = {name for err in exc.errors() for name in _RULE_READS.get(err["type"], ())}
+            more -= reset | {"database_url"}
+            if not more:
+                return None
+            reset = reset | more
+    return None

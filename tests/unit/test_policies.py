@@ -250,19 +250,23 @@ def test_every_template_problem_is_listed_at_once() -> None:
 
 def test_every_entry_is_checked_whatever_the_others_hold() -> None:
     """Seven mistakes in five entries, of the schema and of resolution, all listed in one
-    pass: a schema problem used to hide every other one; an entry with a problem is left
-    out of what resolved, the others are kept (check-config checks them further)."""
+    pass: a schema problem used to hide every other one. What resolved leaves out every
+    entry with a problem and the policies naming one (`returns`); the rest is kept, for
+    check-config to check further."""
     doc = {
         "upstreams": {
             "shop": {"base_url": "http://127.0.0.1:9", "timeout_seconds": "ten"},
             "warehouse": {"base_url": "http://127.0.0.1:9",
-                          "headers_from_env": {"Authorization": "WAREHOUSE_AUTH"}}},
+                          "headers_from_env": {"Authorization": "WAREHOUSE_AUTH"}},
+            "depot": {"base_url": "http://127.0.0.1:9"}},
         "policies": {
             "carts": {"version": 1, "upstream": "shopp", "path": "/c/{object_id}",
                       "rate": {"per_second": 5}, "max_attempt": 3},
             "orders": {"version": 1, "upstream": "warehouse", "path": "/o/{object_id}",
                        "rate": {"per_second": 5}, "lease_seconds": 5},
             "returns": {"version": 1, "upstream": "warehouse", "path": "/r/{object_id}",
+                        "rate": {"per_second": 5}},
+            "refunds": {"version": 1, "upstream": "depot", "path": "/r/{object_id}",
                         "rate": {"per_second": 5}}},
         "webhooks": {"shopify": {"scheme": "shopify", "secret_env": "SHOPIFY_SECRET_UNSET",
                                  "rules": [{"topic": "carts/update", "policy": "cart",
@@ -277,14 +281,15 @@ def test_every_entry_is_checked_whatever_the_others_hold() -> None:
         "docs/configuration.md)",
         "upstreams.warehouse.headers_from_env.Authorization: environment variable "
         "WAREHOUSE_AUTH is not set",
-        "policies.carts.upstream: unknown upstream 'shopp'; declared: ['shop', 'warehouse']",
+        "policies.carts.upstream: unknown upstream 'shopp'; declared: ['depot', 'shop', "
+        "'warehouse']",
         "policies.orders.lease_seconds: must be longer than upstream 'warehouse' "
         "timeout_seconds (10.0)",
         "webhooks.shopify.rules[0].policy: unknown policy 'cart'",
         "webhooks.shopify.secret_env: environment variable SHOPIFY_SECRET_UNSET is not set",
     ]
     assert (set(resolved.upstreams), set(resolved.policies), set(resolved.webhooks)) == (
-        {"warehouse"}, {"returns"}, set())
+        {"depot"}, {"refunds"}, set())
     with pytest.raises(ConfigError) as info:
         resolve_policies(doc, {}, source="p.toml")
     assert list(info.value.problems) == problems
