@@ -514,15 +514,15 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=port_number, default=None,
                        help="port, 1-65535 (default SWEEPER_PORT, 8080)")
     serve.add_argument("--api-only", action="store_true", help="do not start workers")
-    serve.set_defaults(func=cmd_serve)
+    serve.set_defaults(func=cmd_serve, prints_unknown_variables=False)  # logs them
 
     worker = sub.add_parser("worker", help="run only the worker pool (no HTTP API)",
                             description="Run only the worker pool (SWEEPER_WORKERS of them).")
-    worker.set_defaults(func=cmd_worker)
+    worker.set_defaults(func=cmd_worker, prints_unknown_variables=False)  # logs them
 
     migrate = sub.add_parser("migrate", help="bring the database schema to a revision")
     migrate.add_argument("--revision", default="head", help="target revision")
-    migrate.set_defaults(func=cmd_migrate)
+    migrate.set_defaults(func=cmd_migrate, prints_unknown_variables=False)  # logs them
 
     check = sub.add_parser("check-config",
                            help="validate settings and the policies file, reach the database",
@@ -535,7 +535,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        "shown.")
     check.add_argument("--explain", action="store_true",
                        help="show each store statement's plan (EXPLAIN; nothing is deleted)")
-    check.set_defaults(func=cmd_check_config)
+    check.set_defaults(func=cmd_check_config, prints_unknown_variables=False)  # lists them
 
     run = sub.add_parser("run", help="trigger a run on a server (and follow it)",
                          description="Trigger a run on a server; with --follow, show its "
@@ -620,7 +620,7 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--checkpoints", type=Path, metavar="FILE",
                         help="checkpoints kept outside the database (the JSON of GET "
                              "/v1/evidence/checkpoints): the log must agree with each")
-    verify.set_defaults(func=cmd_verify_evidence)
+    verify.set_defaults(func=cmd_verify_evidence, prints_unknown_variables=False)
 
     add_plugin_commands(sub)
 
@@ -629,7 +629,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="file to write or check")
     openapi.add_argument("--check", action="store_true",
                          help="only check the file is current; exit 1 if stale")
-    openapi.set_defaults(func=cmd_openapi)
+    openapi.set_defaults(func=cmd_openapi, prints_unknown_variables=False)
     return parser
 
 
@@ -645,8 +645,13 @@ def report_problems(problems: Iterable[str]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run a parsed command; expected failures become one line each and an exit code."""
+    """Run a parsed command; expected failures become one line each and an exit code.
+    SWEEPER_* variables nothing reads are warned about first (a misspelt one is otherwise
+    ignored in silence), unless the command reads no settings or logs them itself."""
     func: Callable[[argparse.Namespace], int] = args.func
+    if getattr(args, "prints_unknown_variables", True):
+        for warning in unknown_variables(os.environ):
+            print(f"sweeper: warning: {warning}", file=sys.stderr)
     try:
         return func(args)
     except ConfigError as exc:

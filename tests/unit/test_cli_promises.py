@@ -329,6 +329,21 @@ def test_serve_warns_about_unknown_variables(capsys: pytest.CaptureFixture[str],
     assert refusal.startswith("sweeper: cannot listen on 127.0.0.1:")
 
 
+@pytest.mark.parametrize("argv", [["run", "--url", "http://127.0.0.1:1"],
+                                  ["credentials", "rotate-key"], ["drill", "no-such-drill"]])
+def test_every_command_that_reads_settings_names_a_misspelt_variable(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        argv: list[str]) -> None:
+    """`sweeper run` with SWEEPER_TOKN said only that a token is required: a SWEEPER_*
+    variable nothing reads is a warning line, with the known name nearest to it, before
+    whatever the command says next."""
+    monkeypatch.setenv("SWEEPER_TOKN", "x" * 20)
+    _, _, err = sweeper(capsys, *argv)
+    assert err.splitlines()[0] == ("sweeper: warning: SWEEPER_TOKN is not a setting Sweeper "
+                                   "knows; it is ignored (did you mean SWEEPER_TOKEN?)")
+    assert err.count("SWEEPER_TOKN") == 1
+
+
 @pytest.mark.parametrize("command", [["check-config"], ["worker"]])
 def test_credentials_through_the_api_without_a_key_is_a_config_error(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
