@@ -145,6 +145,15 @@ def outcome(run: dict[str, Any]) -> tuple[Exit, str]:
     return Exit.OK, drained
 
 
+def goes_on(url: str, run_id: int, key: str | None) -> str:
+    """What an interrupted `--follow` leaves: the run, going on on the server, and how to
+    see it again."""
+    again = (f"; the same command follows it again (Idempotency-Key {key!r}: the same run)"
+             if key else "")
+    return (f"run {run_id} goes on on the server; GET {url.rstrip('/')}/v1/runs/{run_id} "
+            f"shows its progress{again}")
+
+
 async def run_command(url: str, token: str | None, body: dict[str, Any], key: str | None,
                       follow_run: bool) -> int:
     """The `sweeper run` command body; prints the run id, then follows if asked and exits
@@ -158,7 +167,13 @@ async def run_command(url: str, token: str | None, body: dict[str, Any], key: st
               f"{' (dry run)' if run['dry_run'] else ''}")
         if not follow_run:
             return Exit.OK
-        final = await follow(client, int(run["id"]))
+        try:
+            final = await follow(client, int(run["id"]))
+        except asyncio.CancelledError:  # Ctrl-C (then exit 130): only the following stops
+            below_bar = "\n" if sys.stderr.isatty() else ""
+            print(f"{below_bar}sweeper: interrupted: {goes_on(url, int(run['id']), key)}",
+                  file=sys.stderr)
+            raise
     code, line = outcome(final)
     print(line, file=sys.stdout if code is Exit.OK else sys.stderr)
     return code
