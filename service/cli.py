@@ -502,7 +502,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "stale file (openapi --check) or a failed drill, 2 configuration "
                            "refused, 3 database unreachable, 4 cannot listen on the address, "
                            "5 the server could not be reached or refused (run), 6 the run "
-                           "failed (run --follow), 64 usage error, 130 interrupted.")
+                           "failed (run --follow), 64 usage error, 130 interrupted (Ctrl-C; a "
+                           "server stopped by Ctrl-C or SIGTERM drains and exits 0).")
     parser.add_argument("--version", action="version", version=f"sweeper {sweeper_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

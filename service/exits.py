@@ -18,4 +18,6 @@ class Exit(IntEnum):
     SERVER = 5  # `run`: the server could not be reached or refused the request
     RUN_FAILED = 6  # `run --follow`: the run itself failed (publication gave up)
     USAGE = 64  # the command line itself: unknown option, missing argument (sysexits)
-    INTERRUPTED = 130  # Ctrl-C
+    # Ctrl-C before the command finished; a server (serve, worker, local) asked to stop by
+    # Ctrl-C or SIGTERM drains and exits OK: stopping is what it was asked to do
+    INTERRUPTED = 130

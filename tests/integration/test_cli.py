@@ -205,6 +205,27 @@ def test_serve_on_embedded_database_then_reuse_its_data(tmp_path: Path) -> None:
     assert first < 60 and second < 60
 
 
+@pytest.mark.parametrize("command", ["serve", "worker"])
+def test_ctrl_c_stops_a_server_cleanly(db_url: str, command: str) -> None:
+    """Ctrl-C (SIGINT), like SIGTERM, asks a server to stop: it drains and exits 0, as
+    README's exit codes say (130 is for a command interrupted before its end)."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_")}
+    env.update({"SWEEPER_DATABASE_URL": db_url, "SWEEPER_WORKERS": "1",
+                "SWEEPER_PORT" if command == "serve" else "SWEEPER_METRICS_PORT": str(port)})
+    proc = subprocess.Popen([sys.executable, "-m", "service", command], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_ready(f"http://127.0.0.1:{port}/readyz", proc, 30)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
+
+
 def test_tls_needs_both_files(tmp_path: Path) -> None:
     cert = tmp_path / "cert.pem"
     cert.write_text("x")
