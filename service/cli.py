@@ -1,5 +1,5 @@
-"""The `sweeper` command: serve, worker, migrate, check-config, run, local, demo, drill,
-openapi, credentials.
+"""The `sweeper` command: its parser (`build_parser`, whose commands and options README.md's
+Commands table shows, a test keeping the two equal) and each command's body.
 
 Exit codes are service/exits.py's. Expected failures print one line per problem to
 stderr, never a traceback.
@@ -497,9 +497,15 @@ def sweeper_version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="sweeper", description=__doc__.splitlines()[0],
+    parser = Parser(prog="sweeper",
+                    description="Sweeper: scheduled, rate-limited, crash-safe deletions in "
+                                "other systems (through an upstream's HTTP API, or in a "
+                                "store's own database). `sweeper COMMAND --help` describes a "
+                                "command and each of its options.",
                     epilog="Exit codes: 0 success, 1 a run left dead items (run --follow), a "
-                           "stale file (openapi --check) or a failed drill, 2 configuration "
+                           "stale file (openapi --check), a failed drill, a stored credential "
+                           "no key opens (credentials rotate-key) or an export not as signed "
+                           "(evidence verify), 2 configuration "
                            "refused, 3 database unreachable, 4 cannot listen on the address, "
                            "5 the server could not be reached or refused (run), 6 the run "
                            "failed (run --follow), 64 usage error, 130 interrupted (Ctrl-C; a "
@@ -507,7 +513,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"sweeper {sweeper_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    serve = sub.add_parser("serve", help="run the HTTP API and the worker pool",
+    serve = sub.add_parser("serve", help="run the HTTP API and the worker pool (and, on the "
+                                         "elected leader, run publication, holds maintenance "
+                                         "and retention)",
                            description="Run the HTTP API, the run publisher and the worker "
                                        "pool (configured by SWEEPER_* variables).")
     serve.add_argument("--host", default=None,
@@ -522,11 +530,12 @@ def build_parser() -> argparse.ArgumentParser:
     worker.set_defaults(func=cmd_worker, prints_unknown_variables=False)  # logs them
 
     migrate = sub.add_parser("migrate", help="bring the database schema to a revision")
-    migrate.add_argument("--revision", default="head", help="target revision")
+    migrate.add_argument("--revision", default="head", metavar="REV", help="target revision")
     migrate.set_defaults(func=cmd_migrate, prints_unknown_variables=False)  # logs them
 
     check = sub.add_parser("check-config",
-                           help="validate settings and the policies file, reach the database",
+                           help="validate settings and the policies file (each store "
+                                "statement against its store), reach the database, then exit",
                            description="List every problem of the SWEEPER_* settings and the "
                                        "policies file at once, reach the database as `serve` "
                                        "would, and warn about unknown SWEEPER_* variables; "
@@ -538,7 +547,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="show each store statement's plan (EXPLAIN; nothing is deleted)")
     check.set_defaults(func=cmd_check_config, prints_unknown_variables=False)  # lists them
 
-    run = sub.add_parser("run", help="trigger a run on a server (and follow it)",
+    run = sub.add_parser("run", help="trigger a run on a server (SWEEPER_URL, SWEEPER_TOKEN); "
+                                     "--follow shows a progress bar until it drains",
                          description="Trigger a run on a server; with --follow, show its "
                                      "progress and exit 0 only if it ended with no dead item "
                                      "(1: dead items, 5: server unreachable or refused, "
@@ -546,41 +556,49 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--url", default=os.environ.get("SWEEPER_URL", "http://127.0.0.1:8080"),
                      help="server base URL (default SWEEPER_URL or http://127.0.0.1:8080)")
     run.add_argument("--token", default=None, help="bearer token (default SWEEPER_TOKEN)")
-    run.add_argument("--policy", default=None, help="only this policy (default: all)")
-    run.add_argument("--tenant", default=None, help="only this tenant (default: all)")
+    run.add_argument("--policy", default=None, metavar="P",
+                     help="only this policy (default: all)")
+    run.add_argument("--tenant", default=None, metavar="T",
+                     help="only this tenant (default: all)")
     run.add_argument("--dry-run", action="store_true",
                      help="report only: count candidates, release nothing")
-    run.add_argument("--max-items", type=bounded(1, 10_000_000), default=None,
+    run.add_argument("--max-items", type=bounded(1, 10_000_000), default=None, metavar="N",
                      help="release at most this many items (default: every due item)")
-    run.add_argument("--idempotency-key", default=None,
+    run.add_argument("--idempotency-key", default=None, metavar="KEY",
                      help="the trigger's Idempotency-Key: the same key gives the same run "
                           "(default: none, every call is a new run)")
     run.add_argument("--follow", action="store_true",
                      help="show progress until the run drains, and exit by how it ended")
     run.set_defaults(func=cmd_run)
 
-    local = sub.add_parser("local", help="try it locally: the service, a simulated store and "
-                                         "a ready configuration",
+    local = sub.add_parser("local", help="the service with a ready local configuration: an "
+                                         "embedded database, a simulated store, a token and "
+                                         "three commands to try",
                            description="Serve the API and workers on 127.0.0.1 with an "
                                        "embedded database, a simulated store and the policies "
                                        "of service/local/policies.toml; prints a token and "
                                        "three curl commands to try.")
-    local.add_argument("--port", type=port_number, default=8080, help="API port")
-    local.add_argument("--store-port", type=port_number, default=8081,
+    local.add_argument("--port", type=port_number, default=8080, metavar="PORT",
+                       help="API port")
+    local.add_argument("--store-port", type=port_number, default=8081, metavar="PORT",
                        help="the simulated store's port")
-    local.add_argument("--workers", type=bounded(1, 256), default=8, help="workers")
-    local.add_argument("--data-dir", type=Path, default=None,
+    local.add_argument("--workers", type=bounded(1, 256), default=8, metavar="N",
+                       help="workers")
+    local.add_argument("--data-dir", type=Path, default=None, metavar="DIR",
                        help="keep the database in this folder (default: a temporary one, "
                             "removed on exit)")
     local.set_defaults(func=cmd_local)
 
-    demo = sub.add_parser("demo", help="run everything locally against a simulated store")
-    demo.add_argument("--items", type=bounded(1, 1_000_000), default=3000,
+    demo = sub.add_parser("demo", help="everything locally: an embedded database, the API and "
+                                       "workers, a simulated rate-limited store, a few "
+                                       "thousand items drained with a progress bar")
+    demo.add_argument("--items", type=bounded(1, 1_000_000), default=3000, metavar="N",
                       help="expired carts to register")
-    demo.add_argument("--tenants", type=bounded(1, 10_000), default=6,
+    demo.add_argument("--tenants", type=bounded(1, 10_000), default=6, metavar="N",
                       help="tenants they belong to")
-    demo.add_argument("--workers", type=bounded(1, 1024), default=32, help="workers")
-    demo.add_argument("--keep", type=Path, default=None,
+    demo.add_argument("--workers", type=bounded(1, 1024), default=32, metavar="N",
+                      help="workers")
+    demo.add_argument("--keep", type=Path, default=None, metavar="DIR",
                       help="keep the demo database in this folder (default: a temporary one)")
     demo.set_defaults(func=cmd_demo)
 
@@ -613,20 +631,22 @@ def build_parser() -> argparse.ArgumentParser:
                     "--checkpoints, every checkpoint kept outside the database agrees with "
                     "the log. Exit 0 verified, 1 not (the first line that fails is named), "
                     "2 a file that cannot be read.")
-    verify.add_argument("file", type=Path, help="the export (JSON lines)")
+    verify.add_argument("file", type=Path, metavar="EXPORT", help="the export (JSON lines)")
     verify.add_argument("--public-key", type=Path, action="append", required=True,
-                        metavar="FILE",
+                        metavar="KEYS",
                         help="a PEM public key, base64 keys, or the JSON of GET "
                              "/v1/evidence/public-key (repeat for more)")
-    verify.add_argument("--checkpoints", type=Path, metavar="FILE",
+    verify.add_argument("--checkpoints", type=Path, metavar="KEPT",
                         help="checkpoints kept outside the database (the JSON of GET "
                              "/v1/evidence/checkpoints): the log must agree with each")
     verify.set_defaults(func=cmd_verify_evidence, prints_unknown_variables=False)
 
     add_plugin_commands(sub)
 
-    openapi = sub.add_parser("openapi", help="write the OpenAPI document")
+    openapi = sub.add_parser("openapi", help="write (or, with --check, verify) the OpenAPI "
+                                             "document")
     openapi.add_argument("--output", type=Path, default=Path("openapi/openapi.json"),
+                         metavar="FILE",
                          help="file to write or check")
     openapi.add_argument("--check", action="store_true",
                          help="only check the file is current; exit 1 if stale")

@@ -10,7 +10,8 @@ from enum import IntEnum
 class Exit(IntEnum):
     OK = 0
     # `run --follow`: the run drained with dead items; `openapi --check`: the file is stale;
-    # `drill`: a drill failed
+    # `drill`: a drill failed; `credentials rotate-key`: a row no key opens; `evidence
+    # verify`: the export is not what was signed
     INCOMPLETE = 1
     CONFIG = 2  # a setting, option value or the policies file refused
     DATABASE = 3  # PostgreSQL unreachable (or the embedded one did not start)
