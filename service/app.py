@@ -41,7 +41,7 @@ from service.credentials.waits import Credentials
 from service.db.engine import make_engine
 from service.db.migrate import head_revision
 from service.discovery import Discovery
-from service.errors import NotLeader
+from service.errors import DatabaseUnavailable, NotLeader
 from service.failures import InternalErrors, expected
 from service.leader import Duty, Elector
 from service.metrics import Where
@@ -203,6 +203,9 @@ def create_app(
             loops.append(asyncio.create_task(waiting_loop(
                 engine, policies, runtime.tenant_credentials, runtime.stores), name="waits"))
             tasks.append(loops[-1])
+        # /healthz reports it without a query of its own (each /readyz reads it again)
+        with contextlib.suppress(DatabaseUnavailable):  # not answering yet: /readyz says so
+            runtime.schema.revision = await health.schema_revision(engine)
         if runtime.signer is None:
             log.warning(health.UNSIGNED_WARNING)
         if not settings.role_tokens():
