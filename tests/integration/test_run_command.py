@@ -95,6 +95,9 @@ def test_demo_drains_everything(tmp_path: object) -> None:
                             timeout=120, check=False)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "done: succeeded=100" in result.stdout
+    # its embedded database signs evidence as the documentation says (it warned that its
+    # exports were unsigned)
+    assert "unsigned" not in result.stderr, result.stderr
     # the report-only run's figures, as announced
     assert re.search(r"report-only run 1 first .*: 100 candidates, the oldest due 20",
                      result.stdout)
