@@ -168,18 +168,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         return Exit.CONFIG
     if down is not None:
         return Exit.DATABASE
-    signer = settings.evidence_signer()
-    if signer is not None:
-        signing = f"signed with key {signer.current.key_id}"
-    elif settings.database_url is None:
-        signing = f"signed with the key under {settings.data_dir}"
-    else:
-        signing = "UNSIGNED (set SWEEPER_EVIDENCE_SIGNING_KEY_FILE)"
-    stores = f"{len(policies.stores)} store(s), " if policies.stores else ""
-    print(f"ok: {len(policies.upstreams)} upstream(s), {stores}"
-          f"{len(policies.policies)} policy(ies), "
-          f"{len(policies.webhooks)} webhook source(s) from {policies.source}; "
-          f"database: {database}; evidence exports: {signing}")
+    print(f"ok: {checked_summary(policies)}; database: {database}; evidence "
+          f"exports: {signing_said(settings)}")
     for shown in statements:
         print(shown)
     from service.list_source import describe_requests
@@ -187,6 +177,24 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     for shown in describe_requests(policies):
         print(shown)
     return Exit.OK
+
+
+def checked_summary(policies: Policies) -> str:
+    """What check-config found in the policies file, counted."""
+    stores = f"{len(policies.stores)} store(s), " if policies.stores else ""
+    return (f"{len(policies.upstreams)} upstream(s), {stores}"
+            f"{len(policies.policies)} policy(ies), "
+            f"{len(policies.webhooks)} webhook source(s) from {policies.source}")
+
+
+def signing_said(settings: Settings) -> str:
+    """How the process will sign evidence exports, as check-config says it."""
+    signer = settings.evidence_signer()
+    if signer is not None:
+        return f"signed with key {signer.current.key_id}"
+    if settings.database_url is None:
+        return f"signed with the key under {settings.data_dir}"
+    return "UNSIGNED (set SWEEPER_EVIDENCE_SIGNING_KEY_FILE)"
 
 
 def check_database(settings: Settings) -> str:

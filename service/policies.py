@@ -313,49 +313,99 @@ def resolve_checked(raw: Mapping[str, Any], env: Mapping[str, str], *, source: s
                     ) -> tuple[Policies, list[str]]:
     """Validate a parsed file and resolve names and secrets: what resolved, and every
     problem found. Each entry is checked on its own, so one entry's mistakes never hide
-    another's; a problem stops only the checks of its own entry that it makes meaningless,
-    and an entry with a problem is left out of what resolved."""
-    problems: list[str] = []
+    another's; a problem stops only the checks of its own entry that it makes meaningless.
+    What resolved leaves out every entry with a problem, and those naming one."""
+    check = _Resolution(env, source)
+    parsed, written = _parse(raw, check.fail)
+    check.names(written)
+    upstreams, troubled = check.upstreams(parsed.upstreams)
+    stores = check.stores(parsed.stores)
+    policies: dict[str, Policy] = {}
+    # every entry as written: one that does not fit the schema still has its names checked
+    for name, entry in written["policies"].items():
+        _reference_problems(f"policies.{name}", entry, written, check.fail)
+        pol = parsed.policies.get(name)
+        if pol is not None and (policy := check.policy(name, pol, upstreams)) is not None:
+            policies[name] = policy
+    webhooks: dict[str, WebhookSource] = {}
+    for name, entry in written["webhooks"].items():
+        _rule_references(f"webhooks.{name}", entry, written, check.fail)
+        src = parsed.webhooks.get(name)
+        if src is not None and (webhook := check.webhook(name, src)) is not None:
+            webhooks[name] = webhook
 
-    def fail(key: str, message: str) -> None:
-        problems.append(f"policies file {source}: {key}: {message}")
+    # what resolved: the entries without a problem, naming only entries that resolved
+    upstreams = {name: upstream for name, upstream in upstreams.items() if name not in troubled}
+    resolved: dict[str, Mapping[str, object]] = {"upstreams": upstreams, "stores": stores}
+    policies = {name: policy for name, policy in policies.items()
+                if all(named in resolved[section]
+                       for _, section, named in _names(written["policies"][name]))}
+    webhooks = {name: webhook for name, webhook in webhooks.items()
+                if all(rule.policy in policies for rule in webhook.config.rules)}
+    return Policies(upstreams=upstreams, policies=policies, webhooks=webhooks, source=source,
+                    stores=stores), check.problems
 
-    parsed, written = _parse(raw, fail)
 
-    def secret(var: str, key: str) -> str:
+class _Resolution:
+    """One resolution of a parsed file: the environment its secrets come from, and every
+    problem found, each naming the file and the key."""
+
+    def __init__(self, env: Mapping[str, str], source: str) -> None:
+        self.env = env
+        self.source = source
+        self.problems: list[str] = []
+
+    def fail(self, key: str, message: str) -> None:
+        self.problems.append(f"policies file {self.source}: {key}: {message}")
+
+    def secret(self, var: str, key: str) -> str:
         """A secret from the environment, less one trailing line break, as a credential
         file's (a secret mounted from a file usually ends in one, and with it a header could
         not be sent, a signature never match, a DSN never parse)."""
-        raw = str(env.get(var) or "")
+        raw = str(self.env.get(var) or "")
         value = raw[:-2] if raw.endswith("\r\n") else raw[:-1] if raw.endswith("\n") else raw
         if not raw:
-            fail(key, f"environment variable {var} is not set")
+            self.fail(key, f"environment variable {var} is not set")
         elif not value:
-            fail(key, f"environment variable {var} holds only a line break")
+            self.fail(key, f"environment variable {var} holds only a line break")
         return value
 
-    for section, entries in written.items():
-        for name in entries:
-            if not re.match(NAME_PATTERN, name):
-                fail(f"{section}.{name}", "names are lower-case letters, digits, '-', '_' "
-                                          "or '.', at most 63 characters")
-
-    def header_secret(var: str, key: str) -> str:
+    def header_secret(self, var: str, key: str) -> str:
         """A header's value from the environment: one that would make every call unsendable
         is refused here, never quoted."""
-        value = secret(var, key)
+        value = self.secret(var, key)
         if not _HEADER_TEXT.fullmatch(value):
-            fail(key, f"environment variable {var} holds a line break or a character a "
-                      "header value cannot carry (visible ASCII, spaces and tabs)")
+            self.fail(key, f"environment variable {var} holds a line break or a character a "
+                           "header value cannot carry (visible ASCII, spaces and tabs)")
         return value
 
-    upstreams: dict[str, Upstream] = {}
-    troubled: set[str] = set()  # upstreams with problems: checked against, never resolved
-    for name, up in parsed.upstreams.items():
-        found = len(problems)
-        headers = {header: header_secret(var, f"upstreams.{name}.headers_from_env.{header}")
+    def names(self, written: Mapping[str, Mapping[str, Any]]) -> None:
+        for section, entries in written.items():
+            for name in entries:
+                if not re.match(NAME_PATTERN, name):
+                    self.fail(f"{section}.{name}", "names are lower-case letters, digits, "
+                                                   "'-', '_' or '.', at most 63 characters")
+
+    def upstreams(self, declared: Mapping[str, UpstreamConfig]
+                  ) -> tuple[dict[str, Upstream], set[str]]:
+        """Each upstream that could be compiled, and those with problems: kept, so that
+        their policies' own checks still run against them, but never resolved."""
+        upstreams: dict[str, Upstream] = {}
+        troubled: set[str] = set()
+        for name, up in declared.items():
+            found = len(self.problems)
+            upstream = self.upstream(name, up)
+            if len(self.problems) > found:
+                troubled.add(name)
+            if upstream is not None:
+                upstreams[name] = upstream
+        return upstreams, troubled
+
+    def upstream(self, name: str, up: UpstreamConfig) -> Upstream | None:
+        key = f"upstreams.{name}"
+        headers = {header: self.header_secret(var, f"{key}.headers_from_env.{header}")
                    for header, var in up.headers_from_env.items()}
-        templated = _header_templates(f"upstreams.{name}", up, fail)
+        templated = _header_templates(key, up, self.fail)
         headers.update({h: before for h, (before, after) in templated.items() if after is None})
         credential_headers = {h: (before, after) for h, (before, after) in templated.items()
                               if after is not None}
@@ -365,120 +415,105 @@ def resolve_checked(raw: Mapping[str, Any], env: Mapping[str, str], *, source: s
                                     allow_private=up.allow_private_addresses)
         except TemplateProblems as exc:
             for sub, message in exc.problems:
-                fail(f"upstreams.{name}.{sub}", message)
+                self.fail(f"{key}.{sub}", message)
         if up.proxy is not None and up.proxy != "none":
             try:
                 Proxy.of(up.proxy)
             except ValueError as exc:
-                fail(f"upstreams.{name}.proxy", str(exc))
+                self.fail(f"{key}.proxy", str(exc))
         try:
             tls = tls_context(up.ca_file, up.client_cert_file, up.client_key_file)
         except TlsProblem as exc:
-            fail(f"upstreams.{name}.{exc.key}", str(exc))
-            continue
-        if len(problems) > found:
-            troubled.add(name)
+            self.fail(f"{key}.{exc.key}", str(exc))
+            return None
         if origin is None:
-            continue
-        # kept with a secret's problem: its policies' own checks still run against it
-        upstreams[name] = Upstream(name=name, config=up, headers=headers, origin=origin,
-                                   credential_headers=credential_headers, tls=tls)
+            return None
+        return Upstream(name=name, config=up, headers=headers, origin=origin,
+                        credential_headers=credential_headers, tls=tls)
 
-    stores: dict[str, Store] = {}
-    for name, st in parsed.stores.items():
-        dsn = secret(st.dsn_env, f"stores.{name}.dsn_env")
-        if dsn:
-            stores[name] = Store(name=name, config=st, dsn=dsn)
+    def stores(self, declared: Mapping[str, StoreConfig]) -> dict[str, Store]:
+        """Each store whose DSN is set: one without is never connected to."""
+        dsns = {name: self.secret(st.dsn_env, f"stores.{name}.dsn_env")
+                for name, st in declared.items()}
+        return {name: Store(name=name, config=declared[name], dsn=dsn)
+                for name, dsn in dsns.items() if dsn}
 
-    policies: dict[str, Policy] = {}
-    # every policy as written: one that does not fit the schema still has its names checked
-    for name, entry in written["policies"].items():
-        key = f"policies.{name}"
-        found = len(problems)
-        _reference_problems(key, entry, written, fail)
-        pol = parsed.policies.get(name)
-        if pol is None:
-            continue  # its schema problems are listed
-        _store_problems(key, pol, fail)
+    def policy(self, name: str, pol: PolicyConfig, upstreams: Mapping[str, Upstream]
+               ) -> Policy | None:
+        """The policy resolved, or None when it has a problem (each one listed)."""
+        key, found = f"policies.{name}", len(self.problems)
+        _store_problems(key, pol, self.fail)
         if pol.target is not None and pol.object_id_case == "insensitive":
-            fail(f"{key}.object_id_case", "a store target's statement compares ids as its "
-                                          "column does: \"insensitive\" is for HTTP upstreams")
+            self.fail(f"{key}.object_id_case", "a store target's statement compares ids as "
+                                               "its column does: \"insensitive\" is for HTTP "
+                                               "upstreams")
         if pol.backoff.max_seconds < pol.backoff.base_seconds:
-            fail(f"{key}.backoff.max_seconds", "must be at least base_seconds")
-        listing = _listing(key, name, pol, upstreams, fail)
+            self.fail(f"{key}.backoff.max_seconds", "must be at least base_seconds")
+        listing = _listing(key, name, pol, upstreams, self.fail)
         if pol.target is not None:
-            if len(problems) == found:
-                policies[name] = Policy(name=name, config=pol, request=None, **listing)
-            continue
-        _call_problems(key, pol, fail)
+            return (Policy(name=name, config=pol, request=None, **listing)
+                    if len(self.problems) == found else None)
+        _call_problems(key, pol, self.fail)
         if pol.upstream is None:
-            fail(key, "name an upstream (and its path) to call, or a store target = { store "
-                      "= ..., statement = ... }")
-            continue
+            self.fail(key, "name an upstream (and its path) to call, or a store target = { "
+                           "store = ..., statement = ... }")
+            return None
         upstream = upstreams.get(pol.upstream)
-        # The call's deadline must end before the lease does, or a slow upstream would let a
-        # second worker reclaim an item whose first call is still in flight.
-        if upstream is not None and upstream.config.timeout_seconds >= pol.lease_seconds:
-            fail(f"{key}.lease_seconds", f"must be longer than upstream {pol.upstream!r} "
-                                         f"timeout_seconds ({upstream.config.timeout_seconds})")
-        if upstream is not None and upstream.per_tenant_credentials and (
-                "tenant_id" not in template_fields(pol.scope)):
-            # one tenant without a credential pauses its scope: never other tenants' items
-            fail(f"{key}.scope", f"upstream {pol.upstream!r} has per-tenant credentials: the "
-                                 "scope must contain {tenant_id}")
+        if upstream is not None:
+            _upstream_problems(key, pol, upstream, self.fail)
         if pol.path is None:
-            fail(f"{key}.path", "required key is missing (the path the upstream is called "
-                                "at)")
+            self.fail(f"{key}.path", "required key is missing (the path the upstream is "
+                                     "called at)")
         if upstream is None or pol.path is None:
-            continue
-        requests = _requests(key, name, pol, upstream, pol.path, fail)
-        if requests is None or len(problems) > found:
-            continue
+            return None  # an unknown upstream is listed by _reference_problems
+        requests = _requests(key, name, pol, upstream, pol.path, self.fail)
+        if requests is None or len(self.problems) > found:
+            return None
         request, confirm_request = requests
-        policies[name] = Policy(name=name, config=pol, request=request,
-                                confirm_request=confirm_request,
-                                answers=compile_rules(
-                                    pol.answers, pol.answer_max_bytes,
-                                    actual_cost=pol.cost.actual if pol.cost else None,
-                                    available_cost=pol.cost.available if pol.cost else None,
-                                    failed_ids=pol.batch.failed if pol.batch else None),
-                                **listing)
+        return Policy(name=name, config=pol, request=request, confirm_request=confirm_request,
+                      answers=compile_rules(
+                          pol.answers, pol.answer_max_bytes,
+                          actual_cost=pol.cost.actual if pol.cost else None,
+                          available_cost=pol.cost.available if pol.cost else None,
+                          failed_ids=pol.batch.failed if pol.batch else None),
+                      **listing)
 
-    webhooks: dict[str, WebhookSource] = {}
-    for name, entry in written["webhooks"].items():
-        key = f"webhooks.{name}"
-        found = len(problems)
-        _rule_references(key, entry, written, fail)
-        src = parsed.webhooks.get(name)
-        if src is None:
-            continue  # its schema problems are listed
+    def webhook(self, name: str, src: WebhookSourceConfig) -> WebhookSource | None:
+        """The webhook source resolved, or None when it has a problem (each one listed)."""
+        key, found = f"webhooks.{name}", len(self.problems)
         names = ([src.secret_env] if src.secret_env else []) + list(src.secrets_env)
         if not names:
-            fail(key, "set secret_env (or secrets_env for rotation)")
-        secrets = tuple(secret(var, f"{key}.secret_env") for var in names)
+            self.fail(key, "set secret_env (or secrets_env for rotation)")
+        secrets = tuple(self.secret(var, f"{key}.secret_env") for var in names)
         if src.scheme == "hmac-sha256" and not src.signature_header:
-            fail(f"{key}.signature_header", "required for scheme 'hmac-sha256'")
+            self.fail(f"{key}.signature_header", "required for scheme 'hmac-sha256'")
         for option in ("signature_header", "id_header", "topic_header"):
             if src.scheme != "hmac-sha256" and getattr(src, option) is not None:
-                fail(f"{key}.{option}", f"only for scheme 'hmac-sha256' (scheme "
-                                        f"{src.scheme!r} names its own headers)")
+                self.fail(f"{key}.{option}", f"only for scheme 'hmac-sha256' (scheme "
+                                             f"{src.scheme!r} names its own headers)")
         if src.scheme == "standard":
             for var, value in zip(names, secrets, strict=True):
                 if value and not _standard_secret_ok(value):
-                    fail(f"{key}.secret_env", f"environment variable {var}: not a "
-                                              "Standard Webhooks secret ('whsec_' + base64)")
-        if len(problems) == found:
-            webhooks[name] = WebhookSource(name=name, config=src, secrets=secrets)
+                    self.fail(f"{key}.secret_env", f"environment variable {var}: not a "
+                                                   "Standard Webhooks secret ('whsec_' + "
+                                                   "base64)")
+        if len(self.problems) > found:
+            return None
+        return WebhookSource(name=name, config=src, secrets=secrets)
 
-    # what resolved: the entries without a problem, and the policies whose upstreams and
-    # stores are among them
-    upstreams = {name: upstream for name, upstream in upstreams.items() if name not in troubled}
-    resolved: dict[str, Mapping[str, object]] = {"upstreams": upstreams, "stores": stores}
-    policies = {name: policy for name, policy in policies.items()
-                if all(named in resolved[section]
-                       for _, section, named in _names(written["policies"][name]))}
-    return Policies(upstreams=upstreams, policies=policies, webhooks=webhooks, source=source,
-                    stores=stores), problems
+
+def _upstream_problems(key: str, pol: PolicyConfig, upstream: Upstream,
+                       fail: Callable[[str, str], None]) -> None:
+    """The checks of an HTTP policy against its upstream."""
+    # The call's deadline must end before the lease does, or a slow upstream would let a
+    # second worker reclaim an item whose first call is still in flight.
+    if upstream.config.timeout_seconds >= pol.lease_seconds:
+        fail(f"{key}.lease_seconds", f"must be longer than upstream {pol.upstream!r} "
+                                     f"timeout_seconds ({upstream.config.timeout_seconds})")
+    if upstream.per_tenant_credentials and "tenant_id" not in template_fields(pol.scope):
+        # one tenant without a credential pauses its scope: never other tenants' items
+        fail(f"{key}.scope", f"upstream {pol.upstream!r} has per-tenant credentials: the "
+                             "scope must contain {tenant_id}")
 
 
 SECTIONS: Final = ("upstreams", "stores", "policies", "webhooks")
