@@ -11,10 +11,9 @@ import binascii
 import difflib
 import ssl
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Final
+from typing import Annotated, Final
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
@@ -222,12 +221,10 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
-        """Every rule between settings checked, each broken one its own problem, so that
-        they are all listed at once (a validator stops at its first)."""
-        errors = [InitErrorDetails(type=PydanticCustomError(rule.name, "{problem}",
-                                                            {"problem": problem}),
+        """Every rule between settings, each broken one its own problem (all listed at once)."""
+        errors = [InitErrorDetails(type=PydanticCustomError(rule, "{p}", {"p": problem}),
                                    loc=(), input=None)
-                  for rule in RULES for problem in rule.check(self)]
+                  for rule, (_, check) in RULES.items() for problem in check(self)]
         if errors:
             raise ValidationError.from_exception_data(type(self).__name__, errors)
         return self
@@ -310,20 +307,13 @@ class Settings(BaseSettings):
         return [(token.get_secret_value(), role) for role, name in ROLE_SETTINGS.items()
                 for token in getattr(self, name)]
 
-    def _token_problems(self) -> list[str]:
-        return token_problems(self.role_tokens())
-
     def _production_problems(self) -> list[str]:
-        if self.environment is not Environment.PRODUCTION:
-            return []
-        problems = []
-        if not self.role_tokens():
-            problems.append("SWEEPER_API_TOKENS must be set in production (or "
-                            "SWEEPER_OPERATOR_TOKENS / SWEEPER_VIEWER_TOKENS)")
-        if self.database_url is None:
-            problems.append("SWEEPER_DATABASE_URL must be set in production (the embedded "
-                            "database is for development)")
-        return problems
+        production = self.environment is Environment.PRODUCTION
+        return [problem for problem, missing in (
+            ("SWEEPER_API_TOKENS must be set in production (or SWEEPER_OPERATOR_TOKENS / "
+             "SWEEPER_VIEWER_TOKENS)", not self.role_tokens()),
+            ("SWEEPER_DATABASE_URL must be set in production (the embedded database is for "
+             "development)", self.database_url is None)) if production and missing]
 
     def credential_keys(self) -> list[bytes]:
         """The credential encryption keys, the current one first; empty when unset."""
@@ -339,28 +329,19 @@ class Settings(BaseSettings):
         return async_url(self.database_url.get_secret_value())
 
 
-@dataclass(frozen=True)
-class Rule:
-    """A rule between settings: the fields it reads, and its check (a problem per line)."""
-
-    name: str
-    reads: frozenset[str]
-    check: Callable[[Settings], list[str]]
-
-
+# The rules between settings, by name (the type of the error each raises): the fields each
+# reads, and its check (a problem per line, none when it holds).
 _TOKENS = frozenset(ROLE_SETTINGS.values())
-RULES: Final = (
-    Rule("tls_pair", frozenset({"tls_cert_file", "tls_key_file"}), Settings._tls_problems),
-    Rule("evidence_key", frozenset({"evidence_signing_key", "evidence_signing_key_file",
-                                    "evidence_previous_public_keys"}),
-         Settings._evidence_key_problems),
-    Rule("credential_keys", frozenset({"credentials_key", "credentials_previous_keys"}),
-         Settings._credential_key_problems),
-    Rule("one_role_per_token", _TOKENS, Settings._token_problems),
-    Rule("production", _TOKENS | {"environment", "database_url"},
-         Settings._production_problems),
-)
-_RULE_READS: Final = {rule.name: rule.reads for rule in RULES}
+RULES: Final[dict[str, tuple[frozenset[str], Callable[[Settings], list[str]]]]] = {
+    "tls_pair": (frozenset({"tls_cert_file", "tls_key_file"}), Settings._tls_problems),
+    "evidence_key": (frozenset({"evidence_signing_key", "evidence_signing_key_file",
+                                "evidence_previous_public_keys"}),
+                     Settings._evidence_key_problems),
+    "credential_keys": (frozenset({"credentials_key", "credentials_previous_keys"}),
+                        Settings._credential_key_problems),
+    "one_role_per_token": (_TOKENS, lambda settings: token_problems(settings.role_tokens())),
+    "production": (_TOKENS | {"environment", "database_url"}, Settings._production_problems),
+}
 
 
 CREDENTIAL_KEY_BYTES = 32  # AES-256
@@ -402,15 +383,10 @@ OTHER_VARIABLES: Mapping[str, str] = {
 OTHER_PREFIXES = ("SWEEPER_DRILL_",)  # faults of a drill's own processes
 
 
-def setting_variables() -> list[str]:
-    """The environment variable of every setting."""
-    return [ENV_PREFIX + name.upper() for name in Settings.model_fields]
-
-
 def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     """One warning per SWEEPER_* variable nothing reads (a misspelt setting is otherwise
     silently ignored), with the closest known name when one is near."""
-    known = [*setting_variables(), *OTHER_VARIABLES]
+    known = [*(ENV_PREFIX + name.upper() for name in Settings.model_fields), *OTHER_VARIABLES]
     warnings = []
     for name in sorted(environ):
         if (not name.startswith(ENV_PREFIX) or name in known
@@ -442,48 +418,28 @@ def load_settings() -> Settings:
 
 def read_settings() -> tuple[Settings | None, list[str]]:
     """Settings from the environment, and every problem: each variable's, and each broken
-    rule between settings that reads none of the refused variables. With problems, the
-    settings returned are for checking the rest further (check-config), never for running:
-    the refused variables and those of the broken rules at their defaults."""
+    rule between settings reading no refused variable. With problems, the settings are for
+    checking the rest (check-config), never for running: those variables at defaults."""
     try:
         return Settings(), []
     except ValidationError as exc:
         refused = {str(err["loc"][0]) for err in exc.errors() if err["loc"]}
-        problems = [*settings_problems(exc), *_rules_besides(refused)]
-    return _checkable(refused), problems
-
-
-def _defaults(names: set[str]) -> dict[str, Any]:
-    return {name: Settings.model_fields[name].get_default(call_default_factory=True)
-            for name in names}
-
-
-def _rules_besides(refused: set[str]) -> list[str]:
-    """The broken rules between settings that read none of the `refused` fields: pydantic
-    checks rules only once every field is valid, so these are found on the settings with
-    the refused fields at their defaults."""
-    if not refused:
-        return []
-    try:
-        Settings(**_defaults(refused))
-    except ValidationError as exc:
-        return [message for err, message in zip(exc.errors(include_input=False),
-                                                 settings_problems(exc), strict=True)
-                if not _RULE_READS.get(err["type"], refused) & refused]
-    return []
-
-
-def _checkable(reset: set[str]) -> Settings | None:
-    """The settings with the `reset` fields at their defaults, and those of each rule that
-    still breaks, until none does; the database URL is kept (a rule reading it holds with
-    the environment at its default), so that check-config can reach the database."""
+        problems = settings_problems(exc)
+    # pydantic checks rules once every field is valid: with the refused ones at defaults,
+    # then those of each broken rule too (but the URL: its rule holds in development)
+    reset = set(refused)
     for _ in range(len(RULES) + 1):
+        defaults = {name: Settings.model_fields[name].get_default(call_default_factory=True)
+                    for name in reset}
         try:
-            return Settings(**_defaults(reset))
+            return Settings(**defaults), problems
         except ValidationError as exc:
-            more = {name for err in exc.errors() for name in _RULE_READS.get(err["type"], ())}
-            more -= reset | {"database_url"}
-            if not more:
-                return None
-            reset = reset | more
-    return None
+            broken = [(RULES[str(err["type"])][0], line) for err, line in zip(
+                exc.errors(include_input=False), settings_problems(exc), strict=True)]
+        if reset == refused:  # the rules reading no refused variable: broken as they are
+            problems += [line for reads, line in broken if refused and not reads & refused]
+        more = {name for reads, _ in broken for name in reads} - reset - {"database_url"}
+        if not more:
+            return None, problems
+        reset |= more
+    return None, problems
