@@ -28,7 +28,7 @@ from service.config.tokens import TokenSet
 from service.credentials import CredentialStore, Keyring
 from service.db.engine import make_engine
 from service.db.migrate import head_revision
-from service.errors import DatabaseUnavailable, NotLeader
+from service.errors import DatabaseUnavailable
 from service.evidence import chain
 from service.http.api import credentials as credentials_routes
 from service.http.api import evidence as evidence_routes
@@ -48,10 +48,8 @@ from service.http.console import ConsoleState, console_state
 from service.http.console import routers as console_routers
 from service.ledger import gauges, holds, tenant_spellings
 from service.observability import metrics
-from service.observability.failures import InternalErrors, expected
-from service.observability.metrics import Where
-from service.runs import publication
 from service.runs.discovery import Discovery
+from service.runs.publisher import Publisher
 from service.runtime import Runtime
 from service.sweeps.store_databases import Stores
 from service.sweeps.store_targets import ledger_tables
@@ -61,8 +59,6 @@ from service.worker.pool import worker_name
 from service.worker.scope_resumption import waiting_loop
 
 log = logging.getLogger("service.http")
-
-PUBLISHER_POLL_S = 1.0
 
 
 class State(TypedDict):
@@ -114,36 +110,6 @@ class RequestLog:
                     "request_id": request_id})
 
 
-async def _publisher(runtime: Runtime, term: int) -> None:
-    """Publish runs left in state `publishing` (new ones, or ones a crash interrupted), as
-    the leader of `term`: each chunk commits only while that term's lease holds. A run's
-    own error is handled inside `publish_pending` (a retry, or the run marked failed and
-    logged once); one reaching this loop came from listing the runs: the next pass lists
-    them again."""
-    discovery = Discovery(runtime.policies, runtime.stores, runtime.tenant_credentials)
-    errors = InternalErrors(log)
-    while True:
-        # cleared before the pass: a run created while it lists runs wakes the next one
-        runtime.publisher_wake.clear()
-        try:
-            await publication.publish_pending(runtime.engine,
-                                              batch_size=runtime.settings.batch_size,
-                                       discovery=discovery, term=term)
-        except NotLeader:
-            log.warning("publisher: the leader's term ended; publication stops here",
-                        extra={"term": term})
-            return
-        except Exception as exc:
-            if expected(exc):
-                log.warning("publisher: database unavailable or busy",
-                            extra={"error_type": type(exc).__name__})
-            else:
-                errors.caught(Where.PUBLISHER, exc)
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(PUBLISHER_POLL_S):
-                await runtime.publisher_wake.wait()
-
-
 def leader_duties(runtime: Runtime) -> dict[str, Duty]:
     """The loops that must run once in the cluster, on the leader only (service/cluster/leader.py):
     publication, holds maintenance (expired holds released, unfinished markings finished),
@@ -151,10 +117,11 @@ def leader_duties(runtime: Runtime) -> dict[str, Duty]:
     leader's term and cancelled when it ends."""
     settings, engine = runtime.settings, runtime.engine
     duties: dict[str, Duty] = {
-        "publisher": lambda term: _publisher(runtime, term),
+        "publisher": lambda term: Publisher(
+            engine, Discovery(runtime.policies, runtime.stores, runtime.tenant_credentials),
+            settings.batch_size, term, runtime.publisher_wake).run(),
         "holds": lambda _term: holds.maintenance_loop(engine),
-        "evidence-checkpoints": lambda _term: chain.checkpoint_loop(engine,
-                                                                           runtime.signer),
+        "evidence-checkpoints": lambda _term: chain.checkpoint_loop(engine, runtime.signer),
     }
     if settings.retention_days > 0:
         duties["retention"] = lambda _term: retention.retention_loop(
