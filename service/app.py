@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TypedDict
@@ -16,7 +14,6 @@ from typing import TypedDict
 import httpx
 from fastapi import Depends, FastAPI
 from sqlalchemy.engine import URL
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import service
 from service.budget.credential_waits import Credentials
@@ -43,9 +40,10 @@ from service.http.api.deps import strict_query
 from service.http.api.gate import Gate
 from service.http.api.links import install_links
 from service.http.api.methods import RouteMethods
-from service.http.api.problems import REQUEST_ID, install_problem_handlers
+from service.http.api.problems import install_problem_handlers
 from service.http.console import ConsoleState, console_state
 from service.http.console import routers as console_routers
+from service.http.request_log import RequestLog
 from service.ledger import gauges, holds, tenant_spellings
 from service.observability import metrics
 from service.runs.discovery import Discovery
@@ -66,48 +64,6 @@ class State(TypedDict):
 
     runtime: Runtime
     console: ConsoleState
-
-
-class RequestLog:
-    """One log line per request: method, path (no query string), status, duration. Never
-    headers or bodies."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = time.perf_counter()
-        status = 500
-        request_id = uuid.uuid4().hex[:16]
-        scope[REQUEST_ID] = request_id  # problem answers name the request by it
-
-        async def send_wrapper(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-                message.setdefault("headers", []).append((b"x-request-id", request_id.encode()))
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_wrapper)
-        finally:
-            elapsed = time.perf_counter() - started
-            matched = scope.get("route")
-            # only methods the matched route declares are labelled, so requests with any
-            # method to any path add at most one `other` per route template
-            declared = getattr(matched, "methods", None) or ()
-            method = scope["method"] if scope["method"] in declared else "other"
-            metrics.HTTP_DURATION.labels(getattr(matched, "path", "unmatched"), method,
-                                         metrics.status_class(status)).observe(elapsed)
-            level = logging.WARNING if status >= 500 else logging.INFO
-            if scope["path"] not in ("/healthz", "/readyz", "/metrics") or status >= 500:
-                log.log(level, "request", extra={
-                    "method": scope["method"], "path": scope["path"], "status": status,
-                    "duration_ms": round(elapsed * 1000, 2),
-                    "request_id": request_id})
 
 
 def leader_duties(runtime: Runtime) -> dict[str, Duty]:
