@@ -1,6 +1,9 @@
-"""The FastAPI application: the gate and request log, routers, problem handlers, and a
-lifespan that owns the engine, the publisher and retention loops and (with `run_workers`
-and SWEEPER_WORKERS above 0) the worker pool and its upstream clients."""
+"""The composition root: `create_app` builds the application (problem handlers, routers,
+the gate and the request log) and a lifespan that opens the process's `Runtime` and starts
+its `Background` tasks: the leader's duties (`leader_duties`: publication, holds
+maintenance, evidence checkpoints, retention) and, with `run_workers` and SWEEPER_WORKERS
+above 0, the worker pool and its upstream clients. Wiring only: each loop lives with its
+concept."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import TypedDict
 
 import httpx
@@ -53,7 +57,7 @@ from service.sweeps.store_databases import Stores
 from service.sweeps.store_targets import ledger_tables
 from service.upstreams.deletion_api import Upstreams
 from service.worker import database_pool
-from service.worker.pool import worker_name
+from service.worker.pool import WorkerPool, worker_name
 from service.worker.scope_resumption import waiting_loop
 
 log = logging.getLogger("service.http")
@@ -89,77 +93,73 @@ def leader_duties(runtime: Runtime) -> dict[str, Duty]:
     return duties
 
 
-def create_app(
-    settings: Settings,
-    policies: Policies,
-    database_url: URL,
-    *,
-    run_workers: bool = True,
-    upstream_transport: httpx.AsyncBaseTransport | None = None,
-) -> FastAPI:
-    """Build the application; nothing connects until the lifespan starts."""
+def open_runtime(settings: Settings, policies: Policies, database_url: URL) -> Runtime:
+    """What the process holds while it runs: the engine, the credentials, the stores'
+    databases. Nothing connects yet."""
+    engine = make_engine(database_url, settings, pool_wait=metrics.POOL_WAIT.observe)
+    keyring = Keyring.from_settings(settings)
+    store = CredentialStore(engine, keyring) if keyring else None
+    return Runtime(settings=settings, policies=policies, engine=engine,
+                   tokens=TokenSet.of(settings.role_tokens()), schema_head=head_revision(),
+                   exporter=gauges.install_ledger(engine, policies.policies),
+                   keyring=keyring, credentials=store,
+                   tenant_credentials=Credentials.of(policies, engine, keyring, store),
+                   signer=settings.local_evidence_signer(), stores=Stores(policies.stores))
 
-    @asynccontextmanager
-    async def lifespan(_app: FastAPI) -> AsyncIterator[State]:
-        engine = make_engine(database_url, settings, pool_wait=metrics.POOL_WAIT.observe)
-        keyring = Keyring.from_settings(settings)
-        store = CredentialStore(engine, keyring) if keyring else None
-        runtime = Runtime(settings=settings, policies=policies, engine=engine,
-                          tokens=TokenSet.of(settings.role_tokens()), schema_head=head_revision(),
-                          exporter=gauges.install_ledger(engine, policies.policies),
-                          keyring=keyring, credentials=store,
-                          tenant_credentials=Credentials.of(policies, engine, keyring, store),
-                          signer=settings.local_evidence_signer(),
-                          stores=Stores(policies.stores))
-        # background loops, cancelled on shutdown; the worker pool stops by itself (grace).
-        # The cluster's once-only loops run under the elector, on the leader alone.
+
+@dataclass
+class Background:
+    """The lifespan's background tasks: the elector running the leader's duties and, when
+    the process calls upstreams, the worker pool and the loop resuming waiting scopes."""
+
+    loops: list[asyncio.Task[None]]  # cancelled at stop
+    pool: WorkerPool | None = None  # stopped at stop: it ends by itself within its grace
+    workers: asyncio.Task[None] | None = None  # the pool's run
+
+    @classmethod
+    def start(cls, runtime: Runtime, upstreams: Upstreams | None, database_url: URL
+              ) -> Background:
+        """Start them; `upstreams` None: this process runs no workers."""
+        engine, policies, settings = runtime.engine, runtime.policies, runtime.settings
+        # the cluster's once-only loops run under the elector, on the leader alone
         elector = Elector(engine, worker_name())
-        loops = [asyncio.create_task(elector.run(leader_duties(runtime)), name="leader")]
-        tasks = list(loops)
-        pool = upstreams = None
-        if run_workers and settings.workers > 0:
-            upstreams = Upstreams(policies.upstreams, upstream_transport)
-            pool = database_pool(engine, policies, upstreams, concurrency=settings.workers,
-                                 listen_url=plain_url(database_url),
-                                 grace_seconds=settings.shutdown_grace_seconds,
-                                 credentials=runtime.tenant_credentials,
-                                 stores=runtime.stores)
-            # before the first claim: holds on an old tenant spelling cover its items
-            tasks.append(asyncio.create_task(pool.run(
-                first=lambda: tenant_spellings.reconcile(engine, policies)), name="workers"))
-            # always: a scope paused before the policies file changed must resume too
-            loops.append(asyncio.create_task(waiting_loop(
-                engine, policies, runtime.tenant_credentials, runtime.stores), name="waits"))
-            tasks.append(loops[-1])
-        # /healthz reports it without a query of its own (each /readyz reads it again)
-        with contextlib.suppress(DatabaseUnavailable):  # not answering yet: /readyz says so
-            runtime.schema.revision = await health.schema_revision(engine)
-        if runtime.signer is None:
-            log.warning(health.UNSIGNED_WARNING)
-        if not settings.role_tokens():
-            log.warning("no API tokens configured: every /v1 request will answer 401 "
-                        "(set SWEEPER_API_TOKENS)")
-        try:
-            yield {"runtime": runtime, "console": console_state(runtime)}
-        finally:
-            if pool is not None:
-                pool.stop()
-            for loop in loops:
-                loop.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            if upstreams is not None:
-                await upstreams.aclose()
-            await runtime.stores.aclose()
-            await engine.dispose()
+        leader = asyncio.create_task(elector.run(leader_duties(runtime)), name="leader")
+        if upstreams is None:
+            return cls([leader])
+        pool = database_pool(engine, policies, upstreams, concurrency=settings.workers,
+                             listen_url=plain_url(database_url),
+                             grace_seconds=settings.shutdown_grace_seconds,
+                             credentials=runtime.tenant_credentials, stores=runtime.stores)
+        # before the first claim: holds on an old tenant spelling cover its items
+        workers = asyncio.create_task(pool.run(
+            first=lambda: tenant_spellings.reconcile(engine, policies)), name="workers")
+        # always: a scope paused before the policies file changed must resume too
+        waits = asyncio.create_task(waiting_loop(
+            engine, policies, runtime.tenant_credentials, runtime.stores), name="waits")
+        return cls([leader, waits], pool, workers)
 
-    app = FastAPI(
-        title="Sweeper",
-        version=service.__version__,
-        summary="Scheduled, rate-limited, crash-safe data cleanup",
-        lifespan=lifespan,
-    )
-    install_problem_handlers(app)
-    install_links(app)  # OpenAPI links for clients and the stateful contract test
+    async def stop(self) -> None:
+        """Stop the pool, cancel the loops, and wait for every task to end."""
+        if self.pool is not None:
+            self.pool.stop()
+        for loop in self.loops:
+            loop.cancel()
+        running = [*self.loops, *([self.workers] if self.workers is not None else [])]
+        await asyncio.gather(*running, return_exceptions=True)
+
+
+def warn_at_start(runtime: Runtime) -> None:
+    """Say at start what the configuration leaves unusable or unsigned."""
+    if runtime.signer is None:
+        log.warning(health.UNSIGNED_WARNING)
+    if not runtime.settings.role_tokens():
+        log.warning("no API tokens configured: every /v1 request will answer 401 "
+                    "(set SWEEPER_API_TOKENS)")
+
+
+def install_routes(app: FastAPI) -> None:
+    """The API's routers, the console's, and the methods each path allows (the gate answers
+    HEAD and OPTIONS from them)."""
     # operator API: an undeclared or repeated query parameter is refused, not ignored
     checked = [Depends(strict_query)]
     routers = [(health.router, []), (metrics_api.router, []),
@@ -175,6 +175,47 @@ def create_app(
     app.state.route_methods = RouteMethods(
         [*app.router.routes, *(route for router, _ in routers for route in router.routes),
          *(route for router in console_routers for route in router.routes)])
+
+
+def create_app(
+    settings: Settings,
+    policies: Policies,
+    database_url: URL,
+    *,
+    run_workers: bool = True,
+    upstream_transport: httpx.AsyncBaseTransport | None = None,
+) -> FastAPI:
+    """Build the application; nothing connects until the lifespan starts."""
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[State]:
+        runtime = open_runtime(settings, policies, database_url)
+        calls_upstreams = run_workers and settings.workers > 0
+        upstreams = (Upstreams(policies.upstreams, upstream_transport)
+                     if calls_upstreams else None)
+        background = Background.start(runtime, upstreams, database_url)
+        # /healthz reports it without a query of its own (each /readyz reads it again)
+        with contextlib.suppress(DatabaseUnavailable):  # not answering yet: /readyz says so
+            runtime.schema.revision = await health.schema_revision(runtime.engine)
+        warn_at_start(runtime)
+        try:
+            yield {"runtime": runtime, "console": console_state(runtime)}
+        finally:
+            await background.stop()
+            if upstreams is not None:
+                await upstreams.aclose()
+            await runtime.stores.aclose()
+            await runtime.engine.dispose()
+
+    app = FastAPI(
+        title="Sweeper",
+        version=service.__version__,
+        summary="Scheduled, rate-limited, crash-safe data cleanup",
+        lifespan=lifespan,
+    )
+    install_problem_handlers(app)
+    install_links(app)  # OpenAPI links for clients and the stateful contract test
+    install_routes(app)
     app.add_middleware(Gate, max_body_bytes=settings.max_body_bytes,
                        body_timeout_s=settings.body_read_timeout_seconds,
                        webhooks=webhooks_routes.direct)
