@@ -16,7 +16,7 @@ The placeholders are `tenant_id` (the tenant walked), `cursor` (the previous pag
 cursor; none on the first page), `cutoff` (the run's cutoff less `older_than`, ISO 8601 UTC
 to the second), `page` (the page size) and the policy's `policy` and `upstream`. They are
 substituted as values, as in a deletion call's template (service/config/request_templates.py):
-percent- encoded into one path segment or query value, JSON-encoded into a body, and a templated
+percent-encoded into one path segment or query value, JSON-encoded into a body, and a templated
 host is checked against the upstream's host_pattern. On the first page a body's
 `"{cursor}"` is null, and a query parameter whose value is exactly `{cursor}` is left out.
 
@@ -28,7 +28,6 @@ MAX_PAGES_PER_PASS pages before the publisher moves on, and bodies of `max_bytes
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Final, Literal
@@ -36,14 +35,11 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from service.config.answer_rules import MAX_BODY_BYTES, AnswerRule, parse_path
-from service.config.request_templates import (
-    BodyValue,
-    Origin,
+from service.config.body_templates import BodyPieces, BodyValue, body_value, compile_body, fill_body
+from service.config.origins import Origin, checked_host
+from service.config.placeholders import (
+    PLACEHOLDER,
     TemplateProblems,
-    body_value,
-    checked_host,
-    compile_body,
-    fill_body,
     format_string,
     parse_format,
     segment,
@@ -57,7 +53,6 @@ MAX_CURSOR_CHARS: Final = 2048
 # a tenant named in the file: a shop domain, a store hash, an account id
 TenantName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,252}$")]
 JsonPath = Annotated[str, Field(min_length=1, max_length=500)]
-_PLACEHOLDER: Final = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 class ListSourceConfig(BaseModel):
@@ -136,7 +131,7 @@ class ListRequest:
     # (name=, value format, whether the value is exactly {cursor}: left out on the first page)
     query: tuple[tuple[str, str, bool], ...]
     host_format: str | None
-    body_pieces: tuple[Any, ...] | None = field(repr=False)
+    body_pieces: BodyPieces | None = field(repr=False)
     older_than: timedelta = timedelta(0)
 
     def cutoff(self, run_cutoff: datetime) -> datetime:
@@ -191,7 +186,7 @@ def compile_list_request(origin: Origin, source: ListSourceConfig, *, policy: st
     query: list[tuple[str, str, bool]] = []
     for pair, _ in query_pieces:
         name, equals, value = pair.partition("=")
-        if _PLACEHOLDER.search(name) or not equals:
+        if PLACEHOLDER.search(name) or not equals:
             problems.append(("path", f"query parameter {pair!r}: write name=value, a "
                                      "placeholder only in the value"))
             continue

@@ -27,6 +27,8 @@ from pydantic import ValidationError
 from service.config import store_statements
 from service.config.answer_rules import NO_RULES, AnswerRules, compile_rules
 from service.config.list_sources import ListRequest, ListSourceConfig, compile_list_request
+from service.config.origins import Origin, compile_origin
+from service.config.placeholders import TemplateProblems, parse_format, template_fields
 from service.config.policy_file import (
     NAME_PATTERN,
     SOURCE_KINDS,
@@ -37,16 +39,8 @@ from service.config.policy_file import (
     UpstreamConfig,
     WebhookSourceConfig,
     parse_duration,
-    template_fields,
 )
-from service.config.request_templates import (
-    Origin,
-    RequestTemplate,
-    TemplateProblems,
-    compile_origin,
-    compile_request,
-    parse_format,
-)
+from service.config.request_templates import RequestTemplate, compile_request
 from service.config.tenants import host_form
 from service.errors import ConfigError
 from service.protocols.egress import (
@@ -96,7 +90,7 @@ class Upstream:
     def allow_private_addresses(self) -> bool:
         """Whether a templated host may be an IP literal or a single-label name, and may
         resolve to a loopback, private, link-local or metadata address (the transport
-        checks the addresses it connects to; service/config/request_templates.py the host's
+        checks the addresses it connects to; service/config/origins.py the host's
         form)."""
         return self.config.allow_private_addresses
 

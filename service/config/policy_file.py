@@ -26,8 +26,9 @@ from pydantic import (
 
 from service.config import store_statements
 from service.config.answer_rules import DEFAULT_MAX_BYTES, MAX_BODY_BYTES, AnswerRule, parse_path
+from service.config.body_templates import body_value
 from service.config.list_sources import ListSourceConfig
-from service.config.request_templates import DOT_SEGMENTS, REQUEST_FIELDS, body_value
+from service.config.placeholders import DOT_SEGMENTS, REQUEST_FIELDS, template_fields
 
 SCOPE_FIELDS = frozenset({"tenant_id", "upstream", "policy"})
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
@@ -68,18 +69,6 @@ MAX_SCOPE_BYTES: Final = 512  # the schema's limit on a limiter scope's name
 # C0 and C1 control characters and DEL (the schema's CHECKs refuse the same), and unpaired
 # surrogates, which are no text PostgreSQL (or UTF-8) can hold: in an id, a scope's name
 UNSTORABLE: Final = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
-
-
-def template_fields(template: str) -> set[str]:
-    """The ``{name}`` placeholders of a str.format template (refuses positional ones)."""
-    names: set[str] = set()
-    for _, name, spec, conversion in string.Formatter().parse(template):
-        if name is None:
-            continue
-        if not name or spec or conversion:
-            raise ValueError(f"placeholder {{{name}}} must be a plain name like {{tenant_id}}")
-        names.add(name)
-    return names
 
 
 HeaderName = Annotated[str, Field(pattern=r"^[A-Za-z0-9-]{1,100}$")]
