@@ -24,13 +24,13 @@ DOT_SEGMENTS: Final = frozenset((".", ".."))
 # a placeholder where a template is JSON or query text: `{name}`; any other brace is text
 PLACEHOLDER: Final = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
-_UNRESERVED: Final = re.compile(r"[A-Za-z0-9_.~-]*", re.ASCII)  # what quote() keeps as is
-
 
 def segment(value: str) -> str:
-    """`value` percent-encoded as one path segment or query value."""
-    # most ids need no escaping; quote() costs ten times the check
-    return value if _UNRESERVED.fullmatch(value) else quote(value, safe="")
+    """`value` percent-encoded as one path segment or query value: every character but the
+    unreserved ones (letters, digits, `-._~`)."""
+    # no check to skip quote() for ids that need no escaping: it did not pay
+    # (bench/reports/design-notes.md#configuration-serviceconfig)
+    return quote(value, safe="")
 
 
 class TemplateProblems(ValueError):
