@@ -28,7 +28,7 @@ from service.config.tokens import TokenSet
 from service.credentials import CredentialStore, Keyring
 from service.db.engine import make_engine
 from service.db.migrate import head_revision
-from service.errors import NotLeader
+from service.errors import DatabaseUnavailable, NotLeader
 from service.evidence import chain
 from service.http.api import credentials as credentials_routes
 from service.http.api import evidence as evidence_routes
@@ -208,6 +208,9 @@ def create_app(
             loops.append(asyncio.create_task(waiting_loop(
                 engine, policies, runtime.tenant_credentials, runtime.stores), name="waits"))
             tasks.append(loops[-1])
+        # /healthz reports it without a query of its own (each /readyz reads it again)
+        with contextlib.suppress(DatabaseUnavailable):  # not answering yet: /readyz says so
+            runtime.schema.revision = await health.schema_revision(engine)
         if runtime.signer is None:
             log.warning(health.UNSIGNED_WARNING)
         if not settings.role_tokens():

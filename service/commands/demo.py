@@ -21,6 +21,7 @@ import uvicorn
 
 from service.app import create_app
 from service.commands import run_client
+from service.commands.local import signing_key
 from service.commands.local.store import SimulatedStore, Weather
 from service.config.policies import Policies, resolve_policies
 from service.config.settings import LogFormat, Settings, async_url
@@ -49,10 +50,12 @@ def demo_policies() -> Policies:
     }, {}, source="<demo>")
 
 
-async def _demo(url: str, items: int, tenants: int, workers: int) -> int:
+async def _demo(url: str, items: int, tenants: int, workers: int, keep: Path | None) -> int:
     token = secrets.token_urlsafe(24)
+    key, key_file = signing_key(keep)  # signed as the docs say the embedded database is
     settings = Settings(database_url=url, api_tokens=token, workers=workers,
-                        batch_size=250, log_format=LogFormat.CONSOLE, log_level="WARNING")
+                        batch_size=250, log_format=LogFormat.CONSOLE, log_level="WARNING",
+                        evidence_signing_key=key, evidence_signing_key_file=key_file)
     await migrate_database(async_url(url), settings)
     store = SimulatedStore(rate_per_s=TENANT_RATE_PER_S, burst=STORE_BURST, weather=BAD_WEATHER)
     app = create_app(settings, demo_policies(), async_url(url),
@@ -101,4 +104,4 @@ async def _demo(url: str, items: int, tenants: int, workers: int) -> int:
 def run_demo(items: int, tenants: int, workers: int, keep: Path | None) -> int:
     """Start an embedded database (a temporary one unless `keep` names a folder) and run."""
     with embedded_database(keep, prefix="sweeper-demo-") as url:
-        return asyncio.run(_demo(url, items, tenants, workers))
+        return asyncio.run(_demo(url, items, tenants, workers, keep))

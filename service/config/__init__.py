@@ -4,7 +4,8 @@ store statement text, tenant spellings, API tokens and the evidence signing keys
 
 - process: `settings` (SWEEPER_*), `tokens` (API tokens and roles), `signing_keys`;
 - the policies file as written: `policy_file` (its tables and keys), `policy_tables` (a
-  policy's cost, backoff, batch and confirm tables);
+  policy's cost, backoff, batch and confirm tables), `file_entries` (each entry validated on
+  its own, and the names entries give one another);
 - the policies file resolved: `policies` (load and resolve; `Policies`), one module per
   section (`upstreams`, `stores`, `retention_policies`, `webhook_sources`) and what they
   share (`resolution`: the environment and the problems found);

@@ -1,12 +1,15 @@
 """The TOML policies file resolved: upstreams, stores, retention policies and webhook sources.
 
-Parsed with stdlib ``tomllib`` and validated against its schema (`service.config.policy_file`:
-unknown keys are refused, so a typo never silently falls back to a default), then resolved
-section by section (`upstreams`, `stores`, `retention_policies`, `webhook_sources`: names
-checked, keys that must agree checked together, templates compiled). Secrets are never
-written in the file: it names environment variables, which are resolved too, and a missing
-one is an error. Problems raise one :class:`ConfigError` listing each (the file, the key and
-what is wrong), so a file is fixed in one pass.
+Parsed with stdlib ``tomllib`` and validated against its schema entry by entry
+(`service.config.file_entries`: unknown keys are refused, so a typo never silently falls back
+to a default, and one entry's mistakes never hide another's), then resolved section by
+section (`upstreams`, `stores`, `retention_policies`, `webhook_sources`: names checked, keys
+that must agree checked together, templates compiled). Secrets are never written in the
+file: it names environment variables, which are resolved too, and a missing one is an error.
+Every problem of every entry is listed at once (the file, the key and what is wrong), so a
+file is fixed in one pass: `load_policies` and `resolve_policies` raise one
+:class:`ConfigError` listing them; `read_policies` and `resolve_checked` return them beside
+what resolved, for check-config to check further.
 
 The types each section resolves to are defined beside their resolvers and imported from
 here by the rest of the service.
@@ -15,27 +18,31 @@ here by the rest of the service.
 from __future__ import annotations
 
 import os
-import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
-from service.config.policy_file import NAME_PATTERN, SOURCE_KINDS, PoliciesFile
+from service.config.file_entries import (
+    Written,
+    name_problems,
+    names_given,
+    reference_problems,
+    rule_problems,
+    validate_entries,
+)
 from service.config.resolution import Resolution
 from service.config.retention_policies import Policy, resolve_policy
 from service.config.stores import Store, resolve_store
 from service.config.tenants import host_form
-from service.config.upstreams import Upstream, resolve_upstream
+from service.config.upstreams import Upstream, resolve_upstreams
 from service.config.webhook_sources import WebhookSource, resolve_webhook_source
 from service.errors import ConfigError
 
 __all__ = ["Policies", "Policy", "Store", "Upstream", "WebhookSource", "load_policies",
-           "resolve_policies"]
+           "read_policies", "resolve_checked", "resolve_policies"]
 
 
 @dataclass(frozen=True)
@@ -100,59 +107,78 @@ class Policies:
 
 
 def load_policies(path: Path | None, environ: Mapping[str, str] | None = None) -> Policies:
-    """Read, validate and resolve the policies file; no file means no policies."""
+    """Read, validate and resolve the policies file; no file means no policies.
+    ConfigError listing every problem."""
+    policies, problems = read_policies(path, environ)
+    if problems:
+        raise ConfigError(*problems)
+    return policies
+
+
+def read_policies(path: Path | None, environ: Mapping[str, str] | None = None
+                  ) -> tuple[Policies, list[str]]:
+    """The entries of the policies file that resolved, and every problem found in it (a
+    file that cannot be read or parsed is one problem); no file means no policies."""
     if path is None:
-        return Policies.empty()
+        return Policies.empty(), []
     env = os.environ if environ is None else environ
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ConfigError(f"policies file {path}: not found") from None
+        return Policies.empty(), [f"policies file {path}: not found"]
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"policies file {path}: cannot be read ({exc})") from None
+        return Policies.empty(), [f"policies file {path}: cannot be read ({exc})"]
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"policies file {path}: not valid TOML: {exc}") from None
-    return resolve_policies(raw, env, source=str(path))
+        return Policies.empty(), [f"policies file {path}: not valid TOML: {exc}"]
+    return resolve_checked(raw, env, source=str(path))
 
 
 def resolve_policies(raw: Mapping[str, Any], env: Mapping[str, str], *, source: str) -> Policies:
     """Validate a parsed file, resolve names and secrets; ConfigError listing every fault."""
-    try:
-        parsed = PoliciesFile.model_validate(raw)
-    except ValidationError as exc:
-        raise ConfigError(*(f"policies file {source}: {problem}"
-                            for problem in _schema_problems(exc))) from None
+    policies, problems = resolve_checked(raw, env, source=source)
+    if problems:
+        raise ConfigError(*problems)
+    return policies
+
+
+def resolve_checked(raw: Mapping[str, Any], env: Mapping[str, str], *, source: str
+                    ) -> tuple[Policies, list[str]]:
+    """Validate a parsed file and resolve names and secrets: what resolved, and every
+    problem found. Each entry is checked on its own, so one entry's mistakes never hide
+    another's; a problem stops only the checks of its own entry that it makes meaningless.
+    What resolved leaves out every entry with a problem, and those naming one."""
     r = Resolution(source, env)
-    for section in ("upstreams", "stores", "policies", "webhooks"):
-        for name in getattr(parsed, section):
-            if not re.match(NAME_PATTERN, name):
-                r.fail(f"{section}.{name}", "names are lower-case letters, digits, '-', '_' "
-                                            "or '.', at most 63 characters")
-    upstreams = {name: upstream for name, config in parsed.upstreams.items()
-                 if (upstream := resolve_upstream(name, config, r)) is not None}
-    stores = {name: resolve_store(name, config, r) for name, config in parsed.stores.items()}
-    policies = {name: policy for name, config in parsed.policies.items()
-                if (policy := resolve_policy(name, config, upstreams, parsed, r)) is not None}
-    webhooks = {name: resolve_webhook_source(name, config, parsed.policies, r)
-                for name, config in parsed.webhooks.items()}
-    if r.problems:
-        raise ConfigError(*r.problems)
-    return Policies(upstreams=upstreams, policies=policies, webhooks=webhooks, source=source,
-                    stores=stores)
+    parsed, written = validate_entries(raw, r)
+    name_problems(written, r)
+    upstreams, troubled = resolve_upstreams(parsed.upstreams, r)
+    stores = {name: store for name, config in parsed.stores.items()
+              if (store := resolve_store(name, config, r)) is not None}
+    policies: dict[str, Policy] = {}
+    # every entry as written: one that does not fit the schema still has its names checked
+    for name in written["policies"]:
+        reference_problems(name, written, r)
+        pol = parsed.policies.get(name)
+        if pol is not None and (policy := resolve_policy(name, pol, upstreams, r)) is not None:
+            policies[name] = policy
+    webhooks: dict[str, WebhookSource] = {}
+    for name in written["webhooks"]:
+        rule_problems(name, written, r)
+        src = parsed.webhooks.get(name)
+        if src is not None and (webhook := resolve_webhook_source(name, src, r)) is not None:
+            webhooks[name] = webhook
+    upstreams = {name: upstream for name, upstream in upstreams.items() if name not in troubled}
+    return _resolved(Policies(upstreams=upstreams, policies=policies, webhooks=webhooks,
+                              source=source, stores=stores), written), r.problems
 
 
-def _schema_problems(exc: ValidationError) -> list[str]:
-    """Each schema error as `key: message`, the key in the file's own notation."""
-    problems = []
-    for err in exc.errors(include_input=False, include_url=False):
-        loc = [p for i, p in enumerate(err["loc"])
-               if not (i and err["loc"][i - 1] == "source" and p in SOURCE_KINDS)]
-        key = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in loc)
-        key = key.replace(".[", "[")
-        message = str(err["msg"]).removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            message = "unknown key (check the spelling; see docs/configuration.md)"
-        elif err["type"] == "missing":
-            message = "required key is missing"
-        problems.append(f"{key}: {message}")
-    return problems
+def _resolved(found: Policies, written: Written) -> Policies:
+    """`found` less the policies naming an upstream or a store that did not resolve, and
+    the webhook sources whose rules name a policy that did not."""
+    named: dict[str, Mapping[str, object]] = {"upstreams": found.upstreams,
+                                              "stores": found.stores}
+    policies = {name: policy for name, policy in found.policies.items()
+                if all(given in named[section]
+                       for _, section, given in names_given(written["policies"][name]))}
+    webhooks = {name: webhook for name, webhook in found.webhooks.items()
+                if all(rule.policy in policies for rule in webhook.config.rules)}
+    return replace(found, policies=policies, webhooks=webhooks)

@@ -27,9 +27,14 @@ class Resolution:
         for sub, message in exc.problems:
             self.fail(f"{key}.{sub}", message)
 
-    def found_under(self, *keys: str) -> bool:
-        """Whether a problem noted so far names one of `keys` (or a key beneath it)."""
-        return any(key in problem for problem in self.problems for key in keys)
+    def mark(self) -> int:
+        """Where the problems noted so far end: an entry's checks begin here, and
+        `found_since` tells whether they found any."""
+        return len(self.problems)
+
+    def found_since(self, mark: int) -> bool:
+        """Whether a problem was noted after `mark`."""
+        return len(self.problems) > mark
 
     def secret(self, var: str, key: str) -> str:
         """A secret from the environment, less one trailing line break, as a credential

@@ -1,6 +1,7 @@
 """A retention policy as the policies file declares it, resolved: its keys checked together
-(its store parts in service/config/stores.py), its deletion call, confirmation read and list
-call compiled under its upstream's origin, and its answer rules compiled.
+(its store parts in service/config/stores.py, the upstreams and stores it names in
+service/config/file_entries.py), its deletion call, confirmation read and list call compiled
+under its upstream's origin, and its answer rules compiled.
 """
 
 from __future__ import annotations
@@ -15,13 +16,7 @@ from service.config import store_statements
 from service.config.answer_rules import NO_RULES, AnswerRules, compile_rules
 from service.config.list_sources import ListRequest, ListSourceConfig, compile_list_request
 from service.config.placeholders import TemplateProblems, template_fields
-from service.config.policy_file import (
-    PoliciesFile,
-    PolicyConfig,
-    SourceConfig,
-    UpstreamConfig,
-    parse_duration,
-)
+from service.config.policy_file import PolicyConfig, SourceConfig, parse_duration
 from service.config.request_templates import RequestTemplate, compile_request
 from service.config.resolution import Resolution
 from service.config.stores import store_problems
@@ -120,39 +115,36 @@ class Policy:
 
 
 def resolve_policy(name: str, pol: PolicyConfig, upstreams: Mapping[str, Upstream],
-                   declared: PoliciesFile, r: Resolution) -> Policy | None:
-    """The policy `name` resolved against the resolved upstreams (and the `declared` file),
-    or None with its problems noted in `r`."""
-    key = f"policies.{name}"
-    store_problems(key, pol, declared.stores, r)
+                   r: Resolution) -> Policy | None:
+    """The policy `name` resolved against the upstreams that compiled (those with problems
+    of their own too, so that its checks against them still run), or None when it has a
+    problem; each is noted in `r`. A problem stops only the checks it makes meaningless."""
+    key, mark = f"policies.{name}", r.mark()
+    store_problems(key, pol, r)
     if pol.target is not None and pol.object_id_case == "insensitive":
         r.fail(f"{key}.object_id_case", "a store target's statement compares ids as its "
                                         "column does: \"insensitive\" is for HTTP upstreams")
     if pol.backoff.max_seconds < pol.backoff.base_seconds:
         r.fail(f"{key}.backoff.max_seconds", "must be at least base_seconds")
-    listing = _listing(key, name, pol, upstreams, declared.upstreams, r)
+    listing = _listing(key, name, pol, upstreams, r)
     if pol.target is not None:
-        if r.found_under(f"{key}.target", f"{key}.upstream", f"{key}.source"):
-            return None
-        return Policy(name=name, config=pol, request=None, **listing)
+        return None if r.found_since(mark) else Policy(name=name, config=pol, request=None,
+                                                       **listing)
+    _batch_problems(key, pol, r)
+    _budget_problems(key, pol, r)
     if pol.upstream is None:
         r.fail(key, "name an upstream (and its path) to call, or a store target = { store "
                     "= ..., statement = ... }")
         return None
+    upstream = upstreams.get(pol.upstream)
+    if upstream is not None:
+        _upstream_problems(key, pol, upstream, r)
     if pol.path is None:
         r.fail(f"{key}.path", "required key is missing (the path the upstream is called at)")
-        return None
-    upstream = upstreams.get(pol.upstream)
-    _upstream_problems(key, pol, upstream, declared.upstreams, r)
-    _batch_problems(key, pol, r)
-    _budget_problems(key, pol, r)
-    if upstream is not None and upstream.per_tenant_credentials and (
-            "tenant_id" not in template_fields(pol.scope)):
-        # one tenant without a credential pauses its scope: never other tenants' items
-        r.fail(f"{key}.scope", f"upstream {pol.upstream!r} has per-tenant credentials: the "
-                               "scope must contain {tenant_id}")
-    calls = None if upstream is None else _calls(key, name, pol, upstream, pol.path, r)
-    if calls is None:
+    if upstream is None or pol.path is None:
+        return None  # an undeclared upstream is noted by file_entries.reference_problems
+    calls = _calls(key, name, pol, upstream, pol.path, r)
+    if calls is None or r.found_since(mark):
         return None
     request, confirm_request = calls
     return Policy(name=name, config=pol, request=request, confirm_request=confirm_request,
@@ -164,18 +156,18 @@ def resolve_policy(name: str, pol: PolicyConfig, upstreams: Mapping[str, Upstrea
                   **listing)
 
 
-def _upstream_problems(key: str, pol: PolicyConfig, upstream: Upstream | None,
-                       declared: Mapping[str, UpstreamConfig], r: Resolution) -> None:
-    """The upstream a policy calls: declared, and answering before the lease ends."""
-    if upstream is None:
-        if pol.upstream not in declared:  # else its own problem is listed
-            r.fail(f"{key}.upstream", f"unknown upstream {pol.upstream!r}; declared: "
-                                      f"{sorted(declared) or 'none'}")
+def _upstream_problems(key: str, pol: PolicyConfig, upstream: Upstream,
+                       r: Resolution) -> None:
+    """The checks of an HTTP policy against the upstream it calls."""
     # The call's deadline must end before the lease does, or a slow upstream would let a
     # second worker reclaim an item whose first call is still in flight.
-    elif upstream.config.timeout_seconds >= pol.lease_seconds:
+    if upstream.config.timeout_seconds >= pol.lease_seconds:
         r.fail(f"{key}.lease_seconds", f"must be longer than upstream {pol.upstream!r} "
                                        f"timeout_seconds ({upstream.config.timeout_seconds})")
+    if upstream.per_tenant_credentials and "tenant_id" not in template_fields(pol.scope):
+        # one tenant without a credential pauses its scope: never other tenants' items
+        r.fail(f"{key}.scope", f"upstream {pol.upstream!r} has per-tenant credentials: the "
+                               "scope must contain {tenant_id}")
 
 
 def _batch_problems(key: str, pol: PolicyConfig, r: Resolution) -> None:
@@ -207,30 +199,32 @@ def _budget_problems(key: str, pol: PolicyConfig, r: Resolution) -> None:
 def _calls(key: str, name: str, pol: PolicyConfig, upstream: Upstream, path: str,
            r: Resolution) -> tuple[RequestTemplate, RequestTemplate | None] | None:
     """The deletion call and the confirmation read (None: not confirmed) compiled under the
-    upstream's origin, or None with their problems noted in `r`."""
+    upstream's origin, or None when either cannot be; problems are noted in `r` (a call
+    that does not compile still has its confirmation read compiled)."""
+    request = None
     try:
         request = compile_request(upstream.origin, policy=name, version=pol.version,
                                   path=path, body=pol.body, batch=pol.batch is not None)
     except TemplateProblems as exc:
         r.fail_template(key, exc)
-        return None
-    for i, answer in enumerate(pol.answers):
-        if answer.version is not None and not request.uses_object_version:
-            r.fail(f"{key}.answers[{i}].version", "the request must carry "
-                                                  "{object_version} for a retry to use it")
-    if pol.confirm is None or pol.batch is not None:
-        return request, None
-    try:
-        confirm_request = compile_request(upstream.origin, policy=name,
-                                          version=pol.version, path=pol.confirm.path)
-    except TemplateProblems as exc:
-        r.fail_template(f"{key}.confirm", exc)
-        return None
-    return request, confirm_request
+    else:
+        for i, answer in enumerate(pol.answers):
+            if answer.version is not None and not request.uses_object_version:
+                r.fail(f"{key}.answers[{i}].version", "the request must carry "
+                                                      "{object_version} for a retry to use it")
+    confirm_request = None
+    if pol.confirm is not None and pol.batch is None:
+        try:
+            confirm_request = compile_request(upstream.origin, policy=name,
+                                              version=pol.version, path=pol.confirm.path)
+        except TemplateProblems as exc:
+            r.fail_template(f"{key}.confirm", exc)
+            return None
+    return None if request is None else (request, confirm_request)
 
 
 def _listing(key: str, name: str, pol: PolicyConfig, upstreams: Mapping[str, Upstream],
-             declared: Mapping[str, UpstreamConfig], r: Resolution) -> dict[str, Any]:
+             r: Resolution) -> dict[str, Any]:
     """A policy's HTTP list source compiled (`listing` and `list_answers` for its Policy),
     or nothing; problems go to `r`. The list calls draw from the policy's scope of each
     tenant, so per-tenant credentials need a scope per tenant."""
@@ -244,10 +238,7 @@ def _listing(key: str, name: str, pol: PolicyConfig, upstreams: Mapping[str, Ups
         r.fail(f"{at}.older_than", str(exc))
         return {}
     upstream = upstreams.get(source.upstream)
-    if upstream is None:
-        if source.upstream not in declared:  # else its own problem is listed
-            r.fail(f"{at}.upstream", f"unknown upstream {source.upstream!r}; declared: "
-                                     f"{sorted(declared) or 'none'}")
+    if upstream is None:  # undeclared, or not compiled: its own problems are noted
         return {}
     if (upstream.per_tenant_credentials or len(source.tenants) > 1) and \
             "tenant_id" not in template_fields(pol.scope):

@@ -1,17 +1,15 @@
 """A store as the policies file declares it, resolved (its DSN read from the environment), and
-what the file alone tells of a policy's store parts: the stores its source, target and guard
-name, and their statements' text (service/sweeps/store_databases.py checks the rest against
-the store itself).
+what the file alone tells of a policy's store parts: their statements' text and the keys they
+go with (the stores they name are checked in service/config/file_entries.py; service/sweeps/
+store_databases.py checks the rest against the store itself).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
 from service.config import store_statements
-from service.config.list_sources import ListSourceConfig
 from service.config.placeholders import template_fields
 from service.config.policy_file import PolicyConfig, SourceConfig, StoreConfig, TargetConfig
 from service.config.resolution import Resolution
@@ -26,9 +24,11 @@ class Store:
     dsn: str = field(repr=False)
 
 
-def resolve_store(name: str, config: StoreConfig, r: Resolution) -> Store:
-    """The store `name` with its DSN; a missing one is noted in `r`."""
-    return Store(name=name, config=config, dsn=r.secret(config.dsn_env, f"stores.{name}.dsn_env"))
+def resolve_store(name: str, config: StoreConfig, r: Resolution) -> Store | None:
+    """The store `name` with its DSN, or None when the DSN is not set (noted in `r`): a
+    store without one is never connected to."""
+    dsn = r.secret(config.dsn_env, f"stores.{name}.dsn_env")
+    return Store(name=name, config=config, dsn=dsn) if dsn else None
 
 
 _SOURCE_KINDS: Final = frozenset({"select", "with"})
@@ -37,16 +37,10 @@ _TARGET_KINDS: Final = frozenset({"delete", "update", "with"})
 _HTTP_ONLY: Final = ("method", "body", "answers", "cost", "initial_object_version")
 
 
-def store_problems(key: str, pol: PolicyConfig, stores: Mapping[str, StoreConfig],
-                   r: Resolution) -> None:
-    """The checks of a policy's source, target and guard that the file alone can tell;
-    problems go to `r`."""
-    for part in ("source", "target", "guard"):
-        cfg = getattr(pol, part)
-        if cfg is not None and not isinstance(cfg, ListSourceConfig) and \
-                cfg.store not in stores:
-            r.fail(f"{key}.{part}.store", f"unknown store {cfg.store!r}; declared: "
-                                          f"{sorted(stores) or 'none'}")
+def store_problems(key: str, pol: PolicyConfig, r: Resolution) -> None:
+    """The checks of a policy's source, target and guard that the file alone can tell
+    (the stores they name are checked on the entry as written, by service/config/
+    file_entries.py); problems go to `r`."""
     if isinstance(pol.source, SourceConfig):
         for problem in store_statements.problems(pol.source.query, kinds=_SOURCE_KINDS,
                                                  required=frozenset({"cutoff"}),

@@ -72,8 +72,26 @@ class Upstream:
         return host_form(tenant_id) if self.origin.tenant_in_host else tenant_id
 
 
+def resolve_upstreams(declared: Mapping[str, UpstreamConfig], r: Resolution
+                      ) -> tuple[dict[str, Upstream], set[str]]:
+    """Each upstream that could be compiled, and the names of those with problems (noted
+    in `r`): kept, so that their policies' own checks still run against them, but never
+    resolved."""
+    upstreams: dict[str, Upstream] = {}
+    troubled: set[str] = set()
+    for name, up in declared.items():
+        mark = r.mark()
+        upstream = resolve_upstream(name, up, r)
+        if r.found_since(mark):
+            troubled.add(name)
+        if upstream is not None:
+            upstreams[name] = upstream
+    return upstreams, troubled
+
+
 def resolve_upstream(name: str, up: UpstreamConfig, r: Resolution) -> Upstream | None:
-    """The upstream `name` resolved, or None with its problems noted in `r`."""
+    """The upstream `name` compiled, or None when it cannot be; every problem is noted in
+    `r` (one with a base_url that does not compile still has its proxy and TLS checked)."""
     key = f"upstreams.{name}"
     headers = {header: _header_secret(r, var, f"{key}.headers_from_env.{header}")
                for header, var in up.headers_from_env.items()}
@@ -81,12 +99,12 @@ def resolve_upstream(name: str, up: UpstreamConfig, r: Resolution) -> Upstream |
     headers.update({h: before for h, (before, after) in templated.items() if after is None})
     credential_headers = {h: (before, after) for h, (before, after) in templated.items()
                           if after is not None}
+    origin: Origin | None = None
     try:
         origin = compile_origin(name, up.base_url, up.host_pattern,
                                 allow_private=up.allow_private_addresses)
     except TemplateProblems as exc:
         r.fail_template(key, exc)
-        return None
     if up.proxy is not None and up.proxy != "none":
         try:
             Proxy.of(up.proxy)
@@ -96,6 +114,8 @@ def resolve_upstream(name: str, up: UpstreamConfig, r: Resolution) -> Upstream |
         tls = tls_context(up.ca_file, up.client_cert_file, up.client_key_file)
     except TlsProblem as exc:
         r.fail(f"{key}.{exc.key}", str(exc))
+        return None
+    if origin is None:
         return None
     return Upstream(name=name, config=up, headers=headers, origin=origin,
                     credential_headers=credential_headers, tls=tls)

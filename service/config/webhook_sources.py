@@ -1,14 +1,14 @@
 """A webhook source as the policies file declares it, resolved: its secrets read from the
-environment (several during a rotation), the headers its signature scheme takes, and the
-policies its rules name.
+environment (several during a rotation) and the headers its signature scheme takes (the
+policies its rules name are checked on the entry as written, in service/config/
+file_entries.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from service.config.policy_file import PolicyConfig, WebhookSourceConfig
+from service.config.policy_file import WebhookSourceConfig
 from service.config.resolution import Resolution
 from service.protocols.webhook_signatures import standard_key
 
@@ -22,11 +22,12 @@ class WebhookSource:
     secrets: tuple[str, ...] = field(repr=False)
 
 
-def resolve_webhook_source(name: str, src: WebhookSourceConfig,
-                           policies: Mapping[str, PolicyConfig], r: Resolution
-                           ) -> WebhookSource:
-    """The webhook source `name` with its secrets; its problems are noted in `r`."""
-    key = f"webhooks.{name}"
+def resolve_webhook_source(name: str, src: WebhookSourceConfig, r: Resolution
+                           ) -> WebhookSource | None:
+    """The webhook source `name` with its secrets, or None when it has a problem (each
+    noted in `r`; the policies its rules name are checked in service/config/
+    file_entries.py)."""
+    key, mark = f"webhooks.{name}", r.mark()
     names = ([src.secret_env] if src.secret_env else []) + list(src.secrets_env)
     if not names:
         r.fail(key, "set secret_env (or secrets_env for rotation)")
@@ -37,9 +38,8 @@ def resolve_webhook_source(name: str, src: WebhookSourceConfig,
             if value and not _standard_secret_ok(value):
                 r.fail(f"{key}.secret_env", f"environment variable {var}: not a "
                                             "Standard Webhooks secret ('whsec_' + base64)")
-    for i, rule in enumerate(src.rules):
-        if rule.policy not in policies:
-            r.fail(f"{key}.rules[{i}].policy", f"unknown policy {rule.policy!r}")
+    if r.found_since(mark):
+        return None
     return WebhookSource(name=name, config=src, secrets=secrets)
 
 

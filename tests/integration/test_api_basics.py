@@ -17,7 +17,9 @@ from tests.conftest import TOKEN_A, TOKEN_B, LiveServer, test_settings
 
 
 async def test_healthz_and_readyz(api: httpx.AsyncClient) -> None:
-    assert (await api.get("/healthz")).json() == {"status": "ok", "schema_revision": None}
+    """/healthz reports the schema revision read at start (it said null, always)."""
+    assert (await api.get("/healthz")).json() == {"status": "ok",
+                                                   "schema_revision": migrate.head_revision()}
     ready = await api.get("/readyz")
     assert ready.status_code == 200
     assert ready.json()["schema_revision"] == migrate.head_revision()
@@ -101,16 +103,22 @@ async def test_readyz_stays_ready_on_a_newer_schema(db_url: str) -> None:
     """During a rolling upgrade the new release migrates first; old pods must stay ready."""
     import asyncpg
 
-    conn = await asyncpg.connect(db_url)
-    try:
-        await conn.execute("UPDATE alembic_version SET version_num = '9999_from_the_future'")
-    finally:
-        await conn.close()
     async with LiveServer(test_settings(db_url), Policies.empty(), db_url) as live:
         async with httpx.AsyncClient(base_url=live.base_url) as client:
+            conn = await asyncpg.connect(db_url)
+            try:
+                await conn.execute(
+                    "UPDATE alembic_version SET version_num = '9999_from_the_future'")
+            finally:
+                await conn.close()
+            # /healthz never reads the database: the revision it saw at start, until a
+            # readiness check reads the new one
+            before = (await client.get("/healthz")).json()["schema_revision"]
             response = await client.get("/readyz")
+            after = (await client.get("/healthz")).json()["schema_revision"]
     assert response.status_code == 200
     assert response.json()["schema_revision"] == "9999_from_the_future"
+    assert (before, after) == (migrate.head_revision(), "9999_from_the_future")
 
 
 @pytest.mark.parametrize(("method", "path", "body", "problem"), [
