@@ -16,7 +16,7 @@ The placeholders are `tenant_id` (the tenant walked), `cursor` (the previous pag
 cursor; none on the first page), `cutoff` (the run's cutoff less `older_than`, ISO 8601 UTC
 to the second), `page` (the page size) and the policy's `policy` and `upstream`. They are
 substituted as values, as in a deletion call's template (service/config/request_templates.py):
-percent- encoded into one path segment or query value, JSON-encoded into a body, and a templated
+percent-encoded into one path segment or query value, JSON-encoded into a body, and a templated
 host is checked against the upstream's host_pattern. On the first page a body's
 `"{cursor}"` is null, and a query parameter whose value is exactly `{cursor}` is left out.
 
@@ -28,7 +28,6 @@ MAX_PAGES_PER_PASS pages before the publisher moves on, and bodies of `max_bytes
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Final, Literal
@@ -36,17 +35,15 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from service.config.answer_rules import MAX_BODY_BYTES, AnswerRule, parse_path
-from service.config.request_templates import (
-    BodyValue,
-    Origin,
+from service.config.body_templates import BodyPieces, BodyValue, body_value, compile_body, fill_body
+from service.config.origins import Origin, checked_host
+from service.config.placeholders import (
+    PLACEHOLDER,
     TemplateProblems,
-    body_value,
-    checked_host,
-    compile_body,
-    fill_body,
     format_string,
     parse_format,
     segment,
+    unknown_placeholders,
 )
 
 LIST_FIELDS: Final = ("tenant_id", "cursor", "cutoff", "page", "policy", "upstream")
@@ -57,7 +54,6 @@ MAX_CURSOR_CHARS: Final = 2048
 # a tenant named in the file: a shop domain, a store hash, an account id
 TenantName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,252}$")]
 JsonPath = Annotated[str, Field(min_length=1, max_length=500)]
-_PLACEHOLDER: Final = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 class ListSourceConfig(BaseModel):
@@ -136,7 +132,7 @@ class ListRequest:
     # (name=, value format, whether the value is exactly {cursor}: left out on the first page)
     query: tuple[tuple[str, str, bool], ...]
     host_format: str | None
-    body_pieces: tuple[Any, ...] | None = field(repr=False)
+    body_pieces: BodyPieces | None = field(repr=False)
     older_than: timedelta = timedelta(0)
 
     def cutoff(self, run_cutoff: datetime) -> datetime:
@@ -174,7 +170,6 @@ def compile_list_request(origin: Origin, source: ListSourceConfig, *, policy: st
     """The list call under its upstream's origin; TemplateProblems naming `path`, keys
     under `body`, or `tenants[i]` whose host the upstream refuses."""
     constants = {"policy": policy, "upstream": origin.upstream}
-    problems: list[tuple[str, str]] = []
     route, _, query_text = source.path.partition("?")
     try:
         route_pieces = parse_format(route)
@@ -184,19 +179,9 @@ def compile_list_request(origin: Origin, source: ListSourceConfig, *, policy: st
         raise TemplateProblems([("path", str(exc))]) from None
     names = {n for pieces in [route_pieces, *(p for _, p in query_pieces)] for _, n in pieces
              if n}
-    unknown = names - set(LIST_FIELDS)
-    if unknown:
-        problems.append(("path", f"unknown placeholder(s) {sorted(unknown)}; allowed: "
-                                 f"{sorted(LIST_FIELDS)}"))
-    query: list[tuple[str, str, bool]] = []
-    for pair, _ in query_pieces:
-        name, equals, value = pair.partition("=")
-        if _PLACEHOLDER.search(name) or not equals:
-            problems.append(("path", f"query parameter {pair!r}: write name=value, a "
-                                     "placeholder only in the value"))
-            continue
-        query.append((name + "=", format_string(parse_format(value), constants, segment),
-                      value == "{cursor}"))
+    problem = unknown_placeholders(names, LIST_FIELDS)
+    problems = [("path", problem)] if problem else []
+    query = _query(query_pieces, constants, problems)
     if source.method == "GET" and source.body is not None:
         problems.append(("body", "a GET list call sends no body: use method = \"POST\""))
     body_pieces = None
@@ -205,6 +190,41 @@ def compile_list_request(origin: Origin, source: ListSourceConfig, *, policy: st
             body_pieces = compile_body(source.body, constants, allowed=LIST_FIELDS)
         except TemplateProblems as exc:
             problems.extend(exc.problems)
+    problems += _origin_problems(origin)
+    if problems:
+        raise TemplateProblems(problems)
+    request = ListRequest(
+        upstream=origin.upstream, method=source.method, origin=origin,
+        path_format=format_string(origin.path_pieces + route_pieces, constants, segment),
+        query=query,
+        host_format=None if origin.host_pieces is None else format_string(
+            origin.host_pieces, constants, str.lower),
+        body_pieces=body_pieces, older_than=older_than)
+    problems = _tenant_problems(request, source.tenants)
+    if problems:
+        raise TemplateProblems(problems)
+    return request
+
+
+def _query(pairs: list[tuple[str, list[tuple[str, str | None]]]], constants: dict[str, str],
+           problems: list[tuple[str, str]]) -> tuple[tuple[str, str, bool], ...]:
+    """The query's (name=, value format, whether the value is exactly {cursor}) parameters;
+    a parameter that is not name=value, or names a placeholder, goes to `problems`."""
+    query = []
+    for pair, _ in pairs:
+        name, equals, value = pair.partition("=")
+        if PLACEHOLDER.search(name) or not equals:
+            problems.append(("path", f"query parameter {pair!r}: write name=value, a "
+                                     "placeholder only in the value"))
+            continue
+        query.append((name + "=", format_string(parse_format(value), constants, segment),
+                      value == "{cursor}"))
+    return tuple(query)
+
+
+def _origin_problems(origin: Origin) -> list[tuple[str, str]]:
+    """Why the upstream's base_url cannot serve a list call: it fills only {tenant_id}."""
+    problems = []
     host_names = {n for _, n in origin.host_pieces or [] if n}
     if host_names - {"tenant_id"}:
         problems.append(("upstream", f"a list call's host may hold only {{tenant_id}}; "
@@ -215,20 +235,15 @@ def compile_list_request(origin: Origin, source: ListSourceConfig, *, policy: st
         problems.append(("upstream", f"upstream {origin.upstream!r}'s base path holds "
                                      f"{sorted(path_names)}: a list call fills only "
                                      "{tenant_id}"))
-    if problems:
-        raise TemplateProblems(problems)
-    request = ListRequest(
-        upstream=origin.upstream, method=source.method, origin=origin,
-        path_format=format_string(origin.path_pieces + route_pieces, constants, segment),
-        query=tuple(query),
-        host_format=None if origin.host_pieces is None else format_string(
-            origin.host_pieces, constants, str.lower),
-        body_pieces=body_pieces, older_than=older_than)
-    for i, tenant in enumerate(source.tenants):
+    return problems
+
+
+def _tenant_problems(request: ListRequest, tenants: list[str]) -> list[tuple[str, str]]:
+    """The tenants (by index) whose host the upstream refuses."""
+    problems = []
+    for i, tenant in enumerate(tenants):
         try:
             request.host(tenant)
         except ValueError as exc:
             problems.append((f"tenants[{i}]", str(exc)))
-    if problems:
-        raise TemplateProblems(problems)
-    return request
+    return problems

@@ -25,9 +25,11 @@ from pydantic import (
 )
 
 from service.config import store_statements
-from service.config.answer_rules import DEFAULT_MAX_BYTES, MAX_BODY_BYTES, AnswerRule, parse_path
+from service.config.answer_rules import DEFAULT_MAX_BYTES, MAX_BODY_BYTES, AnswerRule
+from service.config.body_templates import body_value
 from service.config.list_sources import ListSourceConfig
-from service.config.request_templates import DOT_SEGMENTS, REQUEST_FIELDS, body_value
+from service.config.placeholders import DOT_SEGMENTS, REQUEST_FIELDS, template_fields
+from service.config.policy_tables import BackoffConfig, BatchConfig, ConfirmConfig, CostConfig
 
 SCOPE_FIELDS = frozenset({"tenant_id", "upstream", "policy"})
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
@@ -68,18 +70,6 @@ MAX_SCOPE_BYTES: Final = 512  # the schema's limit on a limiter scope's name
 # C0 and C1 control characters and DEL (the schema's CHECKs refuse the same), and unpaired
 # surrogates, which are no text PostgreSQL (or UTF-8) can hold: in an id, a scope's name
 UNSTORABLE: Final = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
-
-
-def template_fields(template: str) -> set[str]:
-    """The ``{name}`` placeholders of a str.format template (refuses positional ones)."""
-    names: set[str] = set()
-    for _, name, spec, conversion in string.Formatter().parse(template):
-        if name is None:
-            continue
-        if not name or spec or conversion:
-            raise ValueError(f"placeholder {{{name}}} must be a plain name like {{tenant_id}}")
-        names.add(name)
-    return names
 
 
 HeaderName = Annotated[str, Field(pattern=r"^[A-Za-z0-9-]{1,100}$")]
@@ -160,98 +150,6 @@ class RateConfig(_Strict):
     per_second: float = Field(ge=MIN_RATE_PER_SECOND, le=MAX_RATE_PER_SECOND)
     burst: int = Field(default=1, ge=1, le=100_000)
     unit: Literal["calls", "points", "rows"] = "calls"
-
-
-class CostConfig(_Strict):
-    """What a call costs in points: `requested` is taken before it runs; `actual` and
-    `available` are paths into the answer's JSON body (service/config/answer_rules.py): the actual
-    cost refunds the difference, the upstream's points left lower the shared bucket."""
-
-    requested: float = Field(gt=0, le=1_000_000)
-    actual: str | None = Field(default=None, min_length=1, max_length=500)
-    available: str | None = Field(default=None, min_length=1, max_length=500)
-
-    @field_validator("actual", "available")
-    @classmethod
-    def _path(cls, value: str | None) -> str | None:
-        if value is not None:
-            parse_path(value)
-        return value
-
-
-class BackoffConfig(_Strict):
-    """Exponential backoff with full jitter for transient failures and 429s without a date."""
-
-    base_seconds: float = Field(default=1.0, gt=0, le=3600)
-    max_seconds: float = Field(default=900.0, gt=0, le=86_400)
-
-
-MAX_OBJECTS_PER_CALL = 1000
-
-
-class BatchConfig(_Strict):
-    """Many objects of one scope per call: up to `max_objects`, named by {object_ids}.
-    `failed`, a path into the answer's JSON body, lists the ids of objects the call did not
-    delete (the others did); without it a call succeeds or fails as a whole."""
-
-    max_objects: int = Field(ge=2, le=MAX_OBJECTS_PER_CALL)
-    failed: str | None = Field(default=None, min_length=1, max_length=500)
-
-    @field_validator("failed")
-    @classmethod
-    def _path(cls, value: str | None) -> str | None:
-        if value is not None:
-            parse_path(value)
-        return value
-
-
-# A confirmation read's statuses that say the object is gone: a few client errors, never
-# one that means something else (401/403 credentials, 408 a timeout, 429 a throttle)
-MAX_ABSENT_STATUSES: Final = 8
-_NOT_ABSENT: Final = frozenset({401, 403, 408, 429})
-
-
-class ConfirmConfig(_Strict):
-    """A confirmation read (service/outcomes.py `classify_confirmation`): after a deletion
-    answered success, `method` `path` on the same upstream, with its headers and the
-    tenant's credential, must answer one of `absent` before the item is `succeeded`.
-    `share` of the policy's items are confirmed, chosen by their operation key."""
-
-    # GET only: our transport reads an answer's body by its length, which a HEAD's lacks
-    method: Literal["GET"] = "GET"
-    path: str
-    absent: list[int] = Field(default_factory=lambda: [404, 410], min_length=1,
-                              max_length=MAX_ABSENT_STATUSES)
-    share: float = Field(default=1.0, ge=0.0, le=1.0)
-
-    @field_validator("path")
-    @classmethod
-    def _path_template(cls, value: str) -> str:
-        if not value.startswith("/"):
-            raise ValueError("must start with '/'")
-        if "#" in value:
-            raise ValueError("must not contain '#' (a fragment is never sent)")
-        names = template_fields(value)
-        unknown = names - set(REQUEST_FIELDS)
-        if unknown:
-            raise ValueError(f"unknown placeholder(s) {sorted(unknown)}; allowed: "
-                             f"{sorted(REQUEST_FIELDS)}")
-        if "object_id" not in names:
-            raise ValueError("must contain {object_id}: the read is of the item's object")
-        if "object_ids" in names:
-            raise ValueError("{object_ids} is a batch's: a confirmation reads one object")
-        return value
-
-    @field_validator("absent")
-    @classmethod
-    def _absent(cls, value: list[int]) -> list[int]:
-        for status in value:
-            if not 400 <= status <= 499 or status in _NOT_ABSENT:
-                raise ValueError(f"{status} cannot mean absent: a client error (400-499) "
-                                 f"other than {sorted(_NOT_ABSENT)}, e.g. [404, 410]")
-        if len(set(value)) != len(value):
-            raise ValueError("a status is listed twice")
-        return value
 
 
 EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
+from service.config.body_templates import SAFE_FORM, code_problem, compile_body
+from service.config.placeholders import TemplateProblems
 from service.config.policies import resolve_policies
-from service.config.request_templates import SAFE_FORM, TemplateProblems, code_problem, compile_body
 from service.errors import ConfigError
 from tests.unit.test_request_templates import QUERY, send, shopify, shopify_doc
 

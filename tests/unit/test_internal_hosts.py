@@ -10,14 +10,11 @@ from typing import Any
 import httpx
 import pytest
 
+from service.config.hosts import host_name_problem, internal_host_problem
+from service.config.origins import compile_origin
+from service.config.placeholders import TemplateProblems
 from service.config.policies import Policies, resolve_policies
-from service.config.request_templates import (
-    TemplateProblems,
-    compile_origin,
-    compile_request,
-    host_name_problem,
-    internal_host_problem,
-)
+from service.config.request_templates import compile_request
 from service.errors import ConfigError
 from service.outcomes import Answer, Failure
 from tests.unit.test_request_templates import send

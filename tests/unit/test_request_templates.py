@@ -14,15 +14,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from service.config.body_templates import compile_body
+from service.config.hosts import HOSTILE_HOST_VALUES, host_name_problem
+from service.config.origins import compile_origin
+from service.config.placeholders import TemplateProblems
 from service.config.policies import Policies, resolve_policies
-from service.config.request_templates import (
-    HOSTILE_HOST_VALUES,
-    TemplateProblems,
-    compile_body,
-    compile_origin,
-    compile_request,
-    host_name_problem,
-)
+from service.config.request_templates import compile_request
 from service.outcomes import Answer, Failure
 from service.upstreams.deletion_api import USER_AGENT, Upstreams, UrlMaker
 from tests.unit.test_upstream import streamed
@@ -206,7 +203,7 @@ def test_dot_ids_make_no_path(tenant_id: str, object_id: str) -> None:
        host=st.none() | st.sampled_from(["acme.myshopify.com", "127.0.0.1", "a-b.c"]))
 def test_url_maker_with_queries_and_hosts_builds_what_httpx_parses(
         path: list[str], query: str | None, host: str | None) -> None:
-    from service.config.request_templates import segment
+    from service.config.placeholders import segment
     from service.upstreams.deletion_api import PROBE_HOST
 
     rendered = "/" + "/".join(segment(p) if p not in (".", "..", "") else "x" for p in path)

@@ -18,8 +18,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from service.config.origins import compile_origin
 from service.config.policies import Policies, resolve_policies
-from service.config.request_templates import compile_origin, compile_request
+from service.config.request_templates import compile_request
 from service.outcomes import Answer, Failure, Outcome, classify
 from service.upstreams.deletion_api import BODY_CAP_BYTES, USER_AGENT, Upstreams
 
