@@ -25,6 +25,7 @@ from datetime import datetime, timedelta
 
 from service.config.policies import Policy
 from service.ledger.claims import Admission, Completion, Lease
+from service.protocols.transport import SendGate
 from service.upstreams.deletion_api import CallResult
 from service.worker.ports import AdmissionPort, CallPort, Clock, CompletionPort, Ports
 
@@ -72,20 +73,23 @@ class CrashOnAnswer:
     inner: CallPort
     object_id: str
 
-    async def delete(self, policy: Policy, lease: Lease) -> CallResult:
-        result = await self.inner.delete(policy, lease)
+    async def delete(self, policy: Policy, lease: Lease, *, send_by: float | None,
+                     gate: SendGate | None) -> CallResult:
+        result = await self.inner.delete(policy, lease, send_by=send_by, gate=gate)
         if lease.object_id == self.object_id:
             _crash()
         return result
 
-    async def confirm(self, policy: Policy, lease: Lease) -> CallResult:
-        result = await self.inner.confirm(policy, lease)
+    async def confirm(self, policy: Policy, lease: Lease, *, send_by: float | None,
+                      gate: SendGate | None) -> CallResult:
+        result = await self.inner.confirm(policy, lease, send_by=send_by, gate=gate)
         if lease.object_id == self.object_id:
             _crash()
         return result
 
-    async def delete_batch(self, policy: Policy, leases: Sequence[Lease]) -> CallResult:
-        result = await self.inner.delete_batch(policy, leases)
+    async def delete_batch(self, policy: Policy, leases: Sequence[Lease], *,
+                           send_by: float | None, gate: SendGate | None) -> CallResult:
+        result = await self.inner.delete_batch(policy, leases, send_by=send_by, gate=gate)
         if any(lease.object_id == self.object_id for lease in leases):
             _crash()
         return result

@@ -44,7 +44,6 @@ import collections
 import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from contextvars import ContextVar
 from typing import Final, cast
 
 import httptools
@@ -52,20 +51,24 @@ import httpx
 
 from service.protocols.egress import Proxy, ProxyChoice, environment_proxy, open_connection
 
-__all__ = ["SEND_BY", "SEND_GATE", "TARGET", "Http1Transport", "SentTooLate", "Withheld"]
+__all__ = ["SEND_BY", "SEND_GATE", "TARGET", "Http1Transport", "SendGate", "SentTooLate",
+           "Withheld"]
 
-# The time.monotonic() moment after which the current task's request must not be written
-# at all. A worker spends a rate-limit token only until a tolerance after its moment
-# (service/worker/pool.py); taking a connection, or opening one, can outlast that.
-SEND_BY: ContextVar[float | None] = ContextVar("SEND_BY", default=None)
-
-# A request extension: its request-target as bytes (path and query), when its URL is its
-# origin's alone (service/upstreams/deletion_api.py's UrlMaker spares a parse of every call's URL).
+# The request extensions this transport reads besides httpx's "timeout". httpx carries a
+# request's extensions with it down to the transport (`request.extensions`), the way it
+# carries its timeouts: settings of one request, set by whoever builds it.
+#
+# TARGET: its request-target as bytes (path and query), when its URL is its origin's alone
+# (service/upstreams/deletion_api.py's UrlMaker spares a parse of every call's URL).
 TARGET: Final = "sweeper.target"
-
-# Asked in the same step that writes the current task's request, with nothing run between:
-# False withholds it (a legal hold took the call back: service/worker/hold_gate.py).
-SEND_GATE: ContextVar[Callable[[], bool] | None] = ContextVar("SEND_GATE", default=None)
+# SEND_BY: the time.monotonic() moment after which the request must not be written at all.
+# A worker spends a rate-limit token only until a tolerance after its moment
+# (service/worker/pool.py); taking a connection, or opening one, can outlast that.
+SEND_BY: Final = "sweeper.send_by"
+# SEND_GATE: a SendGate asked in the same step that writes the request, with nothing run
+# between: False withholds it (a legal hold took the call back: service/worker/hold_gate.py).
+SEND_GATE: Final = "sweeper.send_gate"
+SendGate = Callable[[], bool]
 
 # Under the 5 s idle timeout of uvicorn's and Node's servers: a connection is not reused in
 # the instant its upstream closes it.
@@ -342,7 +345,9 @@ class Http1Transport(httpx.AsyncBaseTransport):
         self._closed = False
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        timeouts = request.extensions.get("timeout", _NO_TIMEOUTS)
+        extensions = request.extensions
+        timeouts = extensions.get("timeout", _NO_TIMEOUTS)
+        send_by: float | None = extensions.get(SEND_BY)
         data = await _serialized(request)  # refused before any connection is taken
         url = request.url
         scheme = url.scheme
@@ -357,14 +362,13 @@ class Http1Transport(httpx.AsyncBaseTransport):
         reuse = self._keep_alive and not self._distrusting(key)
         if not reuse:  # one request per connection, and the upstream is told so
             data = _closing(data)
-        conn = (self._pooled(key) if reuse else None) or await self._opened(key, timeouts,
-                                                                            proxy)
+        conn = (self._pooled(key) if reuse else None) or await self._opened(
+            key, timeouts, proxy, send_by)
         read_timeout = timeouts.get("read")
-        send_by = SEND_BY.get()
         if send_by is not None and time.monotonic() > send_by:
             self._unused(conn)
             raise SentTooLate("the request's moment passed before it could be written")
-        gate = SEND_GATE.get()
+        gate: SendGate | None = extensions.get(SEND_GATE)
         if gate is not None and not gate():
             self._unused(conn)
             raise Withheld("the request was withheld just before it was written")
@@ -457,14 +461,13 @@ class Http1Transport(httpx.AsyncBaseTransport):
         return None
 
     async def _opened(self, key: _Key, timeouts: Mapping[str, float | None],
-                      proxy: Proxy | None) -> _Connection:
+                      proxy: Proxy | None, send_by: float | None) -> _Connection:
         """A new connection to `key` once the limit allows one, or an idle one freed while
         waiting for it."""
         if not self._may_open(key):
-            # a request that must be written by SEND_BY waits no longer than that: past it,
+            # a request that must be written by `send_by` waits no longer than that: past it,
             # a connection would only be taken to refuse the write
             wait, late = timeouts.get("pool"), False
-            send_by = SEND_BY.get()
             if send_by is not None:
                 left = max(0.0, send_by - time.monotonic())
                 if wait is None or left < wait:
@@ -485,7 +488,7 @@ class Http1Transport(httpx.AsyncBaseTransport):
         self._open += 1
         self._per_host[key] += 1
         try:
-            return await self._connect(key, timeouts.get("connect"), proxy)
+            return await self._connect(key, timeouts.get("connect"), proxy, send_by)
         except BaseException:
             self._open -= 1
             self._closed_one(key)
@@ -513,8 +516,8 @@ class Http1Transport(httpx.AsyncBaseTransport):
         else:
             self._wake_one()
 
-    async def _connect(self, key: _Key, within: float | None, proxy: Proxy | None
-                       ) -> _Connection:
+    async def _connect(self, key: _Key, within: float | None, proxy: Proxy | None,
+                       send_by: float | None) -> _Connection:
         scheme, host, port = key
         tls = self._ssl if scheme == "https" else None
         loop = asyncio.get_running_loop()
@@ -534,7 +537,6 @@ class Http1Transport(httpx.AsyncBaseTransport):
         # wait that long (bounded) before writing, then two turns of the loop so what
         # arrived is read (the first queues its callback). Only new connections pay it.
         wait = min(max(now - started, FRESH_WAIT_MIN_S), FRESH_WAIT_MAX_S)
-        send_by = SEND_BY.get()
         if send_by is not None:  # never at the cost of the request's own moment
             wait = min(wait, max(0.0, send_by - time.monotonic() - FRESH_WAIT_MIN_S))
         await asyncio.sleep(wait)

@@ -10,8 +10,8 @@ Transport errors are mapped here, once, to :class:`service.outcomes.Failure`:
     ├── ReadTimeout, overall deadline              -> TIMEOUT_AFTER_SEND
     ├── ReadError, RemoteProtocolError             -> RESET_AFTER_SEND
     ├── LocalProtocolError (a header with a CR/LF)  -> INVALID_REQUEST (not sent)
-    ├── SentTooLate (past transport.SEND_BY)        -> SENT_TOO_LATE (not sent)
-    ├── Withheld (transport.SEND_GATE said no)      -> WITHHELD (not sent)
+    ├── SentTooLate (past the call's send_by)       -> SENT_TOO_LATE (not sent)
+    ├── Withheld (the call's gate said no)          -> WITHHELD (not sent)
     │   (an answer without the upstream's echo_header value -> ECHO_MISMATCH, may be sent)
     └── other protocol errors                      -> PROTOCOL
 
@@ -42,7 +42,15 @@ from service.config.request_templates import RequestTemplate
 from service.observability.metrics import UPSTREAM_DISTRUSTED
 from service.outcomes import Answer, Classified, Failure
 from service.protocols.egress import AddressRefused
-from service.protocols.transport import TARGET, Http1Transport, SentTooLate, Withheld
+from service.protocols.transport import (
+    SEND_BY,
+    SEND_GATE,
+    TARGET,
+    Http1Transport,
+    SendGate,
+    SentTooLate,
+    Withheld,
+)
 
 BODY_CAP_BYTES: Final = 4096
 USER_AGENT: Final = "sweeper/0.1"
@@ -174,12 +182,14 @@ class UpstreamClient:
 
     async def delete(self, policy: Policy, *, tenant_id: str, object_id: str,
                      operation_key: str, object_version: str | None = None,
-                     credential: str | None = None, object_ids: Sequence[str] = ()
+                     credential: str | None = None, object_ids: Sequence[str] = (),
+                     send_by: float | None = None, gate: SendGate | None = None
                      ) -> CallResult:
         """One deletion call carrying the operation key as Idempotency-Key; the object's
         version is the one a conflict named, else the policy's initial one; `credential` is
         the tenant's, for an upstream whose headers use one; `object_ids` a batch's
-        objects, for a policy sending many per call."""
+        objects, for a policy sending many per call. Not written at all past `send_by`
+        (time.monotonic()) or when `gate()` says no at the write (SENT_TOO_LATE, WITHHELD)."""
         started = time.perf_counter()
         version = policy.config.initial_object_version if object_version is None \
             else object_version
@@ -187,12 +197,13 @@ class UpstreamClient:
             answer = Answer(failure=Failure.NO_CREDENTIAL)
         else:
             answer = await self._call(policy, tenant_id, object_id, operation_key, version,
-                                      credential, object_ids)
+                                      credential, object_ids,
+                                      self._extensions(send_by, gate))
         return CallResult(answer, (time.perf_counter() - started) * 1000)
 
     async def _call(self, policy: Policy, tenant_id: str, object_id: str,
                     operation_key: str, object_version: str, credential: str | None,
-                    object_ids: Sequence[str]) -> Answer:
+                    object_ids: Sequence[str], extensions: dict[str, object]) -> Answer:
         template = policy.request
         method = policy.config.method
         if template is None:  # a store target's policy: no HTTP call to make
@@ -207,10 +218,10 @@ class UpstreamClient:
                     self._with_credential(headers, credential)
                 url, target = self._urls.url(path, query=query)
                 request = httpx.Request(method, url, headers=headers, stream=_NO_BODY,
-                                        extensions=self._extensions(target))
+                                        extensions=_targeted(extensions, target))
             else:
                 request = self._request(template, method, tenant_id, object_id, path, query,
-                                        operation_key, object_version, object_ids)
+                                        operation_key, object_version, object_ids, extensions)
                 if credential is not None:
                     self._with_credential(request.headers, credential)
         except (ValueError, KeyError, httpx.InvalidURL):
@@ -221,13 +232,14 @@ class UpstreamClient:
                           rules.max_bytes, echo=echo)
 
     async def confirm(self, policy: Policy, *, tenant_id: str, object_id: str,
-                      object_version: str | None = None, credential: str | None = None
+                      object_version: str | None = None, credential: str | None = None,
+                      send_by: float | None = None, gate: SendGate | None = None
                       ) -> CallResult:
         """The policy's confirmation read of one object (its `confirm`): a GET of its path
         with the upstream's headers and the tenant's credential, no Idempotency-Key (it
         changes nothing), the body drained unread. With the upstream's echo_header, an
         answer that could confirm or refute (an `absent` status, a 2xx) counts only with
-        this request's value echoed."""
+        this request's value echoed. `send_by` and `gate` as for `delete`."""
         started = time.perf_counter()
         template, confirm = policy.confirm_request, policy.config.confirm
         if template is None or confirm is None:
@@ -237,12 +249,13 @@ class UpstreamClient:
         else:
             answer = await self._read(template, confirm.method, tenant_id, object_id,
                                       object_version or policy.config.initial_object_version,
-                                      credential, frozenset(confirm.absent))
+                                      credential, frozenset(confirm.absent),
+                                      self._extensions(send_by, gate))
         return CallResult(answer, (time.perf_counter() - started) * 1000)
 
     async def _read(self, template: RequestTemplate, method: str, tenant_id: str,
                     object_id: str, object_version: str, credential: str | None,
-                    absent: frozenset[int]) -> Answer:
+                    absent: frozenset[int], extensions: dict[str, object]) -> Answer:
         try:
             path, query = template.target(tenant_id, object_id, object_version)
             host = None if template.host_format is None else template.host(tenant_id,
@@ -259,7 +272,7 @@ class UpstreamClient:
             if credential is not None:
                 self._with_credential(headers, credential)
             request = httpx.Request(method, url, headers=headers, stream=_NO_BODY,
-                                    extensions=self._extensions(target))
+                                    extensions=_targeted(extensions, target))
         except (ValueError, KeyError, httpx.InvalidURL):
             return Answer(failure=Failure.INVALID_REQUEST)
         echo = self._echoed(request)
@@ -290,7 +303,7 @@ class UpstreamClient:
     def _request(self, template: RequestTemplate, method: str, tenant_id: str, object_id: str,
                  path: str,
                  query: str | None, operation_key: str, object_version: str,
-                 object_ids: Sequence[str] = ()) -> httpx.Request:
+                 object_ids: Sequence[str], extensions: dict[str, object]) -> httpx.Request:
         """A call with a templated host or a JSON body: the headers httpx.Request would build
         (Host, the body's Content-Type and Content-Length), prepared once per method as for
         the common call. ValueError for a host the upstream refuses: checked here again, on
@@ -309,7 +322,7 @@ class UpstreamClient:
         headers["Idempotency-Key"] = operation_key
         return httpx.Request(method, url, headers=headers,
                              stream=_NO_BODY if body is None else httpx.ByteStream(body),
-                             extensions=self._extensions(target))
+                             extensions=_targeted(extensions, target))
 
     def _echoed(self, request: httpx.Request) -> tuple[str, str] | None:
         """For an upstream with an echo_header: a fresh value in it, and (header, value) for
@@ -320,12 +333,15 @@ class UpstreamClient:
         request.headers[self._echo] = value
         return self._echo, value
 
-    def _extensions(self, target: bytes | None) -> dict[str, object]:
-        """A request's extensions: its timeouts, and its target where the URL is its
-        origin's (UrlMaker)."""
-        if target is None:
-            return {"timeout": self._timeouts}
-        return {"timeout": self._timeouts, TARGET: target}
+    def _extensions(self, send_by: float | None, gate: SendGate | None) -> dict[str, object]:
+        """A call's request extensions (what the transport reads of it besides the request
+        itself): its timeouts, and the moment and the gate its write must pass."""
+        extensions: dict[str, object] = {"timeout": self._timeouts}
+        if send_by is not None:
+            extensions[SEND_BY] = send_by
+        if gate is not None:
+            extensions[SEND_GATE] = gate
+        return extensions
 
     def _with_credential(self, headers: httpx.Headers, credential: str) -> None:
         """The tenant's credential in its headers. httpx refuses a value it cannot send
@@ -373,6 +389,14 @@ _LENGTH_REQUIRED: Final = frozenset({"POST", "PUT", "PATCH"})
 # with an echo header, these count only with the request's own value echoed.
 _SUCCESS_STATUSES: Final = frozenset(range(200, 300))
 _DELETING_STATUSES: Final = _SUCCESS_STATUSES | {404, 410}
+
+
+def _targeted(extensions: dict[str, object], target: bytes | None) -> dict[str, object]:
+    """A call's extensions with its request-target, where its URL is its origin's
+    (UrlMaker); the dict is the call's own."""
+    if target is not None:
+        extensions[TARGET] = target
+    return extensions
 
 
 def _no_body(status: int) -> bool:

@@ -49,7 +49,6 @@ from service.outcomes import (
     classify_confirmation,
     plan,
 )
-from service.protocols.transport import SEND_BY, SEND_GATE
 from service.upstreams.deletion_api import CallResult
 from service.worker.flush_buffer import FlushBuffer
 from service.worker.hold_gate import HoldGate
@@ -352,13 +351,8 @@ class WorkerPool:
                     reason_override = None
                     # lateness counts until the request is written: taking or opening a
                     # connection can outlast the tolerance (service/protocols/transport.py)
-                    send_by = SEND_BY.set(give_up if give_up < math.inf else None)
-                    send_gate = SEND_GATE.set(self._gate.gate(call, clock.monotonic))
-                    try:
-                        result = await self._call(policy, call)
-                    finally:
-                        SEND_GATE.reset(send_gate)
-                        SEND_BY.reset(send_by)
+                    result = await self._call(policy, call,
+                                              give_up if give_up < math.inf else None)
                     if result.answer.failure is Failure.SENT_TOO_LATE:
                         self._not_made(call, LeaseReturn.LATE_START, round_no)
                         return
@@ -387,14 +381,18 @@ class WorkerPool:
             self._calls.started_late(round_no)
         self._unstarted.add([(call, reason)])
 
-    async def _call(self, policy: Policy, call: Call) -> CallResult:
+    async def _call(self, policy: Policy, call: Call, send_by: float | None) -> CallResult:
+        """Make the call, written by `send_by` and only through the hold gate
+        (hold_gate.py), both checked by the transport at the write."""
         lease = call[0]
+        calls = self.ports.calls
+        gate = self._gate.gate(call, self._clock.monotonic)
         try:
             if _reads(policy, call):
-                return await self.ports.calls.confirm(policy, lease)
-            return await (self.ports.calls.delete(policy, lease) if len(call) == 1
-                          and policy.per_call == 1 and policy.config.target is None
-                          else self.ports.calls.delete_batch(policy, call))
+                return await calls.confirm(policy, lease, send_by=send_by, gate=gate)
+            if len(call) == 1 and policy.per_call == 1 and policy.config.target is None:
+                return await calls.delete(policy, lease, send_by=send_by, gate=gate)
+            return await calls.delete_batch(policy, call, send_by=send_by, gate=gate)
         except Exception as exc:
             # A bug or an unforeseen client error must still end in an outcome; the request
             # may have been sent, so it is `unknown` (the same key next time).

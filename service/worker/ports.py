@@ -23,6 +23,7 @@ from service.budget.limiter import Closure
 from service.config.policies import Policy
 from service.ledger.claims import Admission, Completion, Lease
 from service.outcomes import Answer, Failure
+from service.protocols.transport import SendGate
 from service.sweeps.store_targets import StoreTargets
 from service.upstreams.deletion_api import CallResult, Upstreams
 from service.worker.hold_gate import HoldCover
@@ -79,15 +80,21 @@ class ScopeSignalPort(Protocol):
 
 
 class CallPort(Protocol):
-    """The upstream deletion call of one lease, and the read confirming it."""
+    """The upstream deletion call of one lease, and the read confirming it. Each is made
+    only if its request can be written by `send_by` (time.monotonic(); None: no limit) and
+    `gate()` says yes in the step that writes it (None: no gate); otherwise it is not made
+    at all and answers SENT_TOO_LATE or WITHHELD."""
 
-    async def delete(self, policy: Policy, lease: Lease) -> CallResult: ...
+    async def delete(self, policy: Policy, lease: Lease, *, send_by: float | None,
+                     gate: SendGate | None) -> CallResult: ...
 
-    async def confirm(self, policy: Policy, lease: Lease) -> CallResult:
+    async def confirm(self, policy: Policy, lease: Lease, *, send_by: float | None,
+                      gate: SendGate | None) -> CallResult:
         """The policy's confirmation read of the lease's object (its `confirm`)."""
         ...
 
-    async def delete_batch(self, policy: Policy, leases: Sequence[Lease]) -> CallResult:
+    async def delete_batch(self, policy: Policy, leases: Sequence[Lease], *,
+                           send_by: float | None, gate: SendGate | None) -> CallResult:
         """One call deleting every lease's object (a batch policy's, one scope's)."""
         ...
 
@@ -165,31 +172,38 @@ class UpstreamCalls:
         self.credentials = credentials or Credentials({})
         self.targets = targets  # the policies with a store target: a statement, not a call
 
-    async def delete(self, policy: Policy, lease: Lease) -> CallResult:
+    async def delete(self, policy: Policy, lease: Lease, *, send_by: float | None = None,
+                     gate: SendGate | None = None) -> CallResult:
         if policy.config.target is not None:
-            return await self.delete_batch(policy, [lease])
+            return await self.delete_batch(policy, [lease], send_by=send_by, gate=gate)
         found = await self._credential(policy, lease)
         if isinstance(found, CallResult):
             return found
         return await self.upstreams.for_policy(policy).delete(
             policy, tenant_id=lease.tenant_id, object_id=lease.object_id,
             operation_key=lease.operation_key, object_version=lease.object_version,
-            credential=found)
+            credential=found, send_by=send_by, gate=gate)
 
-    async def confirm(self, policy: Policy, lease: Lease) -> CallResult:
+    async def confirm(self, policy: Policy, lease: Lease, *, send_by: float | None = None,
+                      gate: SendGate | None = None) -> CallResult:
         found = await self._credential(policy, lease)
         if isinstance(found, CallResult):
             return found
         return await self.upstreams.for_policy(policy).confirm(
             policy, tenant_id=lease.tenant_id, object_id=lease.object_id,
-            object_version=lease.object_version, credential=found)
+            object_version=lease.object_version, credential=found, send_by=send_by,
+            gate=gate)
 
-    async def delete_batch(self, policy: Policy, leases: Sequence[Lease]) -> CallResult:
+    async def delete_batch(self, policy: Policy, leases: Sequence[Lease], *,
+                           send_by: float | None = None, gate: SendGate | None = None
+                           ) -> CallResult:
         if policy.config.target is not None:
             if self.targets is None:  # a process wired without its stores: a bug
                 raise RuntimeError(f"policy {policy.name!r} has a store target and this "
                                    "process has no stores")
-            return await self.targets.delete(policy, leases)
+            # a statement, not a request: the gate alone applies (as an HTTP call's, right
+            # before it is sent); its lateness was checked when the call started
+            return await self.targets.delete(policy, leases, gate=gate)
         first = leases[0]
         found = await self._credential(policy, first)
         if isinstance(found, CallResult):
@@ -197,7 +211,7 @@ class UpstreamCalls:
         return await self.upstreams.for_policy(policy).delete(
             policy, tenant_id=first.tenant_id, object_id="",
             operation_key=batch_key(policy, leases), credential=found,
-            object_ids=[lease.object_id for lease in leases])
+            object_ids=[lease.object_id for lease in leases], send_by=send_by, gate=gate)
 
     async def _credential(self, policy: Policy, lease: Lease) -> str | CallResult | None:
         """The tenant's credential (None: the upstream takes none, or it has none), or the

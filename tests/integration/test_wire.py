@@ -195,12 +195,10 @@ async def test_a_connection_not_used_keeps_its_keep_alive_clock(
         assert (await answer_to(transport, wire.url)).status == 204
         loop = asyncio.get_running_loop()
         used_at = loop.time()
-        token = SEND_BY.set(0.0)  # long past: taken, then not written
-        try:
-            assert await answer_to(transport, wire.url) == Answer(
-                failure=Failure.SENT_TOO_LATE)
-        finally:
-            SEND_BY.reset(token)
+        late = request(wire.url)
+        late.extensions[SEND_BY] = 0.0  # long past: taken, then not written
+        assert await send(transport, late, 3.0, lambda status: True, 1 << 20) == Answer(
+            failure=Failure.SENT_TOO_LATE)
         await asyncio.sleep(max(0.0, used_at + 0.35 - loop.time()))
         assert (await answer_to(transport, wire.url)).status == 204
     await transport.aclose()
