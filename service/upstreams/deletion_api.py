@@ -462,8 +462,6 @@ async def _drain_capped(response: httpx.Response) -> None:
     """Read at most BODY_CAP_BYTES of the body so the connection can be reused, no more.
     The transport's stream is read directly (aiter_raw's chunker and byte counting cost
     more than the reading); closing the response afterwards releases the connection."""
-    if response.is_stream_consumed:  # an in-memory response (tests, the demo store)
-        return
     stream = response.stream
     if not isinstance(stream, httpx.AsyncByteStream):
         raise RuntimeError("an async transport answered with a sync stream")
@@ -483,8 +481,6 @@ def _identity(response: httpx.Response) -> bool:
 async def _read_capped(response: httpx.Response, cap: int) -> bytes | None:
     """The whole body when it is at most `cap` bytes, else None: a body is never read in
     part, so no rule ever sees half a document."""
-    if response.is_stream_consumed:  # an in-memory response (tests, the demo store)
-        return response.content if len(response.content) <= cap else None
     stream = response.stream
     if not isinstance(stream, httpx.AsyncByteStream):
         raise RuntimeError("an async transport answered with a sync stream")

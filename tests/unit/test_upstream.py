@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from service.config.policies import Policies, resolve_policies
 from service.config.request_templates import compile_origin, compile_request
 from service.outcomes import Answer, Failure, Outcome, classify
-from service.upstreams.deletion_api import BODY_CAP_BYTES, USER_AGENT, Upstreams
+from service.upstreams.deletion_api import BODY_CAP_BYTES, USER_AGENT, Upstreams, send
 
 TEMPLATE = "/tenants/{tenant_id}/carts/{object_id}"
 KEY = "ab" * 32
@@ -58,8 +58,7 @@ def _now() -> datetime:
 
 
 def streamed(status: int, *, headers: Any = None, body: bytes = b"") -> httpx.Response:
-    """A response whose body is a stream, as from a real transport. (httpx.Response built
-    with bytes is already read, and the client's capped drain refuses a consumed stream.)"""
+    """A response whose body is a stream, as from a real transport."""
     async def chunks() -> AsyncIterator[bytes]:
         if body:
             yield body
@@ -331,6 +330,21 @@ async def test_a_failure_mid_body_is_after_send(exc: httpx.TransportError,
 
 
 # -- the body cap and the overall deadline -------------------------------------------------
+
+@pytest.mark.parametrize(("wanted", "cap", "body"), [
+    (True, 16, b'{"ok": true}'),  # read whole
+    (True, 4, None),  # over its cap: never read in part
+    (False, 16, None),  # drained unread
+])
+async def test_a_response_already_in_memory_is_read_as_a_streamed_one(
+        wanted: bool, cap: int, body: bytes | None) -> None:
+    """httpx.Response(content=bytes) is read when it is built; the client reads its stream
+    again like any other (no path of its own for in-memory answers)."""
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, content=b'{"ok": true}'))
+    request = httpx.Request("DELETE", "http://shop.example/carts/1")
+    answer = await send(transport, request, 1.0, lambda status: wanted, cap)
+    assert answer == Answer(status=200, body=body)
+
 
 @pytest.mark.parametrize("chunk", [1, 512, 1024, 4095, 4096])
 async def test_a_huge_body_is_not_read_past_the_cap(chunk: int) -> None:
