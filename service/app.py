@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TypedDict
 
-import httpx
 from fastapi import Depends, FastAPI
 from sqlalchemy.engine import URL
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -172,7 +171,6 @@ def create_app(
     database_url: URL,
     *,
     run_workers: bool = True,
-    upstream_transport: httpx.AsyncBaseTransport | None = None,
 ) -> FastAPI:
     """Build the application; nothing connects until the lifespan starts."""
 
@@ -195,7 +193,7 @@ def create_app(
         tasks = list(loops)
         pool = upstreams = None
         if run_workers and settings.workers > 0:
-            upstreams = Upstreams(policies.upstreams, upstream_transport)
+            upstreams = Upstreams(policies.upstreams)
             pool = database_pool(engine, policies, upstreams, concurrency=settings.workers,
                                  listen_url=plain_url(database_url),
                                  grace_seconds=settings.shutdown_grace_seconds,
