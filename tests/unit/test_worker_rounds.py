@@ -28,8 +28,8 @@ from service.outcomes import Answer, Failure
 from service.protocols.transport import SendGate
 from service.upstreams.deletion_api import CallResult
 from service.worker import Ports, WorkerPool
+from service.worker.local_ports import NoHolds, NoWakeups
 from service.worker.pacing import CallLimit
-from service.worker.ports import NoWakeups
 from tests.conftest import policies_from
 
 START = datetime(2026, 6, 1, tzinfo=UTC)
@@ -234,7 +234,7 @@ def rig(concurrency: int = 8, policies: Policies | None = None, grace_seconds: f
     memory = MemoryLedger(clock, **ledger)  # type: ignore[arg-type]
     calls = ScriptedCalls(clock)
     ports = Ports(admission=memory, completion=memory, signals=memory, calls=calls,
-                  clock=clock, wakeups=NoWakeups(), hold=nothing_held)
+                  clock=clock, wakeups=NoWakeups(), hold=nothing_held, holds=NoHolds())
     pool = WorkerPool(ports, policies or make_policies(), concurrency=concurrency,
                       name="unit-worker", grace_seconds=grace_seconds)
     return Rig(clock, memory, calls, pool)
