@@ -1,19 +1,9 @@
 """The HTTP client of an upstream deletion API: one connection pool per upstream, driven
 through httpx's transport interface (service/protocols/transport.py).
 
-Transport errors are mapped here, once, to :class:`service.outcomes.Failure`:
-
-    httpx.TransportError
-    ├── AddressRefused (service/protocols/egress.py)        -> PRIVATE_ADDRESS (never connected)
-    ├── ConnectError, ConnectTimeout, PoolTimeout  -> CONNECT / TIMEOUT_BEFORE_SEND (not sent)
-    ├── WriteTimeout, WriteError                   -> TIMEOUT_AFTER_SEND (may have been read)
-    ├── ReadTimeout, overall deadline              -> TIMEOUT_AFTER_SEND
-    ├── ReadError, RemoteProtocolError             -> RESET_AFTER_SEND
-    ├── LocalProtocolError (a header with a CR/LF)  -> INVALID_REQUEST (not sent)
-    ├── SentTooLate (past the call's send_by)       -> SENT_TOO_LATE (not sent)
-    ├── Withheld (the call's gate said no)          -> WITHHELD (not sent)
-    │   (an answer without the upstream's echo_header value -> ECHO_MISMATCH, may be sent)
-    └── other protocol errors                      -> PROTOCOL
+Each call is one exchange (service/upstreams/exchange.py: the overall deadline, the answer
+read, every transport error mapped once to a Failure). Its URL comes from `UrlMaker`
+(service/upstreams/request_urls.py).
 
 What a call sends is the policy's compiled request template (service/config/request_templates.py):
 ids are percent-encoded into their own path segment or query value, so `/`, `..`, `?`, `#` or
@@ -25,15 +15,12 @@ them (service/config/answer_rules.py): then whole, up to the policy's answer_max
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import re
 import time
 import uuid
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
-from urllib.parse import urlsplit
 
 import httpx
 
@@ -41,91 +28,12 @@ from service.config.policies import Policy, Upstream
 from service.config.request_templates import RequestTemplate
 from service.observability.metrics import UPSTREAM_DISTRUSTED
 from service.outcomes import Answer, Classified, Failure
-from service.protocols.egress import AddressRefused
-from service.protocols.transport import (
-    SEND_BY,
-    SEND_GATE,
-    TARGET,
-    Http1Transport,
-    SendGate,
-    SentTooLate,
-    Withheld,
-)
+from service.protocols.transport import SEND_BY, SEND_GATE, TARGET, Http1Transport, SendGate
+from service.upstreams.exchange import SUCCESS_STATUSES, send
+from service.upstreams.request_urls import PROBE_HOST, UrlMaker
 
-BODY_CAP_BYTES: Final = 4096
 USER_AGENT: Final = "sweeper/0.1"
 JSON_CONTENT_TYPE: Final = "application/json"
-
-
-PROBE_HOST: Final = "sweeper-host.invalid"  # stands for a templated host until a call fills it
-
-
-# A path httpx would take exactly as it is: ASCII path characters and valid percent escapes
-# (no `?`, `#`, spaces or unicode to encode), and no dot segment to normalise away. A query
-# likewise (`?` and `/` are plain there).
-_PLAIN_PATH: Final = re.compile(r"(?:[A-Za-z0-9\-._~!$&'()*+,;=:@/]|%[0-9A-Fa-f]{2})*")
-_PLAIN_QUERY: Final = re.compile(r"(?:[A-Za-z0-9\-._~!$&'()*+,;=:@/?]|%[0-9A-Fa-f]{2})*")
-_PROBES: Final = (("/probe/a%2Fb/c-d_e~f", None), ("/probe/x", "a=b%26c&d=%3D/?e"))
-ORIGINS_KEPT: Final = 4096  # parsed origins (one per templated host) kept for reuse
-
-
-class UrlMaker:
-    """Request URLs under one base URL: the base with a rendered path and query (already
-    percent-encoded: service/config/request_templates.py) and, for a templated upstream, a checked
-    host in place of PROBE_HOST. Each URL is text httpx.URL parses, through its public
-    constructor only (tests/unit/test_private_api.py keeps it so).
-
-    `target` (for our own transport, which reads the request's target from the
-    TARGET extension): a plain path and query are not parsed at all; the request carries
-    its origin's URL, parsed once per host, and the target as bytes. That a plain path
-    goes on the wire exactly as httpx would put it is checked at construction on probes;
-    anything else takes the ordinary parse."""
-
-    def __init__(self, base_url: str, *, target: bool = False) -> None:
-        self._base_url = base_url
-        self._base_path = urlsplit(base_url).path
-        before, found, after = base_url.partition(PROBE_HOST)
-        self._host_slot = (before, after) if found else None
-        self._origins: dict[str | None, httpx.URL] = {}
-        self._target = target and all(
-            self._target_of(path, query)
-            == httpx.URL(self._full(path, query, "probe.example" if found else None)).raw_path
-            for path, query in _PROBES)
-
-    @property
-    def fixed_host(self) -> bool:
-        return self._host_slot is None
-
-    def _base(self, host: str | None) -> str:
-        if host is None:
-            return self._base_url
-        if self._host_slot is None:
-            raise ValueError("this base URL has a fixed host")
-        return self._host_slot[0] + host + self._host_slot[1]
-
-    def _full(self, path: str, query: str | None, host: str | None) -> str:
-        base = self._base(host)
-        return base + path if query is None else f"{base}{path}?{query}"
-
-    def _target_of(self, path: str, query: str | None) -> bytes:
-        target = self._base_path + path
-        return (target if query is None else f"{target}?{query}").encode("ascii")
-
-    def url(self, path: str, *, query: str | None = None, host: str | None = None
-            ) -> tuple[httpx.URL, bytes | None]:
-        """The URL of `path` and `query` (already rendered and percent-encoded; None: no
-        query) under the base URL, with `host` (a checked host name) in place of its own;
-        and the request target as bytes where the transport takes it so (then the URL is
-        the origin's: the target is the rest)."""
-        if self._target and _PLAIN_PATH.fullmatch(path) and "/." not in path and (
-                query is None or _PLAIN_QUERY.fullmatch(query)):
-            origin = self._origins.get(host)
-            if origin is None:
-                if len(self._origins) >= ORIGINS_KEPT:
-                    self._origins.clear()
-                origin = self._origins[host] = httpx.URL(self._base(host))
-            return origin, self._target_of(path, query)
-        return httpx.URL(self._full(path, query, host)), None
 
 
 @dataclass(frozen=True)
@@ -277,7 +185,7 @@ class UpstreamClient:
             return Answer(failure=Failure.INVALID_REQUEST)
         echo = self._echoed(request)
         return await send(self._transport, request, self.deadline_seconds, _no_body, 0,
-                          echo=echo, echoed=absent | _SUCCESS_STATUSES)
+                          echo=echo, echoed=absent | SUCCESS_STATUSES)
 
     async def read_page(self, method: str, url: str, body: bytes | None, *,
                     credential: str | None, wants_body: Callable[[int], bool], cap: int
@@ -385,12 +293,6 @@ _NO_BODY: Final = httpx.ByteStream(b"")  # immutable: one instance serves every 
 _LENGTH_REQUIRED: Final = frozenset({"POST", "PUT", "PATCH"})
 
 
-# The statuses that can record a deletion (2xx; 404 and 410 where absent means deleted):
-# with an echo header, these count only with the request's own value echoed.
-_SUCCESS_STATUSES: Final = frozenset(range(200, 300))
-_DELETING_STATUSES: Final = _SUCCESS_STATUSES | {404, 410}
-
-
 def _targeted(extensions: dict[str, object], target: bytes | None) -> dict[str, object]:
     """A call's extensions with its request-target, where its URL is its origin's
     (UrlMaker); the dict is the call's own."""
@@ -402,96 +304,6 @@ def _targeted(extensions: dict[str, object], target: bytes | None) -> dict[str, 
 def _no_body(status: int) -> bool:
     """A read's `wants_body`: no body is read, whatever the status."""
     return False
-
-
-async def send(transport: httpx.AsyncBaseTransport, request: httpx.Request,
-               deadline_seconds: float, wants_body: Callable[[int], bool], cap: int, *,
-               echo: tuple[str, str] | None = None,
-               echoed: Collection[int] = _DELETING_STATUSES) -> Answer:
-    """Send `request` within an overall deadline: the answer's status and rate-limit
-    headers, its body (up to `cap` bytes, never a part) where `wants_body(status)`, or how
-    the call failed (the mapping in this module's docstring). With `echo` (a header and the
-    value this request sent in it), an answer with a status in `echoed` (one that could
-    record a deletion) without that value is ECHO_MISMATCH: it may be another request's."""
-    body: bytes | None = None
-    try:
-        async with asyncio.timeout(deadline_seconds):
-            response = await transport.handle_async_request(request)
-            try:
-                if wants_body(response.status_code) and _identity(response):
-                    body = await _read_capped(response, cap)
-                else:
-                    await _drain_capped(response)
-            finally:
-                await response.aclose()
-    except TimeoutError:
-        return Answer(failure=Failure.TIMEOUT_AFTER_SEND)
-    except AddressRefused as exc:
-        return Answer(failure=Failure.PRIVATE_ADDRESS, detail=str(exc).split(",", 1)[0])
-    except httpx.ConnectError:
-        return Answer(failure=Failure.CONNECT)
-    except (httpx.ConnectTimeout, httpx.PoolTimeout):
-        return Answer(failure=Failure.TIMEOUT_BEFORE_SEND)
-    except (httpx.WriteTimeout, httpx.WriteError, httpx.ReadTimeout):
-        return Answer(failure=Failure.TIMEOUT_AFTER_SEND)
-    except (httpx.ReadError, httpx.RemoteProtocolError):
-        return Answer(failure=Failure.RESET_AFTER_SEND)
-    except httpx.LocalProtocolError:
-        return Answer(failure=Failure.INVALID_REQUEST)
-    except SentTooLate:
-        return Answer(failure=Failure.SENT_TOO_LATE)
-    except Withheld:
-        return Answer(failure=Failure.WITHHELD)
-    except httpx.TransportError:
-        return Answer(failure=Failure.PROTOCOL)
-    if echo is not None and response.status_code in echoed \
-            and response.headers.get(echo[0]) != echo[1]:
-        if isinstance(transport, Http1Transport):
-            transport.distrust(request.url, "echo_mismatch")
-        return Answer(failure=Failure.ECHO_MISMATCH)
-    # RateLimit, X-RateLimit-* and BigCommerce's X-Rate-Limit-* (outcomes.exhausted_for)
-    limits = {k: v for k, v in response.headers.items()
-              if "ratelimit" in k or k.startswith("x-rate-limit-")}
-    return Answer(status=response.status_code, retry_after=response.headers.get("retry-after"),
-                  rate_limits=limits or None, body=body,
-                  location=response.headers.get("location")
-                  if 300 <= response.status_code < 400 else None)
-
-
-async def _drain_capped(response: httpx.Response) -> None:
-    """Read at most BODY_CAP_BYTES of the body so the connection can be reused, no more.
-    The transport's stream is read directly (aiter_raw's chunker and byte counting cost
-    more than the reading); closing the response afterwards releases the connection."""
-    stream = response.stream
-    if not isinstance(stream, httpx.AsyncByteStream):
-        raise RuntimeError("an async transport answered with a sync stream")
-    seen = 0
-    async for chunk in stream:
-        seen += len(chunk)
-        if seen >= BODY_CAP_BYTES:
-            break
-
-
-def _identity(response: httpx.Response) -> bool:
-    """The body is sent as is (no Accept-Encoding is sent, so an upstream should not
-    compress it; a compressed one is not read: rules on its body do not match)."""
-    return response.headers.get("content-encoding", "identity").lower() in ("identity", "")
-
-
-async def _read_capped(response: httpx.Response, cap: int) -> bytes | None:
-    """The whole body when it is at most `cap` bytes, else None: a body is never read in
-    part, so no rule ever sees half a document."""
-    stream = response.stream
-    if not isinstance(stream, httpx.AsyncByteStream):
-        raise RuntimeError("an async transport answered with a sync stream")
-    chunks: list[bytes] = []
-    seen = 0
-    async for chunk in stream:
-        seen += len(chunk)
-        if seen > cap:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 class Upstreams:

@@ -30,7 +30,8 @@ from drills.upstream import FakeUpstream, Fault
 from service.config.policies import Policies, resolve_policies
 from service.outcomes import Answer, Failure
 from service.protocols.transport import SEND_BY, SEND_GATE, Http1Transport
-from service.upstreams.deletion_api import CallResult, Upstreams, send
+from service.upstreams.deletion_api import CallResult, Upstreams
+from service.upstreams.exchange import send
 
 KEY = "op-key-0123456789"
 
@@ -234,7 +235,7 @@ def everything(status: int) -> bool:
 
 
 async def answer_to(transport: Http1Transport, url: str, **headers: str) -> Answer:
-    """One call as service/upstreams/deletion_api.py makes it, reading the whole body."""
+    """One call as service/upstreams/exchange.py makes it, reading the whole body."""
     return await send(transport, request(url, **headers), 2.0, everything, 1 << 20)
 
 

@@ -20,7 +20,8 @@ import uvloop
 from service.outcomes import Answer, Failure, Outcome, classify
 from service.protocols import transport as transport_module
 from service.protocols.transport import SEND_BY, Http1Transport
-from service.upstreams.deletion_api import UpstreamClient, send
+from service.upstreams.deletion_api import UpstreamClient
+from service.upstreams.exchange import send
 from tests.conftest import policies_from
 
 NO_CONTENT = b"HTTP/1.1 204 No Content\r\n\r\n"
@@ -94,7 +95,7 @@ def request(url: str, **headers: str) -> httpx.Request:
 
 
 async def answer_to(transport: Http1Transport, url: str) -> Answer:
-    """One call as service/upstreams/deletion_api.py makes it, reading the whole body."""
+    """One call as service/upstreams/exchange.py makes it, reading the whole body."""
     return await send(transport, request(url), 3.0, lambda status: True, 1 << 20)
 
 
