@@ -25,10 +25,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-import service.protocols.transport as transport_module
 from drills.upstream import FakeUpstream, Fault
 from service.config.policies import Policies, resolve_policies
 from service.outcomes import Answer, Failure
+from service.protocols import http1_connection
 from service.protocols.transport import SEND_BY, SEND_GATE, Http1Transport
 from service.upstreams.deletion_api import CallResult, Upstreams
 from service.upstreams.exchange import send
@@ -288,7 +288,7 @@ async def test_a_connection_the_upstream_closed_while_idle_is_not_reused() -> No
 
 async def test_an_idle_connection_past_its_keepalive_is_not_reused(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(transport_module, "KEEPALIVE_SECONDS", 0.05)
+    monkeypatch.setattr(http1_connection, "KEEPALIVE_SECONDS", 0.05)
     transport = Http1Transport(4)
     async with Scripted(NO_CONTENT) as server:
         assert (await answer_to(transport, server.base_url)).status == 204

@@ -18,7 +18,7 @@ import pytest
 import uvloop
 
 from service.outcomes import Answer, Failure, Outcome, classify
-from service.protocols import transport as transport_module
+from service.protocols import http1_connection
 from service.protocols.transport import SEND_BY, Http1Transport
 from service.upstreams.deletion_api import UpstreamClient
 from service.upstreams.exchange import send
@@ -190,7 +190,7 @@ async def test_a_connection_not_used_keeps_its_keep_alive_clock(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A call given up before its write hands back its connection as idle as it was: the
     keep-alive clock is not restarted, so it is not reused past KEEPALIVE_SECONDS."""
-    monkeypatch.setattr(transport_module, "KEEPALIVE_SECONDS", 0.3)
+    monkeypatch.setattr(http1_connection, "KEEPALIVE_SECONDS", 0.3)
     transport = Http1Transport(4)
     async with Wire(lambda n, head: [(0, NO_CONTENT)]) as wire:
         assert (await answer_to(transport, wire.url)).status == 204
