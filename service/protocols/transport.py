@@ -311,7 +311,8 @@ class Http1Transport(httpx.AsyncBaseTransport):
         # An answer an upstream writes on accept arrives about one round trip (what the
         # connect took) after the connection is made, with the request if it went at once:
         # wait that long (bounded) before writing, then two turns of the loop so what
-        # arrived is read (the first queues its callback). Only new connections pay it.
+        # arrived is read (the first queues its callback). Only new connections pay it
+        # (its cost: bench/reports/design-notes.md, "The wire").
         wait = min(max(now - started, FRESH_WAIT_MIN_S), FRESH_WAIT_MAX_S)
         if send_by is not None:  # never at the cost of the request's own moment
             wait = min(wait, max(0.0, send_by - time.monotonic() - FRESH_WAIT_MIN_S))

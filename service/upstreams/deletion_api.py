@@ -61,9 +61,9 @@ class UpstreamClient:
                  ) -> None:
         cfg = upstream.config
         self.deadline_seconds = cfg.timeout_seconds
-        # The transport is driven directly: httpx.AsyncClient's per-request URL merging and
-        # cookie handling were 44% of a worker's CPU per call (profiled in bench/drain.py),
-        # and a deletion call needs neither cookies nor redirects.
+        # The transport is driven directly: a deletion call needs neither httpx.AsyncClient's
+        # per-request URL merging nor its cookies, which cost CPU on every call
+        # (bench/reports/design-notes.md, "The wire").
         self._transport: httpx.AsyncBaseTransport = transport or Http1Transport(
             cfg.max_connections, upstream.tls, keep_alive=cfg.keep_alive,
             distrusted=lambda reason: UPSTREAM_DISTRUSTED.labels(upstream.name, reason).inc(),
@@ -281,7 +281,8 @@ class UpstreamClient:
     def _prepare(self, method: str) -> httpx.Headers:
         """The headers of a bodiless call to the fixed host: built once per method, each call
         copies them (a list copy) and adds its key, and the request carries an explicit
-        empty body, which skips httpx's per-request preparation of the same headers."""
+        empty body, which skips httpx's per-request preparation of the same headers
+        (bench/reports/design-notes.md, "The wire")."""
         headers = self._headers_for[method] = httpx.Headers(self._base_headers(method, False))
         return headers
 

@@ -3,8 +3,7 @@ path and query, and for a templated upstream a checked host in place of PROBE_HO
 
 For our own transport a plain path and query skip httpx's URL parse: the request carries its
 origin's URL, parsed once per host, and its target as bytes in the TARGET request extension
-(service/protocols/transport.py). Why it pays, and what it costs:
-bench/reports/design-notes.md#the-wire.
+(service/protocols/transport.py). What it saves: bench/reports/design-notes.md, "The wire".
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 (completions), the leases of calls never made (handed back with their tokens), and scope
 signals (signals.py). A flush writes them in that order, each in its own statements; what a
 write could not take waits for the next flush, and a buffer whose write failed rests
-FLUSH_RETRY_S.
+FLUSH_RETRY_S. Why writes are grouped: bench/reports/design-notes.md, "The worker pool".
 """
 
 from __future__ import annotations

@@ -60,7 +60,8 @@ FIRST_RETRY_S: Final = 1.0  # between tries of the step before the first claim
 # At most this many items per admission round. Calls of a round start one after another on
 # this event loop, and a token spent more than limiter.late_tolerance after its moment goes
 # back unspent: large rounds start their last calls late. Smaller rounds also overlap: the
-# next round's statements run while this round's calls do.
+# next round's statements run while this round's calls do (bench/reports/design-notes.md,
+# "The worker pool").
 MAX_ITEMS_PER_ROUND: Final = 64
 # Scopes asked for with work: one more than a round can serve. The statement reads every
 # open scope whatever the limit, so a longer answer costs only its rows.

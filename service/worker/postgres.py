@@ -1,8 +1,9 @@
 """The worker's ledger ports on PostgreSQL, and the LISTEN wake-ups.
 
 While a pool runs, admissions use one held connection and completions another (a pooled
-checkout per statement cost more than the statement); outside a running loop (tests driving
-single rounds) each statement checks out a pooled connection.
+checkout per statement cost more than the statement: bench/reports/design-notes.md, "The
+worker pool"); outside a running loop (tests driving single rounds) each statement checks
+out a pooled connection.
 """
 
 from __future__ import annotations
