@@ -22,10 +22,11 @@ import random
 import socket
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Final
 
 from service.budget import limiter
+from service.budget.limiter import Grant
 from service.config.policies import Policies
 from service.ledger.claims import Admission
 from service.observability.failures import InternalErrors, expected
@@ -164,7 +165,7 @@ class WorkerPool:
             self._writes.unstarted.add((c, LeaseReturn.SHUTDOWN) for c in calls)
             await self._writes.unstarted.flush()
             return 0
-        self._start(calls, admitted, sent, received, round_no)
+        self._start(calls, admitted, by_scope, (sent, received), round_no)
         return len(admitted.leases)
 
     async def _wants(self, free: int) -> dict[str, int]:
@@ -199,16 +200,16 @@ class WorkerPool:
             self.token_wait = min(waits)
         return granted
 
-    def _start(self, calls: list[Call], admitted: Admission, sent: float, received: float,
-               round_no: int) -> None:
+    def _start(self, calls: list[Call], admitted: Admission, by_scope: Mapping[str, Grant],
+               claim: tuple[float, float], round_no: int) -> None:
         """Start each call's attempt (attempts.py), due when its token is on the database's
         schedule (at most the lookahead from now); a token whose moment passed long ago (a
         slow claim) is handed back rather than spent late, where it would crowd the next
-        ones."""
+        ones. `claim`: when the admission was sent and when its answer was received."""
+        sent, received = claim
         # the local moment of each grant, on this process's calibrated database clock
         granted_at = {g.scope: self._db_clock.local(g.schedule_start, received)
                       for g in admitted.grants if g.granted}
-        by_scope = {g.scope: g for g in admitted.grants}
         self._gate.leased(((lease, self._db_clock.to_local(lease.lease_expires_at.timestamp()))
                            for lease in admitted.leases), sent)
         IN_FLIGHT.inc(len(calls))
