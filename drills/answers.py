@@ -178,6 +178,12 @@ def _in_scope(tenant: str) -> Callable[[Call], bool]:
     return lambda call: call.scope == tenant
 
 
+# The delay each Retry-After form asks for, in seconds after the 429 (the date's is computed
+# from the date sent), as the policy's retry_after_max_seconds clamps it; a past date and a
+# malformed value are no usable date: the scope backs off by policy.
+_FORM_DELAYS_S = {"seconds": 3.0, "past": 0.0, "far": RETRY_AFTER_MAX_S, "malformed": 1.0}
+
+
 async def retry_after_forms(stage: Stage) -> Facts:
     upstream = stage.start_upstream()
     rate = 10
@@ -204,51 +210,59 @@ async def retry_after_forms(stage: Stage) -> Facts:
         return sorted((c for c in calls if c.scope == stage.tenant(form)),
                       key=lambda c: c.received_at)
 
-    # the earliest moment each form allows the next call, relative to the 429 (monotonic),
-    # and the latest we accept (the delay plus its jitter and a poll interval)
     facts: Facts = {}
     dispatched = 0
     for form in forms:
-        scope_calls = of(form)
-        throttled = [c for c in scope_calls if c.outcome == "status"]
-        check(len(throttled) == 1, f"{form}: {len(throttled)} 429s")
-        t429 = throttled[0]
-        closed_at = float(await stage.fetchval(
-            "SELECT extract(epoch FROM updated_at) FROM scopes WHERE name = $1",
-            f"tenant:{stage.tenant(form)}"))
-        if form == "date":
-            # whole seconds on the wire; clamped like any value to retry_after_max_seconds
-            earliest = min(date.replace(microsecond=0).timestamp() - t429.wall_time,
-                           RETRY_AFTER_MAX_S)
-        else:
-            earliest = {"seconds": 3.0, "past": 0.0, "far": RETRY_AFTER_MAX_S,
-                        "malformed": 1.0}[form]
-        # Calls whose tokens and leases were taken before the closure committed may still
-        # land: a token is due at most the lookahead after its grant, and may be spent up
-        # to late_tolerance(rate) after it is due. None may start later than that.
-        after = [c for c in scope_calls if c.received_at > t429.received_at]
-        early = [c for c in after if c.received_at - t429.received_at < earliest - 0.02]
-        spent_by = LOOKAHEAD_S + late_tolerance(rate) + 0.05
-        late_starts = [round(c.wall_time - closed_at, 3) for c in early
-                       if c.wall_time > closed_at + spent_by]
-        check(not late_starts,
-              f"{form}: calls {late_starts} s after the closure committed, before the "
-              f"{earliest:.2f} s allowed")
-        dispatched += len(early)
-        rest = [c for c in after if c not in early]
-        check(bool(rest), f"{form}: no call after the closure")
-        gap = rest[0].received_at - t429.received_at
+        gap, early = await _closure_obeyed(stage, form, of(form), date, rate)
         facts[f"{form}_gap_s"] = round(gap, 2)
-        check(gap <= earliest + 1.0 + 2.5,
-              f"{form}: the scope stayed closed {gap:.2f} s (allowed from {earliest:.2f} s)")
+        dispatched += early
     facts["dispatched_before_closure"] = dispatched
-    steady = [c.received_at for c in of("steady")]
-    span = max(steady) - min(steady)
-    pace = (len(steady) - 1) / span if span > 0 else 0.0
-    check(pace >= 0.8 * rate, f"the untouched scope ran at {pace:.1f}/s, not {rate}/s")
-    facts["steady_pace_per_s"] = round(pace, 1)
+    facts["steady_pace_per_s"] = round(_steady_pace([c.received_at for c in of("steady")],
+                                                    rate), 1)
     await _stop_all(stage, workers)
     return facts
+
+
+async def _closure_obeyed(stage: Stage, form: str, scope_calls: list[Call], date: datetime,
+                          rate: float) -> tuple[float, int]:
+    """Check that the scope throttled with one `form` of Retry-After was closed from the
+    earliest moment the form allows (relative to the 429, monotonic) until at most a little
+    after it (the delay plus its jitter and a poll interval); its gap to the next call, and
+    the calls that were already under way when the closure committed."""
+    throttled = [c for c in scope_calls if c.outcome == "status"]
+    check(len(throttled) == 1, f"{form}: {len(throttled)} 429s")
+    t429 = throttled[0]
+    closed_at = float(await stage.fetchval(
+        "SELECT extract(epoch FROM updated_at) FROM scopes WHERE name = $1",
+        f"tenant:{stage.tenant(form)}"))
+    # the date is whole seconds on the wire; clamped like any value to retry_after_max_seconds
+    earliest = (min(date.replace(microsecond=0).timestamp() - t429.wall_time, RETRY_AFTER_MAX_S)
+                if form == "date" else _FORM_DELAYS_S[form])
+    # Calls whose tokens and leases were taken before the closure committed may still
+    # land: a token is due at most the lookahead after its grant, and may be spent up
+    # to late_tolerance(rate) after it is due. None may start later than that.
+    after = [c for c in scope_calls if c.received_at > t429.received_at]
+    early = [c for c in after if c.received_at - t429.received_at < earliest - 0.02]
+    spent_by = LOOKAHEAD_S + late_tolerance(rate) + 0.05
+    late_starts = [round(c.wall_time - closed_at, 3) for c in early
+                   if c.wall_time > closed_at + spent_by]
+    check(not late_starts,
+          f"{form}: calls {late_starts} s after the closure committed, before the "
+          f"{earliest:.2f} s allowed")
+    rest = [c for c in after if c not in early]
+    check(bool(rest), f"{form}: no call after the closure")
+    gap = rest[0].received_at - t429.received_at
+    check(gap <= earliest + 1.0 + 2.5,
+          f"{form}: the scope stayed closed {gap:.2f} s (allowed from {earliest:.2f} s)")
+    return gap, len(early)
+
+
+def _steady_pace(received: list[float], rate: float) -> float:
+    """Check that the scope no 429 touched kept its budget's pace; the pace (calls/s)."""
+    span = max(received) - min(received)
+    pace = (len(received) - 1) / span if span > 0 else 0.0
+    check(pace >= 0.8 * rate, f"the untouched scope ran at {pace:.1f}/s, not {rate}/s")
+    return pace
 
 
 STORM_429S = 12

@@ -12,6 +12,7 @@ import json
 import secrets
 import socket
 import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -203,6 +204,50 @@ async def _slowloris(port: int, connections: int, seconds: float) -> None:
             sock.close()
 
 
+# Sends one request to the API and answers its status (recording it for the 5xx check)
+_Send = Callable[..., Awaitable[int]]
+_JSON = {"Content-Type": "application/json"}
+
+
+async def _oversized(send: _Send, store: Storefront, item: dict[str, str]) -> dict[str, int]:
+    """Bodies over a limit: too many items, 8 MB, a webhook over its source's byte limit."""
+    content, headers = store.delivery("orders/cancelled", {"id": "x" * MAX_BODY})
+    return {
+        "too many items": await send("POST", "/v1/items", json={"items": [item] * 10_001}),
+        "8 MB body": await send("POST", "/v1/items", headers=_JSON,
+                                content=b'{"items": [' + b'"x",' * 2_000_000 + b'"x"]}'),
+        "webhook over its limit": await send("POST", f"/v1/webhooks/{SHOP}",
+                                             content=content, headers=headers),
+    }
+
+
+async def _malformed(send: _Send, item: dict[str, str]) -> dict[str, int]:
+    """Bodies and paths that do not parse, or hold what no id may."""
+    return {
+        "truncated JSON": await send("POST", "/v1/runs", headers=_JSON, content=b'{"policy": '),
+        "not JSON": await send("POST", "/v1/items", headers=_JSON, content=b"\xff\xfe<xml/>"),
+        "wrong shape": await send("POST", "/v1/items", json=[1, 2, 3]),
+        "id with NUL": await send("POST", "/v1/items/cancel", headers=_JSON,
+                                  content=b'{"tenant_id": "a\\u0000", "why": "x"}'),
+        "scope with %2F": await send("PUT", "/v1/scopes/tenant%2F..%2Fx",
+                                     json={"rate_per_second": 1, "burst": 1}),
+        # a dot segment would be normalised out of the upstream URL: refused up front
+        "id ..": await send("POST", "/v1/items", json={"items": [{**item, "object_id": ".."}]}),
+    }
+
+
+async def _health_beside_slow_clients(send: _Send, port: int) -> tuple[int, float]:
+    """/healthz's status and seconds while 30 slow clients hold connections: slow clients
+    must not starve the others."""
+    slow = asyncio.create_task(_slowloris(port, 30, 3.0))
+    await asyncio.sleep(0.5)
+    started = time.monotonic()
+    healthy = await send("GET", "/healthz")
+    health_s = time.monotonic() - started
+    await slow
+    return healthy, health_s
+
+
 async def hostile_input(stage: Stage) -> Facts:
     store, api, _workers = await _stage_api(stage)
     statuses: list[int] = []
@@ -213,40 +258,11 @@ async def hostile_input(stage: Stage) -> Facts:
             statuses.append(status)
             return status
 
-        json_headers = {"Content-Type": "application/json"}
         item = {"tenant_id": stage.tenant(), "object_id": "o", "policy": "drill",
                 "due_at": "2026-01-01T00:00:00Z"}
-        oversized = {
-            "too many items": await send("POST", "/v1/items",
-                                         json={"items": [item] * 10_001}),
-            "8 MB body": await send("POST", "/v1/items", headers=json_headers,
-                                    content=b'{"items": [' + b'"x",' * 2_000_000 + b'"x"]}'),
-            "webhook over its limit": await send(
-                "POST", f"/v1/webhooks/{SHOP}",
-                content=store.delivery("orders/cancelled", {"id": "x" * MAX_BODY})[0],
-                headers=store.delivery("orders/cancelled", {"id": "x" * MAX_BODY})[1]),
-        }
-        malformed = {
-            "truncated JSON": await send("POST", "/v1/runs", headers=json_headers,
-                                         content=b'{"policy": '),
-            "not JSON": await send("POST", "/v1/items", headers=json_headers,
-                                   content=b"\xff\xfe<xml/>"),
-            "wrong shape": await send("POST", "/v1/items", json=[1, 2, 3]),
-            "id with NUL": await send("POST", "/v1/items/cancel", headers=json_headers,
-                                      content=b'{"tenant_id": "a\\u0000", "why": "x"}'),
-            "scope with %2F": await send("PUT", "/v1/scopes/tenant%2F..%2Fx",
-                                         json={"rate_per_second": 1, "burst": 1}),
-            # a dot segment would be normalised out of the upstream URL: refused up front
-            "id ..": await send("POST", "/v1/items",
-                                json={"items": [{**item, "object_id": ".."}]}),
-        }
-        # slow clients must not starve the others
-        slow = asyncio.create_task(_slowloris(api.port, 30, 3.0))
-        await asyncio.sleep(0.5)
-        started = time.monotonic()
-        healthy = await send("GET", "/healthz")
-        health_s = time.monotonic() - started
-        await slow
+        oversized = await _oversized(send, store, item)
+        malformed = await _malformed(send, item)
+        healthy, health_s = await _health_beside_slow_clients(send, api.port)
         # hostile ids are stored as given and never leave their path segment
         items = [{**item, "object_id": o} for o in HOSTILE_IDS]
         registered = await send("POST", "/v1/items", json={"items": items})

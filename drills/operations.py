@@ -12,6 +12,7 @@ import httpx
 
 from drills.base import Drill, Facts, check
 from drills.stage import Proc, Stage, worst_window
+from drills.upstream import FakeUpstream
 from service.budget.limiter import LOOKAHEAD_S
 
 # A call may land this long after a pause committed when its token and lease were taken
@@ -62,6 +63,49 @@ async def replicas_share_budget(stage: Stage) -> Facts:
     return facts
 
 
+async def _no_call_after(upstream: FakeUpstream, paused: float, what: str) -> None:
+    """Check that no call started once a pause committed at `paused` (monotonic): a call
+    may still land within PAUSE_SLACK_S."""
+    await asyncio.sleep(1.5)
+    late = [round(c.received_at - paused, 3) for c in upstream.calls()
+            if c.received_at > paused + PAUSE_SLACK_S]
+    check(late == [], f"calls {late} s after the {what} pause committed")
+
+
+async def _lower_budget(client: httpx.AsyncClient, upstream: FakeUpstream, scope: str) -> int:
+    """A lower budget, obeyed from every replica's next take: the worst 1-second window
+    after it."""
+    answer = await client.put(f"/v1/scopes/{scope}", json={
+        "rate_per_second": 10, "burst": 1, "reason": "drill: upstream asked"})
+    check(answer.status_code == 200, f"budget change answered {answer.status_code}")
+    changed = time.monotonic()
+    await asyncio.sleep(2.5)
+    slow = [c.received_at for c in upstream.calls() if c.received_at > changed + 0.5]
+    check(worst_window(slow) <= 10 + 1,
+          f"{worst_window(slow)} calls in one second after the budget went to 10/s")
+    return worst_window(slow)
+
+
+async def _pause_scope(client: httpx.AsyncClient, upstream: FakeUpstream, scope: str) -> None:
+    """The scope paused: no call starts once the pause has committed."""
+    answer = await client.post(f"/v1/scopes/{scope}/pause", json={"reason": "drill"})
+    check(answer.status_code == 200, f"scope pause answered {answer.status_code}")
+    await _no_call_after(upstream, time.monotonic(), "scope")
+
+
+async def _pause_workers(client: httpx.AsyncClient, upstream: FakeUpstream, n: int) -> int:
+    """Every worker paused: nothing starts anywhere until the resume. The calls made
+    before the pause."""
+    answer = await client.post("/v1/workers/pause", json={"reason": "drill"})
+    check(answer.status_code == 200 and answer.json()["workers_paused"] is True,
+          f"workers pause answered {answer.status_code}")
+    paused = time.monotonic()
+    done_at_pause = len(upstream.calls())
+    await _no_call_after(upstream, paused, "workers")
+    check(done_at_pause < n, "the run finished before the pause; nothing was tested")
+    return done_at_pause
+
+
 async def operator_controls(stage: Stage) -> Facts:
     n = 120
     upstream = stage.start_upstream()
@@ -79,25 +123,9 @@ async def operator_controls(stage: Stage) -> Facts:
             return len(upstream.calls()) >= count
 
         await stage.wait_for("first calls", lambda: calls_reach(20), 30, 0.02)
-        # 1. a lower budget, obeyed from every replica's next take
-        answer = await client.put(f"/v1/scopes/{scope}", json={
-            "rate_per_second": 10, "burst": 1, "reason": "drill: upstream asked"})
-        check(answer.status_code == 200, f"budget change answered {answer.status_code}")
-        changed = time.monotonic()
-        await asyncio.sleep(2.5)
-        slow = [c.received_at for c in upstream.calls() if c.received_at > changed + 0.5]
-        facts["worst_window_after_budget_change"] = worst_window(slow)
-        check(worst_window(slow) <= 10 + 1,
-              f"{worst_window(slow)} calls in one second after the budget went to 10/s")
-        # 2. the scope paused: no call starts once the pause has committed
-        answer = await client.post(f"/v1/scopes/{scope}/pause", json={"reason": "drill"})
-        check(answer.status_code == 200, f"scope pause answered {answer.status_code}")
-        paused = time.monotonic()
-        await asyncio.sleep(1.5)
-        late = [round(c.received_at - paused, 3) for c in upstream.calls()
-                if c.received_at > paused + PAUSE_SLACK_S]
-        check(late == [], f"calls {late} s after the scope pause committed")
-        # 3. resumed with a higher budget; one replica is stopped (SIGTERM) mid-flight
+        facts["worst_window_after_budget_change"] = await _lower_budget(client, upstream, scope)
+        await _pause_scope(client, upstream, scope)
+        # resumed with a higher budget; one replica is stopped (SIGTERM) mid-flight
         await client.put(f"/v1/scopes/{scope}", json={"rate_per_second": 40, "burst": 1})
         await client.post(f"/v1/scopes/{scope}/resume", json={"reason": "drill"})
         before = len(upstream.calls())
@@ -105,17 +133,7 @@ async def operator_controls(stage: Stage) -> Facts:
         workers[0].signal(signal.SIGTERM)
         code = await workers[0].wait(30)
         check(code == 0, f"the SIGTERMed worker exited with {code}")
-        # 4. every worker paused: nothing starts anywhere until the resume
-        answer = await client.post("/v1/workers/pause", json={"reason": "drill"})
-        check(answer.status_code == 200 and answer.json()["workers_paused"] is True,
-              f"workers pause answered {answer.status_code}")
-        paused = time.monotonic()
-        done_at_pause = len(upstream.calls())
-        await asyncio.sleep(1.5)
-        late = [round(c.received_at - paused, 3) for c in upstream.calls()
-                if c.received_at > paused + PAUSE_SLACK_S]
-        check(late == [], f"calls {late} s after the workers pause committed")
-        check(done_at_pause < n, "the run finished before the pause; nothing was tested")
+        done_at_pause = await _pause_workers(client, upstream, n)
         await client.post("/v1/workers/resume", json={"reason": "drill"})
         await stage.wait_all_finished(n, 60)
         status = (await client.get(f"/v1/runs/{run['id']}")).json()

@@ -1,21 +1,22 @@
-"""The FastAPI application: the gate and request log, routers, problem handlers, and a
-lifespan that owns the engine, the publisher and retention loops and (with `run_workers`
-and SWEEPER_WORKERS above 0) the worker pool and its upstream clients."""
+"""The composition root: `create_app` builds the application (problem handlers, routers,
+the gate and the request log) and a lifespan that opens the process's `Runtime` and starts
+its `Background` tasks: the leader's duties (`leader_duties`: publication, holds
+maintenance, evidence checkpoints, retention) and, with `run_workers` and SWEEPER_WORKERS
+above 0, the worker pool and its upstream clients. Wiring only: each loop lives with its
+concept."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-import time
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import TypedDict
 
 from fastapi import Depends, FastAPI
 from sqlalchemy.engine import URL
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import service
 from service.budget.credential_waits import Credentials
@@ -27,7 +28,7 @@ from service.config.tokens import TokenSet
 from service.credentials import CredentialStore, Keyring
 from service.db.engine import make_engine
 from service.db.migrate import head_revision
-from service.errors import NotLeader
+from service.errors import DatabaseUnavailable
 from service.evidence import chain
 from service.http.api import credentials as credentials_routes
 from service.http.api import evidence as evidence_routes
@@ -42,26 +43,23 @@ from service.http.api.deps import strict_query
 from service.http.api.gate import Gate
 from service.http.api.links import install_links
 from service.http.api.methods import RouteMethods
-from service.http.api.problems import REQUEST_ID, install_problem_handlers
+from service.http.api.problems import install_problem_handlers
 from service.http.console import ConsoleState, console_state
 from service.http.console import routers as console_routers
+from service.http.request_log import RequestLog
 from service.ledger import gauges, holds, tenant_spellings
 from service.observability import metrics
-from service.observability.failures import InternalErrors, expected
-from service.observability.metrics import Where
-from service.runs import publication
 from service.runs.discovery import Discovery
+from service.runs.publisher import Publisher
 from service.runtime import Runtime
 from service.sweeps.store_databases import Stores
 from service.sweeps.store_targets import ledger_tables
 from service.upstreams.deletion_api import Upstreams
 from service.worker import database_pool
-from service.worker.pool import worker_name
+from service.worker.pool import WorkerPool, worker_name
 from service.worker.scope_resumption import waiting_loop
 
 log = logging.getLogger("service.http")
-
-PUBLISHER_POLL_S = 1.0
 
 
 class State(TypedDict):
@@ -71,78 +69,6 @@ class State(TypedDict):
     console: ConsoleState
 
 
-class RequestLog:
-    """One log line per request: method, path (no query string), status, duration. Never
-    headers or bodies."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = time.perf_counter()
-        status = 500
-        request_id = uuid.uuid4().hex[:16]
-        scope[REQUEST_ID] = request_id  # problem answers name the request by it
-
-        async def send_wrapper(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-                message.setdefault("headers", []).append((b"x-request-id", request_id.encode()))
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_wrapper)
-        finally:
-            elapsed = time.perf_counter() - started
-            matched = scope.get("route")
-            # only methods the matched route declares are labelled, so requests with any
-            # method to any path add at most one `other` per route template
-            declared = getattr(matched, "methods", None) or ()
-            method = scope["method"] if scope["method"] in declared else "other"
-            metrics.HTTP_DURATION.labels(getattr(matched, "path", "unmatched"), method,
-                                         metrics.status_class(status)).observe(elapsed)
-            level = logging.WARNING if status >= 500 else logging.INFO
-            if scope["path"] not in ("/healthz", "/readyz", "/metrics") or status >= 500:
-                log.log(level, "request", extra={
-                    "method": scope["method"], "path": scope["path"], "status": status,
-                    "duration_ms": round(elapsed * 1000, 2),
-                    "request_id": request_id})
-
-
-async def _publisher(runtime: Runtime, term: int) -> None:
-    """Publish runs left in state `publishing` (new ones, or ones a crash interrupted), as
-    the leader of `term`: each chunk commits only while that term's lease holds. A run's
-    own error is handled inside `publish_pending` (a retry, or the run marked failed and
-    logged once); one reaching this loop came from listing the runs: the next pass lists
-    them again."""
-    discovery = Discovery(runtime.policies, runtime.stores, runtime.tenant_credentials)
-    errors = InternalErrors(log)
-    while True:
-        # cleared before the pass: a run created while it lists runs wakes the next one
-        runtime.publisher_wake.clear()
-        try:
-            await publication.publish_pending(runtime.engine,
-                                              batch_size=runtime.settings.batch_size,
-                                       discovery=discovery, term=term)
-        except NotLeader:
-            log.warning("publisher: the leader's term ended; publication stops here",
-                        extra={"term": term})
-            return
-        except Exception as exc:
-            if expected(exc):
-                log.warning("publisher: database unavailable or busy",
-                            extra={"error_type": type(exc).__name__})
-            else:
-                errors.caught(Where.PUBLISHER, exc)
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(PUBLISHER_POLL_S):
-                await runtime.publisher_wake.wait()
-
-
 def leader_duties(runtime: Runtime) -> dict[str, Duty]:
     """The loops that must run once in the cluster, on the leader only (service/cluster/leader.py):
     publication, holds maintenance (expired holds released, unfinished markings finished),
@@ -150,10 +76,11 @@ def leader_duties(runtime: Runtime) -> dict[str, Duty]:
     leader's term and cancelled when it ends."""
     settings, engine = runtime.settings, runtime.engine
     duties: dict[str, Duty] = {
-        "publisher": lambda term: _publisher(runtime, term),
+        "publisher": lambda term: Publisher(
+            engine, Discovery(runtime.policies, runtime.stores, runtime.tenant_credentials),
+            settings.batch_size, term, runtime.publisher_wake).run(),
         "holds": lambda _term: holds.maintenance_loop(engine),
-        "evidence-checkpoints": lambda _term: chain.checkpoint_loop(engine,
-                                                                           runtime.signer),
+        "evidence-checkpoints": lambda _term: chain.checkpoint_loop(engine, runtime.signer),
     }
     if settings.retention_days > 0:
         duties["retention"] = lambda _term: retention.retention_loop(
@@ -165,73 +92,73 @@ def leader_duties(runtime: Runtime) -> dict[str, Duty]:
     return duties
 
 
-def create_app(
-    settings: Settings,
-    policies: Policies,
-    database_url: URL,
-    *,
-    run_workers: bool = True,
-) -> FastAPI:
-    """Build the application; nothing connects until the lifespan starts."""
+def open_runtime(settings: Settings, policies: Policies, database_url: URL) -> Runtime:
+    """What the process holds while it runs: the engine, the credentials, the stores'
+    databases. Nothing connects yet."""
+    engine = make_engine(database_url, settings, pool_wait=metrics.POOL_WAIT.observe)
+    keyring = Keyring.from_settings(settings)
+    store = CredentialStore(engine, keyring) if keyring else None
+    return Runtime(settings=settings, policies=policies, engine=engine,
+                   tokens=TokenSet.of(settings.role_tokens()), schema_head=head_revision(),
+                   exporter=gauges.install_ledger(engine, policies.policies),
+                   keyring=keyring, credentials=store,
+                   tenant_credentials=Credentials.of(policies, engine, keyring, store),
+                   signer=settings.local_evidence_signer(), stores=Stores(policies.stores))
 
-    @asynccontextmanager
-    async def lifespan(_app: FastAPI) -> AsyncIterator[State]:
-        engine = make_engine(database_url, settings, pool_wait=metrics.POOL_WAIT.observe)
-        keyring = Keyring.from_settings(settings)
-        store = CredentialStore(engine, keyring) if keyring else None
-        runtime = Runtime(settings=settings, policies=policies, engine=engine,
-                          tokens=TokenSet.of(settings.role_tokens()), schema_head=head_revision(),
-                          exporter=gauges.install_ledger(engine, policies.policies),
-                          keyring=keyring, credentials=store,
-                          tenant_credentials=Credentials.of(policies, engine, keyring, store),
-                          signer=settings.local_evidence_signer(),
-                          stores=Stores(policies.stores))
-        # background loops, cancelled on shutdown; the worker pool stops by itself (grace).
-        # The cluster's once-only loops run under the elector, on the leader alone.
+
+@dataclass
+class Background:
+    """The lifespan's background tasks: the elector running the leader's duties and, when
+    the process calls upstreams, the worker pool and the loop resuming waiting scopes."""
+
+    loops: list[asyncio.Task[None]]  # cancelled at stop
+    pool: WorkerPool | None = None  # stopped at stop: it ends by itself within its grace
+    workers: asyncio.Task[None] | None = None  # the pool's run
+
+    @classmethod
+    def start(cls, runtime: Runtime, upstreams: Upstreams | None, database_url: URL
+              ) -> Background:
+        """Start them; `upstreams` None: this process runs no workers."""
+        engine, policies, settings = runtime.engine, runtime.policies, runtime.settings
+        # the cluster's once-only loops run under the elector, on the leader alone
         elector = Elector(engine, worker_name())
-        loops = [asyncio.create_task(elector.run(leader_duties(runtime)), name="leader")]
-        tasks = list(loops)
-        pool = upstreams = None
-        if run_workers and settings.workers > 0:
-            upstreams = Upstreams(policies.upstreams)
-            pool = database_pool(engine, policies, upstreams, concurrency=settings.workers,
-                                 listen_url=plain_url(database_url),
-                                 grace_seconds=settings.shutdown_grace_seconds,
-                                 credentials=runtime.tenant_credentials,
-                                 stores=runtime.stores)
-            # before the first claim: holds on an old tenant spelling cover its items
-            tasks.append(asyncio.create_task(pool.run(
-                first=lambda: tenant_spellings.reconcile(engine, policies)), name="workers"))
-            # always: a scope paused before the policies file changed must resume too
-            loops.append(asyncio.create_task(waiting_loop(
-                engine, policies, runtime.tenant_credentials, runtime.stores), name="waits"))
-            tasks.append(loops[-1])
-        if runtime.signer is None:
-            log.warning(health.UNSIGNED_WARNING)
-        if not settings.role_tokens():
-            log.warning("no API tokens configured: every /v1 request will answer 401 "
-                        "(set SWEEPER_API_TOKENS)")
-        try:
-            yield {"runtime": runtime, "console": console_state(runtime)}
-        finally:
-            if pool is not None:
-                pool.stop()
-            for loop in loops:
-                loop.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            if upstreams is not None:
-                await upstreams.aclose()
-            await runtime.stores.aclose()
-            await engine.dispose()
+        leader = asyncio.create_task(elector.run(leader_duties(runtime)), name="leader")
+        if upstreams is None:
+            return cls([leader])
+        pool = database_pool(engine, policies, upstreams, concurrency=settings.workers,
+                             listen_url=plain_url(database_url),
+                             grace_seconds=settings.shutdown_grace_seconds,
+                             credentials=runtime.tenant_credentials, stores=runtime.stores)
+        # before the first claim: holds on an old tenant spelling cover its items
+        workers = asyncio.create_task(pool.run(
+            first=lambda: tenant_spellings.reconcile(engine, policies)), name="workers")
+        # always: a scope paused before the policies file changed must resume too
+        waits = asyncio.create_task(waiting_loop(
+            engine, policies, runtime.tenant_credentials, runtime.stores), name="waits")
+        return cls([leader, waits], pool, workers)
 
-    app = FastAPI(
-        title="Sweeper",
-        version=service.__version__,
-        summary="Scheduled, rate-limited, crash-safe data cleanup",
-        lifespan=lifespan,
-    )
-    install_problem_handlers(app)
-    install_links(app)  # OpenAPI links for clients and the stateful contract test
+    async def stop(self) -> None:
+        """Stop the pool, cancel the loops, and wait for every task to end."""
+        if self.pool is not None:
+            self.pool.stop()
+        for loop in self.loops:
+            loop.cancel()
+        running = [*self.loops, *([self.workers] if self.workers is not None else [])]
+        await asyncio.gather(*running, return_exceptions=True)
+
+
+def warn_at_start(runtime: Runtime) -> None:
+    """Say at start what the configuration leaves unusable or unsigned."""
+    if runtime.signer is None:
+        log.warning(health.UNSIGNED_WARNING)
+    if not runtime.settings.role_tokens():
+        log.warning("no API tokens configured: every /v1 request will answer 401 "
+                    "(set SWEEPER_API_TOKENS)")
+
+
+def install_routes(app: FastAPI) -> None:
+    """The API's routers, the console's, and the methods each path allows (the gate answers
+    HEAD and OPTIONS from them)."""
     # operator API: an undeclared or repeated query parameter is refused, not ignored
     checked = [Depends(strict_query)]
     routers = [(health.router, []), (metrics_api.router, []),
@@ -247,6 +174,45 @@ def create_app(
     app.state.route_methods = RouteMethods(
         [*app.router.routes, *(route for router, _ in routers for route in router.routes),
          *(route for router in console_routers for route in router.routes)])
+
+
+def create_app(
+    settings: Settings,
+    policies: Policies,
+    database_url: URL,
+    *,
+    run_workers: bool = True,
+) -> FastAPI:
+    """Build the application; nothing connects until the lifespan starts."""
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[State]:
+        runtime = open_runtime(settings, policies, database_url)
+        calls_upstreams = run_workers and settings.workers > 0
+        upstreams = Upstreams(policies.upstreams) if calls_upstreams else None
+        background = Background.start(runtime, upstreams, database_url)
+        # /healthz reports it without a query of its own (each /readyz reads it again)
+        with contextlib.suppress(DatabaseUnavailable):  # not answering yet: /readyz says so
+            runtime.schema.revision = await health.schema_revision(runtime.engine)
+        warn_at_start(runtime)
+        try:
+            yield {"runtime": runtime, "console": console_state(runtime)}
+        finally:
+            await background.stop()
+            if upstreams is not None:
+                await upstreams.aclose()
+            await runtime.stores.aclose()
+            await runtime.engine.dispose()
+
+    app = FastAPI(
+        title="Sweeper",
+        version=service.__version__,
+        summary="Scheduled, rate-limited, crash-safe data cleanup",
+        lifespan=lifespan,
+    )
+    install_problem_handlers(app)
+    install_links(app)  # OpenAPI links for clients and the stateful contract test
+    install_routes(app)
     app.add_middleware(Gate, max_body_bytes=settings.max_body_bytes,
                        body_timeout_s=settings.body_read_timeout_seconds,
                        webhooks=webhooks_routes.direct)

@@ -164,49 +164,99 @@ def _whole_seconds(digits: str) -> float:
     return float(int(significant)) if len(significant) <= 12 else 1e12
 
 
+# A call that got no HTTP answer, by how it failed (the module docstring's table): every
+# Failure has its row.
+FAILURE_OUTCOMES: Final[Mapping[Failure, Outcome]] = {
+    # nothing reached the upstream, or nothing was changed: retried with the same key
+    Failure.CONNECT: Outcome.TRANSIENT,
+    Failure.TIMEOUT_BEFORE_SEND: Outcome.TRANSIENT,
+    Failure.SENT_TOO_LATE: Outcome.TRANSIENT,
+    Failure.WITHHELD: Outcome.TRANSIENT,
+    Failure.STORE_BUSY: Outcome.TRANSIENT,
+    # it may have acted: the duplicate window
+    Failure.TIMEOUT_AFTER_SEND: Outcome.UNKNOWN,
+    Failure.RESET_AFTER_SEND: Outcome.UNKNOWN,
+    Failure.PROTOCOL: Outcome.UNKNOWN,
+    Failure.ECHO_MISMATCH: Outcome.UNKNOWN,
+    Failure.STORE_LOST: Outcome.UNKNOWN,
+    # never callable as it stands: dead at once
+    Failure.PRIVATE_ADDRESS: Outcome.PERMANENT,
+    Failure.INVALID_REQUEST: Outcome.PERMANENT,
+    Failure.STORE_REFUSED: Outcome.PERMANENT,
+    # not the item's fault: it waits, unpunished, in a scope paused until the store answers
+    # or a credential arrives
+    Failure.STORE_UNREACHABLE: Outcome.UNAUTHORIZED,
+    Failure.STORE_PERMISSION: Outcome.UNAUTHORIZED,
+    Failure.NO_CREDENTIAL: Outcome.UNAUTHORIZED,
+    # our side held the call back: the item is not punished and the scope waits out its
+    # backoff, as after a 429 without a date (the guard's: its own Retry-After)
+    Failure.CREDENTIAL_UNAVAILABLE: Outcome.THROTTLED,
+    Failure.LEDGER_UNAVAILABLE: Outcome.THROTTLED,
+    Failure.STORE_GUARD: Outcome.THROTTLED,
+}
+
+# An HTTP answer by its exact status first, then by its class; anything else (1xx: the
+# deletion was not answered) is transient. 404 and 410 (absent), a 503 with a usable
+# Retry-After (throttled) and a 3xx's reason are read in `_classify_status`.
+_BY_STATUS: Final[Mapping[int, Outcome]] = {
+    401: Outcome.UNAUTHORIZED, 403: Outcome.UNAUTHORIZED,
+    408: Outcome.TRANSIENT,
+    429: Outcome.THROTTLED,
+}
+_BY_CLASS: Final[Mapping[int, Outcome]] = {
+    2: Outcome.SUCCEEDED,
+    3: Outcome.PERMANENT,
+    4: Outcome.PERMANENT,
+    5: Outcome.TRANSIENT,
+}
+
+
 def classify(answer: Answer, *, absent_means_deleted: bool, now: datetime,
              ruled: Classified | None = None) -> Classified:
     """The one switch from an answer to an outcome. `ruled` is what the policy's answer
     rules made of it (service/config/answer_rules.py), which takes precedence over the status
     table."""
     if answer.failure is not None:
-        if answer.failure is Failure.PRIVATE_ADDRESS:
-            return Classified(Outcome.PERMANENT, f"{answer.failure.value}:{answer.detail}"
-                              if answer.detail else answer.failure.value)
-        if answer.failure is Failure.STORE_GUARD:
-            return Classified(Outcome.THROTTLED, answer.failure.value,
-                              parse_retry_after(answer.retry_after, now))
-        return _classify_failure(answer.failure)
+        return _classify_failure(answer.failure, answer, now)
     status = answer.status
     if status is None:
         return Classified(Outcome.UNKNOWN, "no_status")
     retry_after = parse_retry_after(answer.retry_after, now)
+    if ruled is not None and ruled.outcome is Outcome.THROTTLED:
+        return Classified(Outcome.THROTTLED, ruled.reason, retry_after)
     if ruled is not None:
-        if ruled.outcome is Outcome.THROTTLED:
-            return Classified(Outcome.THROTTLED, ruled.reason, retry_after)
         return ruled
-    if 200 <= status < 300:
-        return Classified(Outcome.SUCCEEDED, f"http_{status}")
-    if status in (404, 410):
-        if absent_means_deleted:
-            return Classified(Outcome.SUCCEEDED, f"absent_{status}")
-        return Classified(Outcome.PERMANENT, f"http_{status}")
+    return _classify_status(answer, status, retry_after, absent_means_deleted)
+
+
+def _classify_failure(failure: Failure, answer: Answer, now: datetime) -> Classified:
+    """A call without an HTTP answer: its FAILURE_OUTCOMES row."""
+    reason = failure.value
+    if failure is Failure.PRIVATE_ADDRESS and answer.detail:
+        reason = f"{reason}:{answer.detail}"
+    # only a store's guard names when to come back
+    retry_after = (parse_retry_after(answer.retry_after, now)
+                   if failure is Failure.STORE_GUARD else None)
+    return Classified(FAILURE_OUTCOMES[failure], reason, retry_after)
+
+
+def _classify_status(answer: Answer, status: int, retry_after: float | None,
+                     absent_means_deleted: bool) -> Classified:
+    """An HTTP answer no answer rule claimed: the status table."""
+    if status in (404, 410) and absent_means_deleted:
+        return Classified(Outcome.SUCCEEDED, f"absent_{status}")
     # a 503 throttles only with a usable time; with none (or 0, or a past date) it is a plain
     # transient 5xx: counted against the item and backed off, the scope left open
-    if status == 429 or (status == 503 and retry_after is not None):
+    if status == 503 and retry_after is not None:
         return Classified(Outcome.THROTTLED, f"http_{status}", retry_after)
-    if status in (401, 403):
-        return Classified(Outcome.UNAUTHORIZED, f"http_{status}")
-    if status == 408 or status >= 500:
-        return Classified(Outcome.TRANSIENT, f"http_{status}")
-    if 400 <= status < 500:
-        return Classified(Outcome.PERMANENT, f"http_{status}")
+    outcome = _BY_STATUS.get(status) or _BY_CLASS.get(status // 100, Outcome.TRANSIENT)
+    if outcome is Outcome.THROTTLED:
+        return Classified(outcome, f"http_{status}", retry_after)
     if 300 <= status < 400:
         # a deletion is never followed elsewhere (the Idempotency-Key and credential would
         # go with it): the policy's URL is wrong, and the operator needs to see where to
-        return Classified(Outcome.PERMANENT, redirect_reason(status, answer.location))
-    # 1xx: the deletion API did not answer the deletion; treat as a transient fault
-    return Classified(Outcome.TRANSIENT, f"http_{status}")
+        return Classified(outcome, redirect_reason(status, answer.location))
+    return Classified(outcome, f"http_{status}")
 
 
 NOT_CONFIRMED: Final = "not_confirmed"  # a confirmation read found the object served
@@ -236,25 +286,6 @@ def redirect_reason(status: int, location: str | None) -> str:
     return f"http_{status}:redirect" + (f":{shown}" if shown else "")
 
 
-def _classify_failure(failure: Failure) -> Classified:
-    if failure in (Failure.CONNECT, Failure.TIMEOUT_BEFORE_SEND, Failure.STORE_BUSY,
-                   Failure.SENT_TOO_LATE, Failure.WITHHELD):
-        return Classified(Outcome.TRANSIENT, failure.value)
-    if failure in (Failure.INVALID_REQUEST, Failure.STORE_REFUSED):
-        return Classified(Outcome.PERMANENT, failure.value)
-    if failure in (Failure.STORE_UNREACHABLE, Failure.STORE_PERMISSION):
-        # the store's fault, not the item's: its scope is paused, the item waits unpunished
-        return Classified(Outcome.UNAUTHORIZED, failure.value)
-    if failure in (Failure.CREDENTIAL_UNAVAILABLE, Failure.LEDGER_UNAVAILABLE):
-        # our side failed before the call: the item is not punished and the scope waits
-        # out its backoff, as after a 429 without a date
-        return Classified(Outcome.THROTTLED, failure.value)
-    if failure is Failure.NO_CREDENTIAL:
-        # not the item's fault: it waits, unpunished, in a scope paused until one arrives
-        return Classified(Outcome.UNAUTHORIZED, failure.value)
-    return Classified(Outcome.UNKNOWN, failure.value)
-
-
 @dataclass(frozen=True)
 class Plan:
     """What the ledger does with an item after an attempt (applied by claims.complete)."""
@@ -265,17 +296,22 @@ class Plan:
     reason: str
 
 
+# The item's status after an outcome that ends it, whatever its attempts
+_FINAL: Final[Mapping[Outcome, str]] = {
+    Outcome.SUCCEEDED: "succeeded",
+    Outcome.SKIPPED: "skipped",
+    Outcome.PERMANENT: "dead",
+}
+
+
 def plan(result: Classified, *, attempt: int, max_attempts: int, backoff_base_s: float,
          backoff_max_s: float, retry_after_max_s: float, jitter: float) -> Plan:
     """Turn an outcome into the item's next state. `jitter` in [0, 1) comes from the caller
     (random in production, fixed in tests): full jitter over the exponential ceiling."""
     outcome = result.outcome
-    if outcome is Outcome.SUCCEEDED:
-        return Plan("succeeded", 0.0, False, result.reason)
-    if outcome is Outcome.SKIPPED:
-        return Plan("skipped", 0.0, False, result.reason)
-    if outcome is Outcome.PERMANENT:
-        return Plan("dead", 0.0, False, result.reason)
+    final = _FINAL.get(outcome)
+    if final is not None:
+        return Plan(final, 0.0, False, result.reason)
     exponent = min(max(0, attempt - 1), MAX_BACKOFF_EXPONENT)
     ceiling = min(backoff_max_s, backoff_base_s * 2.0**exponent)
     if outcome is Outcome.THROTTLED:
@@ -291,11 +327,10 @@ def plan(result: Classified, *, attempt: int, max_attempts: int, backoff_base_s:
     # transient or unknown: retried with the same key after backoff, dead when exhausted
     if attempt >= max_attempts:
         return Plan("dead", 0.0, False, f"max_attempts:{result.reason}")
-    if result.version is not None:
-        # an optimistic-concurrency conflict that named the current version: the next call
-        # carries it, at once (the attempt counts, so conflicts stay bounded)
-        return Plan("pending", 0.0, False, result.reason)
-    return Plan("pending", ceiling * jitter, False, result.reason)
+    # an optimistic-concurrency conflict that named the current version: the next call
+    # carries it, at once (the attempt counts, so conflicts stay bounded)
+    delay = 0.0 if result.version is not None else ceiling * jitter
+    return Plan("pending", delay, False, result.reason)
 
 
 EPOCH_THRESHOLD_S = 1_000_000_000  # a -Reset this large is a Unix time, not a delay

@@ -18,6 +18,14 @@ from service.runs.progress import ProgressCache
 from service.sweeps.store_databases import Stores
 
 
+@dataclass
+class SchemaSeen:
+    """The schema revision last read from the database (at start, then by each /readyz):
+    what /healthz reports, never touching the database itself."""
+
+    revision: str | None = None
+
+
 @dataclass(frozen=True)
 class Runtime:
     """Process state shared by requests and workers."""
@@ -40,6 +48,7 @@ class Runtime:
     signer: Signer | None = None
     # the stores' databases: discovery reads their sources, the workers run their targets
     stores: Stores = field(default_factory=lambda: Stores({}))
+    schema: SchemaSeen = field(default_factory=SchemaSeen)
 
     def credential_upstreams(self) -> frozenset[str]:
         """The upstreams whose credentials operators may store through the API: those the

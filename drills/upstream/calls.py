@@ -57,7 +57,8 @@ class CallLog:
 
     def stats(self) -> dict[str, Any]:
         """Counters whose size does not grow with the calls: a benchmark polls this every
-        second through a million calls (a per-key map here made each answer 24 MB)."""
+        second through a million calls (bench/reports/design-notes.md, HTTP and
+        statements)."""
         return {"calls": len(self.calls), "throttled": dict(self.throttled),
                 "max_in_flight": self._max_inflight,
                 "keys_in_flight_together": dict(self._overlapped)}

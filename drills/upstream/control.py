@@ -32,6 +32,8 @@ def _json(status: int, obj: Any) -> tuple[int, bytes]:
 
 # Answers a call under a route's path prefix (after limits and faults): status, headers, body
 Responder = Callable[[Call], tuple[int, dict[str, str], bytes]]
+# Answers one control request from its JSON object: status and JSON body
+ControlRoute = Callable[[Request, dict[str, Any]], tuple[int, bytes]]
 
 
 class Controls:
@@ -101,40 +103,56 @@ class Controls:
 
     def _control(self, req: Request) -> tuple[int, bytes]:
         """Answer one ``/_control`` request: (status, JSON body)."""
-        route = (req.method, req.path.rstrip("/"))
+        routes: dict[tuple[str, str], ControlRoute] = {
+            ("GET", "/_control/calls"): self._read_calls,
+            ("GET", "/_control/stats"): self._read_stats,
+            ("POST", "/_control/faults"): self._queue_fault,
+            ("DELETE", "/_control/faults"): self._clear_faults,
+            ("POST", "/_control/limits"): self._set_limit,
+            ("POST", "/_control/reset"): self._reset,
+        }
+        route = routes.get((req.method, req.path.rstrip("/")))
         try:
             data: Any = json.loads(req.body) if req.body.strip() else {}
             if not isinstance(data, dict):
                 raise ValueError("JSON body must be an object")
-            if route == ("GET", "/_control/calls"):
-                since = int(parse_qs(req.query).get("since", ["0"])[0])
-                return _json(200, [dataclasses.asdict(c) for c in self.calls()[since:]])
-            if route == ("GET", "/_control/stats"):
-                with self._lock:
-                    return _json(200, self._log.stats())
-            if route == ("POST", "/_control/faults"):
-                fault, times = data.pop("fault"), data.pop("times", 1)
-                contains, scope = data.pop("path_contains", None), data.pop("scope", None)
-                key = data.pop("idempotency_key", None)
-                if "body_b64" in data:
-                    data["body"] = base64.b64decode(data.pop("body_b64"))
-
-                def match(c: Call) -> bool:
-                    return ((contains is None or contains in c.path)
-                            and (scope is None or c.scope == scope)
-                            and (key is None or c.idempotency_key == key))
-
-                self.inject(fault, times=times, match=match, **data)
-                return _json(201, {"queued": fault})
-            if route == ("DELETE", "/_control/faults"):
-                self.clear_faults()
-                return _json(200, {"cleared": True})
-            if route == ("POST", "/_control/limits"):
-                self.limit(str(data["scope"]), data.get("per_second"), data.get("burst"))
-                return _json(200, {"scope": data["scope"], "per_second": data.get("per_second")})
-            if route == ("POST", "/_control/reset"):
-                self.reset()
-                return _json(200, {"reset": True})
+            if route is not None:
+                return route(req, data)
         except (KeyError, TypeError, ValueError) as exc:
             return _json(400, {"error": f"{type(exc).__name__}: {exc}"})
         return _json(404, {"error": f"no control route {req.method} {req.path}"})
+
+    def _read_calls(self, req: Request, _data: dict[str, Any]) -> tuple[int, bytes]:
+        since = int(parse_qs(req.query).get("since", ["0"])[0])
+        return _json(200, [dataclasses.asdict(c) for c in self.calls()[since:]])
+
+    def _read_stats(self, _req: Request, _data: dict[str, Any]) -> tuple[int, bytes]:
+        with self._lock:
+            return _json(200, self._log.stats())
+
+    def _queue_fault(self, _req: Request, data: dict[str, Any]) -> tuple[int, bytes]:
+        fault, times = data.pop("fault"), data.pop("times", 1)
+        contains, scope = data.pop("path_contains", None), data.pop("scope", None)
+        key = data.pop("idempotency_key", None)
+        if "body_b64" in data:
+            data["body"] = base64.b64decode(data.pop("body_b64"))
+
+        def match(c: Call) -> bool:
+            return ((contains is None or contains in c.path)
+                    and (scope is None or c.scope == scope)
+                    and (key is None or c.idempotency_key == key))
+
+        self.inject(fault, times=times, match=match, **data)
+        return _json(201, {"queued": fault})
+
+    def _clear_faults(self, _req: Request, _data: dict[str, Any]) -> tuple[int, bytes]:
+        self.clear_faults()
+        return _json(200, {"cleared": True})
+
+    def _set_limit(self, _req: Request, data: dict[str, Any]) -> tuple[int, bytes]:
+        self.limit(str(data["scope"]), data.get("per_second"), data.get("burst"))
+        return _json(200, {"scope": data["scope"], "per_second": data.get("per_second")})
+
+    def _reset(self, _req: Request, _data: dict[str, Any]) -> tuple[int, bytes]:
+        self.reset()
+        return _json(200, {"reset": True})

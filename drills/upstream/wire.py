@@ -48,8 +48,20 @@ async def read_request(reader: asyncio.StreamReader) -> Request | None:
     if len(parts) != 3 or not _TOKEN.fullmatch(parts[0]) or not _VERSION.fullmatch(parts[2]):
         raise BadRequest(400, "malformed request line")
     method, target, version = parts
+    headers = _headers(lines[1:])
+    body = await reader.readexactly(_content_length(headers))
+    split = urlsplit(target)
+    if not split.path.startswith("/"):
+        raise BadRequest(400, "bad request target")
+    tokens = {t.strip().lower() for t in headers.get("connection", "").split(",")}
+    keep = "close" not in tokens and (version == "HTTP/1.1" or "keep-alive" in tokens)
+    return Request(method, split.path, split.query, headers, body, keep)
+
+
+def _headers(lines: list[str]) -> dict[str, str]:
+    """The header fields by lower-case name, repeated ones joined with a comma."""
     headers: dict[str, str] = {}
-    for line in lines[1:]:
+    for line in lines:
         if not line:
             continue
         name, sep, value = line.partition(":")
@@ -57,6 +69,11 @@ async def read_request(reader: asyncio.StreamReader) -> Request | None:
             raise BadRequest(400, "malformed header line")
         name, value = name.lower(), value.strip(" \t")
         headers[name] = f"{headers[name]}, {value}" if name in headers else value
+    return headers
+
+
+def _content_length(headers: dict[str, str]) -> int:
+    """The body's length; BadRequest for a framing this fake does not read."""
     if "transfer-encoding" in headers:
         raise BadRequest(501, "transfer-encoding is not supported")
     length = headers.get("content-length", "0")
@@ -64,13 +81,7 @@ async def read_request(reader: asyncio.StreamReader) -> Request | None:
         raise BadRequest(400, "bad content-length")
     if int(length) > MAX_BODY:
         raise BadRequest(413, "request body too large")
-    body = await reader.readexactly(int(length))
-    split = urlsplit(target)
-    if not split.path.startswith("/"):
-        raise BadRequest(400, "bad request target")
-    tokens = {t.strip().lower() for t in headers.get("connection", "").split(",")}
-    keep = "close" not in tokens and (version == "HTTP/1.1" or "keep-alive" in tokens)
-    return Request(method, split.path, split.query, headers, body, keep)
+    return int(length)
 
 
 def response(status: int, headers: Mapping[str, str], body: bytes, *, keep: bool,

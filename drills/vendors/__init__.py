@@ -39,7 +39,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-__all__ = ["Call", "Exchange", "TokenBucket", "VendorFake", "example_block",
+__all__ = ["Call", "Exchange", "Refused", "TokenBucket", "VendorFake", "example_block",
            "host_without_port", "json_response", "parse_json"]
 
 
@@ -109,6 +109,17 @@ def parse_json(raw: bytes) -> Any:
         return raw.decode("utf-8", "replace")
 
 
+class Refused(Exception):
+    """A call the vendor answers without acting on it: `outcome` as the call is recorded
+    (see `Call`), `response` what the vendor sends. A handler raises it at the first check
+    the call fails; `VendorFake` answers it."""
+
+    def __init__(self, outcome: str, response: Response) -> None:
+        super().__init__(outcome)
+        self.outcome = outcome
+        self.response = response
+
+
 Handler = Callable[[Request, bytes, Exchange], Awaitable[Response]]
 
 
@@ -165,14 +176,18 @@ class VendorFake:
         raise NotImplementedError
 
     def _route(self, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
-        """A Starlette endpoint running `handler`, recording the call and counting it."""
+        """A Starlette endpoint running `handler` (its answer, or the one it was Refused
+        with), recording the call and counting it."""
 
         async def endpoint(request: Request) -> Response:
             ex = Exchange(time.monotonic())
             raw = await request.body()
             ex.body = parse_json(raw)
             ex.idempotency_key = request.headers.get("idempotency-key")  # only Stripe may honour it
-            response = await handler(request, raw, ex)
+            try:
+                response = await handler(request, raw, ex)
+            except Refused as refused:
+                ex.outcome, response = refused.outcome, refused.response
             status = response.status_code
             self.statuses[status] += 1
             self.outcomes[ex.outcome] += 1

@@ -40,7 +40,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from drills.vendors import Exchange, VendorFake, json_response
+from drills.vendors import Exchange, Refused, VendorFake, json_response
 
 __all__ = ["Deletion", "FakeBigCommerce"]
 
@@ -122,38 +122,41 @@ class FakeBigCommerce(VendorFake):
         # a store the token does not belong to is told apart from a bad token by nothing the
         # docs show: both are 401 here
         if store is None or request.headers.get("x-auth-token") != store.token:
-            ex.outcome = "unauthorized"
-            return _error(401, "Unauthorized")
+            raise Refused("unauthorized", _error(401, "Unauthorized"))
         ex.tenant = name
         fault = await self._take_fault(ex)
         if fault is not None:
             return fault
         allowed, headers = self._quota(store, ex.at)
         if not allowed:
-            ex.outcome = "throttled"
-            return _error(429, "Too Many Requests", headers=headers)
+            raise Refused("throttled", _error(429, "Too Many Requests", headers=headers))
         values = request.query_params.getlist("id:in")
-        if not values:  # documented: no query, no change, 204
-            return Response(status_code=204, headers=headers)
+        if values:  # documented: no query, no change, 204
+            ids = self._ids(values, headers)
+            deleted = tuple(i for i in dict.fromkeys(ids) if i in store.customers)
+            store.customers.difference_update(deleted)
+            self.deletions.append(Deletion(ex.at, name, tuple(ids), deleted))
+            if not deleted:
+                ex.outcome = "not_found"  # still a 204: ids that do not exist are not an error
+        return Response(status_code=204, headers=headers)
+
+    def _ids(self, values: list[str], headers: dict[str, str]) -> list[int]:
+        """The ids of the `id:in` filter; Refused (invalid) for one that is no integer, or
+        more than max_ids_per_call of them."""
         ids: list[int] = []
         for part in ",".join(values).split(","):
             part = part.strip()
             if not part.isdigit():
-                ex.outcome = "invalid"
                 # 422 as documented; the title's wording is not (docs silent)
-                return _error(422, "The filter(s): id:in are not valid.",
-                              {"id:in": f"'{part}' is not an integer"}, headers)
+                raise Refused("invalid", _error(422, "The filter(s): id:in are not valid.",
+                                                {"id:in": f"'{part}' is not an integer"},
+                                                headers))
             ids.append(int(part))
         if self.max_ids_per_call is not None and len(ids) > self.max_ids_per_call:
-            ex.outcome = "invalid"
-            return _error(413, "The request payload is too large. The maximum number of items "
-                          f"allowed in the array is {self.max_ids_per_call}.", headers=headers)
-        deleted = tuple(i for i in dict.fromkeys(ids) if i in store.customers)
-        store.customers.difference_update(deleted)
-        self.deletions.append(Deletion(ex.at, name, tuple(ids), deleted))
-        if not deleted:
-            ex.outcome = "not_found"  # still a 204: ids that do not exist are not an error
-        return Response(status_code=204, headers=headers)
+            raise Refused("invalid", _error(
+                413, "The request payload is too large. The maximum number of items allowed "
+                f"in the array is {self.max_ids_per_call}.", headers=headers))
+        return ids
 
     @staticmethod
     def _quota(store: _Store, now: float) -> tuple[bool, dict[str, str]]:

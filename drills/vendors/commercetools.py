@@ -38,7 +38,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from drills.vendors import Exchange, TokenBucket, VendorFake, json_response
+from drills.vendors import Exchange, Refused, TokenBucket, VendorFake, json_response
 
 __all__ = ["FakeCommercetools"]
 
@@ -67,6 +67,26 @@ def _errors(status: int, code: str, message: str, headers: dict[str, str] | None
     return json_response(status, {"statusCode": status, "message": message,
                                   "errors": [{"code": code, "message": message, **extra}]},
                          headers)
+
+
+def _limited(status: int) -> Response:
+    """The answer past a project's rate limit, in the status it was set to answer."""
+    if status == 503:
+        return _errors(503, "OverCapacity", "Service is over capacity. Please retry later.")
+    # no documented 429 code for this API: the ErrorResponse shape, a plain code
+    return _errors(429, "TooManyRequests", "Too many requests. Please retry later.",
+                   {"Retry-After": "1"})
+
+
+def _expected_version(raw: str | None) -> int:
+    """The `version` a deletion must name; Refused (invalid) when it is missing or no
+    integer."""
+    if raw is None or not raw.lstrip("-").isdigit():
+        # InvalidInput as errorable.raml lists it; the wording is the fake's (docs silent)
+        message = ("Missing version number" if raw is None
+                   else f"Invalid version number '{raw}'")
+        raise Refused("invalid", _errors(400, "InvalidInput", message))
+    return int(raw)
 
 
 class FakeCommercetools(VendorFake):
@@ -130,45 +150,30 @@ class FakeCommercetools(VendorFake):
         auth = request.headers.get("authorization", "")
         scheme, _, token = auth.partition(" ")
         if project is None or scheme.lower() != "bearer" or token.strip() != project.token:
-            ex.outcome = "unauthorized"
             # AuthErrorResponse as the errors page shows it; a token for another project is
             # just as invalid for this one
-            return json_response(401, {
+            raise Refused("unauthorized", json_response(401, {
                 "statusCode": 401, "message": "invalid_token",
                 "errors": [{"code": "invalid_token", "message": "invalid_token"}],
-                "error": "invalid_token"})
+                "error": "invalid_token"}))
         ex.tenant = project_key
         fault = await self._take_fault(ex)
         if fault is not None:
             return fault
         if project.bucket is not None and not project.bucket.take(1.0, ex.at):
-            ex.outcome = "throttled"
-            if project.limited_status == 503:
-                return _errors(503, "OverCapacity", "Service is over capacity. Please retry "
-                               "later.")
-            # no documented 429 code for this API: the ErrorResponse shape, a plain code
-            return _errors(429, "TooManyRequests", "Too many requests. Please retry later.",
-                           {"Retry-After": "1"})
-        raw_version = request.query_params.get("version")
-        if raw_version is None or not raw_version.lstrip("-").isdigit():
-            ex.outcome = "invalid"
-            # InvalidInput as errorable.raml lists it; the wording is the fake's (docs silent)
-            message = ("Missing version number" if raw_version is None
-                       else f"Invalid version number '{raw_version}'")
-            return _errors(400, "InvalidInput", message)
-        expected = int(raw_version)
+            raise Refused("throttled", _limited(project.limited_status))
+        expected = _expected_version(request.query_params.get("version"))
         customer_id = request.path_params["customer_id"]
         customer = project.customers.get(customer_id)
         if customer is None:
-            ex.outcome = "not_found"
-            return _errors(404, "ResourceNotFound",
-                           f"The Resource with ID '{customer_id}' was not found.")
+            raise Refused("not_found", _errors(
+                404, "ResourceNotFound", f"The Resource with ID '{customer_id}' was not found."))
         if customer.version != expected:
-            ex.outcome = "conflict"
-            return _errors(409, "ConcurrentModification",
-                           f"Object {customer_id} has a different version than expected. "
-                           f"Expected: {expected} - Actual: {customer.version}.",
-                           currentVersion=customer.version)
+            raise Refused("conflict", _errors(
+                409, "ConcurrentModification",
+                f"Object {customer_id} has a different version than expected. "
+                f"Expected: {expected} - Actual: {customer.version}.",
+                currentVersion=customer.version))
         del project.customers[customer_id]
         # the Customer as it was; a minimal one (no email or names were ever set here)
         return json_response(200, {

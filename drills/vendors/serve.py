@@ -76,7 +76,7 @@ def _bind(hosts: Sequence[str], port: int) -> list[socket.socket]:
             for host in hosts:
                 # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say
                 # so, and without it a keep-alive connection waits out the peer's delayed ACK
-                # (40 ms a request)
+                # on every request (bench/reports/design-notes.md, HTTP and statements)
                 sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET,
                                      socket.SOCK_STREAM, socket.IPPROTO_TCP)
                 socks.append(sock)

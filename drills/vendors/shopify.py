@@ -44,6 +44,7 @@ from starlette.routing import Route
 
 from drills.vendors import (
     Exchange,
+    Refused,
     TokenBucket,
     VendorFake,
     host_without_port,
@@ -172,52 +173,56 @@ class FakeShopify(VendorFake):
         ex.body = raw.decode("utf-8", "replace") if "graphql" in ctype else parse_json(raw)
         if shop is None:
             # no such shop: Shopify answers its "Not Found" page (docs silent on the body)
-            ex.outcome = "not_found"
-            return json_response(404, {"errors": "Not Found"})
+            raise Refused("not_found", json_response(404, {"errors": "Not Found"}))
         ex.tenant = host
         if request.headers.get("x-shopify-access-token") != shop.token:
-            ex.outcome = "unauthorized"
-            return json_response(401, {"errors": INVALID_TOKEN})
+            raise Refused("unauthorized", json_response(401, {"errors": INVALID_TOKEN}))
         fault = await self._take_fault(ex)
         if fault is not None:
             return fault
-        query, variables = self._operation(ex.body, ctype)
+        gid = self._customer_to_delete(ex.body, ctype)
+        return self._delete(shop, host, gid, ex)
+
+    def _customer_to_delete(self, body: Any, ctype: str) -> str:
+        """The gid a valid ``customerDelete`` names; Refused (invalid) as Shopify answers a
+        request it cannot run, before any cost is taken."""
+        query, variables = self._operation(body, ctype)
         if query is None:
-            ex.outcome = "invalid"
             # what Shopify answers to a body without a usable "query" (its clients report
             # "(400 Bad Request) query: Required parameter missing or invalid")
-            return json_response(400, {"errors": {"query": MISSING_QUERY}})
+            raise _invalid(400, {"errors": {"query": MISSING_QUERY}})
         if "customerDelete" not in query:
-            ex.outcome = "invalid"
             # the fake knows one mutation; a real schema error reads the same way
-            return json_response(200, {"errors": [{
+            raise _invalid(200, {"errors": [{
                 "message": "This fake serves only the customerDelete mutation",
                 "extensions": {"code": "undefinedField"}}]})
         gid, problem = self._customer_id(query, variables)
         if problem is not None:
-            ex.outcome = "invalid"
             # variables are checked before the query runs: no cost is taken (docs silent on
             # the exact text; this is the shape of GraphQL's variable errors)
-            return json_response(200, {"errors": [{
+            raise _invalid(200, {"errors": [{
                 "message": "Variable $input of type CustomerDeleteInput! was provided invalid "
                            f"value for id ({problem})",
                 "extensions": {"value": variables, "problems": [
                     {"path": ["id"], "explanation": problem}]}}]})
         requested = self.requested_cost
         if requested > SINGLE_QUERY_MAX:
-            ex.outcome = "invalid"
-            return json_response(200, {"errors": [{
+            raise _invalid(200, {"errors": [{
                 "message": f"Query cost is {requested}, which exceeds the single query max "
                            f"cost limit ({SINGLE_QUERY_MAX}).",
                 "extensions": {"code": "MAX_COST_EXCEEDED", "cost": requested,
                                "maxCost": SINGLE_QUERY_MAX, "documentation": THROTTLE_DOCS}}]})
-        bucket = shop.bucket
+        return gid
+
+    def _delete(self, shop: _Shop, host: str, gid: str, ex: Exchange) -> Response:
+        """The mutation run under the shop's bucket: the requested cost taken first (or
+        THROTTLED), the difference to the actual cost refunded."""
+        requested, bucket = self.requested_cost, shop.bucket
         if not bucket.take(requested, ex.at):
-            ex.outcome = "throttled"
-            return json_response(200, {
+            raise Refused("throttled", json_response(200, {
                 "errors": [{"message": "Throttled", "extensions": {
                     "code": "THROTTLED", "documentation": THROTTLE_DOCS}}],
-                "extensions": {"cost": self._cost(bucket, requested, None)}})
+                "extensions": {"cost": self._cost(bucket, requested, None)}}))
         if gid in shop.customers:
             shop.customers.discard(gid)
             actual = self.actual_cost
@@ -269,6 +274,10 @@ class FakeShopify(VendorFake):
                 "throttleStatus": {"maximumAvailable": bucket.capacity,
                                    "currentlyAvailable": int(bucket.tokens),
                                    "restoreRate": bucket.rate}}
+
+
+def _invalid(status: int, payload: Any) -> Refused:
+    return Refused("invalid", json_response(status, payload))
 
 
 _REASONS = {500: "Internal Server Error", 502: "Bad Gateway", 503: "Service Unavailable",

@@ -1,5 +1,5 @@
-"""The `sweeper` command: serve, worker, migrate, check-config, run, local, demo, drill,
-openapi, credentials.
+"""The `sweeper` command: its parser (`build_parser`, whose commands and options README.md's
+Commands table shows, a test keeping the two equal) and each command's body.
 
 Exit codes are service/commands/exits.py's. Expected failures print one line per problem to
 stderr, never a traceback.
@@ -14,7 +14,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from importlib.metadata import PackageNotFoundError, entry_points, version
 from pathlib import Path
@@ -24,16 +24,17 @@ from sqlalchemy.engine import URL
 
 from service.commands.exits import Exit
 from service.commands.run_client import RunFailed
-from service.config.policies import Policies, load_policies
+from service.config.policies import Policies, load_policies, read_policies
 from service.config.settings import (
     Settings,
     async_url,
     load_settings,
     plain_url,
+    read_settings,
     unknown_variables,
 )
 from service.db.engine import is_unavailable, make_engine
-from service.db.migrate import migrate_database
+from service.db.migrate import migrate_database, schema_revision, unreachable
 from service.errors import ConfigError, DatabaseUnavailable, ListenError
 from service.observability.logs import configure_logging
 
@@ -86,34 +87,28 @@ def database(settings: Settings) -> Iterator[URL]:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
-    """Every problem of the settings and the policies file at once, then the warnings."""
-    problems: list[str] = []
-    settings: Settings | None = None
-    try:
-        settings = load_settings()
-        policies_file = settings.policies_file
-    except ConfigError as exc:
-        problems += exc.problems
-        policies_file = Path(os.environ["SWEEPER_POLICIES_FILE"]) if os.environ.get(
-            "SWEEPER_POLICIES_FILE") else None
-    try:
-        policies = load_policies(policies_file)
-    except ConfigError as exc:
-        problems += exc.problems
-        policies = None
+    """Every problem of the settings, the policies file and the database at once (each
+    source checked as far as its own problems allow), then the warnings; exit 2 on a
+    configuration problem, else 3 when the database cannot be reached."""
+    settings, problems = read_settings()
+    named = os.environ.get("SWEEPER_POLICIES_FILE")  # where no settings could be read
+    policies_file = (settings.policies_file if settings is not None
+                     else Path(named) if named else None)
+    policies, found = read_policies(policies_file)
+    problems += found
     warnings = unknown_variables(os.environ)
     if policies_file is None:
         warnings.append("SWEEPER_POLICIES_FILE is not set: there are no policies, so no item "
                         "can be registered and no webhook accepted")
     for warning in warnings:
         print(f"sweeper: warning: {warning}", file=sys.stderr)
-    if settings is not None and policies is not None:
+    if settings is not None:
         from service.budget.credential_waits import missing_key
         from service.credentials import Keyring
 
         problems += missing_key(policies, Keyring.from_settings(settings))
     statements: list[str] = []
-    if policies is not None and policies.stores:
+    if policies.stores:
         from service.sweeps.store_databases import check_policies
 
         checked = asyncio.run(check_policies(policies, explain=args.explain))
@@ -121,23 +116,22 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         statements = checked.statements
         for warning in checked.warnings:
             print(f"sweeper: warning: {warning}", file=sys.stderr)
-    if problems:
-        raise ConfigError(*problems)
-    assert settings is not None
-    assert policies is not None
-    signer = settings.evidence_signer()
-    if signer is not None:
-        signing = f"signed with key {signer.current.key_id}"
-    elif settings.database_url is None:
-        signing = f"signed with the key under {settings.data_dir}"
-    else:
-        signing = "UNSIGNED (set SWEEPER_EVIDENCE_SIGNING_KEY_FILE)"
-    stores = f"{len(policies.stores)} store(s), " if policies.stores else ""
-    print(f"ok: {len(policies.upstreams)} upstream(s), {stores}"
-          f"{len(policies.policies)} policy(ies), "
-          f"{len(policies.webhooks)} webhook source(s) from {policies.source}; "
-          f"database: {'configured' if settings.database_url else 'embedded'}; "
-          f"evidence exports: {signing}")
+    database, down = "", None  # what is said of the database; why it cannot be reached
+    try:
+        database = check_database(settings) if settings is not None else ""
+    except ConfigError as exc:
+        problems += exc.problems
+    except DatabaseUnavailable as exc:
+        down = exc
+    report_problems(problems)
+    if down is not None:
+        print(f"sweeper: database unavailable: {down}", file=sys.stderr)
+    if problems or settings is None:
+        return Exit.CONFIG
+    if down is not None:
+        return Exit.DATABASE
+    print(f"ok: {checked_summary(policies)}; database: {database}; evidence "
+          f"exports: {signing_said(settings)}")
     for shown in statements:
         print(shown)
     from service.sweeps.list_pages import describe_requests
@@ -145,6 +139,45 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     for shown in describe_requests(policies):
         print(shown)
     return Exit.OK
+
+
+def checked_summary(policies: Policies) -> str:
+    """What check-config found in the policies file, counted."""
+    stores = f"{len(policies.stores)} store(s), " if policies.stores else ""
+    return (f"{len(policies.upstreams)} upstream(s), {stores}"
+            f"{len(policies.policies)} policy(ies), "
+            f"{len(policies.webhooks)} webhook source(s) from {policies.source}")
+
+
+def signing_said(settings: Settings) -> str:
+    """How the process will sign evidence exports, as check-config says it."""
+    signer = settings.evidence_signer()
+    if signer is not None:
+        return f"signed with key {signer.current.key_id}"
+    if settings.database_url is None:
+        return f"signed with the key under {settings.data_dir}"
+    return "UNSIGNED (set SWEEPER_EVIDENCE_SIGNING_KEY_FILE)"
+
+
+def check_database(settings: Settings) -> str:
+    """What check-config says of the database: the configured one reached, and its schema
+    against this build's; the embedded one's folder. DatabaseUnavailable when it cannot be
+    reached, ConfigError when the embedded one is not installed."""
+    from service.db import embedded
+    from service.db.migrate import head_revision
+
+    url = settings.sqlalchemy_url()
+    if url is None:
+        if not embedded.installed():
+            raise ConfigError(embedded.NOT_INSTALLED)
+        return f"embedded, under {settings.data_dir}"
+    revision = asyncio.run(schema_revision(url, settings))
+    said = f"reachable, schema at {revision or 'nothing yet'}"
+    if revision != head_revision():
+        said += (f" (this build's is {head_revision()}: "
+                 + ("`serve` migrates it at start)" if settings.migrate_on_start
+                    else "run `sweeper migrate`, SWEEPER_MIGRATE_ON_START is off)"))
+    return said
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
@@ -182,8 +215,7 @@ async def _reencrypt(url: URL, settings: Settings, keyring: Keyring) -> Reencryp
                                                   actor="cli:credentials rotate-key")
     except Exception as exc:
         if is_unavailable(exc):
-            where = url.set(drivername="postgresql").render_as_string(hide_password=True)
-            raise DatabaseUnavailable(f"cannot reach PostgreSQL at {where}") from None
+            raise unreachable(url, exc) from None
         raise
     finally:
         await engine.dispose()
@@ -436,16 +468,25 @@ def sweeper_version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="sweeper", description=__doc__.splitlines()[0],
+    parser = Parser(prog="sweeper",
+                    description="Sweeper: scheduled, rate-limited, crash-safe deletions in "
+                                "other systems (through an upstream's HTTP API, or in a "
+                                "store's own database). `sweeper COMMAND --help` describes a "
+                                "command and each of its options.",
                     epilog="Exit codes: 0 success, 1 a run left dead items (run --follow), a "
-                           "stale file (openapi --check) or a failed drill, 2 configuration "
+                           "stale file (openapi --check), a failed drill, a stored credential "
+                           "no key opens (credentials rotate-key) or an export not as signed "
+                           "(evidence verify), 2 configuration "
                            "refused, 3 database unreachable, 4 cannot listen on the address, "
                            "5 the server could not be reached or refused (run), 6 the run "
-                           "failed (run --follow), 64 usage error, 130 interrupted.")
+                           "failed (run --follow), 64 usage error, 130 interrupted (Ctrl-C; a "
+                           "server stopped by Ctrl-C or SIGTERM drains and exits 0).")
     parser.add_argument("--version", action="version", version=f"sweeper {sweeper_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    serve = sub.add_parser("serve", help="run the HTTP API and the worker pool",
+    serve = sub.add_parser("serve", help="run the HTTP API and the worker pool (and, on the "
+                                         "elected leader, run publication, holds maintenance "
+                                         "and retention)",
                            description="Run the HTTP API, the run publisher and the worker "
                                        "pool (configured by SWEEPER_* variables).")
     serve.add_argument("--host", default=None,
@@ -453,27 +494,32 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=port_number, default=None,
                        help="port, 1-65535 (default SWEEPER_PORT, 8080)")
     serve.add_argument("--api-only", action="store_true", help="do not start workers")
-    serve.set_defaults(func=cmd_serve)
+    serve.set_defaults(func=cmd_serve, prints_unknown_variables=False)  # logs them
 
     worker = sub.add_parser("worker", help="run only the worker pool (no HTTP API)",
                             description="Run only the worker pool (SWEEPER_WORKERS of them).")
-    worker.set_defaults(func=cmd_worker)
+    worker.set_defaults(func=cmd_worker, prints_unknown_variables=False)  # logs them
 
     migrate = sub.add_parser("migrate", help="bring the database schema to a revision")
-    migrate.add_argument("--revision", default="head", help="target revision")
-    migrate.set_defaults(func=cmd_migrate)
+    migrate.add_argument("--revision", default="head", metavar="REV", help="target revision")
+    migrate.set_defaults(func=cmd_migrate, prints_unknown_variables=False)  # logs them
 
-    check = sub.add_parser("check-config", help="validate settings and the policies file",
+    check = sub.add_parser("check-config",
+                           help="validate settings and the policies file (each store "
+                                "statement against its store), reach the database, then exit",
                            description="List every problem of the SWEEPER_* settings and the "
-                                       "policies file, and warn about unknown SWEEPER_* "
-                                       "variables; exit 2 if there are problems. Each "
-                                       "store's source queries and target statements are "
-                                       "checked against the store and shown.")
+                                       "policies file at once, reach the database as `serve` "
+                                       "would, and warn about unknown SWEEPER_* variables; "
+                                       "exit 2 if there are problems, 3 if only the database "
+                                       "cannot be reached. Each store's source queries and "
+                                       "target statements are checked against the store and "
+                                       "shown.")
     check.add_argument("--explain", action="store_true",
                        help="show each store statement's plan (EXPLAIN; nothing is deleted)")
-    check.set_defaults(func=cmd_check_config)
+    check.set_defaults(func=cmd_check_config, prints_unknown_variables=False)  # lists them
 
-    run = sub.add_parser("run", help="trigger a run on a server (and follow it)",
+    run = sub.add_parser("run", help="trigger a run on a server (SWEEPER_URL, SWEEPER_TOKEN); "
+                                     "--follow shows a progress bar until it drains",
                          description="Trigger a run on a server; with --follow, show its "
                                      "progress and exit 0 only if it ended with no dead item "
                                      "(1: dead items, 5: server unreachable or refused, "
@@ -481,41 +527,49 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--url", default=os.environ.get("SWEEPER_URL", "http://127.0.0.1:8080"),
                      help="server base URL (default SWEEPER_URL or http://127.0.0.1:8080)")
     run.add_argument("--token", default=None, help="bearer token (default SWEEPER_TOKEN)")
-    run.add_argument("--policy", default=None, help="only this policy (default: all)")
-    run.add_argument("--tenant", default=None, help="only this tenant (default: all)")
+    run.add_argument("--policy", default=None, metavar="P",
+                     help="only this policy (default: all)")
+    run.add_argument("--tenant", default=None, metavar="T",
+                     help="only this tenant (default: all)")
     run.add_argument("--dry-run", action="store_true",
                      help="report only: count candidates, release nothing")
-    run.add_argument("--max-items", type=bounded(1, 10_000_000), default=None,
+    run.add_argument("--max-items", type=bounded(1, 10_000_000), default=None, metavar="N",
                      help="release at most this many items (default: every due item)")
-    run.add_argument("--idempotency-key", default=None,
+    run.add_argument("--idempotency-key", default=None, metavar="KEY",
                      help="the trigger's Idempotency-Key: the same key gives the same run "
                           "(default: none, every call is a new run)")
     run.add_argument("--follow", action="store_true",
                      help="show progress until the run drains, and exit by how it ended")
     run.set_defaults(func=cmd_run)
 
-    local = sub.add_parser("local", help="try it locally: the service, a simulated store and "
-                                         "a ready configuration",
+    local = sub.add_parser("local", help="the service with a ready local configuration: an "
+                                         "embedded database, a simulated store, a token and "
+                                         "three commands to try",
                            description="Serve the API and workers on 127.0.0.1 with an "
                                        "embedded database, a simulated store and the policies "
-                                       "of service/commands/local/policies.toml; prints a token "
-                                       "and three curl commands to try.")
-    local.add_argument("--port", type=port_number, default=8080, help="API port")
-    local.add_argument("--store-port", type=port_number, default=8081,
+                                       "of service/commands/local/policies.toml; prints a "
+                                       "token and three curl commands to try.")
+    local.add_argument("--port", type=port_number, default=8080, metavar="PORT",
+                       help="API port")
+    local.add_argument("--store-port", type=port_number, default=8081, metavar="PORT",
                        help="the simulated store's port")
-    local.add_argument("--workers", type=bounded(1, 256), default=8, help="workers")
-    local.add_argument("--data-dir", type=Path, default=None,
+    local.add_argument("--workers", type=bounded(1, 256), default=8, metavar="N",
+                       help="workers")
+    local.add_argument("--data-dir", type=Path, default=None, metavar="DIR",
                        help="keep the database in this folder (default: a temporary one, "
                             "removed on exit)")
     local.set_defaults(func=cmd_local)
 
-    demo = sub.add_parser("demo", help="run everything locally against a simulated store")
-    demo.add_argument("--items", type=bounded(1, 1_000_000), default=3000,
+    demo = sub.add_parser("demo", help="everything locally: an embedded database, the API and "
+                                       "workers, a simulated rate-limited store, a few "
+                                       "thousand items drained with a progress bar")
+    demo.add_argument("--items", type=bounded(1, 1_000_000), default=3000, metavar="N",
                       help="expired carts to register")
-    demo.add_argument("--tenants", type=bounded(1, 10_000), default=6,
+    demo.add_argument("--tenants", type=bounded(1, 10_000), default=6, metavar="N",
                       help="tenants they belong to")
-    demo.add_argument("--workers", type=bounded(1, 1024), default=32, help="workers")
-    demo.add_argument("--keep", type=Path, default=None,
+    demo.add_argument("--workers", type=bounded(1, 1024), default=32, metavar="N",
+                      help="workers")
+    demo.add_argument("--keep", type=Path, default=None, metavar="DIR",
                       help="keep the demo database in this folder (default: a temporary one)")
     demo.set_defaults(func=cmd_demo)
 
@@ -548,24 +602,26 @@ def build_parser() -> argparse.ArgumentParser:
                     "--checkpoints, every checkpoint kept outside the database agrees with "
                     "the log. Exit 0 verified, 1 not (the first line that fails is named), "
                     "2 a file that cannot be read.")
-    verify.add_argument("file", type=Path, help="the export (JSON lines)")
+    verify.add_argument("file", type=Path, metavar="EXPORT", help="the export (JSON lines)")
     verify.add_argument("--public-key", type=Path, action="append", required=True,
-                        metavar="FILE",
+                        metavar="KEYS",
                         help="a PEM public key, base64 keys, or the JSON of GET "
                              "/v1/evidence/public-key (repeat for more)")
-    verify.add_argument("--checkpoints", type=Path, metavar="FILE",
+    verify.add_argument("--checkpoints", type=Path, metavar="KEPT",
                         help="checkpoints kept outside the database (the JSON of GET "
                              "/v1/evidence/checkpoints): the log must agree with each")
-    verify.set_defaults(func=cmd_verify_evidence)
+    verify.set_defaults(func=cmd_verify_evidence, prints_unknown_variables=False)
 
     add_plugin_commands(sub)
 
-    openapi = sub.add_parser("openapi", help="write the OpenAPI document")
+    openapi = sub.add_parser("openapi", help="write (or, with --check, verify) the OpenAPI "
+                                             "document")
     openapi.add_argument("--output", type=Path, default=Path("openapi/openapi.json"),
+                         metavar="FILE",
                          help="file to write or check")
     openapi.add_argument("--check", action="store_true",
                          help="only check the file is current; exit 1 if stale")
-    openapi.set_defaults(func=cmd_openapi)
+    openapi.set_defaults(func=cmd_openapi, prints_unknown_variables=False)
     return parser
 
 
@@ -574,14 +630,24 @@ def main(argv: list[str] | None = None) -> int:
     return run(build_parser().parse_args(argv))
 
 
+def report_problems(problems: Iterable[str]) -> None:
+    """One line per configuration problem, on stderr."""
+    for problem in problems:
+        print(f"sweeper: configuration error: {problem}", file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> int:
-    """Run a parsed command; expected failures become one line each and an exit code."""
+    """Run a parsed command; expected failures become one line each and an exit code.
+    SWEEPER_* variables nothing reads are warned about first (a misspelt one is otherwise
+    ignored in silence), unless the command reads no settings or logs them itself."""
     func: Callable[[argparse.Namespace], int] = args.func
+    if getattr(args, "prints_unknown_variables", True):
+        for warning in unknown_variables(os.environ):
+            print(f"sweeper: warning: {warning}", file=sys.stderr)
     try:
         return func(args)
     except ConfigError as exc:
-        for problem in exc.problems or (str(exc),):
-            print(f"sweeper: configuration error: {problem}", file=sys.stderr)
+        report_problems(exc.problems or (str(exc),))
         return Exit.CONFIG
     except DatabaseUnavailable as exc:
         print(f"sweeper: database unavailable: {exc}", file=sys.stderr)

@@ -3,9 +3,9 @@
 An embedded PostgreSQL in a temporary directory, the real HTTP API and worker pool, and a
 simulated storefront deletion API (on loopback, as `sweeper local` serves it) that enforces
 a per-tenant rate limit with 429 + Retry-After and now and then answers 404 (already gone)
-or 503 (try later). A few
-thousand items over several tenants are registered over HTTP, a dry run reports on them,
-then a run is triggered and its drain followed with the progress bar.
+or 503 (try later). A few thousand items over several tenants are registered over HTTP, a
+dry run reports on them, then a run is triggered and its drain followed with the progress
+bar.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import uvicorn
 
 from service.app import create_app
 from service.commands import run_client
+from service.commands.local import signing_key
 from service.commands.local.store import SimulatedStore, Weather
 from service.config.policies import Policies, resolve_policies
 from service.config.settings import LogFormat, Settings, async_url
@@ -51,10 +52,12 @@ def demo_policies(store_port: int) -> Policies:
     }, {}, source="<demo>")
 
 
-async def _demo(url: str, items: int, tenants: int, workers: int) -> int:
+async def _demo(url: str, items: int, tenants: int, workers: int, keep: Path | None) -> int:
     token = secrets.token_urlsafe(24)
+    key, key_file = signing_key(keep)  # signed as the docs say the embedded database is
     settings = Settings(database_url=url, api_tokens=token, workers=workers,
-                        batch_size=250, log_format=LogFormat.CONSOLE, log_level="WARNING")
+                        batch_size=250, log_format=LogFormat.CONSOLE, log_level="WARNING",
+                        evidence_signing_key=key, evidence_signing_key_file=key_file)
     await migrate_database(async_url(url), settings)
     store = SimulatedStore(rate_per_s=TENANT_RATE_PER_S, burst=STORE_BURST, weather=BAD_WEATHER)
     store_socket = listening_socket("127.0.0.1", 0)
@@ -109,4 +112,4 @@ async def _demo(url: str, items: int, tenants: int, workers: int) -> int:
 def run_demo(items: int, tenants: int, workers: int, keep: Path | None) -> int:
     """Start an embedded database (a temporary one unless `keep` names a folder) and run."""
     with embedded_database(keep, prefix="sweeper-demo-") as url:
-        return asyncio.run(_demo(url, items, tenants, workers))
+        return asyncio.run(_demo(url, items, tenants, workers, keep))

@@ -10,7 +10,8 @@ from enum import IntEnum
 class Exit(IntEnum):
     OK = 0
     # `run --follow`: the run drained with dead items; `openapi --check`: the file is stale;
-    # `drill`: a drill failed
+    # `drill`: a drill failed; `credentials rotate-key`: a row no key opens; `evidence
+    # verify`: the export is not what was signed
     INCOMPLETE = 1
     CONFIG = 2  # a setting, option value or the policies file refused
     DATABASE = 3  # PostgreSQL unreachable (or the embedded one did not start)
@@ -18,4 +19,6 @@ class Exit(IntEnum):
     SERVER = 5  # `run`: the server could not be reached or refused the request
     RUN_FAILED = 6  # `run --follow`: the run itself failed (publication gave up)
     USAGE = 64  # the command line itself: unknown option, missing argument (sysexits)
-    INTERRUPTED = 130  # Ctrl-C
+    # Ctrl-C before the command finished; a server (serve, worker, local) asked to stop by
+    # Ctrl-C or SIGTERM drains and exits OK: stopping is what it was asked to do
+    INTERRUPTED = 130

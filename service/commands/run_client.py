@@ -19,7 +19,8 @@ from service.errors import ConfigError, SweeperError
 TERMINAL = ("succeeded", "dead", "cancelled", "skipped")
 POLL_INTERVAL_S = 0.5
 PLAIN_REPORT_EVERY_S = 5.0
-BAR_WIDTH = 30
+BAR_WIDTH = 30  # characters, when the line fits
+MIN_BAR_WIDTH = 10  # characters: narrower, a bar shows too little to be worth its room
 MAX_ERRORS_SHOWN = 10
 
 
@@ -34,7 +35,10 @@ class Progress:
     started: float
     first_done: int | None = None
 
-    def line(self, run: dict[str, Any], now: float) -> str:
+    def line(self, run: dict[str, Any], now: float, width: int | None = None) -> str:
+        """The progress line; within `width` characters when given (a terminal's row): the
+        bar narrows first, then the attempts lose their label, then their least frequent
+        outcomes (an ellipsis says so); the counts, rate and ETA stay whole."""
         items: dict[str, int] = run.get("items", {})
         total = int(run.get("released", 0))
         done = sum(items.get(s, 0) for s in TERMINAL)
@@ -44,13 +48,30 @@ class Progress:
         rate = (done - self.first_done) / elapsed
         publishing = run.get("state") == "publishing"
         share = done / total if total else (0.0 if publishing else 1.0)
-        filled = int(BAR_WIDTH * share)
         eta = f"{(total - done) / rate:.0f}s" if rate > 0 and done < total else "-"
-        attempts = run.get("attempts", {})
-        outcomes = " ".join(f"{k}={v}" for k, v in sorted(attempts.items()))
         state = "" if run.get("state") == "published" else f" ({run.get('state')})"
-        return (f"[{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {done}/{total} "
-                f"{share:4.0%} {rate:7.1f}/s ETA {eta}{state}  attempts: {outcomes or '-'}")
+        figures = f"{done}/{total} {share:4.0%} {rate:7.1f}/s ETA {eta}{state}"
+        # the most frequent outcomes first: the last ones give way to a narrow row
+        outcomes = [f"{k}={v}" for k, v in sorted(run.get("attempts", {}).items(),
+                                                  key=lambda kv: (-kv[1], kv[0]))]
+        bar, label, shown = BAR_WIDTH, "attempts: ", len(outcomes)
+
+        def drawn() -> str:
+            filled = int(bar * share)
+            counts = " ".join(outcomes[:shown] + (["…"] if shown < len(outcomes) else []))
+            return (f"[{'#' * filled}{'.' * (bar - filled)}] {figures}  "
+                    f"{label}{counts or '-'}")
+
+        while width is not None and len(drawn()) > width:
+            if bar > MIN_BAR_WIDTH:
+                bar = max(MIN_BAR_WIDTH, bar - (len(drawn()) - width))
+            elif label:
+                label = ""
+            elif shown:
+                shown -= 1
+            else:
+                return drawn()[:width]
+        return drawn()
 
 
 def finished(run: dict[str, Any]) -> bool:
@@ -88,13 +109,14 @@ async def follow(client: httpx.AsyncClient, run_id: int, out: TextIO = sys.stder
             raise RunFailed(_problem_text(response))
         run: dict[str, Any] = response.json()
         now = time.monotonic()
-        line = progress.line(run, now)
+        # one terminal row: `\r` returns to the start of the last row only, so a wrapped
+        # line would leave an older bar above newer counts (the last column left free: some
+        # terminals wrap on writing it)
+        width = max(shutil.get_terminal_size().columns - 1, 1) if tty else None
+        line = progress.line(run, now, width)
         done = finished(run)
         if tty:
-            # one terminal row: `\r` returns to the start of the last row only, so a wrapped
-            # line would leave an older bar above newer counts
-            width = shutil.get_terminal_size().columns
-            out.write("\r\x1b[2K" + line[:max(width - 1, 1)])
+            out.write("\r\x1b[2K" + line)
         elif done or now - last_plain >= PLAIN_REPORT_EVERY_S:
             out.write(line + "\n")
             last_plain = now
@@ -145,6 +167,15 @@ def outcome(run: dict[str, Any]) -> tuple[Exit, str]:
     return Exit.OK, drained
 
 
+def goes_on(url: str, run_id: int, key: str | None) -> str:
+    """What an interrupted `--follow` leaves: the run, going on on the server, and how to
+    see it again."""
+    again = (f"; the same command follows it again (Idempotency-Key {key!r}: the same run)"
+             if key else "")
+    return (f"run {run_id} goes on on the server; GET {url.rstrip('/')}/v1/runs/{run_id} "
+            f"shows its progress{again}")
+
+
 async def run_command(url: str, token: str | None, body: dict[str, Any], key: str | None,
                       follow_run: bool) -> int:
     """The `sweeper run` command body; prints the run id, then follows if asked and exits
@@ -158,7 +189,13 @@ async def run_command(url: str, token: str | None, body: dict[str, Any], key: st
               f"{' (dry run)' if run['dry_run'] else ''}")
         if not follow_run:
             return Exit.OK
-        final = await follow(client, int(run["id"]))
+        try:
+            final = await follow(client, int(run["id"]))
+        except asyncio.CancelledError:  # Ctrl-C (then exit 130): only the following stops
+            below_bar = "\n" if sys.stderr.isatty() else ""
+            print(f"{below_bar}sweeper: interrupted: {goes_on(url, int(run['id']), key)}",
+                  file=sys.stderr)
+            raise
     code, line = outcome(final)
     print(line, file=sys.stdout if code is Exit.OK else sys.stderr)
     return code

@@ -276,208 +276,359 @@ class Policies:
 
 
 def load_policies(path: Path | None, environ: Mapping[str, str] | None = None) -> Policies:
-    """Read, validate and resolve the policies file; no file means no policies."""
+    """Read, validate and resolve the policies file; no file means no policies.
+    ConfigError listing every problem."""
+    policies, problems = read_policies(path, environ)
+    if problems:
+        raise ConfigError(*problems)
+    return policies
+
+
+def read_policies(path: Path | None, environ: Mapping[str, str] | None = None
+                  ) -> tuple[Policies, list[str]]:
+    """The entries of the policies file that resolved, and every problem found in it (a
+    file that cannot be read or parsed is one problem); no file means no policies."""
     if path is None:
-        return Policies.empty()
+        return Policies.empty(), []
     env = os.environ if environ is None else environ
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ConfigError(f"policies file {path}: not found") from None
+        return Policies.empty(), [f"policies file {path}: not found"]
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"policies file {path}: cannot be read ({exc})") from None
+        return Policies.empty(), [f"policies file {path}: cannot be read ({exc})"]
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"policies file {path}: not valid TOML: {exc}") from None
-    return resolve_policies(raw, env, source=str(path))
+        return Policies.empty(), [f"policies file {path}: not valid TOML: {exc}"]
+    return resolve_checked(raw, env, source=str(path))
 
 
 def resolve_policies(raw: Mapping[str, Any], env: Mapping[str, str], *, source: str) -> Policies:
     """Validate a parsed file, resolve names and secrets; ConfigError listing every fault."""
-    try:
-        parsed = PoliciesFile.model_validate(raw)
-    except ValidationError as exc:
-        raise ConfigError(*(f"policies file {source}: {problem}"
-                            for problem in _schema_problems(exc))) from None
+    policies, problems = resolve_checked(raw, env, source=source)
+    if problems:
+        raise ConfigError(*problems)
+    return policies
 
-    problems: list[str] = []
 
-    def fail(key: str, message: str) -> None:
-        problems.append(f"policies file {source}: {key}: {message}")
+def resolve_checked(raw: Mapping[str, Any], env: Mapping[str, str], *, source: str
+                    ) -> tuple[Policies, list[str]]:
+    """Validate a parsed file and resolve names and secrets: what resolved, and every
+    problem found. Each entry is checked on its own, so one entry's mistakes never hide
+    another's; a problem stops only the checks of its own entry that it makes meaningless.
+    What resolved leaves out every entry with a problem, and those naming one."""
+    check = _Resolution(env, source)
+    parsed, written = _parse(raw, check.fail)
+    check.names(written)
+    upstreams, troubled = check.upstreams(parsed.upstreams)
+    stores = check.stores(parsed.stores)
+    policies: dict[str, Policy] = {}
+    # every entry as written: one that does not fit the schema still has its names checked
+    for name, entry in written["policies"].items():
+        _reference_problems(f"policies.{name}", entry, written, check.fail)
+        pol = parsed.policies.get(name)
+        if pol is not None and (policy := check.policy(name, pol, upstreams)) is not None:
+            policies[name] = policy
+    webhooks: dict[str, WebhookSource] = {}
+    for name, entry in written["webhooks"].items():
+        _rule_references(f"webhooks.{name}", entry, written, check.fail)
+        src = parsed.webhooks.get(name)
+        if src is not None and (webhook := check.webhook(name, src)) is not None:
+            webhooks[name] = webhook
 
-    def secret(var: str, key: str) -> str:
+    # what resolved: the entries without a problem, naming only entries that resolved
+    upstreams = {name: upstream for name, upstream in upstreams.items() if name not in troubled}
+    resolved: dict[str, Mapping[str, object]] = {"upstreams": upstreams, "stores": stores}
+    policies = {name: policy for name, policy in policies.items()
+                if all(named in resolved[section]
+                       for _, section, named in _names(written["policies"][name]))}
+    webhooks = {name: webhook for name, webhook in webhooks.items()
+                if all(rule.policy in policies for rule in webhook.config.rules)}
+    return Policies(upstreams=upstreams, policies=policies, webhooks=webhooks, source=source,
+                    stores=stores), check.problems
+
+
+class _Resolution:
+    """One resolution of a parsed file: the environment its secrets come from, and every
+    problem found, each naming the file and the key."""
+
+    def __init__(self, env: Mapping[str, str], source: str) -> None:
+        self.env = env
+        self.source = source
+        self.problems: list[str] = []
+
+    def fail(self, key: str, message: str) -> None:
+        self.problems.append(f"policies file {self.source}: {key}: {message}")
+
+    def secret(self, var: str, key: str) -> str:
         """A secret from the environment, less one trailing line break, as a credential
         file's (a secret mounted from a file usually ends in one, and with it a header could
         not be sent, a signature never match, a DSN never parse)."""
-        raw = str(env.get(var) or "")
+        raw = str(self.env.get(var) or "")
         value = raw[:-2] if raw.endswith("\r\n") else raw[:-1] if raw.endswith("\n") else raw
         if not raw:
-            fail(key, f"environment variable {var} is not set")
+            self.fail(key, f"environment variable {var} is not set")
         elif not value:
-            fail(key, f"environment variable {var} holds only a line break")
+            self.fail(key, f"environment variable {var} holds only a line break")
         return value
 
-    for section in ("upstreams", "stores", "policies", "webhooks"):
-        for name in getattr(parsed, section):
-            if not re.match(NAME_PATTERN, name):
-                fail(f"{section}.{name}", "names are lower-case letters, digits, '-', '_' "
-                                          "or '.', at most 63 characters")
-
-    def header_secret(var: str, key: str) -> str:
+    def header_secret(self, var: str, key: str) -> str:
         """A header's value from the environment: one that would make every call unsendable
         is refused here, never quoted."""
-        value = secret(var, key)
+        value = self.secret(var, key)
         if not _HEADER_TEXT.fullmatch(value):
-            fail(key, f"environment variable {var} holds a line break or a character a "
-                      "header value cannot carry (visible ASCII, spaces and tabs)")
+            self.fail(key, f"environment variable {var} holds a line break or a character a "
+                           "header value cannot carry (visible ASCII, spaces and tabs)")
         return value
 
-    upstreams: dict[str, Upstream] = {}
-    for name, up in parsed.upstreams.items():
-        headers = {header: header_secret(var, f"upstreams.{name}.headers_from_env.{header}")
+    def names(self, written: Mapping[str, Mapping[str, Any]]) -> None:
+        for section, entries in written.items():
+            for name in entries:
+                if not re.match(NAME_PATTERN, name):
+                    self.fail(f"{section}.{name}", "names are lower-case letters, digits, "
+                                                   "'-', '_' or '.', at most 63 characters")
+
+    def upstreams(self, declared: Mapping[str, UpstreamConfig]
+                  ) -> tuple[dict[str, Upstream], set[str]]:
+        """Each upstream that could be compiled, and those with problems: kept, so that
+        their policies' own checks still run against them, but never resolved."""
+        upstreams: dict[str, Upstream] = {}
+        troubled: set[str] = set()
+        for name, up in declared.items():
+            found = len(self.problems)
+            upstream = self.upstream(name, up)
+            if len(self.problems) > found:
+                troubled.add(name)
+            if upstream is not None:
+                upstreams[name] = upstream
+        return upstreams, troubled
+
+    def upstream(self, name: str, up: UpstreamConfig) -> Upstream | None:
+        key = f"upstreams.{name}"
+        headers = {header: self.header_secret(var, f"{key}.headers_from_env.{header}")
                    for header, var in up.headers_from_env.items()}
-        templated = _header_templates(f"upstreams.{name}", up, fail)
+        templated = _header_templates(key, up, self.fail)
         headers.update({h: before for h, (before, after) in templated.items() if after is None})
         credential_headers = {h: (before, after) for h, (before, after) in templated.items()
                               if after is not None}
+        origin: Origin | None = None
         try:
             origin = compile_origin(name, up.base_url, up.host_pattern,
                                     allow_private=up.allow_private_addresses)
         except TemplateProblems as exc:
             for sub, message in exc.problems:
-                fail(f"upstreams.{name}.{sub}", message)
-            continue
+                self.fail(f"{key}.{sub}", message)
         if up.proxy is not None and up.proxy != "none":
             try:
                 Proxy.of(up.proxy)
             except ValueError as exc:
-                fail(f"upstreams.{name}.proxy", str(exc))
+                self.fail(f"{key}.proxy", str(exc))
         try:
             tls = tls_context(up.ca_file, up.client_cert_file, up.client_key_file)
         except TlsProblem as exc:
-            fail(f"upstreams.{name}.{exc.key}", str(exc))
-            continue
-        upstreams[name] = Upstream(name=name, config=up, headers=headers, origin=origin,
-                                   credential_headers=credential_headers, tls=tls)
+            self.fail(f"{key}.{exc.key}", str(exc))
+            return None
+        if origin is None:
+            return None
+        return Upstream(name=name, config=up, headers=headers, origin=origin,
+                        credential_headers=credential_headers, tls=tls)
 
-    stores = {name: Store(name=name, config=st,
-                          dsn=secret(st.dsn_env, f"stores.{name}.dsn_env"))
-              for name, st in parsed.stores.items()}
+    def stores(self, declared: Mapping[str, StoreConfig]) -> dict[str, Store]:
+        """Each store whose DSN is set: one without is never connected to."""
+        dsns = {name: self.secret(st.dsn_env, f"stores.{name}.dsn_env")
+                for name, st in declared.items()}
+        return {name: Store(name=name, config=declared[name], dsn=dsn)
+                for name, dsn in dsns.items() if dsn}
 
-    policies: dict[str, Policy] = {}
-    for name, pol in parsed.policies.items():
-        key = f"policies.{name}"
-        _store_problems(key, pol, parsed.stores, fail)
+    def policy(self, name: str, pol: PolicyConfig, upstreams: Mapping[str, Upstream]
+               ) -> Policy | None:
+        """The policy resolved, or None when it has a problem (each one listed)."""
+        key, found = f"policies.{name}", len(self.problems)
+        _store_problems(key, pol, self.fail)
         if pol.target is not None and pol.object_id_case == "insensitive":
-            fail(f"{key}.object_id_case", "a store target's statement compares ids as its "
-                                          "column does: \"insensitive\" is for HTTP upstreams")
+            self.fail(f"{key}.object_id_case", "a store target's statement compares ids as "
+                                               "its column does: \"insensitive\" is for HTTP "
+                                               "upstreams")
         if pol.backoff.max_seconds < pol.backoff.base_seconds:
-            fail(f"{key}.backoff.max_seconds", "must be at least base_seconds")
-        listing = _listing(key, name, pol, upstreams, parsed.upstreams, fail)
+            self.fail(f"{key}.backoff.max_seconds", "must be at least base_seconds")
+        listing = _listing(key, name, pol, upstreams, self.fail)
         if pol.target is not None:
-            if not any(f"{key}.{sub}" in p for p in problems for sub in ("target", "upstream",
-                                                                         "source")):
-                policies[name] = Policy(name=name, config=pol, request=None, **listing)
-            continue
-        upstream = upstreams.get(pol.upstream) if pol.upstream is not None else None
+            return (Policy(name=name, config=pol, request=None, **listing)
+                    if len(self.problems) == found else None)
+        _call_problems(key, pol, self.fail)
         if pol.upstream is None:
-            fail(key, "name an upstream (and its path) to call, or a store target = { store "
-                      "= ..., statement = ... }")
-            continue
+            self.fail(key, "name an upstream (and its path) to call, or a store target = { "
+                           "store = ..., statement = ... }")
+            return None
+        upstream = upstreams.get(pol.upstream)
+        if upstream is not None:
+            _upstream_problems(key, pol, upstream, self.fail)
         if pol.path is None:
-            fail(f"{key}.path", "required key is missing (the path the upstream is called "
-                                "at)")
-            continue
-        if upstream is None:
-            if pol.upstream not in parsed.upstreams:  # else its own problem is listed
-                fail(f"{key}.upstream", f"unknown upstream {pol.upstream!r}; declared: "
-                                        f"{sorted(parsed.upstreams) or 'none'}")
-        # The call's deadline must end before the lease does, or a slow upstream would let a
-        # second worker reclaim an item whose first call is still in flight.
-        elif upstream.config.timeout_seconds >= pol.lease_seconds:
-            fail(f"{key}.lease_seconds", f"must be longer than upstream {pol.upstream!r} "
-                                         f"timeout_seconds ({upstream.config.timeout_seconds})")
-        if pol.batch is not None and pol.confirm is not None:
-            fail(f"{key}.confirm", "a confirmation reads one object, and a policy with "
-                                   "batch deletes many per call: not supported together "
-                                   "(drop batch to confirm its deletions)")
-        if pol.batch is not None and not {"tenant_id", "policy"} <= template_fields(pol.scope):
-            # a call is one scope's objects: one tenant's, sent with one policy's template
-            fail(f"{key}.scope", "a policy with batch needs a scope holding {tenant_id} and "
-                                 "{policy}, e.g. \"{policy}:{tenant_id}\"")
-        if pol.rate.unit == "rows":
-            fail(f"{key}.rate.unit", "a budget in rows is for a store target's statement")
-        elif (pol.rate.unit == "points") != (pol.cost is not None):
-            fail(f"{key}.cost" if pol.cost is None else f"{key}.rate.unit",
-                 "a budget in points needs the cost of a call: cost = { requested = ... }"
-                 if pol.cost is None else "a call's cost counts against a budget in "
-                 "points: rate = { ..., unit = \"points\" }")
-        elif pol.cost is not None and pol.cost.requested > pol.rate.burst:
-            fail(f"{key}.cost.requested", f"a call costs more than the burst "
-                                          f"({pol.rate.burst} points): no call could start")
-        if upstream is not None and upstream.per_tenant_credentials and (
-                "tenant_id" not in template_fields(pol.scope)):
-            # one tenant without a credential pauses its scope: never other tenants' items
-            fail(f"{key}.scope", f"upstream {pol.upstream!r} has per-tenant credentials: the "
-                                 "scope must contain {tenant_id}")
-        if upstream is None:
-            continue
-        try:
-            request = compile_request(upstream.origin, policy=name, version=pol.version,
-                                      path=pol.path, body=pol.body,
-                                      batch=pol.batch is not None)
-        except TemplateProblems as exc:
-            for sub, message in exc.problems:
-                fail(f"{key}.{sub}", message)
-            continue
-        for i, answer in enumerate(pol.answers):
-            if answer.version is not None and not request.uses_object_version:
-                fail(f"{key}.answers[{i}].version", "the request must carry "
-                                                     "{object_version} for a retry to use it")
-        confirm_request = None
-        if pol.confirm is not None and pol.batch is None:
-            try:
-                confirm_request = compile_request(upstream.origin, policy=name,
-                                                  version=pol.version, path=pol.confirm.path)
-            except TemplateProblems as exc:
-                for sub, message in exc.problems:
-                    fail(f"{key}.confirm.{sub}", message)
-                continue
-        policies[name] = Policy(name=name, config=pol, request=request,
-                                confirm_request=confirm_request,
-                                answers=compile_rules(
-                                    pol.answers, pol.answer_max_bytes,
-                                    actual_cost=pol.cost.actual if pol.cost else None,
-                                    available_cost=pol.cost.available if pol.cost else None,
-                                    failed_ids=pol.batch.failed if pol.batch else None),
-                                **listing)
+            self.fail(f"{key}.path", "required key is missing (the path the upstream is "
+                                     "called at)")
+        if upstream is None or pol.path is None:
+            return None  # an unknown upstream is listed by _reference_problems
+        requests = _requests(key, name, pol, upstream, pol.path, self.fail)
+        if requests is None or len(self.problems) > found:
+            return None
+        request, confirm_request = requests
+        return Policy(name=name, config=pol, request=request, confirm_request=confirm_request,
+                      answers=compile_rules(
+                          pol.answers, pol.answer_max_bytes,
+                          actual_cost=pol.cost.actual if pol.cost else None,
+                          available_cost=pol.cost.available if pol.cost else None,
+                          failed_ids=pol.batch.failed if pol.batch else None),
+                      **listing)
 
-    webhooks: dict[str, WebhookSource] = {}
-    for name, src in parsed.webhooks.items():
-        key = f"webhooks.{name}"
+    def webhook(self, name: str, src: WebhookSourceConfig) -> WebhookSource | None:
+        """The webhook source resolved, or None when it has a problem (each one listed)."""
+        key, found = f"webhooks.{name}", len(self.problems)
         names = ([src.secret_env] if src.secret_env else []) + list(src.secrets_env)
         if not names:
-            fail(key, "set secret_env (or secrets_env for rotation)")
-        secrets = tuple(secret(var, f"{key}.secret_env") for var in names)
+            self.fail(key, "set secret_env (or secrets_env for rotation)")
+        secrets = tuple(self.secret(var, f"{key}.secret_env") for var in names)
         if src.scheme == "hmac-sha256" and not src.signature_header:
-            fail(f"{key}.signature_header", "required for scheme 'hmac-sha256'")
+            self.fail(f"{key}.signature_header", "required for scheme 'hmac-sha256'")
         for option in ("signature_header", "id_header", "topic_header"):
             if src.scheme != "hmac-sha256" and getattr(src, option) is not None:
-                fail(f"{key}.{option}", f"only for scheme 'hmac-sha256' (scheme "
-                                        f"{src.scheme!r} names its own headers)")
+                self.fail(f"{key}.{option}", f"only for scheme 'hmac-sha256' (scheme "
+                                             f"{src.scheme!r} names its own headers)")
         if src.scheme == "standard":
             for var, value in zip(names, secrets, strict=True):
                 if value and not _standard_secret_ok(value):
-                    fail(f"{key}.secret_env", f"environment variable {var}: not a "
-                                              "Standard Webhooks secret ('whsec_' + base64)")
-        for i, rule in enumerate(src.rules):
-            if rule.policy not in parsed.policies:
-                fail(f"{key}.rules[{i}].policy", f"unknown policy {rule.policy!r}")
-        webhooks[name] = WebhookSource(name=name, config=src, secrets=secrets)
+                    self.fail(f"{key}.secret_env", f"environment variable {var}: not a "
+                                                   "Standard Webhooks secret ('whsec_' + "
+                                                   "base64)")
+        if len(self.problems) > found:
+            return None
+        return WebhookSource(name=name, config=src, secrets=secrets)
 
-    if problems:
-        raise ConfigError(*problems)
-    return Policies(upstreams=upstreams, policies=policies, webhooks=webhooks, source=source,
-                    stores=stores)
+
+def _upstream_problems(key: str, pol: PolicyConfig, upstream: Upstream,
+                       fail: Callable[[str, str], None]) -> None:
+    """The checks of an HTTP policy against its upstream."""
+    # The call's deadline must end before the lease does, or a slow upstream would let a
+    # second worker reclaim an item whose first call is still in flight.
+    if upstream.config.timeout_seconds >= pol.lease_seconds:
+        fail(f"{key}.lease_seconds", f"must be longer than upstream {pol.upstream!r} "
+                                     f"timeout_seconds ({upstream.config.timeout_seconds})")
+    if upstream.per_tenant_credentials and "tenant_id" not in template_fields(pol.scope):
+        # one tenant without a credential pauses its scope: never other tenants' items
+        fail(f"{key}.scope", f"upstream {pol.upstream!r} has per-tenant credentials: the "
+                             "scope must contain {tenant_id}")
+
+
+SECTIONS: Final = ("upstreams", "stores", "policies", "webhooks")
+
+
+def _parse(raw: Mapping[str, Any], fail: Callable[[str, str], None]
+           ) -> tuple[PoliciesFile, dict[str, Mapping[str, Any]]]:
+    """The entries that fit the schema, each validated on its own (one entry's mistakes
+    never hide another's), and every entry as written, by section: another entry naming
+    one that does not fit names no unknown one. Schema problems go to `fail`."""
+    valid: dict[str, dict[str, Any]] = {section: {} for section in SECTIONS}
+    written: dict[str, Mapping[str, Any]] = {section: {} for section in SECTIONS}
+    for section, value in raw.items():
+        parts = [value]
+        if section in SECTIONS and isinstance(value, Mapping):
+            written[section] = value
+            parts = [{name: entry} for name, entry in value.items()]
+        for part in parts:
+            try:
+                one = PoliciesFile.model_validate({section: part})
+            except ValidationError as exc:
+                for key, message in _schema_problems(exc):
+                    fail(key, message)
+            else:
+                valid[section].update(getattr(one, section))
+    # validated already: the models are taken as they are
+    return PoliciesFile.model_validate(valid), written
+
+
+def _names(entry: object) -> list[tuple[str, str, str]]:
+    """The upstreams and stores a policy entry names, as written: (its key, the section,
+    the name) each."""
+    if not isinstance(entry, Mapping):
+        return []
+    named = [("upstream", "upstreams", entry.get("upstream"))]
+    for part in ("source", "target", "guard"):
+        cfg = entry.get(part)
+        if isinstance(cfg, Mapping):
+            # a source with an upstream is that upstream's list (policy_file._source_kind)
+            named.append((f"{part}.upstream", "upstreams", cfg["upstream"])
+                         if part == "source" and "upstream" in cfg
+                         else (f"{part}.store", "stores", cfg.get("store")))
+    return [(sub, section, name) for sub, section, name in named if isinstance(name, str)]
+
+
+def _reference_problems(key: str, entry: object, written: Mapping[str, Mapping[str, Any]],
+                        fail: Callable[[str, str], None]) -> None:
+    """The upstreams and stores a policy names that the file does not declare, read from
+    the entry as written: a policy with other mistakes still has its names checked."""
+    for sub, section, name in _names(entry):
+        if name not in written[section]:
+            fail(f"{key}.{sub}", f"unknown {section[:-1]} {name!r}; declared: "
+                                 f"{sorted(written[section]) or 'none'}")
+
+
+def _rule_references(key: str, entry: object, written: Mapping[str, Mapping[str, Any]],
+                     fail: Callable[[str, str], None]) -> None:
+    """The policies a webhook source's rules name that the file does not declare."""
+    rules = entry.get("rules") if isinstance(entry, Mapping) else None
+    for i, rule in enumerate(rules if isinstance(rules, list) else []):
+        policy = rule.get("policy") if isinstance(rule, Mapping) else None
+        if isinstance(policy, str) and policy not in written["policies"]:
+            fail(f"{key}.rules[{i}].policy", f"unknown policy {policy!r}")
+
+
+def _call_problems(key: str, pol: PolicyConfig, fail: Callable[[str, str], None]) -> None:
+    """The checks of an HTTP policy that need neither its upstream nor its path."""
+    if pol.batch is not None and pol.confirm is not None:
+        fail(f"{key}.confirm", "a confirmation reads one object, and a policy with "
+                               "batch deletes many per call: not supported together "
+                               "(drop batch to confirm its deletions)")
+    if pol.batch is not None and not {"tenant_id", "policy"} <= template_fields(pol.scope):
+        # a call is one scope's objects: one tenant's, sent with one policy's template
+        fail(f"{key}.scope", "a policy with batch needs a scope holding {tenant_id} and "
+                             "{policy}, e.g. \"{policy}:{tenant_id}\"")
+    if pol.rate.unit == "rows":
+        fail(f"{key}.rate.unit", "a budget in rows is for a store target's statement")
+    elif (pol.rate.unit == "points") != (pol.cost is not None):
+        fail(f"{key}.cost" if pol.cost is None else f"{key}.rate.unit",
+             "a budget in points needs the cost of a call: cost = { requested = ... }"
+             if pol.cost is None else "a call's cost counts against a budget in "
+             "points: rate = { ..., unit = \"points\" }")
+    elif pol.cost is not None and pol.cost.requested > pol.rate.burst:
+        fail(f"{key}.cost.requested", f"a call costs more than the burst "
+                                      f"({pol.rate.burst} points): no call could start")
+
+
+def _requests(key: str, name: str, pol: PolicyConfig, upstream: Upstream, path: str,
+              fail: Callable[[str, str], None]
+              ) -> tuple[RequestTemplate, RequestTemplate | None] | None:
+    """A policy's deletion call and its confirmation read compiled, or None when either
+    cannot be (problems go to `fail`)."""
+    request = None
+    try:
+        request = compile_request(upstream.origin, policy=name, version=pol.version,
+                                  path=path, body=pol.body, batch=pol.batch is not None)
+    except TemplateProblems as exc:
+        for sub, message in exc.problems:
+            fail(f"{key}.{sub}", message)
+    for i, answer in enumerate(pol.answers):
+        if request is not None and answer.version is not None and \
+                not request.uses_object_version:
+            fail(f"{key}.answers[{i}].version", "the request must carry "
+                                                 "{object_version} for a retry to use it")
+    confirm_request = None
+    if pol.confirm is not None and pol.batch is None:
+        try:
+            confirm_request = compile_request(upstream.origin, policy=name,
+                                              version=pol.version, path=pol.confirm.path)
+        except TemplateProblems as exc:
+            for sub, message in exc.problems:
+                fail(f"{key}.confirm.{sub}", message)
+            return None
+    return None if request is None else (request, confirm_request)
 
 
 _SOURCE_KINDS: Final = frozenset({"select", "with"})
@@ -486,16 +637,10 @@ _TARGET_KINDS: Final = frozenset({"delete", "update", "with"})
 _HTTP_ONLY: Final = ("method", "body", "answers", "cost", "initial_object_version")
 
 
-def _store_problems(key: str, pol: PolicyConfig, stores: Mapping[str, StoreConfig],
-                    fail: Callable[[str, str], None]) -> None:
+def _store_problems(key: str, pol: PolicyConfig, fail: Callable[[str, str], None]) -> None:
     """The checks of a policy's source, target and guard that the file alone can tell
-    (service/sweeps/store_databases.py checks the rest against the store itself)."""
-    for part in ("source", "target", "guard"):
-        cfg = getattr(pol, part)
-        if cfg is not None and not isinstance(cfg, ListSourceConfig) and \
-                cfg.store not in stores:
-            fail(f"{key}.{part}.store", f"unknown store {cfg.store!r}; declared: "
-                                        f"{sorted(stores) or 'none'}")
+    (`_reference_problems` the stores they name; service/sweeps/store_databases.py checks the rest
+    against the store itself)."""
     if isinstance(pol.source, SourceConfig):
         for problem in store_statements.problems(pol.source.query, kinds=_SOURCE_KINDS,
                                           required=frozenset({"cutoff"}),
@@ -602,8 +747,8 @@ def _standard_secret_ok(secret: str) -> bool:
     return True
 
 
-def _schema_problems(exc: ValidationError) -> list[str]:
-    """Each schema error as `key: message`, the key in the file's own notation."""
+def _schema_problems(exc: ValidationError) -> list[tuple[str, str]]:
+    """Each schema error as (key, message), the key in the file's own notation."""
     problems = []
     for err in exc.errors(include_input=False, include_url=False):
         loc = [p for i, p in enumerate(err["loc"])
@@ -615,13 +760,12 @@ def _schema_problems(exc: ValidationError) -> list[str]:
             message = "unknown key (check the spelling; see docs/configuration.md)"
         elif err["type"] == "missing":
             message = "required key is missing"
-        problems.append(f"{key}: {message}")
+        problems.append((key, message))
     return problems
 
 
 def _listing(key: str, name: str, pol: PolicyConfig, upstreams: Mapping[str, Upstream],
-             declared: Mapping[str, UpstreamConfig], fail: Callable[[str, str], None]
-             ) -> dict[str, Any]:
+             fail: Callable[[str, str], None]) -> dict[str, Any]:
     """A policy's HTTP list source compiled (`listing` and `list_answers` for its Policy),
     or nothing; problems go to `fail`. The list calls draw from the policy's scope of each
     tenant, so per-tenant credentials need a scope per tenant."""
@@ -635,10 +779,7 @@ def _listing(key: str, name: str, pol: PolicyConfig, upstreams: Mapping[str, Ups
         fail(f"{at}.older_than", str(exc))
         return {}
     upstream = upstreams.get(source.upstream)
-    if upstream is None:
-        if source.upstream not in declared:  # else its own problem is listed
-            fail(f"{at}.upstream", f"unknown upstream {source.upstream!r}; declared: "
-                                   f"{sorted(declared) or 'none'}")
+    if upstream is None:  # unknown, or with problems of its own: both listed
         return {}
     if (upstream.per_tenant_credentials or len(source.tenants) > 1) and \
             "tenant_id" not in template_fields(pol.scope):

@@ -10,12 +10,13 @@ import base64
 import binascii
 import difflib
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Final
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
@@ -219,9 +220,18 @@ class Settings(BaseSettings):
         return path
 
     @model_validator(mode="after")
-    def _tls_pair(self) -> Settings:
+    def _consistent(self) -> Settings:
+        """Every rule between settings, each broken one its own problem (all listed at once)."""
+        errors = [InitErrorDetails(type=PydanticCustomError(rule, "{p}", {"p": problem}),
+                                   loc=(), input=None)
+                  for rule, (_, check) in RULES.items() for problem in check(self)]
+        if errors:
+            raise ValidationError.from_exception_data(type(self).__name__, errors)
+        return self
+
+    def _tls_problems(self) -> list[str]:
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
-            raise ValueError("SWEEPER_TLS_CERT_FILE and SWEEPER_TLS_KEY_FILE go together")
+            return ["SWEEPER_TLS_CERT_FILE and SWEEPER_TLS_KEY_FILE go together"]
         if self.tls_cert_file is not None and self.tls_key_file is not None:
             # the same load uvicorn does at start, here so that a bad pair is refused by
             # check-config too; an encrypted key is refused rather than prompted for
@@ -230,11 +240,10 @@ class Settings(BaseSettings):
                 context.load_cert_chain(self.tls_cert_file, self.tls_key_file,
                                         password=lambda: b"")
             except ssl.SSLError as exc:
-                raise ValueError(
-                    f"SWEEPER_TLS_CERT_FILE {self.tls_cert_file} and SWEEPER_TLS_KEY_FILE "
-                    f"{self.tls_key_file}: not a PEM certificate and its unencrypted private "
-                    f"key ({exc.reason or exc})") from None
-        return self
+                return [f"SWEEPER_TLS_CERT_FILE {self.tls_cert_file} and SWEEPER_TLS_KEY_FILE "
+                        f"{self.tls_key_file}: not a PEM certificate and its unencrypted "
+                        f"private key ({exc.reason or exc})"]
+        return []
 
     @field_validator("evidence_previous_public_keys")
     @classmethod
@@ -246,13 +255,15 @@ class Settings(BaseSettings):
                 raise ValueError(f"key {n} of {len(keys)}: {exc}") from None
         return keys
 
-    @model_validator(mode="after")
-    def _evidence_key_readable(self) -> Settings:
+    def _evidence_key_problems(self) -> list[str]:
         if self.evidence_signing_key is not None and self.evidence_signing_key_file is not None:
-            raise ValueError("set SWEEPER_EVIDENCE_SIGNING_KEY or "
-                             "SWEEPER_EVIDENCE_SIGNING_KEY_FILE, not both")
-        self.evidence_signer()  # raises, naming the setting and never the key
-        return self
+            return ["set SWEEPER_EVIDENCE_SIGNING_KEY or SWEEPER_EVIDENCE_SIGNING_KEY_FILE, "
+                    "not both"]
+        try:
+            self.evidence_signer()
+        except ValueError as exc:  # it names the setting and never the key
+            return [str(exc)]
+        return []
 
     def _previous_public_keys(self) -> tuple[signing_keys.PublicKey, ...]:
         return tuple(k for text in self.evidence_previous_public_keys
@@ -286,35 +297,24 @@ class Settings(BaseSettings):
                                      self._previous_public_keys())
         return signer
 
-    @model_validator(mode="after")
-    def _previous_keys_need_a_key(self) -> Settings:
+    def _credential_key_problems(self) -> list[str]:
         if self.credentials_previous_keys and self.credentials_key is None:
-            raise ValueError("SWEEPER_CREDENTIALS_PREVIOUS_KEYS needs SWEEPER_CREDENTIALS_KEY: "
-                             "every write uses the current key")
-        return self
+            return ["SWEEPER_CREDENTIALS_PREVIOUS_KEYS needs SWEEPER_CREDENTIALS_KEY: every "
+                    "write uses the current key"]
+        return []
 
     def role_tokens(self) -> list[tuple[str, Role]]:
         """Every configured token with the role its setting gives it."""
         return [(token.get_secret_value(), role) for role, name in ROLE_SETTINGS.items()
                 for token in getattr(self, name)]
 
-    @model_validator(mode="after")
-    def _one_role_per_token(self) -> Settings:
-        problems = token_problems(self.role_tokens())
-        if problems:
-            raise ValueError("; ".join(problems))
-        return self
-
-    @model_validator(mode="after")
-    def _safe_in_production(self) -> Settings:
-        if self.environment is Environment.PRODUCTION:
-            if not self.role_tokens():
-                raise ValueError("SWEEPER_API_TOKENS must be set in production (or "
-                                 "SWEEPER_OPERATOR_TOKENS / SWEEPER_VIEWER_TOKENS)")
-            if self.database_url is None:
-                raise ValueError("SWEEPER_DATABASE_URL must be set in production "
-                                 "(the embedded database is for development)")
-        return self
+    def _production_problems(self) -> list[str]:
+        production = self.environment is Environment.PRODUCTION
+        return [problem for problem, missing in (
+            ("SWEEPER_API_TOKENS must be set in production (or SWEEPER_OPERATOR_TOKENS / "
+             "SWEEPER_VIEWER_TOKENS)", not self.role_tokens()),
+            ("SWEEPER_DATABASE_URL must be set in production (the embedded database is for "
+             "development)", self.database_url is None)) if production and missing]
 
     def credential_keys(self) -> list[bytes]:
         """The credential encryption keys, the current one first; empty when unset."""
@@ -328,6 +328,21 @@ class Settings(BaseSettings):
         if self.database_url is None:
             return None
         return async_url(self.database_url.get_secret_value())
+
+
+# The rules between settings, by name (the type of the error each raises): the fields each
+# reads, and its check (a problem per line, none when it holds).
+_TOKENS = frozenset(ROLE_SETTINGS.values())
+RULES: Final[dict[str, tuple[frozenset[str], Callable[[Settings], list[str]]]]] = {
+    "tls_pair": (frozenset({"tls_cert_file", "tls_key_file"}), Settings._tls_problems),
+    "evidence_key": (frozenset({"evidence_signing_key", "evidence_signing_key_file",
+                                "evidence_previous_public_keys"}),
+                     Settings._evidence_key_problems),
+    "credential_keys": (frozenset({"credentials_key", "credentials_previous_keys"}),
+                        Settings._credential_key_problems),
+    "one_role_per_token": (_TOKENS, lambda settings: token_problems(settings.role_tokens())),
+    "production": (_TOKENS | {"environment", "database_url"}, Settings._production_problems),
+}
 
 
 CREDENTIAL_KEY_BYTES = 32  # AES-256
@@ -369,15 +384,10 @@ OTHER_VARIABLES: Mapping[str, str] = {
 OTHER_PREFIXES = ("SWEEPER_DRILL_",)  # faults of a drill's own processes
 
 
-def setting_variables() -> list[str]:
-    """The environment variable of every setting."""
-    return [ENV_PREFIX + name.upper() for name in Settings.model_fields]
-
-
 def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     """One warning per SWEEPER_* variable nothing reads (a misspelt setting is otherwise
     silently ignored), with the closest known name when one is near."""
-    known = [*setting_variables(), *OTHER_VARIABLES]
+    known = [*(ENV_PREFIX + name.upper() for name in Settings.model_fields), *OTHER_VARIABLES]
     warnings = []
     for name in sorted(environ):
         if (not name.startswith(ENV_PREFIX) or name in known
@@ -400,8 +410,37 @@ def settings_problems(exc: ValidationError) -> list[str]:
 
 
 def load_settings() -> Settings:
-    """Settings from the environment; ConfigError listing every problem."""
+    """Settings from the environment; ConfigError listing every problem (`read_settings`)."""
+    settings, problems = read_settings()
+    if problems or settings is None:
+        raise ConfigError(*problems)
+    return settings
+
+
+def read_settings() -> tuple[Settings | None, list[str]]:
+    """Settings from the environment, and every problem: each variable's, and each broken
+    rule between settings reading no refused variable. With problems, the settings are for
+    checking the rest (check-config), never for running: those variables at defaults."""
     try:
-        return Settings()
+        return Settings(), []
     except ValidationError as exc:
-        raise ConfigError(*settings_problems(exc)) from None
+        refused = {str(err["loc"][0]) for err in exc.errors() if err["loc"]}
+        problems = settings_problems(exc)
+    # pydantic checks rules once every field is valid: with the refused ones at defaults,
+    # then those of each broken rule too (but the URL: its rule holds in development)
+    reset = set(refused)
+    for _ in range(len(RULES) + 1):
+        defaults = {name: Settings.model_fields[name].get_default(call_default_factory=True)
+                    for name in reset}
+        try:
+            return Settings(**defaults), problems
+        except ValidationError as exc:
+            broken = [(RULES[str(err["type"])][0], line) for err, line in zip(
+                exc.errors(include_input=False), settings_problems(exc), strict=True)]
+        if reset == refused:  # the rules reading no refused variable: broken as they are
+            problems += [line for reads, line in broken if refused and not reads & refused]
+        more = {name for reads, _ in broken for name in reads} - reset - {"database_url"}
+        if not more:
+            return None, problems
+        reset |= more
+    return None, problems

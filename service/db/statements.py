@@ -129,8 +129,8 @@ def not_held(now: str = "now()") -> str:
     both. With no hold in force (nearly always) an uncorrelated EXISTS, evaluated once per
     statement, spares every row its checks. Each check stays a filter on the row (inside
     the OR, and OFFSET 0: never turned into a join), so a claim reading the claimable
-    index in order stops at its LIMIT: as joins, a generic plan sorted a 200,000-item scope
-    on every claim."""
+    index in order stops at its LIMIT: as joins, a generic plan sorts the scope's whole
+    backlog on every claim (bench/reports/design-notes.md, HTTP and statements)."""
     return (f"i.hold_id IS NULL AND (NOT EXISTS (SELECT FROM holds hx WHERE {active_hold(now)})"
             f" OR (NOT EXISTS (SELECT 1 {_whole_holds('i', now)} OFFSET 0)"
             f" AND NOT EXISTS (SELECT 1 {_object_holds('i', now)} OFFSET 0)))")

@@ -7,7 +7,8 @@ same transaction, so an outcome is never committed without its entry. An entry i
 record of identifiers and classified outcomes (service/evidence/deletion_records.py), never a
 payload. Entries are numbered `seq` = 1, 2, ... with no gap; each completion appends its
 entries as one *segment* row (seq_start .. seq_end) holding their canonical bytes and the
-chain after it:
+chain after it (a row per completion, not per entry: bench/reports/design-notes.md,
+Evidence):
 
     hash(segment) = SHA-256(hash(segment before) || leaf(seq_start) || .. || leaf(seq_end))
     leaf = SHA-256(an entry's canonical bytes),   the hash before the first: GENESIS

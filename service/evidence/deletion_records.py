@@ -24,7 +24,7 @@ A segment is one completion's entries; the hash before the log's first is GENESI
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
@@ -56,29 +56,43 @@ def fields_of(record: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
     return RECORD_FIELDS if "confirmed" in record else RECORD_FIELDS_V1
 
 
-def _part(kind: str, value: object) -> str:
-    if kind == "flag":
-        if not isinstance(value, bool):
-            raise RecordProblem("not a boolean")
-        return "1" if value else "0"
-    if kind == "time":
-        if isinstance(value, str):
-            try:
-                value = datetime.fromisoformat(value)
-            except ValueError:
-                raise RecordProblem("not an ISO 8601 time") from None
-        if not isinstance(value, datetime) or value.tzinfo is None:
-            raise RecordProblem("not a time with its offset")
-        return str((value - _EPOCH) // _MICROSECOND)
-    if kind == "text":
-        if not isinstance(value, str):
-            raise RecordProblem("not a string")
-        return f"{len(value.encode())}:{value}"
-    if value is None and kind == "int?":
-        return ""
+def _flag(value: object) -> str:
+    if not isinstance(value, bool):
+        raise RecordProblem("not a boolean")
+    return "1" if value else "0"
+
+
+def _time(value: object) -> str:
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            raise RecordProblem("not an ISO 8601 time") from None
+    if not isinstance(value, datetime) or value.tzinfo is None:
+        raise RecordProblem("not a time with its offset")
+    return str((value - _EPOCH) // _MICROSECOND)
+
+
+def _text(value: object) -> str:
+    if not isinstance(value, str):
+        raise RecordProblem("not a string")
+    return f"{len(value.encode())}:{value}"
+
+
+def _int(value: object) -> str:
     if not isinstance(value, int) or isinstance(value, bool):
         raise RecordProblem("not an integer")
     return str(value)
+
+
+def _optional_int(value: object) -> str:
+    return "" if value is None else _int(value)
+
+
+# Each kind of field's line in the canonical bytes (the module docstring)
+_PARTS: Final[Mapping[str, Callable[[object], str]]] = {
+    "flag": _flag, "time": _time, "text": _text, "int": _int, "int?": _optional_int,
+}
 
 
 def canonical(record: Mapping[str, Any]) -> bytes:
@@ -87,7 +101,7 @@ def canonical(record: Mapping[str, Any]) -> bytes:
     parts = [RECORD_FORMAT if fields is RECORD_FIELDS else FORMAT]
     for name, kind in fields:
         try:
-            parts.append(_part(kind, record[name]))
+            parts.append(_PARTS[kind](record[name]))
         except KeyError:
             raise RecordProblem(f"{name}: missing") from None
         except RecordProblem as exc:

@@ -123,10 +123,34 @@ def verify(lines: Iterable[bytes], keys: Iterable[PublicKey]) -> Verified:
     """Check an export line by line against the chain and the manifest's signature under
     any of `keys`. VerificationFailed names the first line that fails."""
     by_id = {k.key_id: k for k in keys}
+    export = ExportLines(lines)
+    run_id, last, records = _chained_records(export)
+    manifest = export.last_manifest()
+    where = export.number
+    if run_id is None:  # an export with no records
+        if not isinstance(manifest.get("run_id"), int):
+            raise VerificationFailed(where, "a manifest without its run_id")
+        run_id, last = manifest["run_id"], genesis(manifest["run_id"])
+    # what the manifest must say of the records before it, each with why it would not
+    for name, wanted, problem in (
+            ("format", FORMAT, f"the manifest's format is not {FORMAT}"),
+            ("run_id", run_id, "the manifest names another run"),
+            ("records", records, f"the manifest counts {manifest.get('records')} records, "
+                                 f"the export holds {records}"),
+            ("last", last, "the manifest's last digest is not the last record's: records "
+                           "were changed or dropped at the end")):
+        if manifest.get(name) != wanted:
+            raise VerificationFailed(where, problem)
+    check_signed(where, "the manifest", manifest, export.signature, by_id)
+    return Verified(run_id=run_id, records=records, key_id=str(manifest["key_id"]))
+
+
+def _chained_records(export: ExportLines) -> tuple[int | None, str | None, int]:
+    """Every record line read, each of one run and following the line before it: the run
+    (None: no records), the last line's digest, the number of records."""
     run_id: int | None = None
     last: str | None = None
     records = 0
-    export = ExportLines(lines)
     for number, line, obj in export:
         record_run = obj.get("run_id")
         if not isinstance(record_run, int) or isinstance(record_run, bool):
@@ -143,21 +167,4 @@ def verify(lines: Iterable[bytes], keys: Iterable[PublicKey]) -> Verified:
                 if number > 1 else "is not the first record of its run's export"))
         last = digest(line)
         records += 1
-    manifest = export.last_manifest()
-    where = export.number
-    if run_id is None:  # an export with no records
-        if not isinstance(manifest.get("run_id"), int):
-            raise VerificationFailed(where, "a manifest without its run_id")
-        run_id, last = manifest["run_id"], genesis(manifest["run_id"])
-    if manifest.get("format") != FORMAT:
-        raise VerificationFailed(where, f"the manifest's format is not {FORMAT}")
-    if manifest.get("run_id") != run_id:
-        raise VerificationFailed(where, "the manifest names another run")
-    if manifest.get("records") != records:
-        raise VerificationFailed(where, f"the manifest counts {manifest.get('records')} records, "
-                                        f"the export holds {records}")
-    if manifest.get("last") != last:
-        raise VerificationFailed(where, "the manifest's last digest is not the last record's: "
-                                        "records were changed or dropped at the end")
-    check_signed(where, "the manifest", manifest, export.signature, by_id)
-    return Verified(run_id=run_id, records=records, key_id=str(manifest["key_id"]))
+    return run_id, last, records

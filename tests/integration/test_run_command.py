@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import os
 import re
+import signal
 import subprocess
 import sys
 from typing import Any
@@ -43,6 +45,39 @@ async def test_trigger_and_follow_until_drained(db_url: str) -> None:
                     await run_client.trigger(anon, {}, None)
 
 
+async def test_ctrl_c_on_follow_says_the_run_goes_on(db_url: str) -> None:
+    """Ctrl-C on `sweeper run --follow` exited 130 saying nothing, as if the run had been
+    stopped: it stops only the following, and says so, with the run, where to see it and
+    (with a trigger key) that the same command follows it again. (No workers here: the
+    run never drains.)"""
+    policies = make_policies("http://127.0.0.1:9")
+    async with LiveServer(test_settings(db_url, workers=0), policies, db_url) as live:
+        async with httpx.AsyncClient(base_url=live.base_url, headers={
+                "Authorization": f"Bearer {TOKEN_A}"}) as api:
+            items = [{"tenant_id": "t", "object_id": "o1", "policy": "carts",
+                      "due_at": "2026-01-01T00:00:00Z"}]
+            assert (await api.post("/v1/items", json={"items": items})).status_code == 200
+            env = {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_")}
+            env["SWEEPER_TOKEN"] = TOKEN_A
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "service", "run", "--url", live.base_url, "--follow",
+                "--idempotency-key", "slot-7", env=env, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE)
+            assert proc.stdout is not None and proc.stderr is not None
+            announced = await asyncio.wait_for(proc.stdout.readline(), timeout=30)
+            assert announced.startswith(b"run 1: cutoff "), announced
+            proc.send_signal(signal.SIGINT)
+            _, err = await asyncio.wait_for(proc.communicate(), timeout=30)
+            assert proc.returncode == Exit.INTERRUPTED, err
+            assert err.decode().splitlines()[-1] == (
+                f"sweeper: interrupted: run 1 goes on on the server; GET {live.base_url}"
+                "/v1/runs/1 shows its progress; the same command follows it again "
+                "(Idempotency-Key 'slot-7': the same run)")
+            run = (await api.get("/v1/runs/1")).json()  # untouched: going on
+            assert run["state"] in ("publishing", "published") and "cancelled" not in run[
+                "items"], run
+
+
 def test_run_command_without_a_server_is_one_clear_line() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWEEPER_")}
     env["SWEEPER_TOKEN"] = "x" * 20
@@ -60,6 +95,9 @@ def test_demo_drains_everything(tmp_path: object) -> None:
                             timeout=120, check=False)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "done: succeeded=100" in result.stdout
+    # its embedded database signs evidence as the documentation says (it warned that its
+    # exports were unsigned)
+    assert "unsigned" not in result.stderr, result.stderr
     # the report-only run's figures, as announced
     assert re.search(r"report-only run 1 first .*: 100 candidates, the oldest due 20",
                      result.stdout)

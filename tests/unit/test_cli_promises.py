@@ -79,6 +79,10 @@ def test_every_command_and_option_has_help_with_its_default(
     assert {"serve", "worker", "migrate", "check-config", "run", "local", "demo", "drill",
             "openapi"} <= set(commands)
     listed = parser.format_help()
+    # what Sweeper is, in a sentence: it was the module docstring's first line, a list of
+    # commands cut at `drill,` (credentials, evidence and openapi left out)
+    assert parser.description is not None and parser.description.endswith(".")
+    assert not any(f" {name}," in parser.description for name in commands)
     for name, command in commands.items():
         assert re.search(rf"^    {re.escape(name)}\s+\w", listed, re.MULTILINE), (
             f"{name} has no help line in `sweeper --help`")
@@ -97,6 +101,45 @@ def test_every_command_and_option_has_help_with_its_default(
     for code in Exit:
         assert f"| {code.value} |" in readme, f"README.md does not list exit code {code}"
         assert f"{code.value} " in listed.replace("\n", " ")
+
+
+def _leaves(parser: argparse.ArgumentParser) -> Iterator[tuple[argparse.ArgumentParser, str]]:
+    """Each command that runs (`credentials rotate-key`, not `credentials`) and its help."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for choice in action._choices_actions:
+                command = action.choices[choice.dest]
+                if any(isinstance(a, argparse._SubParsersAction) for a in command._actions):
+                    yield from _leaves(command)
+                else:
+                    yield command, choice.help or ""
+
+
+def commands_table(parser: argparse.ArgumentParser) -> str:
+    """The markdown table of every command with all its options (argparse's own usage
+    line, less -h) and its help: what README.md shows."""
+    rows = ["| command | what it does |", "|---|---|"]
+    for command, help_text in _leaves(parser):
+        formatter = argparse.HelpFormatter(command.prog, width=10_000)  # never wrapped
+        formatter.add_usage(command.usage, [a for a in command._actions
+                                            if not isinstance(a, argparse._HelpAction)],
+                            command._mutually_exclusive_groups, prefix="")
+        usage = formatter.format_help().strip()
+        cells = (f"`{usage}`", help_text)  # a | in a cell, even in code, ends it unescaped
+        rows.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    return "\n".join(rows)
+
+
+def test_the_readme_lists_every_command_with_all_its_options() -> None:
+    """README.md's commands table is generated from the parser (it had left out options:
+    `local --workers`, `demo --tenants`, `openapi --output`, `run --url` ...); a change to
+    either shows here, with the table to paste."""
+    expected = commands_table(cli.build_parser())
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    start = readme.index("| command | what it does |")
+    table = readme[start:readme.index("\n\n", start)]
+    assert table == expected, ("README.md's commands table is not the parser's; it reads, "
+                               f"from the parser:\n\n{expected}\n")
 
 
 @pytest.mark.parametrize("argv", [["bogus"], ["serve", "--bogus"], ["run", "--max-items", "x"],
@@ -293,11 +336,8 @@ def test_check_config_accepts_the_local_policies(capsys: pytest.CaptureFixture[s
 
 def test_check_config_names_the_evidence_key_and_never_the_secret(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """(Unsigned exports, with a database URL: tests/integration/test_cli.py.)"""
     monkeypatch.setenv("SWEEPER_POLICIES_FILE", "")
-    monkeypatch.setenv("SWEEPER_DATABASE_URL", "postgresql://u@127.0.0.1:1/db")
-    code, out, _ = sweeper(capsys, "check-config")
-    assert code == Exit.OK and out.rstrip().endswith(
-        "evidence exports: UNSIGNED (set SWEEPER_EVIDENCE_SIGNING_KEY_FILE)")
     key = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="  # bytes 0..31
     monkeypatch.setenv("SWEEPER_EVIDENCE_SIGNING_KEY", key)
     code, out, err = sweeper(capsys, "check-config")
@@ -330,6 +370,21 @@ def test_serve_warns_about_unknown_variables(capsys: pytest.CaptureFixture[str],
     assert "SWEEPER_WORKRES is not a setting Sweeper knows; it is ignored (did you mean " \
            "SWEEPER_WORKERS?)" in warning
     assert refusal.startswith("sweeper: cannot listen on 127.0.0.1:")
+
+
+@pytest.mark.parametrize("argv", [["run", "--url", "http://127.0.0.1:1"],
+                                  ["credentials", "rotate-key"], ["drill", "no-such-drill"]])
+def test_every_command_that_reads_settings_names_a_misspelt_variable(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        argv: list[str]) -> None:
+    """`sweeper run` with SWEEPER_TOKN said only that a token is required: a SWEEPER_*
+    variable nothing reads is a warning line, with the known name nearest to it, before
+    whatever the command says next."""
+    monkeypatch.setenv("SWEEPER_TOKN", "x" * 20)
+    _, _, err = sweeper(capsys, *argv)
+    assert err.splitlines()[0] == ("sweeper: warning: SWEEPER_TOKN is not a setting Sweeper "
+                                   "knows; it is ignored (did you mean SWEEPER_TOKEN?)")
+    assert err.count("SWEEPER_TOKN") == 1
 
 
 @pytest.mark.parametrize("command", [["check-config"], ["worker"]])

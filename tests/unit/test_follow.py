@@ -45,7 +45,31 @@ async def test_a_terminal_line_never_wraps(monkeypatch: pytest.MonkeyPatch) -> N
     drawn = [row for row in out.getvalue().split("\r\x1b[2K") if row.strip()]
     assert len(drawn) == 2
     assert all(len(row.rstrip("\n")) <= 59 for row in drawn)
-    assert drawn[0].startswith("[#####") and "588/3000" in drawn[0]
+    # fitted, not cut: a narrower bar, the counts whole, the most frequent outcome kept
+    assert drawn[0] == "[#.........] 588/3000  20%     0.0/s ETA -  succeeded=588 …"
+
+
+@pytest.mark.parametrize(("width", "drawn"), [
+    (None, "[##########################....] 2643/3000  88%   264.3/s ETA 1s  attempts: "
+           "succeeded=2643 throttled=1187 transient=29 unknown=2"),
+    (100, "[########..] 2643/3000  88%   264.3/s ETA 1s  succeeded=2643 throttled=1187 "
+          "transient=29 unknown=2"),
+    # 80 columns, the last one left free: the demo's line was cut after `attempts: suc`
+    (79, "[########..] 2643/3000  88%   264.3/s ETA 1s  succeeded=2643 throttled=1187 …"),
+    (50, "[########..] 2643/3000  88%   264.3/s ETA 1s  …"),
+    (30, "[########..] 2643/3000  88%   "),
+])
+def test_a_narrow_row_keeps_the_figures_and_the_most_frequent_outcomes(
+        width: int | None, drawn: str) -> None:
+    """Fitted to a row: the bar narrows first, then the attempts lose their label, then
+    their least frequent outcomes; only a row too narrow for the figures cuts them."""
+    answer = {"state": "published", "released": 3000,
+              "items": {"succeeded": 2643, "pending": 357},
+              "attempts": {"succeeded": 2643, "throttled": 1187, "transient": 29,
+                           "unknown": 2}}
+    line = run_client.Progress(started=0.0, first_done=0).line(answer, 10.0, width)
+    assert line == drawn
+    assert width is None or len(line) <= width
 
 
 async def test_bar_and_attempts_come_from_one_answer(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,6 +13,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from service.outcomes import (
+    FAILURE_OUTCOMES,
     Answer,
     Classified,
     Failure,
@@ -143,6 +144,7 @@ def test_the_table_covers_every_outcome_and_failure() -> None:
     # returned (tests/integration/test_stores.py)
     assert {c[2] for c in CLASSIFY_TABLE} == set(Outcome) - {Outcome.SKIPPED}
     assert {c[0].failure for c in CLASSIFY_TABLE if c[0].failure} == set(Failure)
+    assert set(FAILURE_OUTCOMES) == set(Failure)  # every failure has its row
 
 
 @given(status=st.integers(100, 599), absent=st.booleans(),

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from service.config.policies import load_policies, resolve_policies
+from service.config.policies import load_policies, resolve_checked, resolve_policies
 from service.config.policy_file import parse_duration
 from service.errors import ConfigError
 
@@ -236,17 +236,81 @@ def test_every_template_problem_is_listed_at_once() -> None:
     with pytest.raises(ConfigError) as info:
         resolve_policies(doc, ENV, source="p.toml")
     keys = sorted(p.split(": ")[1] for p in info.value.problems)
-    assert keys == ["policies.cart-retention.path"], keys  # the schema's problems come first
+    # the schema's problem (cart-retention.path) hides no other entry's; only the body
+    # of customer-erasure waits for its upstream's host, which it is compiled against
+    assert keys == ["policies.cart-retention.path", "policies.customer-redact.path",
+                    "upstreams.shopify-admin.host_pattern"], keys
     doc["policies"]["cart-retention"]["path"] = "/carts/{object_id}"
-    with pytest.raises(ConfigError) as info:
-        resolve_policies(doc, ENV, source="p.toml")
-    keys = sorted(p.split(": ")[1] for p in info.value.problems)
-    assert keys == ["policies.customer-redact.path", "upstreams.shopify-admin.host_pattern"]
     doc["upstreams"]["shopify-admin"]["host_pattern"] = r"[a-z0-9-]+\.myshopify\.com"
     with pytest.raises(ConfigError) as info:
         resolve_policies(doc, ENV, source="p.toml")
     keys = sorted(p.split(": ")[1] for p in info.value.problems)
     assert keys == ["policies.customer-erasure.body.x", "policies.customer-redact.path"]
+
+
+def test_every_entry_is_checked_whatever_the_others_hold() -> None:
+    """Seven mistakes in five entries, of the schema and of resolution, all listed in one
+    pass: a schema problem used to hide every other one. What resolved leaves out every
+    entry with a problem and the policies naming one (`returns`); the rest is kept, for
+    check-config to check further."""
+    doc = {
+        "upstreams": {
+            "shop": {"base_url": "http://127.0.0.1:9", "timeout_seconds": "ten"},
+            "warehouse": {"base_url": "http://127.0.0.1:9",
+                          "headers_from_env": {"Authorization": "WAREHOUSE_AUTH"}},
+            "depot": {"base_url": "http://127.0.0.1:9"}},
+        "policies": {
+            "carts": {"version": 1, "upstream": "shopp", "path": "/c/{object_id}",
+                      "rate": {"per_second": 5}, "max_attempt": 3},
+            "orders": {"version": 1, "upstream": "warehouse", "path": "/o/{object_id}",
+                       "rate": {"per_second": 5}, "lease_seconds": 5},
+            "returns": {"version": 1, "upstream": "warehouse", "path": "/r/{object_id}",
+                        "rate": {"per_second": 5}},
+            "refunds": {"version": 1, "upstream": "depot", "path": "/r/{object_id}",
+                        "rate": {"per_second": 5}}},
+        "webhooks": {"shopify": {"scheme": "shopify", "secret_env": "SHOPIFY_SECRET_UNSET",
+                                 "rules": [{"topic": "carts/update", "policy": "cart",
+                                            "tenant": "header:X-Shopify-Shop-Domain",
+                                            "object_id": "body:id"}]}},
+    }
+    resolved, problems = resolve_checked(doc, {}, source="p.toml")
+    assert [p.removeprefix("policies file p.toml: ") for p in problems] == [
+        "upstreams.shop.timeout_seconds: Input should be a valid number, unable to parse "
+        "string as a number",
+        "policies.carts.max_attempt: unknown key (check the spelling; see "
+        "docs/configuration.md)",
+        "upstreams.warehouse.headers_from_env.Authorization: environment variable "
+        "WAREHOUSE_AUTH is not set",
+        "policies.carts.upstream: unknown upstream 'shopp'; declared: ['depot', 'shop', "
+        "'warehouse']",
+        "policies.orders.lease_seconds: must be longer than upstream 'warehouse' "
+        "timeout_seconds (10.0)",
+        "webhooks.shopify.rules[0].policy: unknown policy 'cart'",
+        "webhooks.shopify.secret_env: environment variable SHOPIFY_SECRET_UNSET is not set",
+    ]
+    assert (set(resolved.upstreams), set(resolved.policies), set(resolved.webhooks)) == (
+        {"depot"}, {"refunds"}, set())
+    with pytest.raises(ConfigError) as info:
+        resolve_policies(doc, {}, source="p.toml")
+    assert list(info.value.problems) == problems
+
+
+def test_a_policy_names_nothing_undeclared_even_with_other_mistakes() -> None:
+    """Names are checked on the entry as written: a policy that does not fit the schema
+    still has its upstream and stores checked, and naming an entry that does not fit the
+    schema is no unknown name."""
+    doc = {"upstreams": {"shop": {"base_url": "ftp://x"}},
+           "policies": {"carts": {"version": 0, "upstream": "shop", "rate": {},
+                                  "source": {"store": "db", "query": "SELECT 1"},
+                                  "target": {"store": "db", "statement": "DELETE"}},
+                        "lists": {"version": 1, "rate": {"per_second": 1},
+                                  "source": {"upstream": "lister"}}}}
+    problems = refused(doc, {})
+    assert "policies.carts.version" in problems and "upstreams.shop.base_url" in problems
+    assert "unknown upstream 'shop'" not in problems
+    assert "policies.carts.source.store: unknown store 'db'; declared: none" in problems
+    assert "policies.carts.target.store: unknown store 'db'" in problems
+    assert "policies.lists.source.upstream: unknown upstream 'lister'" in problems
 
 
 def test_toml_syntax_error_names_file(tmp_path: Path) -> None:

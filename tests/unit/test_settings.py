@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-from service.config.settings import Environment, Settings
+from service.config.settings import Environment, Settings, load_settings
 from service.config.tokens import Caller, Role, TokenSet, token_id
+from service.errors import ConfigError
 from service.observability.logs import ConsoleFormatter, JsonFormatter
 
 
@@ -33,6 +35,31 @@ def test_production_refuses_development_defaults() -> None:
     with pytest.raises(ValidationError, match="SWEEPER_DATABASE_URL must be set"):
         Settings(environment=Environment.PRODUCTION,
                  api_tokens="x" * 20)  # type: ignore[arg-type]
+
+
+def test_every_refused_setting_and_broken_rule_at_once(monkeypatch: pytest.MonkeyPatch,
+                                                        tmp_path: Path) -> None:
+    """Production with neither a token nor a database URL, a malformed port and a
+    certificate without its key: every problem in one pass (they came one at a time: a
+    rule between settings stopped at its first problem, and none was checked while a
+    variable was refused). A rule reading a refused variable is not checked."""
+    cert = tmp_path / "cert.pem"
+    cert.write_text("x")
+    monkeypatch.setenv("SWEEPER_ENVIRONMENT", "production")
+    monkeypatch.setenv("SWEEPER_PORT", "eighty")
+    monkeypatch.setenv("SWEEPER_TLS_CERT_FILE", str(cert))
+    monkeypatch.setenv("SWEEPER_CREDENTIALS_PREVIOUS_KEYS", "not a key")
+    with pytest.raises(ConfigError) as refused:
+        load_settings()
+    assert refused.value.problems == (
+        "SWEEPER_PORT: Input should be a valid integer, unable to parse string as an integer",
+        "SWEEPER_CREDENTIALS_PREVIOUS_KEYS: key 1 of 1: must be 32 random bytes in base64 "
+        "(standard or URL-safe), such as `openssl rand -base64 32` prints",
+        "SWEEPER_TLS_CERT_FILE and SWEEPER_TLS_KEY_FILE go together",
+        "SWEEPER_API_TOKENS must be set in production (or SWEEPER_OPERATOR_TOKENS / "
+        "SWEEPER_VIEWER_TOKENS)",
+        "SWEEPER_DATABASE_URL must be set in production (the embedded database is for "
+        "development)")
 
 
 @pytest.mark.parametrize("url", ["mysql://x/y", "not a url at all"])

@@ -19,9 +19,9 @@ from pydantic import SecretStr
 from sqlalchemy.engine import make_url
 
 from service.commands.local.store import SimulatedStore
+from service.config import signing_keys
 from service.config.policies import Policies, resolve_policies
 from service.config.settings import Environment, LogFormat, Settings, async_url
-from service.config.signing_keys import new_key
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +32,18 @@ POLICIES_FILE = Path(__file__).with_name("policies.toml")
 # by accident: its bucket refills 25% faster and holds twice the policy's burst.
 STORE_RATE_PER_S = 50.0
 STORE_BURST = 10
+
+
+def signing_key(data_dir: Path | None) -> tuple[SecretStr | None, Path | None]:
+    """The evidence signing key of an embedded database (`local`, `demo`), as the settings
+    `evidence_signing_key` and `evidence_signing_key_file`: they sign as `serve` on the
+    embedded database does, with the key kept in the database's folder (`data_dir`, made
+    on first use) so that exports of earlier runs still verify; or, for a temporary
+    database, with a key of this process, gone with it."""
+    if data_dir is None:
+        return SecretStr(signing_keys.new_key()), None
+    signing_keys.local_key(data_dir)  # made here on first use, read from there by the settings
+    return None, data_dir / signing_keys.LOCAL_KEY_FILE
 
 
 def local_policies(store_port: int) -> Policies:
@@ -67,12 +79,12 @@ def run_local(port: int, store_port: int, workers: int, data_dir: Path | None) -
     with (listening_socket(HOST, port) as api_socket,
           listening_socket(HOST, store_port) as store_socket,
           embedded_database(data_dir, prefix="sweeper-local-") as url):
-        asyncio.run(_serve(url, api_socket, store_socket, workers))
+        asyncio.run(_serve(url, api_socket, store_socket, workers, data_dir))
     return 0
 
 
 async def _serve(url: str, api_socket: socket.socket, store_socket: socket.socket,
-                 workers: int) -> None:
+                 workers: int, data_dir: Path | None) -> None:
     import uvicorn
 
     from service.app import create_app
@@ -81,14 +93,13 @@ async def _serve(url: str, api_socket: socket.socket, store_socket: socket.socke
 
     port = int(api_socket.getsockname()[1])
     store_port = int(store_socket.getsockname()[1])
+    key, key_file = signing_key(data_dir)
     # the environment's other SWEEPER_* settings (log level, batch size...) still apply
     settings = Settings(database_url=url, api_tokens=LOCAL_TOKEN, workers=workers,
                         host=HOST, port=port, environment=Environment.DEVELOPMENT,
                         policies_file=POLICIES_FILE, tls_cert_file=None, tls_key_file=None,
-                        log_format=LogFormat.CONSOLE,
-                        # the database lasts as long as this process: so does the key
-                        evidence_signing_key=SecretStr(new_key()),
-                        evidence_signing_key_file=None)
+                        log_format=LogFormat.CONSOLE, evidence_signing_key=key,
+                        evidence_signing_key_file=key_file)
     await migrate_database(async_url(url), settings)
     store = SimulatedStore(rate_per_s=STORE_RATE_PER_S, burst=STORE_BURST)
     store_server = CompanionServer(uvicorn.Config(store, log_config=None, access_log=False,

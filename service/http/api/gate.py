@@ -112,50 +112,67 @@ class Gate:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        source = self._webhook_source(scope)
+        if source is not None and self.webhooks is not None:
+            await self.webhooks(scope, receive, send, source)
+            return
         path: str = scope["path"]
-        if (self.webhooks is not None and scope["method"] == "POST"
-                and path.startswith(WEBHOOK_PREFIX)):
-            source = path[len(WEBHOOK_PREFIX):]
-            if source and "/" not in source:  # what the route's {source} matches
-                await self.webhooks(scope, receive, send, source)
-                return
         if path.startswith(OPERATOR_PREFIX) and not path.startswith(WEBHOOK_PREFIX):
-            runtime: Runtime = scope["state"]["runtime"]
-            token = _bearer(scope)
-            caller = runtime.tokens.match(token) if token else None
-            if caller is None:
-                await _answer(unauthorized("send Authorization: Bearer <token>" if token is None
-                                           else "the bearer token is not valid"),
-                              scope, receive, send)
-                return
-            scope[CALLER] = caller
-            if path.startswith(scope_names.PREFIX) and "raw_path" in scope:
-                scope["path"] = scope_names.routing_path(scope["raw_path"])
-            if scope["method"] in _BODY_METHODS:
-                read = await self._read_body(scope, receive)
-                if isinstance(read, Problem):
-                    await _answer(read, scope, receive, send)
-                    return
-                if read is None:
-                    return  # the client went away
-                receive = _replay(read, receive)
+            admitted = await self._admit(scope, receive, send)
+            if admitted is None:
+                return  # answered, or the client went away
+            receive = admitted
+        await self._route(scope, receive, send)
+
+    def _webhook_source(self, scope: Scope) -> str | None:
+        """The source a delivery names, when it goes straight to its endpoint."""
+        path: str = scope["path"]
+        if (self.webhooks is None or scope["method"] != "POST"
+                or not path.startswith(WEBHOOK_PREFIX)):
+            return None
+        source = path[len(WEBHOOK_PREFIX):]
+        return source if source and "/" not in source else None  # what {source} matches
+
+    async def _admit(self, scope: Scope, receive: Receive, send: Send) -> Receive | None:
+        """An operator request authenticated and its body read: the receive the routes read
+        the body from, or None when the request was answered here (or its client left)."""
+        runtime: Runtime = scope["state"]["runtime"]
+        token = _bearer(scope)
+        caller = runtime.tokens.match(token) if token else None
+        if caller is None:
+            await _answer(unauthorized("send Authorization: Bearer <token>" if token is None
+                                       else "the bearer token is not valid"),
+                          scope, receive, send)
+            return None
+        scope[CALLER] = caller
+        if scope["path"].startswith(scope_names.PREFIX) and "raw_path" in scope:
+            scope["path"] = scope_names.routing_path(scope["raw_path"])
+        if scope["method"] not in _BODY_METHODS:
+            return receive
+        read = await self._read_body(scope, receive)
+        if isinstance(read, Problem):
+            await _answer(read, scope, receive, send)
+        return _replay(read, receive) if isinstance(read, bytes) else None
+
+    async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """To the routes; OPTIONS answered with the methods the path allows, HEAD routed as
+        GET where the path allows GET."""
         method = scope["method"]
-        if method in ("HEAD", "OPTIONS"):
-            allowed = scope["app"].state.route_methods.allowed(scope)
-            if method == "OPTIONS" and allowed:
-                await _answer(None, scope, receive, send, status=204,
-                              headers={"Allow": allow_header(allowed)})
-                return
-            if method == "HEAD" and "GET" in allowed:
-                # the routes see GET; the server's own scope still says HEAD, so it sends
-                # no body. The matched route is copied back for the request log.
-                inner = {**scope, "method": "GET"}
-                try:
-                    await self.app(inner, receive, send)
-                finally:
-                    scope["route"] = inner.get("route")
-                return
-        await self.app(scope, receive, send)
+        allowed = (scope["app"].state.route_methods.allowed(scope)
+                   if method in ("HEAD", "OPTIONS") else set[str]())
+        if method == "OPTIONS" and allowed:
+            await _answer(None, scope, receive, send, status=204,
+                          headers={"Allow": allow_header(allowed)})
+        elif method == "HEAD" and "GET" in allowed:
+            # the routes see GET; the server's own scope still says HEAD, so it sends no
+            # body. The matched route is copied back for the request log.
+            inner = {**scope, "method": "GET"}
+            try:
+                await self.app(inner, receive, send)
+            finally:
+                scope["route"] = inner.get("route")
+        else:
+            await self.app(scope, receive, send)
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes | Problem | None:
         """The whole body, or the Problem that refuses it, or None if the client left."""

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Query
 from fastapi.openapi.models import Example
 from pydantic import BaseModel, ConfigDict, Field, with_config
+from sqlalchemy.ext.asyncio import AsyncEngine
 from typing_extensions import TypedDict
 
+from service.config.policies import Policy
 from service.errors import Problem
 from service.http.api.bodies import (
     ID_PATTERN,
@@ -94,6 +97,75 @@ ID_FIELDS = ("tenant_id", "object_id")
 # characters; what only the ledger's rules catch is a dot segment, or an id of more than
 # 128 characters (4 UTF-8 bytes each at most) that is over 512 bytes.
 _SHORT_ID = MAX_ID_BYTES // 4
+MAX_ERRORS = 100  # the item errors one answer lists, by item order
+
+ItemError = dict[str, Any]
+
+
+def _item_error(n: int, field: str, kind: str, message: str) -> ItemError:
+    return {"loc": ["body", "items", str(n), field], "type": kind, "message": message}
+
+
+def _refuse(errors: list[ItemError]) -> None:
+    """Answer 422 with the first MAX_ERRORS errors by item, if there are any."""
+    if errors:
+        errors.sort(key=lambda error: int(error["loc"][2]))
+        raise validation_problem(errors[:MAX_ERRORS])
+
+
+def _named_errors(items: list[ItemIn], policies: Mapping[str, Policy | None]
+                  ) -> list[ItemError]:
+    """Each item's unknown policy and each id the ledger's rules refuse."""
+    errors = []
+    for n, item in enumerate(items):
+        if policies[item["policy"]] is None:
+            errors.append(_item_error(n, "policy", "unknown_policy",
+                                      "no such policy in the policies file"))
+        for field in ID_FIELDS:
+            value = item[field]  # type: ignore[literal-required]
+            if value in registration.DOT_SEGMENTS or len(value) > _SHORT_ID:
+                problem = registration.id_problem(value)
+                if problem:
+                    errors.append(_item_error(n, field, "invalid_id", problem))
+    return errors
+
+
+def _call_errors(obligations: registration.Obligations) -> list[ItemError]:
+    """What the policies' upstreams and store targets could never take: a host that
+    host_pattern refuses (a policy whose upstream makes its host from the item), an id a
+    store target's statement cannot cast to its type. Each kind stops just past
+    MAX_ERRORS."""
+    errors = []
+    for n, field, problem in registration.host_problems(
+            obligations.tenant_ids, obligations.object_ids, obligations.policy_names,
+            obligations.policies):
+        errors.append(_item_error(n, field, "invalid_host", problem))
+        if len(errors) > MAX_ERRORS:
+            break
+    for n, problem in registration.id_type_problems(obligations.object_ids,
+                                                    obligations.policy_names,
+                                                    obligations.policies):
+        errors.append(_item_error(n, "object_id", "invalid_object_id", problem))
+        if len(errors) > MAX_ERRORS:
+            break
+    return errors
+
+
+async def _register(engine: AsyncEngine, obligations: registration.Obligations
+                    ) -> registration.RegistrationResult:
+    """Register, answering 422 for what only the statement itself finds."""
+    try:
+        return await registration.register(engine, obligations)
+    except registration.ScopeTooLong as exc:
+        n = next(n for n, pair in enumerate(zip(obligations.policy_names,
+                                                 obligations.tenant_ids, strict=True))
+                 if pair == (exc.policy, exc.tenant_id))
+        error = _item_error(n, "tenant_id", "scope_too_long", str(exc))
+    except registration.ObjectIdRefused as exc:  # likewise
+        error = _item_error(exc.index, "object_id", "invalid_object_id", str(exc))
+    except registration.HostRefused as exc:  # _call_errors reports these first, all of them
+        error = _item_error(exc.index, exc.field, "invalid_host", str(exc))
+    raise validation_problem([error]) from None
 
 
 @router.post("/items", operation_id="registerItems", response_model=RegistrationOut,
@@ -104,61 +176,15 @@ async def register_items(runtime: RuntimeDep, _actor: OperatorDep,
     """Register obligations. The same item twice is one row; an earlier due_at wins."""
     items = body["items"]
     policies = {name: runtime.policies.policy(name) for name in {i["policy"] for i in items}}
-    errors = []
-    for n, item in enumerate(items):
-        if policies[item["policy"]] is None:
-            errors.append({"loc": ["body", "items", str(n), "policy"], "type": "unknown_policy",
-                           "message": "no such policy in the policies file"})
-        for field in ID_FIELDS:
-            value = item[field]  # type: ignore[literal-required]
-            if value in registration.DOT_SEGMENTS or len(value) > _SHORT_ID:
-                problem = registration.id_problem(value)
-                if problem:
-                    errors.append({"loc": ["body", "items", str(n), field], "type": "invalid_id",
-                                   "message": problem})
-    if errors:
-        errors.sort(key=lambda error: int(error["loc"][2]))
-        raise validation_problem(errors[:100])
-    # each tenant id as its policy stores it (service/config/tenants.py): the checks below and the
-    # ledger see the one spelling
+    _refuse(_named_errors(items, policies))
+    # each tenant id as its policy stores it (service/config/tenants.py): the checks below
+    # and the ledger see the one spelling
     obligations = registration.Obligations(
         [i["tenant_id"] for i in items], [i["object_id"] for i in items],
         [i["policy"] for i in items], [i["due_at"] for i in items],
         {name: policy for name, policy in policies.items() if policy is not None}).canonical()
-    # a policy whose upstream makes its host from the item: one that host_pattern refuses
-    # could never be called
-    for n, field, problem in registration.host_problems(
-            obligations.tenant_ids, obligations.object_ids, obligations.policy_names,
-            obligations.policies):
-        errors.append({"loc": ["body", "items", str(n), field], "type": "invalid_host",
-                       "message": problem})
-        if len(errors) > 100:
-            break
-    # a store target's statement that casts ids to a type: an id it cannot take
-    for n, problem in registration.id_type_problems(obligations.object_ids,
-                                              obligations.policy_names, obligations.policies):
-        errors.append({"loc": ["body", "items", str(n), "object_id"],
-                       "type": "invalid_object_id", "message": problem})
-        if len(errors) > 100:
-            break
-    if errors:
-        errors.sort(key=lambda error: int(error["loc"][2]))
-        raise validation_problem(errors[:100])
-    try:
-        result = await registration.register(runtime.engine, obligations)
-    except registration.ScopeTooLong as exc:
-        n = next(n for n, pair in enumerate(zip(obligations.policy_names,
-                                                 obligations.tenant_ids, strict=True))
-                 if pair == (exc.policy, exc.tenant_id))
-        raise validation_problem([{"loc": ["body", "items", str(n), "tenant_id"],
-                                   "type": "scope_too_long", "message": str(exc)}]) from None
-    except registration.ObjectIdRefused as exc:  # likewise
-        raise validation_problem([{"loc": ["body", "items", str(exc.index), "object_id"],
-                                   "type": "invalid_object_id", "message": str(exc)}]
-                                 ) from None
-    except registration.HostRefused as exc:  # the check above reports these first, all of them
-        raise validation_problem([{"loc": ["body", "items", str(exc.index), exc.field],
-                                   "type": "invalid_host", "message": str(exc)}]) from None
+    _refuse(_call_errors(obligations))
+    result = await _register(runtime.engine, obligations)
     return RegistrationOut(inserted=result.inserted, advanced=result.advanced,
                            unchanged=result.unchanged)
 

@@ -176,9 +176,10 @@ def _rejected(source: str, exc: DeliveryRejected) -> Problem:
 
 async def direct(scope: Scope, receive: Receive, send: Send, source: str) -> None:
     """`POST /v1/webhooks/{source}` as the gate calls it, past FastAPI's routing and
-    dependency machinery: over a third of a delivery's CPU under load, on the one route
-    that takes traffic at the storefront's pace. The same endpoint the router declares
-    (and documents), its errors answered by the app's own exception handlers."""
+    dependency machinery, which the one route that takes traffic at the storefront's pace
+    does not need (bench/reports/design-notes.md, HTTP and statements). The same endpoint the
+    router declares (and documents), its errors answered by the app's own exception
+    handlers."""
     scope["route"] = _ROUTE  # as the router would set it: the request log's label
     scope["path_params"] = {"source": source}
     request = Request(scope, receive)
