@@ -442,11 +442,11 @@ _PROFILE_ANCHORS: dict[str, tuple[str, str]] = {
     "admit_statement": ("service/ledger/claims.py", "admit"),  # tokens and leases: the claim
     "complete_statement": ("service/ledger/claims.py", "complete"),
     "upstream_call_httpx": ("service/upstreams/deletion_api.py", "delete"),
-    "worker_completion_incl_logging": ("service/worker/pool.py", "_completion"),
+    "worker_completion_incl_logging": ("service/worker/attempt_outcomes.py", "_completion"),
     "logging_info": ("logging/__init__.py", "info"),
     "limiter_eligible_scopes": ("service/budget/limiter.py", "eligible_scopes"),
     "hand_back": ("service/ledger/claims.py", "hand_back"),  # leases and their tokens back
-    "attempt_task": ("service/worker/pool.py", "_attempt"),
+    "attempt_task": ("service/worker/attempts.py", "_attempt"),
     "run_once": ("service/worker/pool.py", "run_once"),
     "flush": ("service/worker/pool.py", "flush"),
 }

@@ -1,6 +1,9 @@
-"""`python -m drills.agent worker`: the ordinary `sweeper worker`, with the faults a drill
-names wrapped around the pool's ports (service/worker/ports.py). Production never imports
-this module; the variables below are read only here.
+"""`python -m drills.agent worker`: a `sweeper worker` process wired as the product wires
+one (service/worker/process.py: what it runs on, the pool's ports on that, the pool run until
+SIGTERM), with the faults a drill names wrapped around those ports (service/worker/ports.py)
+before the pool is built on them. Production never imports this module; the variables below
+are read only here. (No probes on SWEEPER_METRICS_PORT, no migration on start: the drills
+ask for neither of an agent.)
 
 - ``SWEEPER_DRILL_CRASH_AFTER_CLAIM=<object id>``: SIGKILL this process as soon as an
   admission that leased that object has committed (before any upstream call).
@@ -15,18 +18,23 @@ this module; the variables below are read only here.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
-import functools
 import os
 import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 
-from service.config.policies import Policy
+from sqlalchemy.engine import URL
+
+from service.config.policies import Policies, Policy
+from service.config.settings import Settings
 from service.ledger.claims import Admission, Completion, Lease
+from service.protocols.transport import SendGate
 from service.upstreams.deletion_api import CallResult
 from service.worker.ports import AdmissionPort, CallPort, Clock, CompletionPort, Ports
+from service.worker.process import open_worker_process
 
 
 def _crash() -> None:
@@ -72,20 +80,23 @@ class CrashOnAnswer:
     inner: CallPort
     object_id: str
 
-    async def delete(self, policy: Policy, lease: Lease) -> CallResult:
-        result = await self.inner.delete(policy, lease)
+    async def delete(self, policy: Policy, lease: Lease, *, send_by: float | None,
+                     gate: SendGate | None) -> CallResult:
+        result = await self.inner.delete(policy, lease, send_by=send_by, gate=gate)
         if lease.object_id == self.object_id:
             _crash()
         return result
 
-    async def confirm(self, policy: Policy, lease: Lease) -> CallResult:
-        result = await self.inner.confirm(policy, lease)
+    async def confirm(self, policy: Policy, lease: Lease, *, send_by: float | None,
+                      gate: SendGate | None) -> CallResult:
+        result = await self.inner.confirm(policy, lease, send_by=send_by, gate=gate)
         if lease.object_id == self.object_id:
             _crash()
         return result
 
-    async def delete_batch(self, policy: Policy, leases: Sequence[Lease]) -> CallResult:
-        result = await self.inner.delete_batch(policy, leases)
+    async def delete_batch(self, policy: Policy, leases: Sequence[Lease], *,
+                           send_by: float | None, gate: SendGate | None) -> CallResult:
+        result = await self.inner.delete_batch(policy, leases, send_by=send_by, gate=gate)
         if any(lease.object_id == self.object_id for lease in leases):
             _crash()
         return result
@@ -131,6 +142,13 @@ def faults_from(env: Mapping[str, str]) -> Callable[[Ports], Ports]:
     return wrap
 
 
+async def run_wrapped_worker(settings: Settings, policies: Policies, url: URL,
+                             wrap: Callable[[Ports], Ports]) -> None:
+    """A worker process's pool on its own ports as `wrap` wraps them."""
+    async with open_worker_process(settings, policies, url) as process:
+        await process.run(process.pool(wrap(process.ports())))
+
+
 def main(argv: list[str] | None = None) -> int:
     """`sweeper worker` with the faults of this process's environment."""
     from service.commands import cli
@@ -140,7 +158,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.command != "worker":
         print("drills.agent runs `worker` only", file=sys.stderr)
         return Exit.USAGE
-    args.func = functools.partial(cli.cmd_worker, faults=faults_from(os.environ))
+    wrap = faults_from(os.environ)
+
+    def worker(_args: object) -> int:
+        settings, policies = cli.load_config()
+        with cli.database(settings) as url:
+            asyncio.run(run_wrapped_worker(settings, policies, url, wrap))
+        return Exit.OK
+
+    args.func = worker
     return cli.run(args)
 
 

@@ -15,7 +15,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TypedDict
 
-import httpx
 from fastapi import Depends, FastAPI
 from sqlalchemy.engine import URL
 
@@ -183,7 +182,6 @@ def create_app(
     database_url: URL,
     *,
     run_workers: bool = True,
-    upstream_transport: httpx.AsyncBaseTransport | None = None,
 ) -> FastAPI:
     """Build the application; nothing connects until the lifespan starts."""
 
@@ -191,8 +189,7 @@ def create_app(
     async def lifespan(_app: FastAPI) -> AsyncIterator[State]:
         runtime = open_runtime(settings, policies, database_url)
         calls_upstreams = run_workers and settings.workers > 0
-        upstreams = (Upstreams(policies.upstreams, upstream_transport)
-                     if calls_upstreams else None)
+        upstreams = Upstreams(policies.upstreams) if calls_upstreams else None
         background = Background.start(runtime, upstreams, database_url)
         # /healthz reports it without a query of its own (each /readyz reads it again)
         with contextlib.suppress(DatabaseUnavailable):  # not answering yet: /readyz says so

@@ -42,7 +42,6 @@ if TYPE_CHECKING:
     from service.credentials import Keyring
     from service.credentials.tenant_credentials import Reencryption
     from service.evidence.verification import Verified
-    from service.worker.process import Faults
 
 log = logging.getLogger("service.commands.cli")
 
@@ -311,8 +310,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return Exit.OK
 
 
-def cmd_worker(_args: argparse.Namespace, faults: Faults | None = None) -> int:
-    """`sweeper worker`; `faults` wraps the pool's ports (drills/agent.py)."""
+def cmd_worker(_args: argparse.Namespace) -> int:
+    """`sweeper worker`."""
     from service.worker import run_worker_process
     from service.worker.health import WorkerHealth, serve_probes
 
@@ -333,7 +332,7 @@ def cmd_worker(_args: argparse.Namespace, faults: Faults | None = None) -> int:
         if settings.migrate_on_start:
             asyncio.run(migrate_database(url, settings))
         settle_heap()
-        asyncio.run(run_worker_process(settings, policies, url, faults=faults, health=health))
+        asyncio.run(run_worker_process(settings, policies, url, health=health))
     return Exit.OK
 
 

@@ -1,10 +1,11 @@
 """`sweeper demo`: the whole pipeline locally in one command.
 
 An embedded PostgreSQL in a temporary directory, the real HTTP API and worker pool, and a
-simulated storefront deletion API (in process) that enforces a per-tenant rate limit with
-429 + Retry-After and now and then answers 404 (already gone) or 503 (try later). A few
-thousand items over several tenants are registered over HTTP, a dry run reports on them,
-then a run is triggered and its drain followed with the progress bar.
+simulated storefront deletion API (on loopback, as `sweeper local` serves it) that enforces
+a per-tenant rate limit with 429 + Retry-After and now and then answers 404 (already gone)
+or 503 (try later). A few thousand items over several tenants are registered over HTTP, a
+dry run reports on them, then a run is triggered and its drain followed with the progress
+bar.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from service.config.policies import Policies, resolve_policies
 from service.config.settings import LogFormat, Settings, async_url
 from service.db.embedded import embedded_database
 from service.db.migrate import migrate_database
-from service.http.serving import listening_socket
+from service.http.serving import CompanionServer, listening_socket
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +37,11 @@ STORE_BURST = 4  # like real storefront APIs, the store tolerates a few calls of
 BAD_WEATHER = Weather(unavailable=0.01, absent=0.03)
 
 
-def demo_policies() -> Policies:
-    """One storefront and one cart-retention policy, limited per tenant."""
+def demo_policies(store_port: int) -> Policies:
+    """One storefront (the simulated store on `store_port`) and one cart-retention policy,
+    limited per tenant."""
     return resolve_policies({
-        "upstreams": {"demo-store": {"base_url": "http://demo-store.invalid",
+        "upstreams": {"demo-store": {"base_url": f"http://127.0.0.1:{store_port}",
                                      "timeout_seconds": 5}},
         "policies": {"cart-retention": {
             "version": 1, "upstream": "demo-store", "path": "/tenants/{tenant_id}/carts/"
@@ -58,8 +60,12 @@ async def _demo(url: str, items: int, tenants: int, workers: int, keep: Path | N
                         evidence_signing_key=key, evidence_signing_key_file=key_file)
     await migrate_database(async_url(url), settings)
     store = SimulatedStore(rate_per_s=TENANT_RATE_PER_S, burst=STORE_BURST, weather=BAD_WEATHER)
-    app = create_app(settings, demo_policies(), async_url(url),
-                     upstream_transport=httpx.MockTransport(store.handle))
+    store_socket = listening_socket("127.0.0.1", 0)
+    store_server = CompanionServer(uvicorn.Config(store, log_config=None, access_log=False,
+                                                  lifespan="off"))
+    storing = asyncio.create_task(store_server.serve(sockets=[store_socket]))
+    app = create_app(settings, demo_policies(int(store_socket.getsockname()[1])),
+                     async_url(url))
     # bound here and handed to uvicorn: no window in which another process takes the port
     sock = listening_socket("127.0.0.1", 0)
     port = int(sock.getsockname()[1])
@@ -98,6 +104,8 @@ async def _demo(url: str, items: int, tenants: int, workers: int, keep: Path | N
     finally:
         server.should_exit = True
         await serving
+        store_server.should_exit = True
+        await storing
     return 0
 
 

@@ -54,7 +54,7 @@ from service.db.engine import sqlstate
 from service.db.statements import Statement, fetch, run
 from service.ledger.claims import Lease
 from service.outcomes import Answer, Classified, Failure, Outcome
-from service.protocols.transport import SEND_GATE
+from service.protocols.transport import SendGate
 from service.sweeps.store_databases import (
     STORE_ERRORS,
     StoreError,
@@ -219,7 +219,8 @@ class StoreTargets:
         self._statements: dict[str, Statement] = {}  # each policy's, built once
         self._cutoffs: dict[int, datetime] = {}  # batch id -> its run's cutoff
 
-    async def delete(self, policy: Policy, leases: Sequence[Lease]) -> CallResult:
+    async def delete(self, policy: Policy, leases: Sequence[Lease], *,
+                     gate: SendGate | None = None) -> CallResult:
         started = time.perf_counter()
 
         def result(answer: Answer, verdict: Classified | None = None,
@@ -243,8 +244,7 @@ class StoreTargets:
             conn = await self.stores.connect(target.store)
         except StoreError as exc:
             return result(Answer(failure=exc.failure))
-        gate = SEND_GATE.get()  # as an HTTP call's, right before the statement is sent
-        if gate is not None and not gate():
+        if gate is not None and not gate():  # as an HTTP call's, right before it is sent
             await conn.close()
             return result(Answer(failure=Failure.WITHHELD))
         own: dict[str, Classified] = {}

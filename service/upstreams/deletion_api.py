@@ -1,19 +1,9 @@
 """The HTTP client of an upstream deletion API: one connection pool per upstream, driven
 through httpx's transport interface (service/protocols/transport.py).
 
-Transport errors are mapped here, once, to :class:`service.outcomes.Failure`:
-
-    httpx.TransportError
-    ├── AddressRefused (service/protocols/egress.py)        -> PRIVATE_ADDRESS (never connected)
-    ├── ConnectError, ConnectTimeout, PoolTimeout  -> CONNECT / TIMEOUT_BEFORE_SEND (not sent)
-    ├── WriteTimeout, WriteError                   -> TIMEOUT_AFTER_SEND (may have been read)
-    ├── ReadTimeout, overall deadline              -> TIMEOUT_AFTER_SEND
-    ├── ReadError, RemoteProtocolError             -> RESET_AFTER_SEND
-    ├── LocalProtocolError (a header with a CR/LF)  -> INVALID_REQUEST (not sent)
-    ├── SentTooLate (past transport.SEND_BY)        -> SENT_TOO_LATE (not sent)
-    ├── Withheld (transport.SEND_GATE said no)      -> WITHHELD (not sent)
-    │   (an answer without the upstream's echo_header value -> ECHO_MISMATCH, may be sent)
-    └── other protocol errors                      -> PROTOCOL
+Each call is one exchange (service/upstreams/exchange.py: the overall deadline, the answer
+read, every transport error mapped once to a Failure). Its URL comes from `UrlMaker`
+(service/upstreams/request_urls.py).
 
 What a call sends is the policy's compiled request template (service/config/request_templates.py):
 ids are percent-encoded into their own path segment or query value, so `/`, `..`, `?`, `#` or
@@ -25,15 +15,12 @@ them (service/config/answer_rules.py): then whole, up to the policy's answer_max
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import re
 import time
 import uuid
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
-from urllib.parse import urlsplit
 
 import httpx
 
@@ -41,83 +28,12 @@ from service.config.policies import Policy, Upstream
 from service.config.request_templates import RequestTemplate
 from service.observability.metrics import UPSTREAM_DISTRUSTED
 from service.outcomes import Answer, Classified, Failure
-from service.protocols.egress import AddressRefused
-from service.protocols.transport import TARGET, Http1Transport, SentTooLate, Withheld
+from service.protocols.transport import SEND_BY, SEND_GATE, TARGET, Http1Transport, SendGate
+from service.upstreams.exchange import SUCCESS_STATUSES, send
+from service.upstreams.request_urls import PROBE_HOST, UrlMaker
 
-BODY_CAP_BYTES: Final = 4096
 USER_AGENT: Final = "sweeper/0.1"
 JSON_CONTENT_TYPE: Final = "application/json"
-
-
-PROBE_HOST: Final = "sweeper-host.invalid"  # stands for a templated host until a call fills it
-
-
-# A path httpx would take exactly as it is: ASCII path characters and valid percent escapes
-# (no `?`, `#`, spaces or unicode to encode), and no dot segment to normalise away. A query
-# likewise (`?` and `/` are plain there).
-_PLAIN_PATH: Final = re.compile(r"(?:[A-Za-z0-9\-._~!$&'()*+,;=:@/]|%[0-9A-Fa-f]{2})*")
-_PLAIN_QUERY: Final = re.compile(r"(?:[A-Za-z0-9\-._~!$&'()*+,;=:@/?]|%[0-9A-Fa-f]{2})*")
-_PROBES: Final = (("/probe/a%2Fb/c-d_e~f", None), ("/probe/x", "a=b%26c&d=%3D/?e"))
-ORIGINS_KEPT: Final = 4096  # parsed origins (one per templated host) kept for reuse
-
-
-class UrlMaker:
-    """Request URLs under one base URL: the base with a rendered path and query (already
-    percent-encoded: service/config/request_templates.py) and, for a templated upstream, a checked
-    host in place of PROBE_HOST. Each URL is text httpx.URL parses, through its public
-    constructor only (tests/unit/test_private_api.py keeps it so).
-
-    `target` (for our own transport, which reads the request's target from the
-    TARGET extension): a plain path and query are not parsed at all; the request carries
-    its origin's URL, parsed once per host, and the target as bytes. That a plain path
-    goes on the wire exactly as httpx would put it is checked at construction on probes;
-    anything else takes the ordinary parse."""
-
-    def __init__(self, base_url: str, *, target: bool = False) -> None:
-        self._base_url = base_url
-        self._base_path = urlsplit(base_url).path
-        before, found, after = base_url.partition(PROBE_HOST)
-        self._host_slot = (before, after) if found else None
-        self._origins: dict[str | None, httpx.URL] = {}
-        self._target = target and all(
-            self._target_of(path, query)
-            == httpx.URL(self._full(path, query, "probe.example" if found else None)).raw_path
-            for path, query in _PROBES)
-
-    @property
-    def fixed_host(self) -> bool:
-        return self._host_slot is None
-
-    def _base(self, host: str | None) -> str:
-        if host is None:
-            return self._base_url
-        if self._host_slot is None:
-            raise ValueError("this base URL has a fixed host")
-        return self._host_slot[0] + host + self._host_slot[1]
-
-    def _full(self, path: str, query: str | None, host: str | None) -> str:
-        base = self._base(host)
-        return base + path if query is None else f"{base}{path}?{query}"
-
-    def _target_of(self, path: str, query: str | None) -> bytes:
-        target = self._base_path + path
-        return (target if query is None else f"{target}?{query}").encode("ascii")
-
-    def url(self, path: str, *, query: str | None = None, host: str | None = None
-            ) -> tuple[httpx.URL, bytes | None]:
-        """The URL of `path` and `query` (already rendered and percent-encoded; None: no
-        query) under the base URL, with `host` (a checked host name) in place of its own;
-        and the request target as bytes where the transport takes it so (then the URL is
-        the origin's: the target is the rest)."""
-        if self._target and _PLAIN_PATH.fullmatch(path) and "/." not in path and (
-                query is None or _PLAIN_QUERY.fullmatch(query)):
-            origin = self._origins.get(host)
-            if origin is None:
-                if len(self._origins) >= ORIGINS_KEPT:
-                    self._origins.clear()
-                origin = self._origins[host] = httpx.URL(self._base(host))
-            return origin, self._target_of(path, query)
-        return httpx.URL(self._full(path, query, host)), None
 
 
 @dataclass(frozen=True)
@@ -145,9 +61,9 @@ class UpstreamClient:
                  ) -> None:
         cfg = upstream.config
         self.deadline_seconds = cfg.timeout_seconds
-        # The transport is driven directly: httpx.AsyncClient's per-request URL merging and
-        # cookie handling were 44% of a worker's CPU per call (profiled in bench/drain.py),
-        # and a deletion call needs neither cookies nor redirects.
+        # The transport is driven directly: a deletion call needs neither httpx.AsyncClient's
+        # per-request URL merging nor its cookies, which cost CPU on every call
+        # (bench/reports/design-notes.md, "The wire").
         self._transport: httpx.AsyncBaseTransport = transport or Http1Transport(
             cfg.max_connections, upstream.tls, keep_alive=cfg.keep_alive,
             distrusted=lambda reason: UPSTREAM_DISTRUSTED.labels(upstream.name, reason).inc(),
@@ -174,12 +90,14 @@ class UpstreamClient:
 
     async def delete(self, policy: Policy, *, tenant_id: str, object_id: str,
                      operation_key: str, object_version: str | None = None,
-                     credential: str | None = None, object_ids: Sequence[str] = ()
+                     credential: str | None = None, object_ids: Sequence[str] = (),
+                     send_by: float | None = None, gate: SendGate | None = None
                      ) -> CallResult:
         """One deletion call carrying the operation key as Idempotency-Key; the object's
         version is the one a conflict named, else the policy's initial one; `credential` is
         the tenant's, for an upstream whose headers use one; `object_ids` a batch's
-        objects, for a policy sending many per call."""
+        objects, for a policy sending many per call. Not written at all past `send_by`
+        (time.monotonic()) or when `gate()` says no at the write (SENT_TOO_LATE, WITHHELD)."""
         started = time.perf_counter()
         version = policy.config.initial_object_version if object_version is None \
             else object_version
@@ -187,12 +105,13 @@ class UpstreamClient:
             answer = Answer(failure=Failure.NO_CREDENTIAL)
         else:
             answer = await self._call(policy, tenant_id, object_id, operation_key, version,
-                                      credential, object_ids)
+                                      credential, object_ids,
+                                      self._extensions(send_by, gate))
         return CallResult(answer, (time.perf_counter() - started) * 1000)
 
     async def _call(self, policy: Policy, tenant_id: str, object_id: str,
                     operation_key: str, object_version: str, credential: str | None,
-                    object_ids: Sequence[str]) -> Answer:
+                    object_ids: Sequence[str], extensions: dict[str, object]) -> Answer:
         template = policy.request
         method = policy.config.method
         if template is None:  # a store target's policy: no HTTP call to make
@@ -207,10 +126,10 @@ class UpstreamClient:
                     self._with_credential(headers, credential)
                 url, target = self._urls.url(path, query=query)
                 request = httpx.Request(method, url, headers=headers, stream=_NO_BODY,
-                                        extensions=self._extensions(target))
+                                        extensions=_targeted(extensions, target))
             else:
                 request = self._request(template, method, tenant_id, object_id, path, query,
-                                        operation_key, object_version, object_ids)
+                                        operation_key, object_version, object_ids, extensions)
                 if credential is not None:
                     self._with_credential(request.headers, credential)
         except (ValueError, KeyError, httpx.InvalidURL):
@@ -221,13 +140,14 @@ class UpstreamClient:
                           rules.max_bytes, echo=echo)
 
     async def confirm(self, policy: Policy, *, tenant_id: str, object_id: str,
-                      object_version: str | None = None, credential: str | None = None
+                      object_version: str | None = None, credential: str | None = None,
+                      send_by: float | None = None, gate: SendGate | None = None
                       ) -> CallResult:
         """The policy's confirmation read of one object (its `confirm`): a GET of its path
         with the upstream's headers and the tenant's credential, no Idempotency-Key (it
         changes nothing), the body drained unread. With the upstream's echo_header, an
         answer that could confirm or refute (an `absent` status, a 2xx) counts only with
-        this request's value echoed."""
+        this request's value echoed. `send_by` and `gate` as for `delete`."""
         started = time.perf_counter()
         template, confirm = policy.confirm_request, policy.config.confirm
         if template is None or confirm is None:
@@ -237,12 +157,13 @@ class UpstreamClient:
         else:
             answer = await self._read(template, confirm.method, tenant_id, object_id,
                                       object_version or policy.config.initial_object_version,
-                                      credential, frozenset(confirm.absent))
+                                      credential, frozenset(confirm.absent),
+                                      self._extensions(send_by, gate))
         return CallResult(answer, (time.perf_counter() - started) * 1000)
 
     async def _read(self, template: RequestTemplate, method: str, tenant_id: str,
                     object_id: str, object_version: str, credential: str | None,
-                    absent: frozenset[int]) -> Answer:
+                    absent: frozenset[int], extensions: dict[str, object]) -> Answer:
         try:
             path, query = template.target(tenant_id, object_id, object_version)
             host = None if template.host_format is None else template.host(tenant_id,
@@ -259,12 +180,12 @@ class UpstreamClient:
             if credential is not None:
                 self._with_credential(headers, credential)
             request = httpx.Request(method, url, headers=headers, stream=_NO_BODY,
-                                    extensions=self._extensions(target))
+                                    extensions=_targeted(extensions, target))
         except (ValueError, KeyError, httpx.InvalidURL):
             return Answer(failure=Failure.INVALID_REQUEST)
         echo = self._echoed(request)
         return await send(self._transport, request, self.deadline_seconds, _no_body, 0,
-                          echo=echo, echoed=absent | _SUCCESS_STATUSES)
+                          echo=echo, echoed=absent | SUCCESS_STATUSES)
 
     async def read_page(self, method: str, url: str, body: bytes | None, *,
                     credential: str | None, wants_body: Callable[[int], bool], cap: int
@@ -290,7 +211,7 @@ class UpstreamClient:
     def _request(self, template: RequestTemplate, method: str, tenant_id: str, object_id: str,
                  path: str,
                  query: str | None, operation_key: str, object_version: str,
-                 object_ids: Sequence[str] = ()) -> httpx.Request:
+                 object_ids: Sequence[str], extensions: dict[str, object]) -> httpx.Request:
         """A call with a templated host or a JSON body: the headers httpx.Request would build
         (Host, the body's Content-Type and Content-Length), prepared once per method as for
         the common call. ValueError for a host the upstream refuses: checked here again, on
@@ -309,7 +230,7 @@ class UpstreamClient:
         headers["Idempotency-Key"] = operation_key
         return httpx.Request(method, url, headers=headers,
                              stream=_NO_BODY if body is None else httpx.ByteStream(body),
-                             extensions=self._extensions(target))
+                             extensions=_targeted(extensions, target))
 
     def _echoed(self, request: httpx.Request) -> tuple[str, str] | None:
         """For an upstream with an echo_header: a fresh value in it, and (header, value) for
@@ -320,12 +241,15 @@ class UpstreamClient:
         request.headers[self._echo] = value
         return self._echo, value
 
-    def _extensions(self, target: bytes | None) -> dict[str, object]:
-        """A request's extensions: its timeouts, and its target where the URL is its
-        origin's (UrlMaker)."""
-        if target is None:
-            return {"timeout": self._timeouts}
-        return {"timeout": self._timeouts, TARGET: target}
+    def _extensions(self, send_by: float | None, gate: SendGate | None) -> dict[str, object]:
+        """A call's request extensions (what the transport reads of it besides the request
+        itself): its timeouts, and the moment and the gate its write must pass."""
+        extensions: dict[str, object] = {"timeout": self._timeouts}
+        if send_by is not None:
+            extensions[SEND_BY] = send_by
+        if gate is not None:
+            extensions[SEND_GATE] = gate
+        return extensions
 
     def _with_credential(self, headers: httpx.Headers, credential: str) -> None:
         """The tenant's credential in its headers. httpx refuses a value it cannot send
@@ -357,7 +281,8 @@ class UpstreamClient:
     def _prepare(self, method: str) -> httpx.Headers:
         """The headers of a bodiless call to the fixed host: built once per method, each call
         copies them (a list copy) and adds its key, and the request carries an explicit
-        empty body, which skips httpx's per-request preparation of the same headers."""
+        empty body, which skips httpx's per-request preparation of the same headers
+        (bench/reports/design-notes.md, "The wire")."""
         headers = self._headers_for[method] = httpx.Headers(self._base_headers(method, False))
         return headers
 
@@ -369,109 +294,17 @@ _NO_BODY: Final = httpx.ByteStream(b"")  # immutable: one instance serves every 
 _LENGTH_REQUIRED: Final = frozenset({"POST", "PUT", "PATCH"})
 
 
-# The statuses that can record a deletion (2xx; 404 and 410 where absent means deleted):
-# with an echo header, these count only with the request's own value echoed.
-_SUCCESS_STATUSES: Final = frozenset(range(200, 300))
-_DELETING_STATUSES: Final = _SUCCESS_STATUSES | {404, 410}
+def _targeted(extensions: dict[str, object], target: bytes | None) -> dict[str, object]:
+    """A call's extensions with its request-target, where its URL is its origin's
+    (UrlMaker); the dict is the call's own."""
+    if target is not None:
+        extensions[TARGET] = target
+    return extensions
 
 
 def _no_body(status: int) -> bool:
     """A read's `wants_body`: no body is read, whatever the status."""
     return False
-
-
-async def send(transport: httpx.AsyncBaseTransport, request: httpx.Request,
-               deadline_seconds: float, wants_body: Callable[[int], bool], cap: int, *,
-               echo: tuple[str, str] | None = None,
-               echoed: Collection[int] = _DELETING_STATUSES) -> Answer:
-    """Send `request` within an overall deadline: the answer's status and rate-limit
-    headers, its body (up to `cap` bytes, never a part) where `wants_body(status)`, or how
-    the call failed (the mapping in this module's docstring). With `echo` (a header and the
-    value this request sent in it), an answer with a status in `echoed` (one that could
-    record a deletion) without that value is ECHO_MISMATCH: it may be another request's."""
-    body: bytes | None = None
-    try:
-        async with asyncio.timeout(deadline_seconds):
-            response = await transport.handle_async_request(request)
-            try:
-                if wants_body(response.status_code) and _identity(response):
-                    body = await _read_capped(response, cap)
-                else:
-                    await _drain_capped(response)
-            finally:
-                await response.aclose()
-    except TimeoutError:
-        return Answer(failure=Failure.TIMEOUT_AFTER_SEND)
-    except AddressRefused as exc:
-        return Answer(failure=Failure.PRIVATE_ADDRESS, detail=str(exc).split(",", 1)[0])
-    except httpx.ConnectError:
-        return Answer(failure=Failure.CONNECT)
-    except (httpx.ConnectTimeout, httpx.PoolTimeout):
-        return Answer(failure=Failure.TIMEOUT_BEFORE_SEND)
-    except (httpx.WriteTimeout, httpx.WriteError, httpx.ReadTimeout):
-        return Answer(failure=Failure.TIMEOUT_AFTER_SEND)
-    except (httpx.ReadError, httpx.RemoteProtocolError):
-        return Answer(failure=Failure.RESET_AFTER_SEND)
-    except httpx.LocalProtocolError:
-        return Answer(failure=Failure.INVALID_REQUEST)
-    except SentTooLate:
-        return Answer(failure=Failure.SENT_TOO_LATE)
-    except Withheld:
-        return Answer(failure=Failure.WITHHELD)
-    except httpx.TransportError:
-        return Answer(failure=Failure.PROTOCOL)
-    if echo is not None and response.status_code in echoed \
-            and response.headers.get(echo[0]) != echo[1]:
-        if isinstance(transport, Http1Transport):
-            transport.distrust(request.url, "echo_mismatch")
-        return Answer(failure=Failure.ECHO_MISMATCH)
-    # RateLimit, X-RateLimit-* and BigCommerce's X-Rate-Limit-* (outcomes.exhausted_for)
-    limits = {k: v for k, v in response.headers.items()
-              if "ratelimit" in k or k.startswith("x-rate-limit-")}
-    return Answer(status=response.status_code, retry_after=response.headers.get("retry-after"),
-                  rate_limits=limits or None, body=body,
-                  location=response.headers.get("location")
-                  if 300 <= response.status_code < 400 else None)
-
-
-async def _drain_capped(response: httpx.Response) -> None:
-    """Read at most BODY_CAP_BYTES of the body so the connection can be reused, no more.
-    The transport's stream is read directly (aiter_raw's chunker and byte counting cost
-    more than the reading); closing the response afterwards releases the connection."""
-    if response.is_stream_consumed:  # an in-memory response (tests, the demo store)
-        return
-    stream = response.stream
-    if not isinstance(stream, httpx.AsyncByteStream):
-        raise RuntimeError("an async transport answered with a sync stream")
-    seen = 0
-    async for chunk in stream:
-        seen += len(chunk)
-        if seen >= BODY_CAP_BYTES:
-            break
-
-
-def _identity(response: httpx.Response) -> bool:
-    """The body is sent as is (no Accept-Encoding is sent, so an upstream should not
-    compress it; a compressed one is not read: rules on its body do not match)."""
-    return response.headers.get("content-encoding", "identity").lower() in ("identity", "")
-
-
-async def _read_capped(response: httpx.Response, cap: int) -> bytes | None:
-    """The whole body when it is at most `cap` bytes, else None: a body is never read in
-    part, so no rule ever sees half a document."""
-    if response.is_stream_consumed:  # an in-memory response (tests, the demo store)
-        return response.content if len(response.content) <= cap else None
-    stream = response.stream
-    if not isinstance(stream, httpx.AsyncByteStream):
-        raise RuntimeError("an async transport answered with a sync stream")
-    chunks: list[bytes] = []
-    seen = 0
-    async for chunk in stream:
-        seen += len(chunk)
-        if seen > cap:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 class Upstreams:

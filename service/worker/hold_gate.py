@@ -3,15 +3,15 @@ even one already leased and waiting for a slot, a token's moment or a connection
 
 The admission skips held items, but a call leased before the hold was placed can still be
 waiting in this process. So each call passes this gate in the same synchronous step that
-writes its request (service/protocols/transport.py's SEND_GATE; a store target's statement
-likewise): the gate lets it through, and marks it started, unless a hold this process has learned of
-covers one of its items, or its lease is about to run out. A process learns of a hold
-(`learn`) from a notification sent when the hold commits, or its poll of the newest hold id
-(service/worker/pool.py): it revokes the covered calls not yet started, keeps the hold for
-the leases its admissions still return (an admission that began before the hold committed),
-then acknowledges it in the database, naming the calls it revoked. The hold answers once
-every worker holding a covered lease has acknowledged it or that lease has run out
-(service/ledger/holds.py), so:
+writes its request (the SEND_GATE request extension of service/protocols/transport.py; a
+store target's statement likewise): the gate lets it through, and marks it started, unless a
+hold this process has learned of covers one of its items, or its lease is about to run out.
+A process learns of a hold (`learn`) from a notification sent when the hold commits, or its
+poll of the newest hold id (service/worker/pool.py): it revokes the covered calls not yet
+started, keeps the hold for the leases its admissions still return (an admission that began
+before the hold committed), then acknowledges it in the database, naming the calls it
+revoked. The hold answers once every worker holding a covered lease has acknowledged it or
+that lease has run out (service/ledger/holds.py), so:
   - no call it covers starts after it answers (a revoked one is handed back unstarted);
   - its `in_flight` names the calls that passed the gate before, and only those, but for a
     worker that never acknowledged (cut off from the database): its covered leases count as

@@ -2,6 +2,8 @@
 scopes it holds back on its own, and where the database's schedule falls on its clock.
 
 Plain state with no I/O; the pool passes in the moments (its clock's monotonic seconds).
+What each rule buys, and where it stops paying: bench/reports/design-notes.md, "The worker
+pool".
 """
 
 from __future__ import annotations

@@ -2,9 +2,8 @@
 
 Each admission round, each hand-back of unstarted leases and each flush updates the
 counters once per label set (Counter.inc(n)), not once per item; the upstream-duration
-histogram alone is observed per call, each call having its own duration. The claim and
-flush series keep their label children cached here. Labels come from closed sets only:
-policy names, outcome classes, reasons.
+histogram alone is observed per call, each call having its own duration. Labels come from
+closed sets only: policy names, outcome classes, reasons.
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from typing import Any, Final
+from typing import Final
 
 from service.ledger.claims import Completion, Lease
 from service.observability.metrics import (
@@ -54,16 +53,6 @@ _LABELLED_STATUSES: Final = frozenset({400, 401, 403, 404, 405, 409, 410, 411, 4
 class PipelineCounts:
     """The per-batch updates of one worker pool's series."""
 
-    def __init__(self) -> None:
-        self._children: dict[tuple[Any, tuple[str, ...]], Any] = {}
-
-    def _series(self, family: Any, *labels: str) -> Any:
-        key = (family, labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = family.labels(*labels)
-        return child
-
     def claimed(self, leases: Iterable[Lease]) -> int:
         """Count a round's leases; returns how many took over an expired lease."""
         claimed: Counter[str] = Counter()
@@ -73,9 +62,9 @@ class PipelineCounts:
             if lease.reclaimed:
                 reclaimed[lease.policy] += 1
         for policy, n in claimed.items():
-            self._series(ITEMS_CLAIMED, policy).inc(n)
+            ITEMS_CLAIMED.labels(policy).inc(n)
         for policy, n in reclaimed.items():
-            self._series(LEASES_RECLAIMED, policy).inc(n)
+            LEASES_RECLAIMED.labels(policy).inc(n)
         return sum(reclaimed.values())
 
     def returned(self, reasons: Mapping[LeaseReturn, int], tokens: int | None = None) -> None:
@@ -94,7 +83,7 @@ class PipelineCounts:
         for c in batch:
             policy = c.lease.policy
             if c.reason != UNKNOWN_POLICY_VERSION:  # that one was never called
-                self._series(UPSTREAM_DURATION, policy, c.outcome).observe(c.latency_ms / 1000)
+                UPSTREAM_DURATION.labels(policy, c.outcome).observe(c.latency_ms / 1000)
             if c.lease.item_id in fenced:
                 late[policy] += 1
                 log.warning("late completion fenced out", extra={"item_id": c.lease.item_id})
@@ -103,8 +92,8 @@ class PipelineCounts:
             if c.status == "dead":
                 dead[policy, dead_reason_label(c.reason)] += 1
         for labels, n in outcomes.items():
-            self._series(COMPLETIONS, *labels).inc(n)
+            COMPLETIONS.labels(*labels).inc(n)
         for labels, n in dead.items():
-            self._series(ITEMS_DEAD, *labels).inc(n)
+            ITEMS_DEAD.labels(*labels).inc(n)
         for policy, n in late.items():
-            self._series(LATE_COMPLETIONS, policy).inc(n)
+            LATE_COMPLETIONS.labels(policy).inc(n)

@@ -1,33 +1,27 @@
-"""The worker's ports: everything the pool needs from outside its own event loop.
+"""The worker's ports: everything the pool needs from outside its own event loop, and the
+value types they speak in.
 
 The pool (`pool.py`) sees only these. `postgres.py` implements the ledger ports on the
-database, `process.py` wires a process; tests drive the pool's rounds with in-memory
-implementations (tests/unit/test_worker_rounds.py) and drills wrap the real ones to inject
-faults (drills/agent.py).
+database, `upstream_calls.py` the call port, `local_ports.py` the clock and the ports a
+process without a database answers itself; `process.py` wires a process. Tests drive the
+pool's rounds with in-memory implementations (tests/unit/test_worker_rounds.py) and drills
+wrap the real ones to inject faults (drills/agent.py).
 """
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
-import logging
-import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Protocol
 
-from service.budget.credential_waits import Credentials
 from service.budget.limiter import Closure
 from service.config.policies import Policy
 from service.ledger.claims import Admission, Completion, Lease
-from service.outcomes import Answer, Failure
-from service.sweeps.store_targets import StoreTargets
-from service.upstreams.deletion_api import CallResult, Upstreams
+from service.protocols.transport import SendGate
+from service.upstreams.deletion_api import CallResult
 from service.worker.hold_gate import HoldCover
-
-log = logging.getLogger("service.worker")
 
 
 class AdmissionPort(Protocol):
@@ -79,15 +73,21 @@ class ScopeSignalPort(Protocol):
 
 
 class CallPort(Protocol):
-    """The upstream deletion call of one lease, and the read confirming it."""
+    """The upstream deletion call of one lease, and the read confirming it. Each is made
+    only if its request can be written by `send_by` (time.monotonic(); None: no limit) and
+    `gate()` says yes in the step that writes it (None: no gate); otherwise it is not made
+    at all and answers SENT_TOO_LATE or WITHHELD."""
 
-    async def delete(self, policy: Policy, lease: Lease) -> CallResult: ...
+    async def delete(self, policy: Policy, lease: Lease, *, send_by: float | None,
+                     gate: SendGate | None) -> CallResult: ...
 
-    async def confirm(self, policy: Policy, lease: Lease) -> CallResult:
+    async def confirm(self, policy: Policy, lease: Lease, *, send_by: float | None,
+                      gate: SendGate | None) -> CallResult:
         """The policy's confirmation read of the lease's object (its `confirm`)."""
         ...
 
-    async def delete_batch(self, policy: Policy, leases: Sequence[Lease]) -> CallResult:
+    async def delete_batch(self, policy: Policy, leases: Sequence[Lease], *,
+                           send_by: float | None, gate: SendGate | None) -> CallResult:
         """One call deleting every lease's object (a batch policy's, one scope's)."""
         ...
 
@@ -129,108 +129,6 @@ class HoldPort(Protocol):
         ...
 
 
-class NoHolds:
-    """No legal holds to learn of (the in-memory ports of the pool's unit tests)."""
-
-    async def latest_hold(self) -> int:
-        return 0
-
-    async def holds_since(self, after: int) -> list[HoldCover]:
-        return []
-
-    async def acknowledge(self, revoked: Mapping[int, Sequence[int]]) -> None:
-        return None
-
-
-class SystemClock:
-    """The real clocks."""
-
-    def monotonic(self) -> float:
-        return time.monotonic()
-
-    def now(self) -> datetime:
-        return datetime.now(UTC)
-
-    async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(seconds)
-
-
-class UpstreamCalls:
-    """Calls through the pooled HTTP clients of the policies' upstreams, with the tenant's
-    credential where the upstream takes one per tenant."""
-
-    def __init__(self, upstreams: Upstreams, credentials: Credentials | None = None,
-                 targets: StoreTargets | None = None) -> None:
-        self.upstreams = upstreams
-        self.credentials = credentials or Credentials({})
-        self.targets = targets  # the policies with a store target: a statement, not a call
-
-    async def delete(self, policy: Policy, lease: Lease) -> CallResult:
-        if policy.config.target is not None:
-            return await self.delete_batch(policy, [lease])
-        found = await self._credential(policy, lease)
-        if isinstance(found, CallResult):
-            return found
-        return await self.upstreams.for_policy(policy).delete(
-            policy, tenant_id=lease.tenant_id, object_id=lease.object_id,
-            operation_key=lease.operation_key, object_version=lease.object_version,
-            credential=found)
-
-    async def confirm(self, policy: Policy, lease: Lease) -> CallResult:
-        found = await self._credential(policy, lease)
-        if isinstance(found, CallResult):
-            return found
-        return await self.upstreams.for_policy(policy).confirm(
-            policy, tenant_id=lease.tenant_id, object_id=lease.object_id,
-            object_version=lease.object_version, credential=found)
-
-    async def delete_batch(self, policy: Policy, leases: Sequence[Lease]) -> CallResult:
-        if policy.config.target is not None:
-            if self.targets is None:  # a process wired without its stores: a bug
-                raise RuntimeError(f"policy {policy.name!r} has a store target and this "
-                                   "process has no stores")
-            return await self.targets.delete(policy, leases)
-        first = leases[0]
-        found = await self._credential(policy, first)
-        if isinstance(found, CallResult):
-            return found
-        return await self.upstreams.for_policy(policy).delete(
-            policy, tenant_id=first.tenant_id, object_id="",
-            operation_key=batch_key(policy, leases), credential=found,
-            object_ids=[lease.object_id for lease in leases])
-
-    async def _credential(self, policy: Policy, lease: Lease) -> str | CallResult | None:
-        """The tenant's credential (None: the upstream takes none, or it has none), or the
-        result of a call that cannot be made because its lookup failed."""
-        upstream = policy.config.upstream
-        if upstream not in self.credentials.upstreams:
-            return None
-        try:
-            return await self.credentials.get(lease.tenant_id, upstream)
-        except Exception as exc:  # the store's database: nothing was sent
-            log.warning("credential lookup failed; the call waits",
-                        extra={"scope": lease.scope, "error": type(exc).__name__})
-            return CallResult(Answer(failure=Failure.CREDENTIAL_UNAVAILABLE), 0.0)
-
-
-
-def batch_key(policy: Policy, leases: Sequence[Lease]) -> str:
-    """A batch call's Idempotency-Key: the batch's identity, from the policy's version and
-    its items' own operation keys in order (the same items sent again send the same key)."""
-    digest = hashlib.sha256(f"{policy.name}\x00{policy.version}".encode())
-    for key in sorted(lease.operation_key for lease in leases):
-        digest.update(b"\x00" + key.encode())
-    return digest.hexdigest()
-
-
-class NoWakeups:
-    """No release notifications: the pool polls (with backoff) alone."""
-
-    async def listen(self, wake: Callable[[], None],
-                     held: Callable[[], None] | None = None) -> None:
-        await asyncio.Event().wait()
-
-
 @dataclass(frozen=True)
 class Ports:
     """The pool's ports. `hold` keeps what a running pool reuses (the ledger's
@@ -243,4 +141,4 @@ class Ports:
     clock: Clock
     wakeups: WakeupPort
     hold: Callable[[], AbstractAsyncContextManager[None]]
-    holds: HoldPort = field(default_factory=NoHolds)
+    holds: HoldPort

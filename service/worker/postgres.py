@@ -1,8 +1,9 @@
 """The worker's ledger ports on PostgreSQL, and the LISTEN wake-ups.
 
 While a pool runs, admissions use one held connection and completions another (a pooled
-checkout per statement cost more than the statement); outside a running loop (tests driving
-single rounds) each statement checks out a pooled connection.
+checkout per statement cost more than the statement: bench/reports/design-notes.md, "The
+worker pool"); outside a running loop (tests driving single rounds) each statement checks
+out a pooled connection.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import contextlib
 import logging
 import random
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import Any, Final
+from typing import Final
 
 import asyncpg
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -29,7 +30,9 @@ from service.sweeps.store_databases import Stores
 from service.sweeps.store_targets import StoreTargets
 from service.upstreams.deletion_api import Upstreams
 from service.worker.hold_gate import HoldCover
-from service.worker.ports import NoWakeups, Ports, SystemClock, UpstreamCalls
+from service.worker.local_ports import NoWakeups, SystemClock
+from service.worker.ports import Ports
+from service.worker.upstream_calls import UpstreamCalls
 
 LISTEN_PROBE_INTERVAL_S: Final = 10.0
 LISTEN_RETRY_S: Final = 1.0  # between attempts to connect the LISTEN connection again
@@ -136,45 +139,50 @@ class Listener:
 
     async def listen(self, wake: Callable[[], None],
                      held: Callable[[], None] | None = None) -> None:
-        def on_notify(*_args: Any) -> None:
-            wake()
-
-        def on_hold(*_args: Any) -> None:
-            if held is not None:
-                held()
-
         outage = ""  # the class of the outage logged last ("": none)
         while True:
             try:
-                conn = await asyncpg.connect(self.url, timeout=5)
-                closed = asyncio.Event()
-                conn.add_termination_listener(lambda _c, ev=closed: ev.set())
-                try:
-                    await conn.add_listener(claims.NOTIFY_CHANNEL, on_notify)
-                    await conn.add_listener(claims.HOLDS_CHANNEL, on_hold)
-                    if held is not None:
-                        held()  # a hold placed while this was not listening is learned now
-                    while not closed.is_set():
-                        # a silent network loss is only seen on use: probe now and then
-                        with contextlib.suppress(TimeoutError):
-                            async with asyncio.timeout(LISTEN_PROBE_INTERVAL_S):
-                                await closed.wait()
-                        await conn.execute("SELECT 1", timeout=5)
-                finally:
-                    await conn.close(timeout=1)
+                await self._listen_once(wake, held)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                if not expected(exc):
-                    self._errors.caught(Where.LISTEN, exc)
-                elif outage != type(exc).__name__:
-                    # once per outage and kind: refused credentials say so by their class
-                    log.warning("listen: cannot connect; workers poll until it can",
-                                extra={"error_type": type(exc).__name__})
-                outage = type(exc).__name__ if expected(exc) else ""
+                outage = self._lost(exc, outage)
                 await asyncio.sleep(LISTEN_RETRY_S)
                 continue
             outage = ""
+
+    async def _listen_once(self, wake: Callable[[], None],
+                           held: Callable[[], None] | None) -> None:
+        """Listen on one connection until it is lost (raises) or closed (returns)."""
+        conn = await asyncpg.connect(self.url, timeout=5)
+        closed = asyncio.Event()
+        conn.add_termination_listener(lambda _c, ev=closed: ev.set())
+        try:
+            await conn.add_listener(claims.NOTIFY_CHANNEL, lambda *_args: wake())
+            await conn.add_listener(claims.HOLDS_CHANNEL,
+                                    lambda *_args: held() if held is not None else None)
+            if held is not None:
+                held()  # a hold placed while this was not listening is learned now
+            while not closed.is_set():
+                # a silent network loss is only seen on use: probe now and then
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(LISTEN_PROBE_INTERVAL_S):
+                        await closed.wait()
+                await conn.execute("SELECT 1", timeout=5)
+        finally:
+            await conn.close(timeout=1)
+
+    def _lost(self, exc: Exception, outage: str) -> str:
+        """Report a lost or refused connection: an outage once per outage and kind (refused
+        credentials say so by their class), anything else as an internal error. The
+        outage now logged ("": none)."""
+        if not expected(exc):
+            self._errors.caught(Where.LISTEN, exc)
+            return ""
+        if outage != type(exc).__name__:
+            log.warning("listen: cannot connect; workers poll until it can",
+                        extra={"error_type": type(exc).__name__})
+        return type(exc).__name__
 
 
 def database_ports(engine: AsyncEngine, policies: Policies, upstreams: Upstreams, *,

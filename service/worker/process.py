@@ -1,4 +1,12 @@
-"""Wiring: a pool on a database, and the `sweeper worker` process."""
+"""Wiring a worker: a pool on a database (`database_pool`), and the `sweeper worker` process.
+
+A pool is built from its ports (`WorkerPool(ports, ...)`), here as in the tests. The process
+opens what it runs on (`open_worker_process`: the engine, the upstreams' clients, the stores,
+the tenants' credentials), makes the pool's ports on it (`WorkerProcess.ports`), builds its
+pool on them (`WorkerProcess.pool`) and runs it until SIGTERM or SIGINT (`WorkerProcess.run`).
+`run_worker_process` is those steps with the process's own ports; the failure drills take
+the same steps with those ports wrapped (drills/agent.py).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +15,8 @@ import contextlib
 import logging
 import random
 import signal
-from collections.abc import Callable
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -29,62 +38,97 @@ from service.worker.scope_resumption import waiting_loop
 
 log = logging.getLogger("service.worker")
 
-Faults = Callable[[Ports], Ports]
-
 
 def database_pool(engine: AsyncEngine, policies: Policies, upstreams: Upstreams, *,
                   concurrency: int, listen_url: str | None = None,
                   grace_seconds: float = 20.0, name: str | None = None,
-                  rng: random.Random | None = None, faults: Faults | None = None,
-                  credentials: Credentials | None = None, stores: Stores | None = None
-                  ) -> WorkerPool:
+                  rng: random.Random | None = None, credentials: Credentials | None = None,
+                  stores: Stores | None = None) -> WorkerPool:
     """A pool claiming from `engine`'s ledger and calling `upstreams` with `credentials`
-    (default: the policies' sources; the API's store needs the keyring). `faults` may wrap
-    its ports (the drills' fault injection)."""
+    (default: the policies' sources; the API's store needs the keyring)."""
     name = name or worker_name()
     rng = rng or random.Random()
     if credentials is None:
         credentials = Credentials.of(policies, engine, None)
     ports = database_ports(engine, policies, upstreams, owner=name, listen_url=listen_url,
                            rng=rng, credentials=credentials, stores=stores)
-    if faults is not None:
-        ports = faults(ports)
     return WorkerPool(ports, policies, concurrency=concurrency, name=name,
                       grace_seconds=grace_seconds, rng=rng)
 
 
-async def run_worker_process(settings: Settings, policies: Policies, url: URL, *,
-                             faults: Faults | None = None,
-                             health: WorkerHealth | None = None) -> None:
-    """`sweeper worker`: the pool alone, until SIGTERM or SIGINT; `health` (its probes)
-    watches the pool."""
+@dataclass(frozen=True)
+class WorkerProcess:
+    """What one `sweeper worker` process runs on, opened by `open_worker_process`."""
+
+    settings: Settings
+    policies: Policies
+    engine: AsyncEngine
+    listen_url: str
+    upstreams: Upstreams
+    stores: Stores
+    credentials: Credentials
+    name: str = field(default_factory=worker_name)  # the lease owner, in attempts too
+    rng: random.Random = field(default_factory=random.Random)
+
+    def ports(self) -> Ports:
+        """The pool's ports on this process's database, upstreams and stores."""
+        return database_ports(self.engine, self.policies, self.upstreams, owner=self.name,
+                              listen_url=self.listen_url, rng=self.rng,
+                              credentials=self.credentials, stores=self.stores)
+
+    def pool(self, ports: Ports) -> WorkerPool:
+        """A pool of the settings' size on `ports`, owning leases as this process."""
+        return WorkerPool(ports, self.policies, concurrency=self.settings.workers,
+                          name=self.name, grace_seconds=self.settings.shutdown_grace_seconds,
+                          rng=self.rng)
+
+    async def run(self, pool: WorkerPool, health: WorkerHealth | None = None) -> None:
+        """Run `pool` until SIGTERM or SIGINT, beside the loop that resumes waiting scopes;
+        `health` (the probes) watches the pool."""
+        if health is not None:
+            health.pool = pool
+        # always: a scope paused before the policies file changed must resume too
+        waits = asyncio.create_task(waiting_loop(self.engine, self.policies, self.credentials,
+                                                 self.stores), name="waits")
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, pool.stop)
+        log.info("worker started", extra={"worker": pool.name,
+                                          "concurrency": pool.concurrency})
+        try:
+            # before the first claim: holds on an old tenant spelling cover its items
+            await pool.run(first=lambda: tenant_spellings.reconcile(self.engine,
+                                                                    self.policies))
+        finally:
+            waits.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await waits
+            # the last line of the pool (closing what it ran on logs nothing)
+            log.info("worker stopped", extra={"worker": pool.name, "completed": pool.completed,
+                                              "unwritten": pool.unwritten})
+
+
+@contextlib.asynccontextmanager
+async def open_worker_process(settings: Settings, policies: Policies, url: URL
+                              ) -> AsyncIterator[WorkerProcess]:
+    """Open what a worker process runs on (nothing connects yet); closed on the way out."""
     initialise_series(policies.policies)
     engine = make_engine(url, settings, pool_wait=POOL_WAIT.observe)
     upstreams = Upstreams(policies.upstreams)
     stores = Stores(policies.stores)
     credentials = Credentials.of(policies, engine, Keyring.from_settings(settings))
-    pool = database_pool(engine, policies, upstreams, concurrency=settings.workers,
-                         listen_url=plain_url(url),
-                         grace_seconds=settings.shutdown_grace_seconds, faults=faults,
-                         credentials=credentials, stores=stores)
-    if health is not None:
-        health.pool = pool
-    # always: a scope paused before the policies file changed must resume too
-    waits = asyncio.create_task(waiting_loop(engine, policies, credentials, stores),
-                                name="waits")
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, pool.stop)
-    log.info("worker started", extra={"worker": pool.name, "concurrency": settings.workers})
     try:
-        # before the first claim: holds on an old tenant spelling cover its items
-        await pool.run(first=lambda: tenant_spellings.reconcile(engine, policies))
+        yield WorkerProcess(settings, policies, engine, plain_url(url), upstreams, stores,
+                            credentials)
     finally:
-        waits.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await waits
         await upstreams.aclose()
         await stores.aclose()
         await engine.dispose()
-        log.info("worker stopped", extra={"worker": pool.name, "completed": pool.completed,
-                                          "unwritten": pool.unwritten})
+
+
+async def run_worker_process(settings: Settings, policies: Policies, url: URL, *,
+                             health: WorkerHealth | None = None) -> None:
+    """`sweeper worker`: a pool on this process's own ports, until SIGTERM or SIGINT;
+    `health` (its probes) watches the pool."""
+    async with open_worker_process(settings, policies, url) as process:
+        await process.run(process.pool(process.ports()), health)

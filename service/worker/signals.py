@@ -3,7 +3,8 @@
 Each effect waits as one `Signal` (a closure, a pause, a refund, a cap, a recovery) in a
 `FlushBuffer`; a flush merges them per scope and applies each kind in its own statement.
 A kind whose statement fails keeps its signals for the next flush, whichever kind it is:
-a refund, a cap or a recovery is not lost to an outage any more than a closure is.
+a refund, a cap or a recovery is not lost to an outage any more than a closure is. Why
+merged: bench/reports/design-notes.md, "The worker pool".
 """
 
 from __future__ import annotations

@@ -32,7 +32,8 @@ from service.errors import ConfigError
 from service.outcomes import Answer, Failure
 from service.protocols.egress import refused_address
 from service.protocols.transport import Http1Transport
-from service.upstreams.deletion_api import CallResult, UpstreamClient, send
+from service.upstreams.deletion_api import CallResult, UpstreamClient
+from service.upstreams.exchange import send
 from tests.conftest import free_port, policies_from
 from tests.fakes.upstream import FakeUpstream
 from tests.integration.test_wire import NO_CONTENT, Wire, request

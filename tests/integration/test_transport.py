@@ -25,12 +25,13 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-import service.protocols.transport as transport_module
 from drills.upstream import FakeUpstream, Fault
 from service.config.policies import Policies, resolve_policies
 from service.outcomes import Answer, Failure
-from service.protocols.transport import SEND_BY, Http1Transport
-from service.upstreams.deletion_api import CallResult, Upstreams, send
+from service.protocols import http1_connection
+from service.protocols.transport import SEND_BY, SEND_GATE, Http1Transport
+from service.upstreams.deletion_api import CallResult, Upstreams
+from service.upstreams.exchange import send
 
 KEY = "op-key-0123456789"
 
@@ -234,7 +235,7 @@ def everything(status: int) -> bool:
 
 
 async def answer_to(transport: Http1Transport, url: str, **headers: str) -> Answer:
-    """One call as service/upstreams/deletion_api.py makes it, reading the whole body."""
+    """One call as service/upstreams/exchange.py makes it, reading the whole body."""
     return await send(transport, request(url, **headers), 2.0, everything, 1 << 20)
 
 
@@ -287,7 +288,7 @@ async def test_a_connection_the_upstream_closed_while_idle_is_not_reused() -> No
 
 async def test_an_idle_connection_past_its_keepalive_is_not_reused(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(transport_module, "KEEPALIVE_SECONDS", 0.05)
+    monkeypatch.setattr(http1_connection, "KEEPALIVE_SECONDS", 0.05)
     transport = Http1Transport(4)
     async with Scripted(NO_CONTENT) as server:
         assert (await answer_to(transport, server.base_url)).status == 204
@@ -362,12 +363,35 @@ async def test_a_request_past_its_send_by_moment_is_never_written() -> None:
         assert (await answer_to(transport, server.base_url)).status == 204
         for moment, expected in ((time.monotonic() - 0.001, Answer(failure=Failure.SENT_TOO_LATE)),
                                  (time.monotonic() + 60, Answer(status=204, body=b""))):
-            token = SEND_BY.set(moment)
-            try:
-                assert await answer_to(transport, server.base_url) == expected
-            finally:
-                SEND_BY.reset(token)
+            timed = request(server.base_url)
+            timed.extensions[SEND_BY] = moment
+            assert await send(transport, timed, 3.0, everything, 1 << 20) == expected
     await transport.aclose()
+    assert len(server.requests) == 2 and server.connections == 1
+
+
+async def test_a_request_its_gate_refuses_at_the_write_is_never_written() -> None:
+    """The hold gate (SEND_GATE) is asked once the connection is taken, in the step that
+    would write: a refused request is WITHHELD before a byte goes out, and its connection
+    stays pooled for the next."""
+    transport = Http1Transport(1)
+    asked: list[bool] = []
+
+    def gate(answer: bool) -> Callable[[], bool]:
+        def may_send() -> bool:
+            asked.append(answer)
+            return answer
+        return may_send
+
+    async with Scripted(NO_CONTENT) as server:
+        assert (await answer_to(transport, server.base_url)).status == 204
+        for allowed, expected in ((False, Answer(failure=Failure.WITHHELD)),
+                                  (True, Answer(status=204, body=b""))):
+            gated = request(server.base_url)
+            gated.extensions[SEND_GATE] = gate(allowed)
+            assert await send(transport, gated, 3.0, everything, 1 << 20) == expected
+    await transport.aclose()
+    assert asked == [False, True]
     assert len(server.requests) == 2 and server.connections == 1
 
 
@@ -409,12 +433,9 @@ async def test_a_wait_for_a_connection_ends_at_the_send_by_moment() -> None:
     transport = Http1Transport(1)
     async with Scripted(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nx") as server:
         held = await transport.handle_async_request(request(server.base_url))  # body unread
-        token = SEND_BY.set(time.monotonic() + 0.05)
-        try:
-            waited = await send(transport, request(server.base_url, timeouts={
-                "pool": 60, "connect": 60, "read": 60}), 60, everything, 1 << 20)
-        finally:
-            SEND_BY.reset(token)
+        waiting = request(server.base_url, timeouts={"pool": 60, "connect": 60, "read": 60})
+        waiting.extensions[SEND_BY] = time.monotonic() + 0.05
+        waited = await send(transport, waiting, 60, everything, 1 << 20)
         assert waited == Answer(failure=Failure.SENT_TOO_LATE)
         await held.aclose()
     await transport.aclose()

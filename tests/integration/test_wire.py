@@ -18,9 +18,10 @@ import pytest
 import uvloop
 
 from service.outcomes import Answer, Failure, Outcome, classify
-from service.protocols import transport as transport_module
+from service.protocols import http1_connection
 from service.protocols.transport import SEND_BY, Http1Transport
-from service.upstreams.deletion_api import UpstreamClient, send
+from service.upstreams.deletion_api import UpstreamClient
+from service.upstreams.exchange import send
 from tests.conftest import policies_from
 
 NO_CONTENT = b"HTTP/1.1 204 No Content\r\n\r\n"
@@ -94,7 +95,7 @@ def request(url: str, **headers: str) -> httpx.Request:
 
 
 async def answer_to(transport: Http1Transport, url: str) -> Answer:
-    """One call as service/upstreams/deletion_api.py makes it, reading the whole body."""
+    """One call as service/upstreams/exchange.py makes it, reading the whole body."""
     return await send(transport, request(url), 3.0, lambda status: True, 1 << 20)
 
 
@@ -189,18 +190,16 @@ async def test_a_connection_not_used_keeps_its_keep_alive_clock(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A call given up before its write hands back its connection as idle as it was: the
     keep-alive clock is not restarted, so it is not reused past KEEPALIVE_SECONDS."""
-    monkeypatch.setattr(transport_module, "KEEPALIVE_SECONDS", 0.3)
+    monkeypatch.setattr(http1_connection, "KEEPALIVE_SECONDS", 0.3)
     transport = Http1Transport(4)
     async with Wire(lambda n, head: [(0, NO_CONTENT)]) as wire:
         assert (await answer_to(transport, wire.url)).status == 204
         loop = asyncio.get_running_loop()
         used_at = loop.time()
-        token = SEND_BY.set(0.0)  # long past: taken, then not written
-        try:
-            assert await answer_to(transport, wire.url) == Answer(
-                failure=Failure.SENT_TOO_LATE)
-        finally:
-            SEND_BY.reset(token)
+        late = request(wire.url)
+        late.extensions[SEND_BY] = 0.0  # long past: taken, then not written
+        assert await send(transport, late, 3.0, lambda status: True, 1 << 20) == Answer(
+            failure=Failure.SENT_TOO_LATE)
         await asyncio.sleep(max(0.0, used_at + 0.35 - loop.time()))
         assert (await answer_to(transport, wire.url)).status == 204
     await transport.aclose()

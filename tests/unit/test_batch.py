@@ -14,8 +14,7 @@ from service.budget.limiter import Grant
 from service.config.policies import resolve_policies
 from service.errors import ConfigError
 from service.ledger.claims import Lease
-from service.worker.pool import calls_of
-from service.worker.ports import batch_key
+from service.worker.calls import batch_key, calls_of
 
 HOSTILE = ['1"}, "x": {"', "a,b", "a/../b?c=d#e", "ünï", "%2F"]
 

@@ -11,7 +11,7 @@ from service.budget.credential_waits import Credentials
 from service.ledger.claims import Lease
 from service.outcomes import Failure, Outcome, classify
 from service.upstreams.deletion_api import Upstreams
-from service.worker.ports import UpstreamCalls
+from service.worker.upstream_calls import UpstreamCalls
 from tests.conftest import policies_from
 
 

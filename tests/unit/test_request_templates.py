@@ -21,7 +21,8 @@ from service.config.placeholders import TemplateProblems
 from service.config.policies import Policies, resolve_policies
 from service.config.request_templates import compile_request
 from service.outcomes import Answer, Failure
-from service.upstreams.deletion_api import USER_AGENT, Upstreams, UrlMaker
+from service.upstreams.deletion_api import USER_AGENT, Upstreams
+from service.upstreams.request_urls import UrlMaker
 from tests.unit.test_upstream import streamed
 
 KEY = "cd" * 32
@@ -204,7 +205,7 @@ def test_dot_ids_make_no_path(tenant_id: str, object_id: str) -> None:
 def test_url_maker_with_queries_and_hosts_builds_what_httpx_parses(
         path: list[str], query: str | None, host: str | None) -> None:
     from service.config.placeholders import segment
-    from service.upstreams.deletion_api import PROBE_HOST
+    from service.upstreams.request_urls import PROBE_HOST
 
     rendered = "/" + "/".join(segment(p) if p not in (".", "..", "") else "x" for p in path)
     query = None if query is None else segment(query) + "=" + segment(query[::-1])

@@ -1,7 +1,8 @@
-"""service.upstreams.deletion_api: ids stay in their own percent-encoded path segment, each call
-carries the operation key as Idempotency-Key with the policy's method and path and the env-provided
-headers, transport failures map to the Failure the module docstring promises, bodies are
-read only up to the cap, and an overall deadline bounds every call."""
+"""service.upstreams (the client and its exchange): ids stay in their own percent-encoded
+path segment, each call carries the operation key as Idempotency-Key with the policy's method
+and path and the env-provided headers, transport failures map to the Failure exchange.py's
+docstring promises, bodies are read only up to the cap, and an overall deadline bounds every
+call."""
 
 from __future__ import annotations
 
@@ -22,7 +23,10 @@ from service.config.origins import compile_origin
 from service.config.policies import Policies, resolve_policies
 from service.config.request_templates import compile_request
 from service.outcomes import Answer, Failure, Outcome, classify
-from service.upstreams.deletion_api import BODY_CAP_BYTES, USER_AGENT, Upstreams
+from service.protocols.egress import AddressRefused
+from service.protocols.transport import SentTooLate, Withheld
+from service.upstreams.deletion_api import USER_AGENT, Upstreams
+from service.upstreams.exchange import BODY_CAP_BYTES, failure_of, send
 
 TEMPLATE = "/tenants/{tenant_id}/carts/{object_id}"
 KEY = "ab" * 32
@@ -59,8 +63,7 @@ def _now() -> datetime:
 
 
 def streamed(status: int, *, headers: Any = None, body: bytes = b"") -> httpx.Response:
-    """A response whose body is a stream, as from a real transport. (httpx.Response built
-    with bytes is already read, and the client's capped drain refuses a consumed stream.)"""
+    """A response whose body is a stream, as from a real transport."""
     async def chunks() -> AsyncIterator[bytes]:
         if body:
             yield body
@@ -279,6 +282,32 @@ async def test_redirects_are_not_followed() -> None:
 
 # -- transport failures ------------------------------------------------------------------
 
+@pytest.mark.parametrize(("exc", "failure"), [
+    (AddressRefused("h resolves to 10.0.0.1, which is not a public address"),
+     Failure.PRIVATE_ADDRESS),
+    (httpx.ConnectError("refused"), Failure.CONNECT),
+    (httpx.ConnectTimeout("slow connect"), Failure.TIMEOUT_BEFORE_SEND),
+    (httpx.PoolTimeout("pool"), Failure.TIMEOUT_BEFORE_SEND),
+    (httpx.WriteTimeout("w"), Failure.TIMEOUT_AFTER_SEND),
+    (httpx.WriteError("w"), Failure.TIMEOUT_AFTER_SEND),
+    (httpx.ReadTimeout("r"), Failure.TIMEOUT_AFTER_SEND),
+    (httpx.ReadError("reset"), Failure.RESET_AFTER_SEND),
+    (httpx.RemoteProtocolError("closed mid-answer"), Failure.RESET_AFTER_SEND),
+    (httpx.LocalProtocolError("bad"), Failure.INVALID_REQUEST),
+    (SentTooLate("late"), Failure.SENT_TOO_LATE),
+    (Withheld("held"), Failure.WITHHELD),
+    (httpx.UnsupportedProtocol("gopher"), Failure.PROTOCOL),
+    (httpx.ProxyError("proxy"), Failure.PROTOCOL),
+], ids=lambda v: type(v).__name__ if isinstance(v, Exception) else "")
+def test_each_transport_error_is_exactly_one_failure(exc: httpx.TransportError,
+                                                     failure: Failure) -> None:
+    """exchange.py's docstring tree, row by row (the more specific class first)."""
+    answer = failure_of(exc)
+    assert answer.failure is failure and answer.status is None
+    assert answer.detail == ("h resolves to 10.0.0.1" if failure is Failure.PRIVATE_ADDRESS
+                             else None)
+
+
 NOT_SENT = {Failure.CONNECT, Failure.TIMEOUT_BEFORE_SEND}
 
 
@@ -332,6 +361,21 @@ async def test_a_failure_mid_body_is_after_send(exc: httpx.TransportError,
 
 
 # -- the body cap and the overall deadline -------------------------------------------------
+
+@pytest.mark.parametrize(("wanted", "cap", "body"), [
+    (True, 16, b'{"ok": true}'),  # read whole
+    (True, 4, None),  # over its cap: never read in part
+    (False, 16, None),  # drained unread
+])
+async def test_a_response_already_in_memory_is_read_as_a_streamed_one(
+        wanted: bool, cap: int, body: bytes | None) -> None:
+    """httpx.Response(content=bytes) is read when it is built; the client reads its stream
+    again like any other (no path of its own for in-memory answers)."""
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, content=b'{"ok": true}'))
+    request = httpx.Request("DELETE", "http://shop.example/carts/1")
+    answer = await send(transport, request, 1.0, lambda status: wanted, cap)
+    assert answer == Answer(status=200, body=body)
+
 
 @pytest.mark.parametrize("chunk", [1, 512, 1024, 4095, 4096])
 async def test_a_huge_body_is_not_read_past_the_cap(chunk: int) -> None:
@@ -418,7 +462,7 @@ async def test_upstreams_aclose_closes_every_transport() -> None:
                         "http://other.example:8080/v1/"]))
 def test_url_maker_builds_what_httpx_parses(ids: list[str], base: str) -> None:
     """The URL maker yields exactly the URL httpx makes of the base and the path."""
-    from service.upstreams.deletion_api import UrlMaker
+    from service.upstreams.request_urls import UrlMaker
 
     path = "/x/" + "/".join(render_path("{object_id}", tenant_id="t", object_id=i)
                             if i not in (".", "..") else "dot" for i in ids)

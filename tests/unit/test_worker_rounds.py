@@ -25,11 +25,11 @@ from service.budget.limiter import Closure, Grant
 from service.config.policies import Policies, Policy
 from service.ledger.claims import Admission, Completion, Lease
 from service.outcomes import Answer, Failure
-from service.protocols.transport import SEND_BY
+from service.protocols.transport import SendGate
 from service.upstreams.deletion_api import CallResult
 from service.worker import Ports, WorkerPool
+from service.worker.local_ports import NoHolds, NoWakeups
 from service.worker.pacing import CallLimit
-from service.worker.ports import NoWakeups
 from tests.conftest import policies_from
 
 START = datetime(2026, 6, 1, tzinfo=UTC)
@@ -181,15 +181,18 @@ class ScriptedCalls:
     crash_on: set[str] = field(default_factory=set)
     hang_on: set[str] = field(default_factory=set)  # never answered
     calls: list[tuple[str, float]] = field(default_factory=list)
-    send_by: list[float | None] = field(default_factory=list)  # the transport's SEND_BY
+    send_by: list[float | None] = field(default_factory=list)  # each call's send_by
+    gates: list[SendGate | None] = field(default_factory=list)  # each call's gate
     seconds: Sequence[float] = ()
     at_once: int = 0
     most_at_once: int = 0
     last_end: float = 0.0
 
-    async def delete(self, policy: Policy, lease: Lease) -> CallResult:
+    async def delete(self, policy: Policy, lease: Lease, *, send_by: float | None,
+                     gate: SendGate | None) -> CallResult:
         self.calls.append((lease.object_id, self.clock.t))
-        self.send_by.append(SEND_BY.get())
+        self.send_by.append(send_by)
+        self.gates.append(gate)
         self.at_once += 1
         self.most_at_once = max(self.most_at_once, self.at_once)
         try:
@@ -231,7 +234,7 @@ def rig(concurrency: int = 8, policies: Policies | None = None, grace_seconds: f
     memory = MemoryLedger(clock, **ledger)  # type: ignore[arg-type]
     calls = ScriptedCalls(clock)
     ports = Ports(admission=memory, completion=memory, signals=memory, calls=calls,
-                  clock=clock, wakeups=NoWakeups(), hold=nothing_held)
+                  clock=clock, wakeups=NoWakeups(), hold=nothing_held, holds=NoHolds())
     pool = WorkerPool(ports, policies or make_policies(), concurrency=concurrency,
                       name="unit-worker", grace_seconds=grace_seconds)
     return Rig(clock, memory, calls, pool)
@@ -332,7 +335,7 @@ async def test_late_tokens_go_back_and_the_next_round_asks_for_fewer() -> None:
 
 
 async def test_a_call_its_transport_could_not_write_in_time_goes_back_unattempted() -> None:
-    """Each call carries its token's last moment to the transport (SEND_BY); a request
+    """Each call carries its token's last moment to the transport (send_by); a request
     the transport could not write by then (a slow connect) was never sent: the lease goes
     back without an attempt and its token is dropped, as for a call started late."""
     r = rig(concurrency=8)
@@ -345,7 +348,7 @@ async def test_a_call_its_transport_could_not_write_in_time_goes_back_unattempte
     assert r.pool.completed == 3
     # the moment is the grant's (the virtual clock's 0) plus the token's tolerance
     assert r.calls.send_by == [pytest.approx(limiter.late_tolerance(r.ledger.rate))] * 4
-    assert SEND_BY.get() is None  # set for the call only
+    assert all(gate is not None for gate in r.calls.gates)  # and its hold gate
 
 
 async def test_stop_during_an_admission_hands_every_lease_back_uncalled() -> None:
