@@ -298,9 +298,9 @@ TIMED_CALLS: tuple[tuple[str, str, str], ...] = (
     ("admit", "service.ledger.claims", "admit"),  # tokens + claim in one statement
     ("complete", "service.ledger.claims", "complete"),
     ("hand_back", "service.ledger.claims", "hand_back"),  # leases and their tokens back
-    ("limiter.eligible_scopes", "service.budget.limiter", "eligible_scopes"),
-    ("limiter.close", "service.budget.limiter", "close"),
-    ("limiter.recovered", "service.budget.limiter", "recovered"),
+    ("limiter.eligible_scopes", "service.budget.buckets", "eligible_scopes"),
+    ("limiter.close", "service.budget.buckets", "close"),
+    ("limiter.recovered", "service.budget.buckets", "recovered"),
 )
 
 
@@ -444,7 +444,7 @@ _PROFILE_ANCHORS: dict[str, tuple[str, str]] = {
     "upstream_call_httpx": ("service/upstreams/deletion_api.py", "delete"),
     "worker_completion_incl_logging": ("service/worker/pool.py", "_completion"),
     "logging_info": ("logging/__init__.py", "info"),
-    "limiter_eligible_scopes": ("service/budget/limiter.py", "eligible_scopes"),
+    "limiter_eligible_scopes": ("service/budget/buckets.py", "eligible_scopes"),
     "hand_back": ("service/ledger/claims.py", "hand_back"),  # leases and their tokens back
     "attempt_task": ("service/worker/pool.py", "_attempt"),
     "run_once": ("service/worker/pool.py", "run_once"),

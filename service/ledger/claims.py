@@ -2,7 +2,7 @@
 hand-back of unstarted leases: the worker's hot statements.
 
 Which items a claim may take is `service.db.statements.ready_item` and `expired_lease`;
-the token half of the admission is `limiter.GRANTS_SQL`. Times come from the database
+the token half of the admission is `service.budget.buckets.GRANTS_SQL`. Times come from the database
 clock. `admit(now=...)` pins the clock the items are read and leased on (the bucket keeps
 the database's own); tests move the buckets' clock by moving their stored instants
 (tests/integration/db_clock.py). The measurements behind the rules stated in comments here
@@ -19,7 +19,8 @@ from typing import Any, Final
 
 from sqlalchemy import Row
 
-from service.budget.limiter import GRANTS_SQL, LOOKAHEAD_S, Grant
+from service.budget.buckets import GRANTS_SQL
+from service.budget.rules import LOOKAHEAD_S, Grant
 from service.db.statements import (
     Database,
     Statement,
@@ -74,7 +75,7 @@ def _lease(r: Row[Any]) -> Lease:
 
 
 # Admission in one statement: take tokens and claim at most that many items per scope.
-#  1. `bucket`, `grants` (limiter.GRANTS_SQL): the scopes' rows locked in name order
+#  1. `bucket`, `grants` (buckets.GRANTS_SQL): the scopes' rows locked in name order
 #     (concurrent admitters never deadlock) and refilled from the database clock; whole
 #     tokens available now or within the lookahead, at most what was asked. Closed and
 #     paused scopes, and every scope during a workers-wide pause (FOR KEY SHARE: a pause

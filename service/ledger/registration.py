@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, cast
 from pydantic import AwareDatetime, TypeAdapter
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from service.budget import limiter
+from service.budget import buckets
+from service.budget.rules import budget_of
 from service.config.policies import Policy
 from service.config.policy_file import MAX_SCOPE_BYTES, UNSTORABLE
 from service.db.statements import Statement, covering_hold, fetch_filtered, run
@@ -331,7 +332,7 @@ async def register_in(conn: AsyncConnection,
     for (name, tenant), scope in scope_of.items():
         if utf8_size_over(scope, MAX_SCOPE_BYTES):
             raise ScopeTooLong(name, tenant, len(scope.encode("utf-8")))
-    budgets = {scope: limiter.budget_of(rows.policies[name])
+    budgets = {scope: budget_of(rows.policies[name])
                for (name, _), scope in scope_of.items()}
     params = {
         "tenants": _column(rows.tenant_ids),
@@ -343,7 +344,7 @@ async def register_in(conn: AsyncConnection,
         "scopes": _column([scope_of[pair] for pair in pairs]),
         "dues": _column(_TIMESTAMPS.dump_python(list(rows.due_ats), mode="json")),
     }
-    await limiter.ensure_scopes(conn, budgets)
+    await buckets.ensure_scopes(conn, budgets)
     counts = (await run(conn, _REGISTER, params)).one()
     inserted = int(counts.inserted)
     advanced = int(counts.changed) - inserted

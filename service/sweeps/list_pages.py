@@ -42,9 +42,10 @@ from typing import Any, Final
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.budget import limiter
+from service.budget import buckets
 from service.budget.answer_effects import effects_of
 from service.budget.credential_waits import Credentials
+from service.budget.rules import LOOKAHEAD_S, budget_of
 from service.config.answer_rules import NOT_JSON, parse_path, read_json, values_at
 from service.config.list_sources import MAX_CURSOR_CHARS, cutoff_text
 from service.config.policies import Policies, Policy
@@ -183,12 +184,12 @@ def read_page(policy: Policy, tenant: str, cursor: str | None, document: Any,
     return Listed(entries, errors, following)
 
 
-# One token of a scope's bucket for one list call: the limiter's grant (closed and paused
+# One token of a scope's bucket for one list call: the buckets' grant (closed and paused
 # scopes, and every scope during a workers-wide pause, grant nothing), charged at once.
 _TAKE = Statement("list_pages.take_token", (
     "Take one token of a scope's bucket for a list call (none from a closed or paused "
     "scope), reserving it up to the lookahead."), f"""
-    WITH {limiter.GRANTS_SQL}
+    WITH {buckets.GRANTS_SQL}
     UPDATE scopes s SET tokens = g.avail - g.n, refilled_at = g.at
     FROM grants g WHERE s.name = g.scope
     RETURNING g.n AS granted, g.avail, g.rate
@@ -298,10 +299,10 @@ class Lister:
         workers are paused, or the token is further off."""
         if scope not in self._ensured:
             async with engine.begin() as conn:
-                await limiter.ensure_scopes(conn, {scope: limiter.budget_of(policy)})
+                await buckets.ensure_scopes(conn, {scope: budget_of(policy)})
             self._ensured.add(scope)
         rows = await fetch(engine, _TAKE, {"names": [scope], "wants": [1],
-                                           "lookahead": limiter.LOOKAHEAD_S})
+                                           "lookahead": LOOKAHEAD_S})
         if rows and rows[0].granted:
             # the token is due once the bucket reaches it (at once unless it was lent ahead)
             await asyncio.sleep(max(0.0, (1.0 - float(rows[0].avail)) / float(rows[0].rate)))
@@ -336,12 +337,12 @@ class Lister:
         for signal in effects.signals:
             SCOPE_SIGNALS.labels(signal).inc()
         if effects.closure is not None:
-            await limiter.close(engine, {scope: effects.closure})
+            await buckets.close(engine, {scope: effects.closure})
         elif effects.refund or effects.cap is not None:
-            await limiter.adjust(engine, {scope: effects.refund} if effects.refund else {},
+            await buckets.adjust(engine, {scope: effects.refund} if effects.refund else {},
                                  {scope: effects.cap} if effects.cap is not None else {})
         if effects.pause is not None:
-            for paused in await limiter.pause(engine, [scope], effects.pause):
+            for paused in await buckets.pause(engine, [scope], effects.pause):
                 log.warning("scope paused: a list call was refused",
                             extra={"scope": paused, "policy": policy.name,
                                    "reason": effects.pause, "outcome": verdict.reason})

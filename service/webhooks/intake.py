@@ -24,7 +24,7 @@ from typing import Any, Final, Literal
 import asyncpg
 from sqlalchemy.engine import URL
 
-from service.budget import limiter
+from service.budget.rules import budget_of
 from service.config.settings import Settings, plain_url
 from service.db.engine import CONNECT_TIMEOUT_SECONDS
 from service.db.statements import Statement, covering_hold
@@ -471,7 +471,7 @@ def _earliest(hints: tuple[Hint, ...]) -> list[Hint]:
 def _params(delivery: Delivery) -> dict[str, Any]:
     hints = _earliest(delivery.hints)
     hint_scopes = [h.policy.scope_for(h.tenant_id) for h in hints]
-    budgets = {scope: limiter.budget_of(h.policy)
+    budgets = {scope: budget_of(h.policy)
                for scope, h in zip(hint_scopes, hints, strict=True)}
     scopes = sorted(budgets)
     return {

@@ -22,8 +22,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Final
 
-from service.budget import answer_effects, limiter
-from service.budget.limiter import Grant
+from service.budget import answer_effects
+from service.budget.rules import Grant, fair_shares, late_tolerance
 from service.config.answer_rules import NOTHING_READ, Costs, Reading
 from service.config.policies import Policies, Policy
 from service.config.policy_file import PolicyConfig
@@ -73,7 +73,7 @@ FIRST_RETRY_S: Final = 1.0  # between tries of the step before the first claim
 # it holds a covered lease answers within about this long when notifications are lost).
 HOLD_POLL_S: Final = 1.0
 # At most this many items per admission round. Calls of a round start one after another on
-# this event loop, and a token spent more than limiter.late_tolerance after its moment goes
+# this event loop, and a token spent more than late_tolerance after its moment goes
 # back unspent: large rounds start their last calls late. Smaller rounds also overlap: the
 # next round's statements run while this round's calls do.
 MAX_ITEMS_PER_ROUND: Final = 64
@@ -208,7 +208,7 @@ class WorkerPool:
         # (a batch policy's, a store target's) asks for that many items' worth of calls,
         # at least one, so its claim answers within its tokens' lateness
         wants = {scope: min(n, max(1, MAX_ITEMS_PER_ROUND // self._per_call.get(scope, 1)))
-                 for scope, n in limiter.fair_shares(scopes, free).items()}
+                 for scope, n in fair_shares(scopes, free).items()}
         sent = self._clock.monotonic()
         admitted = await admission.admit(wants)
         self._calls.claim_answered(self._finished - finished_before)
@@ -253,7 +253,7 @@ class WorkerPool:
             grant = by_scope[scope]
             due = granted_at[scope] + grant.due_in(position[scope])
             position[scope] += 1
-            give_up = due + limiter.late_tolerance(grant.rate)
+            give_up = due + late_tolerance(grant.rate)
             task = asyncio.create_task(self._attempt(call, due, give_up, round_no))
             self._in_flight.add(task)
             self._not_started[task] = call

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from service.budget.credential_waits import Credentials
-from service.budget.limiter import Closure
+from service.budget.rules import Closure
 from service.config.policies import Policy
 from service.ledger.claims import Admission, Completion, Lease
 from service.outcomes import Answer, Failure

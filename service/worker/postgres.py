@@ -17,8 +17,9 @@ from typing import Any, Final
 import asyncpg
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.budget import limiter
+from service.budget import buckets
 from service.budget.credential_waits import Credentials
+from service.budget.rules import Closure
 from service.config.policies import Policies
 from service.db.statements import Database, HeldConnection
 from service.ledger import claims, holds
@@ -74,7 +75,7 @@ class PostgresLedger:
 
     async def eligible_scopes(self, cursor: str, limit: int) -> list[tuple[str, int]]:
         async with self._on(self._admitting) as db:
-            return await limiter.eligible_scopes(db, cursor=cursor, limit=limit)
+            return await buckets.eligible_scopes(db, cursor=cursor, limit=limit)
 
     async def admit(self, wants: Mapping[str, int]) -> Admission:
         async with self._on(self._admitting) as db:
@@ -83,7 +84,7 @@ class PostgresLedger:
                                       max_attempts=self._max_attempts)
 
     async def database_time(self) -> float:
-        return await limiter.database_time(self.engine)
+        return await buckets.database_time(self.engine)
 
     # -- completion ------------------------------------------------------------------
 
@@ -112,17 +113,17 @@ class PostgresLedger:
 
     # -- scope signals ---------------------------------------------------------------
 
-    async def close(self, closures: Mapping[str, limiter.Closure]) -> None:
-        await limiter.close(self.engine, closures, self._rng)
+    async def close(self, closures: Mapping[str, Closure]) -> None:
+        await buckets.close(self.engine, closures, self._rng)
 
     async def pause(self, scopes: Sequence[str], reason: str) -> list[str]:
-        return await limiter.pause(self.engine, list(scopes), reason)
+        return await buckets.pause(self.engine, list(scopes), reason)
 
     async def recovered(self, scopes: Sequence[str]) -> None:
-        await limiter.recovered(self.engine, list(scopes))
+        await buckets.recovered(self.engine, list(scopes))
 
     async def adjust(self, refunds: Mapping[str, float], caps: Mapping[str, float]) -> None:
-        await limiter.adjust(self.engine, refunds, caps)
+        await buckets.adjust(self.engine, refunds, caps)
 
 
 class Listener:

@@ -49,7 +49,7 @@ BATCHES = 3
 # A budget that never runs dry here and barely refills while a test runs, so the tokens
 # an admission leaves are known to a hundredth.
 BURST = 1_000_000
-SPENDABLE = BURST - 1  # limiter.SPENDABLE_BURST_SQL at a rate below 50/s
+SPENDABLE = BURST - 1  # buckets.SPENDABLE_BURST_SQL at a rate below 50/s
 RATE = 0.001
 FRONT_EVERY = timedelta(seconds=claims.FRONT_SCAN_EVERY_S)
 

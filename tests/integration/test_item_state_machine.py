@@ -33,7 +33,7 @@ from hypothesis.stateful import (
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.budget import limiter
+from service.budget import buckets
 from service.config.settings import async_url
 from service.db.engine import make_engine
 from service.ledger import claims, registration
@@ -54,7 +54,7 @@ POLICY = POLICIES.policies["carts"]
 # The bucket: scarce enough that admissions run short of tokens. Its rate barely refills
 # it while an example runs; `budget_refills` stands for time passing on its clock.
 BURST = 12  # its spendable part covers every item at once
-SPENDABLE = BURST - 1  # limiter.SPENDABLE_BURST_SQL at a rate below 50/s
+SPENDABLE = BURST - 1  # buckets.SPENDABLE_BURST_SQL at a rate below 50/s
 RATE = 0.001
 FIRST_TOKENS = 3
 TOKENS_SLACK = 0.05  # what RATE refills while an example runs
@@ -404,7 +404,7 @@ class ItemLifeCycle(RuleBasedStateMachine):
     def bucket_and_position_match_model(self) -> None:
         [row] = self.run(self._fetch(
             f"SELECT ready_after_batch, ready_after_id, front_scanned_at, tokens, "
-            f"{limiter.tokens_at('clock_timestamp()')} AS available FROM scopes s"))
+            f"{buckets.tokens_at('clock_timestamp()')} AS available FROM scopes s"))
         assert Position((row[0], row[1]), row[2]) == self.position
         assert self.tokens <= row.tokens < self.tokens + TOKENS_SLACK
         available = min(SPENDABLE, self.tokens + self.refilled)

@@ -16,7 +16,7 @@ from types import ModuleType
 
 import pytest
 
-from service.budget import limiter, scope_controls
+from service.budget import buckets, scope_controls
 from service.cluster import leader, retention
 from service.config.policy_file import GuardConfig
 from service.credentials import tenant_credentials
@@ -39,7 +39,7 @@ from tests.conftest import REPO_ROOT
 from tests.fakes.store_schema import store_policies
 
 # Every module that runs SQL, each with its statements as module-level constants.
-MODULES = (claims, limiter, gauges, scope_controls, publication, registration, retention, intake,
+MODULES = (claims, buckets, gauges, scope_controls, publication, registration, retention, intake,
            audit_trail, health, migrate, embedded, tenant_credentials, holds, object_deletions,
            chain, discovery, store_databases, store_targets, list_pages, operator_reads,
            sessions, statements, tenant_spellings, leader, progress, reports, trigger)
@@ -244,9 +244,9 @@ def test_the_shared_predicates_are_never_copied(statement: Statement) -> None:
 
 
 def test_the_predicates_are_where_they_must_be() -> None:
-    assert limiter._ELIGIBLE.text.count(ready_item("now()")) == 2
-    assert limiter._ELIGIBLE.text.count(expired_lease("now()")) == 1
-    assert limiter._ELIGIBLE.text.count(OPEN_SCOPE) == 1
+    assert buckets._ELIGIBLE.text.count(ready_item("now()")) == 2
+    assert buckets._ELIGIBLE.text.count(expired_lease("now()")) == 1
+    assert buckets._ELIGIBLE.text.count(OPEN_SCOPE) == 1
     assert claims._ADMIT.text.count(ready_item("clock.now")) == 1
     assert claims._ADMIT.text.count(expired_lease("clock.now")) == 1
     assert claims._ADMIT.text.count(OPEN_SCOPE) == 1
