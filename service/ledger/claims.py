@@ -31,10 +31,6 @@ from service.db.statements import (
 )
 from service.evidence.deletion_records import canonical_sql
 
-NOTIFY_CHANNEL = "sweeper_released"
-# a hold's id, sent when it commits: every worker process revokes the calls it covers
-HOLDS_CHANNEL = "sweeper_holds"
-
 # A claim reads a scope's released items from its claim position: after the last item its
 # last claim took (scopes.ready_after_batch, ready_after_id). Claimed items leave their
 # entries in items_ready until VACUUM, at the index's front, and a claim from the front

@@ -63,7 +63,7 @@ from service.db.statements import (
     run,
 )
 from service.evidence import audit_trail
-from service.ledger.claims import HOLDS_CHANNEL, NOTIFY_CHANNEL
+from service.ledger.wakeups import HOLDS_CHANNEL, wake_workers
 from service.observability.failures import repeat
 
 log = logging.getLogger(__name__)
@@ -217,10 +217,6 @@ _UNMARK = Statement("holds.unmark", (
     )
     SELECT freed, still_held FROM counted
 """)  # noqa: S608 - only constant fragments are interpolated
-# Sent inside the release's transaction: delivered to the workers when it commits.
-_WAKE = Statement("holds.wake", (
-    "Wake idle workers: a released hold freed items (delivered at the commit)."),
-    f"NOTIFY {NOTIFY_CHANNEL}")
 
 _GET = Statement("holds.get", "One hold by id.",
                  f"SELECT *, {active_hold()} AS active FROM holds hx WHERE id = :id")  # noqa: S608
@@ -416,7 +412,7 @@ async def _release(conn: AsyncConnection, hold_id: int, *, why: str, actor: str
     hold = _public(row)
     counts = (await run(conn, _UNMARK, {"id": hold_id})).one()
     if counts.freed:
-        await run(conn, _WAKE)
+        await wake_workers(conn)  # inside the release's transaction: sent at its commit
     await audit_trail.record(conn, actor=actor, action="hold.release", reason=why, details={
         "hold_id": hold_id, "tenant_id": hold["tenant_id"], "reference": hold["reference"],
         "items_freed": counts.freed, "items_still_held": counts.still_held})

@@ -29,7 +29,7 @@ from service.config.settings import Settings, plain_url
 from service.db.engine import CONNECT_TIMEOUT_SECONDS
 from service.db.statements import Statement, covering_hold
 from service.ledger import registration
-from service.ledger.claims import NOTIFY_CHANNEL
+from service.ledger.wakeups import WAKE_WORKERS
 from service.webhooks.deliveries import Delivery, DeliveryRejected, Hint
 
 log = logging.getLogger(__name__)
@@ -215,7 +215,7 @@ class Intake:
             self._wake_wanted = False
             try:
                 async with self._pool.acquire(timeout=1.0) as conn:
-                    await conn.execute(_NOTIFY.text)
+                    await conn.execute(WAKE_WORKERS.text)
             except Exception as exc:
                 log.warning("webhooks: could not notify workers (they will poll)",
                             extra={"error": type(exc).__name__})
@@ -436,13 +436,11 @@ _GROUP_PARAMS: Final = ("n", *_DELIVERY_COLUMNS, "hint_n", *_HINT_COLUMNS, "budg
                         *_BUDGET_COLUMNS)
 MAX_GROUP: Final = 64  # deliveries in one statement at most
 
-# Wakes idle workers after releases. Not part of _RECORD: a transaction that notifies holds
-# a database-wide lock from its commit until its WAL flush, so deliveries that notified
-# would commit one at a time, each waiting out the previous one's flush; one notification,
-# sent after the commits, serves every delivery in flight (workers poll anyway).
-_NOTIFY = Statement("intake.notify_released", (
-    "Wake idle workers after deliveries released items (one for every delivery in a short "
-    "window)."), f"NOTIFY {NOTIFY_CHANNEL}")
+# Idle workers are woken after releases (service/ledger/wakeups.py), not inside _RECORD: a
+# transaction that notifies holds a database-wide lock from its commit until its WAL flush,
+# so deliveries that notified would commit one at a time, each waiting out the previous
+# one's flush; one notification, sent after the commits, serves every delivery in flight
+# (workers poll anyway).
 NOTIFY_COALESCE_S: Final = 0.005  # releases within this window share one NOTIFY
 
 _ORIGINAL = Statement("intake.original", (

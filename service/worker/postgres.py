@@ -22,7 +22,7 @@ from service.budget.credential_waits import Credentials
 from service.budget.rules import Closure
 from service.config.policies import Policies
 from service.db.statements import Database, HeldConnection
-from service.ledger import claims, holds
+from service.ledger import claims, holds, wakeups
 from service.ledger.claims import Admission, Completion, Lease
 from service.observability.failures import InternalErrors, expected
 from service.observability.metrics import Where
@@ -151,8 +151,8 @@ class Listener:
                 closed = asyncio.Event()
                 conn.add_termination_listener(lambda _c, ev=closed: ev.set())
                 try:
-                    await conn.add_listener(claims.NOTIFY_CHANNEL, on_notify)
-                    await conn.add_listener(claims.HOLDS_CHANNEL, on_hold)
+                    await conn.add_listener(wakeups.RELEASED_CHANNEL, on_notify)
+                    await conn.add_listener(wakeups.HOLDS_CHANNEL, on_hold)
                     if held is not None:
                         held()  # a hold placed while this was not listening is learned now
                     while not closed.is_set():

@@ -31,7 +31,15 @@ from service.db.statements import (
 from service.evidence import audit_trail, chain, object_deletions
 from service.http.api import health
 from service.http.console import sessions
-from service.ledger import claims, gauges, holds, operator_reads, registration, tenant_spellings
+from service.ledger import (
+    claims,
+    gauges,
+    holds,
+    operator_reads,
+    registration,
+    tenant_spellings,
+    wakeups,
+)
 from service.runs import discovery, progress, publication, reports, trigger
 from service.sweeps import list_pages, store_databases, store_targets
 from service.webhooks import intake
@@ -42,7 +50,7 @@ from tests.fakes.store_schema import store_policies
 MODULES = (claims, buckets, gauges, scope_controls, publication, registration, retention, intake,
            audit_trail, health, migrate, embedded, tenant_credentials, holds, object_deletions,
            chain, discovery, store_databases, store_targets, list_pages, operator_reads,
-           sessions, statements, tenant_spellings, leader, progress, reports, trigger)
+           sessions, statements, tenant_spellings, leader, progress, reports, trigger, wakeups)
 # Statements on a plain asyncpg connection, sent as `statement.text` (`$n` parameters):
 # webhook intake (its own pool, one round trip per delivery) and the embedded server's
 # bootstrap (its admin database, before Sweeper's exists).
@@ -85,15 +93,15 @@ DRIVER_CALLS = frozenset({
 
 
 def statements_of(module: ModuleType) -> list[Statement]:
-    constants = [v for v in vars(module).values() if isinstance(v, Statement)]
+    """The statements `module` defines (not those it imports from their owner)."""
+    defined, _ = statement_names(parse(Path(str(module.__file__))))
+    constants = [v for k, v in vars(module).items() if isinstance(v, Statement) and k in defined]
     return constants + list(BUILT.get(relative(module), {}).values())
 
 
 def relative(module: ModuleType) -> str:
     return Path(str(module.__file__)).resolve().relative_to(REPO_ROOT).as_posix()
 
-
-ALL = [s for m in MODULES for s in statements_of(m)]
 
 
 def service_sources() -> list[Path]:
@@ -119,11 +127,18 @@ def statement_names(tree: ast.Module) -> tuple[set[str], set[str]]:
     return constants, builders
 
 
+ALL = [s for m in MODULES for s in statements_of(m)]
+
+
 def raw_sql(path: Path, asyncpg: bool) -> list[str]:
     """Where `path` builds SQL with `text()` or sends SQL itself; in an asyncpg module a
-    driver call is allowed when what it sends is a named statement's `.text`."""
+    driver call is allowed when what it sends is a named statement's `.text` (its own, or
+    one it imports from the service module that owns it)."""
     tree = parse(path)
     constants, builders = statement_names(tree)
+    constants |= {alias.asname or alias.name for node in tree.body
+                  if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                      "service.") for alias in node.names if alias.name.isupper()}
 
     def named(arg: ast.expr) -> bool:
         if not (isinstance(arg, ast.Attribute) and arg.attr == "text"):
@@ -219,6 +234,8 @@ def test_statements_run_only_through_the_convention(path: Path) -> None:
     ("Q = Statement('m.q', 's', 'SELECT 1')\nasync def f(conn):\n    await conn.execute(Q.text)\n",
      True, []),
     ("async def f(conn, r):\n    await conn.fetchval(r.text)\n", True, ["line 2: .fetchval(...)"]),
+    ("from service.ledger.wakeups import WAKE_WORKERS\nasync def f(conn):\n"
+     "    await conn.execute(WAKE_WORKERS.text)\n", True, []),
     ("async def f(result):\n    return result.scalar()\n", False, []),
 ])
 def test_the_rule_sees_raw_sql(tmp_path: Path, source: str, asyncpg: bool,
@@ -254,3 +271,11 @@ def test_the_predicates_are_where_they_must_be() -> None:
     assert scope_controls._LIST.text.count(ready_item("now()")) == 1
     assert gauges._LEDGER_ELIGIBLE.text.count(ready_item("now()")) == 1
     assert gauges._LEDGER_SCOPES.text.count(CLOSURE_OVER) == 1
+
+
+def test_one_statement_wakes_the_workers() -> None:
+    """Publication, a hold's release and webhook intake wake idle workers with the one
+    statement of service/ledger/wakeups.py, on the channel the workers listen on."""
+    assert wakeups.WAKE_WORKERS.sql == f"NOTIFY {wakeups.RELEASED_CHANNEL}"
+    notifies = [s.name for s in ALL if "NOTIFY" in s.sql.upper().replace("PG_NOTIFY", "")]
+    assert notifies == [wakeups.WAKE_WORKERS.name]
