@@ -24,7 +24,8 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 
 from service.config.policies import Policy
-from service.ledger.claims import Admission, Completion, Lease
+from service.ledger.claims import Admission, Lease
+from service.ledger.completions import Completion
 from service.upstreams.deletion_api import CallResult
 from service.worker.ports import AdmissionPort, CallPort, Clock, CompletionPort, Ports
 

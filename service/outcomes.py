@@ -257,7 +257,7 @@ def _classify_failure(failure: Failure) -> Classified:
 
 @dataclass(frozen=True)
 class Plan:
-    """What the ledger does with an item after an attempt (applied by claims.complete)."""
+    """What the ledger does with an item after an attempt (applied by completions.complete)."""
 
     status: str  # pending | succeeded | dead | skipped
     retry_in_seconds: float

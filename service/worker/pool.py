@@ -27,7 +27,8 @@ from service.budget.rules import Grant, fair_shares, late_tolerance
 from service.config.answer_rules import NOTHING_READ, Costs, Reading
 from service.config.policies import Policies, Policy
 from service.config.policy_file import PolicyConfig
-from service.ledger.claims import Completion, Lease
+from service.ledger.claims import Lease
+from service.ledger.completions import Completion
 from service.observability.failures import InternalErrors, expected
 from service.observability.metrics import (
     IN_FLIGHT,

@@ -21,7 +21,8 @@ from typing import Protocol
 from service.budget.credential_waits import Credentials
 from service.budget.rules import Closure
 from service.config.policies import Policy
-from service.ledger.claims import Admission, Completion, Lease
+from service.ledger.claims import Admission, Lease
+from service.ledger.completions import Completion
 from service.outcomes import Answer, Failure
 from service.sweeps.store_targets import StoreTargets
 from service.upstreams.deletion_api import CallResult, Upstreams

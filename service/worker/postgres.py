@@ -22,8 +22,9 @@ from service.budget.credential_waits import Credentials
 from service.budget.rules import Closure
 from service.config.policies import Policies
 from service.db.statements import Database, HeldConnection
-from service.ledger import claims, holds, wakeups
-from service.ledger.claims import Admission, Completion, Lease
+from service.ledger import claims, completions, holds, wakeups
+from service.ledger.claims import Admission, Lease
+from service.ledger.completions import Completion
 from service.observability.failures import InternalErrors, expected
 from service.observability.metrics import Where
 from service.sweeps.store_databases import Stores
@@ -90,7 +91,7 @@ class PostgresLedger:
 
     async def complete(self, batch: Sequence[Completion]) -> list[int]:
         async with self._on(self._completing) as db:
-            return await claims.complete(db, batch)
+            return await completions.complete(db, batch)
 
     async def hand_back(self, leases: Sequence[Lease], tokens: Sequence[int] | None = None
                         ) -> None:

@@ -36,8 +36,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.budget import buckets
 from service.config.settings import async_url
 from service.db.engine import make_engine
-from service.ledger import claims, registration
-from service.ledger.claims import Completion, Lease
+from service.ledger import claims, completions, registration
+from service.ledger.claims import Lease
+from service.ledger.completions import Completion
 from service.runs import publication, trigger
 from service.webhooks import intake
 from service.webhooks.deliveries import Delivery, Hint
@@ -281,7 +282,7 @@ class ItemLifeCycle(RuleBasedStateMachine):
             status = "dead"
         else:
             status = "pending"
-        fenced = self.run(claims.complete(self.engine, [
+        fenced = self.run(completions.complete(self.engine, [
             self.completion(item.lease, outcome, status)]))
         assert fenced == []
         item.old_leases.append(item.lease)
@@ -296,7 +297,7 @@ class ItemLifeCycle(RuleBasedStateMachine):
             return
         i = data.draw(st.sampled_from(stale))
         old = data.draw(st.sampled_from(self.items[i].old_leases))
-        fenced = self.run(claims.complete(self.engine, [
+        fenced = self.run(completions.complete(self.engine, [
             self.completion(old, "succeeded", "succeeded")]))
         assert fenced == [old.item_id]  # attempt recorded, item untouched
 

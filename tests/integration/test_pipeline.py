@@ -14,7 +14,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config.policies import Policies
-from service.ledger import claims, registration
+from service.ledger import claims, completions, registration
 from service.runs import progress, publication, trigger
 from service.upstreams.deletion_api import Upstreams
 from service.worker import WorkerPool, database_pool
@@ -109,9 +109,9 @@ async def test_ids_stay_in_their_path_segment(engine: AsyncEngine, upstream: Fak
     assert "/carts/a%2Fb" in paths and "/carts/..%2F..%2Fadmin" in paths
 
 
-def succeeded(lease: claims.Lease) -> claims.Completion:
+def succeeded(lease: claims.Lease) -> completions.Completion:
     now = datetime.now(UTC)
-    return claims.Completion(lease=lease, worker="test", outcome="succeeded",
+    return completions.Completion(lease=lease, worker="test", outcome="succeeded",
                              status="succeeded", reason="test", http_status=204,
                              retry_after_seconds=None, retry_in_seconds=0,
                              refund_attempt=False, started_at=now, finished_at=now,
@@ -143,7 +143,7 @@ async def test_concurrent_claimers_never_share_an_item(engine: AsyncEngine) -> N
             for lease in admitted.leases:
                 del holder[lease.item_id]
             await claims.hand_back(engine, back)
-            assert await claims.complete(engine, [succeeded(x) for x in kept]) == []
+            assert await completions.complete(engine, [succeeded(x) for x in kept]) == []
             done.extend(x.item_id for x in kept)
             if not admitted.leases:
                 await asyncio.sleep(0.005)
@@ -235,17 +235,17 @@ async def test_late_completion_is_fenced(engine: AsyncEngine, upstream: FakeUpst
     fresh = (await claims.admit(engine, owner="fresh", wants={SCOPE: 1}, lease_seconds={},
                                 now=stale.lease_expires_at)).leases[0]
 
-    def done(lease: claims.Lease, outcome: str, status: str) -> claims.Completion:
+    def done(lease: claims.Lease, outcome: str, status: str) -> completions.Completion:
         now = datetime.now(UTC)
-        return claims.Completion(lease=lease, worker=lease.scope, outcome=outcome,
+        return completions.Completion(lease=lease, worker=lease.scope, outcome=outcome,
                                  status=status, reason="test", http_status=None,
                                  retry_after_seconds=None, retry_in_seconds=0,
                                  refund_attempt=False, started_at=now, finished_at=now,
                                  latency_ms=1)
 
-    assert await claims.complete(engine, [done(fresh, "succeeded", "succeeded")]) == []
+    assert await completions.complete(engine, [done(fresh, "succeeded", "succeeded")]) == []
     # the stalled worker wakes up with a permanent failure: it must change nothing
-    assert await claims.complete(engine, [done(stale, "permanent", "dead")]) == [stale.item_id]
+    assert await completions.complete(engine, [done(stale, "permanent", "dead")]) == [stale.item_id]
     assert await statuses(engine) == {"succeeded": 1}
     async with engine.connect() as conn:
         rows = (await conn.execute(text(

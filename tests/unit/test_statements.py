@@ -33,6 +33,7 @@ from service.http.api import health
 from service.http.console import sessions
 from service.ledger import (
     claims,
+    completions,
     gauges,
     holds,
     operator_reads,
@@ -47,10 +48,11 @@ from tests.conftest import REPO_ROOT
 from tests.fakes.store_schema import store_policies
 
 # Every module that runs SQL, each with its statements as module-level constants.
-MODULES = (claims, buckets, gauges, scope_controls, publication, registration, retention, intake,
-           audit_trail, health, migrate, embedded, tenant_credentials, holds, object_deletions,
-           chain, discovery, store_databases, store_targets, list_pages, operator_reads,
-           sessions, statements, tenant_spellings, leader, progress, reports, trigger, wakeups)
+MODULES = (claims, completions, buckets, gauges, scope_controls, publication, registration,
+           retention, intake, audit_trail, health, migrate, embedded, tenant_credentials, holds,
+           object_deletions, chain, discovery, store_databases, store_targets, list_pages,
+           operator_reads, sessions, statements, tenant_spellings, leader, progress, reports,
+           trigger, wakeups)
 # Statements on a plain asyncpg connection, sent as `statement.text` (`$n` parameters):
 # webhook intake (its own pool, one round trip per delivery) and the embedded server's
 # bootstrap (its admin database, before Sweeper's exists).

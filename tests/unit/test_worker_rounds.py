@@ -23,7 +23,8 @@ import pytest
 from service.budget import rules
 from service.budget.rules import Closure, Grant
 from service.config.policies import Policies, Policy
-from service.ledger.claims import Admission, Completion, Lease
+from service.ledger.claims import Admission, Lease
+from service.ledger.completions import Completion
 from service.outcomes import Answer, Failure
 from service.protocols.transport import SEND_BY
 from service.upstreams.deletion_api import CallResult
