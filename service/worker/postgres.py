@@ -22,7 +22,7 @@ from service.budget.credential_waits import Credentials
 from service.budget.rules import Closure
 from service.config.policies import Policies
 from service.db.statements import Database, HeldConnection
-from service.ledger import claims, completions, holds, wakeups
+from service.ledger import claims, completions, hold_acks, wakeups
 from service.ledger.claims import Admission, Lease
 from service.ledger.completions import Completion
 from service.observability.failures import InternalErrors, expected
@@ -101,16 +101,16 @@ class PostgresLedger:
     # -- legal holds (hold_gate.py) --------------------------------------------------
 
     async def latest_hold(self) -> int:
-        return await holds.latest(self.engine)
+        return await hold_acks.latest(self.engine)
 
     async def holds_since(self, after: int) -> list[HoldCover]:
         return [HoldCover(h["id"], h["tenant_id"], h["policy"],
                           None if h["object_ids"] is None else frozenset(h["object_ids"]),
                           h["object_id_prefix"])
-                for h in await holds.since(self.engine, after)]
+                for h in await hold_acks.since(self.engine, after)]
 
     async def acknowledge(self, revoked: Mapping[int, Sequence[int]]) -> None:
-        await holds.acknowledge(self.engine, self.owner, revoked)
+        await hold_acks.acknowledge(self.engine, self.owner, revoked)
 
     # -- scope signals ---------------------------------------------------------------
 

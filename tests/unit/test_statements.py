@@ -35,6 +35,8 @@ from service.ledger import (
     claims,
     completions,
     gauges,
+    hold_acks,
+    hold_marking,
     holds,
     operator_reads,
     registration,
@@ -52,7 +54,7 @@ MODULES = (claims, completions, buckets, gauges, scope_controls, publication, re
            retention, intake, audit_trail, health, migrate, embedded, tenant_credentials, holds,
            object_deletions, chain, discovery, store_databases, store_targets, list_pages,
            operator_reads, sessions, statements, tenant_spellings, leader, progress, reports,
-           trigger, wakeups)
+           trigger, wakeups, hold_acks, hold_marking)
 # Statements on a plain asyncpg connection, sent as `statement.text` (`$n` parameters):
 # webhook intake (its own pool, one round trip per delivery) and the embedded server's
 # bootstrap (its admin database, before Sweeper's exists).
