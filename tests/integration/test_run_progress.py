@@ -36,7 +36,7 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         await asyncio.sleep(0.05)
         return await real(engine, run_ids)
 
-    monkeypatch.setattr(publication, "runs_progress", slow_count)
+    monkeypatch.setattr(progress, "runs_progress", slow_count)
     return calls
 
 
@@ -91,7 +91,7 @@ async def test_a_failed_count_is_not_kept(engine: AsyncEngine,
             raise failures.pop()
         return await real(engine, run_ids)
 
-    monkeypatch.setattr(publication, "runs_progress", flaky)
+    monkeypatch.setattr(progress, "runs_progress", flaky)
     cache = progress.ProgressCache()
     with pytest.raises(OSError, match="went away"):
         await cache.get(engine, run_id, V)
