@@ -36,7 +36,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.budget import buckets
 from service.config.settings import async_url
 from service.db.engine import make_engine
-from service.ledger import claims, completions, registration
+from service.ledger import claims, completions, item_selection, registration
 from service.ledger.claims import Lease
 from service.ledger.completions import Completion
 from service.runs import publication, trigger
@@ -352,9 +352,9 @@ class ItemLifeCycle(RuleBasedStateMachine):
     @rule()
     def redrive_dead(self) -> None:
         dead = [self.ids[i] for i, item in enumerate(self.items) if item.status == "dead"]
-        got = self.run(registration.redrive(self.engine,
-                                            registration.ItemFilter(ids=list(self.ids.values())),
-                                      actor="machine", reason="test", limit=100))
+        got = self.run(item_selection.redrive(
+            self.engine, item_selection.ItemFilter(ids=list(self.ids.values())),
+            actor="machine", reason="test", limit=100))
         assert sorted(got) == sorted(dead)
         for item in self.items:
             if item.status == "dead":
@@ -364,8 +364,9 @@ class ItemLifeCycle(RuleBasedStateMachine):
     def cancel(self, i: int) -> None:
         if i not in self.ids:
             return
-        got = self.run(registration.cancel(self.engine, registration.ItemFilter(ids=[self.ids[i]]),
-                                     actor="machine", reason="test", limit=10))
+        got = self.run(item_selection.cancel(
+            self.engine, item_selection.ItemFilter(ids=[self.ids[i]]), actor="machine",
+            reason="test", limit=10))
         item = self.items[i]
         if item.status == "pending":
             assert got == [self.ids[i]]

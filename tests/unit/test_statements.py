@@ -38,6 +38,7 @@ from service.ledger import (
     hold_acks,
     hold_marking,
     holds,
+    item_selection,
     operator_reads,
     registration,
     tenant_spellings,
@@ -54,7 +55,7 @@ MODULES = (claims, completions, buckets, gauges, scope_controls, publication, re
            retention, intake, audit_trail, health, migrate, embedded, tenant_credentials, holds,
            object_deletions, chain, discovery, store_databases, store_targets, list_pages,
            operator_reads, sessions, statements, tenant_spellings, leader, progress, reports,
-           trigger, wakeups, hold_acks, hold_marking)
+           trigger, wakeups, hold_acks, hold_marking, item_selection)
 # Statements on a plain asyncpg connection, sent as `statement.text` (`$n` parameters):
 # webhook intake (its own pool, one round trip per delivery) and the embedded server's
 # bootstrap (its admin database, before Sweeper's exists).
