@@ -46,20 +46,20 @@ from service.ledger import (
 )
 from service.runs import discovery, progress, publication, reports, trigger
 from service.sweeps import list_pages, store_databases, store_targets
-from service.webhooks import intake
+from service.webhooks import intake, receipts
 from tests.conftest import REPO_ROOT
 from tests.fakes.store_schema import store_policies
 
 # Every module that runs SQL, each with its statements as module-level constants.
 MODULES = (claims, completions, buckets, gauges, scope_controls, publication, registration,
-           retention, intake, audit_trail, health, migrate, embedded, tenant_credentials, holds,
+           retention, audit_trail, health, migrate, embedded, tenant_credentials, holds,
            object_deletions, chain, discovery, store_databases, store_targets, list_pages,
            operator_reads, sessions, statements, tenant_spellings, leader, progress, reports,
-           trigger, wakeups, hold_acks, hold_marking, item_selection)
+           trigger, wakeups, hold_acks, hold_marking, item_selection, receipts)
 # Statements on a plain asyncpg connection, sent as `statement.text` (`$n` parameters):
-# webhook intake (its own pool, one round trip per delivery) and the embedded server's
-# bootstrap (its admin database, before Sweeper's exists).
-ASYNCPG_MODULES = (intake, embedded)
+# webhook intake's receipts and wake-up (its own pool, one round trip per delivery) and
+# the embedded server's bootstrap (its admin database, before Sweeper's exists).
+ASYNCPG_MODULES = (intake, receipts, embedded)
 # Statements built by a function, because their text holds what no parameter can carry;
 # each built here with the value the service passes.
 _SHOP = store_policies("postgresql://store.invalid/shop").policies["expired-carts"].config
@@ -198,7 +198,7 @@ def test_a_statement_is_sent_with_its_name() -> None:
     assert claims._ADMIT.text.startswith("/* claims.admit */ WITH clock AS")
     assert publication._PICK.text.startswith(
         "/* publication.pick */ SELECT id, policy, policy_version FROM items\n")
-    assert intake._RECORD.text.startswith("/* intake.record */ WITH existing AS (")
+    assert receipts._RECORD.text.startswith("/* receipts.record */ WITH existing AS (")
 
 
 @pytest.mark.parametrize("statement", ALL, ids=lambda s: s.name)
