@@ -51,7 +51,7 @@ from service.config.list_sources import MAX_CURSOR_CHARS, cutoff_text
 from service.config.policies import Policies, Policy
 from service.db.statements import CLOSURE_OVER, Statement, fetch
 from service.observability.metrics import SCOPE_SIGNALS
-from service.outcomes import Answer, Outcome, classify
+from service.outcomes import Answer, Classified, Outcome, classify
 from service.upstreams.deletion_api import UpstreamClient, Upstreams
 
 log = logging.getLogger(__name__)
@@ -244,14 +244,7 @@ class Lister:
         skip = await self._token(engine, policy, scope)
         if skip is not None:
             return _skipped(tenant, skip)
-        upstream = self.policies.upstreams[listing.upstream]
-        credential = None
-        if upstream.per_tenant_credentials:
-            try:
-                credential = await self.credentials.get(tenant, upstream.name)
-            except Exception:
-                raise SourceDeferred(policy.name, f"tenant {tenant!r}: its credential could "
-                                                  "not be read") from None
+        credential = await self._credential(policy, tenant)
         cutoff = listing.cutoff(run["cutoff"])
         try:
             url = listing.url(tenant, cursor, cutoff, source.page)
@@ -264,34 +257,23 @@ class Lister:
             wants_body=lambda status: 200 <= status < 300 or rules.wants_body(status),
             cap=source.max_bytes)
         now = datetime.now(UTC)
-        ruled = None
-        if answer.status is not None and not rules.reads_nothing:
-            try:
-                ruled = rules.read(answer.status, answer.body).verdict
-            except Exception:
-                # an answer the rules cannot read is read by its status alone (as the
-                # worker reads one): a hostile body never stops discovery
-                log.exception("list answer rules failed", extra={"policy": policy.name})
-        verdict = classify(answer, absent_means_deleted=False, now=now, ruled=ruled)
+        verdict = classify(answer, absent_means_deleted=False, now=now,
+                           ruled=_ruled(policy, answer))
         paused = await self._signal(engine, policy, scope, verdict, answer, now)
-        where = f"tenant {tenant!r}: list call {verdict.reason}"
-        if verdict.outcome is Outcome.SUCCEEDED:
-            document = read_json(answer.body) if answer.body is not None else NOT_JSON
-            if document is NOT_JSON:
-                raise SourceDeferred(policy.name, f"{where}: the page is not JSON of at most "
-                                                  f"{source.max_bytes} bytes")
-            return read_page(policy, tenant, cursor, document, cutoff)
-        if verdict.outcome is Outcome.THROTTLED:
-            raise SourceDeferred(policy.name, f"{where}: scope {scope!r} closed; discovery "
-                                              "waits for it to reopen")
-        if verdict.outcome is Outcome.UNAUTHORIZED:
-            return _skipped(tenant, f"list call {verdict.reason}: scope {scope!r} paused "
-                                    f"({paused}); this tenant is not walked in this run")
-        if verdict.outcome is Outcome.PERMANENT:
-            return _skipped(tenant, f"list call refused ({verdict.reason}); this tenant is "
-                                    "not walked in this run")
-        raise SourceDeferred(policy.name, f"{where}; tried again on the publisher's next "
-                                          "pass")
+        return _step(policy, tenant, cursor, cutoff, scope, verdict, answer, paused)
+
+    async def _credential(self, policy: Policy, tenant: str) -> str | None:
+        """The tenant's credential for the list calls' upstream (None: it takes none).
+        SourceDeferred when it cannot be read."""
+        assert policy.listing is not None
+        upstream = self.policies.upstreams[policy.listing.upstream]
+        if not upstream.per_tenant_credentials:
+            return None
+        try:
+            return await self.credentials.get(tenant, upstream.name)
+        except Exception:
+            raise SourceDeferred(policy.name, f"tenant {tenant!r}: its credential could "
+                                              "not be read") from None
 
     async def _token(self, engine: AsyncEngine, policy: Policy, scope: str) -> str | None:
         """Wait for one token of `scope` (within MAX_TOKEN_WAIT_S): None once held, or why
@@ -329,8 +311,8 @@ class Lister:
                                           f"({state.closed_reason or 'throttled'})",
                              quiet=True)
 
-    async def _signal(self, engine: AsyncEngine, policy: Policy, scope: str, verdict: Any,
-                      answer: Answer, now: datetime) -> str | None:
+    async def _signal(self, engine: AsyncEngine, policy: Policy, scope: str,
+                      verdict: Classified, answer: Answer, now: datetime) -> str | None:
         """What the answer does to the scope, for every replica at once (as a worker's
         urgent signals); the pause's reason, if it paused the scope."""
         effects = effects_of(verdict, answer, policy.config, now)
@@ -347,6 +329,45 @@ class Lister:
                             extra={"scope": paused, "policy": policy.name,
                                    "reason": effects.pause, "outcome": verdict.reason})
         return effects.pause
+
+
+def _ruled(policy: Policy, answer: Answer) -> Classified | None:
+    """What the source's own answer rules make of the answer, if they read it. An answer
+    the rules cannot read is read by its status alone (as the worker reads one): a hostile
+    body never stops discovery."""
+    rules = policy.list_answers
+    if answer.status is None or rules.reads_nothing:
+        return None
+    try:
+        return rules.read(answer.status, answer.body).verdict
+    except Exception:
+        log.exception("list answer rules failed", extra={"policy": policy.name})
+        return None
+
+
+def _step(policy: Policy, tenant: str, cursor: str | None, cutoff: datetime, scope: str,
+          verdict: Classified, answer: Answer, paused: str | None) -> Listed:
+    """What a list call's classified answer makes of the tenant's walk (the table of the
+    module docstring): its page read, the tenant skipped, or SourceDeferred."""
+    source = policy.list_source
+    assert source is not None
+    where = f"tenant {tenant!r}: list call {verdict.reason}"
+    if verdict.outcome is Outcome.SUCCEEDED:
+        document = read_json(answer.body) if answer.body is not None else NOT_JSON
+        if document is NOT_JSON:
+            raise SourceDeferred(policy.name, f"{where}: the page is not JSON of at most "
+                                              f"{source.max_bytes} bytes")
+        return read_page(policy, tenant, cursor, document, cutoff)
+    if verdict.outcome is Outcome.THROTTLED:
+        raise SourceDeferred(policy.name, f"{where}: scope {scope!r} closed; discovery "
+                                          "waits for it to reopen")
+    if verdict.outcome is Outcome.UNAUTHORIZED:
+        return _skipped(tenant, f"list call {verdict.reason}: scope {scope!r} paused "
+                                f"({paused}); this tenant is not walked in this run")
+    if verdict.outcome is Outcome.PERMANENT:
+        return _skipped(tenant, f"list call refused ({verdict.reason}); this tenant is "
+                                "not walked in this run")
+    raise SourceDeferred(policy.name, f"{where}; tried again on the publisher's next pass")
 
 
 def describe_requests(policies: Policies) -> Sequence[str]:
