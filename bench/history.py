@@ -163,7 +163,7 @@ async def explain_admission(engine: AsyncEngine, concurrency: int) -> dict[str, 
     released work, executed and rolled back (nothing is claimed)."""
     scopes = [f"tenant:{t}" for t in TENANTS]
     share = max(1, concurrency // len(scopes))
-    params = {"now": None, "names": scopes, "wants": [share] * len(scopes),
+    params = {"names": scopes, "wants": [share] * len(scopes),
               "owner": "explain", "lookahead": LOOKAHEAD_S,
               "policy_names": [POLICY], "lease_seconds": [60], "default_lease": 60,
               "limit_policies": [POLICY], "limit_attempts": [8]}

@@ -4,10 +4,12 @@ its item is service/ledger/completions.py.
 
 Which items a claim may take is `service.db.statements.ready_item` and `expired_lease`;
 the token half of the admission is `service.budget.buckets.GRANTS_SQL`. Times come from the
-database clock. `admit(now=...)` pins the clock the items are read and leased on (the bucket
-keeps the database's own); tests move the buckets' clock by moving their stored instants
-(tests/integration/db_clock.py). The measurements behind the rules stated in comments here
-are in bench/reports/design-notes.md ("Claims and completion").
+database clock only: the items are read and leased as of the statement's transaction start
+(`now()`), the buckets refilled as of their row locks (`clock_timestamp()`). Tests move
+that clock by moving the stored instants (tests/integration/db_clock.py), or run the
+admission inside a transaction of their own whose `now()` they read. The measurements
+behind the rules stated in comments here are in bench/reports/design-notes.md ("Claims and
+completion").
 """
 
 from __future__ import annotations
@@ -100,7 +102,7 @@ def _lease(r: Row[Any]) -> Lease:
 _ADMIT = Statement("claims.admit", (
     "Take tokens and lease at most that many calls' worth of claimable items per scope in "
     "one statement, charging each bucket only for the calls the items leased make."), f"""
-    WITH clock AS (SELECT coalesce(CAST(:now AS timestamptz), now()) AS now),
+    WITH clock AS (SELECT now() AS now),  -- one instant to read and lease the items at
     {GRANTS_SQL},
     starts AS (
         SELECT g.scope, g.n, g.per_call, p.front,
@@ -227,7 +229,7 @@ class Admission:
 async def admit(db: Database, *, owner: str, wants: Mapping[str, int],
                 lease_seconds: Mapping[str, int], default_lease_seconds: int = 60,
                 max_attempts: Mapping[str, int] | None = None,
-                lookahead_s: float = LOOKAHEAD_S, now: datetime | None = None) -> Admission:
+                lookahead_s: float = LOOKAHEAD_S) -> Admission:
     """Take up to wants[scope] tokens per scope and lease at most that many items of each
     for `owner`, charging the buckets only for the items leased; committed on return. An
     expired lease of an item with `max_attempts[policy]` attempts used goes `dead`."""
@@ -236,7 +238,7 @@ async def admit(db: Database, *, owner: str, wants: Mapping[str, int],
         return Admission(grants=[], leases=[])
     names = sorted(wanted)
     rows = await fetch(db, _ADMIT, {
-        "now": now, "names": names, "wants": [wanted[n] for n in names], "owner": owner,
+        "names": names, "wants": [wanted[n] for n in names], "owner": owner,
         "lookahead": lookahead_s, "policy_names": list(lease_seconds),
         "lease_seconds": list(lease_seconds.values()), "default_lease": default_lease_seconds,
         "limit_policies": list(max_attempts or {}),

@@ -35,7 +35,7 @@ async def add_history(engine: AsyncEngine) -> None:
 
 def admission_params(names: list[str]) -> dict[str, object]:
     """The worker's admission of 8 items from each scope named, as claims.admit binds it."""
-    return {"now": None, "names": names, "wants": [8] * len(names), "owner": "plan",
+    return {"names": names, "wants": [8] * len(names), "owner": "plan",
             "lookahead": rules.LOOKAHEAD_S, "policy_names": ["carts"],
             "lease_seconds": [30], "default_lease": 60,
             "limit_policies": ["carts"], "limit_attempts": [3]}
