@@ -183,7 +183,7 @@ def create_app(
         store = CredentialStore(engine, keyring) if keyring else None
         runtime = Runtime(settings=settings, policies=policies, engine=engine,
                           tokens=TokenSet.of(settings.role_tokens()), schema_head=head_revision(),
-                          exporter=gauges.install_ledger(engine, policies.policies),
+                          exporter=gauges.ledger_exporter(engine, policies.policies),
                           keyring=keyring, credentials=store,
                           tenant_credentials=Credentials.of(policies, engine, keyring, store),
                           signer=settings.local_evidence_signer(),
