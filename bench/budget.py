@@ -63,7 +63,7 @@ from bench.common import (
 )
 from bench.drain import fake_upstream_process
 from drills.stage import free_port, trailing_counts, worst_window
-from service.budget import limiter
+from service.budget.rules import LOOKAHEAD_S
 from service.config.policies import load_policies
 from service.ledger import registration
 from service.runs import publication, trigger
@@ -193,7 +193,7 @@ def wire_figures(out: Path, stamps: list[float], seconds: float, limit: int
                              "max": round(lags[-1], 2)}}
 
 
-SLOT_SECONDS = limiter.LOOKAHEAD_S + 0.05
+SLOT_SECONDS = LOOKAHEAD_S + 0.05
 
 
 def concurrency_for(budget: int, replicas: int) -> int:

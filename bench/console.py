@@ -79,7 +79,7 @@ from service.db.statements import Statement
 from service.http.api.items import MAX_CHANGE
 from service.http.console.overview import OVERVIEW_MAX_AGE_S, RECENT_RUNS
 from service.http.console.pages import PAGE_SIZE
-from service.ledger import gauges, operator_reads, registration
+from service.ledger import gauges, item_selection, operator_reads
 from service.runs import progress as run_progress
 
 TARGET_P95_MS: Final = 200.0
@@ -499,8 +499,8 @@ class Page:
 def _items_params(status: str | None = None, policy: str | None = None,
                   tenant: str | None = None, obj: str | None = None) -> dict[str, Any]:
     return {"status": status, "after": None, "limit": PAGE_SIZE,
-            **registration.filter_params(registration.ItemFilter(policy=policy, tenant_id=tenant,
-                                                     object_id=obj))}
+            **item_selection.filter_params(item_selection.ItemFilter(
+                policy=policy, tenant_id=tenant, object_id=obj))}
 
 
 def pages(f: Facts) -> list[Page]:
@@ -525,21 +525,21 @@ def pages(f: Facts) -> list[Page]:
         Page("run", f"/console/runs/{f.large_run}", statements=[
             (run_progress._RUN, {"id": f.large_run}),
             (run_progress._PROGRESS, {"ids": [f.large_run]})]),
-        Page("items", "/console/items", statements=[(registration._LIST, _items_params())]),
+        Page("items", "/console/items", statements=[(item_selection._LIST, _items_params())]),
         Page("items-dead", "/console/items?status=dead",
-             statements=[(registration._LIST, _items_params("dead"))]),
+             statements=[(item_selection._LIST, _items_params("dead"))]),
         Page("items-pending", "/console/items?status=pending",
-             statements=[(registration._LIST, _items_params("pending"))]),
+             statements=[(item_selection._LIST, _items_params("pending"))]),
         Page("items-pending-policy",
              f"/console/items?status=pending&policy={f.pending_policy}",
-             statements=[(registration._LIST, _items_params("pending", f.pending_policy))]),
+             statements=[(item_selection._LIST, _items_params("pending", f.pending_policy))]),
         Page("items-big-tenant", f"/console/items?tenant_id={f.big_tenant}",
-             statements=[(registration._LIST, _items_params(tenant=f.big_tenant))]),
+             statements=[(item_selection._LIST, _items_params(tenant=f.big_tenant))]),
         Page("items-small-tenant", f"/console/items?tenant_id={f.small_tenant}",
-             statements=[(registration._LIST, _items_params(tenant=f.small_tenant))]),
+             statements=[(item_selection._LIST, _items_params(tenant=f.small_tenant))]),
         Page("items-tenant-object",
              f"/console/items?tenant_id={f.big_tenant}&object_id={f.object_id}",
-             statements=[(registration._LIST, _items_params(tenant=f.big_tenant,
+             statements=[(item_selection._LIST, _items_params(tenant=f.big_tenant,
                                                             obj=f.object_id))]),
         Page("item", f"/console/items/{f.dead_item}", statements=[
             (operator_reads._ITEM, {"id": f.dead_item}),
@@ -560,8 +560,8 @@ def pages(f: Facts) -> list[Page]:
             "step": "preview", "policy": POLICIES[0][0], "tenant_id": f.big_tenant},
              statements=[(operator_reads._SELECTION_SIZE, {
                  "status": "dead", "cap": MAX_CHANGE,
-                 **registration.filter_params(registration.ItemFilter(policy=POLICIES[0][0],
-                                                          tenant_id=f.big_tenant))})]),
+                 **item_selection.filter_params(item_selection.ItemFilter(
+                     policy=POLICIES[0][0], tenant_id=f.big_tenant))})]),
     ]
 
 

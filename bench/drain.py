@@ -296,11 +296,11 @@ async def attempt_breakdown(engine: AsyncEngine) -> dict[str, int]:
 # attribute). Whatever does not exist in the service as it is today is skipped.
 TIMED_CALLS: tuple[tuple[str, str, str], ...] = (
     ("admit", "service.ledger.claims", "admit"),  # tokens + claim in one statement
-    ("complete", "service.ledger.claims", "complete"),
+    ("complete", "service.ledger.completions", "complete"),
     ("hand_back", "service.ledger.claims", "hand_back"),  # leases and their tokens back
-    ("limiter.eligible_scopes", "service.budget.limiter", "eligible_scopes"),
-    ("limiter.close", "service.budget.limiter", "close"),
-    ("limiter.recovered", "service.budget.limiter", "recovered"),
+    ("limiter.eligible_scopes", "service.budget.buckets", "eligible_scopes"),
+    ("limiter.close", "service.budget.buckets", "close"),
+    ("limiter.recovered", "service.budget.buckets", "recovered"),
 )
 
 
@@ -337,7 +337,8 @@ async def drain(engine: AsyncEngine, policies: Policies, upstreams: Upstreams, *
             timers[label] = CallTimer()
             stack.enter_context(patched(module, attr, timed(fn, timers[label], rows)))
         if "complete" not in timers:
-            raise RuntimeError("service.ledger.claims.complete is gone: the drain cannot count")
+            raise RuntimeError("service.ledger.completions.complete is gone: the drain cannot "
+                               "count")
         # as `sweeper worker` does after start-up: full collections then walk only what the
         # drain made, not every module and the setup's objects
         settle_heap()
@@ -440,11 +441,11 @@ async def repetition(ctx: BenchContext, args: argparse.Namespace, *, mode: str, 
 _PROFILE_ANCHORS: dict[str, tuple[str, str]] = {
     # label: (path suffix, function name); cumulative time, so the shares overlap
     "admit_statement": ("service/ledger/claims.py", "admit"),  # tokens and leases: the claim
-    "complete_statement": ("service/ledger/claims.py", "complete"),
+    "complete_statement": ("service/ledger/completions.py", "complete"),
     "upstream_call_httpx": ("service/upstreams/deletion_api.py", "delete"),
     "worker_completion_incl_logging": ("service/worker/attempt_outcomes.py", "_completion"),
     "logging_info": ("logging/__init__.py", "info"),
-    "limiter_eligible_scopes": ("service/budget/limiter.py", "eligible_scopes"),
+    "limiter_eligible_scopes": ("service/budget/buckets.py", "eligible_scopes"),
     "hand_back": ("service/ledger/claims.py", "hand_back"),  # leases and their tokens back
     "attempt_task": ("service/worker/attempts.py", "_attempt"),
     "run_once": ("service/worker/pool.py", "run_once"),

@@ -53,7 +53,7 @@ from bench.drain import (
     no_op_answer,
     seed,
 )
-from service.budget import limiter
+from service.budget.rules import LOOKAHEAD_S
 from service.cluster import retention
 from service.ledger import claims
 from service.upstreams.deletion_api import Upstreams
@@ -163,8 +163,8 @@ async def explain_admission(engine: AsyncEngine, concurrency: int) -> dict[str, 
     released work, executed and rolled back (nothing is claimed)."""
     scopes = [f"tenant:{t}" for t in TENANTS]
     share = max(1, concurrency // len(scopes))
-    params = {"now": None, "names": scopes, "wants": [share] * len(scopes),
-              "owner": "explain", "lookahead": limiter.LOOKAHEAD_S,
+    params = {"names": scopes, "wants": [share] * len(scopes),
+              "owner": "explain", "lookahead": LOOKAHEAD_S,
               "policy_names": [POLICY], "lease_seconds": [60], "default_lease": 60,
               "limit_policies": [POLICY], "limit_attempts": [8]}
     async with engine.connect() as conn:

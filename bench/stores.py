@@ -65,7 +65,8 @@ from bench.common import (
 from drills.vendors import example_block
 from service.config.policies import Policies, resolve_policies
 from service.runs import publication, trigger
-from service.runs.discovery import Discovery, Page
+from service.runs.discovery import Discovery
+from service.runs.page_sorting import Page
 from service.sweeps.store_databases import Cursor, SourceRows, Stores
 from service.upstreams.deletion_api import Upstreams
 from service.worker import database_pool

@@ -30,7 +30,8 @@ from sqlalchemy.engine import URL
 
 from service.config.policies import Policies, Policy
 from service.config.settings import Settings
-from service.ledger.claims import Admission, Completion, Lease
+from service.ledger.claims import Admission, Lease
+from service.ledger.completions import Completion
 from service.protocols.transport import SendGate
 from service.upstreams.deletion_api import CallResult
 from service.worker.ports import AdmissionPort, CallPort, Clock, CompletionPort, Ports

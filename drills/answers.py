@@ -16,7 +16,7 @@ from pathlib import Path
 from drills.base import Drill, Facts, check
 from drills.stage import Proc, Stage
 from drills.upstream import Call, Fault
-from service.budget.limiter import LOOKAHEAD_S, late_tolerance
+from service.budget.rules import LOOKAHEAD_S, late_tolerance
 
 
 async def _outcomes(stage: Stage, object_id: str) -> list[str]:
@@ -275,7 +275,7 @@ async def throttle_storm(stage: Stage) -> Facts:
     stormy, steady = stage.tenant("storm"), stage.tenant("steady")
     await stage.register([f"o{i}" for i in range(20)], stormy)
     await stage.register([f"o{i}" for i in range(20)], steady)
-    # calls already sent when a closure lands count once (limiter.close): twelve 429s make
+    # calls already sent when a closure lands count once (buckets.close): twelve 429s make
     # six closures even when they arrive in pairs, so one pair comes after the fifth (1.6 s)
     # and the largest gap clears 8 x base by more than a pair's spacing
     upstream.inject(Fault.STATUS, status=429, times=STORM_429S,

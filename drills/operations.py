@@ -13,7 +13,7 @@ import httpx
 from drills.base import Drill, Facts, check
 from drills.stage import Proc, Stage, worst_window
 from drills.upstream import FakeUpstream
-from service.budget.limiter import LOOKAHEAD_S
+from service.budget.rules import LOOKAHEAD_S
 
 # A call may land this long after a pause committed when its token and lease were taken
 # just before (the token lookahead) plus loopback delivery.

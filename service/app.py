@@ -100,7 +100,7 @@ def open_runtime(settings: Settings, policies: Policies, database_url: URL) -> R
     store = CredentialStore(engine, keyring) if keyring else None
     return Runtime(settings=settings, policies=policies, engine=engine,
                    tokens=TokenSet.of(settings.role_tokens()), schema_head=head_revision(),
-                   exporter=gauges.install_ledger(engine, policies.policies),
+                   exporter=gauges.ledger_exporter(engine, policies.policies),
                    keyring=keyring, credentials=store,
                    tenant_credentials=Credentials.of(policies, engine, keyring, store),
                    signer=settings.local_evidence_signer(), stores=Stores(policies.stores))

@@ -288,7 +288,7 @@ def redirect_reason(status: int, location: str | None) -> str:
 
 @dataclass(frozen=True)
 class Plan:
-    """What the ledger does with an item after an attempt (applied by claims.complete)."""
+    """What the ledger does with an item after an attempt (applied by completions.complete)."""
 
     status: str  # pending | succeeded | dead | skipped
     retry_in_seconds: float
@@ -317,8 +317,8 @@ def plan(result: Classified, *, attempt: int, max_attempts: int, backoff_base_s:
     if outcome is Outcome.THROTTLED:
         # Not the item's fault: the attempt is refunded. Wait at least what the upstream
         # asked (bounded by policy), never less. Without a usable date full jitter may put
-        # the item due at once: the pace is held by the scope, which the limiter closes by
-        # its own backoff, never for less than backoff_base_s (limiter._CLOSE).
+        # the item due at once: the pace is held by the scope, which its bucket is closed by
+        # its own backoff, never for less than backoff_base_s (service.budget.buckets._CLOSE).
         wanted = result.retry_after_seconds
         delay = min(wanted, retry_after_max_s) if wanted is not None else ceiling * jitter
         return Plan("pending", delay, True, result.reason)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Final
 
-from service.budget.limiter import Closure, call_cost
+from service.budget.rules import Closure, call_cost
 from service.config.answer_rules import Costs
 from service.config.policy_file import PolicyConfig
 from service.observability.metrics import ScopeSignal

@@ -9,7 +9,7 @@ from typing import Any, Final
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.budget.limiter import tokens_at
+from service.budget.buckets import tokens_at
 from service.db.statements import CLOSURE_OVER, Statement, fetch, ready_item, run
 from service.evidence import audit_trail
 
@@ -213,7 +213,7 @@ async def resume_waiting(engine: AsyncEngine, names: list[str], reason: str, *, 
     return resumed
 
 
-# FOR UPDATE conflicts with the admissions' FOR KEY SHARE of the row (limiter.GRANTS_SQL).
+# FOR UPDATE conflicts with the admissions' FOR KEY SHARE of the row (buckets.GRANTS_SQL).
 _LOCK_CONTROL = Statement("scope_controls.lock_control", (
     "Wait for admissions in progress before the workers-wide pause changes."),
     "SELECT 1 FROM control FOR UPDATE")

@@ -63,7 +63,7 @@ def load_config() -> tuple[Settings, Policies]:
     for warning in unknown_variables(os.environ):
         log.warning(warning)
     if policies.stores:
-        from service.sweeps.store_databases import check_policies
+        from service.sweeps.store_checks import check_policies
 
         checked = asyncio.run(check_policies(policies))
         if checked.problems:
@@ -109,7 +109,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         problems += missing_key(policies, Keyring.from_settings(settings))
     statements: list[str] = []
     if policies.stores:
-        from service.sweeps.store_databases import check_policies
+        from service.sweeps.store_checks import check_policies
 
         checked = asyncio.run(check_policies(policies, explain=args.explain))
         problems += checked.problems

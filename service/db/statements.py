@@ -1,6 +1,6 @@
 """SQL statements: how they are written and run, and the predicates they share.
 
-Where statements live: beside their domain module (claims, limiter, scopes, metrics, runs,
+Where statements live: beside their domain module (claims, buckets, scopes, metrics, runs,
 ledger, retention, intake, audit, the readiness check, the migration lock), each a
 module-level `Statement` constant next to the function that binds its parameters and reads
 its rows. The SQL is that module's algorithm (the admission statement *is* the claim

@@ -2,7 +2,7 @@
 
 What is promised. Every item that reaches `succeeded`, whatever released it (a run's batch,
 a webhook hint, a re-drive, a store target, a list source), is appended to `evidence_log`
-by the completion statement that records its outcome (claims._COMPLETE): same statement,
+by the completion statement that records its outcome (completions._COMPLETE): same statement,
 same transaction, so an outcome is never committed without its entry. An entry is a
 record of identifiers and classified outcomes (service/evidence/deletion_records.py), never a
 payload. Entries are numbered `seq` = 1, 2, ... with no gap; each completion appends its

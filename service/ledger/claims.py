@@ -1,12 +1,15 @@
-"""Leases: admission (tokens and claim in one statement), fenced completion, and
-hand-back of unstarted leases: the worker's hot statements.
+"""Leases: the admission (tokens taken and items leased in one statement) and the hand-back
+of leases never called, the worker's hot claim statements. What an attempt's outcome does to
+its item is service/ledger/completions.py.
 
 Which items a claim may take is `service.db.statements.ready_item` and `expired_lease`;
-the token half of the admission is `limiter.GRANTS_SQL`. Times come from the database
-clock. `admit(now=...)` pins the clock the items are read and leased on (the bucket keeps
-the database's own); tests move the buckets' clock by moving their stored instants
-(tests/integration/db_clock.py). The measurements behind the rules stated in comments here
-are in bench/reports/design-notes.md.
+the token half of the admission is `service.budget.buckets.GRANTS_SQL`. Times come from the
+database clock only: the items are read and leased as of the statement's transaction start
+(`now()`), the buckets refilled as of their row locks (`clock_timestamp()`). Tests move
+that clock by moving the stored instants (tests/integration/db_clock.py), or run the
+admission inside a transaction of their own whose `now()` they read. The measurements
+behind the rules stated in comments here are in bench/reports/design-notes.md ("Claims and
+completion").
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from typing import Any, Final
 
 from sqlalchemy import Row
 
-from service.budget.limiter import GRANTS_SQL, LOOKAHEAD_S, Grant
+from service.budget.buckets import GRANTS_SQL
+from service.budget.rules import LOOKAHEAD_S, Grant
 from service.db.statements import (
     Database,
     Statement,
@@ -28,11 +32,6 @@ from service.db.statements import (
     fetch_none,
     ready_item,
 )
-from service.evidence.deletion_records import canonical_sql
-
-NOTIFY_CHANNEL = "sweeper_released"
-# a hold's id, sent when it commits: every worker process revokes the calls it covers
-HOLDS_CHANNEL = "sweeper_holds"
 
 # A claim reads a scope's released items from its claim position: after the last item its
 # last claim took (scopes.ready_after_batch, ready_after_id). Claimed items leave their
@@ -74,7 +73,7 @@ def _lease(r: Row[Any]) -> Lease:
 
 
 # Admission in one statement: take tokens and claim at most that many items per scope.
-#  1. `bucket`, `grants` (limiter.GRANTS_SQL): the scopes' rows locked in name order
+#  1. `bucket`, `grants` (buckets.GRANTS_SQL): the scopes' rows locked in name order
 #     (concurrent admitters never deadlock) and refilled from the database clock; whole
 #     tokens available now or within the lookahead, at most what was asked. Closed and
 #     paused scopes, and every scope during a workers-wide pause (FOR KEY SHARE: a pause
@@ -103,7 +102,7 @@ def _lease(r: Row[Any]) -> Lease:
 _ADMIT = Statement("claims.admit", (
     "Take tokens and lease at most that many calls' worth of claimable items per scope in "
     "one statement, charging each bucket only for the calls the items leased make."), f"""
-    WITH clock AS (SELECT coalesce(CAST(:now AS timestamptz), now()) AS now),
+    WITH clock AS (SELECT now() AS now),  -- one instant to read and lease the items at
     {GRANTS_SQL},
     starts AS (
         SELECT g.scope, g.n, g.per_call, p.front,
@@ -230,7 +229,7 @@ class Admission:
 async def admit(db: Database, *, owner: str, wants: Mapping[str, int],
                 lease_seconds: Mapping[str, int], default_lease_seconds: int = 60,
                 max_attempts: Mapping[str, int] | None = None,
-                lookahead_s: float = LOOKAHEAD_S, now: datetime | None = None) -> Admission:
+                lookahead_s: float = LOOKAHEAD_S) -> Admission:
     """Take up to wants[scope] tokens per scope and lease at most that many items of each
     for `owner`, charging the buckets only for the items leased; committed on return. An
     expired lease of an item with `max_attempts[policy]` attempts used goes `dead`."""
@@ -239,7 +238,7 @@ async def admit(db: Database, *, owner: str, wants: Mapping[str, int],
         return Admission(grants=[], leases=[])
     names = sorted(wanted)
     rows = await fetch(db, _ADMIT, {
-        "now": now, "names": names, "wants": [wanted[n] for n in names], "owner": owner,
+        "names": names, "wants": [wanted[n] for n in names], "owner": owner,
         "lookahead": lookahead_s, "policy_names": list(lease_seconds),
         "lease_seconds": list(lease_seconds.values()), "default_lease": default_lease_seconds,
         "limit_policies": list(max_attempts or {}),
@@ -255,158 +254,6 @@ async def admit(db: Database, *, owner: str, wants: Mapping[str, int],
         if r.id is not None:
             leases.append(_lease(r))
     return Admission(grants=list(grants.values()), leases=leases)
-
-
-@dataclass(frozen=True)
-class Completion:
-    """The outcome of one attempt, as the ledger applies it.
-
-    `status` is the item's next status (pending, succeeded, dead, skipped); `retry_in_seconds` sets
-    next_attempt_at from the database clock for pending; `refund_attempt` gives the attempt
-    back (throttled, unauthorized: not the item's fault). `to_confirm`: pending, its next
-    claim makes the policy's confirmation read, not the deletion; `confirmed`: succeeded
-    because that read found the object gone (the evidence record says so)."""
-
-    lease: Lease
-    worker: str
-    outcome: str
-    status: str
-    reason: str
-    http_status: int | None
-    retry_after_seconds: float | None
-    retry_in_seconds: float
-    refund_attempt: bool
-    started_at: datetime
-    finished_at: datetime
-    latency_ms: float
-    object_version: str | None = None  # a conflict's current version: the next call's
-    to_confirm: bool = False
-    confirmed: bool = False
-
-
-# Fenced completion, for a whole set of attempts in one statement:
-#  1. `done`: the outcomes as rows.
-#  2. `applied`: update only items still leased under the same token. A worker whose lease
-#     expired and was re-claimed elsewhere matches nothing here: it changes nothing. Every
-#     outcome sets `confirming`: whether the item's next claim reads rather than deletes.
-#  3. `deleted` .. `moved`: the items that succeeded are appended to the evidence log as
-#     one segment (service/evidence/chain.py), chained as it is written: `head` locks the
-#     log's one head row only after every item above is updated (the count reads `applied`
-#     to its end), so a completion never holds the head while it waits for an item's row
-#     lock, and holds it until its commit; the segment stores each entry's canonical bytes
-#     and the chain after it.
-#  4. every attempt is appended to the audit trail, fenced ones flagged as such.
-_COMPLETE = Statement("claims.complete", (
-    "Apply attempts' outcomes to items still leased under the same token, append each "
-    "deletion to the evidence log chained, and append every attempt, fenced ones "
-    "flagged."), f"""
-    WITH done AS (
-        SELECT * FROM unnest(
-            CAST(:ids AS bigint[]), CAST(:tokens AS uuid[]), CAST(:statuses AS text[]),
-            CAST(:outcomes AS text[]), CAST(:reasons AS text[]), CAST(:http AS smallint[]),
-            CAST(:retry_after AS double precision[]), CAST(:retry_in AS double precision[]),
-            CAST(:refund AS boolean[]), CAST(:attempt_nos AS integer[]),
-            CAST(:workers AS text[]), CAST(:started AS timestamptz[]),
-            CAST(:finished AS timestamptz[]), CAST(:latency AS double precision[]),
-            CAST(:versions AS text[]), CAST(:to_confirm AS boolean[]),
-            CAST(:confirmed AS boolean[]))
-        AS d(id, token, status, outcome, reason, http, retry_after, retry_in, refund,
-             attempt_no, worker, started_at, finished_at, latency_ms, object_version,
-             to_confirm, confirmed)
-    ),
-    applied AS (
-        UPDATE items i
-        SET status = d.status,
-            lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL,
-            attempts = CASE WHEN d.refund THEN greatest(i.attempts - 1, 0) ELSE i.attempts END,
-            next_attempt_at = CASE WHEN d.status = 'pending'
-                                   THEN now() + make_interval(secs => d.retry_in)
-                                   ELSE i.next_attempt_at END,
-            last_outcome = d.outcome,
-            last_status_code = d.http,
-            last_error = CASE WHEN d.outcome = 'succeeded' THEN NULL ELSE d.reason END,
-            dead_reason = CASE WHEN d.status = 'dead' THEN d.reason END,
-            completed_at = CASE WHEN d.status IN ('succeeded', 'dead', 'skipped') THEN now()
-                           END,
-            object_version = coalesce(d.object_version, i.object_version),
-            confirming = d.to_confirm,
-            updated_at = now()
-        FROM done d
-        -- the token alone fences: only leased rows carry one (CHECK items_lease), and
-        -- without a status filter the planner keeps to primary-key lookups
-        WHERE i.id = d.id AND i.lease_token = d.token
-        RETURNING i.id, i.status, i.tenant_id, i.object_id, i.policy, i.policy_version,
-                  i.operation_key, i.last_outcome, i.last_status_code, i.attempts,
-                  i.completed_at, i.batch_id, d.confirmed
-    ),
-    deleted AS (
-        SELECT a.id AS item_id, b.run_id,
-               CASE WHEN a.batch_id IS NULL THEN 'webhook' ELSE 'run' END AS released_by,
-               a.tenant_id, a.object_id, a.policy, a.policy_version, a.operation_key,
-               a.last_outcome AS outcome, a.last_status_code AS upstream_status, a.attempts,
-               a.completed_at, a.confirmed
-        FROM applied a LEFT JOIN batches b ON b.id = a.batch_id
-        WHERE a.status = 'succeeded'
-    ),
-    canonical AS (
-        SELECT d.item_id, d.run_id, {canonical_sql("d")} AS bytes FROM deleted d
-    ),
-    head AS (
-        SELECT h.size, h.hash FROM evidence_log_head h
-        WHERE h.id = 1 AND (SELECT count(*) FROM canonical) > 0
-        FOR UPDATE
-    ),
-    segment AS (
-        SELECT head.size + 1 AS seq_start, head.size + count(*) AS seq_end,
-               coalesce(array_agg(DISTINCT c.run_id) FILTER (WHERE c.run_id IS NOT NULL),
-                        '{{}}') AS runs,
-               string_agg(int4send(octet_length(c.bytes)) || c.bytes, ''::bytea
-                          ORDER BY c.item_id) AS records,
-               sha256(head.hash || string_agg(sha256(c.bytes), ''::bytea
-                                              ORDER BY c.item_id)) AS hash
-        FROM canonical c, head
-        GROUP BY head.size, head.hash
-    ),
-    logged AS (
-        INSERT INTO evidence_log (seq_end, seq_start, runs, records, hash)
-        SELECT seq_end, seq_start, runs, records, hash FROM segment
-    ),
-    moved AS (
-        UPDATE evidence_log_head h SET size = s.seq_end, hash = s.hash
-        FROM segment s WHERE h.id = 1
-    )
-    INSERT INTO attempts (item_id, attempt_no, worker, lease_token, started_at, finished_at,
-                          outcome, http_status, retry_after_seconds, latency_ms, error_code,
-                          fenced)
-    SELECT d.id, d.attempt_no, d.worker, d.token, d.started_at,
-           greatest(d.finished_at, d.started_at), d.outcome, d.http, d.retry_after,
-           d.latency_ms, CASE WHEN d.outcome = 'succeeded' THEN NULL ELSE d.reason END,
-           d.id NOT IN (SELECT id FROM applied)
-    FROM done d
-    RETURNING item_id, fenced
-""")  # noqa: S608 - only constant fragments are interpolated
-
-
-async def complete(db: Database, completions: Sequence[Completion]) -> list[int]:
-    """Apply outcomes and append attempts in one statement; returns the ids that were
-    fenced out (their lease had moved on)."""
-    if not completions:
-        return []
-    c = completions
-    params = {
-        "ids": [x.lease.item_id for x in c], "tokens": [x.lease.lease_token for x in c],
-        "statuses": [x.status for x in c], "outcomes": [x.outcome for x in c],
-        "reasons": [x.reason for x in c], "http": [x.http_status for x in c],
-        "retry_after": [x.retry_after_seconds for x in c],
-        "retry_in": [x.retry_in_seconds for x in c], "refund": [x.refund_attempt for x in c],
-        "attempt_nos": [x.lease.attempt for x in c], "workers": [x.worker for x in c],
-        "started": [x.started_at for x in c], "finished": [x.finished_at for x in c],
-        "latency": [x.latency_ms for x in c],
-        "versions": [x.object_version for x in c],
-        "to_confirm": [x.to_confirm for x in c], "confirmed": [x.confirmed for x in c],
-    }
-    rows = await fetch(db, _COMPLETE, params)
-    return [r.item_id for r in rows if r.fenced]
 
 
 # Hand back leases that were claimed but never called, and their tokens, in one statement:

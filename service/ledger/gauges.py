@@ -11,9 +11,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
-from prometheus_client.registry import Collector
+from prometheus_client.registry import Collector, CollectorRegistry
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.db.statements import (
@@ -194,32 +194,42 @@ class Exposition:
     content_type: str
 
 
+class _ProcessSeries(Collector):
+    """The process registry's series (service/observability/metrics.py), as one collector of
+    an app's own registry."""
+
+    def collect(self) -> Iterator[Metric]:
+        yield from REGISTRY.collect()
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+
 @dataclass
 class Exporter:
-    """What `/metrics` renders: the process registry plus this engine's ledger figures."""
+    """What one app's `/metrics` renders: the process's series and this engine's ledger
+    figures, in a registry of the app's own. Nothing is registered process-wide, so the
+    apps one process builds (a test process builds many) never see each other's ledger."""
 
     collector: LedgerCollector
+    registry: CollectorRegistry = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry.register(_ProcessSeries())
+        self.registry.register(self.collector)
 
     async def render(self, accept: str = "") -> Exposition:
         """The registry in the format the scraper's Accept header asks for, negotiated by
         prometheus_client itself: OpenMetrics when asked, else the Prometheus text format."""
         await self.collector.refresh()
         encode, content_type = choose_encoder(accept)
-        return Exposition(encode(REGISTRY), content_type)
+        return Exposition(encode(self.registry), content_type)
 
 
-def install_ledger(engine: AsyncEngine, policies: Iterable[str]) -> Exporter:
-    """Initialise this process's series and register a ledger collector for this engine
-    (replacing an earlier one: a test process builds many apps); return the exporter that
-    serves them."""
-    global _installed
+def ledger_exporter(engine: AsyncEngine, policies: Iterable[str]) -> Exporter:
+    """Initialise this process's series for the policies and return the exporter an app
+    serves them with, beside this engine's ledger figures."""
     names = sorted(policies)
     initialise_series(names)
-    if _installed is not None:
-        REGISTRY.unregister(_installed)
-    _installed = LedgerCollector(engine, names)
-    REGISTRY.register(_installed)
-    return Exporter(_installed)
-
-
-_installed: LedgerCollector | None = None
+    return Exporter(LedgerCollector(engine, names))

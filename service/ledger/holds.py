@@ -12,24 +12,25 @@ in two transactions:
   1. `_PLACE` commits the hold row. Every statement that starts afterwards sees it: an
      admission skips what it covers (`statements.not_held`), a registration marks what it
      writes (`statements.covering_hold`).
-  2. `_MARK_CHUNK` sets `items.hold_id` on the covered pending and leased items, a chunk
-     at a time, then `_TAKE_EFFECT` records the moment (`effective_at`). An admission that
-     began before step 1 committed cannot see the hold, but every item it can see was
-     written before the marking began, so a chunk marks it, and a claim that locks a
-     marked row re-reads it and finds `hold_id` set (a row such a claim locked first, the
-     chunk waits for and then finds leased). An item written between the two steps by a
-     registration that did not see the hold is visible only to admissions that do.
+  2. service/ledger/hold_marking.py: `_MARK_CHUNK` sets `items.hold_id` on the covered
+     pending and leased items, a chunk at a time, then `_TAKE_EFFECT` records the moment
+     (`effective_at`). An admission that began before step 1 committed cannot see the
+     hold, but every item it can see was written before the marking began, so a chunk
+     marks it, and a claim that locks a marked row re-reads it and finds `hold_id` set (a
+     row such a claim locked first, the chunk waits for and then finds leased). An item
+     written between the two steps by a registration that did not see the hold is visible
+     only to admissions that do.
 Once the hold has taken effect, no claim leases a covered item. A call leased before it
 may still be waiting in a worker for its token's moment, a slot or a connection, so:
-  3. `settle` waits until every worker holding a covered lease has acknowledged the hold
-     (`hold_acks`: it learned of the hold from the notification `_PLACE` sends, or its
-     poll, revoked the covered calls it had not started, and starts none from then on:
-     service/worker/hold_gate.py) or that lease has run out (a worker starts no call in
-     its lease's last LEASE_END_MARGIN_S). Only then does `place` answer: no call the hold
-     covers starts after its answer, on any replica.
+  3. service/ledger/hold_acks.py: `settle` waits until every worker holding a covered
+     lease has acknowledged the hold (it learned of the hold from the notification
+     `_PLACE` sends, or its poll, revoked the covered calls it had not started, and starts
+     none from then on: service/worker/hold_gate.py) or that lease has run out (a worker
+     starts no call in its lease's last LEASE_END_MARGIN_S). Only then does `place`
+     answer: no call the hold covers starts after its answer, on any replica.
 Items a chunk found leased, and covered items that finished after step 1, are the calls
 that were in flight, less those their workers revoked unstarted: they are reported on the
-hold (`in_flight`, with up to IN_FLIGHT_IDS_KEPT of their ids). A hold
+hold (`in_flight`, with up to `hold_marking.IN_FLIGHT_IDS_KEPT` of their ids). A hold
 whose step 2 never finished (the process died, the database went away) is still enforced
 by the admission's check, and the maintenance pass finishes its marking.
 
@@ -41,35 +42,22 @@ claimable at once (workers are woken), the others wait for the next run.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, Final
 
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from service.db.engine import is_busy
-from service.db.statements import (
-    Database,
-    Statement,
-    active_hold,
-    covering_hold,
-    fetch,
-    fetch_none,
-    hold_covers,
-    run,
-)
+from service.db.statements import Statement, active_hold, covering_hold, fetch, run
 from service.evidence import audit_trail
-from service.ledger.claims import HOLDS_CHANNEL, NOTIFY_CHANNEL
+from service.ledger import hold_acks, hold_marking
+from service.ledger.hold_marking import MARK_CHUNK
+from service.ledger.wakeups import HOLDS_CHANNEL, wake_workers
 from service.observability.failures import repeat
 
 log = logging.getLogger(__name__)
 
-MARK_RETRIES: Final = 5
-IN_FLIGHT_IDS_KEPT: Final = 1000  # ids of in-flight calls stored on a hold (the count is exact)
 MAINTENANCE_INTERVAL_S: Final = 10.0
 # A hold placed this long ago with step 2 not committed was interrupted: mark its items.
 UNFINISHED_AFTER_S: Final = 60.0
@@ -121,72 +109,6 @@ _PLACE = Statement("holds.place", (
     SELECT id, pg_notify(:channel, CAST(id AS text)) FROM placed
 """)
 
-# Step 2 (see the module docstring), a chunk at a time so a hold over millions of items
-# never needs one long statement: each chunk takes the next covered rows' locks in id order
-# (waiting for admissions that hold them) and marks them; the ones it finds leased are
-# calls in flight, noted on the hold. The hold's row is locked in each chunk, so a release
-# or another marking of the same hold waits for it.
-MARK_CHUNK: Final = 10_000
-# CTE `target`: the hold, while it is neither released nor in effect, its row locked (each
-# step-2 statement starts with it).
-_UNFINISHED_HOLD: Final = """target AS (
-        SELECT * FROM holds WHERE id = :id AND released_at IS NULL AND effective_at IS NULL
-        FOR UPDATE
-    )"""
-_MARK_CHUNK = Statement("holds.mark_chunk", (
-    "Mark the next chunk of the items a hold covers (pending and leased) with its id, and "
-    "note the leased ones on the hold as calls in flight."), f"""
-    WITH {_UNFINISHED_HOLD},
-    chunk AS (
-        SELECT i.id FROM items i, target hx
-        WHERE {hold_covers()} AND i.status IN ('pending', 'leased') AND i.hold_id IS NULL
-        ORDER BY i.id
-        LIMIT :chunk
-        FOR UPDATE OF i
-    ),
-    marked AS (
-        UPDATE items i SET hold_id = :id
-        FROM chunk WHERE i.id = chunk.id
-        RETURNING i.id, i.status
-    ),
-    noted AS (
-        UPDATE holds hx
-        SET in_flight = hx.in_flight + (SELECT count(*) FROM marked WHERE status = 'leased'),
-            in_flight_item_ids = (hx.in_flight_item_ids || ARRAY(
-                SELECT id FROM marked WHERE status = 'leased' ORDER BY id
-            ))[1:{IN_FLIGHT_IDS_KEPT}]
-        FROM target WHERE hx.id = target.id
-    )
-    SELECT count(*) AS marked FROM marked
-""")  # noqa: S608 - only constant fragments are interpolated
-
-# The end of step 2: the hold takes effect. Covered items that finished since step 1
-# without being marked by it were in flight too; a marked item that finished since was
-# noted when its chunk found it leased. Items another hold marked first count as held.
-_TAKE_EFFECT = Statement("holds.take_effect", (
-    "Record that a hold's items are marked: when, how many it holds, and the calls that "
-    "finished in flight since it was recorded."), f"""
-    WITH {_UNFINISHED_HOLD},
-    held AS (
-        SELECT count(*) AS n FROM items i, target hx
-        WHERE {hold_covers()} AND i.status IN ('pending', 'leased')
-          AND i.hold_id IS NOT NULL
-    ),
-    finished AS (
-        SELECT i.id FROM items i, target hx
-        WHERE {hold_covers()} AND i.status IN ('succeeded', 'dead')
-          AND i.completed_at >= hx.placed_at AND i.hold_id IS DISTINCT FROM hx.id
-    )
-    UPDATE holds hx
-    SET effective_at = clock_timestamp(),
-        items_held = (SELECT n FROM held),
-        in_flight = hx.in_flight + (SELECT count(*) FROM finished),
-        in_flight_item_ids = (hx.in_flight_item_ids || ARRAY(
-            SELECT id FROM finished ORDER BY id))[1:{IN_FLIGHT_IDS_KEPT}]
-    FROM target WHERE hx.id = target.id
-    RETURNING hx.*, {active_hold()} AS active
-""")  # noqa: S608 - only constant fragments are interpolated
-
 _RELEASE = Statement("holds.release", (
     "End a hold (once): who, when and why; its object ids leave the item-side index."), """
     WITH released AS (
@@ -217,10 +139,6 @@ _UNMARK = Statement("holds.unmark", (
     )
     SELECT freed, still_held FROM counted
 """)  # noqa: S608 - only constant fragments are interpolated
-# Sent inside the release's transaction: delivered to the workers when it commits.
-_WAKE = Statement("holds.wake", (
-    "Wake idle workers: a released hold freed items (delivered at the commit)."),
-    f"NOTIFY {NOTIFY_CHANNEL}")
 
 _GET = Statement("holds.get", "One hold by id.",
                  f"SELECT *, {active_hold()} AS active FROM holds hx WHERE id = :id")  # noqa: S608
@@ -268,130 +186,24 @@ async def place(engine: AsyncEngine, spec: HoldSpec, *, actor: str) -> dict[str,
             "reference": spec.reference,
             "expires_at": spec.expires_at.isoformat() if spec.expires_at else None})
     await mark(engine, hold_id)
-    return await settle(engine, hold_id)
+    await hold_acks.settle(engine, hold_id)
+    return await _stored(engine, hold_id)
 
 
 async def mark(engine: AsyncEngine, hold_id: int, *, chunk: int = MARK_CHUNK
                ) -> dict[str, Any]:
-    """Step 2 for a placed hold: mark its items chunk by chunk, then record that it took
-    effect, with the calls that were in flight. A hold already marked (or released) is
-    returned as it is. A chunk the database refused as busy (a deadlock with a completion,
-    a lock or statement timeout) goes again, up to MARK_RETRIES times in a row."""
-    retries = 0
-    while True:
-        try:
-            [row] = await fetch(engine, _MARK_CHUNK, {"id": hold_id, "chunk": chunk})
-        except DBAPIError as exc:
-            retries += 1
-            if not is_busy(exc) or retries > MARK_RETRIES:
-                raise
-            log.warning("holds: marking chunk retried", extra={"hold_id": hold_id,
-                                                               "retry": retries})
-            continue
-        retries = 0
-        if row.marked < chunk:
-            break
-    rows = await fetch(engine, _TAKE_EFFECT, {"id": hold_id})
-    if rows:
-        hold = _public(rows[0])
-        if hold["in_flight"]:
-            log.warning("hold placed while calls were in flight", extra={
-                "hold_id": hold_id, "in_flight": hold["in_flight"]})
-        return hold
-    stored = await get(engine, hold_id)
-    if stored is None:
-        raise HoldNotFound(hold_id)
-    return stored
+    """Step 2 for a placed hold (service/ledger/hold_marking.py): mark its items chunk by
+    chunk, then record that it took effect, with the calls that were in flight. A hold
+    already marked (or released) is returned as it is."""
+    await hold_marking.mark_items(engine, hold_id, chunk=chunk)
+    return await hold_marking.take_effect(engine, hold_id) or await _stored(engine, hold_id)
 
 
-# Step 3: the hold answers once no covered call can start any more (the module docstring).
-_UNSETTLED = Statement("holds.unsettled", (
-    "The hold's covered leases whose worker has not acknowledged it and that have not run "
-    "out, and when the last of them does."), """
-    SELECT count(*) AS waiting, max(i.lease_expires_at) AS until,
-           clock_timestamp() AS now
-    FROM items i
-    WHERE i.hold_id = :id AND i.status = 'leased' AND i.lease_expires_at > clock_timestamp()
-      AND NOT EXISTS (SELECT FROM hold_acks a WHERE a.hold_id = :id
-                      AND a.worker = i.lease_owner)
-""")
-# The calls the workers took back before they started were not in flight after all.
-_SETTLE = Statement("holds.settle", (
-    "Take the calls the workers revoked unstarted off the hold's calls in flight."), """
-    WITH revoked AS (
-        SELECT DISTINCT r.id FROM hold_acks a, unnest(a.revoked) AS r(id)
-        WHERE a.hold_id = :id
-    ),
-    listed AS (
-        SELECT count(*) AS n FROM holds hx, unnest(hx.in_flight_item_ids) AS f(id)
-        WHERE hx.id = :id AND f.id IN (SELECT id FROM revoked)
-    )
-    UPDATE holds hx
-    SET in_flight = hx.in_flight - (SELECT n FROM listed),
-        in_flight_item_ids = ARRAY(SELECT f.id FROM unnest(hx.in_flight_item_ids) AS f(id)
-                                   WHERE f.id NOT IN (SELECT id FROM revoked) ORDER BY f.id)
-    WHERE hx.id = :id
-""")
-_LATEST = Statement("holds.latest", "The newest hold's id (0: none yet).",
-                    "SELECT coalesce(max(id), 0) AS id FROM holds")
-_SINCE = Statement("holds.since", (
-    "The holds in force placed after the one a worker learned last, with what they cover."),
-    f"""
-    SELECT id, tenant_id, policy, object_ids, object_id_prefix FROM holds hx
-    WHERE id > :after AND {active_hold()}
-    ORDER BY id
-""")  # noqa: S608 - only a constant fragment is interpolated
-_ACK = Statement("holds.ack", (
-    "A worker knows these holds: it starts no call they cover, and took these back."), """
-    INSERT INTO hold_acks (hold_id, worker, revoked)
-    SELECT u.hold_id, :worker, CAST(u.revoked AS bigint[])
-    FROM unnest(CAST(:holds AS bigint[]), CAST(:revoked AS text[])) AS u(hold_id, revoked)
-    ON CONFLICT (hold_id, worker) DO NOTHING
-""")
-
-SETTLE_POLL_S: Final = 0.02
-# Past a lease's end, the margin for the worker's estimate of the database's clock (it
-# stops LEASE_END_MARGIN_S before the end by that estimate: service/worker/hold_gate.py).
-SETTLE_MARGIN_S: Final = 1.0
-
-
-async def settle(engine: AsyncEngine, hold_id: int) -> dict[str, Any]:
-    """Step 3: wait until no call the hold covers can start any more (every worker holding
-    a covered lease has acknowledged the hold, or the lease has run out), then take the
-    calls those workers revoked off `in_flight`; returns the hold."""
-    while True:
-        [row] = await fetch(engine, _UNSETTLED, {"id": hold_id})
-        if not row.waiting:
-            break
-        if row.now > row.until + timedelta(seconds=SETTLE_MARGIN_S):
-            break
-        await asyncio.sleep(SETTLE_POLL_S)
-    await fetch_none(engine, _SETTLE, {"id": hold_id})
+async def _stored(engine: AsyncEngine, hold_id: int) -> dict[str, Any]:
     hold = await get(engine, hold_id)
     if hold is None:
         raise HoldNotFound(hold_id)
     return hold
-
-
-async def latest(db: Database) -> int:
-    """The newest hold's id (0: none)."""
-    [row] = await fetch(db, _LATEST, {})
-    return int(row.id)
-
-
-async def since(db: Database, after: int) -> list[dict[str, Any]]:
-    """The holds in force placed after hold `after`, oldest first."""
-    return [_public(r) for r in await fetch(db, _SINCE, {"after": after})]
-
-
-async def acknowledge(db: Database, worker: str, revoked: Mapping[int, Sequence[int]]
-                      ) -> None:
-    """Worker `worker` knows these holds; `revoked` names, per hold, the calls it took back
-    unstarted."""
-    if revoked:
-        await fetch_none(db, _ACK, {
-            "worker": worker, "holds": list(revoked),
-            "revoked": ["{" + ",".join(map(str, ids)) + "}" for ids in revoked.values()]})
 
 
 async def get(engine: AsyncEngine, hold_id: int) -> dict[str, Any] | None:
@@ -416,7 +228,7 @@ async def _release(conn: AsyncConnection, hold_id: int, *, why: str, actor: str
     hold = _public(row)
     counts = (await run(conn, _UNMARK, {"id": hold_id})).one()
     if counts.freed:
-        await run(conn, _WAKE)
+        await wake_workers(conn)  # inside the release's transaction: sent at its commit
     await audit_trail.record(conn, actor=actor, action="hold.release", reason=why, details={
         "hold_id": hold_id, "tenant_id": hold["tenant_id"], "reference": hold["reference"],
         "items_freed": counts.freed, "items_still_held": counts.still_held})

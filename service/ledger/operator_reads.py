@@ -12,7 +12,7 @@ from typing import Any, Final
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.db.statements import CLOSURE_OVER, Statement, fetch, fetch_filtered
-from service.ledger.registration import FILTER_SQL, ITEM_COLUMNS, ItemFilter, filter_params
+from service.ledger.item_selection import FILTER_SQL, ITEM_COLUMNS, ItemFilter, filter_params
 
 # how far back the overview's throughput looks: long enough to smooth a drain's rounds
 THROUGHPUT_WINDOW_S: Final = 10

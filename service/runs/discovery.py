@@ -1,30 +1,30 @@
 """Discovery: a run of a policy with a source finds its candidates, a page at a time, before
-publication releases them: by a store's query itself (service/sweeps/store_databases.py), or by an
-upstream's list calls, each tenant of the source walked in turn by its cursor
+publication releases them: by a store's query itself (service/sweeps/store_databases.py), or
+by an upstream's list calls, each tenant of the source walked in turn by its cursor
 (service/sweeps/list_pages.py).
 
 Each page is read in its own short READ ONLY transaction on the store
-(service/sweeps/store_databases.py), then applied in one ledger transaction that registers the
-page's items (a report-only run registers nothing) and moves the run's cursor past the page's last
-row. The cursor lives in
-`discoveries` and moves only if no other publisher moved it since it was read (its page
-count is the version), so a crash resumes at the last committed page and two publishers
-never apply the same page twice; registration is idempotent per obligation besides.
+(service/sweeps/store_databases.py), then applied in one ledger transaction that registers
+the page's items (a report-only run registers nothing) and moves the run's cursor past the
+page's last row. The cursor lives in `discoveries` and moves only if no other publisher
+moved it since it was read (its page count is the version), so a crash resumes at the last
+committed page and two publishers never apply the same page twice; registration is
+idempotent per obligation besides.
 
 A row that cannot become an item (a missing or malformed id, a tenant whose scope or host
-the policy refuses) is counted as a discovery error on the run, with the first few
-problems kept, and discovery goes on. A store that cannot be reached leaves the run
-publishing with the reason on its discovery row; the publisher tries again on its next
-pass and nothing is lost.
+the policy refuses: service/runs/page_sorting.py) is counted as a discovery error on the
+run, with the first few problems kept, and discovery goes on. A store that cannot be reached
+leaves the run publishing with the reason on its discovery row; the publisher tries again on
+its next pass and nothing is lost.
 
 Discovery reads at most the source's `rows_per_second`, and stops once a run with
 `max_items` has that many candidates: the next run's walk finds the rest.
 
 A list source's cursor is the tenant being walked and the upstream's next cursor
-(`after_tenant`, `after_object`), moved in the page's transaction likewise. A list call
-that must wait (a 429, an upstream out of reach, the pass's `pages_per_pass` read) leaves
-the run publishing and the next pass resumes there; a tenant whose list calls are refused
-(401/403, its scope paused) is skipped with the reason as a discovery error.
+(`after_tenant`, `after_object`), moved in the page's transaction likewise. A list call that
+must wait (a 429, an upstream out of reach, the pass's `pages_per_pass` read) leaves the run
+publishing and the next pass resumes there; a tenant whose list calls are refused (401/403,
+its scope paused) is skipped with the reason as a discovery error.
 """
 
 from __future__ import annotations
@@ -35,30 +35,26 @@ import dataclasses
 import json
 import logging
 import time
-from collections import Counter
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from datetime import datetime
-from typing import Any, Final, cast
+from collections.abc import Mapping
+from typing import Any, Final
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.budget.credential_waits import Credentials
 from service.config.policies import Policies, Policy
-from service.config.policy_file import MAX_SCOPE_BYTES, SourceConfig
+from service.config.policy_file import SourceConfig
 from service.db.statements import Statement, fetch, fetch_none
 from service.db.statements import run as run_statement
 from service.ledger import registration
-from service.ledger.registration import Obligations
 from service.observability import metrics
 from service.runs import reports
+from service.runs.page_sorting import EMPTY_PAGE, Page, per_tenant, sort_page
 from service.sweeps.list_pages import Lister, SourceDeferred
 from service.sweeps.store_databases import Cursor, SourceRows, StoreError, Stores
 
 log = logging.getLogger(__name__)
 
 MAX_ERROR_SAMPLES: Final = 20
-SHOWN_ID_CHARS: Final = 64  # of a malformed id, only this much is kept (repr'd)
 # per tenant, the largest this many are answered in run status (all are kept)
 MAX_TENANTS_SHOWN: Final = 1000
 
@@ -105,112 +101,6 @@ _FAILED = Statement("discovery.failed", (
     "Record why a discovery's last page could not be read (it is tried again)."),
     "UPDATE discoveries SET failure = :failure, updated_at = now() "
     "WHERE run_id = :run AND policy = :policy")
-
-
-@dataclass(frozen=True)
-class Page:
-    """One page read and sorted into what can be registered and what cannot.
-    `in_age_order`: the registrations are in age order (a store's keyset pages)."""
-
-    registrations: Obligations
-    ages: Sequence[datetime]
-    errors: list[dict[str, str]]
-    last: Cursor
-    rows: int
-    in_age_order: bool = False
-
-
-def _shown(value: object) -> str:
-    return repr(value)[:SHOWN_ID_CHARS]
-
-
-EMPTY_PAGE: Final = Page(Obligations([], [], [], [], {}), [], [], Cursor(), 0)
-
-
-def sort_page(policy: Policy, rows: SourceRows, cutoff: datetime, *,
-              in_age_order: bool = False) -> Page:
-    """The rows that can become items of `policy`, due at their age (at the latest the
-    run's cutoff, so this run releases them), and the problems of those that cannot (the
-    first of each row's, in row order). Columns are checked whole; only rows with a
-    problem are looked at one by one."""
-    tenants, objects, ages = rows.tenant_ids, rows.object_ids, rows.ages
-    if policy.tenant_in_host:  # each tenant id in its one spelling (service/config/tenants.py)
-        tenants = [None if t is None else policy.tenant(t) for t in tenants]
-    if policy.config.object_id_case == "insensitive":
-        objects = [None if o is None else policy.object_id(o) for o in objects]
-    problems: dict[int, str] = {}
-    for name, column in (("tenant_id", tenants), ("object_id", objects)):
-        for n, found in registration.id_problems(column):
-            problems.setdefault(n, f"{name} {found}")
-    if None in ages:
-        for n, age in enumerate(ages):
-            if age is None:
-                problems.setdefault(n, "age is NULL")
-    # per distinct tenant (a page holds few); a malformed one has its problem already, and
-    # one with a lone surrogate could not be measured in UTF-8
-    too_long = {tenant for tenant in set(tenants)
-                if tenant is not None and registration.id_problem(tenant) is None
-                and registration.utf8_size_over(policy.scope_for(tenant), MAX_SCOPE_BYTES)}
-    if too_long:
-        for n, tenant in enumerate(tenants):
-            if tenant in too_long:
-                problems.setdefault(
-                    n, f"tenant_id makes a scope over {MAX_SCOPE_BYTES} bytes")
-    kept_tenants = cast("Sequence[str]", tenants)
-    kept_objects = cast("Sequence[str]", objects)
-    kept_ages = cast("Sequence[datetime]", ages)
-    if problems:
-        kept_tenants, kept_objects, kept_ages = _without(problems, kept_tenants, kept_objects,
-                                                         kept_ages)
-    errors = [{"tenant_id": _shown(tenants[n]), "object_id": _shown(objects[n]),
-               "problem": problems[n]} for n in sorted(problems)]
-    refused = {n: f"{field} {problem}" for n, field, problem in registration.host_problems(
-        kept_tenants, kept_objects, [policy.name] * len(kept_tenants), {policy.name: policy})}
-    refused.update((n, f"object_id {problem}") for n, problem in registration.id_type_problems(
-        kept_objects, [policy.name] * len(kept_objects), {policy.name: policy})
-        if n not in refused)
-    if refused:
-        for n in sorted(refused):
-            errors.append({"tenant_id": _shown(kept_tenants[n]),
-                           "object_id": _shown(kept_objects[n]), "problem": refused[n]})
-        kept_tenants, kept_objects, kept_ages = _without(refused, kept_tenants, kept_objects,
-                                                         kept_ages)
-    # due at the age, or at the cutoff for an age past it: a page is nearly always all
-    # before the cutoff (the predicate's own), and then its ages are its due times
-    dues = kept_ages if not kept_ages or max(kept_ages) <= cutoff \
-        else [min(age, cutoff) for age in kept_ages]
-    return Page(
-        registrations=Obligations(kept_tenants, kept_objects,
-                                  [policy.name] * len(kept_tenants), dues,
-                                  {policy.name: policy}),
-        ages=kept_ages, errors=errors, rows=len(rows), last=rows.last,
-        in_age_order=in_age_order)
-
-
-def _without(dropped: Mapping[int, str], tenants: Sequence[str], objects: Sequence[str],
-             ages: Sequence[datetime]) -> tuple[list[str], list[str], list[datetime]]:
-    """The three columns without the rows at `dropped`'s indices."""
-    keep = [n for n in range(len(tenants)) if n not in dropped]
-    return [tenants[n] for n in keep], [objects[n] for n in keep], [ages[n] for n in keep]
-
-
-def _per_tenant(page: Page) -> dict[str, Any]:
-    tenants, ages = page.registrations.tenant_ids, page.ages
-    counts = Counter(tenants)
-    if page.in_age_order:
-        # each tenant's first row is its oldest and its last its newest
-        oldest = dict(zip(reversed(tenants), reversed(ages), strict=True))
-        newest = dict(zip(tenants, ages, strict=True))
-    else:
-        oldest, newest = {}, {}
-        for tenant, age in zip(tenants, ages, strict=True):
-            if tenant not in oldest or age < oldest[tenant]:
-                oldest[tenant] = age
-            if tenant not in newest or age > newest[tenant]:
-                newest[tenant] = age
-    names = sorted(counts)
-    return {"tenants": names, "counts": [counts[t] for t in names],
-            "oldests": [oldest[t] for t in names], "newests": [newest[t] for t in names]}
 
 
 class Discovery:
@@ -390,7 +280,7 @@ class Discovery:
                 await conn.rollback()
                 return None
             if len(page.registrations):
-                await run_statement(conn, _TENANTS, {**keys, **_per_tenant(page)})
+                await run_statement(conn, _TENANTS, {**keys, **per_tenant(page)})
                 if not run["dry_run"]:
                     await registration.register_in(conn, page.registrations)
         return moved

@@ -39,7 +39,7 @@ from service.db.engine import is_busy, is_unavailable, sqlstate
 from service.db.statements import Statement, fetch
 from service.db.statements import run as run_statement
 from service.errors import NotLeader
-from service.ledger.claims import NOTIFY_CHANNEL
+from service.ledger.wakeups import wake_workers
 from service.observability import metrics
 from service.runs.reports import CANDIDATE, candidate_params, record_candidates
 from service.sweeps.list_pages import SourceDeferred
@@ -229,12 +229,6 @@ _ADD_RELEASED = Statement("publication.add_released", (
 """)
 
 
-# Sent inside the chunk's transaction: delivered to the workers when it commits.
-_NOTIFY_RELEASED = Statement("publication.notify_released", (
-    "Wake idle workers: items were released (delivered when the chunk commits)."),
-    f"NOTIFY {NOTIFY_CHANNEL}")
-
-
 async def _release_chunk(conn: AsyncConnection, run: Any, batch_size: int,
                          term: int | None = None, max_batches: int = CHUNK_MAX_BATCHES) -> int:
     """One publication transaction: up to `max_batches` batches, stopping early once it has
@@ -267,7 +261,7 @@ async def _release_chunk(conn: AsyncConnection, run: Any, batch_size: int,
         ).first()
         if counted is None:
             raise NotLeader(f"term {term} ended while publishing run {run['id']}")
-        await run_statement(conn, _NOTIFY_RELEASED)
+        await wake_workers(conn)  # inside the chunk's transaction: sent at its commit
         metrics.ITEMS_RELEASED.inc(released)  # counted a moment before the commit
     return released
 

@@ -42,15 +42,16 @@ from typing import Any, Final
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.budget import limiter
+from service.budget import buckets
 from service.budget.answer_effects import effects_of
 from service.budget.credential_waits import Credentials
+from service.budget.rules import LOOKAHEAD_S, budget_of
 from service.config.answer_rules import NOT_JSON, parse_path, read_json, values_at
 from service.config.list_sources import MAX_CURSOR_CHARS, cutoff_text
 from service.config.policies import Policies, Policy
 from service.db.statements import CLOSURE_OVER, Statement, fetch
 from service.observability.metrics import SCOPE_SIGNALS
-from service.outcomes import Answer, Outcome, classify
+from service.outcomes import Answer, Classified, Outcome, classify
 from service.upstreams.deletion_api import UpstreamClient, Upstreams
 
 log = logging.getLogger(__name__)
@@ -183,12 +184,12 @@ def read_page(policy: Policy, tenant: str, cursor: str | None, document: Any,
     return Listed(entries, errors, following)
 
 
-# One token of a scope's bucket for one list call: the limiter's grant (closed and paused
+# One token of a scope's bucket for one list call: the buckets' grant (closed and paused
 # scopes, and every scope during a workers-wide pause, grant nothing), charged at once.
 _TAKE = Statement("list_pages.take_token", (
     "Take one token of a scope's bucket for a list call (none from a closed or paused "
     "scope), reserving it up to the lookahead."), f"""
-    WITH {limiter.GRANTS_SQL}
+    WITH {buckets.GRANTS_SQL}
     UPDATE scopes s SET tokens = g.avail - g.n, refilled_at = g.at
     FROM grants g WHERE s.name = g.scope
     RETURNING g.n AS granted, g.avail, g.rate
@@ -243,14 +244,7 @@ class Lister:
         skip = await self._token(engine, policy, scope)
         if skip is not None:
             return _skipped(tenant, skip)
-        upstream = self.policies.upstreams[listing.upstream]
-        credential = None
-        if upstream.per_tenant_credentials:
-            try:
-                credential = await self.credentials.get(tenant, upstream.name)
-            except Exception:
-                raise SourceDeferred(policy.name, f"tenant {tenant!r}: its credential could "
-                                                  "not be read") from None
+        credential = await self._credential(policy, tenant)
         cutoff = listing.cutoff(run["cutoff"])
         try:
             url = listing.url(tenant, cursor, cutoff, source.page)
@@ -263,34 +257,23 @@ class Lister:
             wants_body=lambda status: 200 <= status < 300 or rules.wants_body(status),
             cap=source.max_bytes)
         now = datetime.now(UTC)
-        ruled = None
-        if answer.status is not None and not rules.reads_nothing:
-            try:
-                ruled = rules.read(answer.status, answer.body).verdict
-            except Exception:
-                # an answer the rules cannot read is read by its status alone (as the
-                # worker reads one): a hostile body never stops discovery
-                log.exception("list answer rules failed", extra={"policy": policy.name})
-        verdict = classify(answer, absent_means_deleted=False, now=now, ruled=ruled)
+        verdict = classify(answer, absent_means_deleted=False, now=now,
+                           ruled=_ruled(policy, answer))
         paused = await self._signal(engine, policy, scope, verdict, answer, now)
-        where = f"tenant {tenant!r}: list call {verdict.reason}"
-        if verdict.outcome is Outcome.SUCCEEDED:
-            document = read_json(answer.body) if answer.body is not None else NOT_JSON
-            if document is NOT_JSON:
-                raise SourceDeferred(policy.name, f"{where}: the page is not JSON of at most "
-                                                  f"{source.max_bytes} bytes")
-            return read_page(policy, tenant, cursor, document, cutoff)
-        if verdict.outcome is Outcome.THROTTLED:
-            raise SourceDeferred(policy.name, f"{where}: scope {scope!r} closed; discovery "
-                                              "waits for it to reopen")
-        if verdict.outcome is Outcome.UNAUTHORIZED:
-            return _skipped(tenant, f"list call {verdict.reason}: scope {scope!r} paused "
-                                    f"({paused}); this tenant is not walked in this run")
-        if verdict.outcome is Outcome.PERMANENT:
-            return _skipped(tenant, f"list call refused ({verdict.reason}); this tenant is "
-                                    "not walked in this run")
-        raise SourceDeferred(policy.name, f"{where}; tried again on the publisher's next "
-                                          "pass")
+        return _step(policy, tenant, cursor, cutoff, scope, verdict, answer, paused)
+
+    async def _credential(self, policy: Policy, tenant: str) -> str | None:
+        """The tenant's credential for the list calls' upstream (None: it takes none).
+        SourceDeferred when it cannot be read."""
+        assert policy.listing is not None
+        upstream = self.policies.upstreams[policy.listing.upstream]
+        if not upstream.per_tenant_credentials:
+            return None
+        try:
+            return await self.credentials.get(tenant, upstream.name)
+        except Exception:
+            raise SourceDeferred(policy.name, f"tenant {tenant!r}: its credential could "
+                                              "not be read") from None
 
     async def _token(self, engine: AsyncEngine, policy: Policy, scope: str) -> str | None:
         """Wait for one token of `scope` (within MAX_TOKEN_WAIT_S): None once held, or why
@@ -298,10 +281,10 @@ class Lister:
         workers are paused, or the token is further off."""
         if scope not in self._ensured:
             async with engine.begin() as conn:
-                await limiter.ensure_scopes(conn, {scope: limiter.budget_of(policy)})
+                await buckets.ensure_scopes(conn, {scope: budget_of(policy)})
             self._ensured.add(scope)
         rows = await fetch(engine, _TAKE, {"names": [scope], "wants": [1],
-                                           "lookahead": limiter.LOOKAHEAD_S})
+                                           "lookahead": LOOKAHEAD_S})
         if rows and rows[0].granted:
             # the token is due once the bucket reaches it (at once unless it was lent ahead)
             await asyncio.sleep(max(0.0, (1.0 - float(rows[0].avail)) / float(rows[0].rate)))
@@ -328,24 +311,63 @@ class Lister:
                                           f"({state.closed_reason or 'throttled'})",
                              quiet=True)
 
-    async def _signal(self, engine: AsyncEngine, policy: Policy, scope: str, verdict: Any,
-                      answer: Answer, now: datetime) -> str | None:
+    async def _signal(self, engine: AsyncEngine, policy: Policy, scope: str,
+                      verdict: Classified, answer: Answer, now: datetime) -> str | None:
         """What the answer does to the scope, for every replica at once (as a worker's
         urgent signals); the pause's reason, if it paused the scope."""
         effects = effects_of(verdict, answer, policy.config, now)
         for signal in effects.signals:
             SCOPE_SIGNALS.labels(signal).inc()
         if effects.closure is not None:
-            await limiter.close(engine, {scope: effects.closure})
+            await buckets.close(engine, {scope: effects.closure})
         elif effects.refund or effects.cap is not None:
-            await limiter.adjust(engine, {scope: effects.refund} if effects.refund else {},
+            await buckets.adjust(engine, {scope: effects.refund} if effects.refund else {},
                                  {scope: effects.cap} if effects.cap is not None else {})
         if effects.pause is not None:
-            for paused in await limiter.pause(engine, [scope], effects.pause):
+            for paused in await buckets.pause(engine, [scope], effects.pause):
                 log.warning("scope paused: a list call was refused",
                             extra={"scope": paused, "policy": policy.name,
                                    "reason": effects.pause, "outcome": verdict.reason})
         return effects.pause
+
+
+def _ruled(policy: Policy, answer: Answer) -> Classified | None:
+    """What the source's own answer rules make of the answer, if they read it. An answer
+    the rules cannot read is read by its status alone (as the worker reads one): a hostile
+    body never stops discovery."""
+    rules = policy.list_answers
+    if answer.status is None or rules.reads_nothing:
+        return None
+    try:
+        return rules.read(answer.status, answer.body).verdict
+    except Exception:
+        log.exception("list answer rules failed", extra={"policy": policy.name})
+        return None
+
+
+def _step(policy: Policy, tenant: str, cursor: str | None, cutoff: datetime, scope: str,
+          verdict: Classified, answer: Answer, paused: str | None) -> Listed:
+    """What a list call's classified answer makes of the tenant's walk (the table of the
+    module docstring): its page read, the tenant skipped, or SourceDeferred."""
+    source = policy.list_source
+    assert source is not None
+    where = f"tenant {tenant!r}: list call {verdict.reason}"
+    if verdict.outcome is Outcome.SUCCEEDED:
+        document = read_json(answer.body) if answer.body is not None else NOT_JSON
+        if document is NOT_JSON:
+            raise SourceDeferred(policy.name, f"{where}: the page is not JSON of at most "
+                                              f"{source.max_bytes} bytes")
+        return read_page(policy, tenant, cursor, document, cutoff)
+    if verdict.outcome is Outcome.THROTTLED:
+        raise SourceDeferred(policy.name, f"{where}: scope {scope!r} closed; discovery "
+                                          "waits for it to reopen")
+    if verdict.outcome is Outcome.UNAUTHORIZED:
+        return _skipped(tenant, f"list call {verdict.reason}: scope {scope!r} paused "
+                                f"({paused}); this tenant is not walked in this run")
+    if verdict.outcome is Outcome.PERMANENT:
+        return _skipped(tenant, f"list call refused ({verdict.reason}); this tenant is "
+                                "not walked in this run")
+    raise SourceDeferred(policy.name, f"{where}; tried again on the publisher's next pass")
 
 
 def describe_requests(policies: Policies) -> Sequence[str]:

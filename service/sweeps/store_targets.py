@@ -209,6 +209,11 @@ def batch_identity(policy: Policy, cutoff: datetime, object_ids: Sequence[str]) 
     return digest.hexdigest()
 
 
+def _answered(answer: Answer, started: float) -> CallResult:
+    """A call that ended with `answer` before any statement deleted a row."""
+    return CallResult(answer, (time.perf_counter() - started) * 1000, None, frozenset(), 0)
+
+
 class StoreTargets:
     """Runs store targets' statements: the worker's call for a policy with a `target`."""
 
@@ -222,51 +227,64 @@ class StoreTargets:
     async def delete(self, policy: Policy, leases: Sequence[Lease], *,
                      gate: SendGate | None = None) -> CallResult:
         started = time.perf_counter()
-
-        def result(answer: Answer, verdict: Classified | None = None,
-                   skipped: frozenset[str] = frozenset(), rows: int = 0) -> CallResult:
-            return CallResult(answer, (time.perf_counter() - started) * 1000, verdict,
-                              skipped, rows)
-
-        cfg = policy.config
-        target = cfg.target
+        target = policy.config.target
         assert target is not None  # the caller routes only policies with a target here
-        if cfg.guard is not None:
-            value = await self.stores.guard_value(cfg.guard)
-            if value is None or value > cfg.guard.max:
-                return result(Answer(failure=Failure.STORE_GUARD, retry_after=str(
-                    max(1, math.ceil(cfg.guard.backoff_seconds)))))
+        over = await self._over_guard(policy)
+        if over is not None:
+            return _answered(over, started)
         try:
             groups = await self._by_cutoff(leases)
         except Exception:
-            return result(Answer(failure=Failure.LEDGER_UNAVAILABLE))
+            return _answered(Answer(failure=Failure.LEDGER_UNAVAILABLE), started)
         try:
             conn = await self.stores.connect(target.store)
         except StoreError as exc:
-            return result(Answer(failure=exc.failure))
+            return _answered(Answer(failure=exc.failure), started)
         if gate is not None and not gate():  # as an HTTP call's, right before it is sent
             await conn.close()
-            return result(Answer(failure=Failure.WITHHELD))
+            return _answered(Answer(failure=Failure.WITHHELD), started)
         own: dict[str, Classified] = {}
         try:
-            try:
-                deleted = await self._run(conn, policy, groups)
-            except STORE_ERRORS as exc:
-                if len(leases) == 1 or one_row_failure(exc) is None or conn.invalidated:
-                    raise
-                # undone as a whole: again, split, so that one row fails alone
-                longest = (target.lock_timeout_ms + target.statement_timeout_ms) / 1000
-                deadline = started + cfg.lease_seconds * _SPLIT_LEASE_SHARE - longest
-                deleted = await self._run(conn, policy, groups, own=own, deadline=deadline)
-        except StoreError as exc:
-            return result(Answer(failure=exc.failure))
-        except STORE_ERRORS as exc:
-            return result(Answer(failure=failure_of(exc, connected=True)))
+            deleted = await self._delete(conn, policy, groups, own, started,
+                                         alone=len(leases) == 1)
+        except (StoreError, *STORE_ERRORS) as exc:
+            failure = exc.failure if isinstance(exc, StoreError) \
+                else failure_of(exc, connected=True)
+            return _answered(Answer(failure=failure), started)
         finally:
             await conn.close()
         skipped = frozenset(lease.object_id for lease in leases) - deleted - own.keys()
         return CallResult(Answer(), (time.perf_counter() - started) * 1000, DELETED, skipped,
                           len(leases), own)
+
+    async def _over_guard(self, policy: Policy) -> Answer | None:
+        """The answer when the policy's guard is over its threshold (or could not be read):
+        nothing runs and the scope closes like a 429's for the guard's backoff."""
+        guard = policy.config.guard
+        if guard is None:
+            return None
+        value = await self.stores.guard_value(guard)
+        if value is None or value > guard.max:
+            return Answer(failure=Failure.STORE_GUARD,
+                          retry_after=str(max(1, math.ceil(guard.backoff_seconds))))
+        return None
+
+    async def _delete(self, conn: AsyncConnection, policy: Policy,
+                      groups: dict[datetime, list[Lease]], own: dict[str, Classified],
+                      started: float, *, alone: bool) -> frozenset[str]:
+        """Run the groups' statements; a failure one row can cause is undone as a whole
+        and the batch run again, split, so that one row fails alone (its outcome in
+        `own`), within the share of the lease a split may use."""
+        target = policy.config.target
+        assert target is not None
+        try:
+            return await self._run(conn, policy, groups)
+        except STORE_ERRORS as exc:
+            if alone or one_row_failure(exc) is None or conn.invalidated:
+                raise
+        longest = (target.lock_timeout_ms + target.statement_timeout_ms) / 1000
+        deadline = started + policy.config.lease_seconds * _SPLIT_LEASE_SHARE - longest
+        return await self._run(conn, policy, groups, own=own, deadline=deadline)
 
     async def _by_cutoff(self, leases: Sequence[Lease]) -> dict[datetime, list[Lease]]:
         """The leases by the cutoff their statement re-checks: their batch's run's (each

@@ -6,7 +6,7 @@ next run finds it by age, so a missed webhook loses nothing. A delivery goes thr
     read_delivery   verify the signature over the raw body (signatures.py), then parse it,
                     find the webhook id and the event type, and map the source's rules for
                     that type to hints (policy, tenant, object id, due now or later)
-    intake.record   one atomic statement: the receipt (unique per source and webhook id)
+    receipts.record one atomic statement: the receipt (unique per source and webhook id)
                     and the hints' effect on items, or nothing at all for a duplicate
 
 Errors, each with a reason from the closed set metrics use:

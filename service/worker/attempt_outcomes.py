@@ -16,7 +16,8 @@ from service.budget import answer_effects
 from service.config.answer_rules import NOTHING_READ, Costs, Reading
 from service.config.policies import Policy
 from service.config.policy_file import PolicyConfig
-from service.ledger.claims import Completion, Lease
+from service.ledger.claims import Lease
+from service.ledger.completions import Completion
 from service.observability.failures import InternalErrors
 from service.observability.metrics import Where
 from service.outcomes import (

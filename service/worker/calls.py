@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 
-from service.budget.limiter import Grant
+from service.budget.rules import Grant
 from service.config.policies import Policy
 from service.ledger.claims import Lease
 

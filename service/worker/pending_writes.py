@@ -12,7 +12,7 @@ import logging
 from collections import Counter
 from typing import Final
 
-from service.ledger.claims import Completion
+from service.ledger.completions import Completion
 from service.observability.failures import InternalErrors
 from service.observability.metrics import LeaseReturn, Where
 from service.worker.calls import Call

@@ -13,7 +13,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Final
 
-from service.ledger.claims import Completion, Lease
+from service.ledger.claims import Lease
+from service.ledger.completions import Completion
 from service.observability.metrics import (
     COMPLETIONS,
     ITEMS_CLAIMED,

@@ -25,8 +25,8 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Final
 
-from service.budget import limiter
-from service.budget.limiter import Grant
+from service.budget import rules
+from service.budget.rules import Grant
 from service.config.policies import Policies
 from service.ledger.claims import Admission
 from service.observability.failures import InternalErrors, expected
@@ -59,7 +59,7 @@ LAST_FLUSH_TRIES: Final = 50  # at shutdown, FLUSH_RETRY_S apart, before giving 
 ERROR_BACKOFF_MAX_S: Final = 5.0
 FIRST_RETRY_S: Final = 1.0  # between tries of the step before the first claim
 # At most this many items per admission round. Calls of a round start one after another on
-# this event loop, and a token spent more than limiter.late_tolerance after its moment goes
+# this event loop, and a token spent more than late_tolerance after its moment goes
 # back unspent: large rounds start their last calls late. Smaller rounds also overlap: the
 # next round's statements run while this round's calls do (bench/reports/design-notes.md,
 # "The worker pool").
@@ -185,7 +185,7 @@ class WorkerPool:
         # (a batch policy's, a store target's) asks for that many items' worth of calls,
         # at least one, so its claim answers within its tokens' lateness
         return {scope: min(n, max(1, MAX_ITEMS_PER_ROUND // self._per_call.get(scope, 1)))
-                for scope, n in limiter.fair_shares(scopes, free).items()}
+                for scope, n in rules.fair_shares(scopes, free).items()}
 
     def _granted(self, admitted: Admission, calls: list[Call]) -> int:
         """Count the tokens granted and those left unused; with none granted, note how long
@@ -219,7 +219,7 @@ class WorkerPool:
             grant = by_scope[scope]
             due = granted_at[scope] + grant.due_in(position[scope])
             position[scope] += 1
-            self._attempts.start(call, due, due + limiter.late_tolerance(grant.rate), round_no)
+            self._attempts.start(call, due, due + rules.late_tolerance(grant.rate), round_no)
 
     async def drain(self) -> bool:
         """Wait for every call in flight and commit their outcomes; whether all were."""

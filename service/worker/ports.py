@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-from service.budget.limiter import Closure
+from service.budget.rules import Closure
 from service.config.policies import Policy
-from service.ledger.claims import Admission, Completion, Lease
+from service.ledger.claims import Admission, Lease
+from service.ledger.completions import Completion
 from service.protocols.transport import SendGate
 from service.upstreams.deletion_api import CallResult
 from service.worker.hold_gate import HoldCover

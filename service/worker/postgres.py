@@ -18,12 +18,14 @@ from typing import Final
 import asyncpg
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.budget import limiter
+from service.budget import buckets
 from service.budget.credential_waits import Credentials
+from service.budget.rules import Closure
 from service.config.policies import Policies
 from service.db.statements import Database, HeldConnection
-from service.ledger import claims, holds
-from service.ledger.claims import Admission, Completion, Lease
+from service.ledger import claims, completions, hold_acks, wakeups
+from service.ledger.claims import Admission, Lease
+from service.ledger.completions import Completion
 from service.observability.failures import InternalErrors, expected
 from service.observability.metrics import Where
 from service.sweeps.store_databases import Stores
@@ -77,7 +79,7 @@ class PostgresLedger:
 
     async def eligible_scopes(self, cursor: str, limit: int) -> list[tuple[str, int]]:
         async with self._on(self._admitting) as db:
-            return await limiter.eligible_scopes(db, cursor=cursor, limit=limit)
+            return await buckets.eligible_scopes(db, cursor=cursor, limit=limit)
 
     async def admit(self, wants: Mapping[str, int]) -> Admission:
         async with self._on(self._admitting) as db:
@@ -86,13 +88,13 @@ class PostgresLedger:
                                       max_attempts=self._max_attempts)
 
     async def database_time(self) -> float:
-        return await limiter.database_time(self.engine)
+        return await buckets.database_time(self.engine)
 
     # -- completion ------------------------------------------------------------------
 
     async def complete(self, batch: Sequence[Completion]) -> list[int]:
         async with self._on(self._completing) as db:
-            return await claims.complete(db, batch)
+            return await completions.complete(db, batch)
 
     async def hand_back(self, leases: Sequence[Lease], tokens: Sequence[int] | None = None
                         ) -> None:
@@ -102,30 +104,30 @@ class PostgresLedger:
     # -- legal holds (hold_gate.py) --------------------------------------------------
 
     async def latest_hold(self) -> int:
-        return await holds.latest(self.engine)
+        return await hold_acks.latest(self.engine)
 
     async def holds_since(self, after: int) -> list[HoldCover]:
         return [HoldCover(h["id"], h["tenant_id"], h["policy"],
                           None if h["object_ids"] is None else frozenset(h["object_ids"]),
                           h["object_id_prefix"])
-                for h in await holds.since(self.engine, after)]
+                for h in await hold_acks.since(self.engine, after)]
 
     async def acknowledge(self, revoked: Mapping[int, Sequence[int]]) -> None:
-        await holds.acknowledge(self.engine, self.owner, revoked)
+        await hold_acks.acknowledge(self.engine, self.owner, revoked)
 
     # -- scope signals ---------------------------------------------------------------
 
-    async def close(self, closures: Mapping[str, limiter.Closure]) -> None:
-        await limiter.close(self.engine, closures, self._rng)
+    async def close(self, closures: Mapping[str, Closure]) -> None:
+        await buckets.close(self.engine, closures, self._rng)
 
     async def pause(self, scopes: Sequence[str], reason: str) -> list[str]:
-        return await limiter.pause(self.engine, list(scopes), reason)
+        return await buckets.pause(self.engine, list(scopes), reason)
 
     async def recovered(self, scopes: Sequence[str]) -> None:
-        await limiter.recovered(self.engine, list(scopes))
+        await buckets.recovered(self.engine, list(scopes))
 
     async def adjust(self, refunds: Mapping[str, float], caps: Mapping[str, float]) -> None:
-        await limiter.adjust(self.engine, refunds, caps)
+        await buckets.adjust(self.engine, refunds, caps)
 
 
 class Listener:
@@ -158,8 +160,8 @@ class Listener:
         closed = asyncio.Event()
         conn.add_termination_listener(lambda _c, ev=closed: ev.set())
         try:
-            await conn.add_listener(claims.NOTIFY_CHANNEL, lambda *_args: wake())
-            await conn.add_listener(claims.HOLDS_CHANNEL,
+            await conn.add_listener(wakeups.RELEASED_CHANNEL, lambda *_args: wake())
+            await conn.add_listener(wakeups.HOLDS_CHANNEL,
                                     lambda *_args: held() if held is not None else None)
             if held is not None:
                 held()  # a hold placed while this was not listening is learned now

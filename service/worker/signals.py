@@ -17,7 +17,7 @@ from typing import Final
 
 from service.budget import answer_effects
 from service.budget.answer_effects import ScopeEffects
-from service.budget.limiter import Closure
+from service.budget.rules import Closure
 from service.observability.failures import InternalErrors
 from service.observability.metrics import SCOPE_SIGNALS, Where
 from service.worker.flush_buffer import FlushBuffer, Unwritten

@@ -7,7 +7,7 @@ is, to every statement, the database's clock moving `seconds` ahead. Production 
 untouched (the admission statement keeps its text, plan and cost), and a test waits for a
 refill or a closure to end without sleeping through it.
 
-`CLOCK_COLUMNS` lists, per table, every instant the limiter's and the claims' statements
+`CLOCK_COLUMNS` lists, per table, every instant the buckets' and the claims' statements
 compare with the clock; `OTHER_TIME_COLUMNS` the timestamps they do not (records of when
 something happened, and `due_at`, which publication compares with a run's cutoff, not with
 the clock). test_db_clock.py fails when a timestamp column appears in neither, so a new

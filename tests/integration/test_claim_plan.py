@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.budget import limiter, scope_controls
+from service.budget import buckets, rules, scope_controls
 from service.ledger import claims, holds
 from service.ledger import registration as ledger
 from service.runs import publication
@@ -35,8 +35,8 @@ async def add_history(engine: AsyncEngine) -> None:
 
 def admission_params(names: list[str]) -> dict[str, object]:
     """The worker's admission of 8 items from each scope named, as claims.admit binds it."""
-    return {"now": None, "names": names, "wants": [8] * len(names), "owner": "plan",
-            "lookahead": limiter.LOOKAHEAD_S, "policy_names": ["carts"],
+    return {"names": names, "wants": [8] * len(names), "owner": "plan",
+            "lookahead": rules.LOOKAHEAD_S, "policy_names": ["carts"],
             "lease_seconds": [30], "default_lease": 60,
             "limit_policies": ["carts"], "limit_attempts": [3]}
 
@@ -69,7 +69,7 @@ async def test_admission_uses_the_claimable_indexes_despite_history(engine: Asyn
 
     # the probe for scopes with work looks after the claim position first, on the index too
     async with engine.connect() as conn:
-        rows = await conn.execute(text("EXPLAIN " + str(limiter._ELIGIBLE.text)),
+        rows = await conn.execute(text("EXPLAIN " + str(buckets._ELIGIBLE.text)),
                                   {"cursor": "", "limit": 10})
         probe = "\n".join(r[0] for r in rows)
     assert ("ROW(COALESCE(batch_id, '0'::bigint), id) > ROW(s.ready_after_batch, "
@@ -92,7 +92,7 @@ async def test_only_operators_reads_can_use_the_listed_pending_index(engine: Asy
     await add_history(engine)
     statements = [
         ("items_ready", str(claims._ADMIT.text), admission_params(["tenant:acme"])),
-        ("items_ready", limiter._ELIGIBLE.text, {"cursor": "", "limit": 10}),
+        ("items_ready", buckets._ELIGIBLE.text, {"cursor": "", "limit": 10}),
         ("items_ready", scope_controls._WAITING.text, {"reason": "store-unreachable", "after": "",
                                                "tenant": None, "limit": 100}),
         ("items_unreleased", publication._PICK.text, {"cutoff": datetime.now(UTC), "policy": None,

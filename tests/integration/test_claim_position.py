@@ -10,7 +10,7 @@ from datetime import datetime
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.budget import limiter
+from service.budget import buckets
 from service.ledger import claims
 from service.ledger.claims import Admission
 from service.runs import publication, trigger
@@ -95,7 +95,7 @@ async def test_a_claim_that_comes_up_short_reads_from_the_front_next(engine: Asy
     await claims.hand_back(engine, [back])
 
     # nothing after the position: the scope still has work, found from the front ...
-    assert await limiter.eligible_scopes(engine, cursor="", limit=5) == [(SCOPE, 1)]
+    assert await buckets.eligible_scopes(engine, cursor="", limit=5) == [(SCOPE, 1)]
     # ... and the claim from the position finds none, so the next one reads the front
     short = await admit(engine, 2)
     assert short.leases == []

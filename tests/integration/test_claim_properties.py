@@ -10,8 +10,12 @@ on front reads only, and one on its policy's last allowed attempt goes dead inst
 claimed lease expires at now + the policy's lease length; the tokens granted bound what is
 returned and what is locked, and the bucket is charged for exactly the leases.
 
-Hypothesis runs many examples inside one test (one fresh database from the `engine`
-fixture), so every example starts by truncating the ledger and recreating the scope.
+The admission reads the database's clock: `now()`, its transaction's start. Each property
+example runs in one transaction (`at_database_now`) that the admission joins, so the rows are
+written relative to the very instant the claim reads them at, to the microsecond, and the
+product takes no clock from the test. Hypothesis runs many examples inside one test (one
+fresh database from the `engine` fixture), so every example starts by truncating the ledger
+and recreating the scope, inside its transaction.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -35,10 +39,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from service.ledger import claims
 from service.ledger.claims import Admission
 from tests.conftest import wait_for_lock_waits
+from tests.integration import db_clock
 
-# microseconds on purpose: the boundaries are checked at full timestamptz precision
 SCOPE = "tenant:all"  # claims are per scope; these properties are about one scope
-NOW = datetime(2026, 3, 1, 12, 0, 0, 500_000, tzinfo=UTC)
 LEASES = {"carts": 30, "fast": 5}
 DEFAULT_LEASE = 47  # "other" is not in LEASES: it gets the default
 MAX_ATTEMPTS = {"carts": 3, "fast": 5}  # "other" has no limit
@@ -49,9 +52,10 @@ BATCHES = 3
 # A budget that never runs dry here and barely refills while a test runs, so the tokens
 # an admission leaves are known to a hundredth.
 BURST = 1_000_000
-SPENDABLE = BURST - 1  # limiter.SPENDABLE_BURST_SQL at a rate below 50/s
+SPENDABLE = BURST - 1  # buckets.SPENDABLE_BURST_SQL at a rate below 50/s
 RATE = 0.001
 FRONT_EVERY = timedelta(seconds=claims.FRONT_SCAN_EVERY_S)
+ZERO = timedelta(0)
 
 PROPERTY_SETTINGS = settings(max_examples=35, deadline=None,
                              suppress_health_check=[HealthCheck.function_scoped_fixture,
@@ -76,9 +80,9 @@ class Row:
 
     def claimable(self) -> bool:
         if self.kind == "ready":
-            return self.next_attempt is None or NOW + self.next_attempt <= NOW
+            return self.next_attempt is None or self.next_attempt <= ZERO
         if self.kind == "leased":
-            return NOW + self.lease_expires <= NOW and not self.exhausted()
+            return self.lease_expires <= ZERO and not self.exhausted()
         return False
 
     def exhausted(self) -> bool:
@@ -88,10 +92,11 @@ class Row:
 
 @dataclass(frozen=True)
 class Position:
-    """A scope's claim position: after (batch key, item id), and its last front read."""
+    """A scope's claim position: after (batch key, item id), and its last front read (from
+    the example's now; None: never)."""
 
     after: tuple[int, int]
-    front_scanned_at: datetime | None
+    front_scanned: timedelta | None
 
 
 # mostly rows an admission can take, so that claims fill their tokens and pass each other
@@ -101,7 +106,7 @@ _row = st.builds(Row, kind=_kind, policy=st.sampled_from(POLICIES),
                  attempts=st.integers(0, 5), batch=st.none() | st.integers(1, BATCHES))
 # the front-read interval and the microsecond around it, or anywhere else
 _scanned = st.one_of(st.sampled_from([-1, 0, 1]), st.integers(-3_000_000, 3_000_000)).map(
-    lambda us: NOW - FRONT_EVERY + timedelta(microseconds=us))
+    lambda us: -FRONT_EVERY + timedelta(microseconds=us))
 
 
 def key_of(n: int, row: Row) -> tuple[int, int]:
@@ -120,7 +125,7 @@ def rows_and_position(draw: st.DrawFn, min_size: int = 0) -> tuple[list[Row], Po
     after = draw(st.one_of(st.just((0, 0)), anywhere, near))
     # never read from the front, read from it a moment ago (the usual case), or about
     # FRONT_SCAN_EVERY_S ago
-    return rows, Position(after, draw(st.none() | st.just(NOW) | _scanned))
+    return rows, Position(after, draw(st.none() | st.just(ZERO) | _scanned))
 
 _INSERT = text("""
     INSERT INTO items (tenant_id, object_id, policy, policy_version, operation_key, scope,
@@ -142,62 +147,91 @@ _SNAPSHOT = text("""
 """)
 
 
-async def reset(engine: AsyncEngine, position: Position | None = None) -> None:
+class HeldTransaction:
+    """Duck-types the engine for `admit`: its statement runs inside a transaction that the
+    test keeps open (it reads that transaction's `now()`, and the row locks it took can be
+    observed from another session)."""
+
+    def __init__(self, conn: AsyncConnection) -> None:
+        self.conn = conn
+
+    @asynccontextmanager
+    async def begin(self) -> AsyncIterator[AsyncConnection]:
+        yield self.conn
+
+
+async def database_now(conn: AsyncConnection) -> datetime:
+    """The database's clock as the statements of `conn`'s transaction read it (`now()`)."""
+    now: datetime = (await conn.execute(text("SELECT now()"))).scalar_one()
+    return now
+
+
+@asynccontextmanager
+async def at_database_now(engine: AsyncEngine) -> AsyncIterator[tuple[HeldTransaction,
+                                                                      datetime]]:
+    """One example's transaction, rolled back at its end, and its `now()`: the instant every
+    statement in it, the admission included, reads as the database's clock."""
+    async with engine.connect() as conn:
+        tx = await conn.begin()
+        try:
+            yield HeldTransaction(conn), await database_now(conn)
+        finally:
+            await tx.rollback()
+
+
+async def reset(conn: AsyncConnection, now: datetime, position: Position | None = None
+                ) -> None:
     pos = position or Position((0, 0), None)
-    async with engine.begin() as conn:
-        await conn.execute(text("TRUNCATE items, batches, runs, attempts, scopes "
-                                "RESTART IDENTITY CASCADE"))
-        await conn.execute(text(
-            "INSERT INTO scopes (name, rate_per_second, burst, tokens, budget_from_policy, "
-            "ready_after_batch, ready_after_id, front_scanned_at) "
-            "VALUES (:s, :rate, :burst, :tokens, false, :b, :i, :at)"),
-            {"s": SCOPE, "rate": RATE, "burst": BURST, "tokens": SPENDABLE,
-             "b": pos.after[0], "i": pos.after[1], "at": pos.front_scanned_at})
+    await conn.execute(text("TRUNCATE items, batches, runs, attempts, scopes "
+                            "RESTART IDENTITY CASCADE"))
+    await conn.execute(text(
+        "INSERT INTO scopes (name, rate_per_second, burst, tokens, budget_from_policy, "
+        "ready_after_batch, ready_after_id, front_scanned_at) "
+        "VALUES (:s, :rate, :burst, :tokens, false, :b, :i, :at)"),
+        {"s": SCOPE, "rate": RATE, "burst": BURST, "tokens": SPENDABLE,
+         "b": pos.after[0], "i": pos.after[1],
+         "at": None if pos.front_scanned is None else now + pos.front_scanned})
 
 
-async def insert(engine: AsyncEngine, rows: list[Row]) -> list[int]:
+async def insert(conn: AsyncConnection, now: datetime, rows: list[Row]) -> list[int]:
     ids = []
-    async with engine.begin() as conn:
-        for n, row in enumerate(rows):
-            leased = row.kind == "leased"
-            released = None if row.kind == "unreleased" else NOW - timedelta(hours=1)
-            params: dict[str, Any] = {
-                "tenant_id": f"tenant-{n % 3}", "object_id": f"obj-{n}", "policy": row.policy,
-                "operation_key": hashlib.sha256(f"key-{n}".encode()).hexdigest(),
-                "scope": SCOPE, "status": row.kind if row.kind not in
-                ("ready", "unreleased") else "pending",
-                "due_at": NOW + row.due,
-                "next_attempt_at": None if row.next_attempt is None else NOW + row.next_attempt,
-                "released_at": released, "batch_id": row.batch if released else None,
-                "attempts": row.attempts,
-                "lease_owner": "crashed-worker" if leased else None,
-                "lease_token": uuid.uuid4() if leased else None,
-                "lease_expires_at": NOW + row.lease_expires if leased else None,
-                "completed_at": NOW - timedelta(minutes=1) if row.kind in TERMINAL else None,
-                "dead_reason": "http_400" if row.kind == "dead" else None,
-            }
-            ids.append((await conn.execute(_INSERT, params)).scalar_one())
+    for n, row in enumerate(rows):
+        leased = row.kind == "leased"
+        released = None if row.kind == "unreleased" else now - timedelta(hours=1)
+        params: dict[str, Any] = {
+            "tenant_id": f"tenant-{n % 3}", "object_id": f"obj-{n}", "policy": row.policy,
+            "operation_key": hashlib.sha256(f"key-{n}".encode()).hexdigest(),
+            "scope": SCOPE, "status": row.kind if row.kind not in
+            ("ready", "unreleased") else "pending",
+            "due_at": now + row.due,
+            "next_attempt_at": None if row.next_attempt is None else now + row.next_attempt,
+            "released_at": released, "batch_id": row.batch if released else None,
+            "attempts": row.attempts,
+            "lease_owner": "crashed-worker" if leased else None,
+            "lease_token": uuid.uuid4() if leased else None,
+            "lease_expires_at": now + row.lease_expires if leased else None,
+            "completed_at": now - timedelta(minutes=1) if row.kind in TERMINAL else None,
+            "dead_reason": "http_400" if row.kind == "dead" else None,
+        }
+        ids.append((await conn.execute(_INSERT, params)).scalar_one())
     return ids
 
 
-async def snapshot(engine: AsyncEngine) -> dict[int, Any]:
-    async with engine.connect() as conn:
-        return {r.id: r for r in (await conn.execute(_SNAPSHOT, {"now": NOW})).all()}
+async def snapshot(conn: AsyncConnection, now: datetime) -> dict[int, Any]:
+    return {r.id: r for r in (await conn.execute(_SNAPSHOT, {"now": now})).all()}
 
 
-async def scope_state(engine: AsyncEngine) -> tuple[Position, float]:
-    async with engine.connect() as conn:
-        r = (await conn.execute(text(
-            "SELECT ready_after_batch, ready_after_id, front_scanned_at, tokens FROM scopes "
-            "WHERE name = :s"), {"s": SCOPE})).one()
-    return Position((int(r[0]), int(r[1])), r[2]), float(r[3])
+async def scope_state(conn: AsyncConnection, now: datetime) -> tuple[Position, float]:
+    r = (await conn.execute(text(
+        "SELECT ready_after_batch, ready_after_id, front_scanned_at, tokens FROM scopes "
+        "WHERE name = :s"), {"s": SCOPE})).one()
+    return Position((int(r[0]), int(r[1])), None if r[2] is None else r[2] - now), float(r[3])
 
 
-async def admit_at_now(db: Any, limit: int = 1000, owner: str = "w1",
-                       now: datetime = NOW) -> Admission:
+async def admit(db: Any, limit: int = 1000, owner: str = "w1") -> Admission:
+    """One admission of the scope, on the database's clock."""
     return await claims.admit(db, owner=owner, wants={SCOPE: limit}, lease_seconds=LEASES,
-                              default_lease_seconds=DEFAULT_LEASE, max_attempts=MAX_ATTEMPTS,
-                              now=now)
+                              default_lease_seconds=DEFAULT_LEASE, max_attempts=MAX_ATTEMPTS)
 
 
 # -- the claim rules, as a reference -------------------------------------------------------
@@ -223,9 +257,9 @@ def candidates(rows: Iterable[Any], max_attempts: dict[str, int]) -> list[Candid
             for r in rows]
 
 
-def reads_the_front(position: Position, now: datetime) -> bool:
-    return (position.after[1] == 0 or position.front_scanned_at is None
-            or position.front_scanned_at <= now - FRONT_EVERY)
+def reads_the_front(position: Position) -> bool:
+    return (position.after[1] == 0 or position.front_scanned is None
+            or position.front_scanned <= -FRONT_EVERY)
 
 
 def verify_admission(seen: Sequence[Candidate], position: Position, now: datetime,
@@ -236,7 +270,7 @@ def verify_admission(seen: Sequence[Candidate], position: Position, now: datetim
     if granted == 0:
         assert (list(leases), dead) == ([], set())
         return position
-    front = reads_the_front(position, now)
+    front = reads_the_front(position)
     start = (0, 0) if front else position.after
     expiry = {c.item_id: c.lease_expires for c in seen
               if front and c.lease_expires is not None and c.lease_expires <= now}
@@ -257,21 +291,23 @@ def verify_admission(seen: Sequence[Candidate], position: Position, now: datetim
         c.item_id for c in taken)
     # one that came up short sends the next claim to the front
     after = (0, 0) if len(leases) < granted else taken[-1].key if taken else start
-    return Position(after, now if front else position.front_scanned_at)
+    return Position(after, ZERO if front else position.front_scanned)
 
 
-async def admit_and_verify(engine: AsyncEngine, limit: int, owner: str) -> Admission:
-    """One admission at NOW, checked against the claim rules and the position it left."""
-    before = await snapshot(engine)
-    position, _ = await scope_state(engine)
-    admission = await admit_at_now(engine, limit=limit, owner=owner)
-    after = await snapshot(engine)
+async def admit_and_verify(db: HeldTransaction, now: datetime, limit: int, owner: str
+                           ) -> Admission:
+    """One admission in the example's transaction, checked against the claim rules and the
+    position it left."""
+    before = await snapshot(db.conn, now)
+    position, _ = await scope_state(db.conn, now)
+    admission = await admit(db, limit=limit, owner=owner)
+    after = await snapshot(db.conn, now)
     dead = {i for i, r in after.items() if r.status == "dead" and before[i].status != "dead"}
     [grant] = admission.grants
     assert grant.granted == limit
-    expected = verify_admission(candidates(before.values(), MAX_ATTEMPTS), position, NOW,
+    expected = verify_admission(candidates(before.values(), MAX_ATTEMPTS), position, now,
                                 grant.granted, admission.leases, dead)
-    assert (await scope_state(engine))[0] == expected
+    assert (await scope_state(db.conn, now))[0] == expected
     return admission
 
 
@@ -283,14 +319,15 @@ async def admit_and_verify(engine: AsyncEngine, limit: int, owner: str) -> Admis
 async def test_an_admission_takes_exactly_the_claimable_rows(
         engine: AsyncEngine, drawn: tuple[list[Row], Position]) -> None:
     rows, position = drawn
-    await reset(engine, position)
-    ids = await insert(engine, rows)
+    async with at_database_now(engine) as (db, now):
+        await reset(db.conn, now, position)
+        ids = await insert(db.conn, now, rows)
+        before = await snapshot(db.conn, now)
+        admission = await admit(db)
+        after = await snapshot(db.conn, now)
+        position_after, tokens = await scope_state(db.conn, now)
     by_id = dict(zip(ids, rows, strict=True))
-    before = await snapshot(engine)
-
-    admission = await admit_at_now(engine)
-
-    front = reads_the_front(position, NOW)
+    front = reads_the_front(position)
     start = (0, 0) if front else position.after
     got = {lease.item_id for lease in admission.leases}
     assert len(got) == len(admission.leases)
@@ -298,31 +335,29 @@ async def test_an_admission_takes_exactly_the_claimable_rows(
     assert got == {i for i, r in by_id.items() if r.claimable()
                    and (front if r.kind == "leased" else i not in behind)}
     assert admission.reclaimed == sum(1 for i in got if by_id[i].kind == "leased")
-    after = await snapshot(engine)
     for lease in admission.leases:
         row = by_id[lease.item_id]
-        assert lease.lease_expires_at == NOW + timedelta(
+        assert lease.lease_expires_at == now + timedelta(
             seconds=LEASES.get(row.policy, DEFAULT_LEASE))
         assert lease.attempt == row.attempts + 1
         assert lease.policy == row.policy
-        db = after[lease.item_id]
-        assert (db.status, db.lease_owner, db.lease_token, db.lease_expires_at, db.attempts) == (
-            "leased", "w1", lease.lease_token, lease.lease_expires_at, lease.attempt)
+        item = after[lease.item_id]
+        assert (item.status, item.lease_owner, item.lease_token, item.lease_expires_at,
+                item.attempts) == ("leased", "w1", lease.lease_token, lease.lease_expires_at,
+                                   lease.attempt)
         assert lease.lease_token != before[lease.item_id].lease_token
     # an expired lease on its last allowed attempt goes dead, its attempts as they were
-    dead = {i for i, r in by_id.items()
-            if front and r.exhausted() and NOW + r.lease_expires <= NOW}
+    dead = {i for i, r in by_id.items() if front and r.exhausted() and r.lease_expires <= ZERO}
     for item_id in dead:
-        db = after[item_id]
-        assert (db.status, db.dead_reason, db.lease_token, db.attempts) == (
+        item = after[item_id]
+        assert (item.status, item.dead_reason, item.lease_token, item.attempts) == (
             "dead", "max_attempts:lease_expired", None, by_id[item_id].attempts)
     for item_id in set(ids) - got - dead:
         assert after[item_id] == before[item_id]  # untouched, not even updated_at
     # the bucket is charged for the leases, and no more; the position is the front again
     # (the claim came up short) and records a front read
-    position_after, tokens = await scope_state(engine)
     assert SPENDABLE - len(got) <= tokens < SPENDABLE - len(got) + 0.01
-    assert position_after == Position((0, 0), NOW if front else position.front_scanned_at)
+    assert position_after == Position((0, 0), ZERO if front else position.front_scanned)
 
 
 @PROPERTY_SETTINGS
@@ -332,22 +367,24 @@ async def test_an_admission_takes_exactly_the_claimable_rows(
 async def test_unreleased_and_terminal_items_are_never_claimed(
         engine: AsyncEngine, kind: str, next_attempt: timedelta | None, due: timedelta,
         n: int) -> None:
-    await reset(engine)
-    await insert(engine, [Row(kind, "carts", due, next_attempt, timedelta(0), 0)] * n)
-    assert (await admit_at_now(engine)).leases == []
-    # nor later: even far in the future there is nothing to take
-    far = await admit_at_now(engine, owner="w", now=NOW + timedelta(days=3650))
-    assert far.leases == []
+    async with at_database_now(engine) as (db, now):
+        await reset(db.conn, now)
+        await insert(db.conn, now, [Row(kind, "carts", due, next_attempt, ZERO, 0)] * n)
+        assert (await admit(db)).leases == []
+        # nor later: even ten years on there is nothing to take
+        await db_clock.advance(db, 3650 * 86_400)
+        assert (await admit(db, owner="w")).leases == []
 
 
 @PROPERTY_SETTINGS
 @given(offset_us=st.integers(-2, 2), kind=st.sampled_from(("ready", "leased")))
 async def test_the_boundary_is_inclusive_at_the_microsecond(
         engine: AsyncEngine, offset_us: int, kind: str) -> None:
-    await reset(engine)
     off = timedelta(microseconds=offset_us)
-    [item_id] = await insert(engine, [Row(kind, "carts", -off, off, off, 0)])
-    got = [lease.item_id for lease in (await admit_at_now(engine)).leases]
+    async with at_database_now(engine) as (db, now):
+        await reset(db.conn, now)
+        [item_id] = await insert(db.conn, now, [Row(kind, "carts", -off, off, off, 0)])
+        got = [lease.item_id for lease in (await admit(db)).leases]
     assert got == ([item_id] if offset_us <= 0 else [])
 
 
@@ -357,12 +394,13 @@ async def test_the_front_read_is_due_at_the_interval_to_the_microsecond(
         engine: AsyncEngine, offset_us: int, kind: str) -> None:
     # an item behind the position (released ready, or an expired lease) is taken exactly
     # when the last front read is FRONT_SCAN_EVERY_S old; after the position, one always is
-    scanned = NOW - FRONT_EVERY + timedelta(microseconds=offset_us)
-    await reset(engine, Position((2, 2), scanned))
-    behind, ahead = await insert(engine, [
-        Row(kind, "carts", timedelta(0), None, timedelta(seconds=-1), 0, batch=1),
-        Row("ready", "carts", timedelta(0), None, timedelta(0), 0, batch=3)])
-    got = {lease.item_id for lease in (await admit_at_now(engine)).leases}
+    scanned = -FRONT_EVERY + timedelta(microseconds=offset_us)
+    async with at_database_now(engine) as (db, now):
+        await reset(db.conn, now, Position((2, 2), scanned))
+        behind, ahead = await insert(db.conn, now, [
+            Row(kind, "carts", ZERO, None, timedelta(seconds=-1), 0, batch=1),
+            Row("ready", "carts", ZERO, None, ZERO, 0, batch=3)])
+        got = {lease.item_id for lease in (await admit(db)).leases}
     assert got == ({behind, ahead} if offset_us <= 0 else {ahead})
 
 
@@ -376,26 +414,28 @@ async def test_repeated_admissions_take_every_claimable_row_once_within_their_to
     # admission within its tokens, and an admission that finds nothing past the position
     # makes the next one read from the front
     rows, position = drawn
-    await reset(engine, position)
-    ids = await insert(engine, rows)
-    expected = {i for i, r in zip(ids, rows, strict=True) if r.claimable()}
-    exhausted = {i for i, r in zip(ids, rows, strict=True)
-                 if r.exhausted() and NOW + r.lease_expires <= NOW}
+    expected = {n + 1 for n, r in enumerate(rows) if r.claimable()}
+    exhausted = {n + 1 for n, r in enumerate(rows) if r.exhausted() and r.lease_expires <= ZERO}
     taken: list[int] = []
     rounds = 0
-    while any(c.ready or (c.lease_expires is not None and c.lease_expires <= NOW)
-              for c in candidates((await snapshot(engine)).values(), MAX_ATTEMPTS)):
-        rounds += 1
-        # each round takes something, or came up short and sends the next one to the front
-        assert rounds <= 2 * len(rows) + 1, (rounds, taken)
-        admission = await admit_and_verify(engine, limit, owner=f"w{rounds}")
-        assert len(admission.leases) <= limit
-        taken += [lease.item_id for lease in admission.leases]
+    async with at_database_now(engine) as (db, now):
+        await reset(db.conn, now, position)
+        ids = await insert(db.conn, now, rows)
+        while any(c.ready or (c.lease_expires is not None and c.lease_expires <= now)
+                  for c in candidates((await snapshot(db.conn, now)).values(), MAX_ATTEMPTS)):
+            rounds += 1
+            # each round takes something, or came up short and sends the next one to the
+            # front
+            assert rounds <= 2 * len(rows) + 1, (rounds, taken)
+            admission = await admit_and_verify(db, now, limit, owner=f"w{rounds}")
+            assert len(admission.leases) <= limit
+            taken += [lease.item_id for lease in admission.leases]
+        final = await snapshot(db.conn, now)
+        _, tokens = await scope_state(db.conn, now)
+    assert ids == list(range(1, len(rows) + 1))
     assert len(taken) == len(set(taken))
     assert set(taken) == expected
-    final = await snapshot(engine)
     assert {i for i in ids if final[i].dead_reason == "max_attempts:lease_expired"} == exhausted
-    _, tokens = await scope_state(engine)
     assert SPENDABLE - len(taken) <= tokens < SPENDABLE - len(taken) + 0.01
 
 
@@ -407,12 +447,12 @@ async def test_a_claim_reads_strictly_after_its_position(
         engine: AsyncEngine, batches: list[int | None], at: int, delta: int,
         limit: int) -> None:
     # released items on, just before and just after the position, in batches and without
-    rows = [Row("ready", "carts", timedelta(0), None, timedelta(0), 0, batch=b)
-            for b in batches]
+    rows = [Row("ready", "carts", ZERO, None, ZERO, 0, batch=b) for b in batches]
     batch, item_id = key_of(at % len(rows), rows[at % len(rows)])
-    await reset(engine, Position((batch, item_id + delta), NOW))
-    await insert(engine, rows)
-    await admit_and_verify(engine, limit, owner="w")
+    async with at_database_now(engine) as (db, now):
+        await reset(db.conn, now, Position((batch, item_id + delta), ZERO))
+        await insert(db.conn, now, rows)
+        await admit_and_verify(db, now, limit, owner="w")
 
 
 _expiry = st.sampled_from([-3_000_000, -2, -1, 0, 1]).map(lambda us: timedelta(microseconds=us))
@@ -428,25 +468,24 @@ async def test_expired_leases_are_taken_over_earliest_first(
         limit: int) -> None:
     # the tokens go to expired leases before released items, earliest expiry first; a lease
     # on its policy's last allowed attempt takes its token but goes dead, not to a worker
-    await reset(engine)
-    await insert(engine, [Row("leased", policy, timedelta(0), None, expires, attempts)
-                          for expires, attempts, policy in leases]
-                 + [Row("ready", "fast", timedelta(0), None, timedelta(0), 0)] * ready)
-    await admit_and_verify(engine, limit, owner="w")
+    async with at_database_now(engine) as (db, now):
+        await reset(db.conn, now)
+        await insert(db.conn, now, [Row("leased", policy, ZERO, None, expires, attempts)
+                                    for expires, attempts, policy in leases]
+                     + [Row("ready", "fast", ZERO, None, ZERO, 0)] * ready)
+        await admit_and_verify(db, now, limit, owner="w")
 
 
 # -- limit and locking ---------------------------------------------------------------------
 
-class HeldTransaction:
-    """Duck-types the engine for `admit`: its statement runs inside a transaction that the
-    test keeps open, so the row locks it took can be observed from another session."""
-
-    def __init__(self, conn: AsyncConnection) -> None:
-        self.conn = conn
-
-    @asynccontextmanager
-    async def begin(self) -> AsyncIterator[AsyncConnection]:
-        yield self.conn
+async def committed(engine: AsyncEngine, rows: list[Row]) -> datetime:
+    """The scope and `rows` written and committed, relative to the database's clock when
+    they were (later admissions read a later one); that moment."""
+    async with engine.begin() as conn:
+        now = await database_now(conn)
+        await reset(conn, now)
+        await insert(conn, now, rows)
+    return now
 
 
 async def locked_count(engine: AsyncEngine) -> int:
@@ -478,16 +517,15 @@ def mix(expired: int, ready: int) -> list[Row]:
 async def test_a_claim_locks_no_more_than_its_limit(engine: AsyncEngine, k: int, expired: int,
                                                     ready: int) -> None:
     assert expired + ready == 3 * k
-    await reset(engine)
-    await insert(engine, mix(expired, ready))
+    await committed(engine, mix(expired, ready))
     async with engine.connect() as conn:
         tx = await conn.begin()
-        first = await admit_at_now(HeldTransaction(conn), limit=k, owner="held")
+        first = await admit(HeldTransaction(conn), limit=k, owner="held")
         assert len(first.leases) == k
         assert await locked_count(engine) == k
         # concurrent admitters of the scope wait for its bucket row, holding no item rows
-        second = asyncio.create_task(admit_at_now(engine, limit=k, owner="second"))
-        third = asyncio.create_task(admit_at_now(engine, limit=k, owner="third"))
+        second = asyncio.create_task(admit(engine, limit=k, owner="second"))
+        third = asyncio.create_task(admit(engine, limit=k, owner="third"))
         await wait_for_lock_waits(engine, 2)
         assert await locked_count(engine) == k
         assert not second.done() and not third.done()
@@ -496,7 +534,7 @@ async def test_a_claim_locks_no_more_than_its_limit(engine: AsyncEngine, k: int,
     sets = [{lease.item_id for lease in c.leases} for c in results]
     assert [len(s) for s in sets] == [k, k, k]
     assert set.union(*sets) == set(range(1, 3 * k + 1))
-    assert (await admit_at_now(engine, limit=k)).leases == []
+    assert (await admit(engine, limit=k)).leases == []
     async with engine.connect() as conn:
         owners = dict((await conn.execute(text(
             "SELECT lease_owner, count(*) FROM items WHERE status = 'leased' "
@@ -508,9 +546,8 @@ async def test_a_claim_locks_no_more_than_its_limit(engine: AsyncEngine, k: int,
                                                         (10, 4, 10)])
 async def test_concurrent_claims_are_disjoint_and_bounded(engine: AsyncEngine, k: int,
                                                           claimers: int, expired: int) -> None:
-    await reset(engine)
-    await insert(engine, mix(expired, 3 * k - expired))
-    results = await asyncio.gather(*(admit_at_now(engine, limit=k, owner=f"c{n}")
+    written = await committed(engine, mix(expired, 3 * k - expired))
+    results = await asyncio.gather(*(admit(engine, limit=k, owner=f"c{n}")
                                      for n in range(claimers)))
     sets = [{lease.item_id for lease in r.leases} for r in results]
     assert all(len(s) <= k for s in sets)
@@ -522,8 +559,8 @@ async def test_concurrent_claims_are_disjoint_and_bounded(engine: AsyncEngine, k
     async with engine.connect() as conn:
         leased = dict((await conn.execute(text(
             "SELECT id, lease_token FROM items WHERE status = 'leased' "
-            "AND lease_expires_at > :now"), {"now": NOW})).all())
+            "AND lease_expires_at > :now"), {"now": written})).all())
+        _, tokens = await scope_state(conn, written)
     mine = {lease.item_id: lease.lease_token for r in results for lease in r.leases}
     assert leased == mine
-    _, tokens = await scope_state(engine)
     assert SPENDABLE - len(mine) <= tokens < SPENDABLE - len(mine) + 0.01

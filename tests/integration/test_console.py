@@ -253,7 +253,7 @@ async def test_the_overview_is_read_once_per_interval_whatever_the_viewers(
     policies = make_policies("http://127.0.0.1:9")
     runtime = Runtime(settings=test_settings("postgresql://unused/x"), policies=policies,
                       engine=engine, tokens=TokenSet(()), schema_head="",
-                      exporter=gauges.install_ledger(engine, policies.policies))
+                      exporter=gauges.ledger_exporter(engine, policies.policies))
     cache = OverviewCache(max_age_s=60)
     views = await asyncio.gather(*(cache.get(runtime) for _ in range(25)))
     assert cache.readings == 1 and all(v is views[0] for v in views)

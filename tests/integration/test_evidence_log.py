@@ -25,7 +25,7 @@ from service.commands import cli
 from service.commands.exits import Exit
 from service.config import signing_keys
 from service.evidence import chain, deletion_records, export_slices, verification
-from service.ledger import claims, registration
+from service.ledger import claims, completions, registration
 from service.upstreams.deletion_api import Upstreams
 from service.worker import database_pool
 from tests.conftest import TOKEN_A, LiveServer, test_settings
@@ -367,7 +367,7 @@ async def test_completions_racing_for_the_head_append_one_chain(
     try:
         async with holder.transaction():
             await holder.execute("SELECT 1 FROM evidence_log_head WHERE id = 1 FOR UPDATE")
-            racing = [asyncio.create_task(claims.complete(engine, b)) for b in batches]
+            racing = [asyncio.create_task(completions.complete(engine, b)) for b in batches]
             async with asyncio.timeout(30):  # until all four wait on a lock
                 while await watcher.fetchval(
                         "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"

@@ -6,9 +6,13 @@ stale lease, hand back a lease, let leases expire, refill the budget, re-drive, 
 random orders. Admissions are checked against the claim rules (`verify_admission`) with the
 scope's claim position in play: retries, hand-backs, re-drives and webhook releases put
 items behind it. After every step each item's row, and the scope's bucket and position,
-must match the model. The admission's clock is pinned (`now=`) to a virtual time a day
-ahead of the database's, so leases expire and front reads come due when the machine says
-so, and items a completion sends back with no delay are claimable at once.
+must match the model. The machine keeps a clock of its own a day ahead of the database's,
+so leases expire and front reads come due when the machine says so, and items a completion
+sends back with no delay are claimable at once. An admission reads the database's clock
+(`now()`), so each runs in a transaction that first puts the items' next attempts and lease
+ends, and the scope's last front read, where the model has them as seen from that
+transaction's `now()` (time travel on the data, as tests/integration/db_clock.py moves it):
+the claim decides as at the machine's time, however much real time has passed.
 """
 
 from __future__ import annotations
@@ -33,16 +37,23 @@ from hypothesis.stateful import (
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.budget import limiter
+from service.budget import buckets
 from service.config.settings import async_url
 from service.db.engine import make_engine
-from service.ledger import claims, registration
-from service.ledger.claims import Completion, Lease
+from service.ledger import claims, completions, item_selection, registration
+from service.ledger.claims import Admission, Lease
+from service.ledger.completions import Completion
 from service.runs import publication, trigger
 from service.webhooks import intake
 from service.webhooks.deliveries import Delivery, Hint
 from tests.conftest import test_settings
-from tests.integration.test_claim_properties import Candidate, Position, verify_admission
+from tests.integration.test_claim_properties import (
+    Candidate,
+    HeldTransaction,
+    Position,
+    database_now,
+    verify_admission,
+)
 from tests.integration.test_pipeline import make_policies
 
 N_ITEMS = 8
@@ -54,7 +65,7 @@ POLICY = POLICIES.policies["carts"]
 # The bucket: scarce enough that admissions run short of tokens. Its rate barely refills
 # it while an example runs; `budget_refills` stands for time passing on its clock.
 BURST = 12  # its spendable part covers every item at once
-SPENDABLE = BURST - 1  # limiter.SPENDABLE_BURST_SQL at a rate below 50/s
+SPENDABLE = BURST - 1  # buckets.SPENDABLE_BURST_SQL at a rate below 50/s
 RATE = 0.001
 FIRST_TOKENS = 3
 TOKENS_SLACK = 0.05  # what RATE refills while an example runs
@@ -64,6 +75,17 @@ LATER = timedelta(days=30)  # a retry this far off is not due in any example
 OUTCOMES = {"succeeded": (False, None), "permanent": (False, None),
             "transient": (False, timedelta(0)), "transient_later": (False, LATER),
             "throttled": (True, timedelta(0))}
+
+# The clock-relative instants an admission compares with `now()`, put where the model has
+# them (the tests' time travel on the data; production never writes them so)
+_ALIGN_ITEMS = text("""
+    UPDATE items i
+    SET next_attempt_at = coalesce(u.next_attempt, '-infinity'), lease_expires_at = u.expires
+    FROM unnest(CAST(:ids AS bigint[]), CAST(:nexts AS timestamptz[]),
+                CAST(:expires AS timestamptz[])) AS u(id, next_attempt, expires)
+    WHERE i.id = u.id
+""")
+_ALIGN_SCOPE = text("UPDATE scopes SET front_scanned_at = :at WHERE name = :s")
 
 
 @dataclass
@@ -75,6 +97,7 @@ class Item:
     released: bool = False
     batch: int = 0                  # the batch that released it; 0: a webhook, or none
     waiting: bool = False           # pending with its next attempt far off
+    next_attempt: datetime | None = None  # on the machine's clock (None: -infinity)
     attempts: int = 0
     lease: Lease | None = None
     lease_expires: datetime | None = None
@@ -94,7 +117,9 @@ class ItemLifeCycle(RuleBasedStateMachine):
         self.now = db_now + timedelta(days=1)
         self.items = [Item() for _ in range(N_ITEMS)]
         self.ids: dict[int, int] = {}  # model index -> item id
-        self.position = Position((0, 0), None)
+        self.position = Position((0, 0), None)  # its last front read from `self.now`
+        self.scanned_at: datetime | None = None  # that front read, on the machine's clock
+        self.offset = timedelta(0)  # the database's clock less the machine's, at the last claim
         self.tokens = float(FIRST_TOKENS)  # the bucket row's tokens column
         self.refilled = 0.0                # tokens refilled since the row was last written
         self.leased_total = self.returned_total = self.refilled_total = 0
@@ -216,13 +241,34 @@ class ItemLifeCycle(RuleBasedStateMachine):
         return [c.item_id for c in self.candidates()
                 if c.ready or (c.lease_expires is not None and c.lease_expires <= self.now)]
 
+    def on_database_clock(self, at: datetime | None, now: datetime) -> datetime | None:
+        """An instant of the machine's clock as the database's reads it at `now`."""
+        return None if at is None else now + (at - self.now)
+
+    async def _admit(self, n: int) -> tuple[Admission, datetime]:
+        """One admission in a transaction that first puts the clock-relative instants where
+        the model has them, seen from its `now()`; committed on return, with that `now()`."""
+        async with self.engine.connect() as conn, conn.begin():
+            now = await database_now(conn)
+            known = [(self.ids[i], item) for i, item in enumerate(self.items) if i in self.ids]
+            await conn.execute(_ALIGN_ITEMS, {
+                "ids": [item_id for item_id, _ in known],
+                "nexts": [self.on_database_clock(item.next_attempt, now) for _, item in known],
+                "expires": [self.on_database_clock(item.lease_expires, now)
+                            for _, item in known]})
+            await conn.execute(_ALIGN_SCOPE, {"s": SCOPE, "at": self.on_database_clock(
+                self.scanned_at, now)})
+            got = await claims.admit(HeldTransaction(conn), owner="machine",
+                                     wants={SCOPE: n}, lease_seconds={POLICY.name: LEASE_S},
+                                     max_attempts={POLICY.name: MAX_ATTEMPTS})
+        return got, now
+
     def admit(self, n: int) -> None:
         """One admission, checked against the claim rules and the model's bucket."""
         expired = [c.item_id for c in self.candidates()
                    if c.lease_expires is not None and c.lease_expires <= self.now]
-        got = self.run(claims.admit(self.engine, owner="machine", wants={SCOPE: n},
-                                    lease_seconds={POLICY.name: LEASE_S},
-                                    max_attempts={POLICY.name: MAX_ATTEMPTS}, now=self.now))
+        got, db_now = self.run(self._admit(n))
+        self.offset = db_now - self.now
         [grant] = got.grants
         available = min(SPENDABLE, self.tokens + self.refilled)
         # the tokens: what the bucket holds, at most what was asked, never more
@@ -230,8 +276,12 @@ class ItemLifeCycle(RuleBasedStateMachine):
         assert len(got.leases) <= grant.granted
         dead = {r.id for r in self.run(self._fetch(
             "SELECT id FROM items WHERE id = ANY(:ids) AND status = 'dead'", ids=expired))}
-        self.position = verify_admission(self.candidates(), self.position, self.now,
+        position = Position(self.position.after, None if self.scanned_at is None
+                            else self.scanned_at - self.now)
+        self.position = verify_admission(self.candidates(), position, self.now,
                                          grant.granted, got.leases, dead)
+        scanned = self.position.front_scanned
+        self.scanned_at = None if scanned is None else self.now + scanned
         self.tokens, self.refilled = available - len(got.leases), 0.0
         self.leased_total += len(got.leases)
         for item_id in dead:
@@ -246,7 +296,7 @@ class ItemLifeCycle(RuleBasedStateMachine):
                 item.old_leases.append(item.lease)
             item.status, item.lease, item.attempts = "leased", lease, item.attempts + 1
             item.lease_expires = self.now + timedelta(seconds=LEASE_S)
-            assert lease.lease_expires_at == item.lease_expires
+            assert lease.lease_expires_at == db_now + timedelta(seconds=LEASE_S)
             assert lease.attempt == item.attempts
 
     @rule(n=st.integers(1, 3))
@@ -281,13 +331,15 @@ class ItemLifeCycle(RuleBasedStateMachine):
             status = "dead"
         else:
             status = "pending"
-        fenced = self.run(claims.complete(self.engine, [
+        fenced = self.run(completions.complete(self.engine, [
             self.completion(item.lease, outcome, status)]))
         assert fenced == []
         item.old_leases.append(item.lease)
         item.status, item.lease, item.lease_expires = status, None, None
         item.attempts -= 1 if refund else 0
         item.waiting = status == "pending" and retry_in == LATER
+        if status == "pending":
+            item.next_attempt = self.now + (retry_in or timedelta(0))
 
     @rule(data=st.data())
     def complete_with_a_stale_lease(self, data: st.DataObject) -> None:
@@ -296,7 +348,7 @@ class ItemLifeCycle(RuleBasedStateMachine):
             return
         i = data.draw(st.sampled_from(stale))
         old = data.draw(st.sampled_from(self.items[i].old_leases))
-        fenced = self.run(claims.complete(self.engine, [
+        fenced = self.run(completions.complete(self.engine, [
             self.completion(old, "succeeded", "succeeded")]))
         assert fenced == [old.item_id]  # attempt recorded, item untouched
 
@@ -351,20 +403,22 @@ class ItemLifeCycle(RuleBasedStateMachine):
     @rule()
     def redrive_dead(self) -> None:
         dead = [self.ids[i] for i, item in enumerate(self.items) if item.status == "dead"]
-        got = self.run(registration.redrive(self.engine,
-                                            registration.ItemFilter(ids=list(self.ids.values())),
-                                      actor="machine", reason="test", limit=100))
+        got = self.run(item_selection.redrive(
+            self.engine, item_selection.ItemFilter(ids=list(self.ids.values())),
+            actor="machine", reason="test", limit=100))
         assert sorted(got) == sorted(dead)
         for item in self.items:
             if item.status == "dead":
                 item.status, item.attempts, item.waiting = "pending", 0, False
+                item.next_attempt = self.now
 
     @rule(i=st.integers(0, N_ITEMS - 1))
     def cancel(self, i: int) -> None:
         if i not in self.ids:
             return
-        got = self.run(registration.cancel(self.engine, registration.ItemFilter(ids=[self.ids[i]]),
-                                     actor="machine", reason="test", limit=10))
+        got = self.run(item_selection.cancel(
+            self.engine, item_selection.ItemFilter(ids=[self.ids[i]]), actor="machine",
+            reason="test", limit=10))
         item = self.items[i]
         if item.status == "pending":
             assert got == [self.ids[i]]
@@ -404,8 +458,9 @@ class ItemLifeCycle(RuleBasedStateMachine):
     def bucket_and_position_match_model(self) -> None:
         [row] = self.run(self._fetch(
             f"SELECT ready_after_batch, ready_after_id, front_scanned_at, tokens, "
-            f"{limiter.tokens_at('clock_timestamp()')} AS available FROM scopes s"))
-        assert Position((row[0], row[1]), row[2]) == self.position
+            f"{buckets.tokens_at('clock_timestamp()')} AS available FROM scopes s"))
+        assert (row[0], row[1]) == self.position.after
+        assert row[2] == self.on_database_clock(self.scanned_at, self.now + self.offset)
         assert self.tokens <= row.tokens < self.tokens + TOKENS_SLACK
         available = min(SPENDABLE, self.tokens + self.refilled)
         assert available <= row.available < available + TOKENS_SLACK

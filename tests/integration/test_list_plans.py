@@ -9,7 +9,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.db.statements import Statement, fetch, fetch_filtered
-from service.ledger import registration
+from service.ledger import item_selection
 from service.runs import progress
 from tests.integration.test_pipeline import make_policies, register, release_all
 
@@ -40,11 +40,11 @@ async def test_pending_pages_read_the_pending_index_despite_history(engine: Asyn
         await conn.execute(text("ANALYZE items"))
     for policy in (None, "carts"):
         params = {"status": "pending", "after": None, "limit": 50,
-                  **registration.filter_params(registration.ItemFilter(policy=policy))}
-        plan = await explained(engine, registration._LIST, params)
+                  **item_selection.filter_params(item_selection.ItemFilter(policy=policy))}
+        plan = await explained(engine, item_selection._LIST, params)
         assert "items_listed" in plan and "items_pkey" not in plan, plan
-    rows = await registration.list_items(engine, status="pending", after=None, limit=50,
-                                   item_filter=registration.ItemFilter(policy="carts"))
+    rows = await item_selection.list_items(engine, status="pending", after=None, limit=50,
+                                           item_filter=item_selection.ItemFilter(policy="carts"))
     assert len(rows) == 20
 
 

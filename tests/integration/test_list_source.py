@@ -22,7 +22,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from drills.vendors import example_block
-from service.budget import limiter
+from service.budget import buckets
 from service.budget import scope_controls as scopes
 from service.budget.credential_waits import Credentials
 from service.config.policies import Policies
@@ -423,7 +423,7 @@ async def test_a_paused_scope_skips_its_tenant_and_paused_workers_hold_discovery
     endpoint.add("shop-b", range(6), OLD)
     policies = rest_policies(up.base_url, ["shop-a", "shop-b"])
     async with engine.begin() as conn:
-        await limiter.ensure_scopes(conn, {"shop:shop-a": (500.0, 50, 1)})
+        await buckets.ensure_scopes(conn, {"shop:shop-a": (500.0, 50, 1)})
     assert await scopes.pause(engine, "shop:shop-a", actor="test", reason="rehearsal")
     await scopes.set_workers_paused(engine, paused=True, actor="test", reason="deploy")
     run_id = await new_run(engine)

@@ -14,12 +14,13 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config.policies import Policies
-from service.ledger import claims, registration
+from service.ledger import claims, completions, registration
 from service.runs import progress, publication, trigger
 from service.upstreams.deletion_api import Upstreams
 from service.worker import WorkerPool, database_pool
 from tests.conftest import TOKEN_A, LiveServer, policies_from, test_settings
 from tests.fakes.upstream import FakeUpstream, Fault
+from tests.integration import db_clock
 
 PAST = datetime(2026, 1, 1, tzinfo=UTC)
 SCOPE = "tenant:acme"
@@ -109,9 +110,9 @@ async def test_ids_stay_in_their_path_segment(engine: AsyncEngine, upstream: Fak
     assert "/carts/a%2Fb" in paths and "/carts/..%2F..%2Fadmin" in paths
 
 
-def succeeded(lease: claims.Lease) -> claims.Completion:
+def succeeded(lease: claims.Lease) -> completions.Completion:
     now = datetime.now(UTC)
-    return claims.Completion(lease=lease, worker="test", outcome="succeeded",
+    return completions.Completion(lease=lease, worker="test", outcome="succeeded",
                              status="succeeded", reason="test", http_status=204,
                              retry_after_seconds=None, retry_in_seconds=0,
                              refund_attempt=False, started_at=now, finished_at=now,
@@ -143,7 +144,7 @@ async def test_concurrent_claimers_never_share_an_item(engine: AsyncEngine) -> N
             for lease in admitted.leases:
                 del holder[lease.item_id]
             await claims.hand_back(engine, back)
-            assert await claims.complete(engine, [succeeded(x) for x in kept]) == []
+            assert await completions.complete(engine, [succeeded(x) for x in kept]) == []
             done.extend(x.item_id for x in kept)
             if not admitted.leases:
                 await asyncio.sleep(0.005)
@@ -162,18 +163,15 @@ async def test_expired_lease_is_reclaimed_unexpired_never(engine: AsyncEngine) -
     policies = make_policies("http://127.0.0.1:9")
     await register(engine, policies, 1)
     await release_all(engine)
-    async with engine.connect() as conn:
-        db_now = (await conn.execute(text("SELECT now()"))).scalar_one()
     first = await claims.admit(engine, owner="a", wants={SCOPE: 5},
-                               lease_seconds={"carts": 30}, now=db_now)
+                               lease_seconds={"carts": 30})
     assert len(first.leases) == 1
     lease = first.leases[0]
-    # just before expiry: nothing to take
-    early = await claims.admit(engine, owner="b", wants={SCOPE: 5}, lease_seconds={},
-                               now=lease.lease_expires_at - timedelta(microseconds=1))
+    # before expiry: nothing to take (the microsecond boundary: test_claim_properties)
+    early = await claims.admit(engine, owner="b", wants={SCOPE: 5}, lease_seconds={})
     assert early.leases == []
-    late = await claims.admit(engine, owner="b", wants={SCOPE: 5}, lease_seconds={},
-                              now=lease.lease_expires_at)
+    await db_clock.advance(engine, 30)  # the lease's length on the database's clock
+    late = await claims.admit(engine, owner="b", wants={SCOPE: 5}, lease_seconds={})
     assert [x.item_id for x in late.leases] == [lease.item_id]
     assert late.reclaimed == 1 and late.leases[0].lease_token != lease.lease_token
     assert late.leases[0].attempt == 2
@@ -184,18 +182,17 @@ async def test_expired_lease_on_the_last_attempt_goes_dead(engine: AsyncEngine) 
     policies = make_policies("http://127.0.0.1:9")
     await register(engine, policies, 2)
     await release_all(engine)
-    async with engine.connect() as conn:
-        db_now = (await conn.execute(text("SELECT now()"))).scalar_one()
     limits = {"carts": 2}
     first = await claims.admit(engine, owner="a", wants={SCOPE: 2}, lease_seconds={},
-                               max_attempts=limits, now=db_now)
+                               max_attempts=limits)
     assert [x.attempt for x in first.leases] == [1, 1]
-    expiry = first.leases[0].lease_expires_at
+    await db_clock.advance(engine, 60)  # the default lease's length: both leases run out
     second = await claims.admit(engine, owner="b", wants={SCOPE: 1}, lease_seconds={},
-                                max_attempts=limits, now=expiry)
+                                max_attempts=limits)
     assert [x.attempt for x in second.leases] == [2]
+    await db_clock.advance(engine, 60)
     third = await claims.admit(engine, owner="c", wants={SCOPE: 2}, lease_seconds={},
-                               max_attempts=limits, now=second.leases[0].lease_expires_at)
+                               max_attempts=limits)
     # the item on its second (last) attempt went dead; the other one is leased again
     assert [x.attempt for x in third.leases] == [2]
     async with engine.connect() as conn:
@@ -210,14 +207,13 @@ async def test_an_expired_lease_allowed_one_attempt_goes_dead_at_once(
     policies = make_policies("http://127.0.0.1:9")
     await register(engine, policies, 1)
     await release_all(engine)
-    async with engine.connect() as conn:
-        db_now = (await conn.execute(text("SELECT now()"))).scalar_one()
     limits = {"carts": 1}
     first = await claims.admit(engine, owner="a", wants={SCOPE: 1}, lease_seconds={},
-                               max_attempts=limits, now=db_now)
+                               max_attempts=limits)
     assert [x.attempt for x in first.leases] == [1]
+    await db_clock.advance(engine, 60)  # the default lease's length
     again = await claims.admit(engine, owner="b", wants={SCOPE: 1}, lease_seconds={},
-                               max_attempts=limits, now=first.leases[0].lease_expires_at)
+                               max_attempts=limits)
     assert again.leases == []
     async with engine.connect() as conn:
         row = (await conn.execute(text("SELECT status, dead_reason FROM items"))).one()
@@ -228,24 +224,23 @@ async def test_late_completion_is_fenced(engine: AsyncEngine, upstream: FakeUpst
     policies = make_policies(upstream.base_url)
     await register(engine, policies, 1)
     await release_all(engine)
-    async with engine.connect() as conn:
-        db_now = (await conn.execute(text("SELECT now()"))).scalar_one()
-    stale = (await claims.admit(engine, owner="stale", wants={SCOPE: 1}, lease_seconds={},
-                                now=db_now)).leases[0]
-    fresh = (await claims.admit(engine, owner="fresh", wants={SCOPE: 1}, lease_seconds={},
-                                now=stale.lease_expires_at)).leases[0]
+    stale = (await claims.admit(engine, owner="stale", wants={SCOPE: 1},
+                                lease_seconds={})).leases[0]
+    await db_clock.advance(engine, 60)  # the default lease's length: the stale one ran out
+    fresh = (await claims.admit(engine, owner="fresh", wants={SCOPE: 1},
+                                lease_seconds={})).leases[0]
 
-    def done(lease: claims.Lease, outcome: str, status: str) -> claims.Completion:
+    def done(lease: claims.Lease, outcome: str, status: str) -> completions.Completion:
         now = datetime.now(UTC)
-        return claims.Completion(lease=lease, worker=lease.scope, outcome=outcome,
+        return completions.Completion(lease=lease, worker=lease.scope, outcome=outcome,
                                  status=status, reason="test", http_status=None,
                                  retry_after_seconds=None, retry_in_seconds=0,
                                  refund_attempt=False, started_at=now, finished_at=now,
                                  latency_ms=1)
 
-    assert await claims.complete(engine, [done(fresh, "succeeded", "succeeded")]) == []
+    assert await completions.complete(engine, [done(fresh, "succeeded", "succeeded")]) == []
     # the stalled worker wakes up with a permanent failure: it must change nothing
-    assert await claims.complete(engine, [done(stale, "permanent", "dead")]) == [stale.item_id]
+    assert await completions.complete(engine, [done(stale, "permanent", "dead")]) == [stale.item_id]
     assert await statuses(engine) == {"succeeded": 1}
     async with engine.connect() as conn:
         rows = (await conn.execute(text(

@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.ledger import registration
+from service.ledger import item_selection
 from service.runs import progress, publication, trigger
 from tests.conftest import TOKEN_A, LiveServer, test_settings
 from tests.integration.test_pipeline import make_policies, register, release_all
@@ -194,8 +194,8 @@ async def test_a_drained_runs_count_is_kept_longer_until_an_operator_acts(
     assert counted[3:] == [third, first]
     # a re-drive (an operator action, here on another replica: this cache is not told)
     # puts the drained run's items back to pending: its count is not shared any more
-    assert len(await registration.redrive(engine, registration.ItemFilter(policy="carts"),
-                                    actor="test", reason="fixed", limit=10)) == 3
+    assert len(await item_selection.redrive(engine, item_selection.ItemFilter(policy="carts"),
+                                            actor="test", reason="fixed", limit=10)) == 3
     status = await progress.run_status(engine, second, cache)
     assert status is not None and status["items"] == {"pending": 3}
     assert counted[5:] == [second]

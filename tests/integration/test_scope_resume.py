@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.budget import limiter
+from service.budget import buckets, rules
 from tests.conftest import TOKEN_A, LiveServer, test_settings
 from tests.fakes.upstream import FakeUpstream, Fault
 from tests.integration.test_pipeline import make_policies, register
@@ -41,7 +41,7 @@ async def close(engine: AsyncEngine, delay_s: float | None, times: int = 1) -> N
             async with engine.begin() as conn:  # the closure before this 429 has ended
                 await conn.execute(text("UPDATE scopes SET closed_until = now() - "
                                         "interval '1 s' WHERE name = :n"), {"n": SCOPE})
-        await limiter.close(engine, {SCOPE: limiter.Closure(delay_s, 60.0, 120.0)})
+        await buckets.close(engine, {SCOPE: rules.Closure(delay_s, 60.0, 120.0)})
 
 
 async def last_action(engine: AsyncEngine) -> tuple[str, str | None, dict[str, Any]]:

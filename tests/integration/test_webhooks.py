@@ -27,6 +27,7 @@ from service.config.policies import Policies
 from service.ledger import registration
 from service.observability import metrics
 from service.webhooks import deliveries, intake
+from service.webhooks.receipts import Receipt
 from tests.conftest import LiveServer, free_port, policies_from, test_settings, wait_for_lock_waits
 from tests.fakes.upstream import FakeUpstream
 
@@ -420,7 +421,7 @@ async def test_losing_a_race_rolls_the_effect_back(db_url: str, engine: AsyncEng
             receipt = await loser
     finally:
         await box.aclose()
-    assert receipt == intake.Receipt(result="applied", item_ids=(123,), duplicate=True)
+    assert receipt == Receipt(result="applied", item_ids=(123,), duplicate=True)
     async with engine.connect() as conn:
         assert (await conn.execute(text("SELECT count(*) FROM items"))).scalar() == 0
         assert (await conn.execute(text("SELECT count(*) FROM scopes"))).scalar() == 0
@@ -435,7 +436,7 @@ async def test_deliveries_that_wait_together_commit_together_as_if_one_by_one(
     settings = test_settings(db_url, webhook_db_pool_size=1)
     box = intake.Intake()
 
-    def apply(delivery: deliveries.Delivery) -> asyncio.Task[intake.Receipt]:
+    def apply(delivery: deliveries.Delivery) -> asyncio.Task[Receipt]:
         return asyncio.create_task(box.apply(engine.url, settings, delivery))
 
     try:
@@ -472,16 +473,16 @@ async def test_deliveries_that_wait_together_commit_together_as_if_one_by_one(
     assert set(items) == {"1", "2", "200", "300", *(str(100 + i) for i in range(8))}
     first_r, fresh_r = receipts[0], receipts[1:9]
     (item_a, item_b), (twice_a, twice_b), replay_r = receipts[9:11], receipts[11:13], receipts[13]
-    assert first_r == intake.Receipt("applied", (items["2"],), duplicate=False, released=1)
-    assert fresh_r == [intake.Receipt("applied", (items[str(100 + i)],), duplicate=False,
+    assert first_r == Receipt("applied", (items["2"],), duplicate=False, released=1)
+    assert fresh_r == [Receipt("applied", (items[str(100 + i)],), duplicate=False,
                                       released=1) for i in range(8)]
     # the second hint at item 200 found it due and released already: it changed nothing
     assert item_a.item_ids == (items["200"],) and item_b.item_ids == ()
     assert not item_a.duplicate and not item_b.duplicate
-    assert twice_a == intake.Receipt("applied", (items["300"],), duplicate=False, released=1)
-    assert twice_b == intake.Receipt("applied", (items["300"],), duplicate=True)
-    assert replay_r == intake.Receipt("applied", (items["1"],), duplicate=True)
-    assert earlier == intake.Receipt("applied", (items["1"],), duplicate=False, released=1)
+    assert twice_a == Receipt("applied", (items["300"],), duplicate=False, released=1)
+    assert twice_b == Receipt("applied", (items["300"],), duplicate=True)
+    assert replay_r == Receipt("applied", (items["1"],), duplicate=True)
+    assert earlier == Receipt("applied", (items["1"],), duplicate=False, released=1)
     # what queued behind the held statement went in one transaction, except the second
     # hint at item 200 and the second delivery of w-twice, which waited for the next
     grouped = {xmins[f"w-fresh-{i}"] for i in range(8)} | {xmins["w-item-0"], xmins["w-twice"]}
@@ -500,7 +501,7 @@ async def test_a_group_that_fails_goes_again_one_by_one(db_url: str, engine: Asy
     settings = test_settings(db_url, webhook_db_pool_size=1)
     box = intake.Intake()
 
-    def apply(delivery: tuple[bytes, dict[str, str]]) -> asyncio.Task[intake.Receipt]:
+    def apply(delivery: tuple[bytes, dict[str, str]]) -> asyncio.Task[Receipt]:
         return asyncio.create_task(box.apply(engine.url, settings, verified(policies, delivery)))
 
     try:
@@ -533,7 +534,7 @@ async def test_a_group_that_fails_goes_again_one_by_one(db_url: str, engine: Asy
                     await spoiled
                 assert caught.value.reason == "unmappable"
             else:
-                assert await spoiled == intake.Receipt("applied", (123,), duplicate=True)
+                assert await spoiled == Receipt("applied", (123,), duplicate=True)
     finally:
         await box.aclose()
     async with engine.connect() as conn:

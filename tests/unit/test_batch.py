@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from service.budget.limiter import Grant
+from service.budget.rules import Grant
 from service.config.policies import resolve_policies
 from service.errors import ConfigError
 from service.ledger.claims import Lease

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from service.config.policies import resolve_policies
 from service.config.policy_file import MAX_SCOPE_BYTES
 from service.ledger import registration
-from service.runs.discovery import Page, _per_tenant, sort_page
+from service.runs.page_sorting import Page, per_tenant, sort_page
 from service.sweeps.store_databases import SourceRows
 from tests.fakes.store_schema import CARTS_SOURCE, CARTS_TARGET, store_policy
 
@@ -104,4 +104,4 @@ def test_per_tenant_figures_of_an_ordered_page_are_the_general_ones(
     ordered = sort_page(POLICY, SourceRows(tenants, [str(n) for n in range(len(rows))],
                                            ages), CUTOFF, in_age_order=True)
     general = Page(ordered.registrations, ordered.ages, [], ordered.last, ordered.rows)
-    assert _per_tenant(ordered) == _per_tenant(general)
+    assert per_tenant(ordered) == per_tenant(general)

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 import pytest
 
 from service.budget.answer_effects import ScopeEffects
-from service.budget.limiter import Closure
+from service.budget.rules import Closure
 from service.observability.failures import InternalErrors
 from service.observability.metrics import REGISTRY, Where
 from service.outcomes import Answer

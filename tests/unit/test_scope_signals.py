@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import pytest
 
 from service.budget.answer_effects import LOCAL_HOLD_S, NO_EFFECT, SUCCESS, effects_of, merged
-from service.budget.limiter import Closure
+from service.budget.rules import Closure
 from service.config.answer_rules import Costs
 from service.config.policy_file import PolicyConfig
 from service.observability.metrics import ScopeSignal
@@ -136,7 +136,7 @@ def test_a_cost_budget_ignores_quota_headers_in_calls() -> None:
 
 
 def test_a_budget_in_points_is_kept_in_calls_of_the_requested_cost() -> None:
-    from service.budget.limiter import budget_of
+    from service.budget.rules import budget_of
     policy = policies_from({"upstreams": {"shop": {"base_url": "http://127.0.0.1:9"}},
                             "policies": {"p": {"version": 1, "upstream": "shop",
                                                "path": "/c/{object_id}", **POINTS}}}

@@ -16,7 +16,7 @@ from types import ModuleType
 
 import pytest
 
-from service.budget import limiter, scope_controls
+from service.budget import buckets, scope_controls
 from service.cluster import leader, retention
 from service.config.policy_file import GuardConfig
 from service.credentials import tenant_credentials
@@ -31,22 +31,35 @@ from service.db.statements import (
 from service.evidence import audit_trail, chain, object_deletions
 from service.http.api import health
 from service.http.console import sessions
-from service.ledger import claims, gauges, holds, operator_reads, registration, tenant_spellings
+from service.ledger import (
+    claims,
+    completions,
+    gauges,
+    hold_acks,
+    hold_marking,
+    holds,
+    item_selection,
+    operator_reads,
+    registration,
+    tenant_spellings,
+    wakeups,
+)
 from service.runs import discovery, progress, publication, reports, trigger
 from service.sweeps import list_pages, store_databases, store_targets
-from service.webhooks import intake
+from service.webhooks import intake, receipts
 from tests.conftest import REPO_ROOT
 from tests.fakes.store_schema import store_policies
 
 # Every module that runs SQL, each with its statements as module-level constants.
-MODULES = (claims, limiter, gauges, scope_controls, publication, registration, retention, intake,
-           audit_trail, health, migrate, embedded, tenant_credentials, holds, object_deletions,
-           chain, discovery, store_databases, store_targets, list_pages, operator_reads,
-           sessions, statements, tenant_spellings, leader, progress, reports, trigger)
+MODULES = (claims, completions, buckets, gauges, scope_controls, publication, registration,
+           retention, audit_trail, health, migrate, embedded, tenant_credentials, holds,
+           object_deletions, chain, discovery, store_databases, store_targets, list_pages,
+           operator_reads, sessions, statements, tenant_spellings, leader, progress, reports,
+           trigger, wakeups, hold_acks, hold_marking, item_selection, receipts)
 # Statements on a plain asyncpg connection, sent as `statement.text` (`$n` parameters):
-# webhook intake (its own pool, one round trip per delivery) and the embedded server's
-# bootstrap (its admin database, before Sweeper's exists).
-ASYNCPG_MODULES = (intake, embedded)
+# webhook intake's receipts and wake-up (its own pool, one round trip per delivery) and
+# the embedded server's bootstrap (its admin database, before Sweeper's exists).
+ASYNCPG_MODULES = (intake, receipts, embedded)
 # Statements built by a function, because their text holds what no parameter can carry;
 # each built here with the value the service passes.
 _SHOP = store_policies("postgresql://store.invalid/shop").policies["expired-carts"].config
@@ -85,15 +98,15 @@ DRIVER_CALLS = frozenset({
 
 
 def statements_of(module: ModuleType) -> list[Statement]:
-    constants = [v for v in vars(module).values() if isinstance(v, Statement)]
+    """The statements `module` defines (not those it imports from their owner)."""
+    defined, _ = statement_names(parse(Path(str(module.__file__))))
+    constants = [v for k, v in vars(module).items() if isinstance(v, Statement) and k in defined]
     return constants + list(BUILT.get(relative(module), {}).values())
 
 
 def relative(module: ModuleType) -> str:
     return Path(str(module.__file__)).resolve().relative_to(REPO_ROOT).as_posix()
 
-
-ALL = [s for m in MODULES for s in statements_of(m)]
 
 
 def service_sources() -> list[Path]:
@@ -119,11 +132,18 @@ def statement_names(tree: ast.Module) -> tuple[set[str], set[str]]:
     return constants, builders
 
 
+ALL = [s for m in MODULES for s in statements_of(m)]
+
+
 def raw_sql(path: Path, asyncpg: bool) -> list[str]:
     """Where `path` builds SQL with `text()` or sends SQL itself; in an asyncpg module a
-    driver call is allowed when what it sends is a named statement's `.text`."""
+    driver call is allowed when what it sends is a named statement's `.text` (its own, or
+    one it imports from the service module that owns it)."""
     tree = parse(path)
     constants, builders = statement_names(tree)
+    constants |= {alias.asname or alias.name for node in tree.body
+                  if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                      "service.") for alias in node.names if alias.name.isupper()}
 
     def named(arg: ast.expr) -> bool:
         if not (isinstance(arg, ast.Attribute) and arg.attr == "text"):
@@ -178,7 +198,7 @@ def test_a_statement_is_sent_with_its_name() -> None:
     assert claims._ADMIT.text.startswith("/* claims.admit */ WITH clock AS")
     assert publication._PICK.text.startswith(
         "/* publication.pick */ SELECT id, policy, policy_version FROM items\n")
-    assert intake._RECORD.text.startswith("/* intake.record */ WITH existing AS (")
+    assert receipts._RECORD.text.startswith("/* receipts.record */ WITH existing AS (")
 
 
 @pytest.mark.parametrize("statement", ALL, ids=lambda s: s.name)
@@ -219,6 +239,8 @@ def test_statements_run_only_through_the_convention(path: Path) -> None:
     ("Q = Statement('m.q', 's', 'SELECT 1')\nasync def f(conn):\n    await conn.execute(Q.text)\n",
      True, []),
     ("async def f(conn, r):\n    await conn.fetchval(r.text)\n", True, ["line 2: .fetchval(...)"]),
+    ("from service.ledger.wakeups import WAKE_WORKERS\nasync def f(conn):\n"
+     "    await conn.execute(WAKE_WORKERS.text)\n", True, []),
     ("async def f(result):\n    return result.scalar()\n", False, []),
 ])
 def test_the_rule_sees_raw_sql(tmp_path: Path, source: str, asyncpg: bool,
@@ -244,9 +266,9 @@ def test_the_shared_predicates_are_never_copied(statement: Statement) -> None:
 
 
 def test_the_predicates_are_where_they_must_be() -> None:
-    assert limiter._ELIGIBLE.text.count(ready_item("now()")) == 2
-    assert limiter._ELIGIBLE.text.count(expired_lease("now()")) == 1
-    assert limiter._ELIGIBLE.text.count(OPEN_SCOPE) == 1
+    assert buckets._ELIGIBLE.text.count(ready_item("now()")) == 2
+    assert buckets._ELIGIBLE.text.count(expired_lease("now()")) == 1
+    assert buckets._ELIGIBLE.text.count(OPEN_SCOPE) == 1
     assert claims._ADMIT.text.count(ready_item("clock.now")) == 1
     assert claims._ADMIT.text.count(expired_lease("clock.now")) == 1
     assert claims._ADMIT.text.count(OPEN_SCOPE) == 1
@@ -254,3 +276,11 @@ def test_the_predicates_are_where_they_must_be() -> None:
     assert scope_controls._LIST.text.count(ready_item("now()")) == 1
     assert gauges._LEDGER_ELIGIBLE.text.count(ready_item("now()")) == 1
     assert gauges._LEDGER_SCOPES.text.count(CLOSURE_OVER) == 1
+
+
+def test_one_statement_wakes_the_workers() -> None:
+    """Publication, a hold's release and webhook intake wake idle workers with the one
+    statement of service/ledger/wakeups.py, on the channel the workers listen on."""
+    assert wakeups.WAKE_WORKERS.sql == f"NOTIFY {wakeups.RELEASED_CHANNEL}"
+    notifies = [s.name for s in ALL if "NOTIFY" in s.sql.upper().replace("PG_NOTIFY", "")]
+    assert notifies == [wakeups.WAKE_WORKERS.name]

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from service.budget import limiter
+from service.budget import rules
 from service.config import store_statements
 from service.config.policies import resolve_policies
 from service.errors import ConfigError
@@ -37,7 +37,7 @@ def test_the_worked_example_loads() -> None:
     assert policies.stores["shop"].dsn == ENV["SHOP_DATABASE_URL"]
     assert "postgresql" not in repr(policies.stores["shop"])  # the DSN is a secret
     # a budget in rows is counted in statements of max_objects rows
-    assert limiter.budget_of(policy) == (5000 / 20, 400 // 20, 20)
+    assert rules.budget_of(policy) == (5000 / 20, 400 // 20, 20)
 
 
 def test_the_example_block_loads_as_written() -> None:
@@ -45,7 +45,7 @@ def test_the_example_block_loads_as_written() -> None:
     carts = policies.policies["expired-carts"].config
     assert carts.guard is not None and carts.guard.active_backends
     assert carts.source is not None and carts.source.page == 5000
-    assert limiter.budget_of(policies.policies["expired-carts"]) == (10.0, 1, 50)
+    assert rules.budget_of(policies.policies["expired-carts"]) == (10.0, 1, 50)
 
 
 def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:

@@ -20,10 +20,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from service.budget import limiter
-from service.budget.limiter import Closure, Grant
+from service.budget import rules
+from service.budget.rules import Closure, Grant
 from service.config.policies import Policies, Policy
-from service.ledger.claims import Admission, Completion, Lease
+from service.ledger.claims import Admission, Lease
+from service.ledger.completions import Completion
 from service.outcomes import Answer, Failure
 from service.protocols.transport import SendGate
 from service.upstreams.deletion_api import CallResult
@@ -347,7 +348,7 @@ async def test_a_call_its_transport_could_not_write_in_time_goes_back_unattempte
     assert sorted(r.outcomes()) == sorted(lease.object_id for lease in rest)
     assert r.pool.completed == 3
     # the moment is the grant's (the virtual clock's 0) plus the token's tolerance
-    assert r.calls.send_by == [pytest.approx(limiter.late_tolerance(r.ledger.rate))] * 4
+    assert r.calls.send_by == [pytest.approx(rules.late_tolerance(r.ledger.rate))] * 4
     assert all(gate is not None for gate in r.calls.gates)  # and its hold gate
 
 

@@ -22,7 +22,7 @@ from service.http.api.deps import OperatorDep, RuntimeDep
 from service.http.api.problems import problem_responses, validation_problem
 from service.http.api.reasons import Reason, Reference
 from service.http.api.tenants import stored_filter, stored_object, stored_tenant
-from service.ledger import holds, registration
+from service.ledger import hold_marking, holds, registration
 
 router = APIRouter(prefix="/v1", tags=["holds"], route_class=JsonRoute,
                    responses=problem_responses(401, 503))
@@ -62,7 +62,7 @@ class InFlight(BaseModel):
     item after `effective_at`."""
 
     count: int
-    item_ids: list[int] = Field(description=f"at most {holds.IN_FLIGHT_IDS_KEPT}, by id")
+    item_ids: list[int] = Field(description=f"at most {hold_marking.IN_FLIGHT_IDS_KEPT}, by id")
 
 
 class HoldOut(BaseModel):

@@ -28,7 +28,7 @@ from service.http.api.deps import OperatorDep, RuntimeDep
 from service.http.api.problems import problem_responses, validation_problem
 from service.http.api.reasons import Reason
 from service.http.api.tenants import stored_filter
-from service.ledger import registration
+from service.ledger import item_selection, registration
 from service.ledger.registration import MAX_ID_BYTES
 
 MAX_ITEMS_PER_REQUEST = 10_000
@@ -240,9 +240,9 @@ async def list_items(
 ) -> ItemPage:
     """Inspect items, e.g. `status=dead&policy=cart-retention&reason=http_422`."""
     tenant_id = stored_filter(runtime.policies, tenant_id, policy, ("query", "tenant_id"))
-    rows = await registration.list_items(
+    rows = await item_selection.list_items(
         runtime.engine, status=status, after=after, limit=limit,
-        item_filter=registration.ItemFilter(policy=policy, tenant_id=tenant_id, reason=reason))
+        item_filter=item_selection.ItemFilter(policy=policy, tenant_id=tenant_id, reason=reason))
     return ItemPage(items=[ItemOut.model_validate(r) for r in rows],
                     next_after=int(str(rows[-1]["id"])) if len(rows) == limit else None)
 
@@ -285,7 +285,7 @@ class ChangeOut(BaseModel):
     item_ids: list[int]
 
 
-def _selection(runtime: RuntimeDep, body: ItemSelection) -> registration.ItemFilter:
+def _selection(runtime: RuntimeDep, body: ItemSelection) -> item_selection.ItemFilter:
     if all(getattr(body, selector) is None for selector in SELECTORS):
         raise Problem(422, "empty-selection", "Nothing selected",
                       "give ids, items, or a filter (policy, tenant_id, reason)")
@@ -303,8 +303,8 @@ def _selection(runtime: RuntimeDep, body: ItemSelection) -> registration.ItemFil
                                              policy.name, policy.version))
     tenant_id = stored_filter(runtime.policies, body.tenant_id, body.policy,
                               ("body", "tenant_id"))
-    return registration.ItemFilter(ids=body.ids, operation_keys=keys, policy=body.policy,
-                             tenant_id=tenant_id, reason=body.reason)
+    return item_selection.ItemFilter(ids=body.ids, operation_keys=keys, policy=body.policy,
+                                     tenant_id=tenant_id, reason=body.reason)
 
 
 @router.post("/items/redrive", operation_id="redriveItems", response_model=ChangeOut,
@@ -313,8 +313,8 @@ async def redrive_items(runtime: RuntimeDep, actor: OperatorDep,
                         body: Annotated[ItemSelection, Body(openapi_examples=REDRIVE_EXAMPLES)]
                         ) -> ChangeOut:
     """Put dead items back to pending with attempts reset, after the cause is fixed."""
-    ids = await registration.redrive(runtime.engine, _selection(runtime, body), actor=actor,
-                               reason=body.why, limit=body.limit)
+    ids = await item_selection.redrive(runtime.engine, _selection(runtime, body), actor=actor,
+                                       reason=body.why, limit=body.limit)
     if ids:
         runtime.run_progress.forget()  # their runs have pending items again
     return ChangeOut(count=len(ids), item_ids=ids)
@@ -326,6 +326,6 @@ async def cancel_items(runtime: RuntimeDep, actor: OperatorDep,
                        body: Annotated[ItemSelection, Body(openapi_examples=CANCEL_EXAMPLES)]
                        ) -> ChangeOut:
     """Withdraw pending items before they run (leased items are in flight and stay)."""
-    ids = await registration.cancel(runtime.engine, _selection(runtime, body), actor=actor,
-                              reason=body.why, limit=body.limit)
+    ids = await item_selection.cancel(runtime.engine, _selection(runtime, body), actor=actor,
+                                      reason=body.why, limit=body.limit)
     return ChangeOut(count=len(ids), item_ids=ids)

@@ -39,7 +39,7 @@ from service.http.console.web import (
     signed_in,
     whole_number,
 )
-from service.ledger import operator_reads, registration
+from service.ledger import item_selection, operator_reads
 from service.runs import trigger
 
 router = APIRouter(prefix=PREFIX, route_class=ConsoleRoute, include_in_schema=False)
@@ -149,7 +149,7 @@ async def item_action(request: Request) -> Response:
         if len(ids) > MAX_SELECTED:
             raise ConsoleError(422, "Too many selected",
                                f"select at most {MAX_SELECTED} items at once")
-        chosen = registration.ItemFilter(ids=ids)
+        chosen = item_selection.ItemFilter(ids=ids)
     why = form.reason("why")
     fields = {"action": action, "target": target, "why": why or "", **{
         k: v or "" for k, v in shown.items()}}
@@ -162,7 +162,7 @@ async def item_action(request: Request) -> Response:
             **await context(request, session, "items"), "verb": verb, "effect": effect,
             "status": status, "count": count, "cap": MAX_CHANGE, "fields": fields,
             "ids": ids if target == "selected" else []})
-    change = registration.redrive if action == "redrive" else registration.cancel
+    change = item_selection.redrive if action == "redrive" else item_selection.cancel
     changed = await change(runtime.engine, chosen, actor=_actor(session), reason=why,
                            limit=MAX_CHANGE)
     if changed and action == "redrive":

@@ -27,7 +27,7 @@ from service.http.console.web import (
     signed_in,
     whole_number,
 )
-from service.ledger import operator_reads, registration
+from service.ledger import item_selection, operator_reads
 from service.runs import discovery, progress
 
 router = APIRouter(prefix=PREFIX, route_class=ConsoleRoute, include_in_schema=False)
@@ -128,7 +128,7 @@ async def run_evidence(request: Request, run_id: str) -> Response:
 
 
 def item_filter(values: Params | Form, policies: Policies
-                ) -> tuple[dict[str, str | None], registration.ItemFilter]:
+                ) -> tuple[dict[str, str | None], item_selection.ItemFilter]:
     """The items filter a page or form names, checked (object ids need their tenant: the
     obligation index finds them by both; the tenant in its stored spelling)."""
     shown = {"status": values.choice("status", ITEM_STATUSES),
@@ -148,8 +148,8 @@ def item_filter(values: Params | Form, policies: Policies
     except ValueError as exc:
         raise ConsoleError(422, "Id not in its stored form",
                            f"the tenant or object id {exc}") from None
-    return shown, registration.ItemFilter(policy=shown["policy"], tenant_id=tenant_id,
-                                    object_id=object_id, reason=shown["reason"])
+    return shown, item_selection.ItemFilter(policy=shown["policy"], tenant_id=tenant_id,
+                                            object_id=object_id, reason=shown["reason"])
 
 
 @router.get("/items")
@@ -159,8 +159,9 @@ async def item_list(request: Request) -> Response:
     params = Params(request, (*ITEM_FILTERS, "after"))
     shown, item_filter_ = item_filter(params, runtime.policies)
     after = params.number("after", low=0)
-    rows = await registration.list_items(runtime.engine, status=shown["status"],
-                                   item_filter=item_filter_, after=after, limit=PAGE_SIZE)
+    rows = await item_selection.list_items(runtime.engine, status=shown["status"],
+                                           item_filter=item_filter_, after=after,
+                                           limit=PAGE_SIZE)
     return page("items.html", {
         **await context(request, session, "items"), "items": rows, "filters": shown,
         "policies": sorted(runtime.policies.policies), "statuses": ITEM_STATUSES,

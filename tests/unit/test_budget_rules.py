@@ -1,4 +1,5 @@
-"""Pure parts of the limiter: fair shares and the upstream's quota headers."""
+"""The budget's pure rules (service/budget/rules.py): fair shares and jitter; and the
+upstream's quota headers."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from service.budget.limiter import fair_shares, jitter_for
+from service.budget.rules import fair_shares, jitter_for
 from service.outcomes import exhausted_for
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)

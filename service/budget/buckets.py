@@ -1,31 +1,33 @@
-"""The shared rate budget: one token bucket row per scope in PostgreSQL.
+"""The shared rate budget's rows: one token bucket per scope in PostgreSQL, and the statements
+that create, grant, close, adjust and pause them.
 
 Every worker of every replica draws from the same row, so adding replicas never multiplies
-the rate. The limiter's statements: which scopes have work and an open bucket
-(`eligible_scopes`), the token half of the admission statement (`GRANTS_SQL`, composed by
-claims.admit, which charges the bucket only for the items it claims, so unused tokens never
-leave it), creating bucket rows from the policies (`ensure_scopes`), and the signals from
-upstream answers. Bucket times are the database's `clock_timestamp()` (not `now()`, the
-start of a transaction that may have waited for the row lock), never a worker's clock.
+the rate. The statements: which scopes have work and an open bucket (`eligible_scopes`), the
+token half of the admission statement (`GRANTS_SQL`, composed by service.ledger.claims.admit,
+which charges the bucket only for the items it claims, so unused tokens never leave it),
+creating bucket rows from the policies (`ensure_scopes`), and what answers do to a scope
+(`close`, `recovered`, `adjust`, `pause`, decided by service.budget.answer_effects). Bucket
+times are the database's `clock_timestamp()` (not `now()`, the start of a transaction that
+may have waited for the row lock), never a worker's clock.
 
 Signals act on the scope: a 429 closes it until the retry time (`closed_until` only ever
 moves later, plus a little jitter, never earlier); 429s without a date back off
 exponentially per scope; 401/403 pause it with reason `unauthorized`. What "open" means is
-`service.db.statements.OPEN_SCOPE`. The measurements behind the rules stated in comments
-here are in bench/reports/design-notes.md.
+`service.db.statements.OPEN_SCOPE`. The arithmetic these statements share with the worker
+(lookahead, late tolerance, budgets in calls, jitter) is service.budget.rules; the
+measurements behind the rules stated here are in bench/reports/design-notes.md ("The
+budget").
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Final
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from service.config.policies import Policy
-from service.config.policy_file import PolicyConfig
+from service.budget.rules import LATE_TOLERANCE_MIN_S, Budget, Closure, jitter_for
 from service.db.statements import (
     CLOSURE_OVER,
     OPEN_SCOPE,
@@ -38,22 +40,6 @@ from service.db.statements import (
     run,
 )
 
-MAX_JITTER_S: Final = 1.0
-JITTER_SHARE: Final = 0.1  # of the delay, bounded by MAX_JITTER_S
-
-
-LOOKAHEAD_S: Final = 0.1  # how far ahead a worker may reserve tokens (covers a round trip)
-
-# A token spent later than its due moment by more than this (or one refill interval, if
-# longer) would crowd the tokens after it at the upstream; the worker hands it back instead.
-LATE_TOLERANCE_MIN_S: Final = 0.02
-
-
-def late_tolerance(rate: float) -> float:
-    """How late after its due moment a worker may still spend a token of a `rate` bucket."""
-    return max(LATE_TOLERANCE_MIN_S, 1.0 / rate)
-
-
 # What a bucket may hold: its burst minus the tokens that can be spent late (up to
 # late_tolerance after their moment, bunching with the ones after them), but at least one.
 # A call spent late lands in the same second as the tokens due after it; with the whole
@@ -65,45 +51,11 @@ SPENDABLE_BURST_SQL: Final = f"""greatest(1.0, s.burst - ceil(greatest(
         s.rate_per_second * {LATE_TOLERANCE_MIN_S}, 1.0)))"""
 
 
-@dataclass(frozen=True)
-class Grant:
-    """Tokens granted for a scope. The i-th token (from 0) is due `due_in(i)` seconds after
-    the grant; tokens are reserved at most LOOKAHEAD_S ahead, so a worker that holds them
-    never waits longer than that. `wait_seconds` is when to ask again if none was granted."""
-
-    scope: str
-    granted: int
-    wait_seconds: float
-    available: float = 0.0  # tokens in the bucket at the grant (may be below zero: lent)
-    rate: float = 1.0
-    granted_at: float = 0.0  # the database's clock at the grant, Unix seconds
-    per_call: int = 1  # items one token's call carries (a batch policy's max_objects)
-    # The database's clock when the claim had leased its items (None: not known).
-    claimed_at: float | None = None
-
-    @property
-    def schedule_start(self) -> float:
-        """Where the tokens' schedule starts on the database's clock. For calls of one item,
-        the grant's moment: a claim that answers late makes them late, and they go back
-        rather than bunch (from the claim's end instead, three replicas saturating the
-        cores at 1,000/s drew 9-12 429s a run against 0-2: bench/reports/2026-12-02-stores).
-        For calls of many items, the claim's end: locking a store target's 500 rows a call
-        takes longer than the 25 ms its 40-call/s tokens may be late, and counted as
-        lateness every claim's leases went back unspent."""
-        if self.per_call > 1 and self.claimed_at is not None:
-            return self.claimed_at
-        return self.granted_at
-
-    def due_in(self, i: int) -> float:
-        """Seconds from the grant until token i may be spent."""
-        return max(0.0, (i + 1 - self.available) / self.rate)
-
-
 # Registration runs this in the transaction that inserts its items, so a row locked here
 # stays locked for the whole insert. Only a row whose budget changes is locked (in name
 # order: two registrations never deadlock), and an existing row is not even probed for a
 # conflict: `ON CONFLICT DO UPDATE ... WHERE` locks the row whether its WHERE holds or not.
-_ENSURE = Statement("limiter.ensure_scopes", (
+_ENSURE = Statement("buckets.ensure_scopes", (
     "Create missing bucket rows from the policies' budgets; a policy change reaches rows no "
     "operator has set (tokens never above the new burst)."), """
     WITH budget AS (
@@ -151,40 +103,12 @@ async def ensure_scopes(conn: AsyncConnection, budgets: Mapping[str, Budget]) ->
                               "per_call": [budgets[n][2] for n in names]})
 
 
-Budget = tuple[float, int, int]  # calls per second, burst in calls, objects per call
-
-
-def budget_of(policy: Policy) -> Budget:
-    """A scope's budget as its policy states it: (calls per second, burst in calls, objects
-    per call). A budget in points is counted in calls of the requested cost: the bucket,
-    the claim and GET /v1/scopes stay in calls, and an answer's actual cost refunds the
-    fraction of a call it did not spend (scope_signals). A batch policy's token is one call
-    of up to `max_objects` items. A budget in rows (a store target's) is counted in calls of
-    `max_objects` rows, and a statement of fewer rows refunds the rest likewise."""
-    rate = policy.config.rate
-    per_call = policy.per_call
-    cost = call_cost(policy.config)
-    if cost == 1.0:
-        return (rate.per_second, rate.burst, per_call)
-    return (rate.per_second / cost, max(1, int(rate.burst // cost)), per_call)
-
-
-def call_cost(cfg: PolicyConfig) -> float:
-    """What one token of the scope's bucket stands for in the policy's own unit: a call,
-    the requested cost of one in points, or a statement's worth of rows."""
-    if cfg.cost is not None:
-        return cfg.cost.requested
-    if cfg.rate.unit == "rows":
-        return float(cfg.batch.max_objects) if cfg.batch is not None else 1.0
-    return 1.0
-
-
 # Work is a ready item or an expired lease; the workers-wide pause stops every scope. The
 # probes are ordered LIMIT 1 subqueries so the planner walks the scope-leading partial
 # indexes (an EXISTS may be planned as a scan of items, which grows with history); ready
 # items are looked for after the scope's claim position first, as claims read them
 # (claims.FRONT_SCAN_EVERY_S), and from the front only if none is there.
-_ELIGIBLE = Statement("limiter.eligible_scopes", (
+_ELIGIBLE = Statement("buckets.eligible_scopes", (
     "Scopes with an open bucket and claimable work, round-robin after a cursor: where a "
     "worker's next admission asks for tokens."), f"""
     WITH open_scopes AS (
@@ -261,24 +185,12 @@ GRANTS_SQL: Final = f"""
     )"""  # noqa: S608 - only constant fragments are interpolated
 
 
-@dataclass(frozen=True)
-class Closure:
-    """Close a scope: until `delay_seconds` from now, or (None) by its exponential backoff."""
-
-    delay_seconds: float | None
-    backoff_base_s: float
-    backoff_max_s: float
-    # what closed it (an outcome's reason), which GET /v1/scopes shows: not what the closure
-    # does, so two closures that act alike are equal whatever their reasons
-    reason: str | None = field(default=None, compare=False)
-
-
 # Close scopes after a 429 (or an exhausted RateLimit header). closed_until only moves
 # later. With no delay from the upstream the scope's own backoff level sets it (and grows),
 # never shorter than the policy's base (max_s >= base is validated): the floor that a 429
 # without a usable Retry-After relies on.
 # The bucket restarts empty at reopening, so the first call after it is not a burst.
-_CLOSE = Statement("limiter.close", (
+_CLOSE = Statement("buckets.close", (
     "Close scopes after throttling signals: until the upstream's date, or by the scope's "
     "growing backoff (once per closure); closed_until only moves later."), f"""
     WITH c AS (
@@ -318,13 +230,6 @@ _CLOSE = Statement("limiter.close", (
 """)  # noqa: S608 - only a constant fragment is interpolated
 
 
-def jitter_for(delay: float | None, base: float, rng: random.Random) -> float:
-    """Jitter added after the permitted moment (never before it): at most 10% of the
-    delay and at most a second, so replicas do not all reopen at the same instant."""
-    span = min(MAX_JITTER_S, JITTER_SHARE * (delay if delay is not None else base))
-    return rng.uniform(0.0, max(0.0, span))
-
-
 async def close(engine: AsyncEngine, closures: Mapping[str, Closure],
                 rng: random.Random | None = None) -> None:
     """Close scopes after throttling signals."""
@@ -340,7 +245,7 @@ async def close(engine: AsyncEngine, closures: Mapping[str, Closure],
         "reasons": [c.reason for c in cs]})
 
 
-_RECOVERED = Statement("limiter.recovered", (
+_RECOVERED = Statement("buckets.recovered", (
     "Reset the 429 backoff of scopes that answered a success (rows already at 0 are not "
     "written)."), """
     UPDATE scopes SET backoff_level = 0
@@ -354,12 +259,12 @@ async def recovered(engine: AsyncEngine, scopes: list[str]) -> None:
         await fetch_none(engine, _RECOVERED, {"names": sorted(scopes)})
 
 
-# What answers say of a budget (scope_signals): a refund of the cost a call did not spend,
+# What answers say of a budget (answer_effects): a refund of the cost a call did not spend,
 # and the upstream's view of what is left, which lowers the bucket when it knows better
 # (another client of the same budget, or our estimate drifting). The bucket is refilled as
 # of now first (tokens_at), then adjusted, never above its spendable burst nor below minus
 # its burst. A closed scope is left alone: it restarts empty when it reopens.
-_ADJUST = Statement("limiter.adjust", (
+_ADJUST = Statement("buckets.adjust", (
     "Refund unspent cost to buckets and lower them to what the upstream says is left."),
     f"""
     WITH a AS (
@@ -392,7 +297,7 @@ async def adjust(engine: AsyncEngine, refunds: Mapping[str, float],
             "caps": [caps.get(n) for n in names]})
 
 
-_PAUSE = Statement("limiter.pause", (
+_PAUSE = Statement("buckets.pause", (
     "Pause scopes after a credential fault (401/403), returning those that were running so "
     "each pause is signalled once."), """
     UPDATE scopes SET paused = true, paused_reason = :reason, updated_at = now()
@@ -409,7 +314,7 @@ async def pause(engine: AsyncEngine, scopes: list[str], reason: str) -> list[str
     return [r.name for r in rows]
 
 
-_DATABASE_TIME = Statement("limiter.database_time", (
+_DATABASE_TIME = Statement("buckets.database_time", (
     "The database's clock in Unix seconds, the clock every bucket and grant is on."), """
     SELECT extract(epoch FROM clock_timestamp())::double precision AS now
 """)
@@ -419,26 +324,3 @@ async def database_time(engine: AsyncEngine) -> float:
     """The database's clock now, Unix seconds (to calibrate a worker's schedule)."""
     [row] = await fetch(engine, _DATABASE_TIME, {})
     return float(row.now)
-
-
-def fair_shares(scopes: list[tuple[str, int]], free: int) -> dict[str, int]:
-    """Split `free` worker slots across scopes by weight, at least one each while slots
-    last, so a scope with a million items cannot starve one with ten."""
-    if free <= 0 or not scopes:
-        return {}
-    chosen = scopes[:free]
-    total = sum(max(1, w) for _, w in chosen)
-    shares = {name: max(1, free * max(1, w) // total) for name, w in chosen}
-    spare = free - sum(shares.values())
-    # the floor of one slot each can overshoot (free 3, weights 1, 1, 4): take the excess
-    # from the largest shares, never below one; a shortfall goes round-robin
-    while spare < 0:
-        largest = max(shares, key=lambda name: shares[name])
-        shares[largest] -= 1
-        spare += 1
-    i = 0
-    while spare > 0:
-        shares[chosen[i % len(chosen)][0]] += 1
-        spare -= 1
-        i += 1
-    return shares

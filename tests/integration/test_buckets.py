@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.budget import limiter
+from service.budget import buckets, rules
 from service.ledger import claims
 from service.upstreams.deletion_api import Upstreams
 from service.worker import WorkerPool, database_pool
@@ -36,7 +36,7 @@ from tests.integration.test_pipeline import (
 
 async def make_scope(engine: AsyncEngine, name: str, rate: float, burst: int) -> None:
     async with engine.begin() as conn:
-        await limiter.ensure_scopes(conn, {name: (rate, burst, 1)})
+        await buckets.ensure_scopes(conn, {name: (rate, burst, 1)})
 
 
 async def scope_rows(engine: AsyncEngine) -> dict[str, tuple[float, int, float]]:
@@ -67,13 +67,13 @@ async def test_ensuring_an_unchanged_scope_leaves_its_row_unlocked(engine: Async
     meanwhile, and a token take in flight does not hold up the registration."""
     await make_scope(engine, "s", rate=10, burst=8)
     async with engine.begin() as registering:
-        await limiter.ensure_scopes(registering, {"s": (10, 8, 1)})
+        await buckets.ensure_scopes(registering, {"s": (10, 8, 1)})
         async with engine.connect() as worker:
             await worker.execute(text("SET lock_timeout = '2s'"))
             await worker.execute(text("UPDATE scopes SET tokens = 1 WHERE name = 's'"))
             async with engine.connect() as other:
                 await other.execute(text("SET lock_timeout = '2s'"))
-                await limiter.ensure_scopes(other, {"s": (10, 8, 1)})
+                await buckets.ensure_scopes(other, {"s": (10, 8, 1)})
                 await other.commit()
             await worker.commit()
     assert await scope_rows(engine) == {"s": (10, 8, 1)}
@@ -203,8 +203,8 @@ async def test_stock_leaves_room_for_tokens_spent_late(engine: AsyncEngine) -> N
     grants = {g.scope: g.granted for g in (await admit(
         engine, {"fast": 100, "slow": 10, "tiny": 10}, lookahead_s=0)).grants}
     assert grants == {"fast": 50 - 20, "slow": 3 - 1, "tiny": 1}
-    assert limiter.late_tolerance(1000) == limiter.LATE_TOLERANCE_MIN_S
-    assert limiter.late_tolerance(2) == 0.5
+    assert rules.late_tolerance(1000) == rules.LATE_TOLERANCE_MIN_S
+    assert rules.late_tolerance(2) == 0.5
 
 
 async def test_concurrent_admitters_never_exceed_the_budget(engine: AsyncEngine) -> None:
@@ -228,7 +228,7 @@ async def test_concurrent_admitters_never_exceed_the_budget(engine: AsyncEngine)
         await asyncio.gather(*(admitter() for _ in range(8)))
     elapsed = steps * step_s + time.monotonic() - started
     # an admission may also lend the tokens due within the look-ahead (reservations)
-    assert leased <= 5 + 50 * (elapsed + limiter.LOOKAHEAD_S) + 1
+    assert leased <= 5 + 50 * (elapsed + rules.LOOKAHEAD_S) + 1
     assert leased >= 0.8 * 50 * steps * step_s  # and the budget is used, not wasted
 
 
@@ -236,16 +236,16 @@ async def test_closed_until_only_moves_later_and_blocks_tokens(engine: AsyncEngi
     await make_scope(engine, "s", rate=10, burst=10)
     async with engine.connect() as conn:
         before = (await conn.execute(text("SELECT clock_timestamp()"))).scalar_one()
-    await limiter.close(engine, {"s": limiter.Closure(5.0, 1.0, 60.0)})
+    await buckets.close(engine, {"s": rules.Closure(5.0, 1.0, 60.0)})
     async with engine.connect() as conn:
         after = (await conn.execute(text("SELECT clock_timestamp()"))).scalar_one()
-    assert (await admit(engine, {"s": 3}, lookahead_s=limiter.LOOKAHEAD_S)).grants == []
+    assert (await admit(engine, {"s": 3}, lookahead_s=rules.LOOKAHEAD_S)).grants == []
     async with engine.connect() as conn:
         first = (await conn.execute(text("SELECT closed_until FROM scopes"))).scalar_one()
     # 5 s from the closing statement's clock, plus jitter of at most 10% of the delay
-    jitter = timedelta(seconds=limiter.JITTER_SHARE * 5.0)
+    jitter = timedelta(seconds=rules.JITTER_SHARE * 5.0)
     assert before + timedelta(seconds=5) <= first <= after + timedelta(seconds=5) + jitter
-    await limiter.close(engine, {"s": limiter.Closure(1.0, 1.0, 60.0)})  # shorter: ignored
+    await buckets.close(engine, {"s": rules.Closure(1.0, 1.0, 60.0)})  # shorter: ignored
     async with engine.connect() as conn:
         second = (await conn.execute(text("SELECT closed_until FROM scopes"))).scalar_one()
         db_now = (await conn.execute(text("SELECT now()"))).scalar_one()
@@ -274,7 +274,7 @@ async def test_backoff_without_retry_after_grows_per_scope(engine: AsyncEngine) 
     for _ in range(3):
         async with engine.begin() as conn:  # reopen so each closure starts from now
             await conn.execute(text("UPDATE scopes SET closed_until = NULL"))
-        await limiter.close(engine, {"s": limiter.Closure(None, 1.0, 60.0)})
+        await buckets.close(engine, {"s": rules.Closure(None, 1.0, 60.0)})
         async with engine.connect() as conn:
             closures.append((await conn.execute(text(
                 "SELECT extract(epoch FROM closed_until - now()), backoff_level FROM scopes"
@@ -283,7 +283,7 @@ async def test_backoff_without_retry_after_grows_per_scope(engine: AsyncEngine) 
     # measured a few milliseconds after each close
     assert 0.9 <= closures[0][0] < 1.2 and 1.9 <= closures[1][0] < 2.3
     assert 3.9 <= closures[2][0] < 4.5
-    await limiter.recovered(engine, ["s"])
+    await buckets.recovered(engine, ["s"])
     async with engine.connect() as conn:
         assert (await conn.execute(text("SELECT backoff_level FROM scopes"))).scalar() == 0
 
@@ -296,7 +296,7 @@ async def test_429s_of_calls_sent_before_a_closure_are_one_step(engine: AsyncEng
     async with engine.connect() as conn:  # the closures' lengths count from here, so slow
         before = (await conn.execute(text("SELECT clock_timestamp()"))).scalar_one()
     for _ in range(5):
-        await limiter.close(engine, {"s": limiter.Closure(None, 1.0, 60.0)})
+        await buckets.close(engine, {"s": rules.Closure(None, 1.0, 60.0)})
     async with engine.connect() as conn:  # statements on a busy machine do not shorten it
         wait, level = (await conn.execute(text(
             "SELECT extract(epoch FROM closed_until - :before), backoff_level FROM scopes"
@@ -305,7 +305,7 @@ async def test_429s_of_calls_sent_before_a_closure_are_one_step(engine: AsyncEng
 
 
 async def test_answers_refund_and_lower_buckets(engine: AsyncEngine) -> None:
-    """limiter.adjust: a refund adds to the bucket as of now (never past its spendable
+    """buckets.adjust: a refund adds to the bucket as of now (never past its spendable
     burst, 10 - 1 here), a cap lowers it, and both apply to every replica's next grant."""
     await make_scope(engine, "s", rate=0.001, burst=10)
     await make_scope(engine, "t", rate=0.001, burst=10)
@@ -315,19 +315,19 @@ async def test_answers_refund_and_lower_buckets(engine: AsyncEngine) -> None:
 
     async with engine.begin() as conn:
         await conn.execute(text("UPDATE scopes SET tokens = 2, refilled_at = now()"))
-    await limiter.adjust(engine, {"s": 1.5, "t": -0.5}, {})
+    await buckets.adjust(engine, {"s": 1.5, "t": -0.5}, {})
     got = await tokens()
     assert got["s"] == pytest.approx(3.5, abs=0.01) and got["t"] == pytest.approx(1.5, abs=0.01)
-    await limiter.adjust(engine, {"s": 100}, {"t": 0.25})
+    await buckets.adjust(engine, {"s": 100}, {"t": 0.25})
     got = await tokens()
     assert got["s"] == pytest.approx(9.0) and got["t"] == pytest.approx(0.25)
-    await limiter.adjust(engine, {}, {"s": 50})  # a cap above the bucket changes nothing
+    await buckets.adjust(engine, {}, {"s": 50})  # a cap above the bucket changes nothing
     assert (await tokens())["s"] == pytest.approx(9.0, abs=0.01)
-    await limiter.adjust(engine, {"t": -1e12}, {})  # never below minus the burst
+    await buckets.adjust(engine, {"t": -1e12}, {})  # never below minus the burst
     assert (await tokens())["t"] == pytest.approx(-10.0)
     # a closed scope restarts empty when it reopens: answers do not refill it meanwhile
-    await limiter.close(engine, {"s": limiter.Closure(30.0, 1.0, 60.0)})
-    await limiter.adjust(engine, {"s": 5.0}, {})
+    await buckets.close(engine, {"s": rules.Closure(30.0, 1.0, 60.0)})
+    await buckets.adjust(engine, {"s": 5.0}, {})
     assert (await tokens())["s"] == 0.0
 
 
