@@ -1,8 +1,8 @@
-"""A simulated storefront deletion API, for `sweeper local` (over HTTP on loopback) and
-`sweeper demo` (in process). It behaves like the stores Sweeper deletes from: a token bucket
-per tenant answering 429 with Retry-After beyond it, a few milliseconds per call, 404 for an
-object already deleted, and, when asked for bad weather, some 503s and some objects that
-were gone before the first call.
+"""A simulated storefront deletion API, an ASGI application that `sweeper local` and
+`sweeper demo` serve over HTTP on loopback. It behaves like the stores Sweeper deletes from: a
+token bucket per tenant answering 429 with Retry-After beyond it, a few milliseconds per call,
+404 for an object already deleted, and, when asked for bad weather, some 503s and some objects
+that were gone before the first call.
 
     DELETE /tenants/{tenant}/carts/{object_id}  → 204, or 404 when already deleted
     GET /                                        → what it did so far, as JSON
@@ -17,8 +17,6 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
-
-import httpx
 
 Answer = tuple[int, dict[str, str], bytes]
 Scope = MutableMapping[str, Any]
@@ -49,6 +47,7 @@ class SimulatedStore:
     throttled: int = 0
 
     async def answer(self, method: str, path: str) -> Answer:
+        """The status, headers and body this store answers `method path` with."""
         if method == "GET" and path == "/":
             return 200, {"content-type": "application/json"}, json.dumps({
                 "calls": self.calls, "deleted": len(self.deleted),
@@ -77,13 +76,8 @@ class SimulatedStore:
         self.deleted.add(path)
         return 204, {}, b""
 
-    async def handle(self, request: httpx.Request) -> httpx.Response:
-        """As an httpx mock transport handler (in process, `sweeper demo`)."""
-        status, headers, body = await self.answer(request.method, request.url.path)
-        return httpx.Response(status, headers=headers, content=body)
-
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """As an ASGI application (over HTTP, `sweeper local`)."""
+        """As an ASGI application: each HTTP request answered by `answer`."""
         if scope["type"] != "http":
             return
         status, headers, body = await self.answer(scope["method"], scope["path"])
