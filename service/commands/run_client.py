@@ -95,14 +95,13 @@ async def trigger(client: httpx.AsyncClient, body: dict[str, Any], key: str | No
     return run
 
 
-async def follow(client: httpx.AsyncClient, run_id: int, out: TextIO = sys.stderr,
-                 timeout_s: float | None = None) -> dict[str, Any]:
+async def follow(client: httpx.AsyncClient, run_id: int, out: TextIO = sys.stderr
+                 ) -> dict[str, Any]:
     """Poll the run until it drains or fails, drawing a progress bar (a line every few
     seconds when `out` is not a terminal). Returns the final run."""
     progress = Progress(started=time.monotonic())
     tty = out.isatty()
     last_plain = 0.0
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
         response = await client.get(f"/v1/runs/{run_id}")
         if response.status_code != 200:
@@ -125,8 +124,6 @@ async def follow(client: httpx.AsyncClient, run_id: int, out: TextIO = sys.stder
             if tty:
                 out.write("\n")
             return run
-        if deadline is not None and now > deadline:
-            raise RunFailed(f"run {run_id} did not drain within {timeout_s:.0f} s")
         await asyncio.sleep(POLL_INTERVAL_S)
 
 

@@ -37,7 +37,8 @@ async def test_trigger_and_follow_until_drained(db_url: str) -> None:
                 assert (await api.post("/v1/items", json={"items": items})).status_code == 200
                 run = await run_client.trigger(api, {"policy": "carts"}, "slot-42")
                 out = io.StringIO()
-                final = await run_client.follow(api, int(run["id"]), out=out, timeout_s=30)
+                async with asyncio.timeout(30):
+                    final = await run_client.follow(api, int(run["id"]), out=out)
             assert final["items"] == {"succeeded": 40}
             assert "40/40 100%" in out.getvalue()
             with pytest.raises(run_client.RunFailed, match="HTTP 401"):
@@ -114,7 +115,8 @@ async def test_following_a_failed_run_stops_with_its_error(api: httpx.AsyncClien
             "VALUES ('d', now(), false, 'failed', 'database-error', jsonb_build_object("
             "'error', jsonb_build_object('code', 'database-error', 'message', "
             "'UniqueViolationError (SQLSTATE 23505)'))) RETURNING id"))).scalar_one()
-    final = await run_client.follow(api, run_id, out=io.StringIO(), timeout_s=10)
+    async with asyncio.timeout(10):
+        final = await run_client.follow(api, run_id, out=io.StringIO())
     code, line = run_client.outcome(final)
     assert code == Exit.RUN_FAILED
     assert line == f"run {run_id} failed: database-error: UniqueViolationError (SQLSTATE 23505)"
