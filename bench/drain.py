@@ -58,7 +58,7 @@ from bench.common import (
     vacuum_analyze,
 )
 from bench.plans import PlanCatcher, StatementKind
-from service.commands.cli import settle_heap
+from service.commands.startup import settle_heap
 from service.config.policies import Policies, Policy, resolve_policies
 from service.ledger import registration
 from service.runs import publication, trigger

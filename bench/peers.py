@@ -80,7 +80,7 @@ from bench.common import (
     summarize,
     with_database,
 )
-from service.commands.cli import settle_heap
+from service.commands.startup import settle_heap
 
 TARGET_RATIO = 1.5
 DEFAULT_CONCURRENCY = (64,)

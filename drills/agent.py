@@ -152,7 +152,7 @@ async def run_wrapped_worker(settings: Settings, policies: Policies, url: URL,
 
 def main(argv: list[str] | None = None) -> int:
     """`sweeper worker` with the faults of this process's environment."""
-    from service.commands import cli
+    from service.commands import cli, startup
     from service.commands.exits import Exit
 
     args = cli.build_parser().parse_args(argv if argv is not None else sys.argv[1:])
@@ -162,8 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     wrap = faults_from(os.environ)
 
     def worker(_args: object) -> int:
-        settings, policies = cli.load_config()
-        with cli.database(settings) as url:
+        settings, policies = startup.load_config()
+        with startup.database(settings) as url:
             asyncio.run(run_wrapped_worker(settings, policies, url, wrap))
         return Exit.OK
 

@@ -40,7 +40,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def cmd_drill(args: argparse.Namespace) -> int:
-    from service.commands.cli import database_server
+    from service.commands.startup import database_server
     from service.config.settings import load_settings
 
     if args.list:

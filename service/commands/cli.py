@@ -9,30 +9,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, entry_points, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from sqlalchemy.engine import URL
 
-from service.commands.exits import Exit
+from service.commands.exits import Exit, report_problems, report_warnings
 from service.commands.run_client import RunFailed
-from service.config.policies import Policies, load_policies, read_policies
-from service.config.settings import (
-    Settings,
-    async_url,
-    load_settings,
-    plain_url,
-    read_settings,
-    unknown_variables,
-)
+from service.commands.startup import COMMAND_LOGGER, database, load_config, settle_heap
+from service.config.policies import Policies, read_policies
+from service.config.settings import Settings, load_settings, read_settings, unknown_variables
 from service.db.engine import is_unavailable, make_engine
 from service.db.migrate import migrate_database, schema_revision, unreachable
 from service.errors import ConfigError, DatabaseUnavailable, ListenError
@@ -43,47 +35,9 @@ if TYPE_CHECKING:
     from service.credentials.tenant_credentials import Reencryption
     from service.evidence.verification import Verified
 
-log = logging.getLogger("service.commands.cli")
+log = logging.getLogger(COMMAND_LOGGER)
 
 PLUGIN_GROUP = "sweeper.commands"
-
-
-def load_config() -> tuple[Settings, Policies]:
-    """Settings and the policies file they name, both validated; unknown SWEEPER_*
-    variables are logged as warnings (they are ignored, so a misspelt one is a mistake)."""
-    from service.budget.credential_waits import missing_key
-    from service.credentials import Keyring
-
-    settings = load_settings()
-    policies = load_policies(settings.policies_file)
-    problems = missing_key(policies, Keyring.from_settings(settings))
-    if problems:
-        raise ConfigError(*problems)
-    configure_logging(settings)
-    for warning in unknown_variables(os.environ):
-        log.warning(warning)
-    if policies.stores:
-        from service.sweeps.store_checks import check_policies
-
-        checked = asyncio.run(check_policies(policies))
-        if checked.problems:
-            raise ConfigError(*checked.problems)
-        for warning in checked.warnings:
-            log.warning(warning)
-    return settings, policies
-
-
-@contextmanager
-def database(settings: Settings) -> Iterator[URL]:
-    """The configured database URL, or an embedded server for as long as the block runs."""
-    url = settings.sqlalchemy_url()
-    if url is not None:
-        yield url
-        return
-    from service.db.embedded import embedded_database
-
-    with embedded_database(settings.data_dir) as embedded:
-        yield async_url(embedded)
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
@@ -100,8 +54,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     if policies_file is None:
         warnings.append("SWEEPER_POLICIES_FILE is not set: there are no policies, so no item "
                         "can be registered and no webhook accepted")
-    for warning in warnings:
-        print(f"sweeper: warning: {warning}", file=sys.stderr)
+    report_warnings(warnings)
     if settings is not None:
         from service.budget.credential_waits import missing_key
         from service.credentials import Keyring
@@ -114,8 +67,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         checked = asyncio.run(check_policies(policies, explain=args.explain))
         problems += checked.problems
         statements = checked.statements
-        for warning in checked.warnings:
-            print(f"sweeper: warning: {warning}", file=sys.stderr)
+        report_warnings(checked.warnings)
     database, down = "", None  # what is said of the database; why it cannot be reached
     try:
         database = check_database(settings) if settings is not None else ""
@@ -336,15 +288,6 @@ def cmd_worker(_args: argparse.Namespace) -> int:
     return Exit.OK
 
 
-def settle_heap() -> None:
-    """Exempt what start-up built (modules, the app, policies: ~130,000 objects) from the
-    garbage collector's full passes, which walked all of it in tens of ms each, stalling
-    every request and every call of a long-running process now and then. Objects made
-    later are collected as usual."""
-    gc.collect()
-    gc.freeze()
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     from service.commands.run_client import run_command
 
@@ -367,14 +310,6 @@ def cmd_local(args: argparse.Namespace) -> int:
     if args.port == args.store_port:
         raise ConfigError(f"--port and --store-port must differ (both {args.port})")
     return run_local(args.port, args.store_port, args.workers, args.data_dir)
-
-
-@contextmanager
-def database_server(settings: Settings) -> Iterator[str]:
-    """The plain postgresql:// URL of the configured database's server (or an embedded
-    one), for commands that create databases of their own there (`sweeper drill`)."""
-    with database(settings) as url:
-        yield plain_url(url)
 
 
 def add_plugin_commands(sub: argparse._SubParsersAction[Any]) -> None:
@@ -630,20 +565,13 @@ def main(argv: list[str] | None = None) -> int:
     return run(build_parser().parse_args(argv))
 
 
-def report_problems(problems: Iterable[str]) -> None:
-    """One line per configuration problem, on stderr."""
-    for problem in problems:
-        print(f"sweeper: configuration error: {problem}", file=sys.stderr)
-
-
 def run(args: argparse.Namespace) -> int:
     """Run a parsed command; expected failures become one line each and an exit code.
     SWEEPER_* variables nothing reads are warned about first (a misspelt one is otherwise
     ignored in silence), unless the command reads no settings or logs them itself."""
     func: Callable[[argparse.Namespace], int] = args.func
     if getattr(args, "prints_unknown_variables", True):
-        for warning in unknown_variables(os.environ):
-            print(f"sweeper: warning: {warning}", file=sys.stderr)
+        report_warnings(unknown_variables(os.environ))
     try:
         return func(args)
     except ConfigError as exc:

@@ -1,9 +1,12 @@
-"""The `sweeper` command's exit codes, one per kind of outcome, so scripts can tell a
-refused configuration from an unreachable database or a run that left items dead.
-README.md (Commands) lists them; keep the two in step."""
+"""How a `sweeper` command ends: its exit code, one per kind of outcome, so scripts can tell
+a refused configuration from an unreachable database or a run that left items dead; and the
+one line per problem or warning it prints on stderr, never a traceback. README.md
+(Commands) lists the codes; keep the two in step."""
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterable
 from enum import IntEnum
 
 
@@ -22,3 +25,15 @@ class Exit(IntEnum):
     # Ctrl-C before the command finished; a server (serve, worker, local) asked to stop by
     # Ctrl-C or SIGTERM drains and exits OK: stopping is what it was asked to do
     INTERRUPTED = 130
+
+
+def report_problems(problems: Iterable[str]) -> None:
+    """One line per configuration problem, on stderr."""
+    for problem in problems:
+        print(f"sweeper: configuration error: {problem}", file=sys.stderr)
+
+
+def report_warnings(warnings: Iterable[str]) -> None:
+    """One line per warning (a mistake that does not stop the command), on stderr."""
+    for warning in warnings:
+        print(f"sweeper: warning: {warning}", file=sys.stderr)
