@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from sqlalchemy.engine import URL
 
+from service.commands.check_config import cmd_check_config
 from service.commands.exits import Exit, report_problems, report_warnings
 from service.commands.run_client import RunFailed
 from service.commands.startup import COMMAND_LOGGER, database, load_config, settle_heap
-from service.config.policies import Policies, read_policies
-from service.config.settings import Settings, load_settings, read_settings, unknown_variables
+from service.config.settings import Settings, load_settings, unknown_variables
 from service.db.engine import is_unavailable, make_engine
-from service.db.migrate import migrate_database, schema_revision, unreachable
+from service.db.migrate import migrate_database, unreachable
 from service.errors import ConfigError, DatabaseUnavailable, ListenError
 from service.observability.logs import configure_logging
 
@@ -38,98 +38,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(COMMAND_LOGGER)
 
 PLUGIN_GROUP = "sweeper.commands"
-
-
-def cmd_check_config(args: argparse.Namespace) -> int:
-    """Every problem of the settings, the policies file and the database at once (each
-    source checked as far as its own problems allow), then the warnings; exit 2 on a
-    configuration problem, else 3 when the database cannot be reached."""
-    settings, problems = read_settings()
-    named = os.environ.get("SWEEPER_POLICIES_FILE")  # where no settings could be read
-    policies_file = (settings.policies_file if settings is not None
-                     else Path(named) if named else None)
-    policies, found = read_policies(policies_file)
-    problems += found
-    warnings = unknown_variables(os.environ)
-    if policies_file is None:
-        warnings.append("SWEEPER_POLICIES_FILE is not set: there are no policies, so no item "
-                        "can be registered and no webhook accepted")
-    report_warnings(warnings)
-    if settings is not None:
-        from service.budget.credential_waits import missing_key
-        from service.credentials import Keyring
-
-        problems += missing_key(policies, Keyring.from_settings(settings))
-    statements: list[str] = []
-    if policies.stores:
-        from service.sweeps.store_checks import check_policies
-
-        checked = asyncio.run(check_policies(policies, explain=args.explain))
-        problems += checked.problems
-        statements = checked.statements
-        report_warnings(checked.warnings)
-    database, down = "", None  # what is said of the database; why it cannot be reached
-    try:
-        database = check_database(settings) if settings is not None else ""
-    except ConfigError as exc:
-        problems += exc.problems
-    except DatabaseUnavailable as exc:
-        down = exc
-    report_problems(problems)
-    if down is not None:
-        print(f"sweeper: database unavailable: {down}", file=sys.stderr)
-    if problems or settings is None:
-        return Exit.CONFIG
-    if down is not None:
-        return Exit.DATABASE
-    print(f"ok: {checked_summary(policies)}; database: {database}; evidence "
-          f"exports: {signing_said(settings)}")
-    for shown in statements:
-        print(shown)
-    from service.sweeps.list_pages import describe_requests
-
-    for shown in describe_requests(policies):
-        print(shown)
-    return Exit.OK
-
-
-def checked_summary(policies: Policies) -> str:
-    """What check-config found in the policies file, counted."""
-    stores = f"{len(policies.stores)} store(s), " if policies.stores else ""
-    return (f"{len(policies.upstreams)} upstream(s), {stores}"
-            f"{len(policies.policies)} policy(ies), "
-            f"{len(policies.webhooks)} webhook source(s) from {policies.source}")
-
-
-def signing_said(settings: Settings) -> str:
-    """How the process will sign evidence exports, as check-config says it."""
-    signer = settings.evidence_signer()
-    if signer is not None:
-        return f"signed with key {signer.current.key_id}"
-    if settings.database_url is None:
-        return f"signed with the key under {settings.data_dir}"
-    return "UNSIGNED (set SWEEPER_EVIDENCE_SIGNING_KEY_FILE)"
-
-
-def check_database(settings: Settings) -> str:
-    """What check-config says of the database: the configured one reached, and its schema
-    against this build's; the embedded one's folder. DatabaseUnavailable when it cannot be
-    reached, ConfigError when the embedded one is not installed."""
-    from service.db import embedded
-    from service.db.migrate import head_revision
-
-    url = settings.sqlalchemy_url()
-    if url is None:
-        if not embedded.installed():
-            raise ConfigError(embedded.NOT_INSTALLED)
-        return f"embedded, under {settings.data_dir}"
-    revision = asyncio.run(schema_revision(url, settings))
-    said = f"reachable, schema at {revision or 'nothing yet'}"
-    if revision != head_revision():
-        said += (f" (this build's is {head_revision()}: "
-                 + ("`serve` migrates it at start)" if settings.migrate_on_start
-                    else "run `sweeper migrate`, SWEEPER_MIGRATE_ON_START is off)"))
-    return said
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
