@@ -16,24 +16,17 @@ import time
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, entry_points, version
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
-
-from sqlalchemy.engine import URL
+from typing import Any, NoReturn
 
 from service.commands.check_config import cmd_check_config
 from service.commands.exits import Exit, report_problems, report_warnings
+from service.commands.rotate_credentials import cmd_rotate_credentials_key
 from service.commands.run_client import RunFailed
 from service.commands.startup import COMMAND_LOGGER, database, load_config, settle_heap
-from service.config.settings import Settings, load_settings, unknown_variables
-from service.db.engine import is_unavailable, make_engine
-from service.db.migrate import migrate_database, unreachable
+from service.commands.verify_evidence import cmd_verify_evidence
+from service.config.settings import unknown_variables
+from service.db.migrate import migrate_database
 from service.errors import ConfigError, DatabaseUnavailable, ListenError
-from service.observability.logs import configure_logging
-
-if TYPE_CHECKING:
-    from service.credentials import Keyring
-    from service.credentials.tenant_credentials import Reencryption
-    from service.evidence.verification import Verified
 
 log = logging.getLogger(COMMAND_LOGGER)
 
@@ -46,103 +39,6 @@ def cmd_migrate(args: argparse.Namespace) -> int:
         asyncio.run(migrate_database(url, settings, args.revision))
     print(f"schema at {args.revision}")
     return 0
-
-
-def cmd_rotate_credentials_key(_args: argparse.Namespace) -> int:
-    """Re-encrypt every stored credential under SWEEPER_CREDENTIALS_KEY; exit 1 if some
-    row opens under no configured key (each is logged with its tenant and upstream)."""
-    from service.credentials import Keyring
-
-    settings = load_settings()
-    configure_logging(settings)
-    keyring = Keyring.from_settings(settings)
-    if keyring is None:
-        raise ConfigError("SWEEPER_CREDENTIALS_KEY: must be set: stored credentials are "
-                          "re-encrypted under it")
-    with database(settings) as url:
-        done = asyncio.run(_reencrypt(url, settings, keyring))
-    print(f"{done.reencrypted} credential(s) re-encrypted under key {keyring.current_id}, "
-          f"{done.replaced_meanwhile} replaced meanwhile, {len(done.unreadable)} unreadable")
-    return Exit.INCOMPLETE if done.unreadable else Exit.OK
-
-
-async def _reencrypt(url: URL, settings: Settings, keyring: Keyring) -> Reencryption:
-    from service.credentials import tenant_credentials
-
-    engine = make_engine(url, settings)
-    try:
-        return await tenant_credentials.reencrypt(engine, keyring,
-                                                  actor="cli:credentials rotate-key")
-    except Exception as exc:
-        if is_unavailable(exc):
-            raise unreachable(url, exc) from None
-        raise
-    finally:
-        await engine.dispose()
-
-
-def _verified_slices(verified: Verified, kept: int) -> str:
-    """What a verified log export holds, in one line."""
-    parts = [f"run {verified.run_id}" if verified.run_id is not None else "log range",
-             f"{verified.records} record(s)",
-             f"entries {verified.first_seq}..{verified.last_seq}" if verified.entries
-             else "no entries",
-             f"{verified.checkpoints} checkpoint(s)"]
-    if kept:
-        parts.append(f"{kept} kept checkpoint(s) given")
-    said = ", ".join(parts) + f", signed with key {verified.key_id}"
-    if verified.next_after is not None:
-        said += f"; next page after={verified.next_after}"
-    return said
-
-
-def cmd_verify_evidence(args: argparse.Namespace) -> int:
-    """Verify an evidence export offline: the log's slices against their signed checkpoints
-    (and the checkpoints kept outside the database, if given) and the manifest, or an
-    export made before the evidence log (sweeper-evidence/1). Exit 0 verified, 1 not (the
-    first failing line named), 2 a file that cannot be read."""
-    from service.config import signing_keys
-    from service.evidence import signed_exports, verification
-
-    keys: list[signing_keys.PublicKey] = []
-    for path in args.public_key:
-        try:
-            keys.extend(signing_keys.public_keys(path.read_bytes()))
-        except OSError as exc:
-            raise ConfigError(f"--public-key {path}: cannot be read ({exc.strerror})") from None
-        except signing_keys.KeyProblem as exc:
-            raise ConfigError(f"--public-key {path}: {exc}") from None
-    kept: dict[int, bytes] = {}
-    if args.checkpoints is not None:
-        try:
-            kept = verification.kept_checkpoints(args.checkpoints.read_bytes(), keys)
-        except OSError as exc:
-            raise ConfigError(f"--checkpoints {args.checkpoints}: cannot be read "
-                              f"({exc.strerror})") from None
-        except signed_exports.VerificationFailed as exc:
-            print(f"{args.checkpoints}: NOT verified: checkpoint {exc.line}: {exc.reason}",
-                  file=sys.stderr)
-            return Exit.INCOMPLETE
-    try:
-        with args.file.open("rb") as lines:
-            first = lines.readline()
-            lines.seek(0)
-            if first.startswith(b'{"checkpoint"') or b'"sweeper-evidence/2"' in first:
-                said = _verified_slices(verification.verify(lines, keys, kept), len(kept))
-            else:
-                if kept:
-                    raise ConfigError(f"{args.file}: a sweeper-evidence/1 export (made before "
-                                      f"the evidence log): --checkpoints does not apply")
-                old = signed_exports.verify(lines, keys)
-                said = (f"run {old.run_id}, {old.records} record(s), signed with key "
-                        f"{old.key_id} (sweeper-evidence/1: chained at export)")
-    except OSError as exc:
-        raise ConfigError(f"{args.file}: cannot be read ({exc.strerror})") from None
-    except signed_exports.VerificationFailed as exc:
-        print(f"{args.file}: NOT verified: {exc}", file=sys.stderr)
-        return Exit.INCOMPLETE
-    print(f"{args.file}: verified: {said}")
-    return Exit.OK
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
