@@ -1,5 +1,6 @@
 """The `sweeper` command: its parser (`build_parser`, whose commands and options README.md's
-Commands table shows, a test keeping the two equal) and each command's body.
+Commands table shows, a test keeping the two equal) and `run`; each command's body is in the
+module named for it.
 
 Exit codes are service/commands/exits.py's. Expected failures print one line per problem to
 stderr, never a traceback.
@@ -8,112 +9,26 @@ stderr, never a traceback.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import logging
 import os
 import sys
-import time
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, entry_points, version
 from pathlib import Path
 from typing import Any, NoReturn
 
 from service.commands.check_config import cmd_check_config
+from service.commands.demo import cmd_demo
 from service.commands.exits import Exit, report_problems, report_warnings
+from service.commands.local import cmd_local
+from service.commands.openapi import cmd_openapi
+from service.commands.processes import cmd_migrate, cmd_serve, cmd_worker
 from service.commands.rotate_credentials import cmd_rotate_credentials_key
-from service.commands.run_client import RunFailed
-from service.commands.startup import COMMAND_LOGGER, database, load_config, settle_heap
+from service.commands.run_client import RunFailed, cmd_run
 from service.commands.verify_evidence import cmd_verify_evidence
 from service.config.settings import unknown_variables
-from service.db.migrate import migrate_database
 from service.errors import ConfigError, DatabaseUnavailable, ListenError
 
-log = logging.getLogger(COMMAND_LOGGER)
-
 PLUGIN_GROUP = "sweeper.commands"
-
-
-def cmd_migrate(args: argparse.Namespace) -> int:
-    settings, _ = load_config()
-    with database(settings) as url:
-        asyncio.run(migrate_database(url, settings, args.revision))
-    print(f"schema at {args.revision}")
-    return 0
-
-
-def cmd_serve(args: argparse.Namespace) -> int:
-    from service.app import create_app
-    from service.http.serving import GracefulServer, listening_socket, server_config
-
-    settings, policies = load_config()
-    host = args.host or settings.host
-    port = settings.port if args.port is None else args.port
-    # bound before the database starts: a port in use is refused at once, with exit 4
-    sock = listening_socket(host, port)
-    try:
-        with database(settings) as url:
-            if settings.migrate_on_start:
-                asyncio.run(migrate_database(url, settings))
-            app = create_app(settings, policies, url, run_workers=not args.api_only)
-            settle_heap()
-            log.info("serving", extra={"host": host, "port": sock.getsockname()[1],
-                                       "workers": 0 if args.api_only else settings.workers,
-                                       "tls": settings.tls_cert_file is not None})
-            GracefulServer(server_config(app, settings, host=host, port=port)).run(
-                sockets=[sock])
-    finally:
-        sock.close()
-    return Exit.OK
-
-
-def cmd_worker(_args: argparse.Namespace) -> int:
-    """`sweeper worker`."""
-    from service.worker import run_worker_process
-    from service.worker.health import WorkerHealth, serve_probes
-
-    settings, policies = load_config()
-    if settings.workers < 1:
-        raise ConfigError("SWEEPER_WORKERS: must be at least 1 for `sweeper worker`")
-    health = WorkerHealth(time.monotonic)
-    if settings.metrics_port:
-        # /healthz, /readyz and the process registry over plain HTTP from a daemon thread
-        # (service/worker/health.py): counters and histograms only; the API replicas report
-        # the ledger gauges.
-        try:
-            serve_probes(health, settings.host, settings.metrics_port)
-        except OSError as exc:
-            raise ListenError(f"SWEEPER_METRICS_PORT: cannot listen on {settings.host}:"
-                              f"{settings.metrics_port}: {exc.strerror}") from None
-    with database(settings) as url:
-        if settings.migrate_on_start:
-            asyncio.run(migrate_database(url, settings))
-        settle_heap()
-        asyncio.run(run_worker_process(settings, policies, url, health=health))
-    return Exit.OK
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    from service.commands.run_client import run_command
-
-    body = {k: v for k, v in {"policy": args.policy, "tenant_id": args.tenant,
-                              "dry_run": args.dry_run, "max_items": args.max_items}.items()
-            if v not in (None, False)}
-    token = args.token or os.environ.get("SWEEPER_TOKEN")
-    return asyncio.run(run_command(args.url, token, body, args.idempotency_key, args.follow))
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    from service.commands.demo import run_demo
-
-    return run_demo(args.items, args.tenants, args.workers, args.keep)
-
-
-def cmd_local(args: argparse.Namespace) -> int:
-    from service.commands.local import run_local
-
-    if args.port == args.store_port:
-        raise ConfigError(f"--port and --store-port must differ (both {args.port})")
-    return run_local(args.port, args.store_port, args.workers, args.data_dir)
 
 
 def add_plugin_commands(sub: argparse._SubParsersAction[Any]) -> None:
@@ -126,24 +41,6 @@ def add_plugin_commands(sub: argparse._SubParsersAction[Any]) -> None:
             print(f"sweeper: command {entry.name!r} is unavailable: {exc}", file=sys.stderr)
             continue
         register(sub)
-
-
-def cmd_openapi(args: argparse.Namespace) -> int:
-    from service.commands.openapi import render_openapi
-
-    document = render_openapi()
-    out: Path = args.output
-    if args.check:
-        current = out.read_text(encoding="utf-8") if out.exists() else ""
-        if current != document:
-            print(f"{out} is out of date; run `sweeper openapi`", file=sys.stderr)
-            return 1
-        print(f"{out} is up to date")
-        return 0
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(document, encoding="utf-8")
-    print(f"wrote {out}")
-    return 0
 
 
 class Parser(argparse.ArgumentParser):

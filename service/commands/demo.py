@@ -10,6 +10,7 @@ bar.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import io
 import logging
@@ -18,23 +19,20 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
-import uvicorn
 
-from service.app import create_app
 from service.commands import run_client
 from service.commands.local import signing_key
 from service.commands.local.store import SimulatedStore, Weather
 from service.config.policies import Policies, resolve_policies
 from service.config.settings import LogFormat, Settings, async_url
-from service.db.embedded import embedded_database
 from service.db.migrate import migrate_database
-from service.http.serving import CompanionServer, listening_socket
 
 log = logging.getLogger(__name__)
 
 TENANT_RATE_PER_S = 40.0
 STORE_BURST = 4  # like real storefront APIs, the store tolerates a few calls of jitter
 BAD_WEATHER = Weather(unavailable=0.01, absent=0.03)
+REGISTER_BATCH = 5000  # items per POST /v1/items
 
 
 def demo_policies(store_port: int) -> Policies:
@@ -52,7 +50,27 @@ def demo_policies(store_port: int) -> Policies:
     }, {}, source="<demo>")
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    """`sweeper demo`."""
+    return run_demo(args.items, args.tenants, args.workers, args.keep)
+
+
+def run_demo(items: int, tenants: int, workers: int, keep: Path | None) -> int:
+    """Start an embedded database (a temporary one unless `keep` names a folder) and run."""
+    from service.db.embedded import embedded_database
+
+    with embedded_database(keep, prefix="sweeper-demo-") as url:
+        return asyncio.run(_demo(url, items, tenants, workers, keep))
+
+
 async def _demo(url: str, items: int, tenants: int, workers: int, keep: Path | None) -> int:
+    """The store and the API served on loopback ports for as long as the demo drives them."""
+    # here, not above: the parser imports this module, and `sweeper --help` loads no server
+    import uvicorn
+
+    from service.app import create_app
+    from service.http.serving import CompanionServer, listening_socket
+
     token = secrets.token_urlsafe(24)
     key, key_file = signing_key(keep)  # signed as the docs say the embedded database is
     settings = Settings(database_url=url, api_tokens=token, workers=workers,
@@ -81,26 +99,7 @@ async def _demo(url: str, items: int, tenants: int, workers: int, keep: Path | N
     try:
         async with httpx.AsyncClient(base_url=base, timeout=30,
                                      headers={"Authorization": f"Bearer {token}"}) as client:
-            due = datetime.now(UTC) - timedelta(days=31)
-            names = [f"shop-{i}.example" for i in range(tenants)]
-            batch = [{"tenant_id": names[i % tenants], "object_id": f"cart-{i:06d}",
-                      "policy": "cart-retention", "due_at": due.isoformat()}
-                     for i in range(items)]
-            for start in range(0, len(batch), 5000):
-                response = await client.post("/v1/items", json={"items": batch[start:start
-                                                                                  + 5000]})
-                response.raise_for_status()
-            print(f"registered {items} expired carts over {tenants} tenants")
-            dry = await run_client.trigger(client, {"dry_run": True}, None)
-            report = await run_client.follow(client, int(dry["id"]), out=io.StringIO())
-            print(f"report-only run {dry['id']} first (the runbook's advice): "
-                  f"{report['candidates']} candidates, the oldest due "
-                  f"{report['oldest_due_at']}; nothing released")
-            run = await run_client.trigger(client, {}, f"demo-{datetime.now(UTC):%Y%m%dT%H%M}")
-            print(f"run {run['id']} published; draining:")
-            final = await run_client.follow(client, int(run["id"]))
-            print("done: " + ", ".join(f"{k}={v}" for k, v in sorted(final["items"].items()))
-                  + f"; upstream calls {store.calls}, answered 429 {store.throttled} times")
+            await _drive(client, store, items, tenants)
     finally:
         server.should_exit = True
         await serving
@@ -109,7 +108,27 @@ async def _demo(url: str, items: int, tenants: int, workers: int, keep: Path | N
     return 0
 
 
-def run_demo(items: int, tenants: int, workers: int, keep: Path | None) -> int:
-    """Start an embedded database (a temporary one unless `keep` names a folder) and run."""
-    with embedded_database(keep, prefix="sweeper-demo-") as url:
-        return asyncio.run(_demo(url, items, tenants, workers, keep))
+async def _drive(client: httpx.AsyncClient, store: SimulatedStore, items: int,
+                 tenants: int) -> None:
+    """Register the expired carts, run a report-only run, then the run, followed with the
+    progress bar until it drains."""
+    due = datetime.now(UTC) - timedelta(days=31)
+    names = [f"shop-{i}.example" for i in range(tenants)]
+    batch = [{"tenant_id": names[i % tenants], "object_id": f"cart-{i:06d}",
+              "policy": "cart-retention", "due_at": due.isoformat()}
+             for i in range(items)]
+    for start in range(0, len(batch), REGISTER_BATCH):
+        response = await client.post("/v1/items",
+                                     json={"items": batch[start:start + REGISTER_BATCH]})
+        response.raise_for_status()
+    print(f"registered {items} expired carts over {tenants} tenants")
+    dry = await run_client.trigger(client, {"dry_run": True}, None)
+    report = await run_client.follow(client, int(dry["id"]), out=io.StringIO())
+    print(f"report-only run {dry['id']} first (the runbook's advice): "
+          f"{report['candidates']} candidates, the oldest due "
+          f"{report['oldest_due_at']}; nothing released")
+    run = await run_client.trigger(client, {}, f"demo-{datetime.now(UTC):%Y%m%dT%H%M}")
+    print(f"run {run['id']} published; draining:")
+    final = await run_client.follow(client, int(run["id"]))
+    print("done: " + ", ".join(f"{k}={v}" for k, v in sorted(final["items"].items()))
+          + f"; upstream calls {store.calls}, answered 429 {store.throttled} times")

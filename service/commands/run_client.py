@@ -4,7 +4,9 @@ due), 1 some items went dead, 6 the run failed, 5 the server was unreachable or 
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import os
 import shutil
 import sys
 import time
@@ -196,3 +198,13 @@ async def run_command(url: str, token: str | None, body: dict[str, Any], key: st
     code, line = outcome(final)
     print(line, file=sys.stdout if code is Exit.OK else sys.stderr)
     return code
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """`sweeper run`: the trigger's body from the options, the token from --token or
+    SWEEPER_TOKEN."""
+    body = {k: v for k, v in {"policy": args.policy, "tenant_id": args.tenant,
+                              "dry_run": args.dry_run, "max_items": args.max_items}.items()
+            if v not in (None, False)}
+    token = args.token or os.environ.get("SWEEPER_TOKEN")
+    return asyncio.run(run_command(args.url, token, body, args.idempotency_key, args.follow))

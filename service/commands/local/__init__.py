@@ -9,6 +9,7 @@ listens on loopback only: the token is printed in the README, so it guards nothi
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import socket
@@ -22,6 +23,7 @@ from service.commands.local.store import SimulatedStore
 from service.config import signing_keys
 from service.config.policies import Policies, resolve_policies
 from service.config.settings import Environment, LogFormat, Settings, async_url
+from service.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +69,13 @@ def try_commands(port: int) -> str:
             f"curl -sS -w '\\n' {api}/v1/runs {auth} -H 'Content-Type: application/json' \\\n"
             f"  -d '{{\"policy\": \"cart-retention\"}}'\n"
             f"curl -sS -w '\\n' {auth} {api}/v1/runs/1 {api}/v1/runs/1/evidence\n")
+
+
+def cmd_local(args: argparse.Namespace) -> int:
+    """`sweeper local`: its two ports must differ."""
+    if args.port == args.store_port:
+        raise ConfigError(f"--port and --store-port must differ (both {args.port})")
+    return run_local(args.port, args.store_port, args.workers, args.data_dir)
 
 
 def run_local(port: int, store_port: int, workers: int, data_dir: Path | None) -> int:
