@@ -154,8 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     """`sweeper worker` with the faults of this process's environment."""
     from service.commands import cli, startup
     from service.commands.exits import Exit
+    from service.commands.parser import build_parser
 
-    args = cli.build_parser().parse_args(argv if argv is not None else sys.argv[1:])
+    args = build_parser().parse_args(argv if argv is not None else sys.argv[1:])
     if args.command != "worker":
         print("drills.agent runs `worker` only", file=sys.stderr)
         return Exit.USAGE

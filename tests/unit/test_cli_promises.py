@@ -10,6 +10,8 @@ import logging
 import os
 import re
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +19,7 @@ import pytest
 
 from service.commands import cli
 from service.commands.exits import Exit
+from service.commands.parser import HelpFormatter, build_parser, sweeper_version
 from tests.conftest import REPO_ROOT
 
 
@@ -61,8 +64,20 @@ def busy_port() -> Iterator[int]:
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = sweeper(capsys, "--version")
-    assert (code, out) == (0, f"sweeper {cli.sweeper_version()}\n")
-    assert cli.sweeper_version()[0].isdigit()
+    assert (code, out) == (0, f"sweeper {sweeper_version()}\n")
+    assert sweeper_version()[0].isdigit()
+
+
+def test_the_command_line_loads_no_server() -> None:
+    """The parser imports every subcommand's module, which import the app, uvicorn and the
+    worker only when their command runs: `sweeper --help`, `run` and `check-config` start
+    without them."""
+    heavy = ("service.app", "service.http", "service.worker", "uvicorn", "fastapi")
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys; import service.commands.cli; "
+         f"print(sorted(m for m in {heavy!r} if m in sys.modules))"],
+        capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]"
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -74,7 +89,7 @@ def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.Argument
 
 def test_every_command_and_option_has_help_with_its_default(
         capsys: pytest.CaptureFixture[str]) -> None:
-    parser = cli.build_parser()
+    parser = build_parser()
     commands = _subcommands(parser)
     assert {"serve", "worker", "migrate", "check-config", "run", "local", "demo", "drill",
             "openapi"} <= set(commands)
@@ -92,7 +107,7 @@ def test_every_command_and_option_has_help_with_its_default(
             label = f"{name} {'/'.join(action.option_strings) or action.dest}"
             assert action.help, f"{label} has no help"
             if action.option_strings:
-                shown = cli.HelpFormatter("sweeper")._get_help_string(action) or ""
+                shown = HelpFormatter("sweeper")._get_help_string(action) or ""
                 assert "default" in shown, f"{label} does not say its default: {shown!r}"
         code, out, _ = sweeper(capsys, name, "--help")
         assert code == 0 and "usage: sweeper " + name in out
@@ -134,7 +149,7 @@ def test_the_readme_lists_every_command_with_all_its_options() -> None:
     """README.md's commands table is generated from the parser (it had left out options:
     `local --workers`, `demo --tenants`, `openapi --output`, `run --url` ...); a change to
     either shows here, with the table to paste."""
-    expected = commands_table(cli.build_parser())
+    expected = commands_table(build_parser())
     readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
     start = readme.index("| command | what it does |")
     table = readme[start:readme.index("\n\n", start)]
