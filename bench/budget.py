@@ -262,8 +262,8 @@ async def worker_processes(url: str, policies_file: Path, workers: int, replicas
 async def release_everything(engine: AsyncEngine) -> None:
     """A run over every due item, published at once."""
     run_id, _ = await trigger.create_run(engine, trigger.RunRequest(None, None, None,
-                                                                            False, None),
-                                      None)
+                                                                    False, None),
+                                         None)
     await publication.publish(engine, run_id, batch_size=5_000)
 
 

@@ -540,7 +540,7 @@ def pages(f: Facts) -> list[Page]:
         Page("items-tenant-object",
              f"/console/items?tenant_id={f.big_tenant}&object_id={f.object_id}",
              statements=[(item_selection._LIST, _items_params(tenant=f.big_tenant,
-                                                            obj=f.object_id))]),
+                                                              obj=f.object_id))]),
         Page("item", f"/console/items/{f.dead_item}", statements=[
             (operator_reads._ITEM, {"id": f.dead_item}),
             (operator_reads._ATTEMPTS, {"id": f.dead_item})]),
@@ -551,7 +551,7 @@ def pages(f: Facts) -> list[Page]:
              statements=[(scope_controls._LIST, {"after": None, "name": scope_name, "limit": 1})]),
         Page("webhooks", "/console/webhooks", statements=[
             (operator_reads._RECEIPTS, {"source": None, "result": None, "before": None,
-                                    "limit": PAGE_SIZE}),
+                                        "limit": PAGE_SIZE}),
             (operator_reads._RECEIPT_COUNTS, {})]),
         Page("audit", "/console/audit", statements=[
             (operator_reads._ACTIONS, {"before": None, "limit": PAGE_SIZE})]),

@@ -243,8 +243,8 @@ async def seed(engine: AsyncEngine, policy: Policy, n: int) -> dict[str, Any]:
             for i in range(start, min(n, start + REGISTER_CHUNK))])
     registered = time.perf_counter()
     run_id, _ = await trigger.create_run(engine, trigger.RunRequest(None, None, None,
-                                                                            False, None),
-                                      None)
+                                                                    False, None),
+                                         None)
     if not await publication.publish(engine, run_id, batch_size=BATCH_SIZE):
         raise RuntimeError("publication was taken by another publisher")
     published = time.perf_counter()
@@ -268,8 +268,8 @@ async def top_up(engine: AsyncEngine, policy: Policy, n: int) -> None:
         registration.Registration(TENANTS[i % len(TENANTS)], f"extra-{i:08d}", policy, due)
         for i in range(n)])
     run_id, _ = await trigger.create_run(engine, trigger.RunRequest(None, None, None,
-                                                                            False, None),
-                                      None)
+                                                                    False, None),
+                                         None)
     await publication.publish(engine, run_id, batch_size=BATCH_SIZE)
 
 

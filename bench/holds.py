@@ -81,8 +81,8 @@ async def once(ctx: BenchContext, args: argparse.Namespace) -> dict[str, float |
 
         registered = await timed(register())
         run_id, _ = await trigger.create_run(db.engine, trigger.RunRequest(None, None,
-                                                                                   None, False,
-                                                                     None), None)
+                                                                           None, False,
+                                                                           None), None)
         while not await publication.publish(db.engine, run_id, batch_size=1000):
             pass
         async with db.engine.begin() as conn:

@@ -196,8 +196,8 @@ class TimedDiscovery(Discovery):
 async def discover(engine: Any, policies: Policies, dry_run: bool) -> dict[str, Any]:
     """One run's discovery of the whole table, timed; the run is left unpublished."""
     run_id, _ = await trigger.create_run(engine, trigger.RunRequest(POLICY, None, None,
-                                                                            dry_run,
-                                                              None), None)
+                                                                    dry_run,
+                                                                    None), None)
     async with engine.connect() as conn:
         row = (await conn.execute(text("SELECT * FROM runs WHERE id = :id"), {"id": run_id})
                ).mappings().one()

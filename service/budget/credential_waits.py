@@ -87,7 +87,7 @@ async def resume_arrived(engine: AsyncEngine, policies: Policies, credentials: C
                if await _waits_for_nothing(w.tenant_id, w.policy, policies, credentials)]
     resumed = await scope_controls.resume_waiting(engine, arrived, NO_CREDENTIAL,
                                                   actor=SYSTEM_ACTOR,
-                                          why="its tenant's credential arrived")
+                                                  why="its tenant's credential arrived")
     for scope in resumed:
         log.info("scope resumed: its tenant's credential arrived", extra={"scope": scope})
     return resumed

@@ -66,8 +66,8 @@ async def set_budget(engine: AsyncEngine, scope: str, *, rate: float, burst: int
         if row is None:
             return False
         await audit_trail.record(conn, actor=actor, action="scope.budget", reason=reason,
-                           details={"scope": scope, "rate_per_second": rate, "burst": burst,
-                                    "weight": weight})
+                                 details={"scope": scope, "rate_per_second": rate, "burst": burst,
+                                          "weight": weight})
     return True
 
 
@@ -94,7 +94,7 @@ async def pause(engine: AsyncEngine, scope: str, *, actor: str, reason: str | No
         if row is None:
             return False
         await audit_trail.record(conn, actor=actor, action="scope.pause", reason=reason,
-                           details={"scope": scope})
+                                 details={"scope": scope})
     return True
 
 
@@ -209,7 +209,7 @@ async def resume_waiting(engine: AsyncEngine, names: list[str], reason: str, *, 
                                              {"names": names, "reason": reason})]
         for scope in resumed:
             await audit_trail.record(conn, actor=actor, action="scope.resume", reason=why,
-                               details={"scope": scope, "paused_reason": reason})
+                                     details={"scope": scope, "paused_reason": reason})
     return resumed
 
 
@@ -235,7 +235,7 @@ async def set_workers_paused(engine: AsyncEngine, *, paused: bool, actor: str,
         await run(conn, _LOCK_CONTROL)
         await run(conn, _SET_WORKERS_PAUSED, {"paused": paused, "reason": reason})
         await audit_trail.record(conn, actor=actor, reason=reason, details={},
-                           action="workers.pause" if paused else "workers.resume")
+                                 action="workers.pause" if paused else "workers.resume")
 
 
 _WORKERS_STATE = Statement("scope_controls.workers_state", (

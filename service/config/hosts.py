@@ -101,7 +101,7 @@ def _internal_values(prefix: str, suffix: str) -> list[str]:
 
 
 def host_pattern_problems(pattern: re.Pattern[str], host: list[tuple[str, str | None]], *,
-                      allow_private: bool = False) -> list[str]:
+                          allow_private: bool = False) -> list[str]:
     """Why `pattern` could let a value escape the host template, accept any host, or
     (without `allow_private`) make an internal one. (A heuristic, probing with hostile
     values: the host itself is checked on every call.)"""

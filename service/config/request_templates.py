@@ -135,7 +135,7 @@ def compile_request(origin: Origin, *, policy: str, version: int, path: str,
         upstream=origin.upstream, origin=origin,
         path_format=format_string(origin.path_pieces + path_pieces, text, segment),
         query_format=None if query_pieces is None else format_string(query_pieces, text,
-                                                                      segment),
+                                                                     segment),
         host_format=host_format,
         host_uses=frozenset(name for _, name in origin.host_pieces or [] if name) & ITEM_FIELDS,
         body_pieces=body_pieces, uses_object_version="object_version" in uses)

@@ -294,7 +294,7 @@ class Settings(BaseSettings):
         signer = self.evidence_signer()
         if signer is None and self.database_url is None:
             signer = signing_keys.Signer(signing_keys.local_key(self.data_dir),
-                                     self._previous_public_keys())
+                                         self._previous_public_keys())
         return signer
 
     def _credential_key_problems(self) -> list[str]:

@@ -133,8 +133,8 @@ async def delete(engine: AsyncEngine, tenant_id: str, upstream: str, *, actor: s
         if row is None:
             return False
         await audit_trail.record(conn, actor=actor, action="credential.delete", reason=reason,
-                           details={"tenant_id": tenant_id, "upstream": upstream,
-                                    "fingerprint": row.fingerprint})
+                                 details={"tenant_id": tenant_id, "upstream": upstream,
+                                          "fingerprint": row.fingerprint})
     return True
 
 
@@ -202,7 +202,7 @@ async def reencrypt(engine: AsyncEngine, keyring: Keyring, *, actor: str,
     result = Reencryption(moved, raced, unreadable)
     async with engine.begin() as conn:
         await audit_trail.record(conn, actor=actor, action="credential.reencrypt", reason=None,
-                           details={"key_id": keyring.current_id, "reencrypted": moved,
-                                    "replaced_meanwhile": raced,
-                                    "unreadable": len(unreadable)})
+                                 details={"key_id": keyring.current_id, "reencrypted": moved,
+                                          "replaced_meanwhile": raced,
+                                          "unreadable": len(unreadable)})
     return result

@@ -107,7 +107,7 @@ async def _span_lines(engine: AsyncEngine, slices: Slices, start: Checkpoint,
     every stored checkpoint among them after the segment it ends (each one a verifier
     checks the chain against), the last being `end`."""
     inner = await chain.checkpoints(engine, after=start.size, until=end.size,
-                                           limit=end.size - start.size)
+                                    limit=end.size - start.size)
     inner.reverse()  # popped from the end, oldest first
     opening = slices.checkpoint(start)  # sent with the first page, not as a chunk alone
     async for page in chain.segments(engine, start.size, end.size):

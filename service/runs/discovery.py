@@ -323,7 +323,7 @@ async def report(engine: AsyncEngine, run_id: int, *, limit: int = MAX_TENANTS_S
     if run.dry_run:
         async with engine.connect() as conn:
             found_previous = await reports.previous_dry_run(conn, run_id, run.policy,
-                                                         run.tenant_id)
+                                                            run.tenant_id)
         previous = int(found_previous.id) if found_previous is not None else None
     policies = {r.policy: {**r._mapping, "tenants": []}
                 for r in await fetch(engine, _POLICIES, {"run": run_id})}

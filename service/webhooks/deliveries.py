@@ -83,8 +83,8 @@ def read_delivery(source: WebhookSource, policies: Policies, headers: Mapping[st
     try:
         webhook_signatures.verify(cfg.scheme, webhook_signatures.keys_for(cfg.scheme,
                                                                           source.secrets),
-                          headers, body, now_s=now_s, tolerance_s=cfg.tolerance_seconds,
-                          signature_header=cfg.signature_header)
+                                  headers, body, now_s=now_s, tolerance_s=cfg.tolerance_seconds,
+                                  signature_header=cfg.signature_header)
         verified_at = (int(headers["webhook-timestamp"]) if cfg.scheme == "standard"
                        else None)
     except webhook_signatures.SignatureRejected as exc:

@@ -239,7 +239,7 @@ def delivery_params(delivery: Delivery) -> dict[str, Any]:
         "policies": [h.policy.name for h in hints],
         "versions": [h.policy.version for h in hints],
         "keys": [registration.operation_key(h.tenant_id, h.object_id, h.policy.name,
-                                      h.policy.version) for h in hints],
+                                            h.policy.version) for h in hints],
         "scopes": hint_scopes,
         "delays": [h.delay_seconds for h in hints],
         "budget_scopes": scopes, "rates": [budgets[s][0] for s in scopes],

@@ -54,7 +54,7 @@ async def resume_reachable(engine: AsyncEngine, policies: Policies, stores: Stor
             ready.append(scope.name)
     resumed = await scope_controls.resume_waiting(engine, ready, STORE_UNREACHABLE,
                                                   actor=SYSTEM_ACTOR,
-                                          why="its store answers again")
+                                                  why="its store answers again")
     for scope_name in resumed:
         log.info("scope resumed: its store answers again", extra={"scope": scope_name})
     return resumed

@@ -72,7 +72,7 @@ class MidJitter(random.Random):
 async def run(engine: AsyncEngine, policies: Policies, policy: str, ids: list[str]) -> None:
     await registration.register(engine, [registration.Registration("acme", i,
                                                                    policies.policies[policy],
-                                                       PAST) for i in ids])
+                                                                   PAST) for i in ids])
     await release_all(engine)
     ups = Upstreams(policies.upstreams)
     try:

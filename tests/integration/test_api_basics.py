@@ -19,7 +19,7 @@ from tests.conftest import TOKEN_A, TOKEN_B, LiveServer, policies_from, test_set
 async def test_healthz_and_readyz(api: httpx.AsyncClient) -> None:
     """/healthz reports the schema revision read at start (it said null, always)."""
     assert (await api.get("/healthz")).json() == {"status": "ok",
-                                                   "schema_revision": migrate.head_revision()}
+                                                  "schema_revision": migrate.head_revision()}
     ready = await api.get("/readyz")
     assert ready.status_code == 200
     assert ready.json()["schema_revision"] == migrate.head_revision()

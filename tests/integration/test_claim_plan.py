@@ -94,9 +94,9 @@ async def test_only_operators_reads_can_use_the_listed_pending_index(engine: Asy
         ("items_ready", str(claims._ADMIT.text), admission_params(["tenant:acme"])),
         ("items_ready", buckets._ELIGIBLE.text, {"cursor": "", "limit": 10}),
         ("items_ready", scope_controls._WAITING.text, {"reason": "store-unreachable", "after": "",
-                                               "tenant": None, "limit": 100}),
+                                                       "tenant": None, "limit": 100}),
         ("items_unreleased", publication._PICK.text, {"cutoff": datetime.now(UTC), "policy": None,
-                                               "tenant": None, "limit": 500}),
+                                                      "tenant": None, "limit": 500}),
     ]
     for own_index, statement, params in statements:
         async with engine.connect() as conn:

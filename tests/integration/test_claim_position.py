@@ -22,8 +22,8 @@ async def publish_batches(engine: AsyncEngine, n: int, batch_size: int) -> list[
     """Register and publish n items in batches of batch_size; the batch ids, in order."""
     await register(engine, make_policies("http://127.0.0.1:9"), n)
     run_id, _ = await trigger.create_run(engine, trigger.RunRequest(None, None, None,
-                                                                            False, None),
-                                      None)
+                                                                    False, None),
+                                         None)
     assert await publication.publish(engine, run_id, batch_size=batch_size, lanes=1)
     async with engine.connect() as conn:
         return list((await conn.execute(text("SELECT id FROM batches ORDER BY id"))).scalars())

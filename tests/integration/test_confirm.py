@@ -76,7 +76,7 @@ async def test_a_deletion_read_as_absent_succeeds_with_evidence_saying_confirmed
         # the deletion first, then the read; the read changes nothing and carries no key
         assert [c.method for c in mine] == ["DELETE", "GET"]
         assert mine[0].idempotency_key == registration.operation_key("acme", f"cart-{i}",
-                                                               "carts", 1)
+                                                                     "carts", 1)
         assert mine[1].idempotency_key is None
     found = await evidence(engine)
     assert set(found) == {f"cart-{i}" for i in range(10)}

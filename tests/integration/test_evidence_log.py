@@ -272,7 +272,7 @@ async def test_a_replaced_checkpoint_is_caught(logged: Setup,
     # a checkpoint signed by a key that is not published
     other = signing_keys.Signer(Ed25519PrivateKey.generate())
     forged = chain.Checkpoint(5, bytes(32), chain.GENESIS_CHECKPOINT.signed_at,
-                                     other.current.key_id, None)
+                              other.current.key_id, None)
     line = json.dumps({"checkpoint": forged.statement(),
                        "signature": other.sign(chain.signed_bytes(forged.statement()))})
     lines = export.splitlines(keepends=True)
@@ -338,7 +338,7 @@ async def test_checkpoints_come_at_their_interval_and_unsigned_ones_are_signed_l
     await drain_all(engine, logged.upstream)
     # the log grew by one: due once the interval since the last checkpoint has passed
     assert await chain.checkpoint(engine, signer, at_head=False,
-                                         interval_s=3600) == 0
+                                  interval_s=3600) == 0
     # a replica with no key stores it unsigned...
     assert await chain.checkpoint(engine, None, at_head=False, interval_s=0) == 1
     [stored] = await chain.checkpoints(engine, after=7, limit=10)

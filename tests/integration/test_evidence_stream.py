@@ -251,7 +251,7 @@ async def test_pages_are_never_empty_and_never_repeat(engine: AsyncEngine, db_ur
     finally:
         await conn.close()
     pages = [page async for page in chain.segments(engine, 0, 14,
-                                                          page_segments=page_segments)]
+                                                   page_segments=page_segments)]
     assert all(0 < len(page) <= page_segments for page in pages)
     found = [s for page in pages for s in page]
     assert [s.seq_end for s in found] == [3, 6, 9, 12, 14]

@@ -64,11 +64,11 @@ async def test_no_leased_call_starts_after_the_hold_answers(
     upstream.inject(Fault.STATUS, times=None, status=204, delay=2.0)
     policies = one_connection(upstream.base_url)
     await registration.register(engine, [registration.Registration("acme", f"c-{n}",
-                                                       policies.policies["carts"], PAST)
+                                                                   policies.policies["carts"], PAST)
                                    for n in range(ITEMS)])
     run_id, _ = await trigger.create_run(engine, trigger.RunRequest(None, None, None,
-                                                                            False, None),
-                                      None)
+                                                                    False, None),
+                                         None)
     assert await publication.publish(engine, run_id, batch_size=50)
     ups = Upstreams(policies.upstreams)
     pool = database_pool(engine, policies, ups, concurrency=ITEMS,

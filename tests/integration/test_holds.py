@@ -58,8 +58,8 @@ async def register(engine: AsyncEngine, policies: Policies,
 
 async def release_all(engine: AsyncEngine) -> int:
     run_id, _ = await trigger.create_run(engine, trigger.RunRequest(None, None, None,
-                                                                            False, None),
-                                      None)
+                                                                    False, None),
+                                         None)
     assert await publication.publish(engine, run_id, batch_size=50)
     return run_id
 
@@ -126,7 +126,7 @@ async def test_held_items_wait_unpunished_and_drain_after_the_release(
         engine, trigger.RunRequest(None, None, None, True, None), None)
     assert await publication.publish(engine, report_only, batch_size=50)
     report = (await progress.run_status(engine, report_only,
-                                           progress.ProgressCache()) or {})["report"]
+                                        progress.ProgressCache()) or {})["report"]
     assert {p: f["held"] for p, f in report["policies"].items()} == {
         "carts": len(covered), "exports": 0}
     run_id = await release_all(engine)

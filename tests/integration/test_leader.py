@@ -53,8 +53,8 @@ async def test_a_chunk_of_an_ended_term_writes_nothing(engine: AsyncEngine) -> N
     await lapse(engine)
     assert await Elector(engine, "new").step()
     run_id, _ = await trigger.create_run(engine, trigger.RunRequest(None, None, None,
-                                                                            False, None),
-                                      None)
+                                                                    False, None),
+                                         None)
     with pytest.raises(NotLeader):
         await publication.publish_pending(engine, batch_size=10, term=old.term)
     async with engine.connect() as conn:

@@ -247,7 +247,7 @@ async def test_a_crash_resumes_from_the_persisted_cursor_and_malformed_entries_a
     # the third list call never answers; the process dies while it waits
     up.inject(Fault.HANG, times=1, match=nth(3), seconds=30)
     task = asyncio.create_task(publication.publish_pending(engine, batch_size=50,
-                                                    discovery=publisher(policies)))
+                                                           discovery=publisher(policies)))
     async with asyncio.timeout(10):
         while len(list_calls(up)) < 3:
             await asyncio.sleep(0.01)
@@ -261,7 +261,7 @@ async def test_a_crash_resumes_from_the_persisted_cursor_and_malformed_entries_a
 
     # another replica's publisher picks the run up where the cursor stands
     assert await publication.publish_pending(engine, batch_size=50,
-                                      discovery=publisher(policies)) == 1
+                                             discovery=publisher(policies)) == 1
     calls = list_calls(up)
     assert cursor_of(calls[3]) == cursor_of(calls[2])  # the hung page, asked again
     assert cursor_of(calls[2]) is not None
@@ -297,7 +297,7 @@ async def test_a_429_closes_the_scope_and_discovery_waits_for_it(
     policies = rest_policies(up.base_url, ["shop-a"])
     run_id = await new_run(engine, dry_run=True)
     assert await publication.publish_pending(engine, batch_size=50,
-                                      discovery=publisher(policies)) == 0
+                                             discovery=publisher(policies)) == 0
     scope = await scope_row(engine, "shop:shop-a")
     assert scope.closed and scope.closed_reason == "http_429" and not scope.paused
     walk = await walk_of(engine, run_id)
@@ -305,12 +305,12 @@ async def test_a_429_closes_the_scope_and_discovery_waits_for_it(
     assert "http_429" in walk["failure"] and "closed" in walk["failure"]
     # while the scope is closed, the next passes wait without calling
     assert await publication.publish_pending(engine, batch_size=50,
-                                      discovery=publisher(policies)) == 0
+                                             discovery=publisher(policies)) == 0
     assert len(list_calls(up)) == 2
     assert "closed until" in (await walk_of(engine, run_id))["failure"]
     await advance(engine, 31)  # Retry-After has passed
     assert await publication.publish_pending(engine, batch_size=50,
-                                      discovery=publisher(policies)) == 1
+                                             discovery=publisher(policies)) == 1
     walk = await walk_of(engine, run_id)
     assert walk["done"] and (walk["pages"], walk["candidates"]) == (3, 25)
     assert len(list_calls(up)) == 4  # the throttled page asked again from its cursor
@@ -322,7 +322,7 @@ async def test_an_unreachable_or_failing_endpoint_loses_nothing(engine: AsyncEng
     policies = rest_policies(f"http://127.0.0.1:{port}", ["shop-a"])
     run_id = await new_run(engine)
     assert await publication.publish_pending(engine, batch_size=50,
-                                      discovery=publisher(policies)) == 0
+                                             discovery=publisher(policies)) == 0
     walk = await walk_of(engine, run_id)
     assert "connect_error" in walk["failure"] and walk["pages"] == 0
     assert await run_state(engine, run_id) == ("publishing", 0)
@@ -334,11 +334,11 @@ async def test_an_unreachable_or_failing_endpoint_loses_nothing(engine: AsyncEng
         up.route("/shops/", endpoint)
         up.inject(Fault.STATUS, times=1, match=nth(2), status=503)
         assert await publication.publish_pending(engine, batch_size=50,
-                                          discovery=publisher(policies)) == 0
+                                                 discovery=publisher(policies)) == 0
         walk = await walk_of(engine, run_id)
         assert "http_503" in walk["failure"] and walk["pages"] == 1
         assert await publication.publish_pending(engine, batch_size=50,
-                                          discovery=publisher(policies)) == 1
+                                                 discovery=publisher(policies)) == 1
     walk = await walk_of(engine, run_id)
     assert walk["done"] and (walk["candidates"], walk["registered"]) == (15, 15)
     assert await run_state(engine, run_id) == ("published", 15)
@@ -351,11 +351,11 @@ async def test_a_pass_reads_at_most_its_pages_and_the_next_pass_goes_on(
     policies = rest_policies(up.base_url, ["shop-a"], pages_per_pass=2)
     run_id = await new_run(engine)
     assert await publication.publish_pending(engine, batch_size=50,
-                                      discovery=publisher(policies)) == 0
+                                             discovery=publisher(policies)) == 0
     walk = await walk_of(engine, run_id)
     assert (walk["pages"], walk["candidates"], walk["done"]) == (2, 20, False)
     assert await publication.publish_pending(engine, batch_size=50,
-                                      discovery=publisher(policies)) == 1
+                                             discovery=publisher(policies)) == 1
     walk = await walk_of(engine, run_id)
     assert (walk["pages"], walk["candidates"], walk["done"]) == (4, 35, True)
 
@@ -372,7 +372,7 @@ async def test_a_cursor_that_repeats_ends_the_tenants_walk_as_an_error(
     policies = rest_policies(up.base_url, ["shop-a", "shop-b"])
     run_id = await new_run(engine, dry_run=True)
     assert await publication.publish_pending(engine, batch_size=50,
-                                      discovery=publisher(policies)) == 1
+                                             discovery=publisher(policies)) == 1
     walk = await walk_of(engine, run_id)
     assert walk["done"] and walk["candidates"] == 1 + 1 + 3
     [problem] = walk["error_samples"]
@@ -429,12 +429,12 @@ async def test_a_paused_scope_skips_its_tenant_and_paused_workers_hold_discovery
     run_id = await new_run(engine)
     # every scope grants nothing while the workers are paused: discovery waits, no call
     assert await publication.publish_pending(engine, batch_size=50,
-                                      discovery=publisher(policies)) == 0
+                                             discovery=publisher(policies)) == 0
     assert list_calls(up) == []
     assert "the workers are paused" in (await walk_of(engine, run_id))["failure"]
     await scopes.set_workers_paused(engine, paused=False, actor="test", reason=None)
     assert await publication.publish_pending(engine, batch_size=50,
-                                      discovery=publisher(policies)) == 1
+                                             discovery=publisher(policies)) == 1
     walk = await walk_of(engine, run_id)
     assert walk["done"] and (walk["pages"], walk["candidates"], walk["errors"]) == (1, 6, 1)
     [problem] = walk["error_samples"]

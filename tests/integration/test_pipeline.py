@@ -113,10 +113,10 @@ async def test_ids_stay_in_their_path_segment(engine: AsyncEngine, upstream: Fak
 def succeeded(lease: claims.Lease) -> completions.Completion:
     now = datetime.now(UTC)
     return completions.Completion(lease=lease, worker="test", outcome="succeeded",
-                             status="succeeded", reason="test", http_status=204,
-                             retry_after_seconds=None, retry_in_seconds=0,
-                             refund_attempt=False, started_at=now, finished_at=now,
-                             latency_ms=1)
+                                  status="succeeded", reason="test", http_status=204,
+                                  retry_after_seconds=None, retry_in_seconds=0,
+                                  refund_attempt=False, started_at=now, finished_at=now,
+                                  latency_ms=1)
 
 
 async def test_concurrent_claimers_never_share_an_item(engine: AsyncEngine) -> None:
@@ -233,10 +233,10 @@ async def test_late_completion_is_fenced(engine: AsyncEngine, upstream: FakeUpst
     def done(lease: claims.Lease, outcome: str, status: str) -> completions.Completion:
         now = datetime.now(UTC)
         return completions.Completion(lease=lease, worker=lease.scope, outcome=outcome,
-                                 status=status, reason="test", http_status=None,
-                                 retry_after_seconds=None, retry_in_seconds=0,
-                                 refund_attempt=False, started_at=now, finished_at=now,
-                                 latency_ms=1)
+                                      status=status, reason="test", http_status=None,
+                                      retry_after_seconds=None, retry_in_seconds=0,
+                                      refund_attempt=False, started_at=now, finished_at=now,
+                                      latency_ms=1)
 
     assert await completions.complete(engine, [done(fresh, "succeeded", "succeeded")]) == []
     # the stalled worker wakes up with a permanent failure: it must change nothing
@@ -313,8 +313,8 @@ async def test_crash_mid_publication_resumes_without_duplicates(engine: AsyncEng
     policies = make_policies("http://127.0.0.1:9")
     await register(engine, policies, 130)
     run_id, _ = await trigger.create_run(engine, trigger.RunRequest(None, None, None,
-                                                                            False, None),
-                                      None)
+                                                                    False, None),
+                                         None)
     # publish two chunks of one batch each, then "crash" (stop between transactions)
     original = publication._release_chunk
     calls = 0
@@ -422,8 +422,8 @@ async def test_parallel_lanes_release_each_item_once(engine: AsyncEngine, lanes:
     await register(engine, policies, 1_003)
     await register(engine, policies, 40, tenant="other")
     run_id, _ = await trigger.create_run(engine, trigger.RunRequest(None, None, None,
-                                                                            False, None),
-                                      None)
+                                                                    False, None),
+                                         None)
     assert await publication.publish(engine, run_id, batch_size=20, lanes=lanes)
     status = await progress.run_status(engine, run_id, progress.ProgressCache())
     assert status is not None
@@ -447,16 +447,16 @@ async def test_max_items_leaves_the_rest_for_the_next_run(engine: AsyncEngine) -
     await register(engine, policies, 70)
     await register(engine, policies, 5, tenant="other")
     first, _ = await trigger.create_run(engine, trigger.RunRequest(None, "acme", None,
-                                                                           False, 60),
-                                     None)
+                                                                   False, 60),
+                                        None)
     assert await publication.publish(engine, first, batch_size=25)
     status = await progress.run_status(engine, first, progress.ProgressCache())
     assert status is not None
     assert (status["released"], status["batches"], status["remaining"]) == (60, 3, 10)
     assert status["candidates"] == 70  # the tenant filter kept 'other' out
     second, _ = await trigger.create_run(engine, trigger.RunRequest(None, "acme", None,
-                                                                            False,
-                                                              None), None)
+                                                                    False,
+                                                                    None), None)
     assert await publication.publish(engine, second, batch_size=25)
     status = await progress.run_status(engine, second, progress.ProgressCache())
     assert status is not None
@@ -472,14 +472,14 @@ async def test_future_items_wait_for_a_later_cutoff(engine: AsyncEngine) -> None
     policies = make_policies("http://127.0.0.1:9")
     await register(engine, policies, 3, due=datetime.now(UTC) + timedelta(days=2))
     run_id, _ = await trigger.create_run(engine, trigger.RunRequest(None, None, None,
-                                                                            False, None),
-                                      None)
+                                                                    False, None),
+                                         None)
     assert await publication.publish(engine, run_id, batch_size=50)
     status = await progress.run_status(engine, run_id, progress.ProgressCache())
     assert status is not None and status["released"] == 0
     later, _ = await trigger.create_run(
         engine, trigger.RunRequest(None, None, datetime.now(UTC) + timedelta(days=3), False,
-                                None), None)
+                                   None), None)
     assert await publication.publish(engine, later, batch_size=50)
     status = await progress.run_status(engine, later, progress.ProgressCache())
     assert status is not None and status["released"] == 3

@@ -79,7 +79,7 @@ async def test_a_due_at_python_cannot_hold_still_publishes_and_reports(
             "INSERT INTO items (tenant_id, object_id, policy, policy_version, operation_key,"
             " scope, due_at) VALUES ('acme', 'ancient', 'carts', 1, $1, 'tenant:acme',"
             " '0001-01-01T00:00:00+14:00')", registration.operation_key("acme", "ancient", "carts",
-            1))
+                                                                        1))
     finally:
         await conn.close()
     assert (await api.post("/v1/items", json={"items": entries("carts", 2)})).status_code == 200

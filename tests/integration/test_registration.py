@@ -38,9 +38,9 @@ async def test_each_value_lands_in_its_own_row_exactly(engine: AsyncEngine) -> N
     ist = timezone(timedelta(hours=5, minutes=30))
     given = [
         registration.Registration("acme", "cart/1 ü", carts,
-                            datetime(2026, 3, 1, 10, 0, 0, 123456, ist)),
+                                  datetime(2026, 3, 1, 10, 0, 0, 123456, ist)),
         registration.Registration("globex", "🛒", orders,
-                            datetime(9999, 12, 31, tzinfo=UTC)),  # the range's end
+                                  datetime(9999, 12, 31, tzinfo=UTC)),  # the range's end
         registration.Registration("acme", "o-2", orders, datetime(1970, 1, 1, tzinfo=UTC)),
         registration.Registration("a" * 505, "x" * 512, carts, PAST),
     ]
@@ -87,7 +87,7 @@ async def test_a_value_holding_the_column_separator_is_refused(engine: AsyncEngi
     carts = make_policies("http://127.0.0.1:9").policies["carts"]
     with pytest.raises(ValueError, match="U\\+001F"):
         await registration.register(engine, [registration.Registration("acme", "c1", carts, PAST),
-                                       registration.Registration(tenant, "c2", carts, PAST)])
+                                             registration.Registration(tenant, "c2", carts, PAST)])
     assert await statuses(engine) == {}
 
 
@@ -104,5 +104,5 @@ async def test_a_naive_due_at_is_refused(engine: AsyncEngine) -> None:
     carts = make_policies("http://127.0.0.1:9").policies["carts"]
     with pytest.raises(ValueError, match="timezone-aware"):
         await registration.register(engine, [registration.Registration("acme", "c1", carts,
-                                                           datetime(2026, 1, 1))])
+                                                                       datetime(2026, 1, 1))])
     assert await statuses(engine) == {}

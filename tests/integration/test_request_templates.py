@@ -115,8 +115,8 @@ async def test_the_ledger_refuses_it_for_every_caller(engine: AsyncEngine) -> No
     with pytest.raises(registration.HostRefused) as refused:
         await registration.register(engine, [registration.Registration("127.0.0.1", "1", policy,
                                                                        PAST),
-                                       registration.Registration("evil.example", "2", policy,
-                                                                 PAST)])
+                                             registration.Registration("evil.example", "2", policy,
+                                                                       PAST)])
     assert (refused.value.index, refused.value.field) == (1, "tenant_id")
     assert await statuses(engine) == {}
 
@@ -166,7 +166,7 @@ async def test_the_worker_calls_the_tenants_host_with_the_json_body(
         object_id = sent["variables"]["raw"]
         assert sent["variables"]["input"] == {"id": f"gid://shopify/Customer/{object_id}"}
         assert call.idempotency_key == registration.operation_key("127.0.0.1", object_id,
-                                                            "per-shop", 2)
+                                                                  "per-shop", 2)
     assert sorted(json.loads(c.body)["variables"]["raw"] for c in graphql) == sorted(HOSTILE_IDS)
     for call in calls:
         if call in graphql:

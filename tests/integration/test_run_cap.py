@@ -25,8 +25,8 @@ async def test_three_publishers_release_exactly_the_cap(engine: AsyncEngine,
                                                          attempt: int) -> None:
     await register(engine, make_policies("http://127.0.0.1:9"), ITEMS)
     run_id, _ = await trigger.create_run(engine, trigger.RunRequest(None, None, None,
-                                                                            False, CAP),
-                                      None)
+                                                                    False, CAP),
+                                         None)
     # the production path: each replica's publisher pass, all at once
     await asyncio.gather(*(publication.publish_pending(engine, batch_size=BATCH)
                            for _ in range(PUBLISHERS)))

@@ -49,7 +49,7 @@ async def test_callers_share_one_count_until_it_is_too_old(engine: AsyncEngine,
     cache = progress.ProgressCache(max_age_s=1.5)
 
     answers = await asyncio.gather(*(progress.run_status(engine, run_id,
-                                                            cache) for _ in range(5)))
+                                                         cache) for _ in range(5)))
     assert counted == [run_id]
     assert all(a is not None and a["items"] == {"pending": 30} for a in answers)
     await progress.run_status(engine, run_id, cache)
@@ -67,8 +67,8 @@ async def test_a_count_from_before_the_run_row_changed_is_not_shown(
     await register(engine, make_policies("http://127.0.0.1:9"), 5)
     cache = progress.ProgressCache(max_age_s=60)
     run_id, _ = await trigger.create_run(engine, trigger.RunRequest(None, None, None,
-                                                                            False, None),
-                                      None)
+                                                                    False, None),
+                                         None)
     before = await progress.run_status(engine, run_id, cache)
     assert before is not None and before["items"] == {}
     assert await publication.publish(engine, run_id, batch_size=50)
@@ -175,7 +175,7 @@ async def test_a_list_counts_the_runs_it_lacks_in_one_statement(
     assert (cache.statements, cache.runs_counted) == (2, 3)
     # pages count only their own runs
     page = await progress.list_runs(engine, limit=1, before=third,
-                                       progress=progress.ProgressCache())
+                                    progress=progress.ProgressCache())
     assert [r["id"] for r in page] == [second] and counted[3:] == [second]
     for run in listed:  # the same figures as a count of each run alone
         assert {k: run[k] for k in ("items", "attempts", "oldest_remaining_due_at")} == \

@@ -131,8 +131,8 @@ async def test_an_id_the_statements_type_cannot_take_is_refused_at_registration(
     assert policy.object_id_type == "bigint"
     with pytest.raises(registration.ObjectIdRefused) as refused:
         await registration.register(engine, [registration.Registration("shop-1", "7", policy, PAST),
-                                       registration.Registration("shop-1", INJECTION, policy,
-                                                                 PAST)])
+                                             registration.Registration("shop-1", INJECTION, policy,
+                                                                       PAST)])
     assert refused.value.index == 1 and INJECTION not in str(refused.value)
     async with LiveServer(test_settings(db_url), policies, db_url) as server, \
             httpx.AsyncClient(base_url=server.base_url, timeout=10, headers={

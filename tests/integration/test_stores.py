@@ -195,13 +195,13 @@ async def test_discovery_resumes_after_a_crash_and_counts_malformed_rows(
     policies = store_policies(store_db_url)
     stores = Stores(policies.stores)
     run_id, _ = await trigger.create_run(engine, trigger.RunRequest("expired-carts", None,
-                                                                            None,
-                                                              False, None), None)
+                                                                    None,
+                                                                    False, None), None)
     try:
         flaky = FailingStores(stores, pages=2)
         with pytest.raises(StoreError):
             await publication.publish(engine, run_id, batch_size=50,
-                               discovery=Discovery(policies, flaky))
+                                      discovery=Discovery(policies, flaky))
         report = await discovery.report(engine, run_id)
         assert report is not None
         [walk] = report["policies"]
@@ -212,7 +212,7 @@ async def test_discovery_resumes_after_a_crash_and_counts_malformed_rows(
         assert tuple(state) == ("publishing", 0)  # waits for the store, nothing lost
         # a publisher on another replica picks the run up where the cursor stands
         assert await publication.publish_pending(engine, batch_size=50,
-                                          discovery=Discovery(policies, stores)) == 1
+                                                 discovery=Discovery(policies, stores)) == 1
         await flaky.aclose()
     finally:
         await stores.aclose()
@@ -241,7 +241,7 @@ async def publish_carts(engine: AsyncEngine, policies: Policies) -> list[claims.
         run_id, _ = await trigger.create_run(engine, trigger.RunRequest(
             "expired-carts", None, None, False, None), None)
         assert await publication.publish(engine, run_id, batch_size=100,
-                                  discovery=Discovery(policies, stores))
+                                         discovery=Discovery(policies, stores))
     finally:
         await stores.aclose()
     admitted = await claims.admit(engine, owner="t", wants={SCOPE: 10},
@@ -447,7 +447,7 @@ async def test_an_unreachable_store_pauses_the_scope_loses_nothing_and_resumes_w
         async with forwarding(port, store_db_url):
             loop = asyncio.create_task(scope_resumption.waiting_loop(engine, policies,
                                                                      Credentials({}),
-                                                          stores, interval_s=0.05))
+                                                                     stores, interval_s=0.05))
             try:
                 async with asyncio.timeout(10):
                     while (await scope_controls.list_scopes(engine, name=scope.name))[0]["paused"]:

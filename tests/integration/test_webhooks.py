@@ -392,7 +392,7 @@ def verified(policies: Policies, delivery: tuple[bytes, dict[str, str]]) -> deli
     body, headers = delivery
     return deliveries.read_delivery(policies.webhooks["shopify"], policies,
                                   {k.lower(): v for k, v in headers.items()}, body,
-                                  now_s=time.time())
+                                    now_s=time.time())
 
 
 async def hold_receipt(conn: AsyncConnection, webhook_id: str,
@@ -475,7 +475,7 @@ async def test_deliveries_that_wait_together_commit_together_as_if_one_by_one(
     (item_a, item_b), (twice_a, twice_b), replay_r = receipts[9:11], receipts[11:13], receipts[13]
     assert first_r == Receipt("applied", (items["2"],), duplicate=False, released=1)
     assert fresh_r == [Receipt("applied", (items[str(100 + i)],), duplicate=False,
-                                      released=1) for i in range(8)]
+                               released=1) for i in range(8)]
     # the second hint at item 200 found it due and released already: it changed nothing
     assert item_a.item_ids == (items["200"],) and item_b.item_ids == ()
     assert not item_a.duplicate and not item_b.duplicate

@@ -38,7 +38,7 @@ def test_production_refuses_development_defaults() -> None:
 
 
 def test_every_refused_setting_and_broken_rule_at_once(monkeypatch: pytest.MonkeyPatch,
-                                                        tmp_path: Path) -> None:
+                                                       tmp_path: Path) -> None:
     """Production with neither a token nor a database URL, a malformed port and a
     certificate without its key: every problem in one pass (they came one at a time: a
     rule between settings stopped at its first problem, and none was checked while a

@@ -148,7 +148,7 @@ async def put_credential(runtime: RuntimeDep, actor: OperatorDep, tenant_id: Ten
     # seconds); the credential is stored whatever this finds
     try:
         await credential_waits.resume_arrived(runtime.engine, runtime.policies,
-                                   runtime.tenant_credentials, tenant_id=tenant_id)
+                                              runtime.tenant_credentials, tenant_id=tenant_id)
     except Exception as exc:
         if not expected(exc):
             _errors.caught(Where.WAITS, exc, check="credentials")

@@ -131,7 +131,7 @@ async def get_evidence_log(runtime: RuntimeDep, _actor: OperatorDep,
     checks it against the checkpoints' signatures offline. The head is checkpointed first,
     so every deletion committed before the request is in some page."""
     lines, next_after = await export_slices.range_export(runtime.engine, runtime.signer,
-                                                           after=after, limit=limit)
+                                                         after=after, limit=limit)
     headers = ({"Link": f'</v1/evidence/log?after={next_after}&limit={limit}>; rel="next"'}
                if next_after is not None else {})
     return StreamingResponse(lines, media_type="application/x-ndjson", headers=headers)

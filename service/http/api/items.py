@@ -299,8 +299,8 @@ def _selection(runtime: RuntimeDep, body: ItemSelection) -> item_selection.ItemF
                                            "type": "unknown_policy",
                                            "message": "no such policy in the policies file"}])
             keys.append(registration.operation_key(policy.tenant(ref.tenant_id),
-                                             policy.object_id(ref.object_id),
-                                             policy.name, policy.version))
+                                                   policy.object_id(ref.object_id),
+                                                   policy.name, policy.version))
     tenant_id = stored_filter(runtime.policies, body.tenant_id, body.policy,
                               ("body", "tenant_id"))
     return item_selection.ItemFilter(ids=body.ids, operation_keys=keys, policy=body.policy,

@@ -166,7 +166,7 @@ async def create_run(runtime: RuntimeDep, _actor: OperatorDep, response: Respons
     try:
         run_id, created = await trigger.create_run(
             runtime.engine, trigger.RunRequest(request.policy, tenant_id, request.cutoff,
-                                            request.dry_run, request.max_items),
+                                               request.dry_run, request.max_items),
             idempotency_key or None)
     except trigger.TriggerKeyReused as exc:
         raise Problem(409, "idempotency-key-reused", "Idempotency-Key already used",
@@ -189,7 +189,7 @@ async def list_runs(runtime: RuntimeDep, _actor: OperatorDep,
     """Runs, newest first, each with its counts as `GET /v1/runs/{run_id}` shows them (the
     same per-replica counts; the runs without a recent one are counted together)."""
     rows = await progress.list_runs(runtime.engine, limit=limit, before=before,
-                                progress=runtime.run_progress)
+                                    progress=runtime.run_progress)
     return RunPage(runs=[RunOut.model_validate(r) for r in rows],
                    next_before=rows[-1]["id"] if len(rows) == limit else None)
 

@@ -119,7 +119,7 @@ async def receive_webhook(request: Request, source: str) -> JSONResponse:
         body = await _read_body(request, configured.config.max_body_bytes,
                                 runtime.settings.body_read_timeout_seconds)
         delivery = deliveries.read_delivery(configured, runtime.policies, request.headers, body,
-                                          now_s=time.time())
+                                            now_s=time.time())
     except DeliveryRejected as exc:
         raise _rejected(source, exc) from None
     # The in-flight slot is taken only for a verified delivery: slow or unsigned senders

@@ -191,7 +191,7 @@ async def pause_scope(request: Request) -> Response:
     form = await checked_form(request, session, ("name", "reason"))
     name = _scope_name(form.string("name"))
     if not await scope_controls.pause(runtime_of(request).engine, name, actor=_actor(session),
-                              reason=form.reason("reason")):
+                                      reason=form.reason("reason")):
         raise ConsoleError(404, "No such scope", "there is no scope by that name")
     return _see_other("/scope?" + _name_query(name))
 
@@ -205,7 +205,7 @@ async def resume_scope(request: Request) -> Response:
     if lift_closure and session.role < access.LIFT_CLOSURE:
         raise role_too_low(access.LIFT_CLOSURE, session, "lifting the upstream's closure")
     if not await scope_controls.resume(runtime_of(request).engine, name, actor=_actor(session),
-                               reason=form.reason("reason"), lift_closure=lift_closure):
+                                       reason=form.reason("reason"), lift_closure=lift_closure):
         raise ConsoleError(404, "No such scope", "there is no scope by that name")
     return _see_other("/scope?" + _name_query(name))
 
@@ -243,9 +243,9 @@ async def scope_budget(request: Request) -> Response:
     if errors:
         return await scope_view(request, session, name, dict(given), 422, errors)
     if not await scope_controls.set_budget(runtime_of(request).engine, name,
-                                   rate=budget.rate_per_second, burst=budget.burst,
-                                   weight=budget.weight, actor=_actor(session),
-                                   reason=budget.reason):
+                                           rate=budget.rate_per_second, burst=budget.burst,
+                                           weight=budget.weight, actor=_actor(session),
+                                           reason=budget.reason):
         raise ConsoleError(404, "No such scope", "there is no scope by that name")
     return _see_other("/scope?" + _name_query(name))
 
@@ -261,5 +261,5 @@ async def workers(request: Request, change: str) -> Response:
         raise ConsoleError(404, "No such page", "workers can be paused or resumed")
     form = await checked_form(request, session, ("reason",))
     await scope_controls.set_workers_paused(runtime_of(request).engine, paused=change == "pause",
-                                    actor=_actor(session), reason=form.reason("reason"))
+                                            actor=_actor(session), reason=form.reason("reason"))
     return _see_other("/scopes")

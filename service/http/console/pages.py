@@ -71,9 +71,9 @@ async def run_list(request: Request) -> Response:
     before = params.number("before")
     kind = filters["kind"]
     rows = await progress.list_runs(runtime.engine, limit=PAGE_SIZE, before=before,
-                                progress=runtime.run_progress, policy=filters["policy"],
-                                state=filters["state"],
-                                dry_run=None if kind is None else kind == "report-only")
+                                    progress=runtime.run_progress, policy=filters["policy"],
+                                    state=filters["state"],
+                                    dry_run=None if kind is None else kind == "report-only")
     return page("runs.html", {
         **await context(request, session, "runs"), "runs": rows, "filters": filters,
         "policies": sorted(runtime.policies.policies), "states": RUN_STATES,
@@ -187,7 +187,7 @@ async def scope_list(request: Request) -> Response:
     params = Params(request, ("after",))
     after = params.string("after", 1_000)
     rows = await scope_controls.list_scopes(runtime_of(request).engine, after=after,
-                                    limit=PAGE_SIZE)
+                                            limit=PAGE_SIZE)
     return page("scopes.html", {
         **await context(request, session, "scopes"), "scopes": rows,
         "workers": await scope_controls.workers_state(runtime_of(request).engine),
@@ -225,7 +225,7 @@ async def webhook_list(request: Request) -> Response:
                "result": params.choice("result", RECEIPT_RESULTS)}
     before = params.number("before")
     rows = await operator_reads.receipts(runtime.engine, source=filters["source"],
-                                     result=filters["result"], before=before, limit=PAGE_SIZE)
+                                         result=filters["result"], before=before, limit=PAGE_SIZE)
     return page("webhooks.html", {
         **await context(request, session, "webhooks"), "receipts": rows, "filters": filters,
         "counts": await operator_reads.receipt_counts(runtime.engine),
@@ -238,7 +238,7 @@ async def audit_list(request: Request) -> Response:
     session = await signed_in(request)
     before = Params(request, ("before",)).number("before")
     rows = await operator_reads.actions(runtime_of(request).engine, before=before,
-                                    limit=PAGE_SIZE)
+                                        limit=PAGE_SIZE)
     return page("audit.html", {
         **await context(request, session, "audit"), "actions": rows,
         "next_before": rows[-1]["id"] if len(rows) == PAGE_SIZE else None})
