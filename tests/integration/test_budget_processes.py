@@ -69,5 +69,12 @@ async def test_a_huge_backlog_does_not_starve_a_small_scope(engine: AsyncEngine,
                                   - min(a.started_at))
         FROM attempts a JOIN items i ON i.id = a.item_id""")
     assert small_done < 10 / 5 + 2.5, small_done
-    big_calls = sum(1 for c in upstream.calls() if "/carts/b" in c.path)
-    assert big_calls >= 100  # the big scope kept going meanwhile (half the slots are its)
+    # and the big scope kept going meanwhile: more calls than the small one in the same
+    # seconds (its budget is 40 times larger, half the slots are its). How many more is the
+    # machine's speed, not the pool's fairness.
+    big_meanwhile = await scalar(db_url, """
+        SELECT count(*) FILTER (WHERE i.tenant_id = 'big' AND a.started_at <= (
+                   SELECT max(s.finished_at) FROM attempts s JOIN items si ON si.id = s.item_id
+                   WHERE si.tenant_id = 'small'))
+        FROM attempts a JOIN items i ON i.id = a.item_id""")
+    assert big_meanwhile > 10, big_meanwhile
