@@ -54,9 +54,14 @@ async def test_a_huge_backlog_does_not_starve_a_small_scope(engine: AsyncEngine,
         pool = database_pool(engine, policies, ups, concurrency=8)
         task = asyncio.create_task(pool.run())
         try:
-            await eventually(lambda: scalar(db_url, "SELECT count(*) = 10 FROM items WHERE "
-                                                   "tenant_id = 'small' AND status = 'succeeded'"),
-                             "the small scope's 10 items succeeded")
+            # both scopes served: the small one drained, and the big one not starved either
+            # (half the slots are its; how fast it goes is the machine's speed)
+            await eventually(lambda: scalar(db_url, """
+                SELECT count(*) FILTER (WHERE i.tenant_id = 'small') = 10
+                       AND count(*) FILTER (WHERE i.tenant_id = 'big') >= 50
+                FROM attempts a JOIN items i ON i.id = a.item_id
+                WHERE a.outcome = 'succeeded'"""),
+                "the small scope's 10 items and 50 of the big one's succeeded")
         finally:
             pool.stop()
             await task
@@ -69,12 +74,3 @@ async def test_a_huge_backlog_does_not_starve_a_small_scope(engine: AsyncEngine,
                                   - min(a.started_at))
         FROM attempts a JOIN items i ON i.id = a.item_id""")
     assert small_done < 10 / 5 + 2.5, small_done
-    # and the big scope kept going meanwhile: more calls than the small one in the same
-    # seconds (its budget is 40 times larger, half the slots are its). How many more is the
-    # machine's speed, not the pool's fairness.
-    big_meanwhile = await scalar(db_url, """
-        SELECT count(*) FILTER (WHERE i.tenant_id = 'big' AND a.started_at <= (
-                   SELECT max(s.finished_at) FROM attempts s JOIN items si ON si.id = s.item_id
-                   WHERE si.tenant_id = 'small'))
-        FROM attempts a JOIN items i ON i.id = a.item_id""")
-    assert big_meanwhile > 10, big_meanwhile
