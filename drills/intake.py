@@ -182,8 +182,10 @@ def _rss_kib(pid: int) -> int:
     return 0
 
 
-async def _slowloris(port: int, connections: int, seconds: float) -> None:
-    """Open connections that send a request line and then one header byte at a time."""
+async def _slowloris(port: int, connections: int, seconds: float,
+                     connected: asyncio.Event) -> None:
+    """Open connections that send a request line (then `connected` is set) and then one
+    header byte at a time."""
     loop = asyncio.get_running_loop()
     socks = []
     try:
@@ -193,12 +195,13 @@ async def _slowloris(port: int, connections: int, seconds: float) -> None:
             await loop.sock_connect(sock, ("127.0.0.1", port))
             await loop.sock_sendall(sock, b"POST /v1/items HTTP/1.1\r\nHost: x\r\n")
             socks.append(sock)
+        connected.set()
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             for sock in socks:
                 with contextlib.suppress(OSError):  # the server hung up on it: fine
                     await loop.sock_sendall(sock, b"X")
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.2)  # a slow client's pace: a byte per connection at a time
     finally:
         for sock in socks:
             sock.close()
@@ -239,8 +242,9 @@ async def _malformed(send: _Send, item: dict[str, str]) -> dict[str, int]:
 async def _health_beside_slow_clients(send: _Send, port: int) -> tuple[int, float]:
     """/healthz's status and seconds while 30 slow clients hold connections: slow clients
     must not starve the others."""
-    slow = asyncio.create_task(_slowloris(port, 30, 3.0))
-    await asyncio.sleep(0.5)
+    connected = asyncio.Event()
+    slow = asyncio.create_task(_slowloris(port, 30, 3.0, connected))
+    await connected.wait()  # every slow connection open and mid-request
     started = time.monotonic()
     healthy = await send("GET", "/healthz")
     health_s = time.monotonic() - started

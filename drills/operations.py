@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import time
 from collections import Counter
 
 import httpx
@@ -13,11 +12,19 @@ import httpx
 from drills.base import Drill, Facts, check
 from drills.stage import Proc, Stage, worst_window
 from drills.upstream import FakeUpstream
-from service.budget.rules import LOOKAHEAD_S
+from service.budget.rules import LOOKAHEAD_S, late_tolerance
 
-# A call may land this long after a pause committed when its token and lease were taken
-# just before (the token lookahead) plus loopback delivery.
-PAUSE_SLACK_S = LOOKAHEAD_S + 0.05
+
+def pause_slack(rate: float) -> float:
+    """How long after a pause committed a call of a `rate` budget may still start: its token
+    and lease taken just before (the token look-ahead), started as late as a token may be,
+    and the workers' calibration of the database clock."""
+    return LOOKAHEAD_S + late_tolerance(rate) + 0.05
+
+
+def starts_within(starts: list[float], after: float, until: float) -> list[float]:
+    """The call starts in (after, until], as seconds after `after`."""
+    return [round(t - after, 3) for t in starts if after < t <= until]
 
 
 async def _stop_all(stage: Stage, procs: list[Proc]) -> None:
@@ -34,17 +41,18 @@ async def replicas_share_budget(stage: Stage) -> Facts:
     upstream = await stage.start_upstream_process(rate=rate, burst=burst + 2)
     stage.write_policies(rate=rate, burst=burst, lease=10)
     await stage.register([f"o{i}" for i in range(n)])
-    workers = [stage.start_worker(workers=4) for _ in range(replicas)]
-    # release only once every replica runs: five interpreters importing on two shared cores
-    # would otherwise starve the fake upstream's thread and bunch its arrival times
-    await stage.wait_started(*workers)
-    await asyncio.sleep(1.0)
+    workers = [stage.start_worker(workers=4, metrics=True) for _ in range(replicas)]
+    # release only once every replica is warmed up and claiming: five interpreters
+    # importing on two shared cores would otherwise make the first calls late
+    await stage.wait_ready(*workers)
     await stage.release()
     await stage.wait_all_finished(n, n / rate * 2 + 30)
     calls = sorted(await upstream.calls(), key=lambda c: c.received_at)
     t0 = calls[0].received_at
-    ok = [c.received_at for c in calls if c.outcome == "ok"]
     throttled = [round(c.received_at - t0, 3) for c in calls if c.outcome == "throttled"]
+    # the budget's windows on the calls' recorded starts, not on the fake's arrival times
+    # (a fake process starved of CPU receives calls late and in bunches)
+    ok = await stage.call_starts("succeeded")
     achieved = (len(ok) - 1) / (ok[-1] - ok[0])
     owners = await stage.fetchval("SELECT count(DISTINCT worker) FROM attempts "
                                   "WHERE outcome = 'succeeded'")
@@ -63,47 +71,54 @@ async def replicas_share_budget(stage: Stage) -> Facts:
     return facts
 
 
-async def _no_call_after(upstream: FakeUpstream, paused: float, what: str) -> None:
-    """Check that no call started once a pause committed at `paused` (monotonic): a call
-    may still land within PAUSE_SLACK_S."""
-    await asyncio.sleep(1.5)
-    late = [round(c.received_at - paused, 3) for c in upstream.calls()
-            if c.received_at > paused + PAUSE_SLACK_S]
-    check(late == [], f"calls {late} s after the {what} pause committed")
-
-
-async def _lower_budget(client: httpx.AsyncClient, upstream: FakeUpstream, scope: str) -> int:
-    """A lower budget, obeyed from every replica's next take: the worst 1-second window
-    after it."""
+async def _lower_budget(client: httpx.AsyncClient, stage: Stage, scope: str) -> float:
+    """A lower budget, obeyed from every replica's next take: when the change committed (on
+    the database's clock), once its calls have had 2.5 s (counted by _windows)."""
     answer = await client.put(f"/v1/scopes/{scope}", json={
         "rate_per_second": 10, "burst": 1, "reason": "drill: upstream asked"})
     check(answer.status_code == 200, f"budget change answered {answer.status_code}")
-    changed = time.monotonic()
-    await asyncio.sleep(2.5)
-    slow = [c.received_at for c in upstream.calls() if c.received_at > changed + 0.5]
-    check(worst_window(slow) <= 10 + 1,
-          f"{worst_window(slow)} calls in one second after the budget went to 10/s")
-    return worst_window(slow)
+    changed = await stage.database_now()  # the change has committed
+    await asyncio.sleep(2.5)  # calls at the new budget, counted once all are recorded
+    return changed
 
 
-async def _pause_scope(client: httpx.AsyncClient, upstream: FakeUpstream, scope: str) -> None:
-    """The scope paused: no call starts once the pause has committed."""
+async def _pause_scope(client: httpx.AsyncClient, stage: Stage, scope: str) -> float:
+    """The scope paused: no call starts once the pause has committed (checked by _windows).
+    When it committed, on the database's clock."""
     answer = await client.post(f"/v1/scopes/{scope}/pause", json={"reason": "drill"})
     check(answer.status_code == 200, f"scope pause answered {answer.status_code}")
-    await _no_call_after(upstream, time.monotonic(), "scope")
+    paused = await stage.database_now()
+    await asyncio.sleep(1.5)  # a time to watch for calls, which must not come
+    return paused
 
 
-async def _pause_workers(client: httpx.AsyncClient, upstream: FakeUpstream, n: int) -> int:
-    """Every worker paused: nothing starts anywhere until the resume. The calls made
-    before the pause."""
+async def _pause_workers(client: httpx.AsyncClient, stage: Stage, upstream: FakeUpstream,
+                         n: int) -> tuple[float, int]:
+    """Every worker paused: nothing starts anywhere until the resume (checked by _windows).
+    When the pause committed (on the database's clock) and the calls made before it."""
     answer = await client.post("/v1/workers/pause", json={"reason": "drill"})
     check(answer.status_code == 200 and answer.json()["workers_paused"] is True,
           f"workers pause answered {answer.status_code}")
-    paused = time.monotonic()
+    paused = await stage.database_now()
     done_at_pause = len(upstream.calls())
-    await _no_call_after(upstream, paused, "workers")
+    await asyncio.sleep(1.5)  # a time to watch for calls, which must not come
     check(done_at_pause < n, "the run finished before the pause; nothing was tested")
-    return done_at_pause
+    return paused, done_at_pause
+
+
+async def _windows(stage: Stage, changed: float, scope_paused: float, scope_resumed: float,
+                   workers_paused: float, workers_resumed: float) -> int:
+    """The budget's window after the change and the pauses' late calls, on the calls'
+    recorded starts (every call is recorded by now): the worst 1-second window."""
+    starts = await stage.call_starts()
+    slow = [t for t in starts if changed + 0.5 < t <= scope_paused]
+    check(worst_window(slow) <= 10 + 1,
+          f"{worst_window(slow)} calls in one second after the budget went to 10/s")
+    late = starts_within(starts, scope_paused + pause_slack(10), scope_resumed)
+    check(late == [], f"calls {late} s after the scope pause committed and its slack")
+    late = starts_within(starts, workers_paused + pause_slack(40), workers_resumed)
+    check(late == [], f"calls {late} s after the workers pause committed and its slack")
+    return worst_window(slow)
 
 
 async def operator_controls(stage: Stage) -> Facts:
@@ -123,20 +138,24 @@ async def operator_controls(stage: Stage) -> Facts:
             return len(upstream.calls()) >= count
 
         await stage.wait_for("first calls", lambda: calls_reach(20), 30, 0.02)
-        facts["worst_window_after_budget_change"] = await _lower_budget(client, upstream, scope)
-        await _pause_scope(client, upstream, scope)
+        changed = await _lower_budget(client, stage, scope)
+        scope_paused = await _pause_scope(client, stage, scope)
         # resumed with a higher budget; one replica is stopped (SIGTERM) mid-flight
         await client.put(f"/v1/scopes/{scope}", json={"rate_per_second": 40, "burst": 1})
+        scope_resumed = await stage.database_now()
         await client.post(f"/v1/scopes/{scope}/resume", json={"reason": "drill"})
         before = len(upstream.calls())
         await stage.wait_for("calls after resume", lambda: calls_reach(before + 10), 20, 0.02)
         workers[0].signal(signal.SIGTERM)
         code = await workers[0].wait(30)
         check(code == 0, f"the SIGTERMed worker exited with {code}")
-        done_at_pause = await _pause_workers(client, upstream, n)
+        workers_paused, done_at_pause = await _pause_workers(client, stage, upstream, n)
+        workers_resumed = await stage.database_now()
         await client.post("/v1/workers/resume", json={"reason": "drill"})
         await stage.wait_all_finished(n, 60)
         status = (await client.get(f"/v1/runs/{run['id']}")).json()
+    facts["worst_window_after_budget_change"] = await _windows(
+        stage, changed, scope_paused, scope_resumed, workers_paused, workers_resumed)
     check(status["items"] == {"succeeded": n}, f"run items {status['items']}")
     per_key = Counter(c.idempotency_key for c in upstream.calls())
     check(set(per_key) == set(keys) and set(per_key.values()) == {1},

@@ -262,6 +262,20 @@ class Stage:
         rows = await self.fetch("SELECT status, count(*) AS n FROM items GROUP BY status")
         return {r["status"]: int(r["n"]) for r in rows}
 
+    async def database_now(self) -> float:
+        """The database's clock (epoch seconds): a moment on the scale of `call_starts`."""
+        return float(await self.fetchval("SELECT extract(epoch FROM clock_timestamp())"))
+
+    async def call_starts(self, outcome: str | None = None) -> list[float]:
+        """When each call recorded in the ledger started (its attempt's started_at, epoch
+        seconds), oldest first; with `outcome`, those calls only. The worker records it
+        before the call is sent, so a fake upstream starved of CPU, which receives calls
+        late and in bunches, does not move them."""
+        rows = await self.fetch(
+            "SELECT extract(epoch FROM started_at) AS t FROM attempts "
+            "WHERE $1::text IS NULL OR outcome = $1 ORDER BY started_at", outcome)
+        return [float(r["t"]) for r in rows]
+
     async def wait_for(self, what: str, predicate: Callable[[], Awaitable[bool]],
                        within: float, interval: float = 0.1) -> float:
         """Poll until `predicate` holds; seconds it took. Fails the drill on timeout."""
@@ -333,6 +347,22 @@ class Stage:
                 return '"worker started"' in p.log()
 
             await self.wait_for(f"{proc.name} started", started, PROCESS_START_TIMEOUT_S, 0.05)
+
+    async def wait_ready(self, *procs: Proc) -> None:
+        """Wait until each worker (started with `metrics=True`) answers its /readyz: warmed
+        up, its pool claiming."""
+        async with httpx.AsyncClient(timeout=2) as client:
+            for proc in procs:
+                async def ready(p: Proc = proc) -> bool:
+                    if not p.alive():
+                        check(False, f"{p.name} exited with {p.popen.returncode}: "
+                                     f"{p.log()[-2000:]}")
+                    try:
+                        return (await client.get(f"{p.base_url}/readyz")).status_code == 200
+                    except httpx.TransportError:
+                        return False
+
+                await self.wait_for(f"{proc.name} ready", ready, PROCESS_START_TIMEOUT_S, 0.05)
 
     async def start_api(self, env: Mapping[str, str] | None = None) -> Proc:
         """`sweeper serve --api-only` on a free port; returns once /readyz answers 200."""

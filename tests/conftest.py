@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import os
 import queue
 import socket
@@ -16,8 +17,9 @@ import tempfile
 import threading
 import uuid
 import warnings
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any, Final
 
 import asyncpg
 import httpx
@@ -34,6 +36,7 @@ from service.db import migrate
 from service.db.engine import make_engine
 from service.http.serving import server_config
 from service.observability.metrics import POOL_WAIT
+from service.runtime import Runtime
 
 TOKEN_A = "test-token-aaaaaaaaaaaaaaaa"
 TOKEN_B = "test-token-bbbbbbbbbbbbbbbb"
@@ -386,6 +389,12 @@ class LiveServer:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def runtime(self) -> Runtime:
+        """What the app's lifespan built for this process (its caches' clocks, say)."""
+        runtime: Runtime = self.server.lifespan.state["runtime"]
+        return runtime
+
     async def __aenter__(self) -> LiveServer:
         self.task = asyncio.create_task(self.server.serve())
         for _ in range(500):
@@ -419,15 +428,33 @@ async def api(db_url: str) -> AsyncIterator[httpx.AsyncClient]:
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+POLL_S: Final = 0.01  # between two looks at state a test can only poll (a row, a count)
+
+
+async def eventually(check: Callable[[], object | Awaitable[object]], what: str,
+                     timeout_s: float = 30.0) -> Any:
+    """Wait for the event a test means, seen from outside: `check()` (awaited when it
+    returns an awaitable) looked at every POLL_S until it is truthy; that value. Fails
+    naming `what` (and the last value seen) after `timeout_s`: a deadline, not a pace."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        value = check()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"not within {timeout_s} s: {what} (last seen: {value!r})")
+        await asyncio.sleep(POLL_S)
+
+
 async def wait_for_lock_waits(engine: AsyncEngine, sessions: int, timeout_s: float = 10.0
                               ) -> None:
     """Until `sessions` sessions of this database wait on a lock."""
-    async with asyncio.timeout(timeout_s):
-        while True:
-            async with engine.connect() as conn:
-                waiting = (await conn.execute(text(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND wait_event_type = 'Lock'"))).scalar_one()
-            if waiting >= sessions:
-                return
-            await asyncio.sleep(0.01)
+    async def waiting() -> bool:
+        async with engine.connect() as conn:
+            return int((await conn.execute(text(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock'"))).scalar_one()) >= sessions
+
+    await eventually(waiting, f"{sessions} sessions waiting on a lock", timeout_s)

@@ -7,7 +7,8 @@ queued ``times=N`` is used up after N calls (``times=None``: never).
 - ``status``:  answer ``status`` with optional ``headers`` (dict) and ``body`` (bytes), after
                ``delay`` seconds (default 0: at once).
 - ``hang``:    read the request, send nothing for ``seconds`` (default 3600), then close.
-               Ends early if the client goes away or the server closes.
+               Ends early if the client goes away, the server closes, or the test ends it
+               (`FakeUpstream.end_hangs`).
 - ``drip``:    send a status line and headers with a large Content-Length, then one body byte
                every ``interval`` seconds (default 0.5) for ``seconds`` (default 60), then close.
 - ``reset``:   abort with a TCP RST (SO_LINGER 0) after the request was read; no response.

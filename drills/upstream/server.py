@@ -19,7 +19,7 @@ from types import TracebackType
 
 from drills.upstream.calls import Call
 from drills.upstream.control import Controls, is_control
-from drills.upstream.faults import apply
+from drills.upstream.faults import Fault, apply
 from drills.upstream.limits import ScopeFn, default_scope
 from drills.upstream.wire import BadRequest, Request, read_request, response
 
@@ -40,6 +40,7 @@ class FakeUpstream(Controls):
         self._scope_fn = scope_fn or default_scope
         self._server: asyncio.Server | None = None
         self._conns: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
+        self._hanging: set[asyncio.StreamWriter] = set()  # calls in a `hang` fault now
         self._accepted = 0  # connections ever accepted: keep-alive reuse shows here
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -115,6 +116,16 @@ class FakeUpstream(Controls):
                  tb: TracebackType | None) -> None:
         self.stop_thread()
 
+    def end_hangs(self) -> int:
+        """End the calls hanging now (`hang` faults) as their `seconds` running out would:
+        the connection closed, no answer. For a test that holds a call in flight until it
+        has done what it must meanwhile. Call it on the loop serving the fake (the `async
+        with` form); returns how many calls it ended."""
+        hanging, self._hanging = self._hanging, set()
+        for writer in hanging:
+            writer.close()
+        return len(hanging)
+
     @property
     def port(self) -> int:
         return self._port
@@ -185,6 +196,12 @@ class FakeUpstream(Controls):
                 writer.write(response(status, headers, body, keep=keep))
             elif fault is None:
                 writer.write(response(self._success_status, {}, b"", keep=keep))
+            elif fault.kind is Fault.HANG:
+                self._hanging.add(writer)
+                try:
+                    return await apply(fault, req, reader, writer)
+                finally:
+                    self._hanging.discard(writer)
             else:
                 return await apply(fault, req, reader, writer)
             await writer.drain()

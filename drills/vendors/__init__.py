@@ -137,6 +137,7 @@ class VendorFake:
         self.statuses: collections.Counter[int] = collections.Counter()
         self.outcomes: collections.Counter[str] = collections.Counter()
         self.throttled_at: list[float] = []
+        self.delaying = 0  # calls waiting out an injected fault's delay right now
         self._faults: collections.deque[_Fault] = collections.deque()
         self.app = self._build_app()
 
@@ -211,7 +212,11 @@ class VendorFake:
         if fault.remaining <= 0:
             self._faults.popleft()
         if fault.delay > 0:
-            await asyncio.sleep(fault.delay)
+            self.delaying += 1
+            try:
+                await asyncio.sleep(fault.delay)
+            finally:
+                self.delaying -= 1
         if fault.status is None:
             return None
         ex.outcome = "fault"

@@ -7,7 +7,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
@@ -154,11 +154,13 @@ class ProgressCache:
     (its state and released total), so no count taken before a publication step is shown
     beside the row after it (a run published with no items counted yet would look
     finished), and while no operator action has been recorded since (a re-drive, on any
-    replica, puts a drained run's items back to pending). `forget` drops every count."""
+    replica, puts a drained run's items back to pending). `forget` drops every count.
+    Ages are read on `monotonic` (seconds)."""
 
     max_age_s: float = PROGRESS_MAX_AGE_S
     drained_max_age_s: float = DRAINED_MAX_AGE_S
     max_runs: int = 1024
+    monotonic: Callable[[], float] = field(default=time.monotonic, repr=False)
     # statements run and runs counted, since the process started
     statements: int = 0
     runs_counted: int = 0
@@ -172,7 +174,7 @@ class ProgressCache:
     async def get_many(self, engine: AsyncEngine, versions: Mapping[int, RunVersion]
                        ) -> dict[int, dict[str, Any]]:
         """Each run's progress, counting those without a count to share in one statement."""
-        now = time.monotonic()
+        now = self.monotonic()
         results: dict[int, asyncio.Future[dict[str, Any]]] = {}
         missing: list[int] = []
         for run_id, version in versions.items():

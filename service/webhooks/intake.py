@@ -67,6 +67,11 @@ class Intake:
         self._wake_wanted = False
         self._waker: asyncio.Task[None] | None = None
 
+    @property
+    def queued(self) -> int:
+        """Verified deliveries waiting for a statement to take them."""
+        return len(self._queue)
+
     def try_enter(self, limit: int) -> bool:
         if self.in_flight >= limit:
             return False

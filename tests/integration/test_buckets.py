@@ -22,7 +22,7 @@ from service.budget import buckets, rules
 from service.ledger import claims
 from service.upstreams.deletion_api import Upstreams
 from service.worker import WorkerPool, database_pool
-from tests.conftest import TOKEN_A, LiveServer, test_settings
+from tests.conftest import TOKEN_A, LiveServer, eventually, test_settings
 from tests.fakes.upstream import FakeUpstream, Fault
 from tests.integration.db_clock import advance
 from tests.integration.test_pipeline import (
@@ -210,7 +210,7 @@ async def test_stock_leaves_room_for_tokens_spent_late(engine: AsyncEngine) -> N
 async def test_concurrent_admitters_never_exceed_the_budget(engine: AsyncEngine) -> None:
     await make_scope(engine, "hot", rate=50, burst=5)
     await with_items(engine, "hot", 200)  # more than a second's budget
-    started = time.monotonic()
+    started = await database_clock(engine)
     leased = 0
 
     async def admitter() -> None:
@@ -221,15 +221,32 @@ async def test_concurrent_admitters_never_exceed_the_budget(engine: AsyncEngine)
         leased += g.granted
 
     # a second of the database's clock in steps, eight admitters racing for each step's
-    # refill (and the real time the rounds take, which refills too)
+    # refill (and the real time the rounds take, which refills too: read on the database's
+    # clock, the one the bucket refills on)
     steps, step_s = 10, 0.1
     for _ in range(steps):
         await advance(engine, step_s)
         await asyncio.gather(*(admitter() for _ in range(8)))
-    elapsed = steps * step_s + time.monotonic() - started
+    elapsed = steps * step_s + await database_clock(engine) - started
     # an admission may also lend the tokens due within the look-ahead (reservations)
     assert leased <= 5 + 50 * (elapsed + rules.LOOKAHEAD_S) + 1
     assert leased >= 0.8 * 50 * steps * step_s  # and the budget is used, not wasted
+
+
+async def database_clock(engine: AsyncEngine) -> float:
+    """The database's clock (clock_timestamp()), in seconds."""
+    async with engine.connect() as conn:
+        return float((await conn.execute(text(
+            "SELECT extract(epoch FROM clock_timestamp())"))).scalar_one())
+
+
+async def call_starts(engine: AsyncEngine) -> list[float]:
+    """When each call recorded in the ledger started (its attempt's started_at), in
+    seconds on the database's clock's scale."""
+    async with engine.connect() as conn:
+        return [float(t) for t in (await conn.execute(text(
+            "SELECT extract(epoch FROM started_at) FROM attempts ORDER BY started_at"))
+        ).scalars()]
 
 
 async def test_closed_until_only_moves_later_and_blocks_tokens(engine: AsyncEngine) -> None:
@@ -431,7 +448,7 @@ async def test_401_pauses_only_its_scope_and_resume_reopens(db_url: str) -> None
 
 
 @pytest.mark.slow
-async def test_budget_set_at_run_time_holds(db_url: str) -> None:
+async def test_budget_set_at_run_time_holds(db_url: str, engine: AsyncEngine) -> None:
     async with FakeUpstream() as upstream:
         policies = make_policies(upstream.base_url, rate={"per_second": 100, "burst": 1})
         async with LiveServer(test_settings(db_url, workers=8), policies, db_url) as live:
@@ -441,24 +458,27 @@ async def test_budget_set_at_run_time_holds(db_url: str) -> None:
                           "due_at": "2026-01-01T00:00:00Z"} for i in range(400)]
                 await api.post("/v1/items", json={"items": items})
                 await api.post("/v1/runs", json={})
-                await asyncio.sleep(1.0)
+                await eventually(lambda: len(upstream.calls()) >= 20, "the run under way")
                 changed = await api.put("/v1/scopes/tenant:acme", json={
                     "rate_per_second": 10, "burst": 1, "reason": "upstream asked us to"})
                 assert changed.status_code == 200
                 assert changed.json()["budget_from_policy"] is False
-                changed_at = time.monotonic()
-                await asyncio.sleep(3.0)
+                changed_at = await database_clock(engine)  # the change has committed
+                await asyncio.sleep(3.0)  # the window below, at the new budget
                 bad = await api.put("/v1/scopes/tenant:acme", json={"rate_per_second": 0,
                                                                      "burst": 1})
                 assert bad.status_code == 422
-    after = [c.received_at for c in upstream.calls() if c.received_at > changed_at + 1.0]
-    # within a second of the change the new budget holds: 10/s (+1 burst)
+        # within a second of the change the new budget holds: 10/s (+1 burst), counted over
+        # the next two seconds of the calls' recorded starts (however long the sleep took)
+        started = await call_starts(engine)
+    after = [t for t in started if changed_at + 1.0 < t <= changed_at + 3.0]
     assert len(after) <= 10 * 2 + 2, len(after)
     assert len(after) >= 10 * 2 * 0.8
 
 
 @pytest.mark.slow
-async def test_workers_pause_stops_claims_and_resume_continues(db_url: str) -> None:
+async def test_workers_pause_stops_claims_and_resume_continues(db_url: str,
+                                                               engine: AsyncEngine) -> None:
     async with FakeUpstream() as upstream:
         policies = make_policies(upstream.base_url, rate={"per_second": 50, "burst": 1})
         async with LiveServer(test_settings(db_url, workers=4), policies, db_url) as live:
@@ -468,14 +488,18 @@ async def test_workers_pause_stops_claims_and_resume_continues(db_url: str) -> N
                           "due_at": "2026-01-01T00:00:00Z"} for i in range(100)]
                 await api.post("/v1/items", json={"items": items})
                 run = (await api.post("/v1/runs", json={})).json()
-                await asyncio.sleep(0.5)
+                await eventually(lambda: upstream.calls(), "the run under way")
                 paused = await api.post("/v1/workers/pause", json={"reason": "incident"})
                 assert paused.json()["workers_paused"] is True
-                paused_at = time.monotonic()
+                paused_at = await database_clock(engine)  # the pause has committed
                 count = len(upstream.calls())
-                await asyncio.sleep(1.5)
-                late = [c for c in upstream.calls() if c.received_at > paused_at + 0.1]
-                assert late == []  # nothing starts once the pause has committed
+                await asyncio.sleep(1.5)  # long enough for any claim to have been tried
+                # nothing starts once the pause has committed, but a call claimed just
+                # before it: its token's look-ahead, its lateness, and clock calibration
+                slack = rules.LOOKAHEAD_S + rules.late_tolerance(50) + 0.05
+                late = [t - paused_at for t in await call_starts(engine)
+                        if t > paused_at + slack]
+                assert late == []
                 assert 0 < count < 100
                 await api.post("/v1/workers/resume")
                 for _ in range(200):

@@ -4,6 +4,7 @@ security headers, bounded input, and the shared overview reading."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -19,7 +20,8 @@ from service.http.console.render import CSP
 from service.http.console.sessions import COOKIE, Sessions
 from service.ledger import gauges
 from service.runtime import Runtime
-from tests.conftest import TOKEN_A, TOKEN_B, LiveServer, test_settings
+from tests.conftest import TOKEN_A, TOKEN_B, LiveServer, eventually, test_settings
+from tests.fakes.clock import ManualClock
 from tests.integration.test_pipeline import make_policies
 
 PAGES = ["", "/runs", "/items", "/scopes", "/webhooks", "/audit", "/overview/live",
@@ -244,8 +246,9 @@ async def test_a_runs_evidence_downloads_from_the_console(browser: Browser) -> N
     export = await browser.client.get(started.headers["location"] + "/evidence")
     assert export.status_code == 200
     assert "attachment" in export.headers["content-disposition"]
-    assert export.text.strip().splitlines()[-1].startswith('{"manifest"') or (
-        '"manifest"' in export.text.strip().splitlines()[-1])
+    closing = json.loads(export.text.strip().splitlines()[-1])
+    assert set(closing) == {"manifest", "signature"}  # the export ends with its manifest
+    assert closing["manifest"]["run_id"] == int(started.headers["location"].rsplit("/", 1)[1])
 
 
 async def test_the_overview_is_read_once_per_interval_whatever_the_viewers(
@@ -254,12 +257,15 @@ async def test_the_overview_is_read_once_per_interval_whatever_the_viewers(
     runtime = Runtime(settings=test_settings("postgresql://unused/x"), policies=policies,
                       engine=engine, tokens=TokenSet(()), schema_head="",
                       exporter=gauges.ledger_exporter(engine, policies.policies))
-    cache = OverviewCache(max_age_s=60)
+    clock = ManualClock()
+    cache = OverviewCache(max_age_s=2.0, monotonic=clock)
     views = await asyncio.gather(*(cache.get(runtime) for _ in range(25)))
     assert cache.readings == 1 and all(v is views[0] for v in views)
     assert [p["name"] for p in views[0].policies] == ["carts"]
-    cache.max_age_s = 0
-    await cache.get(runtime)
+    clock.advance(1.99)
+    assert await cache.get(runtime) is views[0]
+    clock.advance(0.01)
+    assert await cache.get(runtime) is not views[0]
     assert cache.readings == 2
 
 
@@ -305,11 +311,11 @@ async def test_a_report_only_run_shows_its_difference_from_the_previous_one(
         started = await browser.post("/runs", {"csrf": await browser.csrf(), "policy": "carts",
                                                "dry_run": "on"})
         assert started.status_code == 303
-        for _ in range(100):
-            page = await browser.client.get(started.headers["location"])
-            if 'id="comparison"' in page.text:
-                break
-            await asyncio.sleep(0.05)
-        pages.append(page.text)
+
+        async def compared(location: str = started.headers["location"]) -> str:
+            page = await browser.client.get(location)
+            return page.text if 'id="comparison"' in page.text else ""
+
+        pages.append(await eventually(compared, "the report-only run's comparison"))
     assert "nothing to compare with" in pages[0]
     assert "5 candidates: +0 against the previous report-only run" in pages[1]

@@ -37,6 +37,7 @@ from service.db.engine import is_unavailable, make_engine
 from service.observability.logs import JsonFormatter
 from service.observability.metrics import REGISTRY
 from tests.conftest import TOKEN_A, LiveServer, policies_from, test_settings
+from tests.fakes.clock import ManualClock
 
 KEY_A = bytes(range(32))
 KEY_B = bytes(range(100, 132))
@@ -260,21 +261,13 @@ async def test_without_a_key_storage_is_refused(db_url: str, policies: Policies,
 
 # -- the worker's read side ----------------------------------------------------------------
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def checkouts() -> float:
     """Connections taken from any pool of this process so far (every statement takes one)."""
     return REGISTRY.get_sample_value("sweeper_db_pool_wait_seconds_count") or 0.0
 
 
 async def test_the_store_caches_briefly(engine: AsyncEngine) -> None:
-    keyring, clock = Keyring([KEY_A]), Clock()
+    keyring, clock = Keyring([KEY_A]), ManualClock()
     store = CredentialStore(engine, keyring, ttl_s=5.0, negative_ttl_s=1.0, clock=clock)
     assert await store.get(TENANT, "shop") is None
     # another replica stores it: visible here once the absence is no longer cached
@@ -302,12 +295,14 @@ async def test_a_put_reaches_another_replica_within_the_ttl(api: httpx.AsyncClie
                                                             db_url: str) -> None:
     engine = make_engine(async_url(db_url), test_settings(db_url))
     try:
-        store = CredentialStore(engine, Keyring([KEY_A]), ttl_s=0.2, negative_ttl_s=0.1)
+        clock = ManualClock()
+        store = CredentialStore(engine, Keyring([KEY_A]), ttl_s=0.2, negative_ttl_s=0.1,
+                                clock=clock)
         assert (await api.put(PUT_PATH, json={"secret": SECRET})).status_code == 200
         assert await store.get(TENANT, "shop") == SECRET
         assert (await api.put(PUT_PATH, json={"secret": OTHER_SECRET})).status_code == 200
         assert await store.get(TENANT, "shop") == SECRET  # cached
-        await asyncio.sleep(0.25)
+        clock.advance(0.21)
         assert await store.get(TENANT, "shop") == OTHER_SECRET
     finally:
         await engine.dispose()
@@ -529,7 +524,7 @@ def volume(tmp_path: Path) -> SecretVolume:
 
 
 async def test_the_directory_source_reads_and_follows_updates(volume: SecretVolume) -> None:
-    clock = Clock()
+    clock = ManualClock()
     source = DirectorySource(volume.root, recheck_s=1.0, clock=clock)
     volume.publish({"acme.myshopify.com": f"{SECRET}\n".encode(), "globex": b"g-token\r\n"})
     assert await source.get("acme.myshopify.com", "shop") == SECRET  # one newline stripped

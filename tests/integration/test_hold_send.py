@@ -21,7 +21,7 @@ from service.ledger import registration
 from service.runs import publication, trigger
 from service.upstreams.deletion_api import Upstreams
 from service.worker import database_pool
-from tests.conftest import TOKEN_A, LiveServer, policies_from, test_settings
+from tests.conftest import TOKEN_A, LiveServer, eventually, policies_from, test_settings
 from tests.fakes.upstream import FakeUpstream, Fault
 from tests.integration.test_pipeline import PAST
 
@@ -52,12 +52,6 @@ async def leased(engine: AsyncEngine) -> dict[str, Any]:
             "SELECT id, object_id, status, hold_id, attempts FROM items"))).all()}
 
 
-async def wait_for(predicate: Any, timeout_s: float = 30.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not await predicate():
-            await asyncio.sleep(0.01)
-
-
 @pytest.mark.parametrize("notified", [True, False], ids=["notified", "polling"])
 async def test_no_leased_call_starts_after_the_hold_answers(
         db_url: str, engine: AsyncEngine, upstream: FakeUpstream, notified: bool) -> None:
@@ -83,7 +77,7 @@ async def test_no_leased_call_starts_after_the_hold_answers(
                 state = await leased(engine)
                 return (len(upstream.calls()) == 1
                         and all(r.status == "leased" for r in state.values()))
-            await wait_for(all_leased)
+            await eventually(all_leased, "every item leased, one of them called")
             answer = await client.post("/v1/holds", json={
                 "tenant_id": "acme", "reason": "litigation", "reference": "CASE-9"})
             assert answer.status_code == 201, answer.text
@@ -92,7 +86,7 @@ async def test_no_leased_call_starts_after_the_hold_answers(
 
             async def settled() -> bool:
                 return not any(r.status == "leased" for r in (await leased(engine)).values())
-            await wait_for(settled)
+            await eventually(settled, "no item leased")
     finally:
         pool.stop()
         await runner

@@ -26,7 +26,7 @@ from service.runs import progress, publication, trigger
 from service.upstreams.deletion_api import Upstreams
 from service.webhooks import intake
 from service.worker import WorkerPool, database_pool
-from tests.conftest import TOKEN_A, LiveServer, policies_from, test_settings
+from tests.conftest import TOKEN_A, LiveServer, eventually, policies_from, test_settings
 from tests.fakes.upstream import Call, FakeUpstream, Fault
 from tests.integration import test_webhooks as hooks
 
@@ -188,8 +188,7 @@ async def test_a_hold_placed_during_a_drain_on_two_replicas(
              database_pool(other, policies, ups[1], concurrency=16)]
     runners = [asyncio.create_task(p.run()) for p in pools]
     try:
-        while len(upstream.calls()) < 150:
-            await asyncio.sleep(0.002)
+        await eventually(lambda: len(upstream.calls()) >= 150, "150 calls made")
         hold = await holds.place(engine, holds.HoldSpec(
             tenant_id="globex", reason="litigation", reference="CASE-2"), actor=ACTOR)
         effective = hold["effective_at"].timestamp()
@@ -222,12 +221,13 @@ async def test_a_hold_placed_during_a_drain_on_two_replicas(
 
 async def _wait_until(engine: AsyncEngine, done: Any, timeout_s: float = 60.0
                       ) -> dict[tuple[str, str, str], dict[str, Any]]:
-    async with asyncio.timeout(timeout_s):
-        while True:
-            state = await items(engine)
-            if done(state):
-                return state
-            await asyncio.sleep(0.02)
+    async def reached() -> dict[tuple[str, str, str], dict[str, Any]] | None:
+        state = await items(engine)
+        return state if done(state) else None
+
+    found: dict[tuple[str, str, str], dict[str, Any]] = await eventually(
+        reached, "the items' states", timeout_s)
+    return found
 
 
 async def test_an_interrupted_placement_is_enforced_and_finished(
@@ -401,8 +401,9 @@ async def test_no_call_starts_under_a_hold_in_force(
                     released = await holds.release(engine, hold["id"], why="done", actor=ACTOR)
                     hold["released_at"] = released["released_at"]
             else:
+                # the interleaving is what the property explores: a step may be a pause
                 await asyncio.sleep(step[1] if step[0] == "wait" else 0)
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # and the pool runs on a little after the last step
     finally:
         pool.stop()
         await runner

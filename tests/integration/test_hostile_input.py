@@ -22,7 +22,7 @@ from service.commands.openapi import openapi_document
 from service.config.settings import async_url
 from service.db.engine import make_engine
 from service.http.api.bodies import JsonRoute
-from tests.conftest import TOKEN_A, LiveServer, test_settings
+from tests.conftest import TOKEN_A, LiveServer, eventually, test_settings
 from tests.integration.test_webhooks import SHOP, make_policies, post, shopify
 
 ITEM = {"tenant_id": SHOP, "object_id": "cart-1", "policy": "carts",
@@ -93,11 +93,11 @@ async def test_the_range_ends_are_accepted_listed_and_published(
         "1970-01-01T00:00:00Z", "9999-12-30T23:59:00Z", "2971-05-05T21:22:51.600000Z"]
     run = await client.post("/v1/runs", json={"cutoff": "9999-12-31T00:00:00Z"})
     assert run.status_code == 202, run.text
-    for _ in range(200):
-        status = (await client.get(f"/v1/runs/{run.json()['id']}")).json()
-        if status["state"] != "publishing":
-            break
-        await asyncio.sleep(0.05)
+    async def published() -> dict[str, Any] | None:
+        status: dict[str, Any] = (await client.get(f"/v1/runs/{run.json()['id']}")).json()
+        return status if status["state"] != "publishing" else None
+
+    status = await eventually(published, "the run published")
     assert status["state"] == "published" and status["released"] == 3
     far_cutoff = await client.post("/v1/runs", json={"cutoff": far, "dry_run": True})
     assert far_cutoff.status_code == 202, far_cutoff.text

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Final
 
@@ -18,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.ledger import item_selection
 from service.runs import progress, publication, trigger
 from tests.conftest import TOKEN_A, LiveServer, test_settings
+from tests.fakes.clock import ManualClock
 from tests.integration.test_pipeline import make_policies, register, release_all
 
 V: Final = progress.RunVersion("published", 3)
@@ -25,18 +25,15 @@ V: Final = progress.RunVersion("published", 3)
 
 @pytest.fixture
 def counted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Each real count's run ids, in order (one count may take several runs); each count
-    takes at least 50 ms."""
+    """Each real count's run ids, in order (one count may take several runs)."""
     calls: list[int] = []
     real = progress.runs_progress
 
-    async def slow_count(engine: AsyncEngine, run_ids: Sequence[int]
-                         ) -> dict[int, dict[str, Any]]:
+    async def count(engine: AsyncEngine, run_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
         calls.extend(run_ids)
-        await asyncio.sleep(0.05)
         return await real(engine, run_ids)
 
-    monkeypatch.setattr(progress, "runs_progress", slow_count)
+    monkeypatch.setattr(progress, "runs_progress", count)
     return calls
 
 
@@ -44,18 +41,18 @@ async def test_callers_share_one_count_until_it_is_too_old(engine: AsyncEngine,
                                                            counted: list[int]) -> None:
     await register(engine, make_policies("http://127.0.0.1:9"), 30)
     run_id = await release_all(engine)
-    # long enough that a loaded machine's next call still falls inside it (0.3 s did not,
-    # once, in a full run)
-    cache = progress.ProgressCache(max_age_s=1.5)
+    clock = ManualClock()
+    cache = progress.ProgressCache(max_age_s=1.5, monotonic=clock)
 
     answers = await asyncio.gather(*(progress.run_status(engine, run_id,
                                                          cache) for _ in range(5)))
     assert counted == [run_id]
     assert all(a is not None and a["items"] == {"pending": 30} for a in answers)
+    clock.advance(1.5)
     await progress.run_status(engine, run_id, cache)
     assert counted == [run_id]
 
-    await asyncio.sleep(1.55)
+    clock.advance(0.01)
     assert (await progress.run_status(engine, run_id, cache) or {})["items"] == {"pending": 30}
     assert counted == [run_id, run_id]
 
@@ -99,14 +96,28 @@ async def test_a_failed_count_is_not_kept(engine: AsyncEngine,
 
 
 async def test_a_caller_that_leaves_does_not_cancel_the_others_count(
-        engine: AsyncEngine, counted: list[int]) -> None:
+        engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch) -> None:
     await register(engine, make_policies("http://127.0.0.1:9"), 3)
     run_id = await release_all(engine)
+    real, begun, finish_count = progress.runs_progress, asyncio.Event(), asyncio.Event()
+    counted: list[int] = []
+
+    async def held_count(engine: AsyncEngine, run_ids: Sequence[int]
+                         ) -> dict[int, dict[str, Any]]:
+        counted.extend(run_ids)
+        begun.set()
+        await finish_count.wait()  # in progress until both callers wait for it
+        return await real(engine, run_ids)
+
+    monkeypatch.setattr(progress, "runs_progress", held_count)
     cache = progress.ProgressCache()
     leaving = asyncio.create_task(cache.get(engine, run_id, V))
     staying = asyncio.create_task(cache.get(engine, run_id, V))
-    await asyncio.sleep(0.01)
+    await begun.wait()  # both callers asked before the count began (they came first)
     leaving.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await leaving
+    finish_count.set()
     assert (await staying)["items"] == {"pending": 3}
     assert counted == [run_id]
 
@@ -161,7 +172,7 @@ EXPECTED: Final = [  # three_runs's, newest first
 async def test_a_list_counts_the_runs_it_lacks_in_one_statement(
         engine: AsyncEngine, counted: list[int]) -> None:
     first, second, third = await three_runs(engine)
-    cache = progress.ProgressCache()
+    cache = progress.ProgressCache(monotonic=ManualClock())  # no count gets too old meanwhile
     assert (await progress.run_status(engine, first, cache) or {})["items"] == EXPECTED[2][0]
     listed = await progress.list_runs(engine, limit=10, before=None, progress=cache)
     assert [r["id"] for r in listed] == [third, second, first]
@@ -185,10 +196,11 @@ async def test_a_list_counts_the_runs_it_lacks_in_one_statement(
 async def test_a_drained_runs_count_is_kept_longer_until_an_operator_acts(
         engine: AsyncEngine, counted: list[int]) -> None:
     first, second, third = await three_runs(engine)
-    cache = progress.ProgressCache(max_age_s=0.05, drained_max_age_s=60)
+    clock = ManualClock()
+    cache = progress.ProgressCache(max_age_s=0.05, drained_max_age_s=60, monotonic=clock)
     await progress.list_runs(engine, limit=10, before=None, progress=cache)
     assert counted == [third, second, first]
-    await asyncio.sleep(0.1)
+    clock.advance(0.1)
     # the run still pending and the half-done one are counted again; the drained one is not
     await progress.list_runs(engine, limit=10, before=None, progress=cache)
     assert counted[3:] == [third, first]
@@ -204,10 +216,13 @@ async def test_a_drained_runs_count_is_kept_longer_until_an_operator_acts(
 # -- over HTTP: GET /v1/runs shows what GET /v1/runs/{id} shows, from the same counts ------
 
 @contextlib.asynccontextmanager
-async def served(db_url: str) -> AsyncIterator[httpx.AsyncClient]:
-    """A replica (API only) on the test's database, and a client for it."""
+async def served(db_url: str, clock: ManualClock | None = None
+                 ) -> AsyncIterator[httpx.AsyncClient]:
+    """A replica (API only) on the test's database, its counts aged on `clock` (one that
+    stands still unless given), and a client for it."""
     async with LiveServer(test_settings(db_url), make_policies("http://127.0.0.1:9"),
                           db_url) as live:
+        live.runtime.run_progress.monotonic = clock or ManualClock()
         async with httpx.AsyncClient(base_url=live.base_url, timeout=10, headers={
                 "Authorization": f"Bearer {TOKEN_A}"}) as api:
             yield api
@@ -231,39 +246,34 @@ async def test_the_run_list_shows_each_runs_counts(db_url: str, engine: AsyncEng
             assert (await api.get(f"/v1/runs/{run_id}")).json() == listed[run_id]
 
 
-@pytest.mark.slow
 async def test_list_requests_within_the_window_share_one_count(db_url: str,
                                                                engine: AsyncEngine) -> None:
     await register(engine, make_policies("http://127.0.0.1:9"), 5)
     run_id = await release_all(engine)
-    async with served(db_url) as api:
-        for _ in range(5):
-            started = time.monotonic()
-            # an operator action: no count this replica took before it is shared after it
-            assert (await api.post("/v1/workers/resume")).status_code == 200
-            before = (await listing(api))[run_id]
-            await finish(engine, run_id, 1, "succeeded", "succeeded")  # as a worker does
-            again = (await listing(api))[run_id]
-            single = (await api.get(f"/v1/runs/{run_id}")).json()
-            if time.monotonic() - started < progress.PROGRESS_MAX_AGE_S:
-                break  # else too slow to tell a shared count from a new one: again
-        else:
-            pytest.fail("the machine never answered three requests within the window")
+    clock = ManualClock()
+    async with served(db_url, clock) as api:
+        # an operator action: no count this replica took before it is shared after it
+        assert (await api.post("/v1/workers/resume")).status_code == 200
+        before = (await listing(api))[run_id]
+        await finish(engine, run_id, 1, "succeeded", "succeeded")  # as a worker does
+        clock.advance(progress.PROGRESS_MAX_AGE_S)
+        again = (await listing(api))[run_id]
+        single = (await api.get(f"/v1/runs/{run_id}")).json()
         # not counted again: the item that succeeded in between is not seen yet
         assert again == single == before
-        await asyncio.sleep(progress.PROGRESS_MAX_AGE_S + 0.1)
+        clock.advance(0.01)
         after = (await listing(api))[run_id]
         assert after["items"]["succeeded"] == before["items"].get("succeeded", 0) + 1
         assert (await api.get(f"/v1/runs/{run_id}")).json() == after
 
 
-@pytest.mark.slow
 async def test_a_drained_runs_count_waits_for_an_operator_action_on_any_replica(
         db_url: str, engine: AsyncEngine) -> None:
     await register(engine, make_policies("http://127.0.0.1:9"), 3)
     run_id = await release_all(engine)
     await finish(engine, run_id, 3, "dead", "permanent")
-    async with served(db_url) as one, served(db_url) as other:
+    clock = ManualClock()
+    async with served(db_url, clock) as one, served(db_url) as other:
         assert (await listing(one))[run_id]["attempts"] == {"permanent": 3}
         # a late completion fenced out after the run drained: an attempt row, nothing else
         async with engine.begin() as conn:
@@ -271,7 +281,7 @@ async def test_a_drained_runs_count_waits_for_an_operator_action_on_any_replica(
                 "INSERT INTO attempts (item_id, attempt_no, worker, lease_token, started_at, "
                 "finished_at, outcome, latency_ms, fenced) SELECT min(id), 1, 'late', "
                 "gen_random_uuid(), now(), now(), 'succeeded', 1, true FROM items"))
-        await asyncio.sleep(progress.PROGRESS_MAX_AGE_S + 0.2)
+        clock.advance(progress.PROGRESS_MAX_AGE_S + 0.01)
         kept = (await listing(one))[run_id]  # drained: the count is kept longer
         assert (kept["items"], kept["attempts"]) == ({"dead": 3}, {"permanent": 3})
         redriven = await other.post("/v1/items/redrive", json={

@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.budget import buckets, rules
 from tests.conftest import TOKEN_A, LiveServer, test_settings
 from tests.fakes.upstream import FakeUpstream, Fault
+from tests.integration.db_clock import advance
 from tests.integration.test_pipeline import make_policies, register
 
 SCOPE = "tenant:acme"
@@ -91,7 +92,7 @@ async def test_lift_closure_ends_the_closure_and_its_backoff(client: httpx.Async
         "scope": SCOPE, "lift_closure": True,
         "closed_until": moment(before["closed_until"]).isoformat(), "backoff_level": 2})
     # the bucket refills from the lift, not from the end of the closure it lifted
-    await asyncio.sleep(0.05)
+    await advance(engine, 0.05, scopes=[SCOPE])
     refilled = (await client.get("/v1/scopes")).json()["scopes"][0]
     assert refilled["tokens"] > 0
 
@@ -154,7 +155,7 @@ async def test_a_scope_a_429_closed_calls_again_only_when_lifted(db_url: str,
                 assert scope["backoff_level"] == (0 if retry_after else 1)
                 kept = await api.post(f"/v1/scopes/{SCOPE}/resume", json={"reason": "oops"})
                 assert kept.json()["closed_until"] == scope["closed_until"]
-                await asyncio.sleep(1.5)
+                await asyncio.sleep(1.5)  # a time to watch for calls, which must not come
                 assert len(upstream.calls()) == 1  # the 429 only
                 lifted = await api.post(f"/v1/scopes/{SCOPE}/resume", json={
                     "reason": "upstream reset our limit", "lift_closure": True})

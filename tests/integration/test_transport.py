@@ -32,6 +32,7 @@ from service.protocols import http1_connection
 from service.protocols.transport import SEND_BY, SEND_GATE, Http1Transport
 from service.upstreams.deletion_api import CallResult, Upstreams
 from service.upstreams.exchange import send
+from tests.conftest import eventually
 
 KEY = "op-key-0123456789"
 
@@ -172,7 +173,9 @@ async def test_keep_alive_connections_are_reused(upstream: FakeUpstream) -> None
 
 class Scripted:
     """A loopback server answering its nth request with `answers[n]` (the last one repeats),
-    closing the connection after an answer that ends with CLOSE."""
+    closing the connection after an answer that ends with CLOSE: its side first, then,
+    once the client has closed its own, the rest (`finished` counts the connections
+    ended)."""
 
     CLOSE = b"<close>"
 
@@ -181,6 +184,7 @@ class Scripted:
         self.tls = tls
         self.requests: list[bytes] = []
         self.connections = 0
+        self.finished = 0
         self._server: asyncio.Server | None = None
         self._open: dict[asyncio.StreamWriter, asyncio.Task[Any]] = {}
 
@@ -216,12 +220,17 @@ class Scripted:
                 writer.write(answer.removesuffix(self.CLOSE))
                 await writer.drain()
                 if answer.endswith(self.CLOSE):
+                    if writer.can_write_eof():  # not over TLS
+                        writer.write_eof()
+                        while await reader.read(65536):  # until the client closes too
+                            pass
                     break
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
             writer.close()
             del self._open[writer]
+            self.finished += 1
 
 
 def request(url: str, *, timeouts: dict[str, float] | None = None, **headers: str
@@ -280,7 +289,8 @@ async def test_a_connection_the_upstream_closed_while_idle_is_not_reused() -> No
     transport = Http1Transport(4)
     async with Scripted(NO_CONTENT + Scripted.CLOSE) as server:
         assert (await answer_to(transport, server.base_url)).status == 204
-        await asyncio.sleep(0.05)  # the close reaches the idle connection
+        # the client closes its side once it has seen the close: no longer reusable
+        await eventually(lambda: server.finished == 1, "the close seen by the client")
         assert (await answer_to(transport, server.base_url)).status == 204
     await transport.aclose()
     assert server.connections == 2

@@ -29,10 +29,12 @@ from service.budget import scope_controls
 from service.budget.credential_waits import Credentials, resume_arrived
 from service.config.policies import Policies
 from service.credentials import CredentialStore, Keyring, tenant_credentials
+from service.credentials.directory import RECHECK_S, DirectorySource
 from service.ledger import registration
 from service.upstreams.deletion_api import Upstreams
 from service.worker.process import database_pool
 from tests.conftest import REPO_ROOT, TOKEN_A, LiveServer, policies_from, test_settings
+from tests.fakes.clock import ManualClock
 from tests.integration.test_pipeline import PAST, release_all
 
 EXAMPLE = REPO_ROOT / "policies.example.toml"
@@ -122,7 +124,10 @@ async def test_shopify_per_shop_hosts_tokens_and_answers(
     policies = on_loopback("shopify", f"http://{{tenant_id}}:{port}/admin/api/2025-10",
                            host_pattern=r"127\.0\.0\.[0-9]+", allow_private_addresses=True,
                            credentials={"directory": str(tmp_path)})
-    credentials = Credentials.of(policies, engine, None)
+    # the directory as Credentials.of reads it, its once-a-second re-read on a test clock
+    clock = ManualClock()
+    [upstream] = policies.upstreams
+    credentials = Credentials({upstream: DirectorySource(tmp_path, clock=clock)})
     # customer 99 does not exist: Shopify's userErrors say so, which counts as deleted
     await register(engine, policies, [(SHOPS[0], "1"), (SHOPS[0], "2"), (SHOPS[1], "3"),
                                       (SHOPS[1], "99"), (SHOPS[2], "5")])
@@ -139,7 +144,7 @@ async def test_shopify_per_shop_hosts_tokens_and_answers(
     assert all(c.status == 200 for c in fake.calls)
 
     (tmp_path / SHOPS[2]).write_text("shpat_2")
-    await asyncio.sleep(1.1)  # the directory is re-read at most once a second
+    clock.advance(RECHECK_S)  # the directory is re-read at most once a RECHECK_S
     assert await resume_arrived(engine, policies, credentials) == [f"shopify:{SHOPS[2]}"]
     await drain(engine, policies, credentials, settled(5))
     assert (await items_of(engine))[(SHOPS[2], "5")] == ("succeeded", None, 1)

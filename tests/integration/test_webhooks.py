@@ -28,7 +28,14 @@ from service.ledger import registration
 from service.observability import metrics
 from service.webhooks import deliveries, intake
 from service.webhooks.receipts import Receipt
-from tests.conftest import LiveServer, free_port, policies_from, test_settings, wait_for_lock_waits
+from tests.conftest import (
+    LiveServer,
+    eventually,
+    free_port,
+    policies_from,
+    test_settings,
+    wait_for_lock_waits,
+)
 from tests.fakes.upstream import FakeUpstream
 
 STD_SECRET = "whsec_" + base64.b64encode(b"standard-secret-0123456789abcdef").decode()
@@ -458,8 +465,10 @@ async def test_deliveries_that_wait_together_commit_together_as_if_one_by_one(
                      for _ in range(2)]
             replay = apply(verified(policies, shopify("orders/cancelled", {"id": 1},
                                                       webhook_id="w-earlier")))
-            await asyncio.sleep(0.05)  # every one queued behind the held statement
-            assert not any(t.done() for t in (first, *fresh, *same_item, *twice, replay))
+            behind = (*fresh, *same_item, *twice, replay)
+            await eventually(lambda: box.queued == len(behind),
+                             "every one queued behind the held statement")
+            assert not any(t.done() for t in (first, *behind))
             await blocker.rollback()
         receipts = await asyncio.gather(first, *fresh, *same_item, *twice, replay)
     finally:
@@ -518,7 +527,8 @@ async def test_a_group_that_fails_goes_again_one_by_one(db_url: str, engine: Asy
             else:
                 spoiled = apply(shopify("orders/cancelled", {"id": 20}, webhook_id="w-spoiler"))
                 await hold_receipt(winner, "w-spoiler", (123,))
-            await asyncio.sleep(0.05)  # all queued behind the held statement
+            await eventually(lambda: box.queued == len(good) + 1,
+                             "all queued behind the held statement")
             await blocker.rollback()
             # committed first: until then its backend may still show the lock wait it had,
             # and the wait below would take it for the group's
@@ -618,6 +628,20 @@ async def test_intake_limit_answers_503_with_retry_after(db_url: str,
 
 
 
+async def listening(engine: AsyncEngine) -> bool:
+    """Whether a session of this database has LISTENed (its last statement, as asyncpg's
+    add_listener leaves it until the listener's first probe, LISTEN_PROBE_INTERVAL_S on)."""
+    async with engine.connect() as conn:
+        return bool((await conn.execute(text(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND query LIKE 'LISTEN %'"))).scalar_one())
+
+
+async def item_status(engine: AsyncEngine, status: str) -> bool:
+    async with engine.connect() as conn:
+        return (await conn.execute(text("SELECT status FROM items"))).scalar() == status
+
+
 async def test_hint_drains_through_the_workers_without_a_run(db_url: str,
                                                              engine: AsyncEngine) -> None:
     async with FakeUpstream() as upstream:
@@ -628,18 +652,12 @@ async def test_hint_drains_through_the_workers_without_a_run(db_url: str,
         settings = test_settings(db_url, workers=2)
         async with LiveServer(settings, policies, db_url) as live:
             async with httpx.AsyncClient(base_url=live.base_url, timeout=10) as client:
-                await asyncio.sleep(0.3)  # the pool is idle and polling slowly by now
+                # the pool found nothing to claim and listens for releases
+                await eventually(lambda: listening(engine), "the workers' LISTEN")
                 answer = await post(client, "shopify", shopify(
                     "customers/redact", {"shop_id": 1, "customer": {"id": 42}}))
                 assert answer.status_code == 202, answer.text
-                for _ in range(200):
-                    async with engine.connect() as conn:
-                        status = (await conn.execute(text(
-                            "SELECT status FROM items"))).scalar()
-                    if status == "succeeded":
-                        break
-                    await asyncio.sleep(0.02)
-        assert status == "succeeded"
+                await eventually(lambda: item_status(engine, "succeeded"), "the hint drained")
         calls = upstream.calls()
         assert [c.path for c in calls] == ["/customers/42"]
         assert calls[0].idempotency_key == registration.operation_key(SHOP, "42", "customers", 1)

@@ -178,6 +178,19 @@ async def test_hang_leads_to_a_read_timeout_and_is_recorded(
     assert (await client.delete("/a")).status_code == 204
 
 
+async def test_a_hang_ends_when_the_test_ends_it(
+    up: FakeUpstream, client: httpx.AsyncClient
+) -> None:
+    up.inject(Fault.HANG)  # an hour, unless ended
+    hanging = asyncio.create_task(client.delete("/a", timeout=30))
+    await _wait_for_calls(up, 1)
+    assert up.end_hangs() == 1
+    with pytest.raises(httpx.RemoteProtocolError):  # closed without an answer
+        await hanging
+    assert up.end_hangs() == 0
+    assert (await client.delete("/a")).status_code == 204
+
+
 async def test_drip_sends_headers_then_starves_the_body_read(
     up: FakeUpstream, client: httpx.AsyncClient
 ) -> None:

@@ -149,9 +149,7 @@ async def test_a_failed_warm_up_is_logged_and_counted(caplog: pytest.LogCaptureF
     r.ledger.add("tenant:a", 2)
     before = counted(Where.WARM_UP)
     running = asyncio.create_task(r.pool.run())
-    async with asyncio.timeout(10):
-        while len(r.ledger.completed) < 2:
-            await asyncio.sleep(0.005)
+    await r.until(lambda: len(r.ledger.completed) >= 2)
     r.pool.stop()
     await running
     assert counted(Where.WARM_UP) == before + 1
@@ -167,9 +165,7 @@ async def test_the_last_flush_says_how_many_outcomes_it_could_not_write(
     r.ledger.fail_completes = 1_000_000
     before = counted(Where.SHUTDOWN_FLUSH)
     running = asyncio.create_task(r.pool.run())
-    async with asyncio.timeout(10):
-        while len(r.calls.calls) < 3:
-            await asyncio.sleep(0.005)
+    await r.until(lambda: len(r.calls.calls) >= 3)
     r.pool.stop()
     await running
     assert r.pool.unwritten == 3 and r.ledger.completed == []

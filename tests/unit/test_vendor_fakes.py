@@ -16,6 +16,7 @@ from drills.vendors.commercetools import FakeCommercetools
 from drills.vendors.serve import serve, serve_in_thread
 from drills.vendors.shopify import INVALID_TOKEN, FakeShopify
 from drills.vendors.stripe import FakeStripe
+from tests.conftest import eventually
 
 SHOP_A, SHOP_B, NO_SHOP = "127.0.0.2", "127.0.0.3", "127.0.0.4"
 TOKEN_A, TOKEN_B = "shpat_aaaaaaaa", "shpat_bbbbbbbb"
@@ -400,13 +401,14 @@ async def test_stripe_idempotency_key_in_flight_and_pruned(
     fake.idempotent_deletes = True
     fake.idempotency_ttl_s = 0.3
     key = {"Idempotency-Key": "k-1"}
-    fake.slow_next(1, delay=0.2)
+    fake.slow_next(1, delay=0.5)  # longer than the next request takes to arrive
     slow = asyncio.create_task(c.delete("/v1/customers/cus_1", headers=key))
-    await asyncio.sleep(0.05)
+    # in its delay, which Stripe's fake takes after saving the key as in progress
+    await eventually(lambda: fake.delaying == 1, "the first request in progress")
     r = await c.delete("/v1/customers/cus_1", headers=key)
     assert r.status_code == 409 and r.json()["error"]["code"] == "idempotency_key_in_use"
     assert (await slow).status_code == 200
-    await asyncio.sleep(0.35)  # the key is pruned: a new request
+    await asyncio.sleep(0.35)  # past the fake's TTL on its own clock: the key is pruned
     r = await c.delete("/v1/customers/cus_1", headers=key)
     assert r.status_code == 404 and "Idempotent-Replayed" not in r.headers
 

@@ -14,7 +14,7 @@ import contextlib
 import heapq
 import itertools
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence, Sized
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -48,11 +48,18 @@ def make_policies(**policy: object) -> Policies:
                           "policies": {"carts": cfg}})
 
 
-class VirtualClock:
-    """Monotonic seconds from 0. Sleepers wake in deadline order: once the tasks that can
-    run have run, the clock jumps to the earliest deadline (no real time passes)."""
+def ready_callbacks(loop: asyncio.AbstractEventLoop) -> int:
+    """How many callbacks the loop will run on its next turn: tasks woken and not yet run,
+    futures' done callbacks. asyncio has no public view of it; its base event loop (the
+    one pytest-asyncio runs) keeps them in `_ready`."""
+    ready: Sized = loop._ready  # type: ignore[attr-defined]
+    return len(ready)
 
-    YIELDS_BEFORE_A_JUMP = 10
+
+class VirtualClock:
+    """Monotonic seconds from 0. Sleepers wake in deadline order: once no task can run
+    (every one waits on a sleep, an event or I/O, none is woken and waiting for its turn),
+    the clock jumps to the earliest deadline (no real time passes)."""
 
     def __init__(self) -> None:
         self.t = 0.0
@@ -74,17 +81,40 @@ class VirtualClock:
         await woken
 
     async def _drive(self) -> None:
+        loop = asyncio.get_running_loop()
         while self._sleepers:
-            for _ in range(self.YIELDS_BEFORE_A_JUMP):
+            await asyncio.sleep(0)
+            # a task woken by another (a lease handed to it, an event set) runs first,
+            # however long the chain: the clock moves only when the loop is idle
+            while ready_callbacks(loop):
                 await asyncio.sleep(0)
             deadline, _, woken = heapq.heappop(self._sleepers)
             self.t = max(self.t, deadline)
             woken.set_result(None)
 
 
+class Changes:
+    """Wakes a test waiting for what the in-memory ports record (an admission, an outcome,
+    a hand-back, a call), so it waits on that event and not on a pace of its own."""
+
+    def __init__(self) -> None:
+        self._changed = asyncio.Event()
+
+    def note(self) -> None:
+        self._changed.set()
+
+    async def until(self, done: Callable[[], bool], timeout_s: float = 10.0) -> None:
+        """Until `done()` holds, looked at after each change (a deadline in real time)."""
+        async with asyncio.timeout(timeout_s):
+            while not done():
+                self._changed.clear()
+                await self._changed.wait()
+
+
 @dataclass
 class MemoryLedger:
-    """Items waiting per scope; every admission and completion recorded."""
+    """Items waiting per scope; every admission and completion recorded (and noted in
+    `changes`)."""
 
     clock: VirtualClock
     rate: float = 100.0
@@ -105,6 +135,7 @@ class MemoryLedger:
     paused: list[tuple[list[str], str]] = field(default_factory=list)
     recovered_scopes: list[str] = field(default_factory=list)
     adjusted: list[tuple[dict[str, float], dict[str, float]]] = field(default_factory=list)
+    changes: Changes = field(default_factory=Changes)
 
     def add(self, scope: str, n: int, *, version: int = 1) -> list[Lease]:
         queue = self.ready.setdefault(scope, [])
@@ -138,6 +169,7 @@ class MemoryLedger:
             leases.extend(taken)
         if self.on_admit is not None:
             self.on_admit()
+        self.changes.note()
         return Admission(grants=grants, leases=leases)
 
     async def database_time(self) -> float:
@@ -148,12 +180,14 @@ class MemoryLedger:
             self.fail_completes -= 1
             raise ConnectionError("the ledger is unreachable")
         self.completed.extend(batch)
+        self.changes.note()
         return []
 
     async def hand_back(self, leases: Sequence[Lease], tokens: Sequence[int] | None = None
                         ) -> None:
         self.handed_back.extend(leases)
         self.tokens_back.extend([1] * len(leases) if tokens is None else tokens)
+        self.changes.note()
 
     async def close(self, closures: Mapping[str, Closure]) -> None:
         if closures:
@@ -174,10 +208,12 @@ class MemoryLedger:
 
 @dataclass
 class ScriptedCalls:
-    """Answers by object id (default 204); every call recorded with its virtual moment.
-    A call takes the next of `seconds` in turn on the virtual clock (none by default)."""
+    """Answers by object id (default 204); every call recorded with its virtual moment
+    (and noted in `changes`). A call takes the next of `seconds` in turn on the virtual
+    clock (none by default)."""
 
     clock: VirtualClock
+    changes: Changes = field(default_factory=Changes)
     answers: dict[str, Answer] = field(default_factory=dict)
     crash_on: set[str] = field(default_factory=set)
     hang_on: set[str] = field(default_factory=set)  # never answered
@@ -192,6 +228,7 @@ class ScriptedCalls:
     async def delete(self, policy: Policy, lease: Lease, *, send_by: float | None,
                      gate: SendGate | None) -> CallResult:
         self.calls.append((lease.object_id, self.clock.t))
+        self.changes.note()
         self.send_by.append(send_by)
         self.gates.append(gate)
         self.at_once += 1
@@ -228,12 +265,16 @@ class Rig:
         return {c.lease.object_id: (c.outcome, c.status, c.reason)
                 for c in self.ledger.completed}
 
+    async def until(self, done: Callable[[], bool]) -> None:
+        """Until `done()` holds, looked at each time the ledger or the calls record one."""
+        await self.ledger.changes.until(done)
+
 
 def rig(concurrency: int = 8, policies: Policies | None = None, grace_seconds: float = 20.0,
         **ledger: object) -> Rig:
     clock = VirtualClock()
     memory = MemoryLedger(clock, **ledger)  # type: ignore[arg-type]
-    calls = ScriptedCalls(clock)
+    calls = ScriptedCalls(clock, memory.changes)
     ports = Ports(admission=memory, completion=memory, signals=memory, calls=calls,
                   clock=clock, wakeups=NoWakeups(), hold=nothing_held, holds=NoHolds())
     pool = WorkerPool(ports, policies or make_policies(), concurrency=concurrency,
@@ -403,9 +444,7 @@ async def test_a_transport_failure_before_sending_is_transient() -> None:
 async def drain_with_the_loop(r: Rig, items: int) -> None:
     """Run the pool's own loop until `items` outcomes are committed, then stop it."""
     running = asyncio.create_task(r.pool.run())
-    async with asyncio.timeout(30):
-        while len(r.ledger.completed) + len(r.ledger.handed_back) < items:
-            await asyncio.sleep(0.005)
+    await r.until(lambda: len(r.ledger.completed) + len(r.ledger.handed_back) >= items)
     r.pool.stop()
     await running
 
@@ -455,9 +494,7 @@ async def test_a_call_still_waiting_for_a_slot_when_shutdown_gives_up_goes_back_
     r.calls.hang_on.add(hanging.object_id)
     r.pool._calls.claim_answered(4)  # as if calls had finished during earlier claims
     running = asyncio.create_task(r.pool.run())
-    async with asyncio.timeout(10):
-        while not r.calls.calls or r.ledger.ready["tenant:a"]:
-            await asyncio.sleep(0.005)
+    await r.until(lambda: bool(r.calls.calls) and not r.ledger.ready["tenant:a"])
     r.pool.stop()
     await running
     # the hanging call may have reached the upstream: its lease is left to expire; the one

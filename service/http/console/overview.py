@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Final
 
 from service.ledger import operator_reads
@@ -31,28 +32,31 @@ class Overview:
     succeeded_per_second: float
     scopes: list[dict[str, Any]]
     runs: list[dict[str, Any]]
-    read_at: float = field(default_factory=time.monotonic)
+    read_at: float  # on the cache's monotonic clock, when the reading was done
 
 
 class OverviewCache:
-    """The last Overview, shared; one reading at a time, readers arriving meanwhile wait."""
+    """The last Overview, shared; one reading at a time, readers arriving meanwhile wait.
+    Ages are read on `monotonic` (seconds)."""
 
-    def __init__(self, max_age_s: float = OVERVIEW_MAX_AGE_S) -> None:
+    def __init__(self, max_age_s: float = OVERVIEW_MAX_AGE_S,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.max_age_s = max_age_s
         self.readings = 0  # since the process started
+        self._monotonic = monotonic
         self._last: Overview | None = None
         self._lock = asyncio.Lock()
 
     async def get(self, runtime: Runtime) -> Overview:
         async with self._lock:
             last = self._last
-            if last is None or time.monotonic() - last.read_at >= self.max_age_s:
-                last = self._last = await _read(runtime)
+            if last is None or self._monotonic() - last.read_at >= self.max_age_s:
+                last = self._last = await _read(runtime, self._monotonic)
                 self.readings += 1
             return last
 
 
-async def _read(runtime: Runtime) -> Overview:
+async def _read(runtime: Runtime, monotonic: Callable[[], float]) -> Overview:
     collector = runtime.exporter.collector
     await collector.refresh()
     snap = collector.snapshot
@@ -70,4 +74,5 @@ async def _read(runtime: Runtime) -> Overview:
                                       progress=runtime.run_progress)
     return Overview(ledger=snap, policies=policies,
                     succeeded_per_second=sum(rates.values()),
-                    scopes=await operator_reads.troubled_scopes(runtime.engine), runs=recent)
+                    scopes=await operator_reads.troubled_scopes(runtime.engine), runs=recent,
+                    read_at=monotonic())
