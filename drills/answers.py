@@ -77,7 +77,7 @@ async def server_errors(stage: Stage) -> Facts:
             for r in await stage.fetch(
                     "SELECT object_id, attempts, extract(epoch FROM next_attempt_at "
                     "- updated_at)::float AS delay FROM items WHERE status = 'pending' "
-                    "AND attempts > 0"):
+                    "AND lease_token IS NULL AND attempts > 0"):
                 planned.setdefault((r["object_id"], int(r["attempts"])), float(r["delay"]))
             await asyncio.sleep(0.02)
 

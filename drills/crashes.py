@@ -12,14 +12,18 @@ import httpx
 from drills.base import Drill, Facts, check
 from drills.stage import PROCESS_START_TIMEOUT_S, Proc, Stage
 from drills.upstream import Fault
+from service.db.statements import item_status
 
 LEASE_S = 5  # the shortest lease a policy allows: every reclaim below waits this long
 TIMEOUT_S = 3.0  # upstream deadline, shorter than the lease as the policies file requires
 
 
+_ITEM_SQL = (f"SELECT id, {item_status('items')} AS status, attempts, lease_owner, "  # noqa: S608
+             "lease_expires_at, dead_reason FROM items WHERE object_id = $1")
+
+
 async def _item(stage: Stage, object_id: str) -> dict[str, object]:
-    rows = await stage.fetch("SELECT id, status, attempts, lease_owner, lease_expires_at, "
-                             "dead_reason FROM items WHERE object_id = $1", object_id)
+    rows = await stage.fetch(_ITEM_SQL, object_id)
     check(len(rows) == 1, f"item {object_id} not found")
     return dict(rows[0])
 

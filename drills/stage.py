@@ -30,6 +30,7 @@ from drills.upstream import Call, FakeUpstream
 from service.config.policies import Policies, load_policies
 from service.config.settings import Settings, async_url
 from service.db.engine import make_engine
+from service.db.statements import item_status
 from service.ledger import registration
 from service.runs import publication, trigger
 
@@ -141,6 +142,11 @@ class RemoteUpstream:
         async with httpx.AsyncClient(timeout=10) as client:
             stats: dict[str, Any] = (await client.get(f"{self.base_url}/_control/stats")).json()
         return stats
+
+
+# items by status as operators read it (a leased item is pending with a lease)
+_STATUSES_SQL: Final = (f"SELECT {item_status('items')} AS status, "  # noqa: S608
+                        "count(*) AS n FROM items GROUP BY 1")
 
 
 class Stage:
@@ -259,7 +265,7 @@ class Stage:
             await conn.close()
 
     async def statuses(self) -> dict[str, int]:
-        rows = await self.fetch("SELECT status, count(*) AS n FROM items GROUP BY status")
+        rows = await self.fetch(_STATUSES_SQL)
         return {r["status"]: int(r["n"]) for r in rows}
 
     async def database_now(self) -> float:

@@ -33,7 +33,6 @@ from service.db.statements import (
     OPEN_SCOPE,
     Database,
     Statement,
-    expired_lease,
     fetch,
     fetch_none,
     ready_item,
@@ -103,7 +102,7 @@ async def ensure_scopes(conn: AsyncConnection, budgets: Mapping[str, Budget]) ->
                               "per_call": [budgets[n][2] for n in names]})
 
 
-# Work is a ready item or an expired lease; the workers-wide pause stops every scope. The
+# Work is a ready item (an expired lease is one); the workers-wide pause stops every scope. The
 # probes are ordered LIMIT 1 subqueries so the planner walks the scope-leading partial
 # indexes (an EXISTS may be planned as a scan of items, which grows with history); ready
 # items are looked for after the scope's claim position first, as claims read them
@@ -122,10 +121,7 @@ _ELIGIBLE = Statement("buckets.eligible_scopes", (
                 ORDER BY i.scope, coalesce(i.batch_id, 0), i.id LIMIT 1) IS NOT NULL
                OR (s.ready_after_id > 0 AND (SELECT i.id FROM items i
                    WHERE i.scope = s.name AND {ready_item("now()")}
-                   ORDER BY i.scope, coalesce(i.batch_id, 0), i.id LIMIT 1) IS NOT NULL)
-               OR (SELECT i.id FROM items i
-                   WHERE i.scope = s.name AND {expired_lease("now()")}
-                   ORDER BY i.scope, i.lease_expires_at LIMIT 1) IS NOT NULL)
+                   ORDER BY i.scope, coalesce(i.batch_id, 0), i.id LIMIT 1) IS NOT NULL))
     )
     (SELECT name, weight FROM open_scopes WHERE name > :cursor ORDER BY name LIMIT :limit)
     UNION ALL

@@ -22,13 +22,14 @@ service/ to that). This module holds only what they share:
   carry (CREATE DATABASE's identifier) is a function returning a `Statement`, named like
   the constants.
 - The predicates several modules' statements compose, defined once so no copy drifts:
-  `ready_item` (an item a worker may claim now), `expired_lease`, `not_held` (no legal
-  hold stops it), `CLOSURE_OVER` and `OPEN_SCOPE`. They are SQL text interpolated when a
-  module loads, not views or functions: the server receives the SQL a hand-written copy
-  would be, so the planner still finds `status = 'pending' AND released_at IS NOT NULL AND
-  hold_id IS NULL` to match the partial index `items_ready` and the admission's plan is
-  what it was (bench/reports/design-notes.md). Each fragment reads items as `i`, scopes as
-  `s` and holds as `hx`.
+  `ready_item` (an item a worker may claim now, an expired lease included), `LEASED`,
+  `expired_lease`, `item_status`, `not_held` (no legal hold stops it), `CLOSURE_OVER` and
+  `OPEN_SCOPE`. They are SQL text interpolated when a module loads, not views or functions:
+  the server receives the SQL a hand-written copy would be, so the planner still finds
+  `status = 'pending' AND released_at IS NOT NULL AND hold_id IS NULL` to match the partial
+  index `items_ready` and the admission's plan is what it was
+  (bench/reports/design-notes.md). Each fragment reads items as `i`, scopes as `s` and holds
+  as `hx`.
 
 Times are the database's (now(), clock_timestamp()), never a worker's. Tests that need
 time to pass move the stored instants back instead (tests/integration/db_clock.py).
@@ -137,18 +138,30 @@ def not_held(now: str = "now()") -> str:
 
 
 def ready_item(now: str = "now()") -> str:
-    """Item `i` may be claimed at `now`: pending, released, under no hold, and its next
-    attempt is due. The workers claim exactly these (with expired leases);
-    `sweeper_items_eligible` and the scopes' `eligible` count them. Its first three terms
-    are items_ready's WHERE."""
+    """Item `i` may be claimed at `now`: pending, released, under no hold, its next attempt
+    due, and not under a lease that still runs (an expired one is taken over). The workers
+    claim exactly these; `sweeper_items_eligible` and the scopes' `eligible` count them. Its
+    first three terms are items_ready's WHERE."""
     return (f"i.status = 'pending' AND i.released_at IS NOT NULL AND {not_held(now)}"
-            f" AND i.next_attempt_at <= {now}")
+            f" AND i.next_attempt_at <= {now}"
+            f" AND (i.lease_token IS NULL OR i.lease_expires_at <= {now})")
+
+
+# Item `i` is under a lease (its worker's call may be in flight, or its lease ran out and
+# no claim took it over yet). A leased item stays `pending`: a claim writes only columns no
+# index reads, so its update can be HOT (migration 0024).
+LEASED: Final = "i.lease_token IS NOT NULL"
 
 
 def expired_lease(now: str = "now()") -> str:
-    """Item `i` is leased, its lease has run out at `now`, and it is under no hold: a claim
-    may take it over. Its first term is items_leased's WHERE."""
-    return f"i.status = 'leased' AND i.lease_expires_at <= {now} AND {not_held(now)}"
+    """Item `i` is under a lease that has run out at `now`: its worker died or stalled, and
+    the next claim that reads it takes it over."""
+    return f"{LEASED} AND i.lease_expires_at <= {now}"
+
+
+def item_status(i: str = "i") -> str:
+    """Item `i`'s status as operators read it: `leased` for a pending item under a lease."""
+    return f"CASE WHEN {i}.lease_token IS NOT NULL THEN 'leased' ELSE {i}.status END"
 
 
 # Scope `s`'s closure, if it has one, is over: a throttling signal closes a scope until

@@ -2,14 +2,14 @@
 of leases never called, the worker's hot claim statements. What an attempt's outcome does to
 its item is service/ledger/completions.py.
 
-Which items a claim may take is `service.db.statements.ready_item` and `expired_lease`;
-the token half of the admission is `service.budget.buckets.GRANTS_SQL`. Times come from the
-database clock only: the items are read and leased as of the statement's transaction start
-(`now()`), the buckets refilled as of their row locks (`clock_timestamp()`). Tests move
-that clock by moving the stored instants (tests/integration/db_clock.py), or run the
-admission inside a transaction of their own whose `now()` they read. The measurements
-behind the rules stated in comments here are in bench/reports/design-notes.md ("Claims and
-completion").
+Which items a claim may take is `service.db.statements.ready_item` (an expired lease is one:
+its worker died or stalled); the token half of the admission is
+`service.budget.buckets.GRANTS_SQL`. Times come from the database clock only: the items are
+read and leased as of the statement's transaction start (`now()`), the buckets refilled as
+of their row locks (`clock_timestamp()`). Tests move that clock by moving the stored
+instants (tests/integration/db_clock.py), or run the admission inside a transaction of their
+own whose `now()` they read. The measurements behind the rules stated in comments here are
+in bench/reports/design-notes.md ("Claims and completion").
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from service.budget.rules import LOOKAHEAD_S, Grant
 from service.db.statements import (
     Database,
     Statement,
-    expired_lease,
     fetch,
     fetch_none,
     ready_item,
@@ -37,11 +36,10 @@ from service.db.statements import (
 # last claim took (scopes.ready_after_batch, ready_after_id). Claimed items leave their
 # entries in items_ready until VACUUM, at the index's front, and a claim from the front
 # walks them all, a walk that grows with the drain. Items come back behind the position
-# (retries, hand-backs, webhook releases, a batch whose publication committed late), so a
-# claim reads from the front once this often, and whenever a claim found fewer items than
-# its tokens. Expired leases are looked for on those front reads only (items_leased has the
-# same walk; leases last tens of seconds, so one more second before a takeover changes
-# little).
+# (retries, hand-backs, webhook releases, a batch whose publication committed late, leases
+# that ran out), so a claim reads from the front once this often, and whenever a claim
+# found fewer items than its tokens (leases last tens of seconds, so one more second before
+# a takeover changes little).
 FRONT_SCAN_EVERY_S: Final = 1
 
 
@@ -79,21 +77,25 @@ def _lease(r: Row[Any]) -> Lease:
 #     paused scopes, and every scope during a workers-wide pause (FOR KEY SHARE: a pause
 #     waits for admissions in progress), grant nothing.
 #  2. `starts`: each scope's claim position (see FRONT_SCAN_EVERY_S), a range condition on
-#     items_ready; expired leases are looked for only when reading from the front.
-#  3. per scope (LATERAL): its expired leases first (their worker died or stalled), then
-#     released pending items whose next attempt is due, in batch order (webhook releases,
-#     batch key 0, first) via the scope-leading partial indexes; SKIP LOCKED so concurrent
-#     claimers take disjoint rows, and each LIMIT sits inside its subquery so it bounds the
-#     rows locked.
-#  4. `exhausted`: an expired lease whose item has used up its policy's attempts is not
-#     leased again: its worker died or stalled on the last allowed attempt (an item that
-#     crashes every worker that calls it would otherwise loop forever), so it goes `dead`.
+#     items_ready.
+#  3. `ready`, per scope (LATERAL): claimable items in batch order (webhook releases, batch
+#     key 0, first) via the scope-leading partial index items_ready, which holds leased
+#     items too: a lease that ran out is claimable (its worker died or stalled), one that
+#     runs is not. SKIP LOCKED so concurrent claimers take disjoint rows, and the LIMIT sits
+#     inside the subquery so it bounds the rows locked. A row another claim leased after
+#     this statement's snapshot is re-checked under its lock, and skipped.
+#  4. `exhausted`: a lease that ran out on an item that has used up its policy's attempts
+#     is not leased again: its worker died or stalled on the last allowed attempt (an item
+#     that crashes every worker that calls it would otherwise loop forever), so it goes
+#     `dead`.
 #  5. `claimed`: a fresh lease token and an expiry from the database clock (lease length
-#     per policy), the attempt counted, and what the worker needs returned.
+#     per policy), the attempt counted, and what the worker needs returned. The item stays
+#     `pending` and no column an index reads changes, so the update can be HOT (migration
+#     0024): the claim writes no index entry.
 #  6. `spent`: the bucket is charged only for the items actually claimed, so unused tokens
 #     never leave it. The row also records where the scope's next claim reads from: after
-#     the last pending item this one took, or the front (0, 0) once a claim found fewer
-#     items than its tokens.
+#     the last item this one read, or the front (0, 0) once a claim found fewer items than
+#     its tokens.
 # A token is one call: of one item, or of up to `objects_per_call` items for a scope whose
 # policy sends many per call (3 takes that many items per token, 6 charges a token per
 # started group of them; the worker sends each group as one call).
@@ -118,18 +120,22 @@ _ADMIT = Statement("claims.admit", (
         SELECT * FROM unnest(CAST(:limit_policies AS text[]),
                              CAST(:limit_attempts AS integer[])) AS m(policy, n)
     ),
-    expired AS (
-        SELECT e.id, g.scope, e.exhausted FROM starts g, clock CROSS JOIN LATERAL (
-            SELECT i.id, i.attempts >= coalesce(
+    ready AS (
+        SELECT r.id, r.batch_key, g.scope, r.reclaimed, r.reclaimed AND r.used_up AS exhausted
+        FROM starts g, clock CROSS JOIN LATERAL (
+            SELECT i.id, coalesce(i.batch_id, 0) AS batch_key,
+                   i.lease_token IS NOT NULL AS reclaimed,
+                   i.attempts >= coalesce(
                        (SELECT m.n FROM attempt_limits m WHERE m.policy = i.policy),
-                       2147483647) AS exhausted
+                       2147483647) AS used_up
             FROM items i
-            WHERE i.scope = g.scope AND {expired_lease("clock.now")}
-            ORDER BY i.lease_expires_at
+            WHERE i.scope = g.scope AND {ready_item("clock.now")}
+              AND (coalesce(i.batch_id, 0), i.id) > (g.after_batch, g.after_id)
+            ORDER BY coalesce(i.batch_id, 0), i.id
             LIMIT g.n * g.per_call
             FOR UPDATE OF i SKIP LOCKED
-        ) e
-        WHERE g.n > 0 AND g.front
+        ) r
+        WHERE g.n > 0
     ),
     exhausted AS (
         UPDATE items i
@@ -137,42 +143,27 @@ _ADMIT = Statement("claims.admit", (
             last_outcome = 'unknown', last_status_code = NULL, last_error = 'lease_expired',
             dead_reason = 'max_attempts:lease_expired', completed_at = clock.now,
             updated_at = clock.now
-        FROM expired x, clock
+        FROM ready x, clock
         WHERE i.id = x.id AND x.exhausted
     ),
-    ready AS (
-        SELECT r.id, r.batch_key, g.scope FROM starts g, clock CROSS JOIN LATERAL (
-            SELECT i.id, coalesce(i.batch_id, 0) AS batch_key FROM items i
-            WHERE i.scope = g.scope AND {ready_item("clock.now")}
-              AND (coalesce(i.batch_id, 0), i.id) > (g.after_batch, g.after_id)
-            ORDER BY coalesce(i.batch_id, 0), i.id
-            LIMIT g.n * g.per_call - (SELECT count(*) FROM expired x
-                                      WHERE x.scope = g.scope AND NOT x.exhausted)
-            FOR UPDATE OF i SKIP LOCKED
-        ) r
-        WHERE g.n > 0
-    ),
-    picked AS (SELECT id FROM expired WHERE NOT exhausted UNION ALL SELECT id FROM ready),
     lease_lengths AS (
         SELECT * FROM unnest(CAST(:policy_names AS text[]),
                              CAST(:lease_seconds AS integer[])) AS l(policy, seconds)
     ),
     claimed AS (
         UPDATE items i
-        SET status = 'leased',
-            lease_owner = :owner,
+        SET lease_owner = :owner,
             lease_token = gen_random_uuid(),
             lease_expires_at = clock.now + make_interval(secs => coalesce(
                 (SELECT l.seconds FROM lease_lengths l WHERE l.policy = i.policy),
                 :default_lease)),
             attempts = i.attempts + 1,
             updated_at = clock.now
-        FROM picked, clock
-        WHERE i.id = picked.id
+        FROM ready picked, clock
+        WHERE i.id = picked.id AND NOT picked.exhausted
         RETURNING i.id, i.tenant_id, i.object_id, i.policy, i.policy_version,
                   i.operation_key, i.scope, i.lease_token, i.attempts, i.lease_expires_at,
-                  i.object_version, i.batch_id, i.confirming,
-                  EXISTS (SELECT 1 FROM expired WHERE expired.id = i.id) AS reclaimed
+                  i.object_version, i.batch_id, i.confirming, picked.reclaimed
     ),
     used AS (SELECT scope, count(*)::integer AS n FROM claimed GROUP BY scope),
     reached AS (
@@ -271,11 +262,11 @@ _HAND_BACK = Statement("claims.hand_back", (
     ),
     released AS (
         UPDATE items i
-        SET status = 'pending', lease_owner = NULL, lease_token = NULL,
+        SET lease_owner = NULL, lease_token = NULL,
             lease_expires_at = NULL, attempts = greatest(i.attempts - 1, 0),
             updated_at = now()
         FROM r
-        WHERE i.id = r.id AND i.lease_token = r.token AND i.status = 'leased'
+        WHERE i.id = r.id AND i.lease_token = r.token
         RETURNING i.id
     ),
     back AS (SELECT scope AS name, sum(calls)::integer AS n FROM r GROUP BY scope),

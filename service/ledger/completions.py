@@ -93,7 +93,7 @@ _COMPLETE = Statement("completions.complete", (
             confirming = d.to_confirm,
             updated_at = now()
         FROM done d
-        -- the token alone fences: only leased rows carry one (CHECK items_lease), and
+        -- the token alone fences: only leased items carry one (CHECK items_lease), and
         -- without a status filter the planner keeps to primary-key lookups
         WHERE i.id = d.id AND i.lease_token = d.token
         RETURNING i.id, i.status, i.tenant_id, i.object_id, i.policy, i.policy_version,

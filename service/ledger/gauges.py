@@ -9,15 +9,17 @@ import logging
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector, CollectorRegistry
+from sqlalchemy import Row
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.db.statements import (
     CLOSURE_OVER,
+    LEASED,
     Statement,
     active_hold,
     expired_lease,
@@ -38,26 +40,31 @@ _LEDGER_TIMEOUT = Statement("gauges.ledger_timeout", (
     "Bound the ledger reading, so a slow database cannot hold a scrape."),
     f"SET LOCAL statement_timeout = {LEDGER_QUERY_TIMEOUT_MS}")
 _LEDGER_ELIGIBLE = Statement("gauges.ledger_eligible", (
-    "Ready items per policy and the age of the oldest: the backlog workers could claim now."),
+    "Per policy, the released unheld pending items: those claimable (the backlog workers "
+    "could claim now) and the age of the oldest, those leased, and their expired leases."),
     f"""
-    SELECT i.policy, count(*) AS n,
-           coalesce(extract(epoch FROM now() - min(i.due_at)), 0) AS oldest
-    FROM items i
-    WHERE {ready_item("now()")}
-    GROUP BY i.policy""")  # noqa: S608 - only a constant fragment is interpolated
-_LEDGER_LEASED = Statement("gauges.ledger_leased", (
-    "Leased items per policy, and those whose lease ran out (a worker died or stalled)."),
-    f"""
-    SELECT i.policy, count(*) AS n,
-           count(*) FILTER (WHERE {expired_lease("now()")}) AS expired
-    FROM items i WHERE i.status = 'leased' GROUP BY i.policy""")  # noqa: S608 - as above
+    SELECT c.policy, count(*) FILTER (WHERE c.ready) AS n,
+           coalesce(extract(epoch FROM now() - min(c.due_at) FILTER (WHERE c.ready)), 0)
+               AS oldest,
+           count(*) FILTER (WHERE c.leased) AS leased,
+           count(*) FILTER (WHERE c.expired) AS expired
+    FROM (SELECT i.policy, i.due_at, {ready_item("now()")} AS ready, {LEASED} AS leased,
+                 {expired_lease("now()")} AS expired
+          FROM items i
+          -- items_ready's WHERE: a leased item stays pending (no index says leased)
+          WHERE i.status = 'pending' AND i.released_at IS NOT NULL AND i.hold_id IS NULL
+          OFFSET 0) c
+    GROUP BY c.policy""")  # noqa: S608 - only constant fragments are interpolated
 _LEDGER_DEAD = Statement("gauges.ledger_dead", (
     "Dead items per policy, through their partial index."),
     "SELECT policy, count(*) AS n FROM items WHERE status = 'dead' GROUP BY policy")
 _LEDGER_HELD = Statement("gauges.ledger_held", (
-    "Items under a legal hold per policy, through their partial index."),
-    "SELECT policy, count(*) AS n FROM items WHERE hold_id IS NOT NULL "
-    "AND status IN ('pending', 'leased') GROUP BY policy")
+    "Items under a legal hold per policy through their partial index, and those of them "
+    "leased, with their expired leases."), f"""
+    SELECT i.policy, count(*) AS n, count(*) FILTER (WHERE {LEASED}) AS leased,
+           count(*) FILTER (WHERE {expired_lease("now()")}) AS expired
+    FROM items i WHERE i.hold_id IS NOT NULL AND i.status = 'pending'
+    GROUP BY i.policy""")  # noqa: S608 - only constant fragments are interpolated
 _LEDGER_HOLDS = Statement("gauges.ledger_holds", "Legal holds in force.",
                           f"SELECT count(*) FROM holds hx WHERE {active_hold()}")  # noqa: S608
 _LEDGER_SCOPES = Statement("gauges.ledger_scopes", (
@@ -88,21 +95,28 @@ class LedgerSnapshot:
     up: bool = False
 
 
+def _add_leases(snap: LedgerSnapshot, row: Row[Any]) -> None:
+    if row.leased:
+        snap.leased[row.policy] = snap.leased.get(row.policy, 0) + row.leased
+        snap.leases_expired[row.policy] = (snap.leases_expired.get(row.policy, 0)
+                                           + row.expired)
+
+
 async def read_ledger(engine: AsyncEngine) -> LedgerSnapshot:
     """Read every ledger-wide figure in one short read-only transaction."""
     snap = LedgerSnapshot()
     async with engine.connect() as conn:
         await run(conn, _LEDGER_TIMEOUT)
         for row in await run(conn, _LEDGER_ELIGIBLE):
-            snap.eligible[row.policy] = row.n
-            snap.oldest_eligible_s[row.policy] = max(0.0, float(row.oldest))
-        for row in await run(conn, _LEDGER_LEASED):
-            snap.leased[row.policy] = row.n
-            snap.leases_expired[row.policy] = row.expired
+            if row.n:
+                snap.eligible[row.policy] = row.n
+                snap.oldest_eligible_s[row.policy] = max(0.0, float(row.oldest))
+            _add_leases(snap, row)
         for row in await run(conn, _LEDGER_DEAD):
             snap.dead[row.policy] = row.n
         for row in await run(conn, _LEDGER_HELD):
             snap.held[row.policy] = row.n
+            _add_leases(snap, row)
         snap.holds_active = int((await run(conn, _LEDGER_HOLDS)).scalar_one())
         scopes = (await run(conn, _LEDGER_SCOPES)).one()
         snap.scopes_closed, snap.scopes_paused, snap.scopes = (

@@ -23,7 +23,7 @@ _UNSETTLED = Statement("hold_acks.unsettled", (
     SELECT count(*) AS waiting, max(i.lease_expires_at) AS until,
            clock_timestamp() AS now
     FROM items i
-    WHERE i.hold_id = :id AND i.status = 'leased' AND i.lease_expires_at > clock_timestamp()
+    WHERE i.hold_id = :id AND i.lease_expires_at > clock_timestamp()
       AND NOT EXISTS (SELECT FROM hold_acks a WHERE a.hold_id = :id
                       AND a.worker = i.lease_owner)
 """)

@@ -12,7 +12,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.db.engine import is_busy
-from service.db.statements import Statement, active_hold, fetch, hold_covers
+from service.db.statements import LEASED, Statement, active_hold, fetch, hold_covers
 
 log = logging.getLogger(__name__)
 
@@ -32,12 +32,12 @@ _UNFINISHED_HOLD: Final = """target AS (
         FOR UPDATE
     )"""
 _MARK_CHUNK = Statement("hold_marking.mark_chunk", (
-    "Mark the next chunk of the items a hold covers (pending and leased) with its id, and "
-    "note the leased ones on the hold as calls in flight."), f"""
+    "Mark the next chunk of the items a hold covers (pending, leased or not) with its id, "
+    "and note the leased ones on the hold as calls in flight."), f"""
     WITH {_UNFINISHED_HOLD},
     chunk AS (
         SELECT i.id FROM items i, target hx
-        WHERE {hold_covers()} AND i.status IN ('pending', 'leased') AND i.hold_id IS NULL
+        WHERE {hold_covers()} AND i.status = 'pending' AND i.hold_id IS NULL
         ORDER BY i.id
         LIMIT :chunk
         FOR UPDATE OF i
@@ -45,13 +45,13 @@ _MARK_CHUNK = Statement("hold_marking.mark_chunk", (
     marked AS (
         UPDATE items i SET hold_id = :id
         FROM chunk WHERE i.id = chunk.id
-        RETURNING i.id, i.status
+        RETURNING i.id, {LEASED} AS leased
     ),
     noted AS (
         UPDATE holds hx
-        SET in_flight = hx.in_flight + (SELECT count(*) FROM marked WHERE status = 'leased'),
+        SET in_flight = hx.in_flight + (SELECT count(*) FROM marked WHERE leased),
             in_flight_item_ids = (hx.in_flight_item_ids || ARRAY(
-                SELECT id FROM marked WHERE status = 'leased' ORDER BY id
+                SELECT id FROM marked WHERE leased ORDER BY id
             ))[1:{IN_FLIGHT_IDS_KEPT}]
         FROM target WHERE hx.id = target.id
     )
@@ -67,8 +67,7 @@ _TAKE_EFFECT = Statement("hold_marking.take_effect", (
     WITH {_UNFINISHED_HOLD},
     held AS (
         SELECT count(*) AS n FROM items i, target hx
-        WHERE {hold_covers()} AND i.status IN ('pending', 'leased')
-          AND i.hold_id IS NOT NULL
+        WHERE {hold_covers()} AND i.status = 'pending' AND i.hold_id IS NOT NULL
     ),
     finished AS (
         SELECT i.id FROM items i, target hx

@@ -130,7 +130,7 @@ _UNMARK = Statement("holds.unmark", (
     WITH moved AS (
         UPDATE items i SET hold_id = {covering_hold("i")}
         WHERE i.hold_id = :id
-        RETURNING i.hold_id, i.status IN ('pending', 'leased') AS open
+        RETURNING i.hold_id, i.status = 'pending' AS open
     ),
     counted AS (  -- a finished item (a call in flight at the placement) keeps no hold
         SELECT count(*) FILTER (WHERE open AND hold_id IS NULL) AS freed,

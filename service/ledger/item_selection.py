@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.db.statements import Statement, fetch_filtered, run
+from service.db.statements import Statement, fetch_filtered, item_status, run
 from service.evidence import audit_trail
 
 
@@ -49,9 +49,18 @@ def filter_params(f: ItemFilter) -> dict[str, object]:
             "tenant": f.tenant_id, "object": f.object_id, "reason": f.reason}
 
 
+def status_is(status: str) -> str:
+    """SQL: the item's status as operators read it (`item_status`) is `status`, a text
+    parameter. Written on the stored status, so a constant `pending` still matches the
+    partial indexes of pending items (a leased item is pending in status: migration 0024)."""
+    return (f"(status = CASE WHEN {status} = 'leased' THEN 'pending' ELSE {status} END"
+            f" AND (lease_token IS NOT NULL) = ({status} = 'leased'))")
+
+
 # next_attempt_at is '-infinity' until a first retry is planned: answered as "none" (null)
 ITEM_COLUMNS = ("id, tenant_id, object_id, policy, policy_version, operation_key, scope, "
-                "status, due_at, nullif(next_attempt_at, '-infinity') AS next_attempt_at, "
+                f"{item_status('items')} AS status, due_at, "
+                "nullif(next_attempt_at, '-infinity') AS next_attempt_at, "
                 "attempts, released_at, batch_id, "
                 "last_outcome, last_status_code, last_error, dead_reason, created_at, "
                 "updated_at, completed_at, hold_id")
@@ -61,7 +70,7 @@ _LIST = Statement("item_selection.list_items", (
     "Items of one status (or any) matching an operator's filter, by id after a keyset "
     "cursor."), f"""
         SELECT {ITEM_COLUMNS} FROM items
-        WHERE (CAST(:status AS text) IS NULL OR status = :status)
+        WHERE (CAST(:status AS text) IS NULL OR {status_is("CAST(:status AS text)")})
           AND (CAST(:after AS bigint) IS NULL OR id > :after)
           {FILTER_SQL}
         ORDER BY id LIMIT :limit
@@ -94,7 +103,7 @@ _CANCEL = Statement("item_selection.cancel", (
     "Withdraw pending items matching an operator's filter, at most :limit, skipping rows "
     "another change holds."), f"""
     WITH chosen AS (
-        SELECT id FROM items WHERE status = 'pending' {FILTER_SQL}
+        SELECT id FROM items WHERE status = 'pending' AND lease_token IS NULL {FILTER_SQL}
         ORDER BY id LIMIT :limit FOR UPDATE SKIP LOCKED
     )
     UPDATE items i

@@ -12,7 +12,13 @@ from typing import Any, Final
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.db.statements import CLOSURE_OVER, Statement, fetch, fetch_filtered
-from service.ledger.item_selection import FILTER_SQL, ITEM_COLUMNS, ItemFilter, filter_params
+from service.ledger.item_selection import (
+    FILTER_SQL,
+    ITEM_COLUMNS,
+    ItemFilter,
+    filter_params,
+    status_is,
+)
 
 # how far back the overview's throughput looks: long enough to smooth a drain's rounds
 THROUGHPUT_WINDOW_S: Final = 10
@@ -45,7 +51,8 @@ _SELECTION_SIZE = Statement("operator_reads.selection_size", (
     "How many items of one status an operator's filter selects, counted up to a cap (what "
     "one change may touch)."), f"""
     SELECT count(*) AS n FROM (
-        SELECT 1 FROM items WHERE status = :status {FILTER_SQL} LIMIT :cap
+        SELECT 1 FROM items WHERE {status_is("CAST(:status AS text)")} {FILTER_SQL}
+        LIMIT :cap
     ) s
 """)  # noqa: S608 - only a constant fragment is interpolated
 

@@ -282,7 +282,10 @@ _REGISTER = Statement("registration.register", (
                 completed_at = NULL,
                 hold_id = CASE WHEN i.status = 'skipped' THEN EXCLUDED.hold_id
                                ELSE i.hold_id END
-            WHERE (EXCLUDED.due_at < i.due_at AND i.status = 'pending') OR i.status = 'skipped'
+            -- a leased item is in flight: its due_at no longer matters
+            WHERE (EXCLUDED.due_at < i.due_at AND i.status = 'pending'
+                   AND i.lease_token IS NULL)
+               OR i.status = 'skipped'
         RETURNING (xmax = 0) AS inserted
     )
     SELECT count(*) FILTER (WHERE inserted) AS inserted, count(*) AS changed FROM changed

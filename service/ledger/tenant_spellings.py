@@ -53,7 +53,7 @@ _ITEMS = Statement("tenant_spellings.items", (
     "Open items of policies whose host is built from the tenant id, stored in a spelling "
     "other than the canonical one, by policy."), f"""
     SELECT policy, count(*) AS n FROM items
-    WHERE policy = ANY(CAST(:policies AS text[])) AND status IN ('pending', 'leased')
+    WHERE policy = ANY(CAST(:policies AS text[])) AND status = 'pending'
       AND {_NOT_CANONICAL}
     GROUP BY policy ORDER BY policy
 """)  # noqa: S608 - only a constant fragment is interpolated

@@ -50,10 +50,11 @@ def _version(run: dict[str, Any]) -> RunVersion:
 
 # One statement (one snapshot: items and attempts agree) for any number of runs: rows of
 # (run, 'items', status, n) (pending items under a legal hold count as 'held'),
-# (run, 'attempts', outcome, n) and (run, 'oldest', due_at).
+# (run, 'attempts', outcome, n), (run, 'oldest', due_at) and (run, 'leased', held?, n).
 # Each part reaches the items through the runs' batches (batches' (run_id, seq) key, then
 # items_batch_cover, which holds their status, id and hold: no item row is read); only the
-# oldest remaining reads item rows, and only unfinished ones. The oldest is raised to
+# unfinished items' rows are read, for the oldest remaining and the leases (a leased item
+# is pending in status: its lease is not in any index, see migration 0024). The oldest is raised to
 # Python's earliest instant as in _RECORD_CANDIDATES (per row: none is NULL).
 _PROGRESS = Statement("progress.progress", (
     "Runs' items counted by status, attempts by outcome and oldest unfinished due_at, for "
@@ -73,8 +74,15 @@ _PROGRESS = Statement("progress.progress", (
     UNION ALL
     SELECT b.run_id, 'oldest', NULL, 0, min(greatest(i.due_at, '0001-01-01 00:00:00+00'))
     FROM items i JOIN batches b ON b.id = i.batch_id
-    WHERE b.run_id = ANY(CAST(:ids AS bigint[])) AND i.status IN ('pending', 'leased')
+    WHERE b.run_id = ANY(CAST(:ids AS bigint[])) AND i.status = 'pending'
     GROUP BY b.run_id
+    UNION ALL
+    SELECT b.run_id, 'leased', CASE WHEN i.hold_id IS NULL THEN 'pending' ELSE 'held' END,
+           count(*), NULL
+    FROM items i JOIN batches b ON b.id = i.batch_id
+    WHERE b.run_id = ANY(CAST(:ids AS bigint[])) AND i.status = 'pending'
+      AND i.lease_token IS NOT NULL
+    GROUP BY b.run_id, 3
 """)
 
 
@@ -88,12 +96,21 @@ async def runs_progress(engine: AsyncEngine, run_ids: Sequence[int]
         for run_id in run_ids}
     if not progress:
         return progress
+    leased: list[Any] = []
     for row in await fetch(engine, _PROGRESS, {"ids": list(progress)}):
         counts = progress[row.run_id]
         if row.kind == "oldest":
             counts["oldest_remaining_due_at"] = row.oldest
+        elif row.kind == "leased":
+            leased.append(row)
         else:
             counts[row.kind][row.key] = row.n
+    for row in leased:  # counted as pending or held above: move them to leased
+        items = progress[row.run_id]["items"]
+        items[row.key] -= row.n
+        if not items[row.key]:
+            del items[row.key]
+        items["leased"] = items.get("leased", 0) + row.n
     return progress
 
 

@@ -54,7 +54,7 @@ _TOUCH_ITEMS_SQL: Final = f"""touched AS (
                                        THEN least(i.next_attempt_at, now())
                                        ELSE i.next_attempt_at END,
                 updated_at = now()
-            WHERE i.status = 'pending'
+            WHERE i.status = 'pending' AND i.lease_token IS NULL  -- not in flight
               AND (EXCLUDED.due_at < i.due_at
                    OR (i.released_at IS NULL AND EXCLUDED.released_at IS NOT NULL))
         RETURNING i.id, i.operation_key, i.released_at IS NOT NULL AS released

@@ -1,14 +1,15 @@
 """service.ledger.claims.admit around its `now` boundaries and its claim position, as properties
 over a real database.
 
-An item is claimable iff it is pending, released and next_attempt_at <= now, or leased with
-lease_expires_at <= now. Nothing else (unreleased, succeeded, dead, cancelled, a live lease)
-is ever claimed, whatever its due time. An admission reads released items after its scope's
-claim position, or from the front (position (0, 0), never read from the front, or the last
-front read FRONT_SCAN_EVERY_S or longer ago); expired leases are taken over, earliest first,
-on front reads only, and one on its policy's last allowed attempt goes dead instead. A
-claimed lease expires at now + the policy's lease length; the tokens granted bound what is
-returned and what is locked, and the bucket is charged for exactly the leases.
+An item is claimable iff it is pending, released, next_attempt_at <= now, and under no lease
+or one with lease_expires_at <= now (a leased item stays pending: migration 0024). Nothing
+else (unreleased, succeeded, dead, cancelled, a live lease) is ever claimed, whatever its due
+time. An admission reads claimable items after its scope's claim position in index order,
+or from the front (position (0, 0), never read from the front, or the last front read
+FRONT_SCAN_EVERY_S or longer ago); an expired lease is taken over where the walk finds it,
+and one on its policy's last allowed attempt goes dead instead, taking its place in the
+walk. A claimed lease expires at now + the policy's lease length; the tokens granted bound
+what is returned and what is locked, and the bucket is charged for exactly the leases.
 
 The admission reads the database's clock: `now()`, its transaction's start. Each property
 example runs in one transaction (`at_database_now`) that the admission joins, so the rows are
@@ -78,12 +79,15 @@ class Row:
     attempts: int
     batch: int | None = None        # None: released by a webhook, without a batch
 
-    def claimable(self) -> bool:
+    def walked(self) -> bool:
+        """A claim's walk takes it: claimable, or an expired lease on its last attempt."""
+        due = self.next_attempt is None or self.next_attempt <= ZERO
         if self.kind == "ready":
-            return self.next_attempt is None or self.next_attempt <= ZERO
-        if self.kind == "leased":
-            return self.lease_expires <= ZERO and not self.exhausted()
-        return False
+            return due
+        return self.kind == "leased" and due and self.lease_expires <= ZERO
+
+    def claimable(self) -> bool:
+        return self.walked() and not self.exhausted()
 
     def exhausted(self) -> bool:
         return self.kind == "leased" and self.attempts >= MAX_ATTEMPTS.get(self.policy,
@@ -142,7 +146,7 @@ _SNAPSHOT = text("""
     SELECT id, status, attempts, policy, coalesce(batch_id, 0) AS batch_key, lease_owner,
            lease_token, lease_expires_at, next_attempt_at, updated_at, dead_reason,
            status = 'pending' AND released_at IS NOT NULL AND next_attempt_at <= :now
-               AS ready
+               AND (lease_token IS NULL OR lease_expires_at <= :now) AS ready
     FROM items ORDER BY id
 """)
 
@@ -201,8 +205,7 @@ async def insert(conn: AsyncConnection, now: datetime, rows: list[Row]) -> list[
         params: dict[str, Any] = {
             "tenant_id": f"tenant-{n % 3}", "object_id": f"obj-{n}", "policy": row.policy,
             "operation_key": hashlib.sha256(f"key-{n}".encode()).hexdigest(),
-            "scope": SCOPE, "status": row.kind if row.kind not in
-            ("ready", "unreleased") else "pending",
+            "scope": SCOPE, "status": row.kind if row.kind in TERMINAL else "pending",
             "due_at": now + row.due,
             "next_attempt_at": None if row.next_attempt is None else now + row.next_attempt,
             "released_at": released, "batch_id": row.batch if released else None,
@@ -242,7 +245,7 @@ class Candidate:
 
     item_id: int
     key: tuple[int, int]              # (batch id or 0, item id): the order of items_ready
-    ready: bool                       # pending, released, and its next attempt is due
+    ready: bool                       # pending, released, its next attempt due, no live lease
     lease_expires: datetime | None    # leased: when its lease ends
     exhausted: bool                   # leased on its policy's last allowed attempt
 
@@ -250,10 +253,9 @@ class Candidate:
 def candidates(rows: Iterable[Any], max_attempts: dict[str, int]) -> list[Candidate]:
     """The candidates in snapshot rows (id, status, attempts, policy, batch_key,
     lease_expires_at, ready)."""
-    return [Candidate(r.id, (r.batch_key, r.id), r.ready,
-                      r.lease_expires_at if r.status == "leased" else None,
-                      r.status == "leased" and r.attempts >= max_attempts.get(r.policy,
-                                                                              math.inf))
+    return [Candidate(r.id, (r.batch_key, r.id), r.ready, r.lease_expires_at,
+                      r.lease_token is not None
+                      and r.attempts >= max_attempts.get(r.policy, math.inf))
             for r in rows]
 
 
@@ -272,23 +274,15 @@ def verify_admission(seen: Sequence[Candidate], position: Position, now: datetim
         return position
     front = reads_the_front(position)
     start = (0, 0) if front else position.after
-    expiry = {c.item_id: c.lease_expires for c in seen
-              if front and c.lease_expires is not None and c.lease_expires <= now}
-    reclaimed = {x.item_id for x in leases if x.reclaimed}
-    touched = reclaimed | dead
-    # expired leases first, as many as the tokens allow, the earliest to expire first
-    # (equal expiries in any order); those on their last attempt go dead, the rest are leased
-    assert len(touched) == min(granted, len(expiry)), (touched, expiry)
-    assert touched <= set(expiry)
-    if touched:
-        last = max(expiry[i] for i in touched)
-        assert all(at >= last for i, at in expiry.items() if i not in touched)
-    assert dead == {c.item_id for c in seen if c.item_id in touched and c.exhausted}
-    # then released items after the start, in batch order, up to the tokens left
-    ready = sorted((c for c in seen if c.ready and c.key > start), key=lambda c: c.key)
-    taken = ready[:granted - len(reclaimed)]
-    assert sorted(x.item_id for x in leases if not x.reclaimed) == sorted(
-        c.item_id for c in taken)
+    # the claimable items after the start, in index order, up to the tokens; an expired
+    # lease on its last allowed attempt among them goes dead, the others are leased
+    walk = sorted((c for c in seen if c.ready and c.key > start), key=lambda c: c.key)
+    taken = walk[:granted]
+    assert dead == {c.item_id for c in taken if c.exhausted}
+    assert sorted(x.item_id for x in leases) == sorted(
+        c.item_id for c in taken if not c.exhausted)
+    assert {x.item_id for x in leases if x.reclaimed} == {
+        c.item_id for c in taken if c.lease_expires is not None and not c.exhausted}
     # one that came up short sends the next claim to the front
     after = (0, 0) if len(leases) < granted else taken[-1].key if taken else start
     return Position(after, ZERO if front else position.front_scanned)
@@ -332,8 +326,7 @@ async def test_an_admission_takes_exactly_the_claimable_rows(
     got = {lease.item_id for lease in admission.leases}
     assert len(got) == len(admission.leases)
     behind = {i for i, r in by_id.items() if ((r.batch or 0), i) <= start}
-    assert got == {i for i, r in by_id.items() if r.claimable()
-                   and (front if r.kind == "leased" else i not in behind)}
+    assert got == {i for i, r in by_id.items() if r.claimable() and i not in behind}
     assert admission.reclaimed == sum(1 for i in got if by_id[i].kind == "leased")
     for lease in admission.leases:
         row = by_id[lease.item_id]
@@ -343,11 +336,11 @@ async def test_an_admission_takes_exactly_the_claimable_rows(
         assert lease.policy == row.policy
         item = after[lease.item_id]
         assert (item.status, item.lease_owner, item.lease_token, item.lease_expires_at,
-                item.attempts) == ("leased", "w1", lease.lease_token, lease.lease_expires_at,
-                                   lease.attempt)
+                item.attempts) == ("pending", "w1", lease.lease_token,
+                                   lease.lease_expires_at, lease.attempt)
         assert lease.lease_token != before[lease.item_id].lease_token
     # an expired lease on its last allowed attempt goes dead, its attempts as they were
-    dead = {i for i, r in by_id.items() if front and r.exhausted() and r.lease_expires <= ZERO}
+    dead = {i for i, r in by_id.items() if r.walked() and r.exhausted() and i not in behind}
     for item_id in dead:
         item = after[item_id]
         assert (item.status, item.dead_reason, item.lease_token, item.attempts) == (
@@ -415,14 +408,14 @@ async def test_repeated_admissions_take_every_claimable_row_once_within_their_to
     # makes the next one read from the front
     rows, position = drawn
     expected = {n + 1 for n, r in enumerate(rows) if r.claimable()}
-    exhausted = {n + 1 for n, r in enumerate(rows) if r.exhausted() and r.lease_expires <= ZERO}
+    exhausted = {n + 1 for n, r in enumerate(rows) if r.walked() and r.exhausted()}
     taken: list[int] = []
     rounds = 0
     async with at_database_now(engine) as (db, now):
         await reset(db.conn, now, position)
         ids = await insert(db.conn, now, rows)
-        while any(c.ready or (c.lease_expires is not None and c.lease_expires <= now)
-                  for c in candidates((await snapshot(db.conn, now)).values(), MAX_ATTEMPTS)):
+        while any(c.ready for c in candidates((await snapshot(db.conn, now)).values(),
+                                              MAX_ATTEMPTS)):
             rounds += 1
             # each round takes something, or came up short and sends the next one to the
             # front
@@ -463,11 +456,12 @@ _expiry = st.sampled_from([-3_000_000, -2, -1, 0, 1]).map(lambda us: timedelta(m
                        min_size=1, max_size=8),
        ready=st.integers(0, 3), limit=st.integers(1, 5))
 @pytest.mark.slow
-async def test_expired_leases_are_taken_over_earliest_first(
+async def test_expired_leases_are_taken_over_in_the_claim_order(
         engine: AsyncEngine, leases: list[tuple[timedelta, int, str]], ready: int,
         limit: int) -> None:
-    # the tokens go to expired leases before released items, earliest expiry first; a lease
-    # on its policy's last allowed attempt takes its token but goes dead, not to a worker
+    # expired leases are claimed where the walk finds them, beside released items; a lease
+    # on its policy's last allowed attempt takes its place in the walk but goes dead, not to
+    # a worker; a live one is passed over
     async with at_database_now(engine) as (db, now):
         await reset(db.conn, now)
         await insert(db.conn, now, [Row("leased", policy, ZERO, None, expires, attempts)
@@ -537,7 +531,7 @@ async def test_a_claim_locks_no_more_than_its_limit(engine: AsyncEngine, k: int,
     assert (await admit(engine, limit=k)).leases == []
     async with engine.connect() as conn:
         owners = dict((await conn.execute(text(
-            "SELECT lease_owner, count(*) FROM items WHERE status = 'leased' "
+            "SELECT lease_owner, count(*) FROM items WHERE lease_token IS NOT NULL "
             "GROUP BY lease_owner"))).all())
     assert owners == {"held": k, "second": k, "third": k}
 
@@ -558,7 +552,7 @@ async def test_concurrent_claims_are_disjoint_and_bounded(engine: AsyncEngine, k
         assert all(len(s) == k for s in sets)
     async with engine.connect() as conn:
         leased = dict((await conn.execute(text(
-            "SELECT id, lease_token FROM items WHERE status = 'leased' "
+            "SELECT id, lease_token FROM items WHERE lease_token IS NOT NULL "
             "AND lease_expires_at > :now"), {"now": written})).all())
         _, tokens = await scope_state(conn, written)
     mine = {lease.item_id: lease.lease_token for r in results for lease in r.leases}

@@ -36,7 +36,7 @@ async def test_advance_moves_the_named_scopes_and_their_items_only(engine: Async
                                scope, due_at, next_attempt_at, released_at, status,
                                lease_owner, lease_token, lease_expires_at)
             SELECT 't', s, 'p', 1, encode(sha256(convert_to(s, 'UTF8')), 'hex'), s, now(),
-                   now(), now(), 'leased',
+                   now(), now(), 'pending',
                    'w', gen_random_uuid(), now()
             FROM unnest(ARRAY['moved', 'still']) s"""))
     query = text(

@@ -1,7 +1,8 @@
 """`eligible` in GET /v1/scopes and the sweeper_items_eligible gauge count one set: the items
-a worker may claim now (service.db.statements.ready_item), pending, released, and due on the
-database's clock. An item waiting out a retry delay is in neither until its delay ends; the
-scope being closed or paused changes neither."""
+a worker may claim now (service.db.statements.ready_item), pending, released, due on the
+database's clock, and under no lease that still runs (a lease that ran out is work a worker
+takes over). An item waiting out a retry delay is in neither until its delay ends, a leased
+one until its lease runs out; the scope being closed or paused changes neither."""
 
 from __future__ import annotations
 
@@ -45,7 +46,8 @@ _INSERT = text("""
                        status, due_at, next_attempt_at, released_at, lease_owner, lease_token,
                        lease_expires_at, completed_at, dead_reason)
     VALUES (:tenant, :object_id, :policy, 1, :key, 'tenant:' || CAST(:tenant AS text),
-            :status,
+            -- a leased item is pending with a lease (migration 0024)
+            CASE WHEN :status = 'leased' THEN 'pending' ELSE :status END,
             now() - make_interval(days => :due_days),
             coalesce(now() + CAST(:next_attempt AS interval), '-infinity'),
             CASE WHEN CAST(:released AS boolean) THEN now() - interval '1 day' END,
@@ -75,8 +77,9 @@ async def seed(engine: AsyncEngine) -> None:
 
 
 # how long ago the oldest eligible item of each scope was due, in days, while the waiting
-# item waits (after its delay it is the oldest of both scopes: 3)
-OLDEST_DAYS = {"tenant:a": 2, "tenant:b": 1}
+# item waits: a's expired lease (6), b's newest ready item (1); after the delay b's waiting
+# item (3)
+OLDEST_DAYS = {"tenant:a": 6, "tenant:b": 1}
 
 
 def expected(*claimable: str) -> dict[str, int]:
@@ -96,9 +99,9 @@ async def test_scopes_eligible_and_the_gauge_count_the_same_items(engine: AsyncE
     await seed(engine)
 
     listed, snap = await both_counts(engine)
-    want = expected("ready", "retry_due")
+    want = expected("ready", "retry_due", "lease_expired")
     assert {n: r["eligible"] for n, r in listed.items()} == {
-        "tenant:a": want["a"], "tenant:b": want["b"]} == {"tenant:a": 2, "tenant:b": 2}
+        "tenant:a": want["a"], "tenant:b": want["b"]} == {"tenant:a": 3, "tenant:b": 2}
     assert snap.eligible == {"carts": want["a"], "exports": want["b"]}
     # the oldest is that of the same set: not the waiting item's, due longest ago
     for name, policy in (("tenant:a", "carts"), ("tenant:b", "exports")):
@@ -107,16 +110,17 @@ async def test_scopes_eligible_and_the_gauge_count_the_same_items(engine: AsyncE
         assert abs(snap.oldest_eligible_s[policy]
                    - listed[name]["oldest_eligible_age_seconds"]) < 5
 
-    # once its delay has passed on the database's clock, the waiting item is in both
+    # once its delay has passed on the database's clock, the waiting item is in both, and
+    # so is the leased one, whose lease ran out meanwhile
     await advance(engine, WAIT.total_seconds() + 1)
     listed, snap = await both_counts(engine)
-    want = expected("ready", "retry_due", "retry_waiting")
+    want = expected("ready", "retry_due", "retry_waiting", "leased", "lease_expired")
     assert {n: r["eligible"] for n, r in listed.items()} == {
-        "tenant:a": want["a"], "tenant:b": want["b"]} == {"tenant:a": 3, "tenant:b": 3}
+        "tenant:a": want["a"], "tenant:b": want["b"]} == {"tenant:a": 5, "tenant:b": 3}
     assert snap.eligible == {"carts": want["a"], "exports": want["b"]}
     for name, policy in (("tenant:a", "carts"), ("tenant:b", "exports")):
         days = listed[name]["oldest_eligible_age_seconds"] / 86_400
-        assert abs(days - 3) < 0.01, (name, days)
+        assert abs(days - {"tenant:a": 6, "tenant:b": 3}[name]) < 0.01, (name, days)
         assert abs(snap.oldest_eligible_s[policy]
                    - listed[name]["oldest_eligible_age_seconds"]) < 5
 
@@ -130,8 +134,8 @@ async def test_the_http_listing_and_the_scrape_agree(db_url: str, engine: AsyncE
             listing = (await api.get("/v1/scopes")).json()["scopes"]
         got = samples(await scrape(live.base_url))
     eligible = {s["name"]: s["eligible"] for s in listing}
-    assert eligible == {"tenant:a": 2, "tenant:b": 2}
+    assert eligible == {"tenant:a": 3, "tenant:b": 2}
     gauge = {policy: got[("sweeper_items_eligible", (("policy", policy),))]
              for policy in ("carts", "exports")}
-    assert gauge == {"carts": 2, "exports": 2}
+    assert gauge == {"carts": 3, "exports": 2}
     assert sum(eligible.values()) == sum(gauge.values())

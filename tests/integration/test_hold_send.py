@@ -49,7 +49,9 @@ async def upstream() -> AsyncIterator[FakeUpstream]:
 async def leased(engine: AsyncEngine) -> dict[str, Any]:
     async with engine.connect() as conn:
         return {r.object_id: r for r in (await conn.execute(text(
-            "SELECT id, object_id, status, hold_id, attempts FROM items"))).all()}
+            "SELECT id, object_id, hold_id, attempts, "
+            "CASE WHEN lease_token IS NOT NULL THEN 'leased' ELSE status END AS status "
+            "FROM items"))).all()}
 
 
 @pytest.mark.parametrize("notified", [True, False], ids=["notified", "polling"])

@@ -67,7 +67,9 @@ async def release_all(engine: AsyncEngine) -> int:
 async def items(engine: AsyncEngine) -> dict[tuple[str, str, str], dict[str, Any]]:
     async with engine.connect() as conn:
         rows = (await conn.execute(text(
-            "SELECT id, policy, tenant_id, object_id, status, hold_id, attempts FROM items"))
+            "SELECT id, policy, tenant_id, object_id, hold_id, attempts, "
+            "CASE WHEN lease_token IS NOT NULL THEN 'leased' ELSE status END AS status "
+            "FROM items"))
         ).all()
     return {(r.policy, r.tenant_id, r.object_id): dict(r._mapping) for r in rows}
 
@@ -313,7 +315,7 @@ async def test_marking_goes_chunk_by_chunk_and_counts_every_call_in_flight(
     await register(engine, policies, [("carts", "acme", f"c-{n:02}") for n in range(11)])
     async with engine.begin() as conn:
         await conn.execute(text(
-            "UPDATE items SET status = 'leased', released_at = now(), lease_owner = 'w', "
+            "UPDATE items SET released_at = now(), lease_owner = 'w', "
             "lease_token = gen_random_uuid(), lease_expires_at = now() + interval '1 min' "
             "WHERE object_id IN ('c-01', 'c-05', 'c-09')"))
         hold_id = (await conn.execute(text(

@@ -230,7 +230,10 @@ class ItemLifeCycle(RuleBasedStateMachine):
 
     def candidates(self) -> list[Candidate]:
         return [Candidate(self.ids[i], (item.batch, self.ids[i]),
-                          item.status == "pending" and item.released and not item.waiting,
+                          item.released and not item.waiting and (
+                              item.status == "pending" or (
+                                  item.status == "leased" and item.lease_expires is not None
+                                  and item.lease_expires <= self.now)),
                           item.lease_expires if item.status == "leased" else None,
                           item.status == "leased" and item.attempts >= MAX_ATTEMPTS)
                 for i, item in enumerate(self.items) if item.status != "absent"]
@@ -238,8 +241,7 @@ class ItemLifeCycle(RuleBasedStateMachine):
     def claimable(self) -> list[int]:
         """Items an admission with tokens to spare must take (or, on their last attempt,
         dead-letter) once it reads from the front."""
-        return [c.item_id for c in self.candidates()
-                if c.ready or (c.lease_expires is not None and c.lease_expires <= self.now)]
+        return [c.item_id for c in self.candidates() if c.ready]
 
     def on_database_clock(self, at: datetime | None, now: datetime) -> datetime | None:
         """An instant of the machine's clock as the database's reads it at `now`."""
@@ -448,7 +450,8 @@ class ItemLifeCycle(RuleBasedStateMachine):
     async def _rows(self) -> dict[str, tuple[str, int, bool, uuid.UUID | None, bool]]:
         async with self.engine.connect() as conn:
             result = await conn.execute(text(
-                "SELECT object_id, status, attempts, released_at IS NOT NULL AS released, "
+                "SELECT object_id, CASE WHEN lease_token IS NOT NULL THEN 'leased' "
+                "ELSE status END AS status, attempts, released_at IS NOT NULL AS released, "
                 "lease_token, next_attempt_at <= :now AS due_now FROM items"),
                 {"now": self.now})
             return {r.object_id: (r.status, r.attempts, r.released, r.lease_token, r.due_now)

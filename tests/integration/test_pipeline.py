@@ -14,6 +14,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config.policies import Policies
+from service.db.statements import item_status
 from service.ledger import claims, completions, registration
 from service.runs import progress, publication, trigger
 from service.upstreams.deletion_api import Upstreams
@@ -52,9 +53,10 @@ async def release_all(engine: AsyncEngine) -> int:
 
 
 async def statuses(engine: AsyncEngine) -> dict[str, int]:
+    """Items by status as operators read it (`leased`: pending with a lease)."""
     async with engine.connect() as conn:
         return dict((await conn.execute(text(
-            "SELECT status, count(*) FROM items GROUP BY status"))).all())
+            f"SELECT {item_status('items')}, count(*) FROM items GROUP BY 1"))).all())
 
 
 async def drain(pool: WorkerPool, engine: AsyncEngine, rounds: int = 200) -> None:
@@ -197,9 +199,10 @@ async def test_expired_lease_on_the_last_attempt_goes_dead(engine: AsyncEngine) 
     assert [x.attempt for x in third.leases] == [2]
     async with engine.connect() as conn:
         rows = (await conn.execute(text(
-            "SELECT status, attempts, dead_reason FROM items ORDER BY status"))).all()
-    assert [tuple(r) for r in rows] == [("dead", 2, "max_attempts:lease_expired"),
-                                        ("leased", 2, None)]
+            "SELECT status, attempts, dead_reason, lease_owner FROM items ORDER BY status"
+        ))).all()
+    assert [tuple(r) for r in rows] == [("dead", 2, "max_attempts:lease_expired", None),
+                                        ("pending", 2, None, "c")]
 
 
 async def test_an_expired_lease_allowed_one_attempt_goes_dead_at_once(

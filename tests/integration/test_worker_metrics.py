@@ -71,7 +71,7 @@ async def test_pool_metrics_count_what_the_ledger_shows(engine: AsyncEngine) -> 
         # a worker crashed holding this one: its lease has expired
         async with engine.begin() as conn:
             await conn.execute(text(
-                "UPDATE items SET status = 'leased', lease_owner = 'crashed', "
+                "UPDATE items SET lease_owner = 'crashed', "
                 "lease_token = gen_random_uuid(), attempts = 1, "
                 "lease_expires_at = now() - interval '1 second' "
                 "WHERE object_id = 'cart-reclaimed'"))
@@ -93,7 +93,7 @@ async def test_pool_metrics_count_what_the_ledger_shows(engine: AsyncEngine) -> 
                 stolen = (await conn.execute(text(
                     "UPDATE items SET lease_token = gen_random_uuid(), lease_owner = 'thief', "
                     "lease_expires_at = now() + interval '1 hour' "
-                    "WHERE object_id = 'cart-fenced' AND status = 'leased'"))).rowcount
+                    "WHERE object_id = 'cart-fenced' AND lease_token IS NOT NULL"))).rowcount
             assert stolen == 1
             assert upstream.end_hangs() == 1
             # the ledger's last state, not merely no item pending: a retry claimed and not
