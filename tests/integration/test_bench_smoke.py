@@ -65,7 +65,9 @@ def test_drain_benchmark_smoke(pg_server_url: str, tmp_path: Path,
         [rep] = cell["repetitions"]
         assert rep["all_succeeded"] is True
         assert rep["db_status"] == {"succeeded": n}
-        assert rep["attempts_by_outcome"].get("succeeded") == n  # retries are allowed
+        # every attempt row a success, however many a success writes (N or none)
+        assert set(rep["attempts_by_outcome"]) <= {"succeeded"}
+        assert rep["failed_attempt_rows"] == 0
         assert rep["upstream_calls"] >= n and rep["succeeded_commits"] == n
         assert rep["claim"]["rows"] >= n and rep["complete"]["rows"] >= n
         # the test server runs on this machine: its backends' CPU is read from /proc
@@ -240,7 +242,7 @@ def test_peers_benchmark_smoke(pg_server_url: str, tmp_path: Path,
 
     [rep] = section["sweeper"][str(CONCURRENCY)]["repetitions"]
     assert rep["all_succeeded"] is True and rep["db_status"] == {"succeeded": ITEMS}
-    assert rep["attempts_by_outcome"].get("succeeded") == ITEMS
+    assert set(rep["attempts_by_outcome"]) <= {"succeeded"}
     for label, (managers, batch, cap) in (("1x10", (1, 10, None)), ("2x50x100", (2, 50, 100))):
         cell = section["pgqueuer"][label]
         [rep] = cell["repetitions"]
