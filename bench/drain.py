@@ -5,7 +5,12 @@ one policy over a few tenants (bulk `registration.register` in chunks of 10,000)
 with one run (batch_size 500), runs VACUUM (ANALYZE) on items so each repetition starts from
 the same statistics, and only then starts the clock: `WorkerPool.run()` in a task until
 `pool.completed` reaches N (every outcome committed), then `stop()`. The database is checked
-afterwards: exactly N items `succeeded`, N attempts.
+afterwards: exactly N items `succeeded`, and no attempt row with an outcome other than
+`succeeded` (whether a success writes an attempt row at all is the ledger's business; the
+item row and the evidence log record it either way). Around each drain of the sweep,
+bench/counts.py reads what it made PostgreSQL do (transactions, rows written per table,
+the HOT share of items updates, WAL bytes; statements and buffers dirtied where
+pg_stat_statements is preloaded): counts per item that do not drift with the machine's load.
 
 Upstream modes:
   mock      in-process `httpx.MockTransport` answering an empty streamed 204: the cost of
@@ -41,6 +46,7 @@ import httpx
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from bench import counts
 from bench.common import (
     BenchContext,
     Benchmark,
@@ -310,8 +316,18 @@ def _leases_of(_args: Sequence[Any], result: Any) -> int:
 
 async def drain(engine: AsyncEngine, policies: Policies, upstreams: Upstreams, *, target: int,
                 concurrency: int, deadline_s: float, profiler: cProfile.Profile | None = None,
-                upstream_cpu: Callable[[], float | None] = lambda: None) -> dict[str, Any]:
-    """Run one WorkerPool until `target` items reached a terminal state, then stop it."""
+                upstream_cpu: Callable[[], float | None] = lambda: None,
+                server_url: str | None = None) -> dict[str, Any]:
+    """Run one WorkerPool until `target` items reached a terminal state, then stop it.
+    With `server_url` (the maintenance database), also count what the drain made the
+    database do (bench/counts.py): the engine's connections are closed before and after,
+    so every connection of the drain is opened and closed inside the window."""
+    window = None
+    if server_url is not None:
+        window = counts.Window(server_url, engine.url.render_as_string(hide_password=False),
+                               "items")
+        await engine.dispose()  # the setup's connections publish their counters on exit
+        await window.open()
     pool = database_pool(engine, policies, upstreams, concurrency=concurrency,
                       name=f"bench-worker-{os.getpid()}", rng=random.Random(7))
     finished = {"succeeded": 0, "dead": 0}
@@ -343,7 +359,9 @@ async def drain(engine: AsyncEngine, policies: Policies, upstreams: Upstreams, *
         # drain made, not every module and the setup's objects
         settle_heap()
         db_url, db_name = engine.url.render_as_string(hide_password=False), engine.url.database
-        db_before = await backend_cpu(db_url, str(db_name))
+        # read from the maintenance database when counting: not a transaction of the drain's
+        monitor_url = server_url or db_url
+        db_before = await backend_cpu(monitor_url, str(db_name))
         up_before = upstream_cpu()
         load = os.getloadavg()[0]
         cpu_started = time.process_time()
@@ -368,12 +386,16 @@ async def drain(engine: AsyncEngine, policies: Policies, upstreams: Upstreams, *
             elapsed = time.perf_counter() - started
             cpu = time.process_time() - cpu_started
             up_after = upstream_cpu()
-            db_cpu = cpu_spent(db_before, await backend_cpu(db_url, str(db_name)))
+            db_cpu = cpu_spent(db_before, await backend_cpu(monitor_url, str(db_name)))
         finally:
             pool.stop()
             await asyncio.wait_for(task, 60)
             if profiler is not None:
                 profiler.disable()
+    measured = None
+    if window is not None:
+        await engine.dispose()  # the drain's connections publish their counters on exit
+        measured = await window.close(target)
     calls = {label: t.summary(elapsed) for label, t in timers.items()}
     return {
         "seconds": round(elapsed, 4),
@@ -394,6 +416,8 @@ async def drain(engine: AsyncEngine, policies: Policies, upstreams: Upstreams, *
         "db_calls": calls,
         "db_calls_per_item": round(sum(t.calls for t in timers.values()) / target, 3),
         "db_wall_share_sum": round(sum(t.seconds for t in timers.values()) / elapsed, 3),
+        # what the drain made PostgreSQL do (bench/counts.py); None when not counted
+        "counts": measured,
     }
 
 
@@ -411,18 +435,22 @@ async def repetition(ctx: BenchContext, args: argparse.Namespace, *, mode: str, 
         try:
             result = await drain(db.engine, policies, upstreams, target=items,
                                  concurrency=concurrency, deadline_s=args.drain_timeout,
-                                 profiler=profiler, upstream_cpu=up.cpu)
+                                 profiler=profiler, upstream_cpu=up.cpu,
+                                 server_url=ctx.server_url)
         finally:
             await upstreams.aclose()
         statuses = await status_counts(db.engine)
         by_outcome = await attempt_breakdown(db.engine)
         attempts = sum(by_outcome.values())
         calls = await up.calls()
-    ok = statuses == {"succeeded": items}
+    # N succeeded items, and every attempt row a success: holds whether or not a success
+    # writes an attempt row (the item row and the evidence log record it either way)
+    failed = {k: n for k, n in by_outcome.items() if k != "succeeded"}
+    ok = statuses == {"succeeded": items} and not failed
     doc = {"mode": mode, "concurrency": concurrency, "log_level": log_level,
            "quieted_loggers": list(quiet), "items": items, **result,
            "db_status": statuses, "attempt_rows": attempts, "attempts_by_outcome": by_outcome,
-           "retried_attempts": attempts - items,
+           "failed_attempt_rows": sum(failed.values()),
            "upstream_calls": calls, "all_succeeded": ok,
            "setup": {"create_and_migrate_seconds": round(db.create_seconds, 3), **seeding}}
     shown = log_level + ("/quiet " + ",".join(quiet) if quiet else "")
@@ -430,9 +458,9 @@ async def repetition(ctx: BenchContext, args: argparse.Namespace, *, mode: str, 
              f"{doc['items_per_s']:>8.0f} items/s  ({doc['seconds']:.2f}s, "
              f"cpu {doc['process_cpu_share']:.0%}, claims {doc['claim']['calls']}, "
              f"{'ok' if ok else 'MISMATCH ' + str(statuses)}"
-             f"{'' if attempts == items else f', attempts {by_outcome}'})")
+             f"{f', attempts {by_outcome}' if failed else ''})")
     if not ok:
-        raise RuntimeError(f"drain left {statuses} with {attempts} attempts")
+        raise RuntimeError(f"drain left {statuses} with attempts {by_outcome}")
     return doc
 
 
@@ -650,6 +678,7 @@ async def run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
                                                   for r in rows]),
                 "claim_wall_ms_mean": summarize([r["claim"]["wall_ms_mean"] or 0
                                                  for r in rows]),
+                "counts_per_item": counts.summarize_counts([r["counts"] for r in rows]),
                 "repetitions": rows,
             }
     doc: dict[str, Any] = {"parameters": parameters, "results": results}
@@ -717,6 +746,7 @@ def print_summary(doc: dict[str, Any]) -> None:
                          f"{_upstream_cpu(cell)}), "
                          f"claim {cell['claim_rows_per_call']['median']} rows/"
                          f"{cell['claim_wall_ms_mean']['median']} ms")
+            lines.append(f"  {'':8} {'':6} {counts.summary_line(cell['counts_per_item'])}")
     if "target" in doc:
         t = doc["target"]
         lines.append(f"  target mock >= {t['items_per_s']:.0f}/s: "

@@ -43,6 +43,12 @@ PgQueuer's drain is done when its completion statements committed N `successful`
 (counted in-process, as Sweeper's completions are); afterwards every enqueued job must have
 run exactly once and the queue table must be empty.
 
+Around every drain, each side's database is counted as bench/counts.py does it (the same
+window on both sides: opened once no connection to the drain's database is left, closed
+once the drain's connections have all closed): transactions, rows written per table, the
+HOT share of the main table's updates (items; PgQueuer's queue table), WAL bytes, and, where
+pg_stat_statements is preloaded, statements and buffers dirtied, per item.
+
     python -m bench peers --items 20000 --repeat 3
 """
 
@@ -66,7 +72,7 @@ from pgqueuer.models import Job, TracebackRecord
 from pgqueuer.types import JOB_STATUS
 from sqlalchemy.engine import make_url
 
-from bench import drain
+from bench import counts, drain
 from bench.common import (
     DATABASE_PREFIX,
     BenchContext,
@@ -205,11 +211,15 @@ async def enqueue(url: str, n: int) -> set[int]:
     return ids
 
 
-async def pgqueuer_drain(url: str, config: PgqConfig, target: int, deadline_s: float
+async def pgqueuer_drain(server_url: str, url: str, config: PgqConfig, target: int,
+                         deadline_s: float
                          ) -> tuple[dict[str, Any], collections.Counter[int]]:
     """Run config.managers QueueManagers until `target` jobs completed, then stop them.
-    Returns the timings and how often each job id reached the entrypoint."""
+    Returns the timings, the counts of bench/counts.py around the whole drain (connections
+    opened to closed), and how often each job id reached the entrypoint."""
     tally = Tally(target)
+    window = counts.Window(server_url, url, QUEUE_TABLE)
+    await window.open()
     calls: collections.Counter[int] = collections.Counter()
 
     async def noop(job: Job) -> None:
@@ -223,7 +233,8 @@ async def pgqueuer_drain(url: str, config: PgqConfig, target: int, deadline_s: f
         managers.append(qm)
     try:
         settle_heap()  # as Sweeper's drain does: neither side's full collections walk setup
-        db_before = await backend_cpu(url, make_url(url).database or "")
+        # read from the maintenance database: not a transaction of the drain's
+        db_before = await backend_cpu(server_url, make_url(url).database or "")
         load = os.getloadavg()[0]
         cpu_started = time.process_time()
         started = time.perf_counter()
@@ -236,7 +247,8 @@ async def pgqueuer_drain(url: str, config: PgqConfig, target: int, deadline_s: f
                                          return_when=asyncio.FIRST_COMPLETED)
             elapsed = time.perf_counter() - started
             cpu = time.process_time() - cpu_started
-            db_cpu = cpu_spent(db_before, await backend_cpu(url, make_url(url).database or ""))
+            db_cpu = cpu_spent(db_before, await backend_cpu(server_url,
+                                                            make_url(url).database or ""))
             if finished not in over:
                 for task in over:
                     task.result()  # a manager that failed says why
@@ -250,12 +262,13 @@ async def pgqueuer_drain(url: str, config: PgqConfig, target: int, deadline_s: f
     finally:
         for conn in connections:
             await conn.close()
+    measured = await window.close(target)
     return {"seconds": round(elapsed, 4), "jobs_per_s": round(target / elapsed, 1),
             "process_cpu_seconds": round(cpu, 3), "process_cpu_share": round(cpu / elapsed, 3),
             "cpu_us_per_job": round(1e6 * cpu / target, 1),
             "database_cpu_us_per_job": None if db_cpu is None else round(1e6 * db_cpu / target, 1),
             "load_average_1m_at_start": load,
-            "completions_by_status": dict(tally.acked)}, calls
+            "completions_by_status": dict(tally.acked), "counts": measured}, calls
 
 
 async def pgqueuer_repetition(ctx: BenchContext, config: PgqConfig, items: int,
@@ -266,7 +279,7 @@ async def pgqueuer_repetition(ctx: BenchContext, config: PgqConfig, items: int,
         created = time.perf_counter()
         ids = await enqueue(url, items)
         enqueued = time.perf_counter()
-        result, calls = await pgqueuer_drain(url, config, items, deadline_s)
+        result, calls = await pgqueuer_drain(ctx.server_url, url, config, items, deadline_s)
         conn = await asyncpg.connect(url)
         try:
             left = await conn.fetchval(f"SELECT count(*) FROM {QUEUE_TABLE}")
@@ -303,7 +316,9 @@ def _cell(rows: list[dict[str, Any]], per_s: str, cpu: str, db_cpu: str) -> dict
             "cpu_us_per_job": summarize([r[cpu] for r in rows]),
             "database_cpu_us_per_job": summarize([r[db_cpu] for r in rows
                                                   if r[db_cpu] is not None]),
-            "seconds": summarize([r["seconds"] for r in rows]), "repetitions": rows}
+            "seconds": summarize([r["seconds"] for r in rows]),
+            "counts_per_item": counts.summarize_counts([r["counts"] for r in rows]),
+            "repetitions": rows}
 
 
 def _best(cells: dict[str, dict[str, Any]]) -> str:
@@ -382,6 +397,7 @@ def print_summary(doc: dict[str, Any]) -> None:
             lines.append(f"  {side:8} {name:10} {s['median']:>9.1f}  ({s['min']:.0f}-"
                          f"{s['max']:.0f})  cpu {cpu['median']} us/job, database "
                          f"{cell['database_cpu_us_per_job']['median']}")
+            lines.append(f"  {'':8} {'':10} {counts.summary_line(cell['counts_per_item'])}")
     best, ratio = doc["best"], doc["ratio"]
     lines.append(f"  ratio Sweeper c={best['sweeper_concurrency']} / PgQueuer "
                  f"{best['pgqueuer_configuration']} (best): "

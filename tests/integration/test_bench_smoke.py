@@ -65,13 +65,17 @@ def test_drain_benchmark_smoke(pg_server_url: str, tmp_path: Path,
         [rep] = cell["repetitions"]
         assert rep["all_succeeded"] is True
         assert rep["db_status"] == {"succeeded": n}
-        assert rep["attempts_by_outcome"].get("succeeded") == n  # retries are allowed
+        # every attempt row a success, however many a success writes (N or none)
+        assert set(rep["attempts_by_outcome"]) <= {"succeeded"}
+        assert rep["failed_attempt_rows"] == 0
         assert rep["upstream_calls"] >= n and rep["succeeded_commits"] == n
         assert rep["claim"]["rows"] >= n and rep["complete"]["rows"] >= n
         # the test server runs on this machine: its backends' CPU is read from /proc
         assert rep["database_cpu_us_per_item"] is not None
         # the fake upstream's own process is measured in loopback mode only
         assert (rep["upstream_cpu_us_per_item"] is None) == (mode == "mock")
+        assert_drain_counts(rep["counts"], n)
+        assert cell["counts_per_item"]["rows_updated"]["median"] >= 1
 
     assert drain["focus_concurrency"] == CONCURRENCY
     assert set(drain["target"]) >= {"items_per_s", "best_median_items_per_s", "met"}
@@ -90,6 +94,47 @@ def test_drain_benchmark_smoke(pg_server_url: str, tmp_path: Path,
     assert "error" not in explain["complete_half_drained"]
     assert any("Insert on attempts" in line
                for line in explain["complete_half_drained"]["generic"])
+
+
+def assert_drain_counts(counts: dict[str, Any], n: int) -> None:
+    """bench/counts.py around one Sweeper drain of n items: every item updated at least
+    once (leased, then succeeded), a HOT share, WAL, and the statement figures exactly
+    when pg_stat_statements is there."""
+    assert counts["items"] == n and counts["main_table"] == "items"
+    assert counts["tables"]["items"]["updated"] >= n
+    assert counts["tables"]["items"]["inserted"] == counts["tables"]["items"]["deleted"] == 0
+    assert counts["rows"]["updated"] >= counts["tables"]["items"]["updated"]
+    assert 0 <= counts["hot_update_share"] <= 1
+    assert counts["transactions"] > 0 and counts["wal_bytes"] > 0
+    per_item = counts["per_item"]
+    assert per_item["rows_updated"] == pytest.approx(counts["rows"]["updated"] / n, abs=1e-3)
+    pgss = ("statements", "statement_wal_bytes", "buffers_dirtied")
+    if counts["pg_stat_statements"]:
+        assert counts["statements"] >= counts["transactions"]
+        assert all(counts[k] >= 0 and per_item[k] is not None for k in pgss)
+    else:
+        assert all(counts[k] is None and per_item[k] is None for k in pgss)
+
+
+@pytest.mark.slow
+def test_drain_counts_with_pg_stat_statements(tmp_path: Path, restore_logging: None,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no server named, the bench starts an embedded PostgreSQL with
+    pg_stat_statements preloaded: the statement figures are there."""
+    monkeypatch.delenv("SWEEPER_BENCH_DATABASE_URL", raising=False)
+    monkeypatch.delenv("SWEEPER_TEST_DATABASE_URL", raising=False)
+    out = tmp_path / "bench.json"
+    assert bench_main([
+        "drain", "--modes", "mock", "--items", str(ITEMS), "--repeat", "1",
+        "--concurrency", str(CONCURRENCY), "--no-log-compare", "--no-profile",
+        "--no-explain", "--json-out", str(out)]) == 0
+    doc: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
+    assert doc["machine"]["postgresql"]["server"] == "embedded"
+    cell = doc["benchmarks"]["drain"]["results"]["mock"][str(CONCURRENCY)]
+    [rep] = cell["repetitions"]
+    assert rep["counts"]["pg_stat_statements"] is True
+    assert_drain_counts(rep["counts"], ITEMS)
+    assert cell["counts_per_item"]["statements"]["median"] > 0
 
 
 @pytest.mark.slow
@@ -240,7 +285,8 @@ def test_peers_benchmark_smoke(pg_server_url: str, tmp_path: Path,
 
     [rep] = section["sweeper"][str(CONCURRENCY)]["repetitions"]
     assert rep["all_succeeded"] is True and rep["db_status"] == {"succeeded": ITEMS}
-    assert rep["attempts_by_outcome"].get("succeeded") == ITEMS
+    assert set(rep["attempts_by_outcome"]) <= {"succeeded"}
+    assert_drain_counts(rep["counts"], ITEMS)
     for label, (managers, batch, cap) in (("1x10", (1, 10, None)), ("2x50x100", (2, 50, 100))):
         cell = section["pgqueuer"][label]
         [rep] = cell["repetitions"]
@@ -252,6 +298,13 @@ def test_peers_benchmark_smoke(pg_server_url: str, tmp_path: Path,
         assert rep["log_rows_by_status"]["successful"] == ITEMS
         assert cell["jobs_per_s"]["median"] > 0 and cell["cpu_us_per_job"]["median"] > 0
         assert rep["database_cpu_us_per_job"] is not None
+        # counted as Sweeper's side is: every job picked (an update) and deleted
+        counts = rep["counts"]
+        assert counts["main_table"] == "pgqueuer"
+        assert counts["tables"]["pgqueuer"]["updated"] >= ITEMS
+        assert counts["tables"]["pgqueuer"]["deleted"] == ITEMS
+        assert 0 <= counts["hot_update_share"] <= 1 and counts["wal_bytes"] > 0
+        assert cell["counts_per_item"]["rows_deleted"]["median"] >= 1
 
     best, ratio = section["best"], section["ratio"]
     assert best["sweeper_concurrency"] == CONCURRENCY
