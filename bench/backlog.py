@@ -1,9 +1,8 @@
 """Backlog: does one long drain keep its pace from the first item to the last?
 
-The drain benchmark drains 20,000 items; a real backlog is a million. Every claim moves an
-item out of the claim index (`items_ready`, status pending) and every completion out of
-`items_leased`, but their old index entries stay until VACUUM removes them, at each
-index's front. A claim that read from the front walked every entry left there by the items
+The drain benchmark drains 20,000 items; a real backlog is a million. Every completion moves
+an item out of the claim index (`items_ready`: pending, leased or not), but its old index
+entry stays until VACUUM removes it, at the index's front. A claim that read from the front walked every entry left there by the items
 already drained, so it read more index pages the further a drain had gone since the
 table's last VACUUM, and the drain slowed down (0.43 of its first tenth's pace by the last
 tenth). Claims now read after their scope's claim position and from the front once a
@@ -13,7 +12,7 @@ Each repetition: a fresh database, `--items` items over four tenants registered 
 published as the drain benchmark does (then VACUUM (ANALYZE)), and one WorkerPool with
 `--concurrency` workers against the in-process no-op upstream draining all of them.
 Every `--sample-seconds` it records the items completed, the index pages each scan of
-`items_ready` and `items_leased` read since the last sample (pg_statio), and how often
+`items_ready` read since the last sample (pg_statio), and how often
 `items` was vacuumed. Autovacuum runs or not as the server is configured (reported).
 
 Reported per repetition: throughput over the first and the last tenth of the items and
@@ -55,7 +54,7 @@ from service.worker import WorkerPool, database_pool
 TARGET_RATIO = 0.9
 TENTH = 0.1
 
-_CLAIM_INDEXES = ("items_ready", "items_leased")
+_CLAIM_INDEXES = ("items_ready",)
 # Index pages read and scans of the claim indexes so far, and the table's vacuums.
 _INDEX_STATS = text("""
     SELECT s.indexrelname AS name, s.idx_scan AS scans,
@@ -222,7 +221,6 @@ async def one_run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]
             "items_per_s": round(args.items / elapsed, 1) if elapsed else None,
             **tenths(samples, args.items), **tenth_costs(samples, args.items),
             "claim_index_pages_per_scan_at_end": final.get("items_ready"),
-            "lease_index_pages_per_scan_at_end": final.get("items_leased"),
             "vacuums_during_drain": samples[-1]["vacuums"] - samples[0]["vacuums"],
             "server_autovacuum": autovacuum, "db_status": statuses,
             "setup": seeding, "samples": samples}

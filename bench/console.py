@@ -253,7 +253,9 @@ _SEED_ITEMS = text("""
     OVERRIDING SYSTEM VALUE
     SELECT g, t.tenant, 'obj-' || g, r.policy, 1,
            encode(sha256(CAST('bench-item-' || g AS bytea)), 'hex'), 'tenant:' || t.tenant,
-           s.status, c.created + interval '1 hour', '-infinity',
+           -- a leased item is pending with a lease (migration 0024)
+           CASE WHEN s.status = 'leased' THEN 'pending' ELSE s.status END,
+           c.created + interval '1 hour', '-infinity',
            CASE s.status WHEN 'succeeded' THEN 1 + CAST(h.u4 < 0.1 AS int)
                          WHEN 'dead' THEN 2 WHEN 'leased' THEN 1 ELSE 0 END,
            r.released, r.batch,

@@ -336,7 +336,7 @@ def rounded(ratio: float | None) -> float | None:
 async def remaining(engine: Any) -> int:
     async with engine.connect() as conn:
         return int((await conn.execute(text(
-            "SELECT count(*) FROM items WHERE status IN ('pending', 'leased')"))).scalar_one())
+            "SELECT count(*) FROM items WHERE status = 'pending'"))).scalar_one())
 
 
 async def delete_beside_shoppers(engine: Any, policies: Policies, store_url: str,

@@ -32,7 +32,7 @@ def test_a_slowing_drain_is_measured_between_samples() -> None:
 def test_the_last_reading_skips_samples_without_a_scan() -> None:
     readings = [{"pages_per_scan": {"items_ready": v}} for v in (None, 3.0, 7.5, None)]
     assert last_reading(readings, "items_ready") == 7.5
-    assert last_reading(readings, "items_leased") is None
+    assert last_reading(readings, "items_unreleased") is None
 
 
 def test_each_tenth_is_priced_per_item_on_both_sides() -> None:
