@@ -2,11 +2,12 @@
 
 The drain benchmark drains 20,000 items; a real backlog is a million. Every completion moves
 an item out of the claim index (`items_ready`: pending, leased or not), but its old index
-entry stays until VACUUM removes it, at the index's front. A claim that read from the front walked every entry left there by the items
-already drained, so it read more index pages the further a drain had gone since the
-table's last VACUUM, and the drain slowed down (0.43 of its first tenth's pace by the last
-tenth). Claims now read after their scope's claim position and from the front once a
-second (migration 0008); this benchmark is how that was measured, and guards it.
+entry stays until VACUUM removes it, at the index's front. A claim that read from the front
+walked every entry left there by the items already drained, so it read more index pages the
+further a drain had gone since the table's last VACUUM, and the drain slowed down (0.43 of
+its first tenth's pace by the last tenth). Claims now read after their scope's claim
+position and from the front once a second (migration 0008); this benchmark is how that was
+measured, and guards it.
 
 Each repetition: a fresh database, `--items` items over four tenants registered and
 published as the drain benchmark does (then VACUUM (ANALYZE)), and one WorkerPool with

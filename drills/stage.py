@@ -144,6 +144,15 @@ class RemoteUpstream:
         return stats
 
 
+_CALL_STARTS_SQL: Final = """
+    SELECT t FROM (
+        SELECT extract(epoch FROM started_at) AS t, outcome FROM attempts
+        UNION ALL
+        SELECT extract(epoch FROM last_started_at), 'succeeded' FROM items
+        WHERE status = 'succeeded'
+    ) c
+    WHERE $1::text IS NULL OR outcome = $1 ORDER BY t"""
+
 # items by status as operators read it (a leased item is pending with a lease)
 _STATUSES_SQL: Final = (f"SELECT {item_status('items')} AS status, "  # noqa: S608
                         "count(*) AS n FROM items GROUP BY 1")
@@ -273,13 +282,12 @@ class Stage:
         return float(await self.fetchval("SELECT extract(epoch FROM clock_timestamp())"))
 
     async def call_starts(self, outcome: str | None = None) -> list[float]:
-        """When each call recorded in the ledger started (its attempt's started_at, epoch
-        seconds), oldest first; with `outcome`, those calls only. The worker records it
-        before the call is sent, so a fake upstream starved of CPU, which receives calls
-        late and in bunches, does not move them."""
-        rows = await self.fetch(
-            "SELECT extract(epoch FROM started_at) AS t FROM attempts "
-            "WHERE $1::text IS NULL OR outcome = $1 ORDER BY started_at", outcome)
+        """When each call recorded in the ledger started (its attempt's started_at, or a
+        succeeded item's last_started_at: a success has no attempt row; epoch seconds),
+        oldest first; with `outcome`, those calls only. The worker records it before the
+        call is sent, so a fake upstream starved of CPU, which receives calls late and in
+        bunches, does not move them."""
+        rows = await self.fetch(_CALL_STARTS_SQL, outcome)
         return [float(r["t"]) for r in rows]
 
     async def wait_for(self, what: str, predicate: Callable[[], Awaitable[bool]],

@@ -1,4 +1,5 @@
-"""Leases in place: a claim writes only columns no index reads, so it can be a HOT update.
+"""Leases in place: a claim writes only columns no index reads, so it can be a HOT update;
+and a success is recorded on its item, without an attempt row.
 
 A leased item keeps `status = 'pending'`; its lease is its `lease_token`, `lease_owner` and
 `lease_expires_at` (all set or all NULL). `status` is read by most of `items`' indexes
@@ -9,6 +10,11 @@ version stays on its page with no index entry, and a retry's completion too: a s
 the item's one non-HOT update after its release. Expired leases are found by the claim's
 walk of `items_ready`, which holds leased items too now (bench/reports/design-notes.md,
 "Claims and completion").
+
+`last_started_at`: when the item's last attempt's call started, written by every
+completion. A success has no `attempts` row any more (service/ledger/completions.py): this,
+`completed_at`, `last_status_code` and `attempts` say what the row said. A nullable column
+without a default: added without rewriting `items`.
 
 Locks: no scan of `items` under its ACCESS EXCLUSIVE lock. The UPDATE reads the items
 leased when it runs through `items_leased` (at most the calls in flight), and the new
@@ -49,9 +55,11 @@ def upgrade() -> None:
             NOT VALID""")
     op.execute("DROP INDEX items_leased")
     op.execute("ALTER TABLE items SET (fillfactor = 80)")
+    op.execute("ALTER TABLE items ADD COLUMN last_started_at timestamptz")
 
 
 def downgrade() -> None:
+    op.execute("ALTER TABLE items DROP COLUMN last_started_at")
     op.execute("ALTER TABLE items RESET (fillfactor)")
     op.execute("ALTER TABLE items DROP CONSTRAINT items_lease, "
                "DROP CONSTRAINT items_status_check")

@@ -153,6 +153,8 @@ items = Table(
     Column("hold_id", BigInteger),  # the legal hold holding it (0013; no key)
     # its deletion answered success; its next claim reads whether the object is gone (0023)
     Column("confirming", Boolean, nullable=False),
+    # when the last attempt's call started: a success has no attempt row (0024)
+    _ts("last_started_at", nullable=True),
     UniqueConstraint("tenant_id", "object_id", "policy", "policy_version",
                      name="items_obligation"),
 )

@@ -1,6 +1,13 @@
 """Fenced completion: the outcomes of a set of attempts applied to their items in one
 statement, only where the lease is still the attempt's, each deletion appended to the
-evidence log as it is recorded, and every attempt written to the audit trail.
+evidence log as it is recorded, and every other attempt written to the audit trail.
+
+An attempt that finished its item as `succeeded` has no `attempts` row: its item says when
+its call started and ended, what the upstream answered and how many attempts it took
+(`last_started_at`, `completed_at`, `last_status_code`, `attempts`), and the evidence log
+records the deletion. The row and its foreign-key check were a quarter of a success's WAL
+(bench/reports/design-notes.md, "Claims and completion"). Every attempt that did not
+finish its item as succeeded, and every fenced one, has its row.
 
 A worker whose lease expired and was claimed again elsewhere changes nothing: its attempt
 is recorded as fenced. Times come from the database's clock. The measurements behind the
@@ -56,11 +63,12 @@ class Completion:
 #     to its end), so a completion never holds the head while it waits for an item's row
 #     lock, and holds it until its commit; the segment stores each entry's canonical bytes
 #     and the chain after it.
-#  4. every attempt is appended to the audit trail, fenced ones flagged as such.
+#  4. every attempt but those that finished their item as `succeeded` is appended to the
+#     audit trail, fenced ones flagged as such.
 _COMPLETE = Statement("completions.complete", (
     "Apply attempts' outcomes to items still leased under the same token, append each "
-    "deletion to the evidence log chained, and append every attempt, fenced ones "
-    "flagged."), f"""
+    "deletion to the evidence log chained, and append every attempt that did not succeed "
+    "to the audit trail, fenced ones flagged."), f"""
     WITH done AS (
         SELECT * FROM unnest(
             CAST(:ids AS bigint[]), CAST(:tokens AS uuid[]), CAST(:statuses AS text[]),
@@ -85,6 +93,7 @@ _COMPLETE = Statement("completions.complete", (
                                    ELSE i.next_attempt_at END,
             last_outcome = d.outcome,
             last_status_code = d.http,
+            last_started_at = d.started_at,
             last_error = CASE WHEN d.outcome = 'succeeded' THEN NULL ELSE d.reason END,
             dead_reason = CASE WHEN d.status = 'dead' THEN d.reason END,
             completed_at = CASE WHEN d.status IN ('succeeded', 'dead', 'skipped') THEN now()
@@ -98,7 +107,7 @@ _COMPLETE = Statement("completions.complete", (
         WHERE i.id = d.id AND i.lease_token = d.token
         RETURNING i.id, i.status, i.tenant_id, i.object_id, i.policy, i.policy_version,
                   i.operation_key, i.last_outcome, i.last_status_code, i.attempts,
-                  i.completed_at, i.batch_id, d.confirmed
+                  i.completed_at, i.batch_id, d.confirmed, d.token
     ),
     deleted AS (
         SELECT a.id AS item_id, b.run_id,
@@ -142,15 +151,16 @@ _COMPLETE = Statement("completions.complete", (
     SELECT d.id, d.attempt_no, d.worker, d.token, d.started_at,
            greatest(d.finished_at, d.started_at), d.outcome, d.http, d.retry_after,
            d.latency_ms, CASE WHEN d.outcome = 'succeeded' THEN NULL ELSE d.reason END,
-           d.id NOT IN (SELECT id FROM applied)
-    FROM done d
+           a.id IS NULL
+    FROM done d LEFT JOIN applied a ON a.id = d.id AND a.token = d.token
+    WHERE a.status IS DISTINCT FROM 'succeeded'
     RETURNING item_id, fenced
 """)  # noqa: S608 - only constant fragments are interpolated
 
 
 async def complete(db: Database, completions: Sequence[Completion]) -> list[int]:
-    """Apply outcomes and append attempts in one statement; returns the ids that were
-    fenced out (their lease had moved on)."""
+    """Apply outcomes and append the attempts that did not succeed in one statement;
+    returns the ids that were fenced out (their lease had moved on)."""
     if not completions:
         return []
     c = completions

@@ -62,7 +62,8 @@ ITEM_COLUMNS = ("id, tenant_id, object_id, policy, policy_version, operation_key
                 f"{item_status('items')} AS status, due_at, "
                 "nullif(next_attempt_at, '-infinity') AS next_attempt_at, "
                 "attempts, released_at, batch_id, "
-                "last_outcome, last_status_code, last_error, dead_reason, created_at, "
+                "last_outcome, last_status_code, last_started_at, last_error, dead_reason, "
+                "created_at, "
                 "updated_at, completed_at, hold_id")
 
 

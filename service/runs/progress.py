@@ -111,6 +111,11 @@ async def runs_progress(engine: AsyncEngine, run_ids: Sequence[int]
         if not items[row.key]:
             del items[row.key]
         items["leased"] = items.get("leased", 0) + row.n
+    for counts in progress.values():
+        # a succeeded item's last attempt has no row (service/ledger/completions.py)
+        if done := counts["items"].get("succeeded", 0):
+            attempts = counts["attempts"]
+            attempts["succeeded"] = attempts.get("succeeded", 0) + done
     return progress
 
 

@@ -241,12 +241,14 @@ async def database_clock(engine: AsyncEngine) -> float:
 
 
 async def call_starts(engine: AsyncEngine) -> list[float]:
-    """When each call recorded in the ledger started (its attempt's started_at), in
-    seconds on the database's clock's scale."""
+    """When each call recorded in the ledger started (its attempt's started_at, or a
+    succeeded item's last_started_at: a success has no attempt row), in seconds on the
+    database's clock's scale."""
     async with engine.connect() as conn:
         return [float(t) for t in (await conn.execute(text(
-            "SELECT extract(epoch FROM started_at) FROM attempts ORDER BY started_at"))
-        ).scalars()]
+            "SELECT extract(epoch FROM started_at) AS t FROM attempts UNION ALL "
+            "SELECT extract(epoch FROM last_started_at) FROM items "
+            "WHERE status = 'succeeded' ORDER BY t"))).scalars()]
 
 
 async def test_closed_until_only_moves_later_and_blocks_tokens(engine: AsyncEngine) -> None:

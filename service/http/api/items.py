@@ -212,6 +212,9 @@ class ItemOut(BaseModel):
     batch_id: int | None
     last_outcome: str | None
     last_status_code: int | None
+    last_started_at: datetime | None = Field(description=(
+        "when the last attempt's call started; a success has no entry in the attempts "
+        "list: this, completed_at and last_status_code record it"))
     last_error: str | None
     dead_reason: str | None
     created_at: datetime
