@@ -508,9 +508,8 @@ def _items_params(status: str | None = None, policy: str | None = None,
 def pages(f: Facts) -> list[Page]:
     """The timed pages, each with the statements it runs (as the service sends them)."""
     ledger_reading: list[tuple[Statement, dict[str, Any]]] = [
-        (s, {}) for s in (gauges._LEDGER_ELIGIBLE, gauges._LEDGER_LEASED,
-                          gauges._LEDGER_DEAD, gauges._LEDGER_HELD, gauges._LEDGER_HOLDS,
-                          gauges._LEDGER_SCOPES)]
+        (s, {}) for s in (gauges._LEDGER_ELIGIBLE, gauges._LEDGER_DEAD, gauges._LEDGER_HELD,
+                          gauges._LEDGER_HOLDS, gauges._LEDGER_SCOPES)]
     overview = [*ledger_reading,
                 (operator_reads._SUCCEEDED_RECENTLY,
                  {"window": operator_reads.THROUGHPUT_WINDOW_S}),

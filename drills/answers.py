@@ -20,10 +20,7 @@ from service.budget.rules import LOOKAHEAD_S, late_tolerance
 
 
 async def _outcomes(stage: Stage, object_id: str) -> list[str]:
-    rows = await stage.fetch(
-        "SELECT a.outcome FROM attempts a JOIN items i ON i.id = a.item_id "
-        "WHERE i.object_id = $1 ORDER BY a.id", object_id)
-    return [r["outcome"] for r in rows]
+    return [outcome for outcome, _ in await stage.attempt_history(object_id)]
 
 
 async def _stop_all(stage: Stage, procs: list[Proc]) -> None:

@@ -144,6 +144,18 @@ class RemoteUpstream:
         return stats
 
 
+# An item's attempts as (outcome, fenced), in the order they finished: its attempt rows,
+# and its success, which has no row (the item records it: service/ledger/completions.py)
+_ATTEMPT_HISTORY_SQL: Final = """
+    SELECT outcome, fenced FROM (
+        SELECT a.outcome, a.fenced, a.finished_at AS at, a.id AS n
+        FROM attempts a JOIN items i ON i.id = a.item_id WHERE i.object_id = $1
+        UNION ALL
+        SELECT 'succeeded', false, i.completed_at, 0 FROM items i
+        WHERE i.object_id = $1 AND i.status = 'succeeded'
+    ) h
+    ORDER BY at, n"""
+
 _CALL_STARTS_SQL: Final = """
     SELECT t FROM (
         SELECT extract(epoch FROM started_at) AS t, outcome FROM attempts
@@ -280,6 +292,12 @@ class Stage:
     async def database_now(self) -> float:
         """The database's clock (epoch seconds): a moment on the scale of `call_starts`."""
         return float(await self.fetchval("SELECT extract(epoch FROM clock_timestamp())"))
+
+    async def attempt_history(self, object_id: str) -> list[tuple[str, bool]]:
+        """An item's attempts as (outcome, fenced), in the order they finished: its attempt
+        rows and its success, which the item records instead of a row."""
+        return [(r["outcome"], r["fenced"])
+                for r in await self.fetch(_ATTEMPT_HISTORY_SQL, object_id)]
 
     async def call_starts(self, outcome: str | None = None) -> list[float]:
         """When each call recorded in the ledger started (its attempt's started_at, or a

@@ -28,7 +28,8 @@ CLOCK_COLUMNS: Final = {
 }
 OTHER_TIME_COLUMNS: Final = {
     "scopes": ("created_at", "updated_at"),
-    "items": ("due_at", "released_at", "created_at", "updated_at", "completed_at"),
+    "items": ("due_at", "released_at", "created_at", "updated_at", "completed_at",
+              "last_started_at"),
 }
 _SCOPE_COLUMN: Final = {"scopes": "name", "items": "scope"}
 

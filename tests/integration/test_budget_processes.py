@@ -57,20 +57,20 @@ async def test_a_huge_backlog_does_not_starve_a_small_scope(engine: AsyncEngine,
             # both scopes served: the small one drained, and the big one not starved either
             # (half the slots are its; how fast it goes is the machine's speed)
             await eventually(lambda: scalar(db_url, """
-                SELECT count(*) FILTER (WHERE i.tenant_id = 'small') = 10
-                       AND count(*) FILTER (WHERE i.tenant_id = 'big') >= 50
-                FROM attempts a JOIN items i ON i.id = a.item_id
-                WHERE a.outcome = 'succeeded'"""),
+                SELECT count(*) FILTER (WHERE tenant_id = 'small') = 10
+                       AND count(*) FILTER (WHERE tenant_id = 'big') >= 50
+                FROM items WHERE status = 'succeeded'"""),
                 "the small scope's 10 items and 50 of the big one's succeeded")
         finally:
             pool.stop()
             await task
             await ups.aclose()
     # 10 items at 5/s with burst 1: about 2 s at its own pace, never behind the million. The
-    # pace is read from the attempts the pool recorded, from its first call of all: neither
-    # its start-up nor this test's polling on a loaded machine counts.
+    # pace is read from what the pool recorded on the items (a success's call start and its
+    # completion), from its first call of all: neither its start-up nor this test's polling
+    # on a loaded machine counts.
     small_done = await scalar(db_url, """
-        SELECT extract(epoch FROM max(a.finished_at) FILTER (WHERE i.tenant_id = 'small')
-                                  - min(a.started_at))
-        FROM attempts a JOIN items i ON i.id = a.item_id""")
+        SELECT extract(epoch FROM max(completed_at) FILTER (WHERE tenant_id = 'small')
+                                  - min(last_started_at))
+        FROM items WHERE status = 'succeeded'""")
     assert small_done < 10 / 5 + 2.5, small_done

@@ -129,8 +129,11 @@ async def test_the_cache_holds_a_bounded_number_of_runs(engine: AsyncEngine) -> 
     assert sorted(cache._counts) == [3, 4, 5]
 
 
-async def finish(engine: AsyncEngine, run_id: int, n: int, status: str, outcome: str) -> None:
-    """`n` of the run's pending items finished as a worker leaves them, one attempt each."""
+async def finish(engine: AsyncEngine, run_id: int, n: int, status: str, outcome: str,
+                 *, before_0024: bool = False) -> None:
+    """`n` of the run's pending items finished as a worker leaves them, one attempt each: a
+    success without an attempt row, its call's start on the item (`before_0024`: as a
+    worker before migration 0024 left them, with a row and no start)."""
     async with engine.begin() as conn:
         await conn.execute(text("""
             WITH chosen AS (
@@ -140,6 +143,8 @@ async def finish(engine: AsyncEngine, run_id: int, n: int, status: str, outcome:
             done AS (
                 UPDATE items i SET status = CAST(:status AS text), completed_at = now(),
                     attempts = 1, last_outcome = CAST(:outcome AS text),
+                    last_started_at = CASE WHEN CAST(:before AS boolean) THEN NULL
+                                           ELSE now() END,
                     dead_reason = CASE WHEN CAST(:status AS text) = 'dead'
                                        THEN 'http_422' END
                 FROM chosen WHERE i.id = chosen.id RETURNING i.id
@@ -147,7 +152,9 @@ async def finish(engine: AsyncEngine, run_id: int, n: int, status: str, outcome:
             INSERT INTO attempts (item_id, attempt_no, worker, lease_token, started_at,
                                   finished_at, outcome, latency_ms)
             SELECT id, 1, 'test', gen_random_uuid(), now(), now(), CAST(:outcome AS text), 1
-            FROM done"""), {"run": run_id, "n": n, "status": status, "outcome": outcome})
+            FROM done WHERE CAST(:outcome AS text) <> 'succeeded' OR CAST(:before AS boolean)
+            """), {"run": run_id, "n": n, "status": status, "outcome": outcome,
+                   "before": before_0024})
 
 
 async def three_runs(engine: AsyncEngine) -> list[int]:
@@ -160,6 +167,19 @@ async def three_runs(engine: AsyncEngine) -> list[int]:
     await finish(engine, run_ids[0], 1, "succeeded", "succeeded")
     await finish(engine, run_ids[1], 3, "dead", "permanent")
     return run_ids
+
+
+async def test_a_success_counts_once_with_or_without_its_attempt_row(
+        engine: AsyncEngine) -> None:
+    # a success has no attempt row since migration 0024; one from before has: each counts once
+    policies = make_policies("http://127.0.0.1:9")
+    await register(engine, policies, 3, tenant="a")
+    run_id = await release_all(engine)
+    await finish(engine, run_id, 1, "succeeded", "succeeded", before_0024=True)
+    await finish(engine, run_id, 1, "succeeded", "succeeded")
+    status = await progress.run_status(engine, run_id, progress.ProgressCache()) or {}
+    assert (status["items"], status["attempts"]) == ({"succeeded": 2, "pending": 1},
+                                                     {"succeeded": 2})
 
 
 EXPECTED: Final = [  # three_runs's, newest first
