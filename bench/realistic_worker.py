@@ -104,6 +104,9 @@ def _no_fresh_wait() -> None:
 
 # name -> (the rule switched off, as design-notes.md names it; the switch)
 SWITCHES: dict[str, tuple[str, Callable[[], None]]] = {
+    # the same worker through this launcher with nothing off: an A/A control, whose spread
+    # against `on` is what the machine's noise alone does to a comparison
+    "control": ("Nothing switched off (an A/A control)", lambda: None),
     "claim-ahead": ("Claiming ahead of free slots (pacing.FREED_WEIGHT = 0)",
                     _no_claim_ahead),
     "scope-reuse": ("Reusing a complete list of scopes with work (ELIGIBLE_REUSE_S = -1)",
