@@ -35,6 +35,7 @@ from bench import (
     peers,
     points,
     publication,
+    realistic,
     registration,
     stores,
     webhooks,
@@ -53,7 +54,8 @@ BENCHMARKS: tuple[Benchmark, ...] = (drain.BENCHMARK, budget.BENCHMARK, registra
                                       publication.BENCHMARK, webhooks.BENCHMARK,
                                       history.BENCHMARK, backlog.BENCHMARK, memory.BENCHMARK,
                                       points.BENCHMARK, bulk.BENCHMARK, peers.BENCHMARK,
-                                      stores.BENCHMARK, console.BENCHMARK, holds.BENCHMARK)
+                                      stores.BENCHMARK, console.BENCHMARK, holds.BENCHMARK,
+                                      realistic.BENCHMARK)
 
 
 def add_common(parser: argparse.ArgumentParser) -> None:

@@ -11,8 +11,10 @@ Which module owns what (each imports only the ones listed before it):
 - `limits`:  rate limits per scope: token bucket or sliding window, the 429's Retry-After.
 - `faults`:  `Fault` kinds, their queue, and how each one answers a call.
 - `control`: the control surface: the test API (`Controls`) and the ``/_control`` routes.
+- `tls`:     a self-signed certificate and server context for HTTPS, made at start.
 - `server`:  `FakeUpstream`: lifecycle (async or in a thread), connections, deletion calls.
 - `cli`:     ``python -m drills.upstream --port 0 --default-limit 20 --ready-file PATH``
+             (``--tls-cert-out PATH``: HTTPS; ``--latency-ms 50-200``: slow answers)
              (``python -m tests.fakes.upstream`` runs the same).
 """
 

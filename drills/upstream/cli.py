@@ -8,10 +8,12 @@ import asyncio
 import logging
 import os
 import signal
+from pathlib import Path
 
 from drills.upstream import control, faults, server
 from drills.upstream.limits import RateLimits
 from drills.upstream.server import FakeUpstream
+from drills.upstream.tls import self_signed_context
 
 
 def _write_ready_file(path: str, base_url: str) -> None:
@@ -22,10 +24,25 @@ def _write_ready_file(path: str, base_url: str) -> None:
     os.replace(tmp, path)
 
 
+def _latency(value: str) -> tuple[float, float]:
+    """`--latency-ms 50-200` (or `100`) as seconds (low, high)."""
+    low, _, high = value.partition("-")
+    try:
+        pair = (float(low) / 1000, float(high or low) / 1000)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected LOW-HIGH in ms, like 50-200"
+                                         ) from None
+    if not 0 <= pair[0] <= pair[1]:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected 0 <= LOW <= HIGH")
+    return pair
+
+
 async def _serve(args: argparse.Namespace) -> None:
+    tls = self_signed_context(args.host, args.tls_cert_out) if args.tls_cert_out else None
     up = FakeUpstream(host=args.host, port=args.port, default_limit=args.default_limit,
                       default_burst=args.default_burst, default_window=args.default_window,
-                      success_status=args.success_status)
+                      success_status=args.success_status, tls=tls, latency=args.latency_ms,
+                      keep_calls=not args.count_only)
     await up.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -56,6 +73,16 @@ def main(argv: list[str] | None = None) -> int:
                          "in any trailing second (a sliding window) instead of a token bucket")
     ap.add_argument("--success-status", type=int, default=204,
                     help="status of a successful deletion (default 204)")
+    ap.add_argument("--tls-cert-out", type=Path, default=None,
+                    help="serve HTTPS with a self-signed certificate made at start for "
+                         "--host, written (without its key) to this file for clients to "
+                         "trust as their CA file (default: plain HTTP)")
+    ap.add_argument("--latency-ms", type=_latency, default=None,
+                    help="delay each deletion call's answer by a time drawn uniformly from "
+                         "LOW-HIGH milliseconds, e.g. 50-200 (default: answer at once)")
+    ap.add_argument("--count-only", action="store_true",
+                    help="count deletion calls without keeping them (GET /_control/calls "
+                         "answers []; /_control/stats still counts): for long benchmarks")
     ap.add_argument("--ready-file", default=None,
                     help="write the base URL to this file once listening (default: none)")
     ap.add_argument("--log-level", default="WARNING", help="default WARNING")

@@ -42,9 +42,9 @@ class Controls:
     its event loop, tests from their own thread."""
 
     def __init__(self, *, default_limit: float | None, default_burst: int,
-                 default_window: bool) -> None:
+                 default_window: bool, keep_calls: bool = True) -> None:
         self._lock = threading.RLock()
-        self._log = CallLog()
+        self._log = CallLog(keep_calls)
         self._faults = FaultQueue()
         self._limits = RateLimits(default_limit, default_burst, default_window)
         self._routes: list[tuple[str, Responder]] = []

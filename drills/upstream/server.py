@@ -5,6 +5,10 @@ a `Call`, rate limited per scope (token bucket, or with ``--default-window`` at 
 in any trailing second; ``429`` with an integer ``Retry-After``), then answered with the
 next queued fault matching it, a route's responder (`Controls.route`: a list endpoint's
 pages), or with ``success_status`` (default ``204``).
+
+With `latency` (seconds, a (low, high) pair) every deletion call's answer waits a time drawn
+uniformly from that range, as a real upstream's does (other calls go on meanwhile); with
+`tls` the fake listens for HTTPS with that server context (drills/upstream/tls.py).
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import random
+import ssl
 import threading
 import time
 from types import TracebackType
@@ -32,10 +38,16 @@ class FakeUpstream(Controls):
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0,
                  default_limit: float | None = None, default_burst: int = 1,
                  default_window: bool = False, success_status: int = 204,
-                 scope_fn: ScopeFn | None = None) -> None:
+                 scope_fn: ScopeFn | None = None, tls: ssl.SSLContext | None = None,
+                 latency: tuple[float, float] | None = None, keep_calls: bool = True
+                 ) -> None:
         super().__init__(default_limit=default_limit, default_burst=default_burst,
-                         default_window=default_window)
+                         default_window=default_window, keep_calls=keep_calls)
+        if latency is not None and not 0 <= latency[0] <= latency[1]:
+            raise ValueError("latency is a range (low, high) with 0 <= low <= high")
         self._host, self._port = host, port
+        self._tls = tls
+        self._latency = latency
         self._success_status = success_status
         self._scope_fn = scope_fn or default_scope
         self._server: asyncio.Server | None = None
@@ -48,7 +60,7 @@ class FakeUpstream(Controls):
     # ----------------------------------------------------------------- lifecycle
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._handle, self._host, self._port,
-                                                  limit=64 * 1024)
+                                                  limit=64 * 1024, ssl=self._tls)
         self._port = self._server.sockets[0].getsockname()[1]
 
     async def close(self) -> None:
@@ -132,7 +144,8 @@ class FakeUpstream(Controls):
 
     @property
     def base_url(self) -> str:
-        return f"http://{self._host}:{self._port}"
+        scheme = "https" if self._tls is not None else "http"
+        return f"{scheme}://{self._host}:{self._port}"
 
     def connections_accepted(self) -> int:
         return self._accepted
@@ -188,6 +201,8 @@ class FakeUpstream(Controls):
             self._log.enter(key, +1)
         keep = req.keep_alive
         try:
+            if self._latency is not None:
+                await asyncio.sleep(random.uniform(*self._latency))
             if retry_after is not None:
                 hdrs = {"Retry-After": str(retry_after), "Content-Type": "application/json"}
                 writer.write(response(429, hdrs, b'{"error":"rate limited"}', keep=keep))
