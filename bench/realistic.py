@@ -16,13 +16,14 @@ uniformly from `--latency-ms`, no rate limit of its own; one worker process as d
 as many, trusting the certificate as its `ca_file`. After the first completion and
 `--warmup` seconds, a window of `--seconds` is measured:
 
-  items_per_s                 succeeded attempts committed in the window, per second
+  items_per_s                 items whose success committed in the window, per second
   budget_used_percent         items/s over the summed budget; also per budget class
   worker_cpu_us_per_item      the worker process's CPU (/proc) over the items
   database_cpu_us_per_item    the database's backends' CPU (/proc; null if not local)
   upstream_cpu_us_per_item    the fake upstream's process
-  latency_ms p50 / p99        attempts.latency_ms: the worker's wall time of each call,
-                              connection wait and TLS handshake included
+  latency_ms p50 / p99        a success's call start (items.last_started_at) to its
+                              committed completion: connection wait, TLS handshake and
+                              the completion's flush included
   worker_counters             tokens granted and returned, leases handed back by reason
 
 `--variants` lists what to compare: `on` (every rule as the product has it) and the names of
@@ -307,6 +308,7 @@ class Reading:
     """Where the counters stood at one moment."""
 
     at: float
+    db_at: float  # the database's clock (epoch seconds): successes are read by completed_at
     last_attempt: int
     worker_cpu: float
     upstream_cpu: float
@@ -316,27 +318,32 @@ class Reading:
 async def read_now(conn: asyncpg.Connection, url: str, name: str, worker_pid: int,
                    upstream_pid: int) -> Reading:
     last = int(await conn.fetchval("SELECT coalesce(max(id), 0) FROM attempts"))
-    return Reading(time.monotonic(), last, cpu_seconds(worker_pid), cpu_seconds(upstream_pid),
-                   await backend_cpu(url, name))
+    db_at = float(await conn.fetchval("SELECT extract(epoch FROM clock_timestamp())"))
+    return Reading(time.monotonic(), db_at, last, cpu_seconds(worker_pid),
+                   cpu_seconds(upstream_pid), await backend_cpu(url, name))
 
 
 async def window_figures(conn: asyncpg.Connection, a: Reading, b: Reading,
                          rates: list[float]) -> dict[str, Any]:
-    """What the attempts committed between two readings say."""
+    """What was committed between two readings says: the successes from their items (a
+    success has no attempt row), every other outcome from its attempt row."""
     elapsed = b.at - a.at
     rows = await conn.fetch(
         "SELECT outcome, count(*) AS n FROM attempts WHERE id > $1 AND id <= $2 GROUP BY 1",
         a.last_attempt, b.last_attempt)
     outcomes = {str(r["outcome"]): int(r["n"]) for r in rows}
-    ok = outcomes.get("succeeded", 0)
-    p50, p99 = await conn.fetchval(
-        "SELECT percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (ORDER BY latency_ms) "
-        "FROM attempts WHERE id > $1 AND id <= $2", a.last_attempt, b.last_attempt) or (None,
-                                                                                      None)
     per_scope = {str(r["scope"]): int(r["n"]) for r in await conn.fetch(
-        "SELECT i.scope, count(*) AS n FROM attempts a JOIN items i ON i.id = a.item_id "
-        "WHERE a.id > $1 AND a.id <= $2 AND a.outcome = 'succeeded' GROUP BY 1",
-        a.last_attempt, b.last_attempt)}
+        "SELECT scope, count(*) AS n FROM items WHERE status = 'succeeded' "
+        "AND completed_at > to_timestamp($1) AND completed_at <= to_timestamp($2) GROUP BY 1",
+        a.db_at, b.db_at)}
+    ok = sum(per_scope.values())
+    outcomes["succeeded"] = outcomes.get("succeeded", 0) + ok
+    # a success's call start to its committed completion (the flush wait included)
+    p50, p99 = await conn.fetchval(
+        "SELECT percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (ORDER BY 1000 * extract("
+        "epoch FROM completed_at - last_started_at)) FROM items WHERE status = 'succeeded' "
+        "AND completed_at > to_timestamp($1) AND completed_at <= to_timestamp($2)",
+        a.db_at, b.db_at) or (None, None)
     classes = {}
     for label, low, high in CLASSES:
         members = [i for i, r in enumerate(rates) if low < r <= high]
@@ -379,7 +386,8 @@ async def one_run(ctx: BenchContext, args: argparse.Namespace, template: str, va
             async with worker(ctx.repo_root, url, policies_file, off, args.concurrency, port,
                               folder / f"worker-{variant}.log", args.worker_log_level) as pid:
                 deadline = time.monotonic() + FIRST_COMPLETION_WAIT_S
-                while not await conn.fetchval("SELECT EXISTS (SELECT 1 FROM attempts)"):
+                while not await conn.fetchval(
+                        "SELECT EXISTS (SELECT 1 FROM items WHERE completed_at IS NOT NULL)"):
                     if time.monotonic() > deadline:
                         raise RuntimeError("no call completed within a minute")
                     await asyncio.sleep(0.1)

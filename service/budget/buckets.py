@@ -106,13 +106,11 @@ async def ensure_scopes(conn: AsyncConnection, budgets: Mapping[str, Budget]) ->
 # probes are ordered LIMIT 1 subqueries so the planner walks the scope-leading partial
 # indexes (an EXISTS may be planned as a scan of items, which grows with history); ready
 # items are looked for after the scope's claim position first, as claims read them
-# (claims.FRONT_SCAN_EVERY_S), and from the front only if none is there.
-_ELIGIBLE = Statement("buckets.eligible_scopes", (
-    "Scopes with an open bucket and claimable work, round-robin after a cursor: where a "
-    "worker's next admission asks for tokens."), f"""
-    WITH open_scopes AS (
-        SELECT s.name, s.weight FROM scopes s
-        WHERE {OPEN_SCOPE}
+# (claims.FRONT_SCAN_EVERY_S), and from the front only if none is there. Each half walks
+# the scopes in name order and stops at its LIMIT: the probes run for the scopes read
+# until enough have work, not for every scope (as a CTE read by both halves would:
+# bench/reports/design-notes.md, "The budget").
+_WITH_WORK: Final = f"""{OPEN_SCOPE}
           AND NOT (SELECT workers_paused FROM control)
           AND ((SELECT i.id FROM items i
                 WHERE i.scope = s.name AND {ready_item("now()")}
@@ -121,11 +119,15 @@ _ELIGIBLE = Statement("buckets.eligible_scopes", (
                 ORDER BY i.scope, coalesce(i.batch_id, 0), i.id LIMIT 1) IS NOT NULL
                OR (s.ready_after_id > 0 AND (SELECT i.id FROM items i
                    WHERE i.scope = s.name AND {ready_item("now()")}
-                   ORDER BY i.scope, coalesce(i.batch_id, 0), i.id LIMIT 1) IS NOT NULL))
-    )
-    (SELECT name, weight FROM open_scopes WHERE name > :cursor ORDER BY name LIMIT :limit)
+                   ORDER BY i.scope, coalesce(i.batch_id, 0), i.id LIMIT 1) IS NOT NULL))"""  # noqa: S608
+_ELIGIBLE = Statement("buckets.eligible_scopes", (
+    "Scopes with an open bucket and claimable work, round-robin after a cursor: where a "
+    "worker's next admission asks for tokens."), f"""
+    (SELECT s.name, s.weight FROM scopes s WHERE s.name > :cursor AND {_WITH_WORK}
+     ORDER BY s.name LIMIT :limit)
     UNION ALL
-    (SELECT name, weight FROM open_scopes WHERE name <= :cursor ORDER BY name LIMIT :limit)
+    (SELECT s.name, s.weight FROM scopes s WHERE s.name <= :cursor AND {_WITH_WORK}
+     ORDER BY s.name LIMIT :limit)
 """)  # noqa: S608 - only constant fragments are interpolated
 
 
