@@ -53,6 +53,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, NamedTuple
+from urllib.parse import urlsplit
 
 import asyncpg
 from sqlalchemy import text
@@ -379,7 +380,7 @@ async def one_run(ctx: BenchContext, args: argparse.Namespace, template: str, va
         policies_file.write_text(POLICIES.format(
             base_url=up.base_url, max_connections=args.concurrency,
             ca_line=f'ca_file = "{up.ca_file}"' if up.ca_file else ""))
-        name = str(url.rsplit("/", 1)[1])
+        name = urlsplit(url).path.lstrip("/")  # without a query (the embedded server's socket)
         port = free_port()
         conn = await asyncpg.connect(plain_url(url))
         try:

@@ -26,11 +26,11 @@ import asyncpg
 import httpx
 
 from drills.base import Facts, check
+from drills.ledger_reads import ATTEMPT_HISTORY_SQL, CALL_STARTS_SQL, STATUSES_SQL
 from drills.upstream import Call, FakeUpstream
 from service.config.policies import Policies, load_policies
 from service.config.settings import Settings, async_url
 from service.db.engine import make_engine
-from service.db.statements import item_status
 from service.ledger import registration
 from service.runs import publication, trigger
 
@@ -142,32 +142,6 @@ class RemoteUpstream:
         async with httpx.AsyncClient(timeout=10) as client:
             stats: dict[str, Any] = (await client.get(f"{self.base_url}/_control/stats")).json()
         return stats
-
-
-# An item's attempts as (outcome, fenced), in the order they finished: its attempt rows,
-# and its success, which has no row (the item records it: service/ledger/completions.py)
-_ATTEMPT_HISTORY_SQL: Final = """
-    SELECT outcome, fenced FROM (
-        SELECT a.outcome, a.fenced, a.finished_at AS at, a.id AS n
-        FROM attempts a JOIN items i ON i.id = a.item_id WHERE i.object_id = $1
-        UNION ALL
-        SELECT 'succeeded', false, i.completed_at, 0 FROM items i
-        WHERE i.object_id = $1 AND i.status = 'succeeded'
-    ) h
-    ORDER BY at, n"""
-
-_CALL_STARTS_SQL: Final = """
-    SELECT t FROM (
-        SELECT extract(epoch FROM started_at) AS t, outcome FROM attempts
-        UNION ALL
-        SELECT extract(epoch FROM last_started_at), 'succeeded' FROM items
-        WHERE status = 'succeeded'
-    ) c
-    WHERE $1::text IS NULL OR outcome = $1 ORDER BY t"""
-
-# items by status as operators read it (a leased item is pending with a lease)
-_STATUSES_SQL: Final = (f"SELECT {item_status('items')} AS status, "  # noqa: S608
-                        "count(*) AS n FROM items GROUP BY 1")
 
 
 class Stage:
@@ -286,7 +260,7 @@ class Stage:
             await conn.close()
 
     async def statuses(self) -> dict[str, int]:
-        rows = await self.fetch(_STATUSES_SQL)
+        rows = await self.fetch(STATUSES_SQL)
         return {r["status"]: int(r["n"]) for r in rows}
 
     async def database_now(self) -> float:
@@ -297,7 +271,7 @@ class Stage:
         """An item's attempts as (outcome, fenced), in the order they finished: its attempt
         rows and its success, which the item records instead of a row."""
         return [(r["outcome"], r["fenced"])
-                for r in await self.fetch(_ATTEMPT_HISTORY_SQL, object_id)]
+                for r in await self.fetch(ATTEMPT_HISTORY_SQL, object_id)]
 
     async def call_starts(self, outcome: str | None = None) -> list[float]:
         """When each call recorded in the ledger started (its attempt's started_at, or a
@@ -305,7 +279,7 @@ class Stage:
         oldest first; with `outcome`, those calls only. The worker records it before the
         call is sent, so a fake upstream starved of CPU, which receives calls late and in
         bunches, does not move them."""
-        rows = await self.fetch(_CALL_STARTS_SQL, outcome)
+        rows = await self.fetch(CALL_STARTS_SQL, outcome)
         return [float(r["t"]) for r in rows]
 
     async def wait_for(self, what: str, predicate: Callable[[], Awaitable[bool]],
