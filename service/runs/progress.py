@@ -53,9 +53,10 @@ def _version(run: dict[str, Any]) -> RunVersion:
 # (run, 'attempts', outcome, n), (run, 'oldest', due_at) and (run, 'leased', held?, n).
 # Each part reaches the items through the runs' batches (batches' (run_id, seq) key, then
 # items_batch_cover, which holds their status, id and hold: no item row is read); only the
-# unfinished items' rows are read, for the oldest remaining and the leases (a leased item
-# is pending in status: its lease is not in any index, see migration 0024). The oldest is raised to
-# Python's earliest instant as in _RECORD_CANDIDATES (per row: none is NULL).
+# unfinished items' rows are read, once, for the oldest remaining and the leases among
+# them (a leased item is pending in status: its lease is in no index, migration 0024).
+# The oldest is raised to Python's earliest instant as in _RECORD_CANDIDATES (per row: none
+# is NULL).
 _PROGRESS = Statement("progress.progress", (
     "Runs' items counted by status, attempts by outcome and oldest unfinished due_at, for "
     "several runs at once (reads every item and attempt of those runs)."), """
@@ -75,17 +76,19 @@ _PROGRESS = Statement("progress.progress", (
                AND i.last_started_at IS NULL AND a.attempt_no = i.attempts)
     GROUP BY b.run_id, a.outcome
     UNION ALL
-    SELECT b.run_id, 'oldest', NULL, 0, min(greatest(i.due_at, '0001-01-01 00:00:00+00'))
-    FROM items i JOIN batches b ON b.id = i.batch_id
-    WHERE b.run_id = ANY(CAST(:ids AS bigint[])) AND i.status = 'pending'
-    GROUP BY b.run_id
-    UNION ALL
-    SELECT b.run_id, 'leased', CASE WHEN i.hold_id IS NULL THEN 'pending' ELSE 'held' END,
-           count(*), NULL
-    FROM items i JOIN batches b ON b.id = i.batch_id
-    WHERE b.run_id = ANY(CAST(:ids AS bigint[])) AND i.status = 'pending'
-      AND i.lease_token IS NOT NULL
-    GROUP BY b.run_id, 3
+    SELECT u.run_id, v.kind, v.key, v.n, v.oldest FROM (
+        SELECT b.run_id, min(greatest(i.due_at, '0001-01-01 00:00:00+00')) AS oldest,
+               count(*) FILTER (WHERE i.lease_token IS NOT NULL AND i.hold_id IS NULL)
+                   AS leased_open,
+               count(*) FILTER (WHERE i.lease_token IS NOT NULL AND i.hold_id IS NOT NULL)
+                   AS leased_held
+        FROM items i JOIN batches b ON b.id = i.batch_id
+        WHERE b.run_id = ANY(CAST(:ids AS bigint[])) AND i.status = 'pending'
+        GROUP BY b.run_id
+    ) u CROSS JOIN LATERAL (VALUES
+        ('oldest', CAST(NULL AS text), CAST(0 AS bigint), u.oldest),
+        ('leased', 'pending', u.leased_open, NULL),
+        ('leased', 'held', u.leased_held, NULL)) AS v(kind, key, n, oldest)
 """)
 
 
@@ -105,7 +108,8 @@ async def runs_progress(engine: AsyncEngine, run_ids: Sequence[int]
         if row.kind == "oldest":
             counts["oldest_remaining_due_at"] = row.oldest
         elif row.kind == "leased":
-            leased.append(row)
+            if row.n:
+                leased.append(row)
         else:
             counts[row.kind][row.key] = row.n
     for row in leased:  # counted as pending or held above: move them to leased

@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.ledger import item_selection
+from service.ledger import claims, item_selection
 from service.runs import progress, publication, trigger
 from tests.conftest import TOKEN_A, LiveServer, test_settings
 from tests.fakes.clock import ManualClock
@@ -180,6 +180,25 @@ async def test_a_success_counts_once_with_or_without_its_attempt_row(
     status = await progress.run_status(engine, run_id, progress.ProgressCache()) or {}
     assert (status["items"], status["attempts"]) == ({"succeeded": 2, "pending": 1},
                                                      {"succeeded": 2})
+
+
+async def test_leased_items_count_as_leased_held_or_not(engine: AsyncEngine) -> None:
+    # a leased item is pending with a lease in the ledger (migration 0024); a run's progress
+    # counts it as leased, under a hold or not, as it did when leased was a status
+    policies = make_policies("http://127.0.0.1:9")
+    await register(engine, policies, 4, tenant="a")
+    run_id = await release_all(engine)
+    got = await claims.admit(engine, owner="w", wants={"tenant:a": 2}, lease_seconds={})
+    assert len(got.leases) == 2
+    async with engine.begin() as conn:
+        hold = (await conn.execute(text(
+            "INSERT INTO holds (tenant_id, reason, reference, placed_by, placed_at) "
+            "VALUES ('a', 'r', 'R-1', 'test', now()) RETURNING id"))).scalar_one()
+        await conn.execute(text("UPDATE items SET hold_id = :h WHERE id IN (:a, :b)"), {
+            "h": hold, "a": got.leases[0].item_id, "b": min(
+                set(range(1, 5)) - {x.item_id for x in got.leases})})
+    status = await progress.run_status(engine, run_id, progress.ProgressCache()) or {}
+    assert status["items"] == {"leased": 2, "held": 1, "pending": 1}
 
 
 EXPECTED: Final = [  # three_runs's, newest first
