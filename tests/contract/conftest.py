@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -22,3 +23,12 @@ def sweeper(pg_server_url: str, template_db: str) -> Iterator[Seeded]:
             yield seeded
     finally:
         _admin(pg_server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """The inner loop (`-m "not slow"`) does not import these modules: every test in them is
+    slow, and schemathesis builds its tests from the contract while collecting (seconds of
+    each test process's start, before any test runs)."""
+    if config.getoption("markexpr").split() == ["not", "slow"]:
+        return collection_path.suffix == ".py" and collection_path.name.startswith("test_")
+    return None

@@ -262,6 +262,7 @@ async def test_a_fresh_app_exports_known_series_at_zero(db_url: str) -> None:
             assert got[key] == 0, key
 
 
+@pytest.mark.slow  # a sweeper worker process
 def test_sweeper_worker_serves_openmetrics_and_known_series_at_zero(db_url: str,
                                                                    tmp_path: Path) -> None:
     # a fresh `sweeper worker` process: its probes server negotiates the format as the API does,

@@ -510,6 +510,7 @@ rate = {{ per_second = 20000, burst = 2000, unit = "rows" }}
 """
 
 
+@pytest.mark.slow  # a sweeper process per command
 @pytest.mark.parametrize("command", [["check-config"], ["worker"]])
 def test_a_query_returning_the_wrong_columns_is_refused_at_start_up(
         tmp_path: Path, store_db_url: str, store: asyncpg.Connection,
@@ -528,6 +529,7 @@ def test_a_query_returning_the_wrong_columns_is_refused_at_start_up(
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow  # four sweeper check-config processes
 def test_check_config_shows_each_statement_and_its_plan(
         tmp_path: Path, store_db_url: str, store: asyncpg.Connection) -> None:
     path = tmp_path / "policies.toml"

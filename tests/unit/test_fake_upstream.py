@@ -418,6 +418,7 @@ def _wait_for_ready_file(proc: subprocess.Popen[bytes], ready: Path) -> str:
     return ready.read_text()
 
 
+@pytest.mark.slow  # the fake upstream in a process of its own
 def test_module_entry_point_runs_until_sigterm(tmp_path: Path) -> None:
     ready = tmp_path / "url"
     with subprocess.Popen(
@@ -439,6 +440,7 @@ def test_module_entry_point_runs_until_sigterm(tmp_path: Path) -> None:
                 proc.kill()
 
 
+@pytest.mark.slow  # the fake upstream in a process of its own
 @pytest.mark.parametrize(("limit", "window", "statuses"), [
     ("0.5", False, [200, 200, 429]),  # a bucket of 2, one token back every 2 s
     ("1", True, [200, 429, 429]),  # one call in any trailing second; the burst plays no part
