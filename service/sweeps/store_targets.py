@@ -83,8 +83,10 @@ def one_row_failure(exc: BaseException) -> str | None:
     if code is not None and (code.startswith(_ONE_ROW_CLASSES) or code in _ONE_ROW_CODES):
         return code
     return None
-# a concurrent CREATE TABLE of the same name: duplicate table, or its row type's unique key
-_CREATED_MEANWHILE: Final = frozenset({"42P07", "23505"})
+# a concurrent CREATE TABLE of the same name: duplicate table, its row type's unique key,
+# or its row type found existing (42710, "type ... already exists": which one a loser gets
+# depends on when the winner commits)
+_CREATED_MEANWHILE: Final = frozenset({"42P07", "23505", "42710"})
 
 _BATCH_CUTOFFS = Statement("store_targets.batch_cutoffs", (
     "The cutoff of the runs that released these batches: what a store target's statement "
