@@ -172,7 +172,8 @@ class LedgerCollector(Collector):
                                "Age (now - due_at) of the oldest item workers could claim now",
                                snap.oldest_eligible_s)
         yield self._per_policy("sweeper_items_eligible",
-                               "Released pending items whose next attempt is due",
+                               "Released pending items whose next attempt is due, under "
+                               "no lease that still runs",
                                snap.eligible)
         yield self._per_policy("sweeper_items_leased", "Items under a lease", snap.leased)
         yield self._per_policy("sweeper_leases_expired",
