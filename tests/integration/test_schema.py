@@ -364,3 +364,34 @@ async def test_migration_0009_moves_stored_timestamps_into_the_range(empty_db_ur
     finally:
         await conn.close()
         await engine.dispose()
+
+
+async def test_0024_moves_leases_in_place_and_back(empty_db_url: str) -> None:
+    """A lease taken before 0024 (status `leased`) is a pending item with its lease after
+    it, and `leased` again after a downgrade; other items keep their status."""
+    engine = make_engine(async_url(empty_db_url), test_settings(empty_db_url))
+    conn = await asyncpg.connect(empty_db_url)
+    try:
+        await migrate.upgrade(engine, "0023")
+        await conn.execute("""
+            INSERT INTO items (tenant_id, object_id, policy, policy_version, operation_key,
+                               scope, status, due_at, released_at, lease_owner, lease_token,
+                               lease_expires_at)
+            SELECT 't', o, 'p', 1, encode(sha256(convert_to(o, 'UTF8')), 'hex'), 's',
+                   CASE WHEN o = 'held' THEN 'leased' ELSE 'pending' END, now(), now(),
+                   CASE WHEN o = 'held' THEN 'w' END,
+                   CASE WHEN o = 'held' THEN gen_random_uuid() END,
+                   CASE WHEN o = 'held' THEN now() + interval '1 min' END
+            FROM unnest(ARRAY['held', 'free']) o""")
+        before = await conn.fetchval("SELECT lease_token FROM items WHERE object_id = 'held'")
+        await migrate.upgrade(engine)
+        rows = {r["object_id"]: (r["status"], r["lease_token"]) for r in await conn.fetch(
+            "SELECT object_id, status, lease_token FROM items")}
+        assert rows == {"held": ("pending", before), "free": ("pending", None)}
+        await migrate.downgrade(engine, "0023")
+        rows = {r["object_id"]: (r["status"], r["lease_token"]) for r in await conn.fetch(
+            "SELECT object_id, status, lease_token FROM items")}
+        assert rows == {"held": ("leased", before), "free": ("pending", None)}
+    finally:
+        await conn.close()
+        await engine.dispose()
