@@ -13,8 +13,7 @@ from sqlalchemy.engine import URL
 from service.commands.exits import Exit
 from service.commands.startup import database
 from service.config.settings import Settings, load_settings
-from service.db.engine import is_unavailable, make_engine
-from service.db.migrate import unreachable
+from service.db.migrate import on_database
 from service.errors import ConfigError
 from service.observability.logs import configure_logging
 
@@ -44,13 +43,5 @@ def cmd_rotate_credentials_key(_args: argparse.Namespace) -> int:
 async def _reencrypt(url: URL, settings: Settings, keyring: Keyring) -> Reencryption:
     from service.credentials import tenant_credentials
 
-    engine = make_engine(url, settings)
-    try:
-        return await tenant_credentials.reencrypt(engine, keyring,
-                                                  actor="cli:credentials rotate-key")
-    except Exception as exc:
-        if is_unavailable(exc):
-            raise unreachable(url, exc) from None
-        raise
-    finally:
-        await engine.dispose()
+    return await on_database(url, settings, lambda engine: tenant_credentials.reencrypt(
+        engine, keyring, actor="cli:credentials rotate-key"))

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from functools import cache
 from pathlib import Path
-from typing import Final
+from typing import Final, TypeVar
 
 from alembic import command
 from alembic.config import Config
@@ -21,6 +22,7 @@ from service.db.statements import Statement, run
 from service.errors import DatabaseUnavailable
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # pg_advisory_lock key: replicas starting together take turns; the later ones find the
 # schema at head and do nothing. (ASCII "SWEEPMIG" as a signed 64-bit integer.)
@@ -123,28 +125,27 @@ def unreachable(url: URL, exc: Exception) -> DatabaseUnavailable:
     return DatabaseUnavailable(f"cannot reach PostgreSQL at {where}: {reason}")
 
 
-async def migrate_database(url: URL, settings: Settings, target: str = "head") -> None:
-    """Run migrations, mapping 'cannot connect' to DatabaseUnavailable with a clear message."""
+async def on_database(url: URL, settings: Settings,
+                      work: Callable[[AsyncEngine], Awaitable[T]]) -> T:
+    """`work` on an engine of its own, disposed after; 'cannot connect' raised as
+    DatabaseUnavailable with a clear message (what a command does once, at its start)."""
     engine = make_engine(url, settings)
     try:
-        await upgrade(engine, target)
+        return await work(engine)
     except Exception as exc:
         if is_unavailable(exc):
             raise unreachable(url, exc) from None
         raise
     finally:
         await engine.dispose()
+
+
+async def migrate_database(url: URL, settings: Settings, target: str = "head") -> None:
+    """Run migrations, mapping 'cannot connect' to DatabaseUnavailable with a clear message."""
+    await on_database(url, settings, lambda engine: upgrade(engine, target))
 
 
 async def schema_revision(url: URL, settings: Settings) -> str | None:
     """The revision the database's schema is at (None: not migrated yet), reached as
     `serve` reaches it; DatabaseUnavailable when it cannot be."""
-    engine = make_engine(url, settings)
-    try:
-        return await current_revision(engine)
-    except Exception as exc:
-        if is_unavailable(exc):
-            raise unreachable(url, exc) from None
-        raise
-    finally:
-        await engine.dispose()
+    return await on_database(url, settings, current_revision)
