@@ -19,7 +19,7 @@ from service.budget import buckets
 from service.budget.rules import budget_of
 from service.config.policies import Policy
 from service.config.policy_file import MAX_SCOPE_BYTES, UNSTORABLE
-from service.db.statements import Statement, covering_hold, run
+from service.db.statements import LEASED, Statement, covering_hold, run
 
 if TYPE_CHECKING:
     from _hashlib import HASH
@@ -284,7 +284,7 @@ _REGISTER = Statement("registration.register", (
                                ELSE i.hold_id END
             -- a leased item is in flight: its due_at no longer matters
             WHERE (EXCLUDED.due_at < i.due_at AND i.status = 'pending'
-                   AND i.lease_token IS NULL)
+                   AND NOT {LEASED})
                OR i.status = 'skipped'
         RETURNING (xmax = 0) AS inserted
     )

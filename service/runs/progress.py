@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.db.statements import Statement, fetch
+from service.db.statements import LEASED, Statement, fetch
 
 if TYPE_CHECKING:
     pass
@@ -59,7 +59,7 @@ def _version(run: dict[str, Any]) -> RunVersion:
 # is NULL).
 _PROGRESS = Statement("progress.progress", (
     "Runs' items counted by status, attempts by outcome and oldest unfinished due_at, for "
-    "several runs at once (reads every item and attempt of those runs)."), """
+    "several runs at once (reads every item and attempt of those runs)."), f"""
     SELECT b.run_id, 'items' AS kind,
            CASE WHEN i.status = 'pending' AND i.hold_id IS NOT NULL THEN 'held'
                 ELSE i.status END AS key,
@@ -78,9 +78,9 @@ _PROGRESS = Statement("progress.progress", (
     UNION ALL
     SELECT u.run_id, v.kind, v.key, v.n, v.oldest FROM (
         SELECT b.run_id, min(greatest(i.due_at, '0001-01-01 00:00:00+00')) AS oldest,
-               count(*) FILTER (WHERE i.lease_token IS NOT NULL AND i.hold_id IS NULL)
+               count(*) FILTER (WHERE {LEASED} AND i.hold_id IS NULL)
                    AS leased_open,
-               count(*) FILTER (WHERE i.lease_token IS NOT NULL AND i.hold_id IS NOT NULL)
+               count(*) FILTER (WHERE {LEASED} AND i.hold_id IS NOT NULL)
                    AS leased_held
         FROM items i JOIN batches b ON b.id = i.batch_id
         WHERE b.run_id = ANY(CAST(:ids AS bigint[])) AND i.status = 'pending'
@@ -89,7 +89,7 @@ _PROGRESS = Statement("progress.progress", (
         ('oldest', CAST(NULL AS text), CAST(0 AS bigint), u.oldest),
         ('leased', 'pending', u.leased_open, NULL),
         ('leased', 'held', u.leased_held, NULL)) AS v(kind, key, n, oldest)
-""")
+""")  # noqa: S608 - only a constant fragment is interpolated
 
 
 async def runs_progress(engine: AsyncEngine, run_ids: Sequence[int]

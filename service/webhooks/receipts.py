@@ -20,7 +20,7 @@ from typing import Any, Final, Literal
 import asyncpg
 
 from service.budget.rules import budget_of
-from service.db.statements import Statement, covering_hold
+from service.db.statements import LEASED, Statement, covering_hold
 from service.ledger import registration
 from service.webhooks.deliveries import Delivery, DeliveryRejected, Hint
 
@@ -54,7 +54,7 @@ _TOUCH_ITEMS_SQL: Final = f"""touched AS (
                                        THEN least(i.next_attempt_at, now())
                                        ELSE i.next_attempt_at END,
                 updated_at = now()
-            WHERE i.status = 'pending' AND i.lease_token IS NULL  -- not in flight
+            WHERE i.status = 'pending' AND NOT {LEASED}  -- not in flight
               AND (EXCLUDED.due_at < i.due_at
                    OR (i.released_at IS NULL AND EXCLUDED.released_at IS NOT NULL))
         RETURNING i.id, i.operation_key, i.released_at IS NOT NULL AS released
