@@ -65,11 +65,17 @@ class FlushBuffer(Generic[T]):
         self._items.extend(items)
 
     async def flush(self, where: Where | None = None) -> bool:
-        """Write what waits, a batch at a time, until it is written or a write fails (what
-        that write did not take goes back in front, and the failure is reported as at
-        `where`, default the buffer's). True when nothing is left."""
-        while self._items:
-            batch, self._items = self._items[:self.max_batch], self._items[self.max_batch:]
+        """Write what waited when the flush began, a batch at a time, until it is written or
+        a write fails (what that write did not take goes back in front, and the failure is
+        reported as at `where`, default the buffer's). Items added during the writes wait
+        for the next flush: taking them too would turn the flush into a stream of small
+        statements, each a transaction (and an evidence entry) of its own. True when no
+        write failed."""
+        owed = len(self._items)
+        while owed > 0 and self._items:
+            size = min(self.max_batch, owed)
+            batch, self._items = self._items[:size], self._items[size:]
+            owed -= size
             try:
                 await self._write(batch)
             except Exception as exc:

@@ -87,7 +87,7 @@ class SignalBuffer:
         self.buffer.add(noted)
 
     async def flush(self, where: Where | None = None) -> bool:
-        """Apply what waits; True when nothing is left."""
+        """Apply what waits; True when no write failed."""
         return await self.buffer.flush(where)
 
     async def _apply(self, batch: list[Signal]) -> None:
