@@ -14,6 +14,10 @@ service/ to that). This module holds only what they share:
 - One way to run them: `fetch` and `fetch_none` run a statement as its own transaction,
   on an engine or on a held connection (`Database`); `run` runs one inside a transaction
   the caller holds (registration, an operator change and its audit row, one reading).
+  `fetch_records` is `fetch` for the worker's two statements of every round (admission
+  and completion): the same statement, compiled once to asyncpg's `$n` form and sent on
+  the connection's asyncpg connection, its rows asyncpg's records, read by column name
+  (SQLAlchemy's per-row processing was the larger part of their process CPU).
   Two exceptions, both on plain asyncpg connections with no SQLAlchemy in between, whose
   statements take asyncpg's positional `$n` parameters and are sent as their `.text`:
   webhook intake (service/webhooks/intake.py: its own pool, one round trip per delivery, no BEGIN or
@@ -39,16 +43,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import re
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import asyncpg
 from sqlalchemy import CursorResult, Row, TextClause
 from sqlalchemy import text as sql_text
+from sqlalchemy.dialects.postgresql.asyncpg import dialect as asyncpg_dialect
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 _NAME = re.compile(r"[a-z_]+(\.[a-z_]+)+")
+# compiles `:name` parameters to asyncpg's `$n`
+_ASYNCPG: Final = asyncpg_dialect()  # type: ignore[no-untyped-call]
 
 
 @dataclass(frozen=True)
@@ -72,6 +81,13 @@ class Statement:
     def text(self) -> str:
         """The SQL as sent, its name first (EXPLAIN it by prefixing this)."""
         return self.clause.text
+
+    @functools.cached_property
+    def positional(self) -> tuple[str, tuple[str, ...]]:
+        """The SQL in asyncpg's form (`$1`, `$2`, ...; a name used twice is one number)
+        and the parameter names in number order: what `fetch_records` sends."""
+        compiled = self.clause.compile(dialect=_ASYNCPG)
+        return compiled.string, tuple(compiled.positiontup or ())
 
 
 # -- the predicates -------------------------------------------------------------------------
@@ -213,6 +229,46 @@ async def fetch_filtered(engine: AsyncEngine, statement: Statement, params: Mapp
         return (await conn.execute(statement.clause, params)).all()
 
 
+async def fetch_records(db: Database, statement: Statement, params: Mapping[str, Any]
+                        ) -> list[asyncpg.Record]:
+    """`fetch` on the driver's own connection: committed before returning in the same way
+    (a held AUTOCOMMIT connection's statement is its own transaction; on an engine, the
+    transaction SQLAlchemy opens around it), its rows asyncpg's records (`row["column"]`).
+    Errors are asyncpg's own, which service/db/engine.py reads as it reads SQLAlchemy's."""
+    if isinstance(db, AsyncConnection):
+        rows = await _on_driver(db, statement, params)
+        await db.commit()
+        return rows
+    async with db.begin() as conn:
+        return await _on_driver(conn, statement, params)
+
+
+async def _on_driver(conn: AsyncConnection, statement: Statement, params: Mapping[str, Any]
+                     ) -> list[asyncpg.Record]:
+    sql, names = statement.positional
+    driver: asyncpg.Connection = (await conn.get_raw_connection()).driver_connection
+    options = conn.sync_connection.get_execution_options() if conn.sync_connection else {}
+    if options.get("isolation_level") != "AUTOCOMMIT" \
+            and not driver.is_in_transaction():
+        # SQLAlchemy opens its transaction with the first statement it runs itself: one
+        # runs through it first, so this one joins that transaction (which SQLAlchemy
+        # then commits or rolls back) instead of committing alone. Never on a held
+        # AUTOCOMMIT connection, the worker's hot path.
+        await conn.execute(_JOIN.clause)
+    try:
+        rows: list[asyncpg.Record] = await driver.fetch(sql, *[params[n] for n in names])
+    except asyncpg.InternalClientError as exc:
+        # asyncpg leaves a connection whose server sent an error outside any operation (a
+        # session ended while idle: the FATAL that precedes the close) in a state that
+        # fails the next operation this way: the connection is lost, as SQLAlchemy's own
+        # path reports it (the caller drops it either way)
+        raise asyncpg.ConnectionDoesNotExistError(f"connection lost: {exc}") from exc
+    return rows
+
+
+_JOIN = Statement("statements.join", "Open the caller's transaction on the driver.", "SELECT 1")
+
+
 async def fetch_none(db: Database, statement: Statement, params: Mapping[str, Any]) -> None:
     """Run one statement that returns no rows, committed before returning."""
     if isinstance(db, AsyncConnection):
@@ -247,11 +303,16 @@ class HeldConnection:
             try:
                 yield self._conn
             except BaseException:
-                await self.close()
+                await self.close(invalidate=True)
                 raise
 
-    async def close(self) -> None:
+    async def close(self, *, invalidate: bool = False) -> None:
+        """Give the connection back; `invalidate`: discard it instead (after an error its
+        state is unknown: a statement sent on the driver's connection (`fetch_records`)
+        fails on a dead one without SQLAlchemy learning it is dead)."""
         conn, self._conn = self._conn, None
         if conn is not None:
             with contextlib.suppress(Exception):
+                if invalidate:
+                    await conn.invalidate()
                 await conn.close()

@@ -18,17 +18,17 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Final
+from typing import Final
 
-from sqlalchemy import Row
+import asyncpg
 
 from service.budget.buckets import GRANTS_SQL
 from service.budget.rules import LOOKAHEAD_S, Grant
 from service.db.statements import (
     Database,
     Statement,
-    fetch,
     fetch_none,
+    fetch_records,
     ready_item,
 )
 
@@ -64,10 +64,11 @@ class Lease:
     confirming: bool = False
 
 
-def _lease(r: Row[Any]) -> Lease:
-    return Lease(r.id, r.tenant_id, r.object_id, r.policy, r.policy_version, r.operation_key,
-                 r.scope, r.lease_token, r.attempts, r.lease_expires_at, r.reclaimed,
-                 r.object_version, r.batch_id, r.confirming)
+def _lease(r: asyncpg.Record) -> Lease:
+    return Lease(r["id"], r["tenant_id"], r["object_id"], r["policy"], r["policy_version"],
+                 r["operation_key"], r["scope"], r["lease_token"], r["attempts"],
+                 r["lease_expires_at"], r["reclaimed"], r["object_version"], r["batch_id"],
+                 r["confirming"])
 
 
 # Admission in one statement: take tokens and claim at most that many items per scope.
@@ -228,7 +229,7 @@ async def admit(db: Database, *, owner: str, wants: Mapping[str, int],
     if not wanted:
         return Admission(grants=[], leases=[])
     names = sorted(wanted)
-    rows = await fetch(db, _ADMIT, {
+    rows = await fetch_records(db, _ADMIT, {
         "names": names, "wants": [wanted[n] for n in names], "owner": owner,
         "lookahead": lookahead_s, "policy_names": list(lease_seconds),
         "lease_seconds": list(lease_seconds.values()), "default_lease": default_lease_seconds,
@@ -237,12 +238,12 @@ async def admit(db: Database, *, owner: str, wants: Mapping[str, int],
     grants: dict[str, Grant] = {}
     leases: list[Lease] = []
     for r in rows:
-        if r.grant_scope not in grants:
-            grants[r.grant_scope] = Grant(r.grant_scope, int(r.granted),
-                                          float(r.wait_seconds), float(r.avail),
-                                          float(r.rate), float(r.granted_at),
-                                          int(r.per_call), float(r.claimed_at))
-        if r.id is not None:
+        scope = r["grant_scope"]
+        if scope not in grants:
+            grants[scope] = Grant(scope, int(r["granted"]), float(r["wait_seconds"]),
+                                  float(r["avail"]), float(r["rate"]), float(r["granted_at"]),
+                                  int(r["per_call"]), float(r["claimed_at"]))
+        if r["id"] is not None:
             leases.append(_lease(r))
     return Admission(grants=list(grants.values()), leases=leases)
 

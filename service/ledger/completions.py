@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from service.db.statements import Database, Statement, fetch
+from service.db.statements import Database, Statement, fetch_records
 from service.evidence.deletion_records import canonical_sql
 from service.ledger.claims import Lease
 
@@ -176,5 +176,5 @@ async def complete(db: Database, completions: Sequence[Completion]) -> list[int]
         "versions": [x.object_version for x in c],
         "to_confirm": [x.to_confirm for x in c], "confirmed": [x.confirmed for x in c],
     }
-    rows = await fetch(db, _COMPLETE, params)
-    return [r.item_id for r in rows if r.fenced]
+    rows = await fetch_records(db, _COMPLETE, params)
+    return [r["item_id"] for r in rows if r["fenced"]]
