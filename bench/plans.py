@@ -1,9 +1,10 @@
 """EXPLAIN (ANALYZE, BUFFERS) of the statements the service really sends, as it sends them.
 
-A `PlanCatcher` listens on an engine's `before_cursor_execute`. Armed for a kind of statement
-(recognised by substrings), it explains the next matching statement with its real bound
-parameters on the same connection, inside the same transaction, within a SAVEPOINT that is
-rolled back, then lets the statement run as usual. Two plans per capture:
+A `PlanCatcher` listens on an engine's `before_cursor_execute` and on asyncpg's
+`Connection.fetch`. Armed for a kind of statement (recognised by substrings), it explains
+the next matching statement with its real bound parameters on the same connection, inside
+the same transaction within a SAVEPOINT (or a transaction of its own on an AUTOCOMMIT
+connection) that is rolled back, then lets the statement run as usual. Two plans per capture:
 
   custom   EXPLAIN with the bound values (what the first five executions of a prepared
            statement get);
@@ -21,12 +22,14 @@ import contextlib
 import datetime as dt
 import decimal
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import asyncpg
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.util import await_only
 
 SAVEPOINT = "bench_explain"
 PREPARED = "bench_generic_plan"
@@ -74,13 +77,13 @@ def literal(value: Any) -> str:
     return "'" + _text_of(value).replace("'", "''") + "'"
 
 
-def _rows(cursor: Any) -> list[str]:
-    return [str(r[0]) for r in cursor.fetchall()]
-
-
 @dataclass
 class PlanCatcher:
-    """Explain the next statement of an armed kind; results land in `plans[label]`."""
+    """Explain the next statement of an armed kind; results land in `plans[label]`.
+
+    Statements reach it two ways: SQLAlchemy's `before_cursor_execute`, and asyncpg's
+    `Connection.fetch`, which the worker's two hot statements take directly
+    (service/db/statements.py `fetch_records`); both are wrapped while `listening`."""
 
     kinds: Sequence[StatementKind]
     armed: dict[str, str] = field(default_factory=dict)
@@ -98,14 +101,31 @@ class PlanCatcher:
     def listening(self, engine: AsyncEngine) -> Iterator[PlanCatcher]:
         target = engine.sync_engine
         event.listen(target, "before_cursor_execute", self._before)
+        original = asyncpg.Connection.fetch
+        catcher = self
+
+        async def fetch(conn: asyncpg.Connection, query: str, *args: Any, **kw: Any) -> Any:
+            await catcher._capture(conn, query, args)
+            return await original(conn, query, *args, **kw)
+
+        asyncpg.Connection.fetch = fetch
         try:
             yield self
         finally:
             event.remove(target, "before_cursor_execute", self._before)
+            asyncpg.Connection.fetch = original
 
-    def _before(self, _conn: Any, cursor: Any, statement: str, parameters: Any,
+    def _before(self, conn: Any, _cursor: Any, statement: str, parameters: Any,
                 _context: Any, executemany: bool) -> None:
-        if not self.armed or executemany or statement.lstrip().upper().startswith("EXPLAIN"):
+        if self.armed and not executemany:
+            values = list(parameters.values()) if isinstance(parameters, Mapping) else list(
+                parameters or ())
+            # (inside SQLAlchemy's greenlet: its asyncpg connection is awaited from here)
+            await_only(self._capture(conn.connection.driver_connection, statement, values))
+
+    async def _capture(self, driver: asyncpg.Connection, statement: str,
+                       values: Sequence[Any]) -> None:
+        if not self.armed or statement.lstrip().upper().startswith("EXPLAIN"):
             return
         kind = next((k.name for k in self.kinds
                      if k.name in self.armed and k.matches(statement)), None)
@@ -113,63 +133,62 @@ class PlanCatcher:
             return
         label = self.armed.pop(kind)
         doc: dict[str, Any] = {"kind": kind, "statement": statement.strip()}
-        # the worker runs its hot statements on AUTOCOMMIT connections: no transaction to
-        # hold a savepoint, so the explain gets a transaction of its own, rolled back
-        autocommit = _conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT"
         try:
-            doc["custom"] = self._explain_custom(cursor, statement, parameters, autocommit)
-            doc["generic"] = self._explain_generic(cursor, statement, parameters, autocommit)
+            doc["custom"] = await _explain_custom(driver, statement, values)
+            doc["generic"] = await _explain_generic(driver, statement, values)
             for name, rewrite in self.variants.get(kind, {}).items():
                 changed = rewrite(statement)
                 doc.setdefault("variants", {})[name] = {
                     "statement": changed.strip(),
-                    "custom": self._explain_custom(cursor, changed, parameters, autocommit),
-                    "generic": self._explain_generic(cursor, changed, parameters,
-                                                     autocommit)}
+                    "custom": await _explain_custom(driver, changed, values),
+                    "generic": await _explain_generic(driver, changed, values)}
         except Exception as exc:  # a plan is evidence, never a reason to fail the run
             doc["error"] = f"{type(exc).__name__}: {exc}"
-        doc["parameters"] = _describe(parameters)
+        doc["parameters"] = _describe(values)
         self.plans[label] = doc
 
-    @staticmethod
-    @contextlib.contextmanager
-    def _scratch(cursor: Any, autocommit: bool) -> Iterator[None]:
-        """Whatever runs inside is rolled back."""
-        cursor.execute("BEGIN" if autocommit else f"SAVEPOINT {SAVEPOINT}")
-        try:
-            yield
-        finally:
-            if autocommit:
-                cursor.execute("ROLLBACK")
-            else:
-                cursor.execute(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}")
-                cursor.execute(f"RELEASE SAVEPOINT {SAVEPOINT}")
 
-    @staticmethod
-    def _explain_custom(cursor: Any, statement: str, parameters: Any, autocommit: bool
-                        ) -> list[str]:
-        with PlanCatcher._scratch(cursor, autocommit):
-            cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + statement, parameters)
-            return _rows(cursor)
+# The explains go through the original `fetch`: the wrapped one would look at them too.
+_FETCH = asyncpg.Connection.fetch
 
-    @staticmethod
-    def _explain_generic(cursor: Any, statement: str, parameters: Any, autocommit: bool
-                         ) -> list[str]:
-        values = list(parameters.values()) if isinstance(parameters, Mapping) else list(
-            parameters or ())
-        try:
-            with PlanCatcher._scratch(cursor, autocommit):
-                cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-                cursor.execute(f"PREPARE {PREPARED} AS {statement}")
-                args = ", ".join(literal(v) for v in values)
-                cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS) EXECUTE {PREPARED}"
-                               + (f"({args})" if values else ""))
-                return _rows(cursor)
-        finally:
-            cursor.execute("SELECT count(*) FROM pg_prepared_statements WHERE name = "
-                           f"'{PREPARED}'")
-            if cursor.fetchall()[0][0]:
-                cursor.execute(f"DEALLOCATE {PREPARED}")
+
+@contextlib.asynccontextmanager
+async def _scratch(driver: asyncpg.Connection) -> AsyncIterator[None]:
+    """Whatever runs inside is rolled back: a transaction of its own on an AUTOCOMMIT
+    connection (the worker's), a savepoint inside one SQLAlchemy holds open."""
+    inside = driver.is_in_transaction()
+    await driver.execute(f"SAVEPOINT {SAVEPOINT}" if inside else "BEGIN")
+    try:
+        yield
+    finally:
+        if inside:
+            await driver.execute(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}")
+            await driver.execute(f"RELEASE SAVEPOINT {SAVEPOINT}")
+        else:
+            await driver.execute("ROLLBACK")
+
+
+async def _explain_custom(driver: asyncpg.Connection, statement: str, values: Sequence[Any]
+                          ) -> list[str]:
+    async with _scratch(driver):
+        return [str(r[0]) for r in await _FETCH(
+            driver, "EXPLAIN (ANALYZE, BUFFERS) " + statement, *values)]
+
+
+async def _explain_generic(driver: asyncpg.Connection, statement: str, values: Sequence[Any]
+                           ) -> list[str]:
+    try:
+        async with _scratch(driver):
+            await driver.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+            await driver.execute(f"PREPARE {PREPARED} AS {statement}")
+            args = ", ".join(literal(v) for v in values)
+            return [str(r[0]) for r in await _FETCH(
+                driver, f"EXPLAIN (ANALYZE, BUFFERS) EXECUTE {PREPARED}"
+                + (f"({args})" if values else ""))]
+    finally:
+        if await driver.fetchval("SELECT count(*) FROM pg_prepared_statements WHERE name = "
+                                 f"'{PREPARED}'"):
+            await driver.execute(f"DEALLOCATE {PREPARED}")
 
 
 def _describe(parameters: Any) -> list[str]:
