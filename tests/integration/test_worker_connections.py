@@ -11,6 +11,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.db.engine import UNAVAILABLE_ERRORS
 from service.ledger.claims import Lease
 from service.ledger.completions import Completion
 from service.observability.failures import expected
@@ -63,13 +64,13 @@ async def test_a_held_connection_whose_backend_ended_is_dropped_and_replaced(
         # both held connections' server processes end (a failover, an operator's kill)
         await terminate(engine, await backends(engine))
         # each held connection fails once, as an outage, and is replaced
-        with pytest.raises(Exception) as failed:
+        with pytest.raises(UNAVAILABLE_ERRORS) as failed:
             await ledger.admit({SCOPE: 1})
         assert expected(failed.value), repr(failed.value)
         again = await ledger.admit({SCOPE: 1})
         assert len(again.leases) == 1
         lease = again.leases[0]
-        with pytest.raises(Exception) as failed:
+        with pytest.raises(UNAVAILABLE_ERRORS) as failed:
             await ledger.complete([done(lease)])
         assert expected(failed.value), repr(failed.value)
         assert await ledger.complete([done(lease)]) == []
