@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.budget.buckets import tokens_at
 from service.db.statements import CLOSURE_OVER, Statement, fetch, ready_item, run
+from service.db.wakeups import wake_workers
 from service.evidence import audit_trail
 
 # `eligible` is the set sweeper_items_eligible counts (ready_item on the same clock), per
@@ -134,6 +135,7 @@ async def resume(engine: AsyncEngine, scope: str, *, actor: str, reason: str | N
         row = (await run(conn, _RESUME, {"lift": lift_closure, "name": scope})).first()
         if row is None:
             return False
+        await wake_workers(conn)  # its items may be claimable now: sent at the commit
         closed_until = row.closed_until.isoformat() if row.closed_until else None
         await audit_trail.record(conn, actor=actor, action="scope.resume", reason=reason, details={
             "scope": scope, "lift_closure": lift_closure, "closed_until": closed_until,
@@ -210,6 +212,8 @@ async def resume_waiting(engine: AsyncEngine, names: list[str], reason: str, *, 
         for scope in resumed:
             await audit_trail.record(conn, actor=actor, action="scope.resume", reason=why,
                                      details={"scope": scope, "paused_reason": reason})
+        if resumed:
+            await wake_workers(conn)
     return resumed
 
 
@@ -236,6 +240,8 @@ async def set_workers_paused(engine: AsyncEngine, *, paused: bool, actor: str,
         await run(conn, _SET_WORKERS_PAUSED, {"paused": paused, "reason": reason})
         await audit_trail.record(conn, actor=actor, reason=reason, details={},
                                  action="workers.pause" if paused else "workers.resume")
+        if not paused:
+            await wake_workers(conn)
 
 
 _WORKERS_STATE = Statement("scope_controls.workers_state", (

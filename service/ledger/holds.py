@@ -50,10 +50,10 @@ from typing import Any, Final
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service.db.statements import Statement, active_hold, covering_hold, fetch, run
+from service.db.wakeups import HOLDS_CHANNEL, wake_workers
 from service.evidence import audit_trail
 from service.ledger import hold_acks, hold_marking
 from service.ledger.hold_marking import MARK_CHUNK
-from service.ledger.wakeups import HOLDS_CHANNEL, wake_workers
 from service.observability.failures import repeat
 
 log = logging.getLogger(__name__)

@@ -38,8 +38,8 @@ from service.cluster.leader import CLUSTER
 from service.db.engine import is_busy, is_unavailable, sqlstate
 from service.db.statements import Statement, fetch
 from service.db.statements import run as run_statement
+from service.db.wakeups import wake_workers
 from service.errors import NotLeader
-from service.ledger.wakeups import wake_workers
 from service.observability import metrics
 from service.runs.reports import CANDIDATE, candidate_params, record_candidates
 from service.sweeps.list_pages import SourceDeferred

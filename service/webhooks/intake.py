@@ -19,7 +19,7 @@ from sqlalchemy.engine import URL
 
 from service.config.settings import Settings, plain_url
 from service.db.engine import CONNECT_TIMEOUT_SECONDS
-from service.ledger.wakeups import WAKE_WORKERS
+from service.db.wakeups import WAKE_WORKERS
 from service.webhooks.deliveries import Delivery, DeliveryRejected
 from service.webhooks.receipts import Receipt, delivery_params, record, record_group
 
@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 INTAKE_APPLICATION_NAME: Final = "sweeper-webhooks"
 MAX_GROUP: Final = 64  # deliveries in one statement at most
-# Idle workers are woken after releases (service/ledger/wakeups.py), not in the receipt: a
+# Idle workers are woken after releases (service/db/wakeups.py), not in the receipt: a
 # transaction that notifies holds a database-wide lock from its commit until its WAL flush,
 # so deliveries that notified would commit one at a time, each waiting out the previous
 # one's flush; one notification, sent after the commits, serves every delivery in flight

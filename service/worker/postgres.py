@@ -22,8 +22,9 @@ from service.budget import buckets
 from service.budget.credential_waits import Credentials
 from service.budget.rules import Closure
 from service.config.policies import Policies
+from service.db import wakeups
 from service.db.statements import Database, HeldConnection
-from service.ledger import claims, completions, hold_acks, wakeups
+from service.ledger import claims, completions, hold_acks
 from service.ledger.claims import Admission, Lease
 from service.ledger.completions import Completion
 from service.observability.failures import InternalErrors, expected

@@ -20,7 +20,7 @@ from service.budget import buckets, scope_controls
 from service.cluster import leader, retention
 from service.config.policy_file import GuardConfig
 from service.credentials import tenant_credentials
-from service.db import embedded, migrate, statements
+from service.db import embedded, migrate, statements, wakeups
 from service.db.statements import (
     CLOSURE_OVER,
     OPEN_SCOPE,
@@ -42,7 +42,6 @@ from service.ledger import (
     operator_reads,
     registration,
     tenant_spellings,
-    wakeups,
 )
 from service.runs import discovery, progress, publication, reports, trigger
 from service.sweeps import list_pages, store_databases, store_targets
@@ -239,7 +238,7 @@ def test_statements_run_only_through_the_convention(path: Path) -> None:
     ("Q = Statement('m.q', 's', 'SELECT 1')\nasync def f(conn):\n    await conn.execute(Q.text)\n",
      True, []),
     ("async def f(conn, r):\n    await conn.fetchval(r.text)\n", True, ["line 2: .fetchval(...)"]),
-    ("from service.ledger.wakeups import WAKE_WORKERS\nasync def f(conn):\n"
+    ("from service.db.wakeups import WAKE_WORKERS\nasync def f(conn):\n"
      "    await conn.execute(WAKE_WORKERS.text)\n", True, []),
     ("async def f(result):\n    return result.scalar()\n", False, []),
 ])
@@ -278,8 +277,8 @@ def test_the_predicates_are_where_they_must_be() -> None:
 
 
 def test_one_statement_wakes_the_workers() -> None:
-    """Publication, a hold's release and webhook intake wake idle workers with the one
-    statement of service/ledger/wakeups.py, on the channel the workers listen on."""
+    """Publication, a hold's release, a resume and webhook intake wake idle workers with
+    the one statement of service/db/wakeups.py, on the channel the workers listen on."""
     assert wakeups.WAKE_WORKERS.sql == f"NOTIFY {wakeups.RELEASED_CHANNEL}"
     notifies = [s.name for s in ALL if "NOTIFY" in s.sql.upper().replace("PG_NOTIFY", "")]
     assert notifies == [wakeups.WAKE_WORKERS.name]

@@ -2,13 +2,14 @@
 one statement that wakes idle workers.
 
 Workers poll for work anyway (service/worker/pool.py); a notification only makes an idle
-one claim at once. Three writers make items claimable and wake them with `WAKE_WORKERS`:
+one claim at once. Whatever makes items claimable wakes them with `WAKE_WORKERS`:
 publication's chunks (service/runs/publication.py), a released legal hold
-(service/ledger/holds.py), both inside their transaction, so the notification is delivered
-when it commits; and webhook intake (service/webhooks/intake.py), after its commits, on its
-own asyncpg pool (it sends the statement's `.text`). A placed hold announces itself on
-HOLDS_CHANNEL with its id (service/ledger/holds.py `_PLACE`). The listener is
-service/worker/postgres.py.
+(service/ledger/holds.py) and a resumed scope or workers-wide resume
+(service/budget/scope_controls.py), inside their transaction, so the notification is
+delivered when it commits; and webhook intake (service/webhooks/intake.py), after its
+commits, on its own asyncpg pool (it sends the statement's `.text`). A placed hold
+announces itself on HOLDS_CHANNEL with its id (service/ledger/holds.py `_PLACE`). The
+listener is service/worker/postgres.py.
 """
 
 from __future__ import annotations
