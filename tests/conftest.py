@@ -36,6 +36,7 @@ from service.db import migrate
 from service.db.engine import make_engine
 from service.http.serving import server_config
 from service.observability.metrics import POOL_WAIT
+from service.protocols.egress import public_roots
 from service.runtime import Runtime
 
 TOKEN_A = "test-token-aaaaaaaaaaaaaaaa"
@@ -474,6 +475,20 @@ class LiveServer:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def client(self, token: str | None = TOKEN_A, **options: Any) -> httpx.AsyncClient:
+        """A client of this server sending `token` (None: no credentials). With the
+        process's one TLS context: httpx builds a new one per client otherwise, ms of CPU."""
+        headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+        headers.update(options.pop("headers", {}))
+        return httpx.AsyncClient(base_url=self.base_url, timeout=options.pop("timeout", 10),
+                                 headers=headers, verify=public_roots(), **options)
+
+    def count_progress_afresh(self) -> None:
+        """Every read of a run's progress counts anew: the app shares one count for up to
+        2 s, which a test polling until a run drains would otherwise wait out."""
+        cache = self.runtime.run_progress
+        cache.max_age_s = cache.drained_max_age_s = 0.0
+
     @property
     def runtime(self) -> Runtime:
         """What the app's lifespan built for this process (its caches' clocks, say)."""
@@ -505,8 +520,7 @@ def policies_from(doc: dict[str, object], env: dict[str, str] | None = None) -> 
 async def api(db_url: str) -> AsyncIterator[httpx.AsyncClient]:
     """An HTTP client for a live server on a fresh database, authenticated with TOKEN_A."""
     async with LiveServer(test_settings(db_url), Policies.empty(), db_url) as live:
-        async with httpx.AsyncClient(base_url=live.base_url, timeout=10,
-                                     headers={"Authorization": f"Bearer {TOKEN_A}"}) as client:
+        async with live.client() as client:
             yield client
 
 

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import ipaddress
+import os
 import socket
 import ssl
 import urllib.request
@@ -93,6 +95,19 @@ class TlsProblem(ValueError):
     def __init__(self, key: str, exc: Exception) -> None:
         super().__init__(f"cannot be used: {type(exc).__name__}: {exc}")
         self.key = key
+
+
+def public_roots() -> ssl.SSLContext:
+    """httpx's default context (certifi's roots, or those SSL_CERT_FILE or SSL_CERT_DIR
+    name), built once for each of their values: reading the roots costs milliseconds of CPU,
+    and a context is safe to share."""
+    return _roots(os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+
+
+@functools.cache
+def _roots(cert_file: str | None, cert_dir: str | None) -> ssl.SSLContext:
+    del cert_file, cert_dir  # the cache's key: httpx reads them from the environment
+    return httpx.create_ssl_context()
 
 
 def tls_context(ca_file: Path | None, cert_file: Path | None, key_file: Path | None

@@ -49,7 +49,13 @@ from typing import Final, cast
 
 import httpx
 
-from service.protocols.egress import Proxy, ProxyChoice, environment_proxy, open_connection
+from service.protocols.egress import (
+    Proxy,
+    ProxyChoice,
+    environment_proxy,
+    open_connection,
+    public_roots,
+)
 from service.protocols.http1_connection import (
     KEEPALIVE_SECONDS,
     AnswerBody,
@@ -112,8 +118,8 @@ class Http1Transport(httpx.AsyncBaseTransport):
         self._keep_alive = keep_alive
         self._distrusted = distrusted
         self._distrust_until: dict[Key, float] = {}
-        # httpx's context (certifi's roots): the same certificates verify as through httpx
-        self._ssl = ssl_context or httpx.create_ssl_context()
+        # httpx's roots: the same certificates verify as through httpx
+        self._ssl = ssl_context or public_roots()
         self._idle: dict[Key, list[Connection]] = {}
         self._open = 0  # connections open or opening; never above _max
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()

@@ -56,8 +56,7 @@ async def sign_in(client: httpx.AsyncClient, token: str = TOKEN_A) -> httpx.Resp
 async def live(db_url: str) -> AsyncIterator[LiveServer]:
     policies = make_policies("http://127.0.0.1:9")
     async with LiveServer(test_settings(db_url), policies, db_url) as server:
-        async with httpx.AsyncClient(base_url=server.base_url, timeout=10, headers={
-                "Authorization": f"Bearer {TOKEN_A}"}) as api:
+        async with server.client() as api:
             answer = await api.post("/v1/items", json={"items": [
                 {"tenant_id": "acme", "object_id": f"cart-{i}", "policy": "carts",
                  "due_at": "2026-01-01T00:00:00Z"} for i in range(5)]})
@@ -67,7 +66,7 @@ async def live(db_url: str) -> AsyncIterator[LiveServer]:
 
 @pytest.fixture
 async def browser(live: LiveServer) -> AsyncIterator[Browser]:
-    async with httpx.AsyncClient(base_url=live.base_url, timeout=10) as client:
+    async with live.client(None) as client:
         signed = await sign_in(client)
         assert signed.status_code == 303 and signed.headers["location"] == "/console"
         yield Browser(client)

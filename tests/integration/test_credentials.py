@@ -36,7 +36,7 @@ from service.credentials.source import MAX_SECRET_CHARS
 from service.db.engine import is_unavailable, make_engine
 from service.observability.logs import JsonFormatter
 from service.observability.metrics import REGISTRY
-from tests.conftest import TOKEN_A, LiveServer, policies_from, test_settings
+from tests.conftest import LiveServer, policies_from, test_settings
 from tests.fakes.clock import ManualClock
 
 KEY_A = bytes(range(32))
@@ -64,8 +64,7 @@ def policies() -> Policies:
 async def serve(db_url: str, policies: Policies, **settings: object
                 ) -> AsyncIterator[httpx.AsyncClient]:
     async with LiveServer(test_settings(db_url, **settings), policies, db_url) as live:
-        async with httpx.AsyncClient(base_url=live.base_url, timeout=10, headers={
-                "Authorization": f"Bearer {TOKEN_A}"}) as client:
+        async with live.client() as client:
             yield client
 
 

@@ -28,7 +28,7 @@ from service.evidence import chain, deletion_records, export_slices, verificatio
 from service.ledger import claims, completions, registration
 from service.upstreams.deletion_api import Upstreams
 from service.worker import database_pool
-from tests.conftest import TOKEN_A, LiveServer, test_settings
+from tests.conftest import LiveServer, test_settings
 from tests.fakes.upstream import FakeUpstream
 from tests.integration.test_pipeline import PAST, drain, release_all, succeeded
 from tests.integration.test_webhooks import SHOP, make_policies, post, shopify
@@ -68,8 +68,7 @@ async def logged(db_url: str, engine: AsyncEngine, tmp_path: Path) -> AsyncItera
         run_id = await release_all(engine)
         settings = test_settings(db_url, evidence_signing_key=KEY)
         async with LiveServer(settings, policies, db_url) as live:
-            async with httpx.AsyncClient(base_url=live.base_url, timeout=10, headers={
-                    "Authorization": f"Bearer {TOKEN_A}"}) as api:
+            async with live.client() as api:
                 await drain_all(engine, upstream)
                 assert (await api.get("/v1/evidence/log")).status_code == 200
                 for customer in (42, 43):

@@ -26,7 +26,7 @@ from service.runs import progress, publication, trigger
 from service.upstreams.deletion_api import Upstreams
 from service.webhooks import intake
 from service.worker import WorkerPool, database_pool
-from tests.conftest import TOKEN_A, LiveServer, eventually, policies_from, test_settings
+from tests.conftest import LiveServer, eventually, policies_from, test_settings
 from tests.fakes.upstream import Call, FakeUpstream, Fault
 from tests.integration import test_webhooks as hooks
 
@@ -429,8 +429,7 @@ async def test_no_call_starts_under_a_hold_in_force(
 async def holds_api(db_url: str) -> AsyncIterator[httpx.AsyncClient]:
     policies = make_policies("http://127.0.0.1:9")
     async with LiveServer(test_settings(db_url), policies, db_url) as live:
-        async with httpx.AsyncClient(base_url=live.base_url, timeout=10,
-                                     headers={"Authorization": f"Bearer {TOKEN_A}"}) as client:
+        async with live.client() as client:
             yield client
 
 

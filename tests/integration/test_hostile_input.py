@@ -22,7 +22,7 @@ from service.commands.openapi import openapi_document
 from service.config.settings import async_url
 from service.db.engine import make_engine
 from service.http.api.bodies import JsonRoute
-from tests.conftest import TOKEN_A, LiveServer, eventually, test_settings
+from tests.conftest import LiveServer, eventually, test_settings
 from tests.integration.test_webhooks import SHOP, make_policies, post, shopify
 
 ITEM = {"tenant_id": SHOP, "object_id": "cart-1", "policy": "carts",
@@ -38,8 +38,7 @@ async def live(db_url: str) -> AsyncIterator[LiveServer]:
 
 @pytest.fixture
 async def client(live: LiveServer) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=live.base_url, timeout=10,
-                                 headers={"Authorization": f"Bearer {TOKEN_A}"}) as c:
+    async with live.client() as c:
         yield c
 
 

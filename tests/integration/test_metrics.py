@@ -33,6 +33,7 @@ from starlette.routing import Route
 from service.observability import metrics
 from service.observability.metrics import LeaseReturn, ScopeSignal
 from service.outcomes import Outcome
+from service.protocols.egress import public_roots
 from service.upstreams.deletion_api import Upstreams
 from service.worker import database_pool
 from tests.conftest import TOKEN_A, LiveServer, free_port, policies_from, test_settings
@@ -79,7 +80,7 @@ def promtool_check(exposition: str) -> None:
 
 
 async def scrape(base_url: str) -> str:
-    async with httpx.AsyncClient(base_url=base_url) as client:
+    async with httpx.AsyncClient(base_url=base_url, verify=public_roots()) as client:
         response = await client.get("/metrics")
     assert response.status_code == 200
     assert response.headers["content-type"] == TEXT_FORMAT
@@ -87,7 +88,7 @@ async def scrape(base_url: str) -> str:
 
 
 async def scrape_openmetrics(base_url: str) -> str:
-    async with httpx.AsyncClient(base_url=base_url) as client:
+    async with httpx.AsyncClient(base_url=base_url, verify=public_roots()) as client:
         response = await client.get("/metrics", headers={"Accept": PROMETHEUS_ACCEPT})
     assert response.status_code == 200
     assert response.headers["content-type"].startswith(

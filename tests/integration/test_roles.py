@@ -38,8 +38,7 @@ async def live(db_url: str) -> AsyncIterator[LiveServer]:
 
 
 def api(server: LiveServer, token: str) -> httpx.AsyncClient:
-    return httpx.AsyncClient(base_url=server.base_url, timeout=10,
-                             headers={"Authorization": f"Bearer {token}"})
+    return server.client(token)
 
 
 def assert_refused(answer: httpx.Response, need: str, held: str) -> None:

@@ -29,8 +29,7 @@ async def client(db_url: str, engine: AsyncEngine) -> AsyncIterator[httpx.AsyncC
     policies = make_policies("http://127.0.0.1:9")
     await register(engine, policies, 3)
     async with LiveServer(test_settings(db_url), policies, db_url) as live:
-        async with httpx.AsyncClient(base_url=live.base_url, timeout=10, headers={
-                "Authorization": f"Bearer {TOKEN_A}"}) as client:
+        async with live.client() as client:
             yield client
 
 

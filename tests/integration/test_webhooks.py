@@ -127,7 +127,7 @@ def counted(source: str, result: str, reason: str = "") -> float:
 async def hooks(db_url: str) -> AsyncIterator[httpx.AsyncClient]:
     """A client for a live server with the webhook sources above (no bearer token)."""
     async with LiveServer(test_settings(db_url), make_policies(), db_url) as live:
-        async with httpx.AsyncClient(base_url=live.base_url, timeout=10) as client:
+        async with live.client(None) as client:
             yield client
 
 

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 import drills.upstream
+from service.protocols.egress import public_roots
 from tests.fakes.upstream import Call, FakeUpstream, Fault, over_limit
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -29,7 +30,7 @@ async def up() -> AsyncIterator[FakeUpstream]:
 
 @pytest.fixture
 async def client(up: FakeUpstream) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=up.base_url, timeout=5.0) as c:
+    async with httpx.AsyncClient(base_url=up.base_url, timeout=5.0, verify=public_roots()) as c:
         yield c
 
 

@@ -16,6 +16,7 @@ from drills.vendors.commercetools import FakeCommercetools
 from drills.vendors.serve import serve, serve_in_thread
 from drills.vendors.shopify import INVALID_TOKEN, FakeShopify
 from drills.vendors.stripe import FakeStripe
+from service.protocols.egress import public_roots
 from tests.conftest import eventually
 
 SHOP_A, SHOP_B, NO_SHOP = "127.0.0.2", "127.0.0.3", "127.0.0.4"
@@ -44,7 +45,7 @@ async def shopify_delete(client: httpx.AsyncClient, host: str, port: int, custom
 
 @pytest.fixture
 async def client() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(timeout=5.0) as c:
+    async with httpx.AsyncClient(timeout=5.0, verify=public_roots()) as c:
         yield c
 
 
