@@ -29,7 +29,7 @@ from service.config.policies import Policies
 from service.runs import discovery, publication, trigger
 from service.runs.discovery import Discovery
 from service.sweeps.store_databases import Stores
-from tests.conftest import REPO_ROOT, TOKEN_A, LiveServer, free_port, policies_from, test_settings
+from tests.conftest import REPO_ROOT, LiveServer, free_port, policies_from, test_settings
 from tests.fakes.upstream import Call, FakeUpstream, Fault, ListEndpoint
 from tests.integration.db_clock import advance
 from tests.integration.test_cli import assert_one_clean_line, sweeper
@@ -75,8 +75,9 @@ def cursor_of(call: Call) -> str | None:
 
 
 def api(live: LiveServer) -> httpx.AsyncClient:
-    return httpx.AsyncClient(base_url=live.base_url, timeout=10,
-                             headers={"Authorization": f"Bearer {TOKEN_A}"})
+    """A client of `live`, whose runs' progress it polls until they drain."""
+    live.count_progress_afresh()
+    return live.client()
 
 
 async def test_report_only_then_the_real_run_deletes_through_the_http_target(

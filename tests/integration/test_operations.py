@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from service.ledger import registration
-from tests.conftest import TOKEN_A, LiveServer, test_settings
+from tests.conftest import LiveServer, test_settings
 from tests.fakes.upstream import FakeUpstream, Fault
 from tests.integration.test_pipeline import make_policies
 
@@ -25,8 +25,8 @@ async def setup(db_url: str) -> AsyncIterator[tuple[httpx.AsyncClient, FakeUpstr
     async with FakeUpstream() as upstream:
         policies = make_policies(upstream.base_url, max_attempts=2)
         async with LiveServer(test_settings(db_url, workers=4), policies, db_url) as live:
-            async with httpx.AsyncClient(base_url=live.base_url, timeout=10, headers={
-                    "Authorization": f"Bearer {TOKEN_A}"}) as api:
+            live.count_progress_afresh()
+            async with live.client() as api:
                 yield api, upstream, db_url
 
 

@@ -34,7 +34,7 @@ from service.sweeps.store_databases import SourceRows, StoreError, Stores
 from service.sweeps.store_targets import StoreTargets, ledger_tables
 from service.upstreams.deletion_api import Upstreams
 from service.worker import database_pool, scope_resumption
-from tests.conftest import TOKEN_A, LiveServer, free_port, test_settings
+from tests.conftest import LiveServer, free_port, test_settings
 from tests.fakes.store_schema import (
     CARTS_SOURCE,
     CARTS_TARGET,
@@ -89,9 +89,8 @@ async def test_report_only_then_delete_then_collect_what_was_left(
                         "'shop-1', now() - interval '3 days', now() FROM generate_series(1, 4)")
     policies = store_policies(store_db_url)
     settings = test_settings(db_url, workers=4)
-    async with LiveServer(settings, policies, db_url) as live, httpx.AsyncClient(
-            base_url=live.base_url, headers={"Authorization": f"Bearer {TOKEN_A}"},
-            timeout=10) as client:
+    async with LiveServer(settings, policies, db_url) as live, live.client() as client:
+        live.count_progress_afresh()
         before = counter(await client.get("/metrics"), DISCOVERED)
         dry = (await client.post("/v1/runs", json={"policy": "expired-carts",
                                                    "dry_run": True})).json()
@@ -133,8 +132,8 @@ async def test_a_row_active_again_is_skipped_and_a_later_run_collects_it(
                         "now() - interval '30 days' FROM generate_series(1, 30) i")
     policies = store_policies(store_db_url)
     async with LiveServer(test_settings(db_url, workers=4), policies, db_url) as live, \
-            httpx.AsyncClient(base_url=live.base_url, timeout=10,
-                              headers={"Authorization": f"Bearer {TOKEN_A}"}) as client:
+            live.client() as client:
+        live.count_progress_afresh()
         # published (discovered and released) while no worker claims: then three shoppers
         # come back to their carts before the deletion runs
         skipped_before = counter(await client.get("/metrics"), SKIPPED)
@@ -477,8 +476,8 @@ async def test_a_guard_over_its_threshold_closes_the_scope_with_the_reason(
              "backoff_seconds": 1, "every_seconds": 0.05}
     policies = store_policies(store_db_url, guard=guard)
     async with LiveServer(test_settings(db_url, workers=2), policies, db_url) as live, \
-            httpx.AsyncClient(base_url=live.base_url, timeout=10,
-                              headers={"Authorization": f"Bearer {TOKEN_A}"}) as client:
+            live.client() as client:
+        live.count_progress_afresh()
         run = (await client.post("/v1/runs", json={"policy": "expired-carts"})).json()
         async with asyncio.timeout(10):
             while True:
