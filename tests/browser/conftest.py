@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from service.config.policies import Policies
+from service.protocols.egress import public_roots
 from tests.conftest import (
     REPO_ROOT,
     TOKEN_A,
@@ -58,7 +59,7 @@ class Console:
     database_url: str
 
     def api(self) -> httpx.Client:
-        return httpx.Client(base_url=self.base_url, timeout=10,
+        return httpx.Client(verify=public_roots(), base_url=self.base_url, timeout=10,
                             headers={"Authorization": f"Bearer {TOKEN_A}"})
 
     def register(self, items: list[dict[str, str]]) -> None:

@@ -19,6 +19,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
 from drills.upstream import Fault
+from service.protocols.egress import public_roots
 from tests.browser.conftest import Console, axe_violations, screenshot
 from tests.conftest import TOKEN_A
 
@@ -214,7 +215,7 @@ def test_sign_out_and_be_refused(driver: WebDriver, console: Console) -> None:
     driver.get(console.base_url + "/console/items")
     assert driver.current_url.endswith("/console/sign-in")
     # the old cookie, replayed, is refused: the session ended on the server
-    with httpx.Client(base_url=console.base_url,
+    with httpx.Client(verify=public_roots(), base_url=console.base_url,
                       cookies={"sweeper_console": cookie["value"]}) as client:
         answer = client.get("/console/items")
         assert answer.status_code == 303 and answer.headers["location"] == "/console/sign-in"
@@ -286,7 +287,7 @@ def test_a_forged_cross_site_post_changes_nothing(driver: WebDriver, console: Co
     # the same post from a client that does send the cookie, without the form's token
     session = driver.get_cookie("sweeper_console")
     assert session is not None
-    with httpx.Client(base_url=console.base_url,
+    with httpx.Client(verify=public_roots(), base_url=console.base_url,
                       cookies={"sweeper_console": session["value"]}) as client:
         forged = client.post("/console/workers/pause", data={"reason": "forged"})
         assert forged.status_code == 403

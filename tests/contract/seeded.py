@@ -37,6 +37,7 @@ from typing import Any
 import httpx
 
 from service.config.policies import Policies
+from service.protocols.egress import public_roots
 from tests.conftest import TOKEN_A, LiveServer, policies_from, test_settings
 from tests.fakes.upstream import FakeUpstream, Fault
 
@@ -247,7 +248,7 @@ def seeded_sweeper(db_url: str) -> Iterator[Seeded]:
         server = _ServerThread(db_url, contract_policies(upstream.base_url))
         server.start()
         try:
-            with httpx.Client(base_url=server.base_url, timeout=10,
+            with httpx.Client(verify=public_roots(), base_url=server.base_url, timeout=10,
                               headers={"Authorization": f"Bearer {TOKEN_A}"}) as client:
                 run_id = _seed(client)
                 deadline = time.monotonic() + SETTLE_TIMEOUT_S

@@ -13,6 +13,7 @@ from service.config.settings import async_url
 from service.db import migrate
 from service.db.engine import make_engine
 from service.http.api.health import UNSIGNED_WARNING
+from service.protocols.egress import public_roots
 from tests.conftest import TOKEN_A, TOKEN_B, LiveServer, policies_from, test_settings
 
 
@@ -36,7 +37,7 @@ async def test_readyz_and_the_start_log_say_when_exports_are_unsigned(
     with caplog.at_level(logging.WARNING, logger="service.http"):
         async with LiveServer(test_settings(db_url, evidence_signing_key=key),
                               Policies.empty(), db_url) as live:
-            async with httpx.AsyncClient(base_url=live.base_url) as client:
+            async with httpx.AsyncClient(verify=public_roots(), base_url=live.base_url) as client:
                 ready = await client.get("/readyz")
     assert ready.status_code == 200
     warned = [r.getMessage() for r in caplog.records if "unsigned" in r.getMessage()]
@@ -51,7 +52,7 @@ async def test_readyz_and_the_start_log_say_when_exports_are_unsigned(
 
 async def test_readyz_is_503_until_the_schema_is_at_head(empty_db_url: str) -> None:
     async with LiveServer(test_settings(empty_db_url), Policies.empty(), empty_db_url) as live:
-        async with httpx.AsyncClient(base_url=live.base_url) as client:
+        async with httpx.AsyncClient(verify=public_roots(), base_url=live.base_url) as client:
             response = await client.get("/readyz")
             assert response.status_code == 503
             assert response.headers["content-type"] == "application/problem+json"
@@ -66,7 +67,7 @@ async def test_readyz_is_503_until_the_schema_is_at_head(empty_db_url: str) -> N
 async def test_readyz_is_503_when_the_database_is_unreachable() -> None:
     url = "postgresql://postgres@127.0.0.1:1/nowhere"
     async with LiveServer(test_settings(url), Policies.empty(), url) as live:
-        async with httpx.AsyncClient(base_url=live.base_url) as client:
+        async with httpx.AsyncClient(verify=public_roots(), base_url=live.base_url) as client:
             response = await client.get("/readyz")
             assert response.status_code == 503
             assert response.json()["type"] == "urn:sweeper:problem:database-unavailable"
@@ -78,7 +79,8 @@ async def test_readyz_is_503_when_the_database_is_unreachable() -> None:
 async def test_v1_requires_a_valid_bearer_token(api: httpx.AsyncClient, header: str | None
                                                 ) -> None:
     headers = {"Authorization": header} if header else {}
-    async with httpx.AsyncClient(base_url=str(api.base_url), headers=headers) as anon:
+    async with httpx.AsyncClient(verify=public_roots(), base_url=str(api.base_url),
+                                 headers=headers) as anon:
         response = await anon.get("/v1/policies")
     assert response.status_code == 401
     assert response.headers["www-authenticate"].startswith("Bearer")
@@ -104,7 +106,7 @@ async def test_readyz_stays_ready_on_a_newer_schema(db_url: str) -> None:
     import asyncpg
 
     async with LiveServer(test_settings(db_url), Policies.empty(), db_url) as live:
-        async with httpx.AsyncClient(base_url=live.base_url) as client:
+        async with httpx.AsyncClient(verify=public_roots(), base_url=live.base_url) as client:
             conn = await asyncpg.connect(db_url)
             try:
                 await conn.execute(
@@ -181,7 +183,7 @@ async def test_a_tenant_too_long_for_its_scope_is_a_422_naming_its_item(db_url: 
     items = [{"tenant_id": tenant, "object_id": "c1", "policy": "carts",
               "due_at": "2026-01-01T00:00:00Z"} for tenant in ("acme", "a" * 512)]
     async with LiveServer(test_settings(db_url), policies, db_url) as live:
-        async with httpx.AsyncClient(base_url=live.base_url, headers={
+        async with httpx.AsyncClient(verify=public_roots(), base_url=live.base_url, headers={
                 "Authorization": f"Bearer {TOKEN_A}"}) as client:
             response = await client.post("/v1/items", json={"items": items})
             listed = await client.get("/v1/items")

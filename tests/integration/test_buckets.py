@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.budget import buckets, rules
 from service.ledger import claims
+from service.protocols.egress import public_roots
 from service.upstreams.deletion_api import Upstreams
 from service.worker import WorkerPool, database_pool
 from tests.conftest import TOKEN_A, LiveServer, eventually, test_settings
@@ -413,7 +414,7 @@ async def test_401_pauses_only_its_scope_and_resume_reopens(db_url: str) -> None
         upstream.inject(Fault.STATUS, status=401, times=None,
                         match=lambda c: c.scope == "bad")
         async with LiveServer(test_settings(db_url, workers=4), policies, db_url) as live:
-            async with httpx.AsyncClient(base_url=live.base_url, headers={
+            async with httpx.AsyncClient(verify=public_roots(), base_url=live.base_url, headers={
                     "Authorization": f"Bearer {TOKEN_A}"}, timeout=10) as api:
                 items = [{"tenant_id": t, "object_id": f"o{i}", "policy": "carts",
                           "due_at": "2026-01-01T00:00:00Z"} for t in ("bad", "good")
@@ -454,7 +455,7 @@ async def test_budget_set_at_run_time_holds(db_url: str, engine: AsyncEngine) ->
     async with FakeUpstream() as upstream:
         policies = make_policies(upstream.base_url, rate={"per_second": 100, "burst": 1})
         async with LiveServer(test_settings(db_url, workers=8), policies, db_url) as live:
-            async with httpx.AsyncClient(base_url=live.base_url, headers={
+            async with httpx.AsyncClient(verify=public_roots(), base_url=live.base_url, headers={
                     "Authorization": f"Bearer {TOKEN_A}"}, timeout=10) as api:
                 items = [{"tenant_id": "acme", "object_id": f"o{i}", "policy": "carts",
                           "due_at": "2026-01-01T00:00:00Z"} for i in range(400)]
@@ -484,7 +485,7 @@ async def test_workers_pause_stops_claims_and_resume_continues(db_url: str,
     async with FakeUpstream() as upstream:
         policies = make_policies(upstream.base_url, rate={"per_second": 50, "burst": 1})
         async with LiveServer(test_settings(db_url, workers=4), policies, db_url) as live:
-            async with httpx.AsyncClient(base_url=live.base_url, headers={
+            async with httpx.AsyncClient(verify=public_roots(), base_url=live.base_url, headers={
                     "Authorization": f"Bearer {TOKEN_A}"}, timeout=10) as api:
                 items = [{"tenant_id": "acme", "object_id": f"o{i}", "policy": "carts",
                           "due_at": "2026-01-01T00:00:00Z"} for i in range(100)]
@@ -516,7 +517,7 @@ async def test_workers_pause_stops_claims_and_resume_continues(db_url: str,
 async def test_scopes_listing_paginates(db_url: str) -> None:
     policies = make_policies("http://127.0.0.1:9")
     async with LiveServer(test_settings(db_url), policies, db_url) as live:
-        async with httpx.AsyncClient(base_url=live.base_url, headers={
+        async with httpx.AsyncClient(verify=public_roots(), base_url=live.base_url, headers={
                 "Authorization": f"Bearer {TOKEN_A}"}, timeout=10) as api:
             items = [{"tenant_id": f"t{i}", "object_id": "o", "policy": "carts",
                       "due_at": "2026-01-01T00:00:00Z"} for i in range(5)]

@@ -19,6 +19,7 @@ from service.http.console.overview import OverviewCache
 from service.http.console.render import CSP
 from service.http.console.sessions import COOKIE, Sessions
 from service.ledger import gauges
+from service.protocols.egress import public_roots
 from service.runtime import Runtime
 from tests.conftest import TOKEN_A, TOKEN_B, LiveServer, eventually, test_settings
 from tests.fakes.clock import ManualClock
@@ -85,11 +86,11 @@ async def test_every_page_answers_with_the_security_headers(browser: Browser) ->
 
 
 async def test_unauthenticated_requests_are_sent_to_sign_in(live: LiveServer) -> None:
-    async with httpx.AsyncClient(base_url=live.base_url) as client:
+    async with httpx.AsyncClient(verify=public_roots(), base_url=live.base_url) as client:
         for path in PAGES:
             page = await client.get("/console" + path)
             assert (page.status_code, page.headers["location"]) == (303, "/console/sign-in")
-    async with httpx.AsyncClient(base_url=live.base_url,
+    async with httpx.AsyncClient(verify=public_roots(), base_url=live.base_url,
                                  cookies={COOKIE: "A" * 43 + "." + "B" * 22}) as client:
         forged = await client.get("/console")
         assert forged.status_code == 303
@@ -98,7 +99,7 @@ async def test_unauthenticated_requests_are_sent_to_sign_in(live: LiveServer) ->
 
 
 async def test_a_bad_token_or_an_expired_form_does_not_sign_in(live: LiveServer) -> None:
-    async with httpx.AsyncClient(base_url=live.base_url) as client:
+    async with httpx.AsyncClient(verify=public_roots(), base_url=live.base_url) as client:
         wrong = await sign_in(client, "not-the-token")
         assert wrong.status_code == 401 and "not valid" in wrong.text
         assert COOKIE not in client.cookies
@@ -111,7 +112,7 @@ async def test_sessions_end_at_expiry_sign_out_and_token_rotation(
         db_url: str, engine: AsyncEngine) -> None:
     policies = make_policies("http://127.0.0.1:9")
     async with LiveServer(test_settings(db_url), policies, db_url) as server:
-        async with httpx.AsyncClient(base_url=server.base_url) as client:
+        async with httpx.AsyncClient(verify=public_roots(), base_url=server.base_url) as client:
             await sign_in(client)
             assert (await client.get("/console")).status_code == 200
             async with engine.begin() as conn:
@@ -128,7 +129,7 @@ async def test_sessions_end_at_expiry_sign_out_and_token_rotation(
     # TOKEN_B is rotated out: its sessions end with it
     async with LiveServer(test_settings(db_url, api_tokens=TOKEN_A), policies,
                           db_url) as server:
-        async with httpx.AsyncClient(base_url=server.base_url,
+        async with httpx.AsyncClient(verify=public_roots(), base_url=server.base_url,
                                      cookies={COOKIE: kept}) as client:
             assert (await client.get("/console")).status_code == 303
 
@@ -284,7 +285,7 @@ async def test_a_forged_cookie_costs_no_database_read() -> None:
 async def test_cookies_are_secure_over_https_or_when_told(db_url: str, always: bool) -> None:
     settings = test_settings(db_url, console_secure_cookies=always)
     async with LiveServer(settings, make_policies("http://127.0.0.1:9"), db_url) as server:
-        async with httpx.AsyncClient(base_url=server.base_url) as client:
+        async with httpx.AsyncClient(verify=public_roots(), base_url=server.base_url) as client:
             form = await client.get("/console/sign-in")
             login = form.headers["set-cookie"].lower()
             assert "httponly" in login and "samesite=strict" in login

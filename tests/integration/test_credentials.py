@@ -36,6 +36,7 @@ from service.credentials.source import MAX_SECRET_CHARS
 from service.db.engine import is_unavailable, make_engine
 from service.observability.logs import JsonFormatter
 from service.observability.metrics import REGISTRY
+from service.protocols.egress import public_roots
 from tests.conftest import LiveServer, policies_from, test_settings
 from tests.fakes.clock import ManualClock
 
@@ -237,7 +238,8 @@ async def test_an_unknown_upstream_is_404_naming_it(api: httpx.AsyncClient) -> N
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer not-a-valid-token-at-all"}])
 async def test_unauthenticated_requests_are_refused(api: httpx.AsyncClient,
                                                     headers: dict[str, str]) -> None:
-    async with httpx.AsyncClient(base_url=str(api.base_url), headers=headers) as anonymous:
+    async with httpx.AsyncClient(verify=public_roots(), base_url=str(api.base_url),
+                                 headers=headers) as anonymous:
         for method, path in (("PUT", PUT_PATH), ("DELETE", PUT_PATH),
                              ("GET", f"/v1/tenants/{TENANT}/credentials")):
             response = await anonymous.request(method, path, json={"secret": SECRET})

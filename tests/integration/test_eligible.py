@@ -11,13 +11,12 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
-import httpx
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.budget import scope_controls
 from service.ledger import gauges
-from tests.conftest import TOKEN_A, LiveServer, test_settings
+from tests.conftest import LiveServer, test_settings
 from tests.integration.db_clock import advance
 from tests.integration.test_metrics import samples, scrape
 from tests.integration.test_pipeline import make_policies
@@ -129,8 +128,7 @@ async def test_the_http_listing_and_the_scrape_agree(db_url: str, engine: AsyncE
     await seed(engine)
     policies = make_policies("http://127.0.0.1:9")
     async with LiveServer(test_settings(db_url, workers=0), policies, db_url) as live:
-        async with httpx.AsyncClient(base_url=live.base_url, timeout=10, headers={
-                "Authorization": f"Bearer {TOKEN_A}"}) as api:
+        async with live.client() as api:
             listing = (await api.get("/v1/scopes")).json()["scopes"]
         got = samples(await scrape(live.base_url))
     eligible = {s["name"]: s["eligible"] for s in listing}

@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy import text
@@ -25,7 +24,7 @@ from service.config import signing_keys
 from service.evidence import signed_exports, verification
 from service.upstreams.deletion_api import Upstreams
 from service.worker import database_pool
-from tests.conftest import TOKEN_A, LiveServer, test_settings
+from tests.conftest import LiveServer, test_settings
 from tests.fakes.upstream import FakeUpstream
 from tests.integration.test_pipeline import drain, make_policies, register, release_all
 
@@ -75,8 +74,7 @@ async def test_an_export_verifies_offline_and_every_edit_is_named(
     settings = test_settings(db_url, evidence_signing_key=NEW_KEY,
                              evidence_previous_public_keys=public_of(OLD_KEY))
     async with LiveServer(settings, make_policies(upstream.base_url), db_url) as live:
-        async with httpx.AsyncClient(base_url=live.base_url, timeout=10, headers={
-                "Authorization": f"Bearer {TOKEN_A}"}) as api:
+        async with live.client() as api:
             export = (await api.get(f"/v1/runs/{run_id}/evidence")).content
             keys = await api.get("/v1/evidence/public-key")
             empty = await api.get(f"/v1/runs/{run_id + 1}/evidence")
@@ -154,8 +152,7 @@ async def test_pruning_keeps_the_evidence_for_its_own_period(
 
     settings = test_settings(db_url, evidence_signing_key=NEW_KEY)
     async with LiveServer(settings, make_policies(upstream.base_url), db_url) as live:
-        async with httpx.AsyncClient(base_url=live.base_url, timeout=10, headers={
-                "Authorization": f"Bearer {TOKEN_A}"}) as api:
+        async with live.client() as api:
             found = (await api.get("/v1/evidence", params={
                 "tenant_id": "acme", "object_id": "cart-3"})).json()
             export = (await api.get(f"/v1/runs/{run_id}/evidence")).content
@@ -184,8 +181,7 @@ async def test_a_live_item_answers_from_the_ledger_and_bad_lookups_are_refused(
     run_id = await drained_run(engine, upstream, 2)
     async with LiveServer(test_settings(db_url), make_policies(upstream.base_url),
                           db_url) as live:
-        async with httpx.AsyncClient(base_url=live.base_url, timeout=10, headers={
-                "Authorization": f"Bearer {TOKEN_A}"}) as api:
+        async with live.client() as api:
             found = (await api.get("/v1/evidence", params={
                 "tenant_id": "acme", "object_id": "cart-1"})).json()
             assert found["deleted"] and found["deletions"][0]["kept_in"] == "ledger"

@@ -40,6 +40,7 @@ POOL_SIZE = 2
 POOL_TIMEOUT_S = 30.0
 PROMPT_S = 10.0
 KEY_BYTES = bytes(range(3, 35))
+pytestmark = pytest.mark.slow  # each test seeds 72,000 items (about 2 s)
 PUBLIC = signing_keys.PublicKey(Ed25519PrivateKey.from_private_bytes(KEY_BYTES).public_key())
 
 
@@ -175,7 +176,6 @@ async def transactions_held(db_url: str) -> list[tuple[Any, ...]]:
         await conn.close()
 
 
-@pytest.mark.slow
 async def test_stalled_readers_hold_no_connection(live: tuple[str, int, list[int]],
                                                   db_url: str,
                                                   caplog: pytest.LogCaptureFixture) -> None:

@@ -10,7 +10,6 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -21,7 +20,7 @@ from service.ledger import registration
 from service.runs import publication, trigger
 from service.upstreams.deletion_api import Upstreams
 from service.worker import database_pool
-from tests.conftest import TOKEN_A, LiveServer, eventually, policies_from, test_settings
+from tests.conftest import LiveServer, eventually, policies_from, test_settings
 from tests.fakes.upstream import FakeUpstream, Fault
 from tests.integration.test_pipeline import PAST
 
@@ -54,6 +53,7 @@ async def leased(engine: AsyncEngine) -> dict[str, Any]:
             "FROM items"))).all()}
 
 
+@pytest.mark.slow  # the one call in flight lasts 2 s: the hold is placed meanwhile
 @pytest.mark.parametrize("notified", [True, False], ids=["notified", "polling"])
 async def test_no_leased_call_starts_after_the_hold_answers(
         db_url: str, engine: AsyncEngine, upstream: FakeUpstream, notified: bool) -> None:
@@ -72,8 +72,7 @@ async def test_no_leased_call_starts_after_the_hold_answers(
     runner = asyncio.create_task(pool.run())
     try:
         async with LiveServer(test_settings(db_url), policies, db_url) as live, \
-                httpx.AsyncClient(base_url=live.base_url, timeout=30, headers={
-                    "Authorization": f"Bearer {TOKEN_A}"}) as client:
+                live.client(timeout=30) as client:
             # every item leased: one call on the connection, the others waiting for it
             async def all_leased() -> bool:
                 state = await leased(engine)

@@ -364,6 +364,7 @@ def _covers(hold: dict[str, Any], key: tuple[str, str, str]) -> bool:
                  or object_id.startswith(hold["object_id_prefix"])))
 
 
+@pytest.mark.slow  # 25 examples, each a pool draining while holds come and go
 @settings(max_examples=25, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(steps=st.lists(_step, min_size=3, max_size=14))

@@ -217,7 +217,7 @@ async def test_database_errors_carry_no_request_values(db_url: str) -> None:
 async def test_a_webhook_id_with_an_unpaired_surrogate_is_a_clean_422(
         live: LiveServer, caplog: pytest.LogCaptureFixture) -> None:
     raw = b'{"id": "cart-\\ud800"}'
-    async with httpx.AsyncClient(base_url=live.base_url, timeout=10) as hooks:
+    async with live.client(None) as hooks:
         with caplog.at_level(logging.INFO):
             answer = await post(hooks, "shopify", shopify("orders/cancelled", None, raw=raw))
             assert answer.status_code == 422, answer.text
@@ -296,7 +296,7 @@ async def test_a_run_validates_its_tenant_like_a_registered_id(
 ])
 async def test_the_unauthenticated_get_401_before_anything_else(
         live: LiveServer, method: str, path: str, content: bytes | None) -> None:
-    async with httpx.AsyncClient(base_url=live.base_url, timeout=10) as anonymous:
+    async with live.client(None) as anonymous:
         answer = await anonymous.request(method, path, content=content,
                                          headers={"content-type": "application/json"})
     assert answer.status_code == 401
@@ -369,7 +369,7 @@ async def test_integers_written_as_integral_numbers_are_integers(
 @pytest.mark.parametrize("raw", [b"null", b'"text"', b"[1, 2]", b"7"])
 async def test_a_webhook_body_must_be_a_json_object(live: LiveServer, raw: bytes) -> None:
     """Even for an event type no rule maps (which is otherwise answered `ignored`)."""
-    async with httpx.AsyncClient(base_url=live.base_url, timeout=10) as hooks:
+    async with live.client(None) as hooks:
         body, headers = shopify("products/update", None, raw=raw)
         answer = await post(hooks, "shopify", (body, headers))
     assert answer.status_code == 400

@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from service.protocols.egress import public_roots
 from tests.conftest import TOKEN_A, free_port
 from tests.integration.test_cli import EXAMPLE, GOOD_ENV, _stop, _wait_ready
 
@@ -81,7 +82,7 @@ def signed_delivery(object_id: int) -> tuple[bytes, dict[str, str]]:
 async def healthz_seconds(url: str) -> float:
     """How long /healthz takes to answer 200 right now."""
     started = time.perf_counter()
-    async with httpx.AsyncClient(timeout=5) as client:
+    async with httpx.AsyncClient(verify=public_roots(), timeout=5) as client:
         assert (await client.get(f"{url}/healthz")).status_code == 200
     return time.perf_counter() - started
 
@@ -128,7 +129,7 @@ async def test_an_oversized_body_is_cut_off_and_the_loop_stays_free(served: Serv
         for _ in range(40):
             yield chunk
 
-    async with httpx.AsyncClient(base_url=served.url, timeout=30,
+    async with httpx.AsyncClient(verify=public_roots(), base_url=served.url, timeout=30,
                                  headers={"Authorization": f"Bearer {TOKEN_A}"}) as client:
         reader, writer = await raw_request(
             served.port, b"POST /v1/items HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
@@ -165,7 +166,7 @@ async def test_more_connections_than_the_cap_get_503_until_they_go(served: Serve
     connections are cut off it serves again."""
     stalled = [await raw_request(served.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
                for _ in range(MAX_CONNECTIONS + 5)]
-    async with httpx.AsyncClient(timeout=5) as client:
+    async with httpx.AsyncClient(verify=public_roots(), timeout=5) as client:
         assert (await client.get(f"{served.url}/healthz")).status_code == 503
         for reader, writer in stalled:
             await closed_within(reader, HEADER_TIMEOUT_S + 3)
@@ -186,7 +187,7 @@ async def test_slow_webhook_senders_never_close_intake(served: Served) -> None:
                          str(n).encode())
         slow.append((reader, writer))
     body, headers = signed_delivery(4242)
-    async with httpx.AsyncClient(timeout=5) as client:
+    async with httpx.AsyncClient(verify=public_roots(), timeout=5) as client:
         started = time.perf_counter()
         answer = await client.post(f"{served.url}/v1/webhooks/shopify", content=body,
                                    headers=headers)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 
-import httpx
 import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -18,7 +17,7 @@ from service.errors import NotLeader
 from service.observability.metrics import LEADER, LEADER_TERM
 from service.observability.metrics import REGISTRY as METRICS
 from service.runs import publication, trigger
-from tests.conftest import TOKEN_A, LiveServer, test_settings
+from tests.conftest import LiveServer, test_settings
 from tests.integration.test_pipeline import make_policies, register
 
 
@@ -102,6 +101,7 @@ async def test_a_follower_takes_over_when_the_leader_dies(engine: AsyncEngine) -
     assert LEADER.collect()[0].samples[0].value == 0
 
 
+@pytest.mark.slow  # waits for a real lease to run out
 async def test_a_partitioned_leader_stops_before_its_lease_ends(engine: AsyncEngine,
                                                                 db_url: str) -> None:
     """A renewal that cannot get through (here: it waits on a row lock, as a partition
@@ -131,8 +131,7 @@ async def test_a_partitioned_leader_stops_before_its_lease_ends(engine: AsyncEng
 async def test_workers_route_and_metric_show_the_leader(db_url: str) -> None:
     async with LiveServer(test_settings(db_url), make_policies("http://127.0.0.1:9"),
                           db_url) as live:
-        async with httpx.AsyncClient(base_url=live.base_url, timeout=10, headers={
-                "Authorization": f"Bearer {TOKEN_A}"}) as client:
+        async with live.client() as client:
             async with asyncio.timeout(10):
                 while True:
                     body = (await client.get("/v1/workers")).json()

@@ -12,6 +12,7 @@ import pytest
 
 from drills.stage import Proc, Stage
 from service.cluster.leader import LEASE_S, RENEW_EVERY_S
+from service.protocols.egress import public_roots
 
 
 def holder_pid(holder: str) -> int:
@@ -20,7 +21,7 @@ def holder_pid(holder: str) -> int:
 
 
 async def leader_gauge(proc: Proc) -> float:
-    async with httpx.AsyncClient(timeout=2) as client:
+    async with httpx.AsyncClient(verify=public_roots(), timeout=2) as client:
         text = (await client.get(f"{proc.base_url}/metrics")).text
     [line] = [x for x in text.splitlines() if x.startswith("sweeper_leader ")]
     return float(line.split()[1])

@@ -113,7 +113,7 @@ async def test_metrics_pass_promtool_and_follow_the_ledger(db_url: str, engine: 
             "paused = true, paused_reason = 'operator'"))
     settings = test_settings(db_url, workers=0)
     async with LiveServer(settings, policies, db_url) as live:
-        async with httpx.AsyncClient(base_url=live.base_url, headers=AUTH) as client:
+        async with live.client() as client:
             assert (await client.get("/v1/runs")).status_code == 200
             assert (await client.get("/no-such-route")).status_code == 404
         exposition = await scrape(live.base_url)
@@ -193,7 +193,7 @@ async def test_openmetrics_when_asked_after_real_traffic(db_url: str, engine: As
         finally:
             await ups.aclose()
     async with LiveServer(test_settings(db_url, workers=0), policies, db_url) as live:
-        async with httpx.AsyncClient(base_url=live.base_url, headers=AUTH) as client:
+        async with live.client() as client:
             assert (await client.get("/v1/runs")).status_code == 200
         exposition = await scrape_openmetrics(live.base_url)
 
@@ -210,7 +210,7 @@ async def test_openmetrics_when_asked_after_real_traffic(db_url: str, engine: As
 async def test_the_text_format_is_the_default(db_url: str) -> None:
     async with LiveServer(test_settings(db_url, workers=0), make_policies("http://127.0.0.1:9"),
                           db_url) as live:
-        async with httpx.AsyncClient(base_url=live.base_url) as client:
+        async with httpx.AsyncClient(verify=public_roots(), base_url=live.base_url) as client:
             answers = [await client.get("/metrics", headers=headers) for headers in (
                 {}, {"Accept": "*/*"}, {"Accept": "text/html,application/xhtml+xml,*/*;q=0.8"})]
     for response in answers:
@@ -336,7 +336,7 @@ async def test_http_series_stay_bounded_whatever_the_method_or_path(db_url: str)
         paths = [concrete(t) for t in templates]
         paths += [f"/{uuid.uuid4().hex}", f"/v1/{uuid.uuid4().hex}/x", "/v1/runs/",
                   "/%2e%2e/etc/passwd", "/metrics/extra"]
-        async with httpx.AsyncClient(base_url=live.base_url, timeout=10) as client:
+        async with live.client(None) as client:
             async def hit(method: str, path: str, headers: dict[str, str] | None = None
                           ) -> None:
                 # the server may refuse a method outright: no series either way

@@ -14,7 +14,7 @@ import pytest
 from service.commands.openapi import openapi_document
 from service.config.policies import Policies
 from service.http.api.problems import ProblemDetails
-from tests.conftest import TOKEN_A, LiveServer, policies_from, test_settings
+from tests.conftest import LiveServer, policies_from, test_settings
 
 DOC = openapi_document()
 # The operator API. The webhook intake authenticates by signature, not bearer token: its
@@ -113,8 +113,7 @@ async def test_declared_errors_are_the_answers(db_url: str, policies: Policies) 
     seen: dict[str, set[int]] = {}
     async with LiveServer(test_settings(db_url, viewer_tokens=VIEWER_TOKEN), policies,
                           db_url) as live:
-        async with httpx.AsyncClient(base_url=live.base_url, timeout=10, headers={
-                "Authorization": f"Bearer {TOKEN_A}"}) as client:
+        async with live.client() as client:
             await client.post("/v1/items", json={"items": [{
                 "tenant_id": "acme.myshopify.com", "object_id": "cart-1",
                 "policy": "cart-retention", "due_at": "2020-01-01T00:00:00Z"}]})
@@ -156,8 +155,7 @@ async def test_declared_errors_are_the_answers(db_url: str, policies: Policies) 
     gone = "postgresql://postgres@127.0.0.1:1/nowhere"
     async with LiveServer(test_settings(gone, credentials_key=CREDENTIALS_KEY), policies,
                           gone) as live:
-        async with httpx.AsyncClient(base_url=live.base_url, timeout=20, headers={
-                "Authorization": f"Bearer {TOKEN_A}"}) as client:
+        async with live.client(timeout=20) as client:
             for operation, (_, _, op) in OPERATIONS.items():
                 if "503" in op["responses"]:
                     check(operation, await answer(client, operation,
@@ -177,8 +175,7 @@ async def test_every_request_example_is_accepted(db_url: str, policies: Policies
                 for operation, (_, _, op) in OPERATIONS.items() if "requestBody" in op}
     async with LiveServer(test_settings(db_url, credentials_key=CREDENTIALS_KEY), policies,
                           db_url) as live:
-        async with httpx.AsyncClient(base_url=live.base_url, timeout=10, headers={
-                "Authorization": f"Bearer {TOKEN_A}"}) as client:
+        async with live.client() as client:
             # registration first: it creates the scope the scope examples change
             for operation in sorted(examples, key=lambda o: o != "registerItems"):
                 for name, example in examples[operation].items():

@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.config.policies import Policies
 from service.db.statements import item_status
 from service.ledger import claims, completions, registration
+from service.protocols.egress import public_roots
 from service.runs import progress, publication, trigger
 from service.upstreams.deletion_api import Upstreams
 from service.worker import WorkerPool, database_pool
@@ -414,7 +415,7 @@ async def test_bad_items_are_named_and_nothing_is_written(db_url: str, item: dic
                                                           field: str) -> None:
     policies = make_policies("http://127.0.0.1:9")
     async with LiveServer(test_settings(db_url), policies, db_url) as live:
-        async with httpx.AsyncClient(base_url=live.base_url, headers={
+        async with httpx.AsyncClient(verify=public_roots(), base_url=live.base_url, headers={
                 "Authorization": f"Bearer {TOKEN_A}"}) as api:
             good = {"tenant_id": "acme", "object_id": "ok", "policy": "carts",
                     "due_at": "2026-01-01T00:00:00Z"}

@@ -21,7 +21,7 @@ from service.db.engine import make_engine
 from service.ledger import registration
 from service.runs import publication
 from service.runs import trigger as runs_trigger
-from tests.conftest import TOKEN_A, LiveServer, policies_from, test_settings
+from tests.conftest import LiveServer, policies_from, test_settings
 
 DUE = "2026-01-01T00:00:00Z"
 CUTOFF = datetime(2026, 6, 1, tzinfo=UTC)
@@ -43,8 +43,7 @@ def entries(policy: str, n: int) -> list[dict[str, str]]:
 @pytest.fixture
 async def api(db_url: str) -> AsyncIterator[httpx.AsyncClient]:
     async with LiveServer(test_settings(db_url), two_policies(), db_url) as live:
-        async with httpx.AsyncClient(base_url=live.base_url, timeout=10, headers={
-                "Authorization": f"Bearer {TOKEN_A}"}) as client:
+        async with live.client() as client:
             yield client
 
 

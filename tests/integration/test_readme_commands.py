@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from service.config.policies import Policies
@@ -146,8 +145,7 @@ async def test_operations_commands_work(db_url: str, policies: Policies, tmp_pat
         # the guide's `sweeper` is the one installed beside these tests
         env = {"SWEEPER_URL": live.base_url, "SWEEPER_TOKEN": TOKEN_A,
                "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-        async with httpx.AsyncClient(base_url=live.base_url, timeout=10, headers={
-                "Authorization": f"Bearer {TOKEN_A}"}) as api:
+        async with live.client() as api:
             seeded = await api.post("/v1/items", json={"items": [
                 {"tenant_id": "acme.myshopify.com", "object_id": f"cart-{n}",
                  "policy": "cart-retention", "due_at": "2020-01-01T00:00:00Z"}

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from service.http.api.reasons import MAX_REASON_CHARS, MAX_REFERENCE_CHARS
-from tests.conftest import TOKEN_A, LiveServer, test_settings
+from tests.conftest import LiveServer, test_settings
 from tests.integration.test_console import Browser, sign_in
 from tests.integration.test_pipeline import make_policies
 
@@ -41,8 +41,7 @@ FIELDS: list[tuple[str, str, dict[str, Any], str, int]] = [
 async def live(db_url: str) -> AsyncIterator[LiveServer]:
     async with LiveServer(test_settings(db_url), make_policies("http://127.0.0.1:9"),
                           db_url) as server:
-        async with httpx.AsyncClient(base_url=server.base_url, timeout=10, headers={
-                "Authorization": f"Bearer {TOKEN_A}"}) as api:
+        async with server.client() as api:
             answer = await api.post("/v1/items", json={"items": [
                 {"tenant_id": "acme", "object_id": "cart-1", "policy": "carts",
                  "due_at": "2026-01-01T00:00:00Z"}]})
@@ -57,8 +56,7 @@ def assert_names(answer: httpx.Response, field: str) -> None:
 
 
 async def test_every_reason_of_the_api_follows_one_rule(live: LiveServer) -> None:
-    async with httpx.AsyncClient(base_url=live.base_url, timeout=10, headers={
-            "Authorization": f"Bearer {TOKEN_A}"}) as api:
+    async with live.client() as api:
         for method, path, body, field, bound in FIELDS:
             for name, bad in {**BAD_TEXT, "too long": "x" * (bound + 1)}.items():
                 answer = await api.request(method, path, json={**body, field: bad})
@@ -75,7 +73,7 @@ async def test_every_reason_of_the_api_follows_one_rule(live: LiveServer) -> Non
 
 
 async def test_the_consoles_reasons_follow_the_same_rule(live: LiveServer) -> None:
-    async with httpx.AsyncClient(base_url=live.base_url, timeout=10) as client:
+    async with live.client(None) as client:
         assert (await sign_in(client)).status_code == 303
         browser = Browser(client)
         csrf = await browser.csrf()
@@ -93,8 +91,7 @@ async def test_the_consoles_reasons_follow_the_same_rule(live: LiveServer) -> No
             "csrf": csrf, "name": "tenant:acme", "rate_per_second": "1", "burst": "1",
             "reason": "a\u2028b"})
         assert budget.status_code == 422 and "reason" in budget.text
-    async with httpx.AsyncClient(base_url=live.base_url, timeout=10, headers={
-            "Authorization": f"Bearer {TOKEN_A}"}) as api:
+    async with live.client() as api:
         assert (await api.get("/v1/workers")).json()["workers_paused"] is False
         scope = (await api.get("/v1/scopes")).json()["scopes"][0]
         assert scope["paused"] is False and scope["rate_per_second"] != 1

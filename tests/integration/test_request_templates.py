@@ -20,7 +20,7 @@ from service.config.policies import Policies
 from service.ledger import registration
 from service.upstreams.deletion_api import Upstreams
 from service.worker import database_pool
-from tests.conftest import TOKEN_A, LiveServer, policies_from, test_settings
+from tests.conftest import LiveServer, policies_from, test_settings
 from tests.fakes.upstream import FakeUpstream
 from tests.integration.test_pipeline import PAST, drain, release_all, statuses
 
@@ -72,8 +72,7 @@ async def upstream() -> AsyncIterator[FakeUpstream]:
 @pytest.fixture
 async def live(db_url: str, upstream: FakeUpstream) -> AsyncIterator[httpx.AsyncClient]:
     async with LiveServer(test_settings(db_url), make_policies(upstream.port), db_url) as server:
-        async with httpx.AsyncClient(base_url=server.base_url, timeout=10, headers={
-                "Authorization": f"Bearer {TOKEN_A}"}) as client:
+        async with server.client() as client:
             yield client
 
 

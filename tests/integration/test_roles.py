@@ -13,6 +13,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config.tokens import token_id
+from service.protocols.egress import public_roots
 from tests.conftest import TOKEN_A, LiveServer, test_settings
 from tests.integration.test_console import Browser, sign_in
 from tests.integration.test_pipeline import make_policies
@@ -125,7 +126,7 @@ async def test_the_audit_trail_names_each_token_by_its_id(live: LiveServer,
 
 
 async def test_the_console_shows_a_viewer_no_forms_and_refuses_them(live: LiveServer) -> None:
-    async with httpx.AsyncClient(base_url=live.base_url, timeout=10) as client:
+    async with live.client(None) as client:
         assert (await sign_in(client, VIEWER)).status_code == 303
         browser = Browser(client)
         overview = await client.get("/console")
@@ -158,7 +159,7 @@ async def test_the_console_shows_a_viewer_no_forms_and_refuses_them(live: LiveSe
 
 async def test_the_console_lets_an_operator_resume_but_not_lift_a_closure(
         live: LiveServer) -> None:
-    async with httpx.AsyncClient(base_url=live.base_url, timeout=10) as client:
+    async with live.client(None) as client:
         assert (await sign_in(client, OPERATOR)).status_code == 303
         browser = Browser(client)
         csrf = await browser.csrf()
@@ -174,7 +175,7 @@ async def test_the_console_lets_an_operator_resume_but_not_lift_a_closure(
         assert "needs the admin role" in refused.text
         resumed = await browser.post("/scope/resume", {"csrf": csrf, "name": "tenant:acme"})
         assert resumed.status_code == 303, resumed.text
-    async with httpx.AsyncClient(base_url=live.base_url, timeout=10) as client:
+    async with live.client(None) as client:
         assert (await sign_in(client, TOKEN_A)).status_code == 303
         await Browser(client).post("/scope/pause", {"csrf": await Browser(client).csrf(),
                                                     "name": "tenant:acme"})
@@ -185,7 +186,7 @@ async def test_the_console_lets_an_operator_resume_but_not_lift_a_closure(
 async def test_a_session_follows_its_tokens_role(db_url: str) -> None:
     """Moving a token to a lower role's setting lowers its console sessions at once."""
     policies = make_policies("http://127.0.0.1:9")
-    async with httpx.AsyncClient(timeout=10) as client:
+    async with httpx.AsyncClient(verify=public_roots(), timeout=10) as client:
         async with LiveServer(test_settings(db_url, api_tokens=TOKEN_A,
                                             operator_tokens=OPERATOR), policies,
                               db_url) as server:

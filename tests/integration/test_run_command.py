@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.commands import run_client
 from service.commands.exits import Exit
+from service.protocols.egress import public_roots
 from tests.conftest import TOKEN_A, LiveServer, test_settings
 from tests.fakes.upstream import FakeUpstream, Fault
 from tests.integration.test_pipeline import make_policies
@@ -30,7 +31,7 @@ async def test_trigger_and_follow_until_drained(db_url: str) -> None:
     async with FakeUpstream() as upstream:
         policies = make_policies(upstream.base_url)
         async with LiveServer(test_settings(db_url, workers=4), policies, db_url) as live:
-            async with httpx.AsyncClient(base_url=live.base_url, headers={
+            async with httpx.AsyncClient(verify=public_roots(), base_url=live.base_url, headers={
                     "Authorization": f"Bearer {TOKEN_A}"}) as api:
                 items = [{"tenant_id": "t", "object_id": f"o{i}", "policy": "carts",
                           "due_at": "2026-01-01T00:00:00Z"} for i in range(40)]
@@ -42,7 +43,7 @@ async def test_trigger_and_follow_until_drained(db_url: str) -> None:
             assert final["items"] == {"succeeded": 40}
             assert "40/40 100%" in out.getvalue()
             with pytest.raises(run_client.RunFailed, match="HTTP 401"):
-                async with httpx.AsyncClient(base_url=live.base_url) as anon:
+                async with httpx.AsyncClient(verify=public_roots(), base_url=live.base_url) as anon:
                     await run_client.trigger(anon, {}, None)
 
 
@@ -53,7 +54,7 @@ async def test_ctrl_c_on_follow_says_the_run_goes_on(db_url: str) -> None:
     run never drains.)"""
     policies = make_policies("http://127.0.0.1:9")
     async with LiveServer(test_settings(db_url, workers=0), policies, db_url) as live:
-        async with httpx.AsyncClient(base_url=live.base_url, headers={
+        async with httpx.AsyncClient(verify=public_roots(), base_url=live.base_url, headers={
                 "Authorization": f"Bearer {TOKEN_A}"}) as api:
             items = [{"tenant_id": "t", "object_id": "o1", "policy": "carts",
                       "due_at": "2026-01-01T00:00:00Z"}]
@@ -134,7 +135,7 @@ async def test_run_follow_exit_codes(db_url: str, capsys: pytest.CaptureFixture[
             assert await command(policy="carts") == Exit.OK
             assert "nothing was due by the cutoff" in capsys.readouterr().out
 
-            async with httpx.AsyncClient(base_url=live.base_url, headers={
+            async with httpx.AsyncClient(verify=public_roots(), base_url=live.base_url, headers={
                     "Authorization": f"Bearer {TOKEN_A}"}) as api:
                 items = [{"tenant_id": "t", "object_id": f"o{i}", "policy": "carts",
                           "due_at": "2026-01-01T00:00:00Z"} for i in range(4)]

@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.ledger import claims, item_selection
 from service.runs import progress, publication, trigger
-from tests.conftest import TOKEN_A, LiveServer, test_settings
+from tests.conftest import LiveServer, test_settings
 from tests.fakes.clock import ManualClock
 from tests.integration.test_pipeline import make_policies, register, release_all
 
@@ -262,8 +262,7 @@ async def served(db_url: str, clock: ManualClock | None = None
     async with LiveServer(test_settings(db_url), make_policies("http://127.0.0.1:9"),
                           db_url) as live:
         live.runtime.run_progress.monotonic = clock or ManualClock()
-        async with httpx.AsyncClient(base_url=live.base_url, timeout=10, headers={
-                "Authorization": f"Bearer {TOKEN_A}"}) as api:
+        async with live.client() as api:
             yield api
 
 

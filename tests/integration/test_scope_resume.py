@@ -15,7 +15,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.budget import buckets, rules
-from tests.conftest import TOKEN_A, LiveServer, test_settings
+from tests.conftest import LiveServer, test_settings
 from tests.fakes.upstream import FakeUpstream, Fault
 from tests.integration.db_clock import advance
 from tests.integration.test_pipeline import make_policies, register
@@ -138,8 +138,7 @@ async def test_a_scope_a_429_closed_calls_again_only_when_lifted(db_url: str,
         upstream.inject(Fault.STATUS, status=429,
                         headers={"Retry-After": retry_after} if retry_after else {})
         async with LiveServer(test_settings(db_url, workers=2), policies, db_url) as live:
-            async with httpx.AsyncClient(base_url=live.base_url, timeout=10, headers={
-                    "Authorization": f"Bearer {TOKEN_A}"}) as api:
+            async with live.client() as api:
                 await api.post("/v1/items", json={"items": [
                     {"tenant_id": "acme", "object_id": f"o{i}", "policy": "carts",
                      "due_at": "2026-01-01T00:00:00Z"} for i in range(3)]})

@@ -26,6 +26,7 @@ import httpx
 import pytest
 from sqlalchemy.engine import make_url
 
+from service.protocols.egress import public_roots
 from tests.conftest import free_port
 from tests.fakes.upstream import FakeUpstream, Fault
 
@@ -263,7 +264,7 @@ def test_no_secret_or_customer_data_in_logs_errors_or_metrics(db_url: str, tmp_p
         base = f"http://127.0.0.1:{port}"
         try:
             _wait_ready(base, proc)
-            with httpx.Client(base_url=base, timeout=10) as client:
+            with httpx.Client(verify=public_roots(), base_url=base, timeout=10) as client:
                 errors = _bad_requests(client)
                 _good_requests(client)
                 _settle(client)

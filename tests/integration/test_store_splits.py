@@ -9,7 +9,6 @@ import dataclasses
 from collections.abc import AsyncIterator
 
 import asyncpg
-import httpx
 import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -20,7 +19,7 @@ from service.sweeps.store_databases import Stores
 from service.sweeps.store_targets import StoreTargets
 from service.upstreams.deletion_api import Upstreams
 from service.worker import database_pool
-from tests.conftest import TOKEN_A, LiveServer, test_settings
+from tests.conftest import LiveServer, test_settings
 from tests.fakes.store_schema import create_store, store_policies
 from tests.integration.test_pipeline import PAST, drain
 from tests.integration.test_stores import publish_carts
@@ -135,8 +134,7 @@ async def test_an_id_the_statements_type_cannot_take_is_refused_at_registration(
                                                                        PAST)])
     assert refused.value.index == 1 and INJECTION not in str(refused.value)
     async with LiveServer(test_settings(db_url), policies, db_url) as server, \
-            httpx.AsyncClient(base_url=server.base_url, timeout=10, headers={
-                "Authorization": f"Bearer {TOKEN_A}"}) as client:
+            server.client() as client:
         items = [{"tenant_id": "shop-1", "object_id": object_id, "policy": "expired-carts",
                   "due_at": "2020-01-01T00:00:00Z"}
                  for object_id in ("7", INJECTION, "9223372036854775808", " 8 ")]

@@ -412,6 +412,7 @@ async def forwarding(port: int, to_url: str) -> AsyncIterator[None]:
         server.close()
 
 
+@pytest.mark.slow  # the paused scope stays held here for LOCAL_HOLD_S (1 s) after it
 async def test_an_unreachable_store_pauses_the_scope_loses_nothing_and_resumes_when_it_answers(
         engine: AsyncEngine, store_db_url: str, store: asyncpg.Connection) -> None:
     await store.execute("INSERT INTO carts (shop, updated_at) SELECT 'shop-1', "
@@ -467,6 +468,7 @@ async def test_an_unreachable_store_pauses_the_scope_loses_nothing_and_resumes_w
          {"scope": scope.name, "paused_reason": "store-unreachable"})]
 
 
+@pytest.mark.slow  # the guard's backoff is a real second
 async def test_a_guard_over_its_threshold_closes_the_scope_with_the_reason(
         db_url: str, store_db_url: str, store: asyncpg.Connection) -> None:
     await store.execute("INSERT INTO carts (shop, updated_at) SELECT 'shop-1', "

@@ -23,7 +23,7 @@ from service.errors import ConfigError
 from service.ledger import registration, tenant_spellings
 from service.upstreams.deletion_api import Upstreams
 from service.worker import database_pool
-from tests.conftest import TOKEN_A, LiveServer, policies_from, test_settings
+from tests.conftest import LiveServer, policies_from, test_settings
 from tests.fakes.store_schema import store_policies
 from tests.fakes.upstream import FakeUpstream
 from tests.integration.test_holds import drain
@@ -40,8 +40,7 @@ async def upstream() -> AsyncIterator[FakeUpstream]:
 @pytest.fixture
 async def live(db_url: str, upstream: FakeUpstream) -> AsyncIterator[httpx.AsyncClient]:
     async with LiveServer(test_settings(db_url), make_policies(upstream.port), db_url) as server:
-        async with httpx.AsyncClient(base_url=server.base_url, timeout=10, headers={
-                "Authorization": f"Bearer {TOKEN_A}"}) as client:
+        async with server.client() as client:
             yield client
 
 
@@ -195,8 +194,7 @@ async def test_an_upstream_that_ignores_case_gets_one_object_id(
     an entry naming no policy must send the lower case; exact policies keep the case."""
     policies = insensitive_policies(upstream.base_url)
     async with LiveServer(test_settings(db_url), policies, db_url) as server, \
-            httpx.AsyncClient(base_url=server.base_url, timeout=10,
-                              headers={"Authorization": f"Bearer {TOKEN_A}"}) as live:
+            server.client() as live:
         hold = await live.post("/v1/holds", json={
             "tenant_id": "t", "object_ids": ["held"], "reason": "r", "reference": "c"})
         assert hold.status_code == 201, hold.text

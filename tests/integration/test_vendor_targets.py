@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -33,7 +32,7 @@ from service.credentials.directory import RECHECK_S, DirectorySource
 from service.ledger import registration
 from service.upstreams.deletion_api import Upstreams
 from service.worker.process import database_pool
-from tests.conftest import REPO_ROOT, TOKEN_A, LiveServer, policies_from, test_settings
+from tests.conftest import REPO_ROOT, LiveServer, policies_from, test_settings
 from tests.fakes.clock import ManualClock
 from tests.integration.test_pipeline import PAST, release_all
 
@@ -151,6 +150,7 @@ async def test_shopify_per_shop_hosts_tokens_and_answers(
     assert fake.customers(SHOPS[2]) == set()
 
 
+@pytest.mark.slow  # the scope stays closed until the shop's bucket refills (seconds)
 async def test_shopify_throttled_in_a_200_is_retried_not_lost(
         engine: AsyncEngine, shopify: tuple[FakeShopify, int], tmp_path: Path) -> None:
     fake, port = shopify
@@ -204,6 +204,7 @@ async def test_shopify_cost_refunds_and_the_shops_view_reach_the_shared_bucket(
     assert 20 <= tokens <= 30
 
 
+@pytest.mark.slow  # the refused scope stays held here for LOCAL_HOLD_S (1 s) after it
 async def test_stripe_credentials_through_the_api(db_url: str, engine: AsyncEngine) -> None:
     fake = FakeStripe(per_second=None)
     fake.add_account("acct_a", "sk_test_a")
@@ -214,9 +215,7 @@ async def test_stripe_credentials_through_the_api(db_url: str, engine: AsyncEngi
         policies = on_loopback("stripe", f"http://127.0.0.1:{port}")
         settings = test_settings(db_url, workers=2,
                                  credentials_key=base64.b64encode(KEY).decode())
-        async with LiveServer(settings, policies, db_url) as live, httpx.AsyncClient(
-                base_url=live.base_url, timeout=10,
-                headers={"Authorization": f"Bearer {TOKEN_A}"}) as api:
+        async with LiveServer(settings, policies, db_url) as live, live.client() as api:
             put = await api.put("/v1/tenants/acct_a/credentials/stripe",
                                 json={"secret": "sk_test_a"})
             assert put.status_code == 200, put.text

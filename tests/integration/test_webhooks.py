@@ -566,7 +566,7 @@ async def test_a_statement_the_database_gives_up_on_is_a_503(db_url: str,
     delivery = shopify("orders/cancelled", {"id": 1})
     settings = test_settings(db_url, db_statement_timeout_ms=300)
     async with LiveServer(settings, make_policies(), db_url) as live, \
-            httpx.AsyncClient(base_url=live.base_url, timeout=10) as client:
+            live.client(None) as client:
         before = counted("shopify", "rejected", "overloaded")
         async with engine.connect() as blocker:
             await hold_receipt(blocker, delivery[1]["X-Shopify-Webhook-Id"])
@@ -594,7 +594,7 @@ async def test_intake_limit_answers_503_with_retry_after(db_url: str,
         yield slow_delivery[4:]
 
     async with LiveServer(settings, make_policies(), db_url) as live, \
-            httpx.AsyncClient(base_url=live.base_url, timeout=10) as client, \
+            live.client(None) as client, \
             engine.connect() as blocker:
         before = counted("shopify", "rejected", "overloaded")
         # a slow sender and unsigned probes hold no slot: a verified delivery still goes in
@@ -651,7 +651,7 @@ async def test_hint_drains_through_the_workers_without_a_run(db_url: str,
         await registration.register(engine, [registration.Registration(SHOP, "42", pol, far)])
         settings = test_settings(db_url, workers=2)
         async with LiveServer(settings, policies, db_url) as live:
-            async with httpx.AsyncClient(base_url=live.base_url, timeout=10) as client:
+            async with live.client(None) as client:
                 # the pool found nothing to claim and listens for releases
                 await eventually(lambda: listening(engine), "the workers' LISTEN")
                 answer = await post(client, "shopify", shopify(
@@ -703,7 +703,7 @@ async def test_ids_the_ledger_refuses_are_a_422(hooks: httpx.AsyncClient,
 async def test_an_unreachable_database_is_a_503(db_url: str) -> None:
     closed = f"postgresql://postgres@127.0.0.1:{free_port()}/nowhere"
     async with LiveServer(test_settings(closed), make_policies(), closed) as live:
-        async with httpx.AsyncClient(base_url=live.base_url, timeout=20) as client:
+        async with live.client(None, timeout=20) as client:
             before = counted("shopify", "rejected", "unavailable")
             answer = await post(client, "shopify", shopify("orders/cancelled", {"id": 1}))
     assert answer.status_code == 503, answer.text

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from drills.stage import Stage
+from service.protocols.egress import public_roots
 
 
 @pytest.mark.slow
@@ -22,7 +23,7 @@ async def test_worker_process_drains_and_stops_on_sigterm(db_url: str, tmp_path:
         worker = stage.start_worker(metrics=True)
         await stage.wait_all_finished(50, 30)
         # the worker process serves its own counters for Prometheus
-        async with httpx.AsyncClient() as client:
+        async with httpx.AsyncClient(verify=public_roots()) as client:
             scraped = (await client.get(f"{worker.base_url}/metrics")).text
             probes = {path: (await client.get(f"{worker.base_url}{path}")).status_code
                       for path in ("/healthz", "/readyz", "/elsewhere")}

@@ -75,6 +75,7 @@ async def test_success_is_204_and_the_call_is_recorded(
     assert up.calls_for_key("k-1") == [call]
 
 
+@pytest.mark.slow  # the fake's trailing-second window, in real time
 async def test_rate_limit_answers_429_with_integer_retry_after(
     up: FakeUpstream, client: httpx.AsyncClient
 ) -> None:
@@ -117,7 +118,7 @@ async def test_default_limit_and_custom_scope_fn() -> None:
         return path.split("/")[2]
 
     async with FakeUpstream(default_limit=0.5, scope_fn=by_tenant) as fake:
-        async with httpx.AsyncClient(base_url=fake.base_url) as c:
+        async with httpx.AsyncClient(verify=public_roots(), base_url=fake.base_url) as c:
             codes = [(await c.delete(p)).status_code
                      for p in ("/t/acme/1", "/t/acme/2", "/t/globex/1")]
             # A scope_fn that raises kills only that connection, not the server.
@@ -129,9 +130,10 @@ async def test_default_limit_and_custom_scope_fn() -> None:
         assert fake.throttled_count("acme") == 1
 
 
+@pytest.mark.slow  # the fake's trailing-second window, in real time
 async def test_default_window_allows_n_calls_in_any_trailing_second() -> None:
     async with FakeUpstream(default_limit=3, default_window=True) as fake:
-        async with httpx.AsyncClient(base_url=fake.base_url) as c:
+        async with httpx.AsyncClient(verify=public_roots(), base_url=fake.base_url) as c:
             first = [(await c.delete(f"/x/{i}")).status_code for i in range(4)]
             over = await c.delete("/x/over")
             await asyncio.sleep(1.05)  # the first three leave the window together
@@ -140,6 +142,7 @@ async def test_default_window_allows_n_calls_in_any_trailing_second() -> None:
         assert over.status_code == 429 and over.headers["Retry-After"] == "1"
 
 
+@pytest.mark.slow  # the fake's trailing-second window, in real time
 async def test_over_limit_throttles_with_the_headers_the_test_chooses(
     up: FakeUpstream, client: httpx.AsyncClient
 ) -> None:
@@ -329,7 +332,8 @@ async def test_control_api_over_http(up: FakeUpstream, client: httpx.AsyncClient
 
 
 def test_thread_mode_with_a_sync_client() -> None:
-    with FakeUpstream() as fake, httpx.Client(base_url=fake.base_url, timeout=5.0) as c:
+    with FakeUpstream() as fake, httpx.Client(verify=public_roots(), base_url=fake.base_url,
+                                              timeout=5.0) as c:
         fake.fail_next(1, status=502)
         assert c.delete("/a", headers={"Idempotency-Key": "t"}).status_code == 502
         assert c.delete("/a", headers={"Idempotency-Key": "t"}).status_code == 204
@@ -368,7 +372,7 @@ async def test_close_ends_hanging_and_dripping_connections_quickly() -> None:
     await fake.start()
     fake.inject("hang", match="/hang")
     fake.inject("drip", match="/drip", interval=0.05, seconds=3600)
-    async with httpx.AsyncClient(base_url=fake.base_url, timeout=30.0) as c:
+    async with httpx.AsyncClient(verify=public_roots(), base_url=fake.base_url, timeout=30.0) as c:
 
         async def drip() -> None:
             async with c.stream("DELETE", "/drip") as r:
@@ -430,7 +434,7 @@ def test_module_entry_point_runs_until_sigterm(tmp_path: Path) -> None:
         try:
             base_url = _wait_for_ready_file(proc, ready)
             assert base_url.startswith("http://127.0.0.1:")
-            with httpx.Client(base_url=base_url, timeout=5.0) as c:
+            with httpx.Client(verify=public_roots(), base_url=base_url, timeout=5.0) as c:
                 assert c.delete("/a", headers={"Idempotency-Key": "p"}).status_code == 204
                 calls = c.get("/_control/calls").json()
             assert [(x["path"], x["idempotency_key"]) for x in calls] == [("/a", "p")]
@@ -460,7 +464,7 @@ def test_package_entry_point_takes_every_option(
         try:
             base_url = _wait_for_ready_file(proc, ready)
             assert base_url.startswith("http://127.0.0.1:")
-            with httpx.Client(base_url=base_url, timeout=5.0) as c:
+            with httpx.Client(verify=public_roots(), base_url=base_url, timeout=5.0) as c:
                 assert [c.delete("/a").status_code for _ in range(3)] == statuses
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=5) == 0

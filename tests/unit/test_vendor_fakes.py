@@ -206,7 +206,7 @@ async def bigcommerce() -> AsyncIterator[tuple[FakeBigCommerce, httpx.AsyncClien
     fake.add_store("abc123", BC_TOKEN)
     fake.add_store("other9", "bc-token-2")
     fake.add_customers("abc123", [1, 2, 3, 4, 5])
-    async with serve(fake) as port, httpx.AsyncClient(
+    async with serve(fake) as port, httpx.AsyncClient(verify=public_roots(),
             base_url=f"http://127.0.0.1:{port}", timeout=5.0,
             headers={"X-Auth-Token": BC_TOKEN}) as c:
         yield fake, c
@@ -296,7 +296,7 @@ async def stripe() -> AsyncIterator[tuple[FakeStripe, httpx.AsyncClient]]:
     fake = FakeStripe()
     fake.add_account("acct_1", STRIPE_KEY)
     fake.add_customers("acct_1", ["cus_1", "cus_2", "cus_3"])
-    async with serve(fake) as port, httpx.AsyncClient(
+    async with serve(fake) as port, httpx.AsyncClient(verify=public_roots(),
             base_url=f"http://127.0.0.1:{port}", timeout=5.0,
             headers={"Authorization": f"Bearer {STRIPE_KEY}"}) as c:
         yield fake, c
@@ -422,7 +422,7 @@ async def commercetools() -> AsyncIterator[tuple[FakeCommercetools, httpx.AsyncC
     fake.add_project("shop-us", "ct-token-2")
     fake.add_customers("shop-eu", ["c1", "c2"])
     fake.add_customers("shop-eu", ["c3"], version=4)
-    async with serve(fake) as port, httpx.AsyncClient(
+    async with serve(fake) as port, httpx.AsyncClient(verify=public_roots(),
             base_url=f"http://127.0.0.1:{port}", timeout=5.0,
             headers={"Authorization": f"Bearer {CT_TOKEN}"}) as c:
         yield fake, c

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 import httpx
 
 from service.ledger.claims import Admission
+from service.protocols.egress import public_roots
 from service.worker.health import WorkerHealth, serve_probes
 from service.worker.pool import WARM_UP_SCOPE
 from tests.unit.test_worker_rounds import rig
@@ -31,7 +32,7 @@ async def test_a_stalled_loop_fails_healthz_and_readyz() -> None:
     health = WorkerHealth(r.clock.monotonic, stall_s=5.0)
     server = serve_probes(health, "127.0.0.1", 0)
     base = f"http://127.0.0.1:{server.server_address[1]}"
-    async with httpx.AsyncClient(base_url=base, timeout=5) as client:
+    async with httpx.AsyncClient(verify=public_roots(), base_url=base, timeout=5) as client:
         assert (await client.get("/readyz")).status_code == 503  # no pool yet
         health.pool = r.pool
         running = asyncio.create_task(r.pool.run())
