@@ -13,6 +13,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Final
 
+from prometheus_client import Histogram
+
 from service.ledger.claims import Lease
 from service.ledger.completions import Completion
 from service.observability.metrics import (
@@ -81,10 +83,15 @@ class PipelineCounts:
         outcomes: Counter[tuple[str, str]] = Counter()
         dead: Counter[tuple[str, str]] = Counter()
         late: Counter[str] = Counter()
+        durations: dict[tuple[str, str], Histogram] = {}  # a label set's child, looked up once
         for c in batch:
             policy = c.lease.policy
             if c.reason != UNKNOWN_POLICY_VERSION:  # that one was never called
-                UPSTREAM_DURATION.labels(policy, c.outcome).observe(c.latency_ms / 1000)
+                key = (policy, c.outcome)
+                child = durations.get(key)
+                if child is None:
+                    child = durations[key] = UPSTREAM_DURATION.labels(*key)
+                child.observe(c.latency_ms / 1000)
             if c.lease.item_id in fenced:
                 late[policy] += 1
                 log.warning("late completion fenced out", extra={"item_id": c.lease.item_id})
