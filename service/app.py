@@ -96,6 +96,7 @@ def open_runtime(settings: Settings, policies: Policies, database_url: URL) -> R
     """What the process holds while it runs: the engine, the credentials, the stores'
     databases. Nothing connects yet."""
     engine = make_engine(database_url, settings, pool_wait=metrics.POOL_WAIT.observe)
+    webhooks_routes.initialise_series(policies.webhooks)
     keyring = Keyring.from_settings(settings)
     store = CredentialStore(engine, keyring) if keyring else None
     return Runtime(settings=settings, policies=policies, engine=engine,

@@ -55,8 +55,10 @@ def _record(scope: Scope, status: int, elapsed: float, request_id: str) -> None:
     # to any path add at most one `other` per route template
     declared = getattr(matched, "methods", None) or ()
     method = scope["method"] if scope["method"] in declared else "other"
-    metrics.HTTP_DURATION.labels(getattr(matched, "path", "unmatched"), method,
-                                 metrics.status_class(status)).observe(elapsed)
+    # the template without its convertors (`{tenant_id}`, not `{tenant_id:path}`), as the
+    # OpenAPI document names it
+    route = getattr(matched, "path_format", None) or getattr(matched, "path", "unmatched")
+    metrics.HTTP_DURATION.labels(route, method, metrics.status_class(status)).observe(elapsed)
     if scope["path"] not in _QUIET_PATHS or status >= 500:
         log.log(logging.WARNING if status >= 500 else logging.INFO, "request", extra={
             "method": scope["method"], "path": scope["path"], "status": status,

@@ -33,7 +33,7 @@ from prometheus_client import (
 )
 
 import service
-from service.outcomes import Outcome
+from service.outcomes import FAILURE_OUTCOMES, UNKNOWN_POLICY_VERSION, Failure, Outcome
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +43,10 @@ REGISTRY: Final = CollectorRegistry(auto_describe=True)
 
 # Upstream calls take milliseconds to tens of seconds (the per-call deadline).
 _CALL_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# API requests and pool waits: sub-millisecond to the longest timeouts (the pool's and a
+# body's 10 s, an export's 30 s), so a request that times out lands in a bucket of its own.
 _FAST_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-                        1.0, 2.5, 5.0)
+                        1.0, 2.5, 5.0, 10.0, 30.0)
 
 BUILD_INFO: Final = Info("sweeper_build", "The running build", registry=REGISTRY)
 BUILD_INFO.info({"version": service.__version__})
@@ -71,6 +73,34 @@ LATE_COMPLETIONS: Final = Counter(
 ITEMS_DEAD: Final = Counter(
     "sweeper_items_dead_total", "Items this process moved to dead, by reason",
     ["policy", "reason"], registry=REGISTRY)
+
+
+def dead_reason_label(reason: str) -> str:
+    """A dead item's reason as a metric label from a closed set (the ledger keeps the
+    exact reason): `max_attempts`, a transport failure, a known HTTP status, else its
+    class (`http_4xx`)."""
+    if reason.startswith("max_attempts:"):
+        return "max_attempts"
+    if reason in _FAILURE_REASONS:
+        return reason
+    status = reason.removeprefix("http_").removeprefix("absent_")
+    if status.isdigit():
+        return f"http_{status}" if int(status) in _LABELLED_STATUSES else f"http_{status[0]}xx"
+    return "other"
+
+
+_FAILURE_REASONS: Final = frozenset({*(f.value for f in Failure), UNKNOWN_POLICY_VERSION,
+                                     "no_status"})
+_LABELLED_STATUSES: Final = frozenset({400, 401, 403, 404, 405, 409, 410, 411, 413, 415,
+                                       422, 500, 501, 502, 503, 504})
+# The labels a dead item gets unless a policy's answer rules make other answers permanent:
+# retries exhausted, a failure permanent by itself, a 3xx or 4xx (service/outcomes.py; a
+# 404 or 410 where absence is not deletion), each series exported from start at 0
+DEAD_REASONS: Final = tuple(sorted({
+    "max_attempts", UNKNOWN_POLICY_VERSION, "other",
+    *(f.value for f, outcome in FAILURE_OUTCOMES.items() if outcome is Outcome.PERMANENT),
+    *(dead_reason_label(f"http_{status}") for status in range(300, 500)
+      if status not in (401, 403, 408, 429))}))
 
 
 class LeaseReturn(StrEnum):
@@ -149,7 +179,7 @@ DISCOVERED: Final = Counter(
     "them: candidate, or error (no item can be made of it)", ["policy", "result"],
     registry=REGISTRY)
 DISCOVERY_PAGE_DURATION: Final = Histogram(
-    "shop_discovery_page_seconds",
+    "sweeper_discovery_page_duration_seconds",
     "One source page read on the store, in its own read-only transaction",
     ["policy"], buckets=_CALL_BUCKETS, registry=REGISTRY)
 
@@ -226,6 +256,8 @@ def initialise_series(policies: Iterable[str]) -> None:
             COMPLETIONS.labels(policy, outcome)
         for result in ("candidate", "error"):
             DISCOVERED.labels(policy, result)
+        for reason in DEAD_REASONS:
+            ITEMS_DEAD.labels(policy, reason)
     for returned in LeaseReturn:
         LEASES_RETURNED.labels(returned)
     for signal in ScopeSignal:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from typing import Final
 
 from prometheus_client import Histogram
 
@@ -27,30 +26,11 @@ from service.observability.metrics import (
     TOKENS_RETURNED,
     UPSTREAM_DURATION,
     LeaseReturn,
+    dead_reason_label,
 )
-from service.outcomes import UNKNOWN_POLICY_VERSION, Failure
+from service.outcomes import UNKNOWN_POLICY_VERSION
 
 log = logging.getLogger("service.worker")
-
-
-def dead_reason_label(reason: str) -> str:
-    """A dead item's reason as a metric label from a closed set (the ledger keeps the
-    exact reason): `max_attempts`, a transport failure, a known HTTP status, else its
-    class (`http_4xx`)."""
-    if reason.startswith("max_attempts:"):
-        return "max_attempts"
-    if reason in _FAILURE_REASONS:
-        return reason
-    status = reason.removeprefix("http_").removeprefix("absent_")
-    if status.isdigit():
-        return f"http_{status}" if int(status) in _LABELLED_STATUSES else f"http_{status[0]}xx"
-    return "other"
-
-
-_FAILURE_REASONS: Final = frozenset({*(f.value for f in Failure), UNKNOWN_POLICY_VERSION,
-                                     "no_status"})
-_LABELLED_STATUSES: Final = frozenset({400, 401, 403, 404, 405, 409, 410, 411, 413, 415,
-                                       422, 500, 501, 502, 503, 504})
 
 
 class PipelineCounts:

@@ -113,3 +113,20 @@ def test_every_query_is_valid_promql(tmp_path: Path) -> None:
     check = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True,
                            text=True, timeout=30)
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+# A query whose values are seconds: a duration histogram's quantile or a gauge of seconds
+# (`_seconds_count` and `_seconds_sum` rates are not)
+IN_SECONDS = re.compile(r"_seconds(?:_bucket)?\b(?!_)")
+
+
+def test_every_series_in_seconds_is_shown_in_seconds() -> None:
+    for panel in json.loads(DASHBOARD.read_text())["panels"]:
+        config = panel.get("fieldConfig", {})
+        by_ref = {o["matcher"]["options"]: p["value"] for o in config.get("overrides", [])
+                  if o["matcher"]["id"] == "byFrameRefID"
+                  for p in o["properties"] if p["id"] == "unit"}
+        for target in panel.get("targets", []):
+            if IN_SECONDS.search(target["expr"]):
+                unit = by_ref.get(target["refId"], config.get("defaults", {}).get("unit"))
+                assert unit == "s", (panel["title"], target["refId"], unit)

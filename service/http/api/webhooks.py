@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import Any, Final, Literal
 
@@ -161,6 +161,15 @@ async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
                                timeout_s=timeout_s)
     except BodyRefused as exc:
         raise DeliveryRejected(_BODY_REASONS[exc.reason], exc.detail) from None
+
+
+def initialise_series(sources: Iterable[str]) -> None:
+    """Every source's deliveries series at 0 from start, one per result and refusal reason
+    (service/observability/metrics.py `initialise_series` does the same for the rest)."""
+    for source in sources:
+        for result, reason in (("accepted", ""), ("duplicate", ""), ("ignored", "no-rule"),
+                               *(("rejected", r) for r in _ANSWERS)):
+            metrics.WEBHOOKS.labels(source, result, reason)
 
 
 def _rejected(source: str, exc: DeliveryRejected) -> Problem:
