@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, Final
 
 import pytest
 from openapi_spec_validator import validate
@@ -101,3 +101,51 @@ def test_every_request_body_has_examples(doc: dict[str, Any]) -> None:
         assert examples, (method, path)
         for name, example in examples.items():
             assert example["summary"] and "value" in example, (method, path, name)
+
+
+# JSON Schema 2020-12's keywords and OpenAPI 3.1's own: a bound written as anything else
+# (pydantic's `ge`, say) is invisible to validators and generated clients
+SCHEMA_KEYWORDS: Final = frozenset({
+    "$ref", "$defs", "$schema", "$id", "$comment", "$anchor", "type", "enum", "const", "title",
+    "description", "default", "examples", "example", "deprecated", "readOnly", "writeOnly",
+    "format", "contentMediaType", "contentEncoding", "contentSchema", "multipleOf", "maximum",
+    "exclusiveMaximum", "minimum", "exclusiveMinimum", "maxLength", "minLength", "pattern",
+    "maxItems", "minItems", "uniqueItems", "maxContains", "minContains", "maxProperties",
+    "minProperties", "required", "dependentRequired", "properties", "patternProperties",
+    "additionalProperties", "propertyNames", "items", "prefixItems", "contains",
+    "unevaluatedItems", "unevaluatedProperties", "allOf", "anyOf", "oneOf", "not", "if",
+    "then", "else", "dependentSchemas", "discriminator", "xml", "externalDocs"})
+_BY_NAME: Final = ("properties", "patternProperties", "$defs", "dependentSchemas")
+_ONE: Final = ("items", "additionalProperties", "propertyNames", "contains", "not", "if",
+               "then", "else", "unevaluatedItems", "unevaluatedProperties", "contentSchema")
+_MANY: Final = ("allOf", "anyOf", "oneOf", "prefixItems")
+
+
+def unknown_keywords(schema: Any, where: str) -> list[str]:
+    """Every key of `schema` and its subschemas that is no schema keyword."""
+    if not isinstance(schema, dict):
+        return []
+    found = [f"{where}/{k}" for k in schema
+             if k not in SCHEMA_KEYWORDS and not k.startswith("x-")]
+    for key in _BY_NAME:
+        for name, sub in schema.get(key, {}).items():
+            found += unknown_keywords(sub, f"{where}/{key}/{name}")
+    for key in _ONE:
+        found += unknown_keywords(schema.get(key), f"{where}/{key}")
+    for key in _MANY:
+        for i, sub in enumerate(schema.get(key, [])):
+            found += unknown_keywords(sub, f"{where}/{key}/{i}")
+    return found
+
+
+def test_every_bound_is_a_json_schema_keyword(doc: dict[str, Any]) -> None:
+    found = [bad for name, schema in doc["components"]["schemas"].items()
+             for bad in unknown_keywords(schema, name)]
+    for method, path, op in operations(doc):
+        for param in op.get("parameters", []):
+            found += unknown_keywords(param.get("schema"), f"{method} {path} {param['name']}")
+        for media in op.get("requestBody", {}).get("content", {}).values():
+            found += unknown_keywords(media.get("schema"), f"{method} {path} body")
+    assert found == []
+    # and the rule sees what it is for
+    assert unknown_keywords({"anyOf": [{"type": "integer", "ge": 1}]}, "x") == ["x/anyOf/0/ge"]

@@ -73,7 +73,9 @@ Timestamp = Annotated[
     AwareDatetime, Field(strict=False, description=f"RFC 3339, from {TIMESTAMP_RANGE}"),
     BeforeValidator(_rfc3339_text), AfterValidator(_in_range)]
 JsonInt = BeforeValidator(_integral)
-"""Put on an int field of a request body: accepts 5.0 as 5, as JSON Schema does."""
+"""Put on an int field of a request body: accepts 5.0 as 5, as JSON Schema does. Bounds go
+before it, `Annotated[int, Field(ge=1), JsonInt]`: after it, or on an optional field's
+Field, pydantic writes them as `ge`/`le`, which JSON Schema does not know."""
 PolicyName = Annotated[str, Field(min_length=1, max_length=63, pattern=NAME_PATTERN,
                                   examples=["cart-retention"])]
 Id = Annotated[str, Field(min_length=1, max_length=MAX_ID_CHARS, pattern=ID_PATTERN)]

@@ -268,7 +268,7 @@ class ItemSelection(RequestBody):
     model_config = ConfigDict(json_schema_extra={
         "anyOf": [{"required": [selector]} for selector in SELECTORS]})
 
-    ids: list[Annotated[int, JsonInt, Field(ge=1, le=MAX_BIGINT)]] | None = Field(
+    ids: list[Annotated[int, Field(ge=1, le=MAX_BIGINT), JsonInt]] | None = Field(
         default=None, min_length=1, max_length=MAX_CHANGE)
     items: list[ItemRef] | None = Field(default=None, min_length=1, max_length=MAX_CHANGE)
     policy: PolicyName | None = None

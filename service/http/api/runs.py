@@ -51,7 +51,7 @@ class RunIn(RequestBody):
     tenant_id: Id | None = None
     cutoff: Timestamp | None = None
     dry_run: bool = False
-    max_items: Annotated[int, JsonInt] | None = Field(default=None, ge=1, le=100_000_000)
+    max_items: Annotated[int, Field(ge=1, le=100_000_000), JsonInt] | None = None
 
 
 class RunOut(BaseModel):

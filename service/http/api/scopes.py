@@ -78,7 +78,7 @@ class BudgetIn(RequestBody):
     rate_per_second: float = Field(ge=MIN_RATE_PER_SECOND, le=MAX_RATE_PER_SECOND,
                                    examples=[20.0])
     burst: Annotated[int, JsonInt] = Field(ge=1, le=100_000, examples=[5])
-    weight: Annotated[int, JsonInt] | None = Field(default=None, ge=1, le=1000)
+    weight: Annotated[int, Field(ge=1, le=1000), JsonInt] | None = None
     reason: Reason | None = None
 
 
