@@ -359,18 +359,28 @@ class WebhookRule(_Strict):
 class WebhookSourceConfig(_Strict):
     """A storefront that sends signed hints."""
 
-    scheme: Literal["standard", "shopify", "hmac-sha256"]
+    scheme: Literal["standard", "shopify", "hmac-sha256", "header"]
     secret_env: str | None = None
     secrets_env: list[str] = Field(default_factory=list)
+    # hmac-sha256: the header holding the body's HMAC; header: the one holding the secret
     signature_header: HeaderName | None = None
-    # hmac-sha256 only (the other schemes name these headers themselves): where the
+    # hmac-sha256 and header only (the other schemes name these themselves): where the
     # webhook id (de-duplication) and the event type come from. Without id_header the
-    # SHA-256 of the raw body is the id; without topic_header the body's "type" is the topic.
+    # SHA-256 of the raw body is the id; without topic_header the event type is the body's
+    # `topic_path` ("type" unless set; BigCommerce's is "scope").
     id_header: HeaderName | None = None
     topic_header: HeaderName | None = None
+    topic_path: str | None = Field(default=None, min_length=1, max_length=200)
     tolerance_seconds: int = Field(default=300, ge=1, le=86_400)
     max_body_bytes: int = Field(default=256 * 1024, ge=1024, le=16 * 1024 * 1024)
     rules: list[WebhookRule] = Field(default_factory=list)
+
+    @field_validator("topic_path")
+    @classmethod
+    def _topic_path(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_body_path(value)
+        return value
 
 
 class PoliciesFile(_Strict):

@@ -7,6 +7,7 @@ file_entries.py).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Final
 
 from service.config.policy_file import WebhookSourceConfig
 from service.config.resolution import Resolution
@@ -33,24 +34,34 @@ def resolve_webhook_source(name: str, src: WebhookSourceConfig, r: Resolution
         r.fail(key, "set secret_env (or secrets_env for rotation)")
     secrets = tuple(r.secret(var, f"{key}.secret_env") for var in names)
     _scheme_problems(key, src, r)
-    if src.scheme == "standard":
-        for var, value in zip(names, secrets, strict=True):
-            if value and not _standard_secret_ok(value):
-                r.fail(f"{key}.secret_env", f"environment variable {var}: not a "
-                                            "Standard Webhooks secret ('whsec_' + base64)")
+    for var, value in zip(names, secrets, strict=True):
+        if value and src.scheme == "standard" and not _standard_secret_ok(value):
+            r.fail(f"{key}.secret_env", f"environment variable {var}: not a "
+                                        "Standard Webhooks secret ('whsec_' + base64)")
+        if value and src.scheme == "header" and len(value) < MIN_HEADER_SECRET_CHARS:
+            r.fail(f"{key}.secret_env", f"environment variable {var}: a header secret needs "
+                                        f"at least {MIN_HEADER_SECRET_CHARS} characters")
     if r.found_since(mark):
         return None
     return WebhookSource(name=name, config=src, secrets=secrets)
 
 
+# The schemes whose sources say where the signature, id and event type are
+_NAMING: Final = ("hmac-sha256", "header")
+MIN_HEADER_SECRET_CHARS: Final = 16  # a static secret is all there is: not a guessable one
+
+
 def _scheme_problems(key: str, src: WebhookSourceConfig, r: Resolution) -> None:
-    """The headers a source names, which only the hmac-sha256 scheme takes (and needs)."""
-    if src.scheme == "hmac-sha256" and not src.signature_header:
-        r.fail(f"{key}.signature_header", "required for scheme 'hmac-sha256'")
-    for option in ("signature_header", "id_header", "topic_header"):
-        if src.scheme != "hmac-sha256" and getattr(src, option) is not None:
-            r.fail(f"{key}.{option}", f"only for scheme 'hmac-sha256' (scheme "
-                                      f"{src.scheme!r} names its own headers)")
+    """The headers and body path a source names, which only the hmac-sha256 and header
+    schemes take (and the signature header they need)."""
+    if src.scheme in _NAMING and not src.signature_header:
+        r.fail(f"{key}.signature_header", f"required for scheme {src.scheme!r}")
+    for option in ("signature_header", "id_header", "topic_header", "topic_path"):
+        if src.scheme not in _NAMING and getattr(src, option) is not None:
+            r.fail(f"{key}.{option}", f"only for schemes 'hmac-sha256' and 'header' (scheme "
+                                      f"{src.scheme!r} names its own)")
+    if src.topic_header is not None and src.topic_path is not None:
+        r.fail(f"{key}.topic_path", "set topic_header or topic_path, not both")
 
 
 def _standard_secret_ok(secret: str) -> bool:

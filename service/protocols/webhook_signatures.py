@@ -8,6 +8,9 @@ which secret or which signature matched.
     verify(scheme, keys, headers, body, now_s, tolerance_s, signature_header) -> Verified
         raises SignatureRejected(reason)   reason: "signature" | "timestamp"
 
+The `header` scheme is the exception: a static secret in a header, compared in constant
+time, which authenticates the sender only as far as the secret stays unseen.
+
 The reason is for metrics and logs only; the HTTP answer never says which part failed.
 `headers` is a case-insensitive mapping (Starlette's `Headers`) or a dict with lower-case
 keys; values are str decoded as latin-1, so `.encode("latin-1")` gives the wire bytes.
@@ -27,7 +30,7 @@ STANDARD_SECRET_PREFIX: Final = "whsec_"  # noqa: S105 - a prefix, not a secret
 MAX_SIGNATURES: Final = 32  # per header; more are ignored (bounds the work per delivery)
 MAX_TIMESTAMP_DIGITS: Final = 12  # seconds since 1970 fit in 11 digits until year 5138
 
-Scheme = Literal["standard", "shopify", "hmac-sha256"]
+Scheme = Literal["standard", "shopify", "hmac-sha256", "header"]
 RejectReason = Literal["signature", "timestamp"]
 
 
@@ -134,6 +137,23 @@ def verify_hex(keys: Sequence[bytes], headers: Mapping[str, str], body: bytes,
     return Verified(timestamp=None)
 
 
+def verify_header(keys: Sequence[bytes], headers: Mapping[str, str],
+                  signature_header: str) -> Verified:
+    """A static secret in `signature_header` (BigCommerce's custom headers): it signs
+    nothing, so whoever sees one delivery can send others. Digests are compared, so the
+    time taken says nothing of the secret's length either."""
+    value = headers.get(signature_header.lower())
+    if not value:
+        raise SignatureRejected("signature")
+    presented = hashlib.sha256(value.encode("latin-1")).digest()
+    matched = False
+    for key in keys:
+        matched |= hmac.compare_digest(hashlib.sha256(key).digest(), presented)
+    if not matched:
+        raise SignatureRejected("signature")
+    return Verified(timestamp=None)
+
+
 def verify(scheme: Scheme, keys: Sequence[bytes], headers: Mapping[str, str], body: bytes, *,
            now_s: float, tolerance_s: float, signature_header: str | None = None) -> Verified:
     """Verify a delivery under its source's scheme; SignatureRejected when not authentic."""
@@ -145,4 +165,6 @@ def verify(scheme: Scheme, keys: Sequence[bytes], headers: Mapping[str, str], bo
         return verify_shopify(keys, headers, body)
     if signature_header is None:
         raise SignatureRejected("signature")
+    if scheme == "header":
+        return verify_header(keys, headers, signature_header)
     return verify_hex(keys, headers, body, signature_header)

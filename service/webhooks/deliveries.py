@@ -140,12 +140,12 @@ def _webhook_id(source: WebhookSource, headers: Mapping[str, str], body: bytes) 
 def _event_type(source: WebhookSource, headers: Mapping[str, str], payload: Any) -> str:
     cfg = source.config
     header = ("X-Shopify-Topic" if cfg.scheme == "shopify" else cfg.topic_header
-              if cfg.scheme == "hmac-sha256" else None)
+              if cfg.scheme in ("hmac-sha256", "header") else None)
     if header is not None:
         value, where = _required_header(headers, header), f"the {header} header"
     else:
-        found = payload.get("type") if isinstance(payload, dict) else None
-        where = "the body's \"type\""
+        path = cfg.topic_path or "type"
+        found, where = _at(payload, path), f'the body\'s "{path}"'
         if not isinstance(found, str):
             raise DeliveryRejected("malformed", f"{where} must be a string")
         value = found
@@ -161,17 +161,24 @@ def extract(extractor: str, headers: Mapping[str, str], payload: Any) -> str | N
     kind, _, where = extractor.partition(":")
     if kind == "header":
         return headers.get(where.lower()) or None
-    value = payload
-    for step in parse_body_path(where):
-        if isinstance(step, int):
-            value = value[step] if isinstance(value, list) and step < len(value) else None
-        else:
-            value = value.get(step) if isinstance(value, dict) else None
+    value = _at(payload, where)
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
         return str(value)
     return value if isinstance(value, str) else None
+
+
+def _at(payload: Any, path: str) -> Any:
+    """The value at a body path (`customer.id`, `line_items[0].id`); None where it leads
+    nowhere."""
+    value = payload
+    for step in parse_body_path(path):
+        if isinstance(step, int):
+            value = value[step] if isinstance(value, list) and step < len(value) else None
+        else:
+            value = value.get(step) if isinstance(value, dict) else None
+    return value
 
 
 def _hint(index: int, rule: WebhookRule, policies: Policies, headers: Mapping[str, str],

@@ -43,8 +43,10 @@ STD_OLD = "whsec_" + base64.b64encode(b"the previous standard secret....").decod
 SHOP_SECRET = "shpss_current_secret"
 SHOP_OLD = "shpss_previous_secret"
 PLAIN_SECRET = "plain-hmac-secret"
+BC_SECRET = "bigcommerce-static-header-secret"
+BC_NEXT = "the-next-static-header-secret-0"
 ENV = {"STD_NEW": STD_SECRET, "STD_OLD": STD_OLD, "SHOP_NEW": SHOP_SECRET,
-       "SHOP_OLD": SHOP_OLD, "PLAIN": PLAIN_SECRET}
+       "SHOP_OLD": SHOP_OLD, "PLAIN": PLAIN_SECRET, "BC": BC_SECRET, "BC_NEXT": BC_NEXT}
 SHOP = "acme.myshopify.com"
 SHOP_LIMIT = 2048
 
@@ -77,6 +79,11 @@ def make_policies(base_url: str = "http://127.0.0.1:9") -> Policies:
                       "signature_header": "X-Signature", "topic_header": "X-Event", "rules": [
                 {"topic": "cart.expired", "policy": "carts", "tenant": "body:shop",
                  "object_id": "body:cart"}]},
+            # BigCommerce: a static secret in a custom header, the event type in "scope"
+            "bigcommerce": {"scheme": "header", "secret_env": "BC", "secrets_env": ["BC_NEXT"],
+                            "signature_header": "X-Sweeper-Secret", "topic_path": "scope",
+                            "rules": [{"topic": "store/cart/abandoned", "policy": "carts",
+                                       "tenant": "body:producer", "object_id": "body:data.id"}]},
         }}, ENV)
 
 
@@ -105,6 +112,14 @@ def plain(payload: Any, event: str = "cart.expired") -> tuple[bytes, dict[str, s
     body = json.dumps(payload).encode()
     return body, {"X-Signature": hmac.new(PLAIN_SECRET.encode(), body,
                                           hashlib.sha256).hexdigest(), "X-Event": event}
+
+
+def bigcommerce(cart: int, secret: str | None = BC_SECRET, scope: str = "store/cart/abandoned"
+                ) -> tuple[bytes, dict[str, str]]:
+    body = json.dumps({"scope": scope, "store_id": "1025646", "producer": "stores/abc123",
+                       "hash": uuid.uuid4().hex, "created_at": 1561479335,
+                       "data": {"type": "cart", "id": cart}}).encode()
+    return body, {} if secret is None else {"X-Sweeper-Secret": secret}
 
 
 async def tables(engine: AsyncEngine) -> dict[str, list[tuple[Any, ...]]]:
@@ -335,6 +350,30 @@ async def test_plain_hmac_deduplicates_on_the_body_digest(hooks: httpx.AsyncClie
     assert first.json()["webhook_id"] == "sha256:" + hashlib.sha256(one[0]).hexdigest()
     async with engine.connect() as conn:
         assert (await conn.execute(text("SELECT count(*) FROM items"))).scalar() == 2
+
+
+async def test_a_static_header_secret_is_checked_in_full(hooks: httpx.AsyncClient,
+                                                         engine: AsyncEngine) -> None:
+    """The `header` scheme: either configured secret is accepted, anything else (missing,
+    a prefix, another case, the secret plus a byte) is the same 401 with nothing written;
+    the event type comes from the body's `topic_path`."""
+    accepted = [await post(hooks, "bigcommerce", bigcommerce(n, secret))
+                for n, secret in ((1, BC_SECRET), (2, BC_NEXT))]
+    assert [a.status_code for a in accepted] == [202, 202], accepted[0].text
+    before = await tables(engine)
+    refused = before_refused = counted("bigcommerce", "rejected", "signature")
+    for secret in (None, "", BC_SECRET[:-1], BC_SECRET.upper(), BC_SECRET + "x", PLAIN_SECRET):
+        answer = await post(hooks, "bigcommerce", bigcommerce(3, secret))
+        assert answer.status_code == 401, (secret, answer.text)
+        refused += 1
+    assert counted("bigcommerce", "rejected", "signature") == refused == before_refused + 6
+    assert await tables(engine) == before
+    ignored = await post(hooks, "bigcommerce", bigcommerce(4, scope="store/order/created"))
+    assert (ignored.status_code, ignored.json()["result"]) == (200, "ignored")
+    async with engine.connect() as conn:
+        rows = (await conn.execute(text("SELECT tenant_id, object_id FROM items "
+                                        "ORDER BY object_id"))).all()
+    assert [tuple(r) for r in rows] == [("stores/abc123", "1"), ("stores/abc123", "2")]
 
 
 async def test_a_hint_never_postpones(hooks: httpx.AsyncClient, engine: AsyncEngine) -> None:

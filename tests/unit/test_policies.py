@@ -355,3 +355,53 @@ def test_durations_are_bounded_so_due_times_stay_in_range(text: str) -> None:
     with pytest.raises(ValueError, match="longer than 36500 days"):
         parse_duration(text)
     assert parse_duration("P36500D").days == 36_500
+
+
+def _with_source(source: dict[str, object]) -> dict[str, object]:
+    doc = example()
+    rule = {"topic": "store/cart/abandoned", "policy": "cart-retention",
+            "tenant": "body:producer", "object_id": "body:data.id"}
+    doc["webhooks"] = {"bc": {"secret_env": "BC_SECRET", "rules": [rule], **source}}
+    return doc
+
+
+@pytest.mark.parametrize(("source", "secret", "problem"), [
+    ({"scheme": "header"}, "s" * 16, "webhooks.bc.signature_header: required for scheme "
+                                     "'header'"),
+    ({"scheme": "header", "signature_header": "X-Secret"}, "s" * 15,
+     "webhooks.bc.secret_env: environment variable BC_SECRET: a header secret needs at least "
+     "16 characters"),
+    ({"scheme": "header", "signature_header": "X-Secret", "topic_header": "X-Event",
+      "topic_path": "scope"}, "s" * 16,
+     "webhooks.bc.topic_path: set topic_header or topic_path, not both"),
+    ({"scheme": "shopify", "topic_path": "scope"}, "s" * 16,
+     "webhooks.bc.topic_path: only for schemes 'hmac-sha256' and 'header' (scheme 'shopify' "
+     "names its own)"),
+    ({"scheme": "header", "signature_header": "X-Secret", "topic_path": "a..b"}, "s" * 16,
+     "webhooks.bc.topic_path: 'a..b' is not a body path"),
+])
+def test_a_header_source_names_its_header_and_a_long_secret(
+        source: dict[str, object], secret: str, problem: str) -> None:
+    message = refused(_with_source(source), {**ENV, "BC_SECRET": secret})
+    assert problem in message, message
+    assert secret not in message
+
+
+def test_a_header_source_resolves() -> None:
+    source = {"scheme": "header", "signature_header": "X-Secret", "topic_path": "scope"}
+    policies = resolve_policies(_with_source(source), {**ENV, "BC_SECRET": "s" * 16},
+                                source="p.toml")
+    assert policies.webhooks["bc"].secrets == ("s" * 16,)
+
+
+def test_the_documented_bigcommerce_source_loads() -> None:
+    text = (REPO / "docs" / "webhooks.md").read_text(encoding="utf-8")
+    section = text.split("\n## Example: BigCommerce\n", 1)[1]
+    [block] = re.findall(r"^```toml\n(.*?)^```", section, re.MULTILINE | re.DOTALL)
+    doc = example()
+    doc["webhooks"] = tomllib.loads(block)["webhooks"]
+    policies = resolve_policies(doc, {**ENV, "BIGCOMMERCE_WEBHOOK_SECRET": "b" * 32},
+                                source="p.toml")
+    source = policies.webhooks["bigcommerce"].config
+    assert (source.scheme, source.signature_header, source.topic_path) == (
+        "header", "X-Sweeper-Secret", "scope")

@@ -152,3 +152,19 @@ def test_no_keys_accepts_nothing() -> None:
     with pytest.raises(SignatureRejected):
         verify("shopify", (), {"x-shopify-hmac-sha256": "AAAA"}, b"", now_s=NOW,
                tolerance_s=1)
+
+
+def test_a_static_header_secret() -> None:
+    keys = keys_for("header", ("first-static-secret-16", "second-static-secret"))
+    for value in ("first-static-secret-16", "second-static-secret"):
+        verify("header", keys, {"x-secret": value}, b"{}", now_s=NOW, tolerance_s=1,
+               signature_header="X-Secret")
+    for headers in ({}, {"x-secret": ""}, {"x-secret": "first-static-secret-1"},
+                    {"x-secret": "first-static-secret-16 "}, {"x-other": "second-static-secret"},
+                    {"x-secret": "FIRST-STATIC-SECRET-16"}):
+        with pytest.raises(SignatureRejected):
+            verify("header", keys, headers, b"{}", now_s=NOW, tolerance_s=1,
+                   signature_header="X-Secret")
+    with pytest.raises(SignatureRejected):  # a source without its header verifies nothing
+        verify("header", keys, {"x-secret": "second-static-secret"}, b"{}", now_s=NOW,
+               tolerance_s=1)

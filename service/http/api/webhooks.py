@@ -87,8 +87,9 @@ _BODY_DOC: Final[dict[str, Any]] = {"requestBody": {
     "required": True,
     "description": "The storefront's JSON event, signed per the source's scheme: "
                    "standard (webhook-id, webhook-timestamp, webhook-signature), "
-                   "shopify (X-Shopify-Hmac-Sha256, X-Shopify-Webhook-Id, X-Shopify-Topic) "
-                   "or hmac-sha256 (hex HMAC in the configured header).",
+                   "shopify (X-Shopify-Hmac-Sha256, X-Shopify-Webhook-Id, X-Shopify-Topic), "
+                   "hmac-sha256 (hex HMAC in the configured header) or header (a static "
+                   "secret in the configured header).",
     "content": {"application/json": {"schema": {"type": "object"}, "examples": {
         "orders/cancelled": {
             "summary": "Shopify orders/cancelled (headers carry the topic, shop and HMAC)",
