@@ -97,14 +97,16 @@ def open_runtime(settings: Settings, policies: Policies, database_url: URL) -> R
     databases. Nothing connects yet."""
     engine = make_engine(database_url, settings, pool_wait=metrics.POOL_WAIT.observe)
     webhooks_routes.initialise_series(policies.webhooks)
+    signer = settings.local_evidence_signer()
     keyring = Keyring.from_settings(settings)
     store = CredentialStore(engine, keyring) if keyring else None
     return Runtime(settings=settings, policies=policies, engine=engine,
                    tokens=TokenSet.of(settings.role_tokens()), schema_head=head_revision(),
-                   exporter=gauges.ledger_exporter(engine, policies.policies),
+                   exporter=gauges.ledger_exporter(engine, policies.policies,
+                                                   signing=signer is not None),
                    keyring=keyring, credentials=store,
                    tenant_credentials=Credentials.of(policies, engine, keyring, store),
-                   signer=settings.local_evidence_signer(), stores=Stores(policies.stores))
+                   signer=signer, stores=Stores(policies.stores))
 
 
 @dataclass

@@ -75,6 +75,11 @@ _LEDGER_SCOPES = Statement("gauges.ledger_scopes", (
     FROM scopes s""")  # noqa: S608 - only a constant fragment is interpolated
 _LEDGER_CONTROL = Statement("gauges.ledger_control", (
     "Whether workers are paused everywhere."), "SELECT workers_paused FROM control")
+# through runs_publishing (a partial index of the runs still publishing: a handful)
+_LEDGER_PUBLISHING = Statement("gauges.ledger_publishing", (
+    "How long the oldest run still publishing has been at it."), """
+    SELECT coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8
+    FROM runs WHERE state = 'publishing'""")
 
 
 @dataclass
@@ -92,6 +97,7 @@ class LedgerSnapshot:
     scopes_paused: int = 0
     scopes: int = 0
     workers_paused: bool = False
+    publishing_s: float = 0.0
     up: bool = False
 
 
@@ -122,6 +128,7 @@ async def read_ledger(engine: AsyncEngine) -> LedgerSnapshot:
         snap.scopes_closed, snap.scopes_paused, snap.scopes = (
             scopes.closed, scopes.paused, scopes.total)
         snap.workers_paused = bool((await run(conn, _LEDGER_CONTROL)).scalar())
+        snap.publishing_s = max(0.0, float((await run(conn, _LEDGER_PUBLISHING)).scalar_one()))
         await conn.rollback()
     snap.up = True
     return snap
@@ -196,9 +203,25 @@ class LedgerCollector(Collector):
         yield GaugeMetricFamily("sweeper_scopes", "Scopes with a budget row", value=snap.scopes)
         yield GaugeMetricFamily("sweeper_workers_paused",
                                 "1 while all workers are paused", value=int(snap.workers_paused))
+        yield GaugeMetricFamily("sweeper_run_publishing_age_seconds",
+                                "How long the oldest run still publishing has been at it "
+                                "(0: none)", value=snap.publishing_s)
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         return iter(())
+
+
+class _Signing(Collector):
+    """Whether the app signs evidence: a series of the app's registry, so that a process
+    without the API (`sweeper worker`) exports none and an alert reads the API's alone."""
+
+    def __init__(self, signing: bool) -> None:
+        self._signing = signing
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily("sweeper_evidence_signing",
+                                "1 when this API process signs evidence checkpoints and "
+                                "exports (a signing key is set)", value=int(self._signing))
 
 
 @dataclass(frozen=True)
@@ -227,12 +250,14 @@ class Exporter:
     apps one process builds (a test process builds many) never see each other's ledger."""
 
     collector: LedgerCollector
+    signing: bool = False  # this app signs evidence (a signing key is set)
     registry: CollectorRegistry = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(_ProcessSeries())
         self.registry.register(self.collector)
+        self.registry.register(_Signing(self.signing))
 
     async def render(self, accept: str = "") -> Exposition:
         """The registry in the format the scraper's Accept header asks for, negotiated by
@@ -242,9 +267,10 @@ class Exporter:
         return Exposition(encode(self.registry), content_type)
 
 
-def ledger_exporter(engine: AsyncEngine, policies: Iterable[str]) -> Exporter:
+def ledger_exporter(engine: AsyncEngine, policies: Iterable[str], *, signing: bool = False
+                    ) -> Exporter:
     """Initialise this process's series for the policies and return the exporter an app
     serves them with, beside this engine's ledger figures."""
     names = sorted(policies)
     initialise_series(names)
-    return Exporter(LedgerCollector(engine, names))
+    return Exporter(LedgerCollector(engine, names), signing)

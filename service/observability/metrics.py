@@ -172,6 +172,10 @@ ITEMS_RELEASED: Final = Counter(
 RUNS_CREATED: Final = Counter(
     "sweeper_runs_created_total", "Runs recorded (duplicate triggers excluded)",
     ["dry_run"], registry=REGISTRY)
+RUNS_FAILED: Final = Counter(
+    "sweeper_runs_failed_total",
+    "Runs whose publication this process marked failed (the error is in the run's report)",
+    registry=REGISTRY)
 
 DISCOVERED: Final = Counter(
     "sweeper_discovered_rows_total",

@@ -358,6 +358,7 @@ async def _fail(engine: AsyncEngine, run_id: int, exc: Exception) -> bool:
                           extra={"run_id": run_id, "error_code": code})
         return False
     if marked:
+        metrics.RUNS_FAILED.inc()
         log.error("run publication failed", exc_info=exc,
                   extra={"run_id": run_id, "error_code": code})
     return True

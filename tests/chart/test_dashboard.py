@@ -49,6 +49,10 @@ def exported() -> dict[str, set[str]]:
     collector = gauges.LedgerCollector(engine=None, policies=["p"])  # type: ignore[arg-type]
     for family in collector.collect():
         out[family.name] = {k for s in family.samples for k in s.labels}
+    # and what an app's own registry adds (sweeper_evidence_signing)
+    for family in gauges.Exporter(collector, signing=True).registry.collect():
+        for sample in family.samples:
+            out.setdefault(sample.name, set()).update(sample.labels)
     return out
 
 

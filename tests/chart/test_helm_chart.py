@@ -51,7 +51,8 @@ FULLNAME = "demo-sweeper"
 # The chart's kubeVersion floor and a recent release; both must be in kubernetes-validate.
 KUBE_VERSIONS = ("1.27.0", "1.37.0")
 # Custom resources the Kubernetes schemas cannot know; checked structurally instead.
-CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor"),
+             ("monitoring.coreos.com/v1", "PrometheusRule")}
 
 Doc = dict[str, Any]
 
@@ -317,7 +318,7 @@ def test_readme_documents_every_value() -> None:
 def test_all_on_values_switch_everything_on() -> None:
     values = load_values(ALL_ON)
     for section in ("ingress", "autoscaling", "serviceMonitor", "cronjob", "worker", "tls",
-                    "migration", "podDisruptionBudget", "grafanaDashboard"):
+                    "migration", "podDisruptionBudget", "grafanaDashboard", "prometheusRule"):
         assert values[section]["enabled"] is True, section
     assert values["worker"]["autoscaling"]["enabled"] is True
     assert values["serviceAccount"]["create"] is True
@@ -854,6 +855,21 @@ def test_dashboard_configmap_carries_the_dashboard_file(all_on: Rendered) -> Non
     assert cm["metadata"]["annotations"] == {"grafana_folder": "Sweeper"}
     shipped = json.loads(cm["data"]["sweeper.json"])
     assert shipped == json.loads((CHART / "dashboards" / "sweeper.json").read_text())
+
+
+def test_prometheus_rule_carries_the_rules_file(default: Rendered, all_on: Rendered) -> None:
+    assert not default.of_kind("PrometheusRule")
+    rule = all_on.get("PrometheusRule", FULLNAME)
+    assert rule["metadata"]["namespace"] == "monitoring"
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    written = yaml.safe_load((CHART / "alerts" / "sweeper.rules.yaml").read_text())
+    base = "https://git.example.com/sweeper/-/blob/main/"
+    for group in written["groups"]:
+        for alert in group["rules"]:
+            alert["labels"]["team"] = "platform"
+            alert["annotations"]["runbook_url"] = base + alert["annotations"]["runbook_url"]
+    # the file's rules, each with the release's labels and runbook base, nothing else
+    assert rule["spec"] == written
 
 
 def test_cronjob_only_when_enabled(default: Rendered, all_on: Rendered) -> None:

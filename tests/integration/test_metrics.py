@@ -281,6 +281,10 @@ async def test_a_fresh_app_exports_known_series_at_zero(db_url: str) -> None:
         key = ("sweeper_webhooks_total", (("reason", reason), ("result", result),
                                           ("source", source)))
         assert got.get(key) == 0, key
+    # no signing key in the test settings; no run publishing
+    assert got[("sweeper_evidence_signing", ())] == 0
+    assert got[("sweeper_run_publishing_age_seconds", ())] == 0
+    assert ("sweeper_runs_failed_total", ()) in got
 
 
 @pytest.mark.slow  # a sweeper worker process

@@ -19,6 +19,7 @@ from service.config.policies import Policies
 from service.config.settings import async_url
 from service.db.engine import make_engine
 from service.ledger import registration
+from service.observability import metrics
 from service.runs import publication
 from service.runs import trigger as runs_trigger
 from tests.conftest import LiveServer, policies_from, test_settings
@@ -101,9 +102,14 @@ async def test_a_due_at_python_cannot_hold_still_publishes_and_reports(
     assert after["items"] == {"pending": 3}
 
 
+def runs_failed() -> float:
+    return metrics.REGISTRY.get_sample_value("sweeper_runs_failed_total") or 0.0
+
+
 async def test_a_failing_run_is_failed_logged_once_and_later_runs_publish(
         api: httpx.AsyncClient, db_url: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO)
+    failed_before = runs_failed()
     # The failure comes from the data: a batch with the identity the run's only batch will
     # have exists already, so releasing it violates batches' unique digest on every try.
     assert (await api.post("/v1/items", json={"items": [
@@ -146,6 +152,7 @@ async def test_a_failing_run_is_failed_logged_once_and_later_runs_publish(
     assert [getattr(r, "run_id", None) for r in failures] == [failing]
     assert failures[0].exc_info is not None
     assert not [r for r in caplog.records if r.getMessage() == "publisher failed"]
+    assert runs_failed() == failed_before + 1  # counted once, as logged
 
 
 async def test_a_busy_database_leaves_the_run_publishing_for_the_next_pass(
