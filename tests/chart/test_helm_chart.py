@@ -21,6 +21,7 @@ import copy
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -872,6 +873,16 @@ def test_prometheus_rule_carries_the_rules_file(default: Rendered, all_on: Rende
     assert rule["spec"] == written
 
 
+def test_every_image_but_sweepers_own_is_pinned_by_digest(rendered: Rendered) -> None:
+    """Sweeper's own image is the operator's build (a digest is theirs to set); every other
+    image the chart pulls is pinned, so two installs of one chart version run the same bytes."""
+    ours = merged(load_values(CHART / "values.yaml"), rendered.values)["image"]["repository"]
+    for owner, spec in rendered.pod_specs():
+        for c in spec.get("initContainers", []) + spec["containers"]:
+            if not c["image"].startswith(ours + ":") and not c["image"].startswith(ours + "@"):
+                assert re.search(r"@sha256:[0-9a-f]{64}$", c["image"]), (owner, c["image"])
+
+
 def test_cronjob_only_when_enabled(default: Rendered, all_on: Rendered) -> None:
     assert not default.of_kind("CronJob")
     cron = all_on.get("CronJob", f"{FULLNAME}-run")
@@ -879,7 +890,7 @@ def test_cronjob_only_when_enabled(default: Rendered, all_on: Rendered) -> None:
     assert cron["spec"]["concurrencyPolicy"] == "Forbid"
     spec = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
     c = container(spec, "trigger")
-    assert c["image"].startswith("curlimages/curl:")
+    assert re.fullmatch(r"curlimages/curl:8\.11\.1@sha256:[0-9a-f]{64}", c["image"]), c["image"]
     script = c["args"][0]
     assert "POST" in script and "/v1/runs" in script
     assert 'Idempotency-Key: ${key}' in script and 'key="sweeper-cron-${job}"' in script
