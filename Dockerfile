@@ -25,6 +25,17 @@ RUN /opt/venv/bin/pip install --no-deps .
 
 # Runtime stage: only the virtualenv, a non-root user, no compilers, no curl.
 FROM base
+# OCI annotations: what the image is and what it was built from; the build names the commit
+# and the moment (docs/operations.md#the-image): --build-arg REVISION=... CREATED=...
+ARG REVISION="" CREATED=""
+LABEL org.opencontainers.image.title="sweeper" \
+      org.opencontainers.image.description="Scheduled, rate-limited, crash-safe data cleanup for e-commerce back ends" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.version="0.1.0" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.created="${CREATED}" \
+      org.opencontainers.image.base.name="docker.io/library/python:3.12.14-slim-bookworm" \
+      org.opencontainers.image.base.digest="sha256:0f5b26b9518d002b6173fd61daad821fa340635ebfec5bba471013f9ca114579"
 RUN useradd --system --uid 10001 --home-dir /var/lib/sweeper --create-home sweeper
 COPY --from=build /opt/venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \

@@ -17,6 +17,7 @@ cover; it is exempted from schema validation by name and checked structurally be
 
 from __future__ import annotations
 
+import base64
 import copy
 import hashlib
 import json
@@ -303,6 +304,8 @@ def test_chart_metadata() -> None:
     assert meta["apiVersion"] == "v2"
     assert meta["appVersion"] == "0.1.0"
     assert meta["kubeVersion"] == f">={KUBE_VERSIONS[0]}-0"
+    icon = (CHART / "icon.svg").read_bytes().strip()
+    assert meta["icon"] == "data:image/svg+xml;base64," + base64.b64encode(icon).decode()
     schema = json.loads((CHART / "values.schema.json").read_text(encoding="utf-8"))
     assert schema["$schema"] == "http://json-schema.org/draft-07/schema#"
     assert schema["additionalProperties"] is False
@@ -319,7 +322,8 @@ def test_readme_documents_every_value() -> None:
 def test_all_on_values_switch_everything_on() -> None:
     values = load_values(ALL_ON)
     for section in ("ingress", "autoscaling", "serviceMonitor", "cronjob", "worker", "tls",
-                    "migration", "podDisruptionBudget", "grafanaDashboard", "prometheusRule"):
+                    "migration", "podDisruptionBudget", "grafanaDashboard", "prometheusRule",
+                    "networkPolicy"):
         assert values[section]["enabled"] is True, section
     assert values["worker"]["autoscaling"]["enabled"] is True
     assert values["serviceAccount"]["create"] is True
@@ -775,7 +779,43 @@ def test_selectors_match_their_pods(rendered: Rendered) -> None:
 
 def test_optional_resources_are_off_by_default(default: Rendered) -> None:
     kinds = sorted({d["kind"] for d in default.docs})
-    assert kinds == ["ConfigMap", "Deployment", "Job", "PodDisruptionBudget", "Service"]
+    assert kinds == ["ConfigMap", "Deployment", "Job", "NetworkPolicy", "PodDisruptionBudget",
+                     "Service", "ServiceAccount"]
+    [account] = default.of_kind("ServiceAccount")
+    assert account["automountServiceAccountToken"] is False
+    for _, spec in default.pod_specs():
+        if spec["serviceAccountName"] != "default":  # the migration hook runs before it exists
+            assert spec["serviceAccountName"] == account["metadata"]["name"]
+
+
+def test_network_policies_open_only_what_each_pod_serves(rendered: Rendered) -> None:
+    values = merged(load_values(CHART / "values.yaml"), rendered.values)
+    policies = {p["metadata"]["name"]: p["spec"] for p in rendered.of_kind("NetworkPolicy")}
+    api = policies[f"{FULLNAME}-api"]
+    assert api["ingress"] == [{"ports": [{"port": values["config"]["port"], "protocol": "TCP"}],
+                               **({"from": values["networkPolicy"]["apiFrom"]}
+                                  if values["networkPolicy"]["apiFrom"] else {})}]
+    assert policies[f"{FULLNAME}-jobs"]["ingress"] == []
+    assert policies[f"{FULLNAME}-jobs"]["podSelector"]["matchExpressions"][0]["values"] == [
+        "cron", "migration"]
+    # every pod of the release is selected by exactly one policy
+    pods = [d["spec"]["template"]["metadata"]["labels"] if d["kind"] != "CronJob" else
+            d["spec"]["jobTemplate"]["spec"]["template"]["metadata"]["labels"]
+            for d in rendered.docs if d["kind"] in {"Deployment", "Job", "CronJob"}]
+    for labels in pods:
+        selecting = [name for name, p in policies.items() if _selects(p["podSelector"], labels)]
+        assert len(selecting) == 1, (labels, selecting)
+    egress = values["networkPolicy"]["egress"]
+    for spec in policies.values():
+        assert ("Egress" in spec["policyTypes"]) == bool(egress)
+        assert spec.get("egress", []) == egress
+
+
+def _selects(selector: Doc, labels: dict[str, str]) -> bool:
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    return all(labels.get(e["key"]) in e["values"] for e in selector.get("matchExpressions", [])
+               if e["operator"] == "In")
 
 
 def test_optional_resources_when_enabled(all_on: Rendered) -> None:

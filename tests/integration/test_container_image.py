@@ -225,6 +225,21 @@ def test_the_image_shape() -> None:
     assert command == ["sweeper", "serve"]
 
 
+def test_the_image_says_what_it_is() -> None:
+    """OCI annotations that agree with pyproject.toml and the base the image is built on."""
+    base, _, runtime = stages()
+    labels = dict(pair.split("=", 1) for pair in shlex.split(
+        " ".join(i.args for i in find(runtime, "LABEL"))))
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    name, digest = base[0].args.removesuffix(" AS base").split("@")
+    oci = "org.opencontainers.image."
+    assert {k.removeprefix(oci): v for k, v in labels.items()} == {
+        "title": project["name"], "description": project["description"],
+        "licenses": project["license"], "version": project["version"],
+        "revision": "${REVISION}", "created": "${CREATED}",
+        "base.name": "docker.io/library/" + name, "base.digest": digest}
+
+
 def test_the_build_context_holds_what_the_build_copies() -> None:
     """Everything a COPY reads exists and .dockerignore lets it through (a `docker build`
     would fail on it otherwise); local state stays out."""
