@@ -1,27 +1,45 @@
 """The request log: one line and one duration sample per HTTP request, and the request id
 that problem answers name the request by. Outermost of the app's middleware, so it logs
-and times what the gate answers too."""
+and times what the gate answers too.
+
+The id is the caller's `X-Request-ID` when it is a plain token (1-64 letters, digits, `.`,
+`_`, `:`, `-`), else a new one; every line logged while the request runs carries it
+(service/observability/logs.py `REQUEST_ID`), and the answer echoes it."""
 
 from __future__ import annotations
 
 import logging
+import re
 import time
 import uuid
+from typing import Final
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.http.api.problems import REQUEST_ID
 from service.observability import metrics
+from service.observability.logs import REQUEST_ID as LOGGED_REQUEST
 
 log = logging.getLogger("service.http")
 
 # probes and scrapes, logged only when they fail
 _QUIET_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+_CALLERS_ID: Final = re.compile(rb"[A-Za-z0-9._:-]{1,64}")
+
+
+def request_id_of(scope: Scope) -> str:
+    """The caller's X-Request-ID if it is a plain token, else a new id."""
+    for name, value in scope.get("headers") or ():
+        if name == b"x-request-id":
+            if _CALLERS_ID.fullmatch(value):
+                return str(value, "ascii")
+            break
+    return uuid.uuid4().hex[:16]
 
 
 class RequestLog:
-    """One log line per request: method, path (no query string), status, duration. Never
-    headers or bodies."""
+    """One log line per request: method, route template (never the raw path, which can
+    carry tenant ids), status, duration. Never headers or bodies."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -32,8 +50,9 @@ class RequestLog:
             return
         started = time.perf_counter()
         status = 500
-        request_id = uuid.uuid4().hex[:16]
+        request_id = request_id_of(scope)
         scope[REQUEST_ID] = request_id  # problem answers name the request by it
+        logged = LOGGED_REQUEST.set(request_id)
 
         async def send_wrapper(message: Message) -> None:
             nonlocal status
@@ -45,10 +64,11 @@ class RequestLog:
         try:
             await self.app(scope, receive, send_wrapper)
         finally:
-            _record(scope, status, time.perf_counter() - started, request_id)
+            _record(scope, status, time.perf_counter() - started)
+            LOGGED_REQUEST.reset(logged)
 
 
-def _record(scope: Scope, status: int, elapsed: float, request_id: str) -> None:
+def _record(scope: Scope, status: int, elapsed: float) -> None:
     """The request's duration sample, labelled by its route, and its log line."""
     matched = scope.get("route")
     # only methods the matched route declares are labelled, so requests with any method
@@ -60,6 +80,7 @@ def _record(scope: Scope, status: int, elapsed: float, request_id: str) -> None:
     route = getattr(matched, "path_format", None) or getattr(matched, "path", "unmatched")
     metrics.HTTP_DURATION.labels(route, method, metrics.status_class(status)).observe(elapsed)
     if scope["path"] not in _QUIET_PATHS or status >= 500:
+        # OpenTelemetry's HTTP attribute names; the request id comes from the context
         log.log(logging.WARNING if status >= 500 else logging.INFO, "request", extra={
-            "method": scope["method"], "path": scope["path"], "status": status,
-            "duration_ms": round(elapsed * 1000, 2), "request_id": request_id})
+            "http.request.method": scope["method"], "http.route": route,
+            "http.response.status_code": status, "duration_ms": round(elapsed * 1000, 2)})

@@ -3,17 +3,34 @@
 Call sites log an event name and bounded context fields via ``extra`` (run_id, item_id,
 operation_key, scope, outcome...). Request bodies, headers and secrets are never passed to
 a logger; fields named like secrets are dropped here as a second line of defence.
+
+A JSON line follows the OpenTelemetry log data model (docs/operations.md, "Logs"):
+`timestamp`, `severity_text`, `severity_number`, `body` (the event name), `attributes` (the
+context fields, and `request_id` on every line a request causes), `scope` (the logger) and
+`resource` (`service.name`, `service.version`, `service.instance.id`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import socket
 import sys
+from contextvars import ContextVar
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final
 
+import service
 from service.config.settings import LogFormat, Settings
+
+# The request a line is written for: set by the request log (service/http/request_log.py)
+# for the whole of a request, and so inherited by the tasks it starts.
+REQUEST_ID: Final[ContextVar[str | None]] = ContextVar("sweeper_request_id", default=None)
+
+# OpenTelemetry's severity numbers for Python's levels (the start of each range)
+_SEVERITY: Final = {logging.DEBUG: 5, logging.INFO: 9, logging.WARNING: 13,
+                    logging.ERROR: 17, logging.CRITICAL: 21}
 
 _STANDARD = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {
     "message", "color_message"}
@@ -28,23 +45,40 @@ def _context(record: logging.LogRecord) -> dict[str, Any]:
         if any(part in key.lower() for part in _REDACTED_NAMES):
             continue
         ctx[key] = value
+    request_id = REQUEST_ID.get()
+    if request_id is not None:
+        ctx.setdefault("request_id", request_id)
     return ctx
 
 
+def resource() -> dict[str, str]:
+    """This process as OpenTelemetry's resource attributes name it."""
+    return {"service.name": "sweeper", "service.version": service.__version__,
+            "service.instance.id": f"{socket.gethostname()}:{os.getpid()}"}
+
+
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: ts, level, logger, event, then context fields."""
+    """One JSON object per line, in the OpenTelemetry log data model's field names."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._resource = resource()
 
     def format(self, record: logging.LogRecord) -> str:
-        doc: dict[str, Any] = {
-            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "event": record.getMessage(),
-        }
-        doc.update(_context(record))
+        attributes = _context(record)
         if record.exc_info and record.exc_info[0] is not None:
-            doc["error"] = record.exc_info[0].__name__
-            doc["traceback"] = self.formatException(record.exc_info)
+            attributes["exception.type"] = record.exc_info[0].__name__
+            attributes["exception.stacktrace"] = self.formatException(record.exc_info)
+        doc: dict[str, Any] = {
+            "timestamp": datetime.fromtimestamp(record.created, UTC).isoformat(
+                timespec="milliseconds"),
+            "severity_text": record.levelname,
+            "severity_number": _SEVERITY.get(record.levelno, 9),
+            "body": record.getMessage(),
+            "attributes": attributes,
+            "scope": record.name,
+            "resource": self._resource,
+        }
         return json.dumps(doc, default=str, ensure_ascii=False)
 
 

@@ -170,6 +170,7 @@ def _log_attempt(lease: Lease, verdict: Classified, result: CallResult) -> None:
     level = logging.DEBUG if verdict.outcome is Outcome.SUCCEEDED else logging.INFO
     if log.isEnabledFor(level):  # the extra dict is built only for a line written
         log.log(level, "attempt", extra={
-            "item_id": lease.item_id, "operation_key": lease.operation_key,
+            "item_id": lease.item_id, "batch_id": lease.batch_id,
+            "operation_key": lease.operation_key,
             "policy": lease.policy, "scope": lease.scope, "outcome": verdict.outcome.value,
             "http_status": result.answer.status, "attempt": lease.attempt})

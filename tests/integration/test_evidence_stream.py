@@ -197,7 +197,8 @@ async def test_stalled_readers_hold_no_connection(live: tuple[str, int, list[int
             assert ready.status_code == 200 and run.status_code == 200
             assert run.json()["id"] == run_id and time.monotonic() - started < PROMPT_S
         # every stream is still open on the server: none has been logged as a request yet
-        assert not [r for r in caplog.records if getattr(r, "path", "").endswith("/evidence")]
+        assert not [r for r in caplog.records
+                    if getattr(r, "http.route", "").endswith("/evidence")]
 
         # a stalled reader that resumes gets the rest, complete
         response, chunks = readers[0]

@@ -282,15 +282,19 @@ def test_no_secret_or_customer_data_in_logs_errors_or_metrics(db_url: str, tmp_p
     assert {c.outcome for c in calls} == {"status"}
 
     # logs: one JSON event per line, every one of them
+    # (the OpenTelemetry log data model: docs/operations.md, "Logs")
     events = [json.loads(line) for line in stderr.splitlines()]
-    assert all({"ts", "level", "logger", "event"} <= e.keys() for e in events)
-    attempts = [e for e in events if e["event"] == "attempt"]
+    assert all({"timestamp", "severity_text", "severity_number", "body", "attributes", "scope",
+                "resource"} <= e.keys() for e in events)
+    assert all(e["resource"]["service.name"] == "sweeper" for e in events)
+    attempts = [e["attributes"] for e in events if e["body"] == "attempt"]
     assert {e["outcome"] for e in attempts} >= {"succeeded", "permanent", "transient",
                                                  "throttled", "unauthorized"}
-    for event in attempts:
-        assert {"item_id", "operation_key", "scope", "outcome", "policy"} <= event.keys()
-    assert any(e["event"] == "request" for e in events)
-    assert any(e["event"] == "run published" and "run_id" in e for e in events)
+    for attributes in attempts:
+        assert {"item_id", "operation_key", "scope", "outcome", "policy"} <= attributes.keys()
+    requests = [e["attributes"] for e in events if e["body"] == "request"]
+    assert requests and all("request_id" in r and "http.route" in r for r in requests)
+    assert any(e["body"] == "run published" and "run_id" in e["attributes"] for e in events)
 
     error_text = "\n".join(r.text + json.dumps(dict(r.headers)) for r in errors)
     # controls: each channel shows what it shows by design, so the searches below can fail

@@ -4,6 +4,8 @@ deserves, and probes logged only when they fail."""
 
 from __future__ import annotations
 
+import io
+import json
 import logging
 
 import httpx
@@ -12,6 +14,7 @@ from starlette.types import Receive, Scope, Send
 
 from service.http.api.problems import REQUEST_ID
 from service.http.request_log import RequestLog
+from service.observability.logs import JsonFormatter
 
 
 def answering(status: int) -> RequestLog:
@@ -42,9 +45,55 @@ async def test_the_answer_names_the_request_the_app_saw(caplog: pytest.LogCaptur
     request_id = answer.headers["x-request-id"]
     assert len(request_id) == 16 and answer.headers["x-seen-id"] == request_id
     [line] = lines(caplog)
-    assert (line.levelno, line.__dict__["path"], line.__dict__["status"]) == (
-        logging.INFO, "/v1/items", 200)  # never the query string
-    assert line.__dict__["request_id"] == request_id
+    # the route template (none matched here), never the path or its query string
+    assert (line.levelno, line.__dict__["http.route"],
+            line.__dict__["http.response.status_code"]) == (logging.INFO, "unmatched", 200)
+    assert "/v1/items" not in str(line.__dict__)
+
+
+def logging_app(status: int) -> RequestLog:
+    """The request log around an app that logs a line of its own before answering."""
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        logging.getLogger("service.worker").info("claimed", extra={"item_id": 7})
+        await send({"type": "http.response.start", "status": status, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    return RequestLog(app)
+
+
+@pytest.mark.parametrize(("sent", "kept"), [
+    (None, False), ("req-42.a_b:c", True), ("x" * 64, True), ("x" * 65, False),
+    ("has space", False), ("caf\u00e9", False), ("", False)])
+async def test_every_line_of_a_request_carries_its_id_and_a_plain_callers_id_is_kept(
+        sent: str | None, kept: bool) -> None:
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(JsonFormatter())  # formats as it is logged, in the request's context
+    root = logging.getLogger()
+    root.addHandler(handler)
+    level = root.level
+    root.setLevel(logging.INFO)
+    try:
+        transport = httpx.ASGITransport(app=logging_app(200))
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            headers = {} if sent is None else {"X-Request-ID": sent.encode()}  # bytes: UTF-8
+            answer = await client.get("/v1/tenants/acme/credentials", headers=headers)
+        logging.getLogger("service.worker").info("after")  # outside any request
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+    request_id = answer.headers["x-request-id"]
+    assert (request_id == sent) is kept
+    # (the test's own client logs too, under httpx)
+    ours = [doc for doc in map(json.loads, out.getvalue().splitlines())
+            if doc["scope"].startswith("service.")]
+    lines = {doc["body"]: doc for doc in ours}
+    assert lines["claimed"]["attributes"] == {"item_id": 7, "request_id": request_id}
+    assert lines["request"]["attributes"]["request_id"] == request_id
+    assert "acme" not in json.dumps(ours)  # the raw path is never logged
+    assert "request_id" not in lines["after"]["attributes"]
+    assert lines["request"]["resource"]["service.name"] == "sweeper"
 
 
 @pytest.mark.parametrize(("status", "logged"), [(200, False), (503, True)])

@@ -136,4 +136,4 @@ def test_log_formatters_drop_secret_looking_fields(formatter: logging.Formatter)
     assert "42" in line
     assert "SECRET" not in line and "4111" not in line
     if isinstance(formatter, JsonFormatter):
-        assert json.loads(line)["event"] == "claimed"
+        assert json.loads(line)["body"] == "claimed"

@@ -208,24 +208,29 @@ def unstorable_text() -> Problem:
                    "the ledger cannot store; nothing was changed")
 
 
+def _route(request: Request) -> str:
+    """The request's route template (never its path, which can carry tenant ids)."""
+    return str(getattr(request.scope.get("route"), "path_format", "unmatched"))
+
+
 async def _on_database(request: Request, exc: Exception) -> JSONResponse:
     if _unstorable_text(exc):
         return problem_response(unstorable_text(), request)
     if isinstance(exc, DatabaseUnavailable | PoolTimeoutError) or is_unavailable(exc):
-        log.warning("database unavailable", extra={"path": request.url.path,
+        log.warning("database unavailable", extra={"http.route": _route(request),
                                                    "error": type(exc).__name__})
         return problem_response(database_unavailable(), request)
     if is_busy(exc):
         # e.g. the statement timeout cut a wait on a lock held by an idle transaction:
         # nothing was written (the transaction rolled back), so the client may retry
-        log.warning("database busy", extra={"path": request.url.path,
+        log.warning("database busy", extra={"http.route": _route(request),
                                             "error": type(exc).__name__})
         return problem_response(database_busy(), request)
     if isinstance(exc, DBAPIError):
         # PostgreSQL's message may quote a value from the request ("invalid input syntax
         # for type integer: ..."): the log names the statement and SQLSTATE, not the message
         log.error("database error", extra={
-            "path": request.url.path, "error": type(exc.orig).__name__,
+            "http.route": _route(request), "error": type(exc.orig).__name__,
             "sqlstate": getattr(exc.orig, "sqlstate", None), "statement": exc.statement})
         return problem_response(internal_error(), request)
     return await _on_unexpected(request, exc)
@@ -240,7 +245,7 @@ async def _on_unstorable(request: Request, exc: Exception) -> JSONResponse:
 async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
     if _unstorable_text(exc):
         return problem_response(unstorable_text(), request)
-    log.error("unhandled error", extra={"path": request.url.path},
+    log.error("unhandled error", extra={"http.route": _route(request)},
               exc_info=(type(exc), exc, exc.__traceback__))
     return problem_response(internal_error(), request)
 
