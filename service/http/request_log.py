@@ -16,7 +16,7 @@ from typing import Final
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.http.api.problems import REQUEST_ID
+from service.http.api.problems import REQUEST_ID, route_template
 from service.observability import metrics
 from service.observability.logs import REQUEST_ID as LOGGED_REQUEST
 
@@ -75,9 +75,7 @@ def _record(scope: Scope, status: int, elapsed: float) -> None:
     # to any path add at most one `other` per route template
     declared = getattr(matched, "methods", None) or ()
     method = scope["method"] if scope["method"] in declared else "other"
-    # the template without its convertors (`{tenant_id}`, not `{tenant_id:path}`), as the
-    # OpenAPI document names it
-    route = getattr(matched, "path_format", None) or getattr(matched, "path", "unmatched")
+    route = route_template(scope)
     metrics.HTTP_DURATION.labels(route, method, metrics.status_class(status)).observe(elapsed)
     if scope["path"] not in _QUIET_PATHS or status >= 500:
         # OpenTelemetry's HTTP attribute names; the request id comes from the context

@@ -51,7 +51,7 @@ def _context(record: logging.LogRecord) -> dict[str, Any]:
     return ctx
 
 
-def resource() -> dict[str, str]:
+def _resource() -> dict[str, str]:
     """This process as OpenTelemetry's resource attributes name it."""
     return {"service.name": "sweeper", "service.version": service.__version__,
             "service.instance.id": f"{socket.gethostname()}:{os.getpid()}"}
@@ -62,7 +62,7 @@ class JsonFormatter(logging.Formatter):
 
     def __init__(self) -> None:
         super().__init__()
-        self._resource = resource()
+        self._resource = _resource()
 
     def format(self, record: logging.LogRecord) -> str:
         attributes = _context(record)

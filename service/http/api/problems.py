@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException
+from starlette.types import Scope
 
 from service.db.engine import is_busy, is_unavailable
 from service.errors import DatabaseUnavailable, Problem
@@ -27,6 +28,14 @@ log = logging.getLogger(__name__)
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 # The scope key of the id the request log gives each request (also its X-Request-Id answer).
 REQUEST_ID = "sweeper.request_id"
+
+
+def route_template(scope: Scope) -> str:
+    """The matched route's template without its convertors (`{tenant_id}`, not
+    `{tenant_id:path}`), as the OpenAPI document names it; `unmatched` when none matched.
+    What logs and metrics name a request by: never its path, which can carry tenant ids."""
+    matched = scope.get("route")
+    return str(getattr(matched, "path_format", None) or getattr(matched, "path", "unmatched"))
 DATABASE_RETRY_AFTER_SECONDS = 5
 
 _HTTP_SLUGS = {
@@ -208,29 +217,24 @@ def unstorable_text() -> Problem:
                    "the ledger cannot store; nothing was changed")
 
 
-def _route(request: Request) -> str:
-    """The request's route template (never its path, which can carry tenant ids)."""
-    return str(getattr(request.scope.get("route"), "path_format", "unmatched"))
-
-
 async def _on_database(request: Request, exc: Exception) -> JSONResponse:
     if _unstorable_text(exc):
         return problem_response(unstorable_text(), request)
     if isinstance(exc, DatabaseUnavailable | PoolTimeoutError) or is_unavailable(exc):
-        log.warning("database unavailable", extra={"http.route": _route(request),
+        log.warning("database unavailable", extra={"http.route": route_template(request.scope),
                                                    "error": type(exc).__name__})
         return problem_response(database_unavailable(), request)
     if is_busy(exc):
         # e.g. the statement timeout cut a wait on a lock held by an idle transaction:
         # nothing was written (the transaction rolled back), so the client may retry
-        log.warning("database busy", extra={"http.route": _route(request),
+        log.warning("database busy", extra={"http.route": route_template(request.scope),
                                             "error": type(exc).__name__})
         return problem_response(database_busy(), request)
     if isinstance(exc, DBAPIError):
         # PostgreSQL's message may quote a value from the request ("invalid input syntax
         # for type integer: ..."): the log names the statement and SQLSTATE, not the message
         log.error("database error", extra={
-            "http.route": _route(request), "error": type(exc.orig).__name__,
+            "http.route": route_template(request.scope), "error": type(exc.orig).__name__,
             "sqlstate": getattr(exc.orig, "sqlstate", None), "statement": exc.statement})
         return problem_response(internal_error(), request)
     return await _on_unexpected(request, exc)
@@ -245,7 +249,7 @@ async def _on_unstorable(request: Request, exc: Exception) -> JSONResponse:
 async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
     if _unstorable_text(exc):
         return problem_response(unstorable_text(), request)
-    log.error("unhandled error", extra={"http.route": _route(request)},
+    log.error("unhandled error", extra={"http.route": route_template(request.scope)},
               exc_info=(type(exc), exc, exc.__traceback__))
     return problem_response(internal_error(), request)
 
