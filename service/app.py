@@ -40,8 +40,8 @@ from service.http.api import runs as runs_routes
 from service.http.api import scopes as scopes_routes
 from service.http.api import webhooks as webhooks_routes
 from service.http.api.deps import strict_query
+from service.http.api.document import install_document
 from service.http.api.gate import Gate
-from service.http.api.links import install_links
 from service.http.api.methods import RouteMethods
 from service.http.api.problems import install_problem_handlers
 from service.http.console import ConsoleState, console_state
@@ -214,7 +214,7 @@ def create_app(
         lifespan=lifespan,
     )
     install_problem_handlers(app)
-    install_links(app)  # OpenAPI links for clients and the stateful contract test
+    install_document(app)  # links, line schemas: for clients and the contract tests
     install_routes(app)
     app.add_middleware(Gate, max_body_bytes=settings.max_body_bytes,
                        body_timeout_s=settings.body_read_timeout_seconds,

@@ -342,14 +342,31 @@ async def test_an_item_never_retried_has_no_next_attempt(client: httpx.AsyncClie
 # --- 15. the schema says what the server enforces -----------------------------------------
 
 @pytest.mark.parametrize("body", [{"why": "x"}, {"ids": [], "why": "x"}, {"items": [], "why": "x"},
-                                  {"policy": "", "why": "x"}])
+                                  {"policy": "", "why": "x"}, {"reason": None, "why": "x"},
+                                  {"ids": None, "tenant_id": None, "why": "x"}])
 async def test_a_selection_must_select_something(client: httpx.AsyncClient,
                                                  body: dict[str, Any]) -> None:
+    """The server refuses what selects nothing (a null selector selects nothing), and the
+    schema says so: some selector present and not null."""
     answer = await client.post("/v1/items/cancel", json=body)
     assert answer.status_code == 422
     schema = openapi_document()["components"]["schemas"]["ItemSelection"]  # type: ignore[index]
-    required = [alt["required"] for alt in schema["anyOf"]]
-    assert required == [["ids"], ["items"], ["policy"], ["tenant_id"], ["reason"]]
+    assert schema["not"] == {"properties": {name: {"type": "null"} for name in (
+        "ids", "items", "policy", "reason", "tenant_id")}}
+
+
+@pytest.mark.parametrize("path", ["/v1/runs", "/v1/workers/pause", "/v1/scopes/tenant:a/pause"])
+async def test_an_optional_body_is_left_out_or_an_object_never_null(
+        client: httpx.AsyncClient, path: str) -> None:
+    """An optional body is declared as the object itself (so generated clients can leave it
+    out), and a JSON null, which that schema does not allow, is refused."""
+    answer = await client.post(path, content=b"null",
+                               headers={"Content-Type": "application/json"})
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["errors"][0]["loc"] == ["body"]
+    operation = openapi_document()["paths"][path.replace("tenant:a", "{scope}")]["post"]
+    body = operation["requestBody"]  # type: ignore[index]
+    assert "required" not in body and "$ref" in body["content"]["application/json"]["schema"]
 
 
 async def test_integers_written_as_integral_numbers_are_integers(

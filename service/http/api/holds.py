@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Path, Query
 from fastapi.openapi.models import Example
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from service.errors import Problem
 from service.http.api.bodies import (
@@ -31,6 +31,12 @@ class HoldIn(RequestBody):
     """What a hold covers and why. It covers the tenant's items of every policy unless
     `policy` names one, and all of their objects unless `object_ids` or `object_id_prefix`
     (not both) narrows it; items registered later are covered too."""
+
+    # the schema states the server's rule: not both narrowing fields given (non-null)
+    model_config = ConfigDict(json_schema_extra={"not": {
+        "required": ["object_ids", "object_id_prefix"],
+        "properties": {"object_ids": {"not": {"type": "null"}},
+                       "object_id_prefix": {"not": {"type": "null"}}}}})
 
     tenant_id: Id
     policy: PolicyName | None = None

@@ -264,9 +264,12 @@ SELECTORS = ("ids", "items", "policy", "tenant_id", "reason")
 class ItemSelection(RequestBody):
     """Which items to change: ids, identities, and/or a filter (at least one), and why."""
 
-    # the schema states what the server enforces: at least one selector is given
-    model_config = ConfigDict(json_schema_extra={
-        "anyOf": [{"required": [selector]} for selector in SELECTORS]})
+    # the schema states what the server enforces: some selector is given and not null (a
+    # null one selects nothing). Said as "not every selector given is null" (`properties`
+    # looks only at the keys present), not as an anyOf, which generated clients turn into
+    # one type per selector.
+    model_config = ConfigDict(json_schema_extra={"not": {"properties": {
+        selector: {"type": "null"} for selector in SELECTORS}}})
 
     ids: list[Annotated[int, Field(ge=1, le=MAX_BIGINT), JsonInt]] | None = Field(
         default=None, min_length=1, max_length=MAX_CHANGE)

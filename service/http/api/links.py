@@ -13,8 +13,6 @@ from __future__ import annotations
 import copy
 from typing import Any, Final
 
-from fastapi import FastAPI
-
 RUN_ID: Final = "$response.body#/id"
 FIRST_RUN_ID: Final = "$response.body#/runs/0/id"
 FIRST_ITEM_ID: Final = "$response.body#/items/0/id"
@@ -108,17 +106,3 @@ def add_links(document: dict[str, Any]) -> None:
                 raise KeyError(f"links: {operation_id} {status} {name}: "
                                f"{link['operationId']} has no parameter {sorted(missing)}")
         source["responses"][status]["links"] = copy.deepcopy(links)
-
-
-def install_links(app: FastAPI) -> None:
-    """Make `app.openapi()` return its document with `LINKS` added (built once, cached as
-    FastAPI caches it)."""
-    build = app.openapi
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            add_links(build())
-        assert app.openapi_schema is not None
-        return app.openapi_schema
-
-    app.openapi = openapi  # type: ignore[method-assign]

@@ -141,7 +141,9 @@ class RunPage(BaseModel):
              responses={200: {"model": RunOut, "description": "the run this key already started"},
                         **problem_responses(400, 409, 422)})
 async def create_run(runtime: RuntimeDep, _actor: OperatorDep, response: Response,
-                     body: Annotated[RunIn | None, Body(openapi_examples=RUN_EXAMPLES)] = None,
+                     # optional, and never null (see scopes.ReasonBody)
+                     body: Annotated[RunIn, Body(
+                         openapi_examples=RUN_EXAMPLES)] = None,  # type: ignore[assignment]
                      idempotency_key: Annotated[str | None, Header(
                          max_length=MAX_ID_BYTES, pattern=ID_PATTERN,
                          description="one run per key: a cron slot's name, at most 512 "

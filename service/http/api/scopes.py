@@ -131,7 +131,11 @@ REASON_EXAMPLES: dict[str, Example] = {
     "why": {"summary": "why, for the audit trail",
             "value": {"reason": "upstream maintenance window"}},
 }
-ReasonBody = Annotated[ReasonIn | None, Body(openapi_examples=REASON_EXAMPLES)]
+# An optional body: left out, the parameter's default (None) stands; sent, it must be the
+# object (a JSON null is a 422). Typed without `| None`, so the contract declares the object
+# itself, not "object or null", which generated clients cannot leave out; each parameter
+# says `= None  # type: ignore[assignment]` for it.
+ReasonBody = Annotated[ReasonIn, Body(openapi_examples=REASON_EXAMPLES)]
 RESUME_EXAMPLES: dict[str, Example] = {
     "lift-pause": {"summary": "lift a pause; a closure the upstream imposed (429) stays",
                    "value": {"reason": "migration done"}},
@@ -177,7 +181,7 @@ async def set_budget(runtime: RuntimeDep, actor: OperatorDep, scope: ScopeName,
 @router.post("/scopes/{scope}/pause", operation_id="pauseScope", response_model=ScopeOut,
              responses=_SCOPE_ERRORS)
 async def pause_scope(runtime: RuntimeDep, actor: OperatorDep, scope: ScopeName,
-                      body: ReasonBody = None) -> ScopeOut:
+                      body: ReasonBody = None) -> ScopeOut:  # type: ignore[assignment]
     """Stop calls for one scope; its items wait, unpunished."""
     found = await scopes.pause(runtime.engine, scope, actor=actor,
                                reason=body.reason if body else None)
@@ -187,8 +191,9 @@ async def pause_scope(runtime: RuntimeDep, actor: OperatorDep, scope: ScopeName,
 @router.post("/scopes/{scope}/resume", operation_id="resumeScope", response_model=ScopeOut,
              responses=_SCOPE_ERRORS)
 async def resume_scope(runtime: RuntimeDep, caller: CallerDep, scope: ScopeName,
-                       body: Annotated[ResumeIn | None, Body(
-                           openapi_examples=RESUME_EXAMPLES)] = None) -> ScopeOut:
+                       body: Annotated[ResumeIn, Body(
+                           openapi_examples=RESUME_EXAMPLES)] = None  # type: ignore[assignment]
+                       ) -> ScopeOut:
     """Lift a scope's pause (an operator's, or `unauthorized` after a 401/403). A closure
     the upstream imposed (a 429's Retry-After, or its backoff) stays until `closed_until`,
     which the answer shows, unless `lift_closure` is true (admin role only): then the
@@ -219,7 +224,7 @@ async def get_workers(runtime: RuntimeDep, _actor: OperatorDep) -> WorkersOut:
 @router.post("/workers/pause", operation_id="pauseWorkers", response_model=WorkersOut,
              responses=_BODY_ERRORS)
 async def pause_workers(runtime: RuntimeDep, actor: OperatorDep,
-                        body: ReasonBody = None) -> WorkersOut:
+                        body: ReasonBody = None) -> WorkersOut:  # type: ignore[assignment]
     """Stop claiming on every replica without losing the schedule."""
     await scopes.set_workers_paused(runtime.engine, paused=True, actor=actor,
                                     reason=body.reason if body else None)
@@ -229,7 +234,7 @@ async def pause_workers(runtime: RuntimeDep, actor: OperatorDep,
 @router.post("/workers/resume", operation_id="resumeWorkers", response_model=WorkersOut,
              responses=_BODY_ERRORS)
 async def resume_workers(runtime: RuntimeDep, actor: OperatorDep,
-                         body: ReasonBody = None) -> WorkersOut:
+                         body: ReasonBody = None) -> WorkersOut:  # type: ignore[assignment]
     """Claim again everywhere."""
     await scopes.set_workers_paused(runtime.engine, paused=False, actor=actor,
                                     reason=body.reason if body else None)
