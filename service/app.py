@@ -48,7 +48,7 @@ from service.http.console import ConsoleState, console_state
 from service.http.console import routers as console_routers
 from service.http.request_log import RequestLog
 from service.ledger import gauges, holds, tenant_spellings
-from service.observability import metrics
+from service.observability import metrics, tracing
 from service.runs.discovery import Discovery
 from service.runs.publisher import Publisher
 from service.runtime import Runtime
@@ -219,5 +219,6 @@ def create_app(
     app.add_middleware(Gate, max_body_bytes=settings.max_body_bytes,
                        body_timeout_s=settings.body_read_timeout_seconds,
                        webhooks=webhooks_routes.direct)
-    app.add_middleware(RequestLog)  # outermost: it logs and times what the gate answers
+    app.add_middleware(RequestLog)  # it logs and times what the gate answers
+    tracing.instrument_app(app)  # outermost, tracing on: the request's span
     return app

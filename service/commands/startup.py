@@ -25,6 +25,7 @@ from service.config.settings import (
     unknown_variables,
 )
 from service.errors import ConfigError
+from service.observability import tracing
 from service.observability.logs import configure_logging
 
 # the logger the command's own lines (start-up warnings, "serving") have always carried, so
@@ -45,6 +46,7 @@ def load_config() -> tuple[Settings, Policies]:
     if problems:
         raise ConfigError(*problems)
     configure_logging(settings)
+    tracing.configure(os.environ)  # off unless OTEL_* variables ask (docs/operations.md)
     for warning in unknown_variables(os.environ):
         log.warning(warning)
     if policies.stores:

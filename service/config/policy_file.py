@@ -29,7 +29,13 @@ from service.config.answer_rules import DEFAULT_MAX_BYTES, MAX_BODY_BYTES, Answe
 from service.config.body_templates import body_value
 from service.config.list_sources import ListSourceConfig
 from service.config.placeholders import DOT_SEGMENTS, REQUEST_FIELDS, template_fields
-from service.config.policy_tables import BackoffConfig, BatchConfig, ConfirmConfig, CostConfig
+from service.config.policy_tables import (
+    BackoffConfig,
+    BatchConfig,
+    ConfirmConfig,
+    CostConfig,
+    TracingConfig,
+)
 
 SCOPE_FIELDS = frozenset({"tenant_id", "upstream", "policy"})
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
@@ -265,6 +271,7 @@ class PolicyConfig(_Strict):
     initial_object_version: str = Field(default="1", pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
     # a read that must find the object gone before the item is `succeeded`
     confirm: ConfirmConfig | None = None
+    tracing: TracingConfig = Field(default_factory=TracingConfig)
 
     @field_validator("initial_object_version")
     @classmethod

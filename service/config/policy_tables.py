@@ -107,3 +107,13 @@ class ConfirmConfig(_Strict):
         if len(set(value)) != len(value):
             raise ValueError("a status is listed twice")
         return value
+
+
+class TracingConfig(_Strict):
+    """What this policy's traces may carry beyond ledger ids and outcomes (tracing on:
+    docs/operations.md, "Traces"). `object_ids`: the objects a call names, as span
+    attributes; `send_traceparent`: the call's trace context in its request's headers (by
+    OTEL_PROPAGATORS), for an upstream that joins its own spans to ours."""
+
+    object_ids: bool = False
+    send_traceparent: bool = False

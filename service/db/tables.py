@@ -73,6 +73,7 @@ runs = Table(
     Column("error", Text),
     _ts("created_at"),
     _ts("published_at", nullable=True),
+    Column("trace_parent", Text),  # the triggering request's W3C traceparent (0025)
 )
 
 discoveries = Table(
@@ -155,6 +156,7 @@ items = Table(
     Column("confirming", Boolean, nullable=False),
     # when the last attempt's call started: a success has no attempt row (0024)
     _ts("last_started_at", nullable=True),
+    Column("trace_parent", Text),  # its releasing batch's W3C traceparent (0025)
     UniqueConstraint("tenant_id", "object_id", "policy", "policy_version",
                      name="items_obligation"),
 )

@@ -62,13 +62,14 @@ class Lease:
     batch_id: int | None = None  # the batch that released it (None: a webhook released it)
     # its deletion answered success: this claim reads whether the object is gone instead
     confirming: bool = False
+    trace_parent: str | None = None  # its releasing batch's W3C traceparent (tracing on)
 
 
 def _lease(r: asyncpg.Record) -> Lease:
     return Lease(r["id"], r["tenant_id"], r["object_id"], r["policy"], r["policy_version"],
                  r["operation_key"], r["scope"], r["lease_token"], r["attempts"],
                  r["lease_expires_at"], r["reclaimed"], r["object_version"], r["batch_id"],
-                 r["confirming"])
+                 r["confirming"], r["trace_parent"])
 
 
 # Admission in one statement: take tokens and claim at most that many items per scope.
@@ -164,7 +165,8 @@ _ADMIT = Statement("claims.admit", (
         WHERE i.id = picked.id AND NOT picked.exhausted
         RETURNING i.id, i.tenant_id, i.object_id, i.policy, i.policy_version,
                   i.operation_key, i.scope, i.lease_token, i.attempts, i.lease_expires_at,
-                  i.object_version, i.batch_id, i.confirming, picked.reclaimed
+                  i.object_version, i.batch_id, i.confirming, picked.reclaimed,
+                  i.trace_parent
     ),
     used AS (SELECT scope, count(*)::integer AS n FROM claimed GROUP BY scope),
     reached AS (

@@ -5,7 +5,8 @@ operation_key, scope, outcome...). Request bodies, headers and secrets are never
 a logger; fields named like secrets are dropped here as a second line of defence.
 
 A JSON line follows the OpenTelemetry log data model (docs/operations.md, "Logs"):
-`timestamp`, `severity_text`, `severity_number`, `body` (the event name), `attributes` (the
+`timestamp`, `severity_text`, `severity_number`, `trace_id` and `span_id` (tracing on, within
+a span), `body` (the event name), `attributes` (the
 context fields, and `request_id` on every line a request causes), `scope` (the logger) and
 `resource` (`service.name`, `service.version`, `service.instance.id`).
 """
@@ -20,6 +21,8 @@ import sys
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any, Final
+
+from opentelemetry import trace
 
 import service
 from service.config.settings import LogFormat, Settings
@@ -51,6 +54,15 @@ def _context(record: logging.LogRecord) -> dict[str, Any]:
     return ctx
 
 
+def _trace_ids() -> dict[str, str]:
+    """The current span's trace and span ids, as the log data model writes them (hex);
+    none while tracing is off or no span is current."""
+    span = trace.get_current_span().get_span_context()
+    if not span.is_valid:
+        return {}
+    return {"trace_id": format(span.trace_id, "032x"), "span_id": format(span.span_id, "016x")}
+
+
 def _resource() -> dict[str, str]:
     """This process as OpenTelemetry's resource attributes name it."""
     return {"service.name": "sweeper", "service.version": service.__version__,
@@ -74,6 +86,7 @@ class JsonFormatter(logging.Formatter):
                 timespec="milliseconds"),
             "severity_text": record.levelname,
             "severity_number": _SEVERITY.get(record.levelno, 9),
+            **_trace_ids(),
             "body": record.getMessage(),
             "attributes": attributes,
             "scope": record.name,
@@ -87,7 +100,7 @@ class ConsoleFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         ts = datetime.fromtimestamp(record.created).strftime("%H:%M:%S")
-        ctx = " ".join(f"{k}={v}" for k, v in _context(record).items())
+        ctx = " ".join(f"{k}={v}" for k, v in {**_context(record), **_trace_ids()}.items())
         line = f"{ts} {record.levelname:<7} {record.getMessage()}" + (f"  {ctx}" if ctx else "")
         if record.exc_info and record.exc_info[0] is not None:
             line += "\n" + self.formatException(record.exc_info)

@@ -226,6 +226,7 @@ class Where(StrEnum):
     PUBLISHER = "publisher"            # a publisher pass listing runs
     MAINTENANCE = "maintenance"        # holds maintenance, retention (service/db/engine.repeat)
     WAITS = "waits"                    # the waiting scopes' checks
+    TRACING = "tracing"                # a span of a claim, call or completion not made
 
 
 INTERNAL_ERRORS: Final = Counter(

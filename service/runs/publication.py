@@ -28,6 +28,8 @@ import asyncio
 import hashlib
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
 
@@ -40,7 +42,7 @@ from service.db.statements import Statement, fetch
 from service.db.statements import run as run_statement
 from service.db.wakeups import wake_workers
 from service.errors import NotLeader
-from service.observability import metrics
+from service.observability import metrics, tracing
 from service.runs.reports import CANDIDATE, candidate_params, record_candidates
 from service.sweeps.list_pages import SourceDeferred
 from service.sweeps.store_databases import StoreError
@@ -79,7 +81,8 @@ _RELEASE_BATCH = Statement("publication.release_batch", (
         INSERT INTO batches (run_id, seq, digest, policy, policy_version, item_count)
         VALUES (:run, nextval('batches_seq'), :digest, :policy, :version, :n) RETURNING id
     )
-    UPDATE items SET released_at = now(), batch_id = batch.id, updated_at = now()
+    UPDATE items SET released_at = now(), batch_id = batch.id, updated_at = now(),
+                     trace_parent = :trace
     FROM batch WHERE items.id = ANY(CAST(:ids AS bigint[]))
 """)
 
@@ -109,12 +112,30 @@ def batch_digest(policy: str, version: int, cutoff: datetime, item_ids: list[int
     return h.hexdigest()
 
 
+_TRACE_PARENT = Statement("publication.trace_parent", (
+    "The trace context of the request that triggered a run (read only while tracing)."),
+    "SELECT trace_parent FROM runs WHERE id = :id")
+
+
 async def publish(engine: AsyncEngine, run_id: int, *, batch_size: int,
                   lanes: int = PUBLICATION_LANES, discovery: Discovery | None = None,
                   term: int | None = None) -> bool:
     """Publish one run to completion, its store sources' candidates discovered first
     (service/runs/discovery.py). False when another publisher holds it. With the leader's
-    `term`, each chunk commits only while that term's lease is in force (NotLeader)."""
+    `term`, each chunk commits only while that term's lease is in force (NotLeader).
+    Tracing on: a span in the trace of the request that triggered it."""
+    tracer = tracing.tracer()
+    if tracer is None:
+        return await _publish(engine, run_id, batch_size, lanes, discovery, term)
+    rows = await fetch(engine, _TRACE_PARENT, {"id": run_id})
+    parent = tracing.stored_context(rows[0].trace_parent if rows else None)
+    with tracer.start_as_current_span("sweeper.publish", context=parent,
+                                      attributes={"sweeper.run.id": run_id}):
+        return await _publish(engine, run_id, batch_size, lanes, discovery, term)
+
+
+async def _publish(engine: AsyncEngine, run_id: int, batch_size: int, lanes: int,
+                   discovery: Discovery | None, term: int | None) -> bool:
     started = time.perf_counter()
     async with engine.begin() as conn:
         run = await _publishing_run(conn, run_id, _TAKE_RUN)
@@ -247,10 +268,11 @@ async def _release_chunk(conn: AsyncConnection, run: Any, batch_size: int,
             break
         ids = [r.id for r in rows]
         policy, version = rows[0].policy, rows[0].policy_version
-        await run_statement(conn, _RELEASE_BATCH, {
-            "run": run["id"], "policy": policy,
-            "version": version, "digest": batch_digest(policy, version, run["cutoff"], ids),
-            "n": len(ids), "ids": ids})
+        with _batch_span(run["id"], policy, len(ids)) as trace_parent:
+            await run_statement(conn, _RELEASE_BATCH, {
+                "run": run["id"], "policy": policy, "version": version,
+                "digest": batch_digest(policy, version, run["cutoff"], ids),
+                "n": len(ids), "ids": ids, "trace": trace_parent})
         released += len(ids)
         batches += 1
         if len(ids) < limit or time.perf_counter() - started > CHUNK_MAX_SECONDS:
@@ -264,6 +286,20 @@ async def _release_chunk(conn: AsyncConnection, run: Any, batch_size: int,
         await wake_workers(conn)  # inside the chunk's transaction: sent at its commit
         metrics.ITEMS_RELEASED.inc(released)  # counted a moment before the commit
     return released
+
+
+@contextmanager
+def _batch_span(run_id: int, policy: str, items: int) -> Iterator[str | None]:
+    """Tracing on: a span for the batch, whose `traceparent` its items keep (their claims,
+    calls and completions are its children); else nothing to keep."""
+    tracer = tracing.tracer()
+    if tracer is None:
+        yield None
+        return
+    with tracer.start_as_current_span("sweeper.batch", attributes={
+            "sweeper.run.id": run_id, "sweeper.policy": policy,
+            "sweeper.items": items}) as span:
+        yield tracing.traceparent(span)
 
 
 _REMAINING = Statement("publication.remaining", (

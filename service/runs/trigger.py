@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.db.statements import Statement, fetch
 from service.db.statements import run as run_statement
 from service.errors import SweeperError
-from service.observability import metrics
+from service.observability import metrics, tracing
 
 if TYPE_CHECKING:
     pass
@@ -50,9 +50,10 @@ class RunRequest:
 
 _INSERT_RUN = Statement("trigger.insert", (
     "Record a triggered run, or nothing when its trigger key already started one."), """
-    INSERT INTO runs (trigger_key, request_digest, policy, tenant_id, cutoff, dry_run, max_items)
+    INSERT INTO runs (trigger_key, request_digest, policy, tenant_id, cutoff, dry_run, max_items,
+                      trace_parent)
     VALUES (:key, :digest, :policy, :tenant, coalesce(CAST(:cutoff AS timestamptz), now()),
-            :dry_run, :max_items)
+            :dry_run, :max_items, :trace)
     ON CONFLICT (trigger_key) DO NOTHING
     RETURNING id
 """)
@@ -67,11 +68,13 @@ async def create_run(engine: AsyncEngine, request: RunRequest, trigger_key: str 
                      ) -> tuple[int, bool]:
     """Record a run; returns (run id, created). The same trigger key returns the same run;
     the same key with a different request raises TriggerKeyReused. Replicas find a new run
-    on their publisher's next poll; this one's is woken by the caller."""
+    on their publisher's next poll; this one's is woken by the caller. The run keeps the
+    caller's trace context (tracing on): its publication continues that trace."""
     digest = request.digest()
     params = {"key": trigger_key, "digest": digest, "policy": request.policy,
               "tenant": request.tenant_id, "cutoff": request.cutoff,
-              "dry_run": request.dry_run, "max_items": request.max_items}
+              "dry_run": request.dry_run, "max_items": request.max_items,
+              "trace": tracing.traceparent()}
     async with engine.begin() as conn:
         run_id = (await run_statement(conn, _INSERT_RUN, params)).scalar()
     if run_id is not None:

@@ -26,6 +26,7 @@ import httpx
 
 from service.config.policies import Policy, Upstream
 from service.config.request_templates import RequestTemplate
+from service.observability import tracing
 from service.observability.metrics import UPSTREAM_DISTRUSTED
 from service.outcomes import Answer, Classified, Failure
 from service.protocols.transport import SEND_BY, SEND_GATE, TARGET, Http1Transport, SendGate
@@ -135,6 +136,8 @@ class UpstreamClient:
         except (ValueError, KeyError, httpx.InvalidURL):
             return Answer(failure=Failure.INVALID_REQUEST)
         echo = self._echoed(request)
+        if policy.config.tracing.send_traceparent:
+            tracing.inject(request.headers)
         rules = policy.answers
         return await send(self._transport, request, self.deadline_seconds, rules.wants_body,
                           rules.max_bytes, echo=echo)
@@ -158,12 +161,14 @@ class UpstreamClient:
             answer = await self._read(template, confirm.method, tenant_id, object_id,
                                       object_version or policy.config.initial_object_version,
                                       credential, frozenset(confirm.absent),
-                                      self._extensions(send_by, gate))
+                                      self._extensions(send_by, gate),
+                                      traced=policy.config.tracing.send_traceparent)
         return CallResult(answer, (time.perf_counter() - started) * 1000)
 
     async def _read(self, template: RequestTemplate, method: str, tenant_id: str,
                     object_id: str, object_version: str, credential: str | None,
-                    absent: frozenset[int], extensions: dict[str, object]) -> Answer:
+                    absent: frozenset[int], extensions: dict[str, object], *,
+                    traced: bool = False) -> Answer:
         try:
             path, query = template.target(tenant_id, object_id, object_version)
             host = None if template.host_format is None else template.host(tenant_id,
@@ -184,6 +189,8 @@ class UpstreamClient:
         except (ValueError, KeyError, httpx.InvalidURL):
             return Answer(failure=Failure.INVALID_REQUEST)
         echo = self._echoed(request)
+        if traced:
+            tracing.inject(request.headers)
         return await send(self._transport, request, self.deadline_seconds, _no_body, 0,
                           echo=echo, echoed=absent | SUCCESS_STATUSES)
 

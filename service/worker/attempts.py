@@ -11,12 +11,15 @@ import logging
 import math
 from datetime import datetime
 
+from opentelemetry.trace import Span
+
 from service.config.policies import Policies, Policy
 from service.observability.failures import InternalErrors
 from service.observability.metrics import IN_FLIGHT, LeaseReturn, Where
 from service.outcomes import UNKNOWN_POLICY_VERSION, Answer, Failure
 from service.upstreams.deletion_api import CallResult
 from service.worker.attempt_outcomes import AttemptOutcomes
+from service.worker.call_traces import CallTraces, ClaimRound
 from service.worker.calls import Call, is_confirmation_read
 from service.worker.hold_gate import HoldGate
 from service.worker.pacing import CallLimit, LocalHolds
@@ -33,7 +36,7 @@ class Attempts:
     def __init__(self, calls: CallPort, policies: Policies, *, concurrency: int, clock: Clock,
                  limit: CallLimit, gate: HoldGate, holds: LocalHolds, writes: PendingWrites,
                  outcomes: AttemptOutcomes, errors: InternalErrors,
-                 stopping: asyncio.Event) -> None:
+                 stopping: asyncio.Event, traces: CallTraces) -> None:
         self._port = calls
         self._policies = policies
         self._clock = clock
@@ -44,6 +47,7 @@ class Attempts:
         self._outcomes = outcomes
         self._errors = errors
         self._stopping = stopping
+        self._traces = traces
         # calls claimed ahead wait here: at most `concurrency` upstream calls at once
         self._slots = asyncio.Semaphore(concurrency)
         self._not_started: dict[asyncio.Task[None], Call] = {}  # created, first step not run
@@ -52,10 +56,11 @@ class Attempts:
         self.slot_freed = asyncio.Event()
         self.flush_now = asyncio.Event()
 
-    def start(self, call: Call, due: float, give_up: float, round_no: int) -> None:
+    def start(self, call: Call, due: float, give_up: float, round_no: int,
+              claim: ClaimRound | None = None) -> None:
         """Start `call`'s attempt: made at `due` (this clock's monotonic seconds), handed
-        back if it cannot be written by `give_up`."""
-        task = asyncio.create_task(self._attempt(call, due, give_up, round_no))
+        back if it cannot be written by `give_up`; `claim`: its round (tracing on)."""
+        task = asyncio.create_task(self._attempt(call, due, give_up, round_no, claim))
         self.in_flight.add(task)
         self._not_started[task] = call
         task.add_done_callback(self._call_done)
@@ -80,7 +85,7 @@ class Attempts:
             self._writes.unstarted.add([(call, LeaseReturn.SHUTDOWN)])
 
     async def _attempt(self, call: Call, due: float = 0.0, give_up: float = math.inf,
-                       round_no: int = 0) -> None:
+                       round_no: int = 0, claim: ClaimRound | None = None) -> None:
         clock = self._clock
         lease = call[0]
         self._not_started.pop(asyncio.current_task(), None)  # type: ignore[arg-type]
@@ -105,6 +110,7 @@ class Attempts:
                     return
                 policy = self._policies.policy(lease.policy)
                 started = clock.now()
+                span = self._traces.call(call, policy, claim)
                 if policy is None or policy.version != lease.policy_version:
                     result = CallResult(Answer(failure=Failure.INVALID_REQUEST), 0.0)
                     reason_override: str | None = UNKNOWN_POLICY_VERSION
@@ -112,27 +118,33 @@ class Attempts:
                     reason_override = None
                     # lateness counts until the request is written: taking or opening a
                     # connection can outlast the tolerance (service/protocols/transport.py)
-                    result = await self._call(policy, call,
-                                              give_up if give_up < math.inf else None)
+                    with self._traces.current(span):
+                        result = await self._call(policy, call,
+                                                  give_up if give_up < math.inf else None)
                     if result.answer.failure is Failure.SENT_TOO_LATE:
-                        self._not_made(call, LeaseReturn.LATE_START, round_no)
+                        self._not_made(call, LeaseReturn.LATE_START, round_no, span)
                         return
                     if result.answer.failure is Failure.WITHHELD:
                         self._not_made(call, LeaseReturn.HELD if self._gate.revoked(call)
-                                       else LeaseReturn.LEASE_ENDING, round_no)
+                                       else LeaseReturn.LEASE_ENDING, round_no, span)
                         return
             finally:
                 self._slots.release()
-            await self._finished_call(call, policy, result, started, reason_override)
+            with self._traces.current(span):
+                await self._finished_call(call, policy, result, started, reason_override,
+                                          span)
         finally:
             self._gate.finished(call)
             IN_FLIGHT.dec()
 
     async def _finished_call(self, call: Call, policy: Policy | None, result: CallResult,
-                             started: datetime, reason_override: str | None) -> None:
+                             started: datetime, reason_override: str | None,
+                             span: Span | None) -> None:
         """Its items' outcomes wait for the next flush (at once when a batch is full)."""
         outcomes = self._writes.outcomes
-        outcomes.add(self._outcomes.of(call, policy, result, started, reason_override))
+        completions = self._outcomes.of(call, policy, result, started, reason_override)
+        self._traces.answered(span, result, completions)
+        outcomes.add(completions)
         if outcomes.full:
             self.flush_now.set()
         signals = self._writes.signals
@@ -142,9 +154,11 @@ class Attempts:
             # fails waits for the next flush, and is counted)
             await signals.flush(Where.URGENT_SIGNALS)
 
-    def _not_made(self, call: Call, reason: LeaseReturn, round_no: int) -> None:
+    def _not_made(self, call: Call, reason: LeaseReturn, round_no: int,
+                  span: Span | None = None) -> None:
         """A call not made: its leases go back with the next flush (one statement for all
         of them), no attempt counted; a late one also tells the round."""
+        self._traces.not_made(span, reason.value)
         if reason is LeaseReturn.LATE_START:
             self._limit.started_late(round_no)
         self._writes.unstarted.add([(call, reason)])

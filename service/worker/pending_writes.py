@@ -15,6 +15,7 @@ from typing import Final
 from service.ledger.completions import Completion
 from service.observability.failures import InternalErrors
 from service.observability.metrics import LeaseReturn, Where
+from service.worker.call_traces import CallTraces
 from service.worker.calls import Call
 from service.worker.flush_buffer import FlushBuffer
 from service.worker.pipeline_metrics import PipelineCounts
@@ -32,8 +33,10 @@ class PendingWrites:
     `completed` and `fenced` count the outcomes written so far."""
 
     def __init__(self, completion: CompletionPort, signals: ScopeSignalPort,
-                 counts: PipelineCounts, errors: InternalErrors, clock: Clock) -> None:
+                 counts: PipelineCounts, errors: InternalErrors, clock: Clock,
+                 traces: CallTraces | None = None) -> None:
         self._port = completion
+        self._traces = traces or CallTraces(None)
         self._counts = counts
         self._clock = clock
         self.outcomes: FlushBuffer[Completion] = FlushBuffer(
@@ -63,7 +66,9 @@ class PendingWrites:
         return written
 
     async def _complete(self, batch: list[Completion]) -> None:
-        fenced = await self._port.complete(batch)
+        with self._traces.flush(len(batch)) as flush:
+            fenced = await self._port.complete(batch)
+        self._traces.completed(batch, fenced, flush)
         self.completed += len(batch) - len(fenced)
         self.fenced += len(fenced)
         self._counts.completed(batch, set(fenced))

@@ -29,6 +29,7 @@ from service.budget import rules
 from service.budget.rules import Grant
 from service.config.policies import Policies
 from service.ledger.claims import Admission
+from service.observability import tracing
 from service.observability.failures import InternalErrors, expected
 from service.observability.metrics import (
     IN_FLIGHT,
@@ -41,6 +42,7 @@ from service.observability.metrics import (
 )
 from service.worker.attempt_outcomes import AttemptOutcomes
 from service.worker.attempts import Attempts
+from service.worker.call_traces import CallTraces, ClaimRound
 from service.worker.calls import Call, calls_of
 from service.worker.hold_gate import HoldGate
 from service.worker.hold_watch import HoldWatch
@@ -96,8 +98,9 @@ class WorkerPool:
         self._holds = LocalHolds()
         self._errors = InternalErrors(log, self._clock.monotonic)
         self._counts = PipelineCounts()
+        self._traces = CallTraces(tracing.tracer())
         self._writes = PendingWrites(ports.completion, ports.signals, self._counts,
-                                     self._errors, self._clock)
+                                     self._errors, self._clock, self._traces)
         self._db_clock = DatabaseClock()
         self._cursor = ""
         self._per_call: dict[str, int] = {}  # scopes whose calls carry many items, as granted
@@ -112,7 +115,7 @@ class WorkerPool:
             limit=self._calls, gate=self._gate, holds=self._holds, writes=self._writes,
             outcomes=AttemptOutcomes(name, self._clock, self._writes.signals, self._holds,
                                      self._errors, rng or random.Random()),
-            errors=self._errors, stopping=self._stopping)
+            errors=self._errors, stopping=self._stopping, traces=self._traces)
         self._in_flight = self._attempts.in_flight
         self.token_wait: float | None = None
         # the probes' view (service/worker/health.py): when the loop last turned, and
@@ -148,7 +151,8 @@ class WorkerPool:
         if not wants:
             return 0
         sent = self._clock.monotonic()
-        admitted = await self.ports.admission.admit(wants)
+        with self._traces.claim_round() as traced:
+            admitted = await self.ports.admission.admit(wants)
         self._calls.claim_answered(self._attempts.finished - finished_before)
         self._scopes.admitted(admitted, wants)
         received = self._clock.monotonic()
@@ -165,7 +169,8 @@ class WorkerPool:
             self._writes.unstarted.add((c, LeaseReturn.SHUTDOWN) for c in calls)
             await self._writes.unstarted.flush()
             return 0
-        self._start(calls, admitted, by_scope, (sent, received), round_no)
+        self._start(calls, admitted, by_scope, (sent, received), round_no,
+                    traced[0] if traced else None)
         return len(admitted.leases)
 
     async def _wants(self, free: int) -> dict[str, int]:
@@ -201,7 +206,7 @@ class WorkerPool:
         return granted
 
     def _start(self, calls: list[Call], admitted: Admission, by_scope: Mapping[str, Grant],
-               claim: tuple[float, float], round_no: int) -> None:
+               claim: tuple[float, float], round_no: int, traced: ClaimRound | None) -> None:
         """Start each call's attempt (attempts.py), due when its token is on the database's
         schedule (at most the lookahead from now); a token whose moment passed long ago (a
         slow claim) is handed back rather than spent late, where it would crowd the next
@@ -219,7 +224,8 @@ class WorkerPool:
             grant = by_scope[scope]
             due = granted_at[scope] + grant.due_in(position[scope])
             position[scope] += 1
-            self._attempts.start(call, due, due + rules.late_tolerance(grant.rate), round_no)
+            self._attempts.start(call, due, due + rules.late_tolerance(grant.rate), round_no,
+                                 traced)
 
     async def drain(self) -> bool:
         """Wait for every call in flight and commit their outcomes; whether all were."""
