@@ -1,7 +1,7 @@
 """Trace context in the ledger: the W3C `traceparent` of the request that triggered a run
-(`runs.trace_parent`) and of the batch that released an item (`items.trace_parent`), so an
-item's claims, calls and completions join its run's trace on whichever replica makes them
-(service/observability/tracing.py). NULL while tracing is off.
+(`runs.trace_parent`) and of the batch or webhook delivery that released an item
+(`items.trace_parent`), so an item's claims, calls and completions join that trace on
+whichever replica makes them (service/observability/tracing.py). NULL while tracing is off.
 
 Locks: nullable columns without a default, added without rewriting either table.
 

@@ -156,7 +156,7 @@ items = Table(
     Column("confirming", Boolean, nullable=False),
     # when the last attempt's call started: a success has no attempt row (0024)
     _ts("last_started_at", nullable=True),
-    Column("trace_parent", Text),  # its releasing batch's W3C traceparent (0025)
+    Column("trace_parent", Text),  # what released it: its batch's or delivery's (0025)
     UniqueConstraint("tenant_id", "object_id", "policy", "policy_version",
                      name="items_obligation"),
 )

@@ -62,7 +62,8 @@ class Lease:
     batch_id: int | None = None  # the batch that released it (None: a webhook released it)
     # its deletion answered success: this claim reads whether the object is gone instead
     confirming: bool = False
-    trace_parent: str | None = None  # its releasing batch's W3C traceparent (tracing on)
+    # the W3C traceparent of the batch or webhook delivery that released it (tracing on)
+    trace_parent: str | None = None
 
 
 def _lease(r: asyncpg.Record) -> Lease:

@@ -22,6 +22,7 @@ import asyncpg
 from service.budget.rules import budget_of
 from service.db.statements import LEASED, Statement, covering_hold
 from service.ledger import registration
+from service.observability import tracing
 from service.webhooks.deliveries import Delivery, DeliveryRejected, Hint
 
 Result = Literal["applied", "ignored"]
@@ -42,14 +43,18 @@ class Receipt:
 # for every statement (no deadlocks). Shared by _RECORD and _RECORD_GROUP.
 _TOUCH_ITEMS_SQL: Final = f"""touched AS (
         INSERT INTO items AS i (tenant_id, object_id, policy, policy_version, operation_key,
-                                scope, due_at, released_at, hold_id)
+                                scope, due_at, released_at, hold_id, trace_parent)
         SELECT tenant_id, object_id, policy, policy_version, operation_key, scope, due_at,
-               CASE WHEN due_at <= now() THEN now() END, {covering_hold("hints")}
+               CASE WHEN due_at <= now() THEN now() END, {covering_hold("hints")},
+               CASE WHEN due_at <= now() THEN trace_parent END
         FROM hints
         ORDER BY operation_key  -- one lock order for every delivery (no deadlocks)
         ON CONFLICT (tenant_id, object_id, policy, policy_version) DO UPDATE
             SET due_at = least(i.due_at, EXCLUDED.due_at),
                 released_at = coalesce(i.released_at, EXCLUDED.released_at),
+                -- released by this delivery: its calls join the delivery's trace
+                trace_parent = CASE WHEN i.released_at IS NULL THEN EXCLUDED.trace_parent
+                                    ELSE i.trace_parent END,
                 next_attempt_at = CASE WHEN i.released_at IS NULL
                                        THEN least(i.next_attempt_at, now())
                                        ELSE i.next_attempt_at END,
@@ -80,7 +85,7 @@ _RECORD = Statement("receipts.record", (
         WHERE source = $1 AND webhook_id = $2
     ),
     hints AS (
-        SELECT h.*,
+        SELECT h.*, CAST($17 AS text) AS trace_parent,
                CASE WHEN h.delay IS NULL THEN now()
                     ELSE coalesce(to_timestamp(CAST($4 AS double precision)), now())
                          + make_interval(secs => h.delay) END AS due_at
@@ -121,7 +126,8 @@ _DELIVERY_COLUMNS: Final = ("source", "webhook_id", "event_type", "event_at", "r
 _HINT_COLUMNS: Final = ("tenants", "objects", "policies", "versions", "keys", "scopes",
                         "delays")
 _BUDGET_COLUMNS: Final = ("budget_scopes", "rates", "bursts", "per_call")
-_RECORD_PARAMS: Final = (*_DELIVERY_COLUMNS, *_HINT_COLUMNS, *_BUDGET_COLUMNS)
+# and last, the request's trace context (tracing on), kept on the items it releases
+_RECORD_PARAMS: Final = (*_DELIVERY_COLUMNS, *_HINT_COLUMNS, *_BUDGET_COLUMNS, "trace_parent")
 
 # The same for a group of deliveries (the intake's group commit), in one statement and so
 # one transaction and one commit. Each delivery's rows are what `_RECORD` would make of it
@@ -143,8 +149,8 @@ _RECORD_GROUP = Statement("receipts.record_group", (
     WITH deliveries AS (
         SELECT * FROM unnest(CAST($1 AS integer[]), CAST($2 AS text[]), CAST($3 AS text[]),
                              CAST($4 AS text[]), CAST($5 AS double precision[]),
-                             CAST($6 AS text[]))
-             AS d(n, source, webhook_id, event_type, event_at, result)
+                             CAST($6 AS text[]), CAST($20 AS text[]))
+             AS d(n, source, webhook_id, event_type, event_at, result, trace_parent)
     ),
     existing AS (
         SELECT d.n, r.result, r.item_ids
@@ -152,7 +158,7 @@ _RECORD_GROUP = Statement("receipts.record_group", (
         JOIN webhook_receipts r ON r.source = d.source AND r.webhook_id = d.webhook_id
     ),
     hints AS (
-        SELECT h.*,
+        SELECT h.*, d.trace_parent,
                CASE WHEN h.delay IS NULL THEN now()
                     ELSE coalesce(to_timestamp(d.event_at), now())
                          + make_interval(secs => h.delay) END AS due_at
@@ -198,7 +204,7 @@ _RECORD_GROUP = Statement("receipts.record_group", (
 """)  # noqa: S608 - only a constant fragment is interpolated
 # the group's: each column numbered by its delivery (`n`), hints and budgets by theirs
 _GROUP_PARAMS: Final = ("n", *_DELIVERY_COLUMNS, "hint_n", *_HINT_COLUMNS, "budget_n",
-                        *_BUDGET_COLUMNS)
+                        *_BUDGET_COLUMNS, "trace_parent")
 
 _ORIGINAL = Statement("receipts.original", (
     "The receipt of the delivery that won a race for the same webhook id, to answer as a "
@@ -224,8 +230,9 @@ def _earliest(hints: tuple[Hint, ...]) -> list[Hint]:
 
 
 def delivery_params(delivery: Delivery) -> dict[str, Any]:
-    """A delivery's parameters, by name: its own, its hints' (the soonest per obligation)
-    and the budgets of the scopes they name (a bucket row for each new scope)."""
+    """A delivery's parameters, by name: its own, its hints' (the soonest per obligation),
+    the budgets of the scopes they name (a bucket row for each new scope) and the current
+    trace context (the request's, tracing on)."""
     hints = _earliest(delivery.hints)
     hint_scopes = [h.policy.scope_for(h.tenant_id) for h in hints]
     budgets = {scope: budget_of(h.policy)
@@ -245,6 +252,7 @@ def delivery_params(delivery: Delivery) -> dict[str, Any]:
         "budget_scopes": scopes, "rates": [budgets[s][0] for s in scopes],
         "bursts": [budgets[s][1] for s in scopes],
         "per_call": [budgets[s][2] for s in scopes],
+        "trace_parent": tracing.traceparent(),
     }
 
 
@@ -284,7 +292,7 @@ async def record_group(conn: Any, group: list[dict[str, Any]]) -> list[Receipt]:
     two of them (the intake's `_take` makes it so)."""
     columns: dict[str, list[Any]] = {name: [] for name in _GROUP_PARAMS}
     for n, params in enumerate(group):
-        for name in _DELIVERY_COLUMNS:
+        for name in (*_DELIVERY_COLUMNS, "trace_parent"):
             columns[name].append(params[name])
         columns["n"].append(n)
         columns["hint_n"].extend([n] * len(params["keys"]))

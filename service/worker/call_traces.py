@@ -1,6 +1,7 @@
 """An item's claims, calls and completions as spans of its own trace (tracing on:
 service/observability/tracing.py), on whichever replica makes them: each is a child of the
-span of the batch that released the item, whose `traceparent` the lease carries.
+span of the batch (or the webhook request) that released the item, whose `traceparent` the
+lease carries.
 
     sweeper.claim_round   an admission round, its statements inside; a root, linked from
                           the claims it made

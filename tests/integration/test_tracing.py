@@ -51,7 +51,23 @@ upstream = "shop"
 path = "/exports/{{tenant_id}}/{{object_id}}"
 scope = "exports:{{tenant_id}}"
 rate = {{ per_second = 50.0, burst = 10 }}
+
+[webhooks.store]
+scheme = "header"
+signature_header = "X-Store-Secret"
+secret_env = "TRACING_WEBHOOK_SECRET"
+topic_path = "scope"
+
+[[webhooks.store.rules]]
+topic = "store/cart/abandoned"
+policy = "carts"
+tenant = "body:producer"
+object_id = "body:data.id"
+due = "now"
 """
+WEBHOOK_SECRET = "tracing-webhook-secret-0123456789"
+HOOK_TRACE = "0af7651916cd43dd8448eb211c80319c"
+HOOK_SPAN = "b7ad6b7169203331"
 
 
 @pytest.fixture
@@ -100,7 +116,8 @@ def _env(db_url: str, tmp_path: Path, upstream: str, port: int) -> dict[str, str
     env.update({"SWEEPER_DATABASE_URL": db_url, "SWEEPER_POLICIES_FILE": str(policies),
                 "SWEEPER_API_TOKENS": TOKEN_A, "SWEEPER_WORKERS": "4",
                 "SWEEPER_PORT": str(port), "SWEEPER_MIGRATE_ON_START": "false",
-                "SWEEPER_LOG_LEVEL": "DEBUG", "SWEEPER_LOG_FORMAT": "json"})
+                "SWEEPER_LOG_LEVEL": "DEBUG", "SWEEPER_LOG_FORMAT": "json",
+                "TRACING_WEBHOOK_SECRET": WEBHOOK_SECRET})
     return env
 
 
@@ -124,8 +141,9 @@ def test_one_item_reads_as_one_trace(db_url: str, tmp_path: Path,
             def alive() -> None:
                 assert proc.poll() is None, stderr.read_text()
 
-            receiver.wait_for(lambda r: len(r.named("sweeper.complete")) >= 2
-                              and _completed(r) == 2 * ITEMS, alive=alive)
+            receiver.wait_for(lambda r: _completed(r) == 2 * ITEMS, alive=alive)
+            _deliver(base)
+            receiver.wait_for(lambda r: _completed(r) == 2 * ITEMS + 1, alive=alive)
             httpx.get(f"{base}/v1/runs/{run_id}", headers={
                 "Authorization": f"Bearer {TOKEN_A}"}, timeout=10).raise_for_status()
             receiver.wait_for(lambda r: bool(r.named("GET /v1/runs/{run_id}")), alive=alive)
@@ -146,8 +164,15 @@ def test_one_item_reads_as_one_trace(db_url: str, tmp_path: Path,
     assert any(by_id.get(s.parent_id) is publish for s in spans if s.kind == "client"
                and s.scope == STATEMENTS), "publication's statements are its children"
 
+    # an item a webhook released: its call continues the delivery's trace
+    [hooked] = [c for c in receiver.named("sweeper.call") if c.trace_id == HOOK_TRACE]
+    [delivery] = [s for s in spans if s.name == "POST /v1/webhooks/{source}"
+                  and s.kind == "server"]
+    assert (delivery.trace_id, delivery.parent_id) == (HOOK_TRACE, HOOK_SPAN)
+    assert hooked.parent_id == delivery.span_id
+
     # every item: its claim, its call and its completion, in the run's trace
-    item_calls = receiver.named("sweeper.call")
+    item_calls = [c for c in receiver.named("sweeper.call") if c is not hooked]
     assert len(item_calls) == 2 * ITEMS
     for call in item_calls:
         assert call.trace_id == CALLER_TRACE
@@ -157,7 +182,8 @@ def test_one_item_reads_as_one_trace(db_url: str, tmp_path: Path,
         [round_link] = call.links
         assert by_id[round_link[1]].name == "sweeper.claim_round"
     claims = receiver.named("sweeper.claim")
-    assert {c.trace_id for c in claims} == {CALLER_TRACE} and len(claims) == 2 * ITEMS
+    assert sorted(c.trace_id for c in claims) == sorted([CALLER_TRACE] * 2 * ITEMS
+                                                         + [HOOK_TRACE])
     completions = receiver.named("sweeper.complete")
     for completion in completions:
         assert by_id[completion.parent_id].name == "sweeper.call"
@@ -172,9 +198,12 @@ def test_one_item_reads_as_one_trace(db_url: str, tmp_path: Path,
 
     _assert_nothing_identifying(spans)
     # the upstream was told the trace only by the policy that asks
-    sent = {call.path.split("/")[1]: call.headers.get("traceparent") for call in calls}
-    assert sent["exports"] is None
-    assert sent["carts"] is not None and sent["carts"].split("-")[1] == CALLER_TRACE
+    sent = {(call.path.split("/")[1], call.path.split("/")[3]): call.headers.get("traceparent")
+            for call in calls}
+    assert {key for key, value in sent.items() if value is None} == {
+        ("exports", f"obj-exports-{i}") for i in range(ITEMS)}
+    assert {value.split("-")[1] for key, value in sent.items() if key[0] == "carts"} == {
+        CALLER_TRACE, HOOK_TRACE}
     _assert_logs_name_the_trace(stderr)
 
 
@@ -189,6 +218,16 @@ def _trigger(base: str) -> int:
         **auth, "traceparent": f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"})
     answer.raise_for_status()
     return int(answer.json()["id"])
+
+
+def _deliver(base: str) -> None:
+    """A store's webhook making one more cart due now, sent within a trace of its own."""
+    body = {"scope": "store/cart/abandoned", "producer": TENANT,
+            "data": {"id": "obj-carts-hooked"}, "hash": "h1", "created_at": 1764547200}
+    answer = httpx.post(f"{base}/v1/webhooks/store", json=body, timeout=10, headers={
+        "X-Store-Secret": WEBHOOK_SECRET, "traceparent": f"00-{HOOK_TRACE}-{HOOK_SPAN}-01"})
+    assert answer.status_code == 202, answer.text
+    assert answer.json()["result"] == "applied"
 
 
 def _completed(receiver: OtlpReceiver) -> int:
@@ -215,5 +254,6 @@ def _assert_logs_name_the_trace(stderr: Path) -> None:
                 and line["attributes"].get("http.route") == "/v1/runs"]
     assert access["trace_id"] == CALLER_TRACE
     attempts = [line for line in lines if line["body"] == "attempt"]
-    assert len(attempts) == 2 * ITEMS
-    assert {line["trace_id"] for line in attempts} == {CALLER_TRACE}
+    assert len(attempts) == 2 * ITEMS + 1
+    assert sorted(line["trace_id"] for line in attempts) == sorted(
+        [CALLER_TRACE] * 2 * ITEMS + [HOOK_TRACE])
