@@ -235,9 +235,10 @@ class ItemPage(BaseModel):
 async def list_items(
     runtime: RuntimeDep, _actor: OperatorDep,
     status: ItemStatus | None = None,
-    policy: Annotated[str | None, Query(max_length=63)] = None,
-    tenant_id: Annotated[str | None, Query(max_length=512)] = None,
-    reason: Annotated[str | None, Query(max_length=200)] = None,
+    # no control characters: no name, id or reason the ledger stores has one
+    policy: Annotated[str | None, Query(max_length=63, pattern=ID_PATTERN)] = None,
+    tenant_id: Annotated[str | None, Query(max_length=512, pattern=ID_PATTERN)] = None,
+    reason: Annotated[str | None, Query(max_length=200, pattern=ID_PATTERN)] = None,
     after: Annotated[int | None, Query(ge=0, le=MAX_BIGINT)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> ItemPage:

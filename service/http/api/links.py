@@ -77,6 +77,13 @@ LINKS: Final[dict[tuple[str, str], dict[str, Link]]] = {
     ("setScopeBudget", "200"): _scope_links(SCOPE_NAME),
     ("pauseScope", "200"): _scope_links(SCOPE_NAME),
     ("resumeScope", "200"): _scope_links(SCOPE_NAME),
+    ("placeHold", "201"): {
+        "GetHold": _to("getHold", "the hold placed, with the items it holds",
+                       parameters={"path.hold_id": "$response.body#/id"}),
+        "ReleaseHold": _to("releaseHold", "release the hold placed",
+                           parameters={"path.hold_id": "$response.body#/id"},
+                           request_body={"why": "released by the contract's example"}),
+    },
     ("pauseWorkers", "200"): {
         "ResumeWorkers": _to("resumeWorkers", "claim again everywhere"),
     },

@@ -14,7 +14,7 @@ from service.cluster import leader
 from service.config.policy_file import MAX_RATE_PER_SECOND, MAX_SCOPE_BYTES, MIN_RATE_PER_SECOND
 from service.errors import Problem
 from service.http.api import access
-from service.http.api.bodies import JsonInt, JsonRoute, RequestBody
+from service.http.api.bodies import ID_PATTERN, JsonInt, JsonRoute, RequestBody
 from service.http.api.deps import CallerDep, OperatorDep, RuntimeDep
 from service.http.api.problems import problem_responses
 from service.http.api.reasons import Reason
@@ -158,7 +158,9 @@ async def _changed(runtime: RuntimeDep, name: str, found: bool) -> ScopeOut:
 @router.get("/scopes", operation_id="listScopes", response_model=ScopePage,
             responses=problem_responses(422))
 async def list_scopes(runtime: RuntimeDep, _actor: OperatorDep,
-                      after: Annotated[str | None, Query(max_length=512)] = None,
+                      # a scope's name: no control characters
+                      after: Annotated[str | None, Query(max_length=512,
+                                                         pattern=ID_PATTERN)] = None,
                       limit: Annotated[int, Query(ge=1, le=500)] = 100) -> ScopePage:
     """Every scope's limiter state and backlog."""
     rows = await scopes.list_scopes(runtime.engine, after=after, limit=limit)
