@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import base64
+import json
 import logging
 
 import httpx
 import pytest
+from sqlalchemy import text
+from starlette.requests import Request
 
 from service.config.policies import Policies
 from service.config.settings import async_url
 from service.db import migrate
 from service.db.engine import make_engine
+from service.http.api import problems
 from service.http.api.health import UNSIGNED_WARNING
 from service.protocols.egress import public_roots
 from tests.conftest import TOKEN_A, TOKEN_B, LiveServer, policies_from, test_settings
@@ -27,6 +31,24 @@ async def test_healthz_and_readyz(api: httpx.AsyncClient) -> None:
 
 
 SIGNING_KEY = base64.b64encode(bytes(range(32))).decode()  # an Ed25519 private key's bytes
+
+
+async def test_text_only_the_database_refuses_is_a_422_too(db_url: str) -> None:
+    """The schemas refuse NUL characters and unpaired surrogates wherever they can; text that
+    gets past them to PostgreSQL, which refuses it, is answered by the database errors'
+    handler as the same clean 422, never a 500."""
+    engine = make_engine(async_url(db_url), test_settings(db_url))
+    try:
+        with pytest.raises(Exception) as refused:  # noqa: PT011 - whatever the driver raises
+            async with engine.connect() as conn:
+                await conn.execute(text("SELECT CAST(:value AS text)"), {"value": "a\x00b"})
+    finally:
+        await engine.dispose()
+    request = Request({"type": "http", "method": "GET", "path": "/v1/items", "headers": [],
+                       "query_string": b"", "app": None})
+    answer = await problems.on_database(request, refused.value)
+    assert answer.status_code == 422
+    assert json.loads(answer.body)["type"] == "urn:sweeper:problem:unstorable-text"
 
 
 @pytest.mark.parametrize("key", [None, SIGNING_KEY])
@@ -124,12 +146,13 @@ async def test_readyz_stays_ready_on_a_newer_schema(db_url: str) -> None:
 
 
 @pytest.mark.parametrize(("method", "path", "body", "problem"), [
-    # reasons (service/http/api/reasons.py), ids and policy names are refused by the schema itself
+    # reasons (service/http/api/reasons.py), ids, policy names and query filters are refused
+    # by the schema itself
     ("POST", "/v1/items/cancel", '{"ids": [1], "why": "a\\u0000b"}', "validation-error"),
     ("POST", "/v1/items/redrive", '{"tenant_id": "t", "why": "\\udfff"}', "validation-error"),
     ("POST", "/v1/items/cancel", '{"tenant_id": "a\\u0000b", "why": "x"}', "validation-error"),
     ("POST", "/v1/items/redrive", '{"policy": "\\ud800", "why": "x"}', "validation-error"),
-    ("GET", "/v1/items?tenant_id=a%00b", None, "unstorable-text"),
+    ("GET", "/v1/items?tenant_id=a%00b", None, "validation-error"),  # query filters too
     # the item model itself refuses an unpaired surrogate
     ("POST", "/v1/items", '{"items": [{"tenant_id": "t\\udfff", "object_id": "o", '
                           '"policy": "carts", "due_at": "2026-01-01T00:00:00Z"}]}',

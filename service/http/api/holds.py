@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from service.errors import Problem
 from service.http.api.bodies import (
+    ID_PATTERN,
     MAX_BIGINT,
     Id,
     JsonRoute,
@@ -180,7 +181,8 @@ async def place_hold(runtime: RuntimeDep, actor: OperatorDep,
 @router.get("/holds", operation_id="listHolds", response_model=HoldPage,
             responses=problem_responses(422))
 async def list_holds(runtime: RuntimeDep, _actor: OperatorDep,
-                     tenant_id: Annotated[str | None, Query(min_length=1, max_length=512)] = None,
+                     tenant_id: Annotated[str | None, Query(
+                         min_length=1, max_length=512, pattern=ID_PATTERN)] = None,
                      active: bool | None = None,
                      before: Annotated[int | None, Query(ge=1, le=MAX_BIGINT)] = None,
                      limit: Annotated[int, Query(ge=1, le=500)] = 100) -> dict[str, Any]:

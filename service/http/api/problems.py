@@ -217,7 +217,7 @@ def unstorable_text() -> Problem:
                    "the ledger cannot store; nothing was changed")
 
 
-async def _on_database(request: Request, exc: Exception) -> JSONResponse:
+async def on_database(request: Request, exc: Exception) -> JSONResponse:
     if _unstorable_text(exc):
         return problem_response(unstorable_text(), request)
     if isinstance(exc, DatabaseUnavailable | PoolTimeoutError) or is_unavailable(exc):
@@ -266,10 +266,10 @@ def install_problem_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Problem, _on_problem)
     app.add_exception_handler(RequestValidationError, _on_validation)
     app.add_exception_handler(HTTPException, _on_http)
-    app.add_exception_handler(DBAPIError, _on_database)
-    app.add_exception_handler(PoolTimeoutError, _on_database)
-    app.add_exception_handler(DatabaseUnavailable, _on_database)
-    app.add_exception_handler(OSError, _on_database)
+    app.add_exception_handler(DBAPIError, on_database)
+    app.add_exception_handler(PoolTimeoutError, on_database)
+    app.add_exception_handler(DatabaseUnavailable, on_database)
+    app.add_exception_handler(OSError, on_database)
     # Text the database cannot store is the caller's error. Handled here, not by the
     # catch-all: Starlette re-raises whatever the catch-all answers, which logs a 500 and
     # drops the connection.
