@@ -134,6 +134,6 @@ async def _operator_change(engine: AsyncEngine, statement: Statement, action: st
         ids = [int(r.id) for r in await run(
             conn, statement, {**filter_params(item_filter), "limit": limit})]
         details = {"filter": {k: v for k, v in asdict(item_filter).items() if v is not None},
-                   "count": len(ids), "item_ids": ids[:1000]}
+                   "count": len(ids), "item_ids": ids}  # all of them (at most `limit`)
         await audit_trail.record(conn, actor=actor, action=action, reason=reason, details=details)
     return ids

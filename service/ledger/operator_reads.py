@@ -111,6 +111,17 @@ async def actions(engine: AsyncEngine, *, before: int | None, limit: int
     return [dict(r._mapping) for r in rows]
 
 
+_ACTION = Statement("operator_reads.action", (
+    "One operator action, with its details."),
+    "SELECT id, at, actor, action, reason, details FROM operator_actions WHERE id = :id")
+
+
+async def action(engine: AsyncEngine, action_id: int) -> dict[str, Any] | None:
+    """One action of the audit trail; None when there is none with that id."""
+    rows = await fetch(engine, _ACTION, {"id": action_id})
+    return dict(rows[0]._mapping) if rows else None
+
+
 _SUCCEEDED_RECENTLY = Statement("operator_reads.succeeded_recently", (
     "Items per policy that succeeded within the throughput window (the finished-items "
     "index, a range as long as the window)."), """

@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.db.statements import Statement, fetch
 from service.db.statements import run as run_statement
 from service.errors import SweeperError
+from service.evidence import audit_trail
 from service.observability import metrics, tracing
 
 if TYPE_CHECKING:
@@ -41,11 +42,15 @@ class RunRequest:
     dry_run: bool
     max_items: int | None
 
+    def described(self) -> dict[str, object]:
+        """The request as plain JSON values (its digest's input, the audit row's details)."""
+        return {"policy": self.policy, "tenant_id": self.tenant_id, "dry_run": self.dry_run,
+                "cutoff": self.cutoff.isoformat() if self.cutoff else None,
+                "max_items": self.max_items}
+
     def digest(self) -> str:
-        doc = {"policy": self.policy, "tenant_id": self.tenant_id, "dry_run": self.dry_run,
-               "cutoff": self.cutoff.isoformat() if self.cutoff else None,
-               "max_items": self.max_items}
-        return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+        return hashlib.sha256(json.dumps(self.described(), sort_keys=True).encode()
+                              ).hexdigest()
 
 
 _INSERT_RUN = Statement("trigger.insert", (
@@ -64,12 +69,15 @@ _BY_TRIGGER_KEY = Statement("trigger.by_trigger_key", (
     "SELECT id, request_digest FROM runs WHERE trigger_key = :key")
 
 
-async def create_run(engine: AsyncEngine, request: RunRequest, trigger_key: str | None
-                     ) -> tuple[int, bool]:
+async def create_run(engine: AsyncEngine, request: RunRequest, trigger_key: str | None, *,
+                     actor: str | None = None, reason: str | None = None,
+                     details: dict[str, object] | None = None) -> tuple[int, bool]:
     """Record a run; returns (run id, created). The same trigger key returns the same run;
     the same key with a different request raises TriggerKeyReused. Replicas find a new run
     on their publisher's next poll; this one's is woken by the caller. The run keeps the
-    caller's trace context (tracing on): its publication continues that trace."""
+    caller's trace context (tracing on): its publication continues that trace. A run an
+    operator or a token started (`actor`) is in the audit trail, with `reason` and
+    `details`, in the transaction that records it (a repeated trigger key adds nothing)."""
     digest = request.digest()
     params = {"key": trigger_key, "digest": digest, "policy": request.policy,
               "tenant": request.tenant_id, "cutoff": request.cutoff,
@@ -77,6 +85,10 @@ async def create_run(engine: AsyncEngine, request: RunRequest, trigger_key: str 
               "trace": tracing.traceparent()}
     async with engine.begin() as conn:
         run_id = (await run_statement(conn, _INSERT_RUN, params)).scalar()
+        if run_id is not None and actor is not None:
+            await audit_trail.record(conn, actor=actor, action="run.trigger", reason=reason,
+                                     details={**request.described(), "run_id": int(run_id),
+                                              "trigger_key": trigger_key, **(details or {})})
     if run_id is not None:
         metrics.RUNS_CREATED.labels(str(request.dry_run).lower()).inc()
         return int(run_id), True

@@ -107,10 +107,24 @@ def test_sign_in_trigger_a_run_and_watch_it_drain(driver: WebDriver, console: Co
     console.register([{"tenant_id": "shop-a", "object_id": f"cart-{i}"} for i in range(40)])
     sign_in(driver, console)
     assert driver.current_url.endswith("/console")
+    # the overview starts a report-only run; its page then offers the deleting run
     driver.find_element(By.ID, "run-policy").send_keys("carts")
     submit(driver, By.CSS_SELECTOR, "form[action='/console/runs'] button")
-    run_url = wait_for(lambda: "/console/runs/" in driver.current_url and driver.current_url,
-                       what="the run's page")
+    report_url = wait_for(lambda: "/console/runs/" in driver.current_url and driver.current_url,
+                          what="the report's page")
+
+    def delete_form() -> bool:
+        driver.get(report_url)
+        return bool(driver.find_elements(By.ID, "delete-preview"))
+
+    wait_for(delete_form, what="the report's figures and its delete form")
+    assert "deletes at most 40 items" in text_of(driver, "#delete-preview")
+    screenshot(driver, "report")
+    driver.find_element(By.ID, "delete-why").send_keys("quarterly cart retention")
+    driver.find_element(By.ID, "delete-confirm").send_keys("40")
+    submit(driver, By.CSS_SELECTOR, "form[action$='/delete'] button")
+    run_url = wait_for(lambda: driver.current_url != report_url and driver.current_url,
+                       what="the deleting run's page")
     run_id = run_url.rsplit("/", 1)[1]
     driver.get(console.base_url + "/console")
     row = f"tr[data-run='{run_id}'] td.progress"
@@ -299,10 +313,18 @@ def test_a_forged_cross_site_post_changes_nothing(driver: WebDriver, console: Co
 
 
 def test_every_page_passes_axe(driver: WebDriver, console: Console) -> None:
-    console.register([{"tenant_id": "shop-e", "object_id": "e-1"}])
+    console.register([{"tenant_id": "shop-e", "object_id": "e-1"}, {
+        "tenant_id": "shop-e", "object_id": "e-2", "due_at": "2030-01-01T00:00:00Z"}])
     with console.api() as api:
-        run = api.post("/v1/runs", json={"policy": "carts", "dry_run": True}).json()
-        item = api.get("/v1/items", params={"tenant_id": "shop-e"}).json()["items"][0]
+        run = api.post("/v1/runs", json={"policy": "carts", "dry_run": True,
+                                         "tenant_id": "shop-e"}).json()
+        wait_for(lambda: api.get(f"/v1/runs/{run['id']}").json()["state"] == "published",
+                 what="the report published")
+        [item] = [i for i in api.get("/v1/items", params={"tenant_id": "shop-e"}).json()[
+            "items"] if i["object_id"] == "e-1"]
+        api.post("/v1/items/cancel", json={"items": [
+            {"tenant_id": "shop-e", "object_id": "e-2", "policy": "carts"}],
+            "why": "not this one"}).raise_for_status()
     driver.delete_all_cookies()
     driver.get(console.base_url + "/console/sign-in")
     problems = {"sign-in": axe_violations(driver)}
@@ -316,6 +338,16 @@ def test_every_page_passes_axe(driver: WebDriver, console: Console) -> None:
         driver.get(console.base_url + "/console" + path)
         problems[name] = axe_violations(driver)
         screenshot(driver, name)
+        if name == "run-report-only":
+            # what the page says, as an operator reads it
+            assert "A report-only run releases nothing" in text_of(driver, "#report-only")
+            assert "deletes at most 1 item," in text_of(driver, "#delete-preview")
+        if name == "audit":
+            # a bulk change: its count links to the action's own page, where its ids are
+            submit(driver, By.CSS_SELECTOR, "table.audit td a[href^='/console/audit/']")
+            problems["audit-action"] = axe_violations(driver)
+            assert text_of(driver, "#ids-h").startswith("1 item")
+            screenshot(driver, "audit-action")
     found = {name: [(v["id"], v["help"], len(v["nodes"])) for v in violations]
              for name, violations in problems.items() if violations}
     assert not found

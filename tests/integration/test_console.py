@@ -236,11 +236,27 @@ async def test_the_budget_form_validates_like_the_api(browser: Browser) -> None:
     assert missing.status_code == 404
 
 
-async def test_a_runs_evidence_downloads_from_the_console(browser: Browser) -> None:
-    csrf = await browser.csrf()
+async def _reported(browser: Browser, csrf: str) -> tuple[str, str]:
+    """A report-only run of `carts` started from the overview, once its page offers the
+    deleting run: its location and that page."""
     started = await browser.post("/runs", {"csrf": csrf, "policy": "carts"})
     assert started.status_code == 303 and started.headers["location"].startswith(
         "/console/runs/")
+    report = started.headers["location"]
+
+    async def published() -> str:
+        page = await browser.client.get(report)
+        return page.text if 'id="delete-preview"' in page.text else ""
+
+    return report, await eventually(published, "the report's delete form")
+
+
+async def test_a_runs_evidence_downloads_from_the_console(browser: Browser) -> None:
+    csrf = await browser.csrf()
+    report, _page = await _reported(browser, csrf)
+    started = await browser.post(report.removeprefix("/console") + "/delete", {
+        "csrf": csrf, "why": "retention", "confirm": "5"})
+    assert started.status_code == 303
     run_page = await browser.client.get(started.headers["location"])
     assert run_page.status_code == 200 and "Download deletion evidence" in run_page.text
     export = await browser.client.get(started.headers["location"] + "/evidence")
@@ -308,8 +324,7 @@ async def test_a_report_only_run_shows_its_difference_from_the_previous_one(
         browser: Browser) -> None:
     pages = []
     for _ in range(2):
-        started = await browser.post("/runs", {"csrf": await browser.csrf(), "policy": "carts",
-                                               "dry_run": "on"})
+        started = await browser.post("/runs", {"csrf": await browser.csrf(), "policy": "carts"})
         assert started.status_code == 303
 
         async def compared(location: str = started.headers["location"]) -> str:
@@ -319,3 +334,118 @@ async def test_a_report_only_run_shows_its_difference_from_the_previous_one(
         pages.append(await eventually(compared, "the report-only run's comparison"))
     assert "nothing to compare with" in pages[0]
     assert "5 candidates: +0 against the previous report-only run" in pages[1]
+
+
+async def test_the_console_deletes_only_from_a_reports_figures_with_a_reason_and_the_count(
+        browser: Browser, live: LiveServer) -> None:
+    """The overview starts report-only runs only; a deleting run starts from a published
+    report's page, with a reason and its candidate count typed back, capped at that count,
+    once per report, and the audit trail names both runs and the reason."""
+    csrf = await browser.csrf()
+    refused = await browser.post("/runs", {"csrf": csrf, "policy": "carts", "dry_run": ""})
+    assert refused.status_code == 422  # no such field: the overview cannot start a deletion
+    report, page = await _reported(browser, csrf)
+    assert "deletes at most <strong>5</strong> items" in page and "Type 5 to confirm" in page
+    path = report.removeprefix("/console") + "/delete"
+    for form, problem in (({"why": "", "confirm": "5"}, "Say why"),
+                          ({"why": "retention", "confirm": "4"}, "Type the count"),
+                          ({"why": "retention"}, "Type the count")):
+        answer = await browser.post(path, {"csrf": csrf, **form})
+        assert answer.status_code == 422 and problem in answer.text, answer.text
+    async with live.client() as api:
+        assert [r for r in (await api.get("/v1/runs")).json()["runs"] if not r["dry_run"]] == []
+        confirmed = {"csrf": csrf, "why": "quarterly retention", "confirm": "5"}
+        deleting = await browser.post(path, confirmed)
+        assert deleting.status_code == 303
+        again = await browser.post(path, confirmed)  # a second click: the same run
+        assert again.headers["location"] == deleting.headers["location"]
+        run_id = int(deleting.headers["location"].rsplit("/", 1)[1])
+        run = (await api.get(f"/v1/runs/{run_id}")).json()
+        assert (run["dry_run"], run["policy"], run["max_items"]) == (False, "carts", 5)
+    audit = (await browser.client.get("/console/audit")).text
+    assert audit.count("run.trigger") == 2 and "quarterly retention" in audit
+    assert f'"report_run_id": {report.rsplit("/", 1)[1]}' in audit
+
+
+async def test_a_run_started_over_the_api_is_in_the_audit_trail(live: LiveServer,
+                                                                db_url: str) -> None:
+    async with live.client() as api:
+        run = (await api.post("/v1/runs", json={"policy": "carts"},
+                              headers={"Idempotency-Key": "cron-2026-12-05"})).json()
+        await api.post("/v1/runs", json={"policy": "carts"},
+                       headers={"Idempotency-Key": "cron-2026-12-05"})  # a retry: one row
+    engine = live.runtime.engine
+    async with engine.connect() as conn:
+        rows = (await conn.execute(text(
+            "SELECT actor, action, reason, details FROM operator_actions"))).all()
+    [(actor, action, reason, details)] = rows
+    assert actor.startswith("token:") and (action, reason) == ("run.trigger", None)
+    assert details["run_id"] == run["id"] and details["trigger_key"] == "cron-2026-12-05"
+    assert (details["policy"], details["dry_run"]) == ("carts", False)
+
+
+
+async def test_a_bulk_change_is_one_audit_row_its_ids_a_click_away(browser: Browser,
+                                                                  live: LiveServer) -> None:
+    """Cancelling 1,200 items is one row of the audit trail with its count and selection;
+    every id is on the action's own page, 500 to a page, none inline."""
+    async with live.client() as api:
+        await api.post("/v1/items", json={"items": [
+            {"tenant_id": "bulk-co", "object_id": f"o-{i}", "policy": "carts",
+             "due_at": "2030-01-01T00:00:00Z"} for i in range(1200)]})
+        cancelled = (await api.post("/v1/items/cancel", json={
+            "tenant_id": "bulk-co", "why": "registered by mistake"})).json()
+    assert cancelled["count"] == 1200
+    audit = await browser.client.get("/console/audit")
+    row = re.search(r'<a href="(/console/audit/\d+)">1200 items</a>', audit.text)
+    assert row is not None, audit.text
+    assert str(cancelled["item_ids"][600]) not in audit.text  # no id inline
+    assert '&#34;tenant_id&#34;: &#34;bulk-co&#34;' in audit.text or \
+        '"tenant_id": "bulk-co"' in audit.text  # the selection is
+    shown: list[int] = []
+    for page_no in (1, 2, 3):
+        page = (await browser.client.get(f"{row.group(1)}?page={page_no}")).text
+        assert f"page {page_no} of 3" in page
+        shown += [int(i) for i in re.findall(r'<li><a href="/console/items/(\d+)">', page)]
+    assert shown == cancelled["item_ids"]
+
+
+async def test_the_small_things_read_right(browser: Browser, live: LiveServer,
+                                           engine: AsyncEngine) -> None:
+    """A report-only run says it releases nothing; a run of one batch says "1 batch"; a run
+    that finished with dead items is not shown as done; a tenant's run names its tenant; a
+    report's dates read as every other date; an unsigned server's evidence says so; a
+    negative token count is explained."""
+    live.count_progress_afresh()
+    async with live.client() as api:
+        report = (await api.post("/v1/runs", json={"policy": "carts", "dry_run": True})).json()
+        run = (await api.post("/v1/runs", json={"policy": "carts", "tenant_id": "acme"})).json()
+
+        async def published() -> bool:
+            runs = (await api.get("/v1/runs")).json()["runs"]
+            return all(r["state"] == "published" for r in runs)
+
+        await eventually(published, "both runs published")
+    async with engine.begin() as conn:  # no workers here: the ledger as they would leave it
+        await conn.execute(text(
+            "UPDATE items SET status = CASE WHEN object_id = 'cart-0' THEN 'dead' "
+            "ELSE 'succeeded' END, dead_reason = CASE WHEN object_id = 'cart-0' "
+            "THEN 'permanent:http_422' END, completed_at = now() WHERE batch_id IS NOT NULL"))
+        # granted ahead, refilling slowly: still below zero when the pages read it
+        await conn.execute(text("UPDATE scopes SET tokens = -2.4, rate_per_second = 0.001, "
+                                "refilled_at = now() WHERE name = 'tenant:acme'"))
+    report_page = (await browser.client.get(f"/console/runs/{report['id']}")).text
+    assert "A report-only run releases nothing" in report_page
+    assert "None yet" not in report_page
+    assert '<time datetime="2026-01-01T00:00:00+00:00">2026-01-01 00:00:00Z</time>' in report_page
+    run_page = (await browser.client.get(f"/console/runs/{run['id']}")).text
+    assert "5 released in 1 batch," in run_page
+    assert "JSON lines, unsigned: this server has no signing key" in run_page
+    runs = (await browser.client.get("/console/runs")).text
+    row = runs[runs.index(f'data-run="{run["id"]}"'):]
+    row = row[:row.index("</tr>")]
+    assert "finished, 1 dead" in row and 'class="drained"' not in row
+    assert "<td><bdi>acme</bdi></td>" in row
+    scope = (await browser.client.get("/console/scope?name=tenant%3Aacme")).text
+    assert "-2.40 <span" in scope and "granted ahead" in scope
+    assert "granted ahead" in (await browser.client.get("/console/scopes")).text

@@ -84,7 +84,9 @@ ROUTES: Final[Mapping[tuple[str, str], Access]] = {
     ("GET", "/console/scope"): VIEWER,
     ("GET", "/console/webhooks"): VIEWER,
     ("GET", "/console/audit"): VIEWER,
+    ("GET", "/console/audit/{action_id}"): VIEWER,
     ("POST", "/console/runs"): OPERATOR,
+    ("POST", "/console/runs/{run_id}/delete"): OPERATOR,
     ("POST", "/console/items/action"): OPERATOR,
     ("POST", "/console/scope/pause"): OPERATOR,
     ("POST", "/console/scope/resume"): OPERATOR,  # with lift_closure: LIFT_CLOSURE

@@ -140,7 +140,7 @@ class RunPage(BaseModel):
 @router.post("/runs", operation_id="createRun", status_code=202, response_model=RunOut,
              responses={200: {"model": RunOut, "description": "the run this key already started"},
                         **problem_responses(400, 409, 422)})
-async def create_run(runtime: RuntimeDep, _actor: OperatorDep, response: Response,
+async def create_run(runtime: RuntimeDep, actor: OperatorDep, response: Response,
                      # optional, and never null (see scopes.ReasonBody)
                      body: Annotated[RunIn, Body(
                          openapi_examples=RUN_EXAMPLES)] = None,  # type: ignore[assignment]
@@ -149,7 +149,8 @@ async def create_run(runtime: RuntimeDep, _actor: OperatorDep, response: Respons
                          description="one run per key: a cron slot's name, at most 512 "
                                      "bytes in UTF-8, no control characters")] = None,
                      ) -> RunOut:
-    """Record a run and start publication; answers at once whatever the backlog."""
+    """Record a run and start publication; answers at once whatever the backlog. The run is
+    in the audit trail under the token's id, once per Idempotency-Key."""
     if idempotency_key and utf8_size_over(idempotency_key, MAX_ID_BYTES):
         # the schema counts characters; the ledger stores the key in at most 512 bytes
         raise validation_problem([{"loc": ["header", "idempotency-key"], "type": "too_long",
@@ -169,7 +170,7 @@ async def create_run(runtime: RuntimeDep, _actor: OperatorDep, response: Respons
         run_id, created = await trigger.create_run(
             runtime.engine, trigger.RunRequest(request.policy, tenant_id, request.cutoff,
                                                request.dry_run, request.max_items),
-            idempotency_key or None)
+            idempotency_key or None, actor=actor)
     except trigger.TriggerKeyReused as exc:
         raise Problem(409, "idempotency-key-reused", "Idempotency-Key already used",
                       "this key started a run with a different request",

@@ -40,7 +40,7 @@ from service.http.console.web import (
     whole_number,
 )
 from service.ledger import item_selection, operator_reads
-from service.runs import trigger
+from service.runs import progress, trigger
 
 router = APIRouter(prefix=PREFIX, route_class=ConsoleRoute, include_in_schema=False)
 
@@ -114,15 +114,59 @@ async def sign_out(request: Request) -> Response:
 
 @router.post("/runs")
 async def trigger_run(request: Request) -> Response:
+    """A report-only run: the console starts no deleting run but from a report's figures
+    (`delete_reported`)."""
     session = await signed_in(request)
     runtime = runtime_of(request)
-    form = await checked_form(request, session, ("policy", "dry_run"))
+    form = await checked_form(request, session, ("policy",))
     policy = form.choice("policy", runtime.policies.policies)
-    dry_run = form.choice("dry_run", ("on",)) == "on"
     run_id, _created = await trigger.create_run(
-        runtime.engine, trigger.RunRequest(policy, None, None, dry_run, None), None)
+        runtime.engine, trigger.RunRequest(policy, None, None, True, None), None,
+        actor=_actor(session))
     runtime.wake_publisher()
     return _see_other(f"/runs/{run_id}")
+
+
+@router.post("/runs/{run_id}/delete")
+async def delete_reported(request: Request, run_id: str) -> Response:
+    """The deleting run of a published report-only run's selection (its policy, tenant and
+    cutoff), capped at the candidates it reported and the operator typed back, with a
+    reason; once per report (its trigger key), in the audit trail with both run ids."""
+    session = await signed_in(request)
+    runtime = runtime_of(request)
+    form = await checked_form(request, session, ("why", "confirm"))
+    report = await progress.run_status(runtime.engine, _run_id(run_id), runtime.run_progress)
+    if report is None or not report["dry_run"] or report["state"] != "published":
+        raise ConsoleError(409, "Not a finished report", "a deleting run starts from a "
+                                                         "published report-only run")
+    candidates = int(str(report["candidates"]))
+    why = form.reason("why")
+    if why is None or not why.strip():
+        raise ConsoleError(422, "Say why", "a reason is required: it is kept in the audit "
+                                           "trail with the run")
+    if candidates == 0 or form.get("confirm") != str(candidates):
+        raise ConsoleError(422, "Type the count to confirm",
+                           f"type {candidates} (the candidates this report found) to start "
+                           "a run deleting at most that many items")
+    deleting, _created = await trigger.create_run(
+        runtime.engine, trigger.RunRequest(
+            _text(report["policy"]), _text(report["tenant_id"]), report["cutoff"],
+            False, candidates),
+        f"console:delete-reported:{report['id']}", actor=_actor(session), reason=why,
+        details={"report_run_id": report["id"]})
+    runtime.wake_publisher()
+    return _see_other(f"/runs/{deleting}")
+
+
+def _text(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
+def _run_id(value: str) -> int:
+    number = whole_number(value)
+    if number is None or not 1 <= number <= MAX_BIGINT:
+        raise ConsoleError(404, "No such run", "run ids are whole numbers from 1")
+    return number
 
 
 @router.post("/items/action")

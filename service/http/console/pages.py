@@ -4,6 +4,7 @@ keyset. The forms they show post to service/http/console/actions.py."""
 
 from __future__ import annotations
 
+import math
 from typing import Final
 
 from fastapi import APIRouter
@@ -102,7 +103,8 @@ async def run_page(request: Request, run_id: str) -> Response:
     run = await _run_or_404(request, _path_id(run_id, "run"))
     found = await discovery.report(runtime_of(request).engine, int(str(run["id"])))
     return page("run.html", {**await context(request, session, "runs"), "run": run,
-                             "discovery": found})
+                             "discovery": found,
+                             "evidence_signed": runtime_of(request).signer is not None})
 
 
 @router.get("/runs/{run_id}/live")
@@ -242,3 +244,25 @@ async def audit_list(request: Request) -> Response:
     return page("audit.html", {
         **await context(request, session, "audit"), "actions": rows,
         "next_before": rows[-1]["id"] if len(rows) == PAGE_SIZE else None})
+
+
+IDS_PER_PAGE: Final = 500
+
+
+@router.get("/audit/{action_id}")
+async def audit_action(request: Request, action_id: str) -> Response:
+    """One action of the audit trail in full: a bulk change's item ids, a page at a time."""
+    session = await signed_in(request)
+    page_no = Params(request, ("page",)).number("page") or 1
+    found = await operator_reads.action(runtime_of(request).engine,
+                                        _path_id(action_id, "action"))
+    if found is None:
+        raise ConsoleError(404, "No such action", f"the audit trail has no action {action_id}")
+    ids = found["details"].get("item_ids") or []
+    pages = max(1, math.ceil(len(ids) / IDS_PER_PAGE))
+    page_no = min(page_no, pages)
+    return page("audit_action.html", {
+        **await context(request, session, "audit"), "a": found,
+        "ids": ids[(page_no - 1) * IDS_PER_PAGE:page_no * IDS_PER_PAGE],
+        "page_no": page_no, "pages": pages})
+

@@ -68,8 +68,14 @@ def ident(value: object) -> Markup:
     return Markup("<bdi>" + "".join(parts) + "</bdi>")  # noqa: S704 - every part escaped
 
 
-def timestamp(value: datetime | None) -> Markup:
-    """An instant in UTC, to the second, in a <time> element."""
+def timestamp(value: datetime | str | None) -> Markup:
+    """An instant in UTC, to the second, in a <time> element: one format on every page,
+    whether it came from a column or as ISO 8601 text from a report's JSON."""
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            return ident(value)
     if value is None:
         return Markup('<span class="none">–</span>')
     utc = value.astimezone(UTC)
@@ -103,7 +109,12 @@ _env = Environment(
     trim_blocks=True,
     lstrip_blocks=True,
 )
-_env.filters.update(ident=ident, ts=timestamp, duration=duration)
+def without(mapping: dict[str, object], *keys: str) -> dict[str, object]:
+    """`mapping` less `keys` (an audit row's details shown without its item ids)."""
+    return {k: v for k, v in mapping.items() if k not in keys}
+
+
+_env.filters.update(ident=ident, ts=timestamp, duration=duration, without=without)
 _env.globals.update(query=query)
 
 
