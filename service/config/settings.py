@@ -9,11 +9,13 @@ from __future__ import annotations
 import base64
 import binascii
 import difflib
+import re
 import ssl
 from collections.abc import Callable, Mapping
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Final
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
@@ -192,9 +194,10 @@ class Settings(BaseSettings):
     def _parseable_url(cls, value: SecretStr | None) -> SecretStr | None:
         if value is None or not value.get_secret_value():
             return None
+        raw = sqlalchemy_hosts(value.get_secret_value())  # its ValueError says what is wrong
         try:
-            url = make_url(value.get_secret_value())
-        except ArgumentError:
+            url = make_url(raw)
+        except (ArgumentError, ValueError):
             raise ValueError("not a URL like postgresql://user@host:5432/db") from None
         if url.get_backend_name() != "postgresql":
             raise ValueError("only postgresql:// URLs are supported")
@@ -362,15 +365,52 @@ def credential_key_bytes(text: str) -> bytes:
     return key
 
 
+def sqlalchemy_hosts(raw: str) -> str:
+    """A libpq multi-host URL, as managed PostgreSQL services hand them out
+    (`postgresql://u@h1:5432,h2:5432/db?target_session_attrs=read-write`), in the form
+    SQLAlchemy reads (`postgresql://u@/db?host=h1:5432&host=h2:5432&...`); any other URL as
+    it is. libpq tries the hosts in order, and asyncpg does the same with either form."""
+    parts = urlsplit(raw)
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    if "," not in hosts:
+        return raw
+    if "[" in hosts:
+        # SQLAlchemy's asyncpg dialect splits each host at its colon
+        raise ValueError("a URL of several hosts names them by name or IPv4 address, not "
+                         "as IPv6 literals")
+    params = parse_qsl(parts.query)
+    # every host with its port (SQLAlchemy's asyncpg dialect needs them all): libpq's
+    # default for a host without one is the `port` parameter, else 5432
+    default = next((v for k, v in params if k == "port"), "5432")
+    with_ports = [host if re.search(r":\d+$", host) else f"{host}:{default}"
+                  for host in hosts.split(",")]
+    query = [*(("host", host) for host in with_ports), *((k, v) for k, v in params
+                                                           if k != "port")]
+    # by hand: urlunsplit drops the `//` of an empty host
+    return f"{parts.scheme}://{userinfo}{at}{parts.path}?{urlencode(query)}"
+
+
 def async_url(raw: str) -> URL:
-    """Normalise any postgresql URL to the asyncpg driver SQLAlchemy needs."""
-    return make_url(raw).set(drivername="postgresql+asyncpg")
+    """Normalise any postgresql URL (one host or several) to the asyncpg driver SQLAlchemy
+    needs."""
+    return make_url(sqlalchemy_hosts(raw)).set(drivername="postgresql+asyncpg")
 
 
 def plain_url(url: URL) -> str:
     """`url` as a plain postgresql:// DSN (password included), for asyncpg's own
-    connections (LISTEN, the webhook intake's pool) and for naming a server."""
-    return url.set(drivername="postgresql").render_as_string(hide_password=False)
+    connections (LISTEN, the webhook intake's pool) and for naming a server; several hosts
+    in libpq's form, which asyncpg reads."""
+    plain = url.set(drivername="postgresql")
+    hosts = plain.query.get("host")
+    if not isinstance(hosts, tuple):
+        return plain.render_as_string(hide_password=False)
+    userinfo = quote(plain.username or "", safe="")
+    if plain.password is not None:
+        userinfo += ":" + quote(str(plain.password), safe="")
+    query = urlencode([(k, v) for k, values in plain.query.items() if k != "host"
+                       for v in ((values,) if isinstance(values, str) else values)])
+    return (f"postgresql://{userinfo}{'@' if userinfo else ''}{','.join(hosts)}"
+            f"/{quote(plain.database or '', safe='')}{'?' + query if query else ''}")
 
 
 # SWEEPER_* variables read by commands and tools rather than by Settings.

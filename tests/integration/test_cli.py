@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from sqlalchemy.engine import make_url
 
 from service.db.migrate import head_revision
 from tests.conftest import REPO_ROOT, free_port
@@ -143,6 +144,17 @@ def test_check_config_without_the_embedded_database_installed() -> None:
 
 def test_migrate_against_a_real_database(empty_db_url: str) -> None:
     result = sweeper("migrate", env={"SWEEPER_DATABASE_URL": empty_db_url})
+    assert result.returncode == 0, result.stderr
+    assert "schema at head" in result.stdout
+
+
+def test_migrate_through_a_url_of_several_hosts(empty_db_url: str) -> None:
+    """The libpq multi-host URL of a managed PostgreSQL (its first host down here): the
+    command reaches the one that answers, read-write."""
+    url = make_url(empty_db_url)
+    several = (f"postgresql://{url.username}@127.0.0.1:1,{url.host}:{url.port or 5432}/"
+               f"{url.database}?target_session_attrs=read-write")
+    result = sweeper("migrate", env={"SWEEPER_DATABASE_URL": several})
     assert result.returncode == 0, result.stderr
     assert "schema at head" in result.stdout
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from service.config.settings import Environment, Settings, load_settings
+from service.config.settings import Environment, Settings, load_settings, plain_url
 from service.config.tokens import Caller, Role, TokenSet, token_id
 from service.errors import ConfigError
 from service.observability.logs import ConsoleFormatter, JsonFormatter
@@ -66,6 +66,31 @@ def test_every_refused_setting_and_broken_rule_at_once(monkeypatch: pytest.Monke
 def test_database_url_must_be_postgres(url: str) -> None:
     with pytest.raises(ValidationError):
         Settings(database_url=url)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("given", "hosts", "plain"), [
+    # the libpq form managed PostgreSQL services hand out, failover hosts in order
+    ("postgresql://u:p%40w@h1:5432,h2:5433/db?target_session_attrs=read-write",
+     ("h1:5432", "h2:5433"), "postgresql://u:p%40w@h1:5432,h2:5433/db"
+                             "?target_session_attrs=read-write"),
+    # a host without a port has libpq's: the `port` parameter, else 5432
+    ("postgresql://u@h1,h2:6/db?port=6000&sslmode=require", ("h1:6000", "h2:6"),
+     "postgresql://u@h1:6000,h2:6/db?sslmode=require"),
+    ("postgresql://h1,h2/db", ("h1:5432", "h2:5432"), "postgresql://h1:5432,h2:5432/db"),
+])
+def test_a_url_of_several_hosts_is_read_as_libpq_reads_it(given: str, hosts: tuple[str, ...],
+                                                          plain: str) -> None:
+    """SQLAlchemy refused libpq's multi-host URL ("invalid literal for int()"): it is read
+    into SQLAlchemy's form for the engine, and written back in libpq's for asyncpg's own
+    connections (LISTEN, the webhook intake)."""
+    url = Settings(database_url=given).sqlalchemy_url()  # type: ignore[arg-type]
+    assert url is not None and url.query["host"] == hosts and url.host is None
+    assert plain_url(url) == plain
+
+
+def test_several_hosts_as_ipv6_literals_are_refused_by_name() -> None:
+    with pytest.raises(ValidationError, match="not as IPv6 literals"):
+        Settings(database_url="postgresql://u@[::1]:5432,[::2]:5432/db")  # type: ignore[arg-type]
 
 
 def test_sqlalchemy_url_uses_asyncpg() -> None:
