@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Final
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
@@ -382,8 +382,11 @@ def sqlalchemy_hosts(raw: str) -> str:
     # every host with its port (SQLAlchemy's asyncpg dialect needs them all): libpq's
     # default for a host without one is the `port` parameter, else 5432
     default = next((v for k, v in params if k == "port"), "5432")
+    named = [unquote(host) for host in hosts.split(",")]  # a socket directory: %2Fpath
+    if not all(named):
+        raise ValueError("a URL of several hosts has an empty one in its list")
     with_ports = [host if re.search(r":\d+$", host) else f"{host}:{default}"
-                  for host in hosts.split(",")]
+                  for host in named]
     query = [*(("host", host) for host in with_ports), *((k, v) for k, v in params
                                                            if k != "port")]
     # by hand: urlunsplit drops the `//` of an empty host
@@ -409,7 +412,8 @@ def plain_url(url: URL) -> str:
         userinfo += ":" + quote(str(plain.password), safe="")
     query = urlencode([(k, v) for k, values in plain.query.items() if k != "host"
                        for v in ((values,) if isinstance(values, str) else values)])
-    return (f"postgresql://{userinfo}{'@' if userinfo else ''}{','.join(hosts)}"
+    listed = ",".join(quote(host, safe=":[]") for host in hosts)  # a socket directory too
+    return (f"postgresql://{userinfo}{'@' if userinfo else ''}{listed}"
             f"/{quote(plain.database or '', safe='')}{'?' + query if query else ''}")
 
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -152,7 +153,9 @@ def test_migrate_through_a_url_of_several_hosts(empty_db_url: str) -> None:
     """The libpq multi-host URL of a managed PostgreSQL (its first host down here): the
     command reaches the one that answers, read-write."""
     url = make_url(empty_db_url)
-    several = (f"postgresql://{url.username}@127.0.0.1:1,{url.host}:{url.port or 5432}/"
+    # the embedded server's socket directory, percent-encoded as libpq reads it
+    server = url.host or quote(str(url.query["host"]), safe="")
+    several = (f"postgresql://{url.username}@127.0.0.1:1,{server}:{url.port or 5432}/"
                f"{url.database}?target_session_attrs=read-write")
     result = sweeper("migrate", env={"SWEEPER_DATABASE_URL": several})
     assert result.returncode == 0, result.stderr

@@ -77,6 +77,9 @@ def test_database_url_must_be_postgres(url: str) -> None:
     ("postgresql://u@h1,h2:6/db?port=6000&sslmode=require", ("h1:6000", "h2:6"),
      "postgresql://u@h1:6000,h2:6/db?sslmode=require"),
     ("postgresql://h1,h2/db", ("h1:5432", "h2:5432"), "postgresql://h1:5432,h2:5432/db"),
+    # a socket directory, percent-encoded as libpq reads it
+    ("postgresql://u@h1:5432,%2Frun%2Fpg/db", ("h1:5432", "/run/pg:5432"),
+     "postgresql://u@h1:5432,%2Frun%2Fpg:5432/db"),
 ])
 def test_a_url_of_several_hosts_is_read_as_libpq_reads_it(given: str, hosts: tuple[str, ...],
                                                           plain: str) -> None:
@@ -88,9 +91,13 @@ def test_a_url_of_several_hosts_is_read_as_libpq_reads_it(given: str, hosts: tup
     assert plain_url(url) == plain
 
 
-def test_several_hosts_as_ipv6_literals_are_refused_by_name() -> None:
-    with pytest.raises(ValidationError, match="not as IPv6 literals"):
-        Settings(database_url="postgresql://u@[::1]:5432,[::2]:5432/db")  # type: ignore[arg-type]
+@pytest.mark.parametrize(("url", "problem"), [
+    ("postgresql://u@[::1]:5432,[::2]:5432/db", "not as IPv6 literals"),
+    ("postgresql://u@h1,,h2/db", "an empty one in its list"),
+])
+def test_a_list_of_hosts_it_cannot_use_is_refused_by_name(url: str, problem: str) -> None:
+    with pytest.raises(ValidationError, match=problem):
+        Settings(database_url=url)  # type: ignore[arg-type]
 
 
 def test_sqlalchemy_url_uses_asyncpg() -> None:
