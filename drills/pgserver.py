@@ -42,7 +42,7 @@ class PrivateServer:
     """`start()` initialises on first use; `stop()` is a fast shutdown (what an operator's
     restart or a failover does to clients: every connection is cut)."""
 
-    def __init__(self, root: Path, port: int) -> None:
+    def __init__(self, root: Path, port: int, *, conf: str = "") -> None:
         bin_dir = _bin_dir()
         if bin_dir is None:
             raise DrillSkipped("no PostgreSQL binaries (pg_ctl, initdb) to run a private "
@@ -51,6 +51,7 @@ class PrivateServer:
         self.root = root
         self.pgdata = root / "pgdata"
         self.port = port
+        self.conf = conf  # lines appended to postgresql.conf, after the drill's defaults
         self.user: str | None = None
         if os.geteuid() == 0:  # PostgreSQL refuses to run as root
             try:
@@ -71,23 +72,27 @@ class PrivateServer:
                            check=True, stdout=out, stderr=subprocess.STDOUT,
                            timeout=START_TIMEOUT_S, user=self.user)
 
-    def _init(self) -> None:
+    def _own_folder(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         self.root.chmod(0o755)
         for parent in self.root.parents:  # the server's user must reach its folder
             if parent == Path("/tmp") or parent == parent.parent:  # noqa: S108
                 break
             parent.chmod(parent.stat().st_mode | 0o011)
+        if self.user is not None:
+            shutil.chown(self.root, self.user)
+
+    def _init(self) -> None:
+        self._own_folder()
         self.pgdata.mkdir(mode=0o700)
         if self.user is not None:
             shutil.chown(self.pgdata, self.user)
-            shutil.chown(self.root, self.user)
         self._run("initdb", "-D", str(self.pgdata), "--auth=trust", "-U", "postgres",
                   "--encoding=utf8", "--no-sync")
         with (self.pgdata / "postgresql.conf").open("a", encoding="utf-8") as conf:
             conf.write(f"\nlisten_addresses = '127.0.0.1'\nport = {self.port}\n"
                        "unix_socket_directories = ''\nfsync = off\n"
-                       "synchronous_commit = off\nmax_connections = 100\n")
+                       "synchronous_commit = off\nmax_connections = 100\n" + self.conf)
 
     def _start(self) -> None:
         if not (self.pgdata / "PG_VERSION").exists():
@@ -98,8 +103,31 @@ class PrivateServer:
     def _stop(self) -> None:
         self._run("pg_ctl", "-D", str(self.pgdata), "-m", "fast", "-w", "stop")
 
+    def _copy(self, primary: PrivateServer) -> None:
+        """A streaming standby of `primary`: its base backup, set to follow it (-R), on this
+        server's port and with this server's `conf`."""
+        self._own_folder()
+        self._run("pg_basebackup", "-h", "127.0.0.1", "-p", str(primary.port), "-U",
+                  "postgres", "-D", str(self.pgdata), "-R", "-X", "stream", "-c", "fast")
+        with (self.pgdata / "postgresql.conf").open("a", encoding="utf-8") as conf:
+            conf.write(f"\nport = {self.port}\n" + self.conf)
+
     async def start(self) -> None:
         await asyncio.to_thread(self._start)
+
+    async def follow(self, primary: PrivateServer) -> None:
+        """Become `primary`'s streaming standby and start."""
+        await asyncio.to_thread(self._copy, primary)
+        await self.start()
+
+    async def crash(self) -> None:
+        """An immediate shutdown: no checkpoint, every connection cut, as a host lost."""
+        await asyncio.to_thread(self._run, "pg_ctl", "-D", str(self.pgdata), "-m",
+                                "immediate", "-w", "stop")
+
+    async def promote(self) -> None:
+        """End recovery: a standby becomes a primary that takes writes."""
+        await asyncio.to_thread(self._run, "pg_ctl", "-D", str(self.pgdata), "-w", "promote")
 
     async def stop(self) -> None:
         await asyncio.to_thread(self._stop)
