@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from drills import answers, crashes, database, failover, intake, operations
+from drills import answers, crashes, database, failover, intake, operations, partitions
 from drills.base import Drill
 
 DRILLS: list[Drill] = sorted(
     [*crashes.DRILLS, *answers.DRILLS, *operations.DRILLS, *database.DRILLS,
-     *intake.DRILLS, *failover.DRILLS],
+     *intake.DRILLS, *failover.DRILLS, *partitions.DRILLS],
     key=lambda d: d.number)
 
 

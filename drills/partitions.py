@@ -1,0 +1,260 @@
+"""Drills where the network fails rather than a process: links to PostgreSQL or to the
+upstream blackholed (nothing arrives, nothing is refused) through the drill's fault proxy
+(drills/faultproxy.py), for one replica or for all, longer than the leases, then healed.
+
+Judged from outside: the upstream's own log of calls (which replica made each: every worker
+process calls the upstream under a path prefix of its own) against the ledger's final
+state and the leases' length."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+
+import httpx
+
+from drills.base import Drill, Facts, check
+from drills.faultproxy import FaultProxy
+from drills.stage import Proc, Stage, worst_window
+from drills.upstream import Call
+
+LEASE_S = 6
+CUT_S = 2.5 * LEASE_S  # longer than any lease the cut replica holds
+BLACKHOLE_S = 30.0
+SLACK_S = 1.0  # a call started within a second of its lease's end is the call's own write
+
+
+def _server(url: str) -> tuple[str, int]:
+    """Where the drill's PostgreSQL listens: its host and port, or its socket directory
+    (an embedded server's `?host=/dir`) and port."""
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    return str(parsed.host or parsed.query.get("host") or "127.0.0.1"), int(parsed.port or 5432)
+
+
+async def _through(stage: Stage, proxy: FaultProxy) -> str:
+    """The drill database's URL through `proxy` (started here)."""
+    from sqlalchemy.engine import make_url
+
+    await proxy.start()
+    url = make_url(stage.db_url)
+    query = {k: v for k, v in url.query.items() if k != "host"}  # not a socket any more
+    return url.set(host="127.0.0.1", port=proxy.port, query=query).render_as_string(
+        hide_password=False)
+
+
+def _by_worker(calls: list[Call]) -> dict[str, list[Call]]:
+    out: dict[str, list[Call]] = {}
+    for call in calls:
+        out.setdefault(call.path.split("/")[1], []).append(call)
+    return out
+
+
+async def replica_cut_from_database(stage: Stage) -> Facts:
+    """Scenario 1: one replica loses PostgreSQL (both directions) for longer than its
+    leases while its upstream link stays up."""
+    upstream = stage.start_upstream()
+    stage.write_policies(rate=80, burst=5, lease=LEASE_S, timeout=3)
+    n = 1500
+    keys = await stage.register([f"o{i}" for i in range(n)])
+    cut_proxy = FaultProxy(*_server(stage.db_url))
+    cut_url = await _through(stage, cut_proxy)
+    stage.cleanups.append(cut_proxy.close)
+    cut = _worker(stage, "cut", {"SWEEPER_DATABASE_URL": cut_url})
+    other = _worker(stage, "other", {})
+    await stage.wait_started(cut, other)
+    await stage.release()
+
+    async def both_calling() -> bool:
+        seen = _by_worker(upstream.calls())
+        return len(seen.get("cut", [])) >= 50 and len(seen.get("other", [])) >= 50
+
+    await stage.wait_for("both replicas calling", both_calling, 30, 0.05)
+    cut_proxy.cut()
+    cut_at = time.time()
+    await asyncio.sleep(CUT_S)
+    cut_proxy.heal()
+    healed_at = time.time()
+    await stage.wait_all_finished(n, 120)
+    calls = upstream.calls()
+    by_worker = _by_worker(calls)
+    other_during = [c for c in by_worker["other"] if cut_at + LEASE_S < c.wall_time < healed_at]
+    per_key = Counter(c.idempotency_key for c in calls)
+    twice = [k for k, v in per_key.items() if v > 1]
+    during_cut = [c.wall_time for c in by_worker["cut"] if cut_at <= c.wall_time < healed_at]
+    facts: Facts = {
+        "calls": len(calls), "cut_s": CUT_S, "lease_s": LEASE_S,
+        "cut_replica_calls_in_cut": len(during_cut),
+        "cut_replica_last_call_into_cut_s": round(max(during_cut) - cut_at, 2)
+        if during_cut else None,
+        "other_calls_while_cut": len(other_during), "called_twice": len(twice),
+        "statuses": await stage.statuses()}
+    stage.facts.update(facts)
+    check(not during_cut or max(during_cut) <= cut_at + LEASE_S + SLACK_S,
+          f"the cut replica called {max(during_cut) - cut_at:.1f} s into the cut, after its "
+          f"leases ({LEASE_S} s) could have expired")
+    check(len(other_during) > 0, "the other replica did not take the items over")
+    check(facts["statuses"] == {"succeeded": n}, f"items {facts['statuses']}")
+    check(set(per_key) == set(keys), "an item was never called")
+    check(max(per_key.values()) <= 2, "an object was called three times")
+    await _stop_all(stage, [cut, other])
+    return facts
+
+
+def _worker(stage: Stage, name: str, env: dict[str, str]) -> Proc:
+    """A worker process calling the upstream under its own path prefix (`/name/...`)."""
+    policies = stage.workdir / f"policies-{name}.toml"
+    assert stage.policies_file is not None
+    assert stage.upstream_url is not None
+    policies.write_text(stage.policies_file.read_text(encoding="utf-8").replace(
+        stage.upstream_url, f"{stage.upstream_url}/{name}"), encoding="utf-8")
+    return stage.start_worker(workers=8, env={"SWEEPER_POLICIES_FILE": str(policies), **env})
+
+
+async def database_blackholed(stage: Stage) -> Facts:
+    """Scenario 3: PostgreSQL blackholed for every process for BLACKHOLE_S, then healed."""
+    upstream = stage.start_upstream()
+    stage.write_policies(rate=50, burst=5, lease=LEASE_S, timeout=3)
+    n = 1000
+    keys = await stage.register([f"o{i}" for i in range(n)])
+    proxy = FaultProxy(*_server(stage.db_url))
+    direct = stage.db_url
+    stage.db_url = await _through(stage, proxy)  # every process's URL
+    stage.cleanups.append(proxy.close)
+    api = await stage.start_api({"SWEEPER_DB_POOL_TIMEOUT_SECONDS": "2"})
+    workers = [_worker(stage, f"w{i}", {}) for i in (1, 2)]
+    await stage.wait_started(*workers)
+    stage.db_url = direct  # the drill's own reads go around the proxy
+    await stage.release()
+
+    async def calling() -> bool:
+        return len(upstream.calls()) >= 100
+
+    await stage.wait_for("calls before the blackhole", calling, 30, 0.05)
+    facts: Facts = {"blackhole_s": BLACKHOLE_S}
+    async with stage.api_client(api, timeout=5) as client:
+        proxy.cut()
+        cut_at = time.monotonic()
+        not_ready = await stage.wait_for("/readyz false", _readiness(client, False), 20)
+        facts["readyz_false_after_s"] = round(not_ready, 2)
+        await asyncio.sleep(max(0.0, BLACKHOLE_S - (time.monotonic() - cut_at)))
+        calls_at_heal = len(upstream.calls())
+        # healed as a firewall that forgot the connections: each one across the cut is
+        # reset, and only new ones work
+        proxy.heal(reset=True)
+        ready = await stage.wait_for("/readyz true", _readiness(client, True), 60)
+        facts["readyz_true_after_heal_s"] = round(ready, 2)
+
+        async def calling_again() -> bool:
+            return len(upstream.calls()) > calls_at_heal
+
+        facts["calling_after_heal_s"] = round(
+            await stage.wait_for("workers calling again", calling_again, 60, 0.05), 2)
+    await stage.wait_all_finished(n, 120)
+    per_key = Counter(c.idempotency_key for c in upstream.calls())
+    facts.update({"called_twice": sum(1 for v in per_key.values() if v > 1),
+                  "alive": all(p.alive() for p in [api, *workers]),
+                  "statuses": await stage.statuses()})
+    stage.facts.update(facts)
+    check(facts["alive"], "a process died in the blackhole")
+    check(facts["statuses"] == {"succeeded": n}, f"items {facts['statuses']}")
+    check(set(per_key) == set(keys) and max(per_key.values()) <= 2,
+          "an item never called, or called three times")
+    await _stop_all(stage, [*workers, api])
+    return facts
+
+
+async def upstream_blackholed(stage: Stage) -> Facts:
+    """Scenario 2: a worker's upstream connections blackholed mid-call (no RST) for longer
+    than the call deadline, then healed with those connections forgotten."""
+    rate, burst, timeout = 40.0, 5, 3.0
+    upstream = stage.start_upstream()
+    proxy = FaultProxy("127.0.0.1", int(upstream.base_url.rsplit(":", 1)[1]))
+    await proxy.start()
+    stage.cleanups.append(proxy.close)
+    stage.upstream_url = f"http://127.0.0.1:{proxy.port}"  # the worker calls through it
+    stage.write_policies(rate=rate, burst=burst, lease=LEASE_S, timeout=timeout,
+                         backoff_base=0.5, backoff_max=2.0, max_attempts=20)
+    n = 800
+    keys = await stage.register([f"o{i}" for i in range(n)])
+    worker = stage.start_worker(workers=8)
+    await stage.wait_started(worker)
+    await stage.release()
+
+    async def calling() -> bool:
+        return len(upstream.calls()) >= 100
+
+    await stage.wait_for("calls before the blackhole", calling, 30, 0.05)
+    proxy.cut()
+    await asyncio.sleep(CUT_S)
+    proxy.heal(reset=True)
+    healed_at = time.time()
+    await stage.wait_all_finished(n, 120)
+    timed_out = await stage.fetch(
+        "SELECT latency_ms FROM attempts WHERE outcome = 'unknown'")
+    after_heal = [c.wall_time for c in upstream.calls() if c.wall_time >= healed_at]
+    worst = worst_window(after_heal)
+    per_key = Counter(c.idempotency_key for c in upstream.calls())
+    facts: Facts = {"cut_s": CUT_S, "calls_unknown": len(timed_out),
+                    "slowest_unknown_s": round(max((r["latency_ms"] for r in timed_out),
+                                                   default=0) / 1000, 2),
+                    "worst_second_after_heal": worst, "limit": rate + burst,
+                    "called_twice": sum(1 for v in per_key.values() if v > 1),
+                    "statuses": await stage.statuses()}
+    stage.facts.update(facts)
+    check(len(timed_out) > 0, f"no call ended unknown in a {CUT_S:.0f} s blackhole")
+    check(facts["slowest_unknown_s"] <= timeout + SLACK_S,
+          f"a call outlived its {timeout} s deadline: {facts['slowest_unknown_s']} s")
+    check(worst <= rate + burst, f"{worst} calls in one second after the heal (rate {rate}, "
+                                 f"burst {burst})")
+    check(facts["statuses"] == {"succeeded": n}, f"items {facts['statuses']}")
+    check(set(per_key) == set(keys), "an item was never called")
+    await _stop_all(stage, [worker])
+    return facts
+
+
+def _readiness(client: httpx.AsyncClient, ready: bool) -> Callable[[], Awaitable[bool]]:
+    async def probe() -> bool:
+        try:
+            answer = await client.get("/readyz")
+        except httpx.HTTPError:
+            return not ready  # no answer at all is not ready
+        return (answer.status_code == 200) is ready
+
+    return probe
+
+
+async def _stop_all(stage: Stage, procs: list[Proc]) -> None:
+    for proc in procs:
+        check(await stage.stop(proc) == 0, f"{proc.name} did not stop cleanly")
+
+
+DRILLS = [
+    Drill(23, "replica-cut-from-database",
+          f"1,500 items at 80/s, two worker processes of 8 calls each, leases of {LEASE_S} s; "
+          "one worker's PostgreSQL connections through the drill's fault proxy",
+          f"that worker's link to PostgreSQL blackholed both ways for {CUT_S:.0f} s (its "
+          "upstream link stays up), then healed",
+          f"the cut worker makes no call later than its leases' length ({LEASE_S} s) into "
+          "the cut; the other worker takes the items over; every item succeeds; no object "
+          "is called three times", replica_cut_from_database),
+    Drill(24, "database-blackholed",
+          "1,000 items at 50/s, two worker processes and an API process, all reaching "
+          "PostgreSQL through the drill's fault proxy",
+          f"PostgreSQL blackholed for every process for {BLACKHOLE_S:.0f} s (no RST), then "
+          "healed with every connection across the cut reset",
+          "no process dies or wedges: /readyz goes false during the blackhole and true after "
+          "it, workers call again, every item succeeds, none is called three times",
+          database_blackholed),
+    Drill(25, "upstream-blackholed",
+          "800 items at 40/s (burst 5), a worker process of 8 calls whose upstream "
+          "connections go through the drill's fault proxy; call deadline 3 s",
+          f"the upstream link blackholed mid-call for {CUT_S:.0f} s (no RST), then healed "
+          "with the connections across the cut forgotten",
+          "calls end by their deadline as unknown (retried under the same key); after the "
+          "heal no second at the upstream exceeds rate + burst; every item succeeds",
+          upstream_blackholed),
+]
