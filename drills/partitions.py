@@ -53,9 +53,10 @@ def _by_worker(calls: list[Call]) -> dict[str, list[Call]]:
     return out
 
 
-async def replica_cut_from_database(stage: Stage) -> Facts:
-    """Scenario 1: one replica loses PostgreSQL (both directions) for longer than its
-    leases while its upstream link stays up."""
+async def replica_cut_from_database(stage: Stage, *, requests_lost: bool = True) -> Facts:
+    """Scenario 1: one replica loses PostgreSQL for longer than its leases while its
+    upstream link stays up: both directions, or (`requests_lost` False) only the answers,
+    so its statements still commit and it never learns so."""
     upstream = stage.start_upstream()
     stage.write_policies(rate=80, burst=5, lease=LEASE_S, timeout=3)
     n = 1500
@@ -73,7 +74,7 @@ async def replica_cut_from_database(stage: Stage) -> Facts:
         return len(seen.get("cut", [])) >= 50 and len(seen.get("other", [])) >= 50
 
     await stage.wait_for("both replicas calling", both_calling, 30, 0.05)
-    cut_proxy.cut()
+    cut_proxy.cut(to_target=requests_lost)
     cut_at = time.time()
     await asyncio.sleep(CUT_S)
     cut_proxy.heal()
@@ -102,6 +103,10 @@ async def replica_cut_from_database(stage: Stage) -> Facts:
     check(max(per_key.values()) <= 2, "an object was called three times")
     await _stop_all(stage, [cut, other])
     return facts
+
+
+async def replica_answers_lost(stage: Stage) -> Facts:
+    return await replica_cut_from_database(stage, requests_lost=False)
 
 
 def _worker(stage: Stage, name: str, env: dict[str, str]) -> Proc:
@@ -241,6 +246,13 @@ DRILLS = [
           f"the cut worker makes no call later than its leases' length ({LEASE_S} s) into "
           "the cut; the other worker takes the items over; every item succeeds; no object "
           "is called three times", replica_cut_from_database),
+    Drill(26, "replica-answers-lost",
+          "as replica-cut-from-database",
+          f"only PostgreSQL's answers to that worker blackholed for {CUT_S:.0f} s: its "
+          "statements still arrive and commit (a claim it never hears of), then healed",
+          "as replica-cut-from-database: leases it took without knowing expire and the "
+          "other worker calls those items; nothing is called three times",
+          replica_answers_lost),
     Drill(24, "database-blackholed",
           "1,000 items at 50/s, two worker processes and an API process, all reaching "
           "PostgreSQL through the drill's fault proxy",
