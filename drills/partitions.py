@@ -9,9 +9,11 @@ state and the leases' length."""
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import httpx
 
@@ -221,6 +223,61 @@ async def upstream_blackholed(stage: Stage) -> Facts:
     return facts
 
 
+SLOW_S = 30.0
+
+
+async def upstream_slowed(stage: Stage) -> Facts:
+    """Scenario 5: the upstream answers five times slower for SLOW_S, then recovers."""
+    rate, burst, concurrency = 40.0, 5, 8
+    upstream = stage.start_upstream(latency=(0.04, 0.08))
+    stage.write_policies(rate=rate, burst=burst, lease=30, timeout=5)
+    n = 1500
+    keys = await stage.register([f"o{i}" for i in range(n)])
+    worker = stage.start_worker(workers=concurrency)
+    await stage.wait_started(worker)
+    await stage.release()
+
+    async def calling() -> bool:
+        return len(upstream.calls()) >= 200
+
+    await stage.wait_for("calls before the slowdown", calling, 30, 0.05)
+    rss_before = await _peak_rss_kib(worker)
+    upstream.set_latency((0.2, 0.4))
+    slowed_at = time.time()
+    await asyncio.sleep(SLOW_S)
+    upstream.set_latency((0.04, 0.08))
+    rss_after = await _peak_rss_kib(worker)
+    await stage.wait_all_finished(n, 180)
+    calls = upstream.calls()
+    while_slow = [c.wall_time for c in calls if slowed_at <= c.wall_time < slowed_at + SLOW_S]
+    per_key = Counter(c.idempotency_key for c in calls)
+    facts: Facts = {
+        "slow_s": SLOW_S, "max_in_flight": upstream.max_in_flight(), "concurrency": concurrency,
+        "calls_while_slow_per_s": round(len(while_slow) / SLOW_S, 1),
+        "worst_second": worst_window([c.wall_time for c in calls]), "limit": rate + burst,
+        "peak_rss_growth_mib": round((rss_after - rss_before) / 1024, 1),
+        "called_twice": sum(1 for v in per_key.values() if v > 1),
+        "statuses": await stage.statuses()}
+    stage.facts.update(facts)
+    check(facts["max_in_flight"] <= concurrency,
+          f"{facts['max_in_flight']} calls in flight at once, beyond the pool's {concurrency}")
+    check(facts["worst_second"] <= rate + burst,
+          f"{facts['worst_second']} calls in one second (rate {rate}, burst {burst})")
+    check(facts["peak_rss_growth_mib"] < 20,
+          f"the worker's peak memory grew {facts['peak_rss_growth_mib']} MiB while slowed")
+    check(facts["statuses"] == {"succeeded": n}, f"items {facts['statuses']}")
+    check(set(per_key) == set(keys) and max(per_key.values()) == 1,
+          "an item never called, or called twice (no lease should expire here)")
+    await _stop_all(stage, [worker])
+    return facts
+
+
+async def _peak_rss_kib(proc: Proc) -> int:
+    status = await asyncio.to_thread(Path(f"/proc/{proc.pid}/status").read_text)
+    match = re.search(r"VmHWM:\s+(\d+) kB", status)
+    return int(match.group(1)) if match else 0
+
+
 def _readiness(client: httpx.AsyncClient, ready: bool) -> Callable[[], Awaitable[bool]]:
     async def probe() -> bool:
         try:
@@ -269,4 +326,12 @@ DRILLS = [
           "calls end by their deadline as unknown (retried under the same key); after the "
           "heal no second at the upstream exceeds rate + burst; every item succeeds",
           upstream_blackholed),
+    Drill(27, "upstream-slowed",
+          "1,500 items at 40/s (burst 5), a worker process of 8 calls; the upstream answers in "
+          "40-80 ms",
+          f"the upstream answers five times slower (200-400 ms) for {SLOW_S:.0f} s, then "
+          "recovers",
+          "calls in flight never exceed the pool's concurrency, no second exceeds rate + "
+          "burst, the worker's memory stays flat, every item succeeds once",
+          upstream_slowed),
 ]

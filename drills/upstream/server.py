@@ -57,6 +57,13 @@ class FakeUpstream(Controls):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
 
+    def set_latency(self, latency: tuple[float, float] | None) -> None:
+        """Answer each deletion call after a time drawn from `latency` (None: at once),
+        from the next call on: an upstream slowing down or recovering."""
+        if latency is not None and not 0 <= latency[0] <= latency[1]:
+            raise ValueError("latency is a range (low, high) with 0 <= low <= high")
+        self._latency = latency
+
     # ----------------------------------------------------------------- lifecycle
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._handle, self._host, self._port,
