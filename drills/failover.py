@@ -12,17 +12,17 @@ key (`failover-async` reports how many)."""
 from __future__ import annotations
 
 import time
-from collections import Counter
 
 import httpx
 
 from drills.base import Drill, Facts, check
+from drills.history import judge
 from drills.pgserver import PrivateServer
 from drills.scratch import create_database
 from drills.stage import Stage, free_port
-from drills.upstream import Call
 
 ITEMS = 300
+RATE, BURST = 60, 5
 LEASE_S = 8
 RECONNECT_LIMIT_S = 15.0
 # replication on; the primary waits for the standby before a commit returns once it has
@@ -61,7 +61,7 @@ async def _pair(stage: Stage, synchronous: bool) -> tuple[PrivateServer, Private
 async def failover(stage: Stage, synchronous: bool = True) -> Facts:
     primary, standby = await _pair(stage, synchronous)
     upstream = stage.start_upstream()
-    stage.write_policies(rate=60, burst=5, lease=LEASE_S, timeout=3)
+    stage.write_policies(rate=RATE, burst=BURST, lease=LEASE_S, timeout=3)
     keys = await stage.register([f"o{i}" for i in range(ITEMS)])
     api = await stage.start_api({"SWEEPER_DB_POOL_TIMEOUT_SECONDS": "2"})
     workers = [stage.start_worker(workers=4) for _ in range(2)]
@@ -93,34 +93,21 @@ async def failover(stage: Stage, synchronous: bool = True) -> Facts:
 
         api_s = promoted_s + await stage.wait_for("the API writing again", api_writes, 60)
     await stage.wait_all_finished(ITEMS, 120)
-    facts = _judge(upstream.calls(), keys, calls_at_loss)
-    facts.update({"promoted_after_s": round(promoted_s, 2),
+    facts = await judge(stage, upstream.calls(), keys, rate=RATE, burst=BURST)
+    facts.update({"calls_before_loss": calls_at_loss, "promoted_after_s": round(promoted_s, 2),
                   "workers_calling_after_s": round(reconnect_s, 2),
-                  "api_writing_after_s": round(api_s, 2),
-                  "statuses": await stage.statuses()})
+                  "api_writing_after_s": round(api_s, 2)})
     stage.facts.update(facts)
     check(facts["statuses"] == {"succeeded": ITEMS}, f"items {facts['statuses']}")
+    in_flight = 2 * 4  # two worker processes of four calls each
+    check(facts["called_twice"] <= in_flight, f"{facts['called_twice']} objects called "
+                                              f"twice: more than the {in_flight} in flight")
     check(reconnect_s <= RECONNECT_LIMIT_S,
           f"workers took {reconnect_s:.1f} s to call again after the loss")
     check(api_s <= RECONNECT_LIMIT_S, f"the API took {api_s:.1f} s to write again")
     for proc in [*workers, api]:
         check(await stage.stop(proc) == 0, f"{proc.name} did not stop cleanly")
     return facts
-
-
-def _judge(calls: list[Call], keys: list[str], calls_at_loss: int) -> Facts:
-    """From the upstream's own log: every item called under its key, none called more than
-    twice, and repeats only for calls that could have been in flight at the loss (at most
-    the pools' concurrency)."""
-    per_key = Counter(call.idempotency_key for call in calls)
-    check(set(per_key) == set(keys), "an item was never called (or under another key)")
-    repeated = {key: n for key, n in per_key.items() if n > 1}
-    check(max(per_key.values()) <= 2, f"an object called {max(per_key.values())} times")
-    in_flight = 2 * 4  # two worker processes of four calls each
-    check(len(repeated) <= in_flight,
-          f"{len(repeated)} objects called twice: more than the {in_flight} calls in flight")
-    return {"calls": len(calls), "calls_before_loss": calls_at_loss,
-            "called_twice": len(repeated), "lost": 0}
 
 
 async def failover_async(stage: Stage) -> Facts:
@@ -135,7 +122,8 @@ DRILLS = [
           "the primary shut down immediately mid-drain, the standby promoted",
           f"workers and API write to the new primary within {RECONNECT_LIMIT_S:.0f} s; "
           "every item succeeds; none lost; an object is called twice only if its call was "
-          "in flight at the loss (same key), never three times", failover),
+          "in flight at the loss (same key), never three times; the history checker's "
+          "invariants (drills/history.py)", failover),
     Drill(22, "failover-async",
           "as failover, the standby asynchronous: commits do not wait for it",
           "the primary shut down immediately mid-drain, the standby promoted",
