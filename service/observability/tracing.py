@@ -180,6 +180,11 @@ def traceparent(span: trace.Span | None = None) -> str | None:
     return carrier.get("traceparent")
 
 
+def unsampled(value: str | None) -> bool:
+    """Whether a stored `traceparent` says its trace was not sampled (trace flags 00)."""
+    return value is not None and value.endswith("-00")
+
+
 def stored_context(value: str | None) -> context.Context | None:
     """The context a stored `traceparent` names; None for none (a new trace then starts)."""
     if not value:

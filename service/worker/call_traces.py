@@ -95,9 +95,11 @@ class CallTraces:
              claim: ClaimRound | None) -> Span | None:
         """Start the span of a call about to be made, in its first item's trace, after that
         item's claim."""
-        if self._tracer is None:
-            return None
         lease = call[0]
+        if self._tracer is None or tracing.unsampled(lease.trace_parent):
+            # a trace the sampler left out: its children are not recorded either (the
+            # default samplers decide by the parent or the trace id), so none is made
+            return None
         # no stored context: a trace of its own, whatever is current here
         parent = tracing.stored_context(lease.trace_parent) or Context()
         links = []

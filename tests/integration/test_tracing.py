@@ -97,6 +97,14 @@ def test_the_variables_decide() -> None:
         "otlp_proto_http"]
 
 
+def test_an_item_of_an_unsampled_trace_makes_no_spans() -> None:
+    """Its trace was left out by the sampler (flags 00): its claims, calls and completions
+    would not be recorded either, so the worker does not build them."""
+    assert tracing.unsampled(f"00-{CALLER_TRACE}-{CALLER_SPAN}-00")
+    assert not tracing.unsampled(f"00-{CALLER_TRACE}-{CALLER_SPAN}-01")
+    assert not tracing.unsampled(None)
+
+
 def test_an_unknown_exporter_stops_the_start(db_url: str, tmp_path: Path) -> None:
     """A variable naming an exporter that is not installed is a configuration error (exit
     2, one line), not a process that runs untraced."""
