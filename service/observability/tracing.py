@@ -181,8 +181,14 @@ def traceparent(span: trace.Span | None = None) -> str | None:
 
 
 def unsampled(value: str | None) -> bool:
-    """Whether a stored `traceparent` says its trace was not sampled (trace flags 00)."""
-    return value is not None and value.endswith("-00")
+    """Whether a stored `traceparent` says its trace was not sampled: the sampled bit (0x01)
+    of its trace flags unset (the SDK sets others too: 0x02 says the trace id is random)."""
+    if value is None:
+        return False
+    try:
+        return not int(value.rsplit("-", 1)[1], 16) & 0x01
+    except (IndexError, ValueError):
+        return False
 
 
 def stored_context(value: str | None) -> context.Context | None:

@@ -100,9 +100,11 @@ def test_the_variables_decide() -> None:
 def test_an_item_of_an_unsampled_trace_makes_no_spans() -> None:
     """Its trace was left out by the sampler (flags 00): its claims, calls and completions
     would not be recorded either, so the worker does not build them."""
-    assert tracing.unsampled(f"00-{CALLER_TRACE}-{CALLER_SPAN}-00")
-    assert not tracing.unsampled(f"00-{CALLER_TRACE}-{CALLER_SPAN}-01")
+    # the sampled bit alone decides (the SDK also sets 0x02: a random trace id)
+    for flags, unsampled in (("00", True), ("02", True), ("01", False), ("03", False)):
+        assert tracing.unsampled(f"00-{CALLER_TRACE}-{CALLER_SPAN}-{flags}") is unsampled
     assert not tracing.unsampled(None)
+    assert not tracing.unsampled("garbage")
 
 
 def test_an_unknown_exporter_stops_the_start(db_url: str, tmp_path: Path) -> None:
