@@ -362,6 +362,10 @@ async def test_the_console_deletes_only_from_a_reports_figures_with_a_reason_and
         run_id = int(deleting.headers["location"].rsplit("/", 1)[1])
         run = (await api.get(f"/v1/runs/{run_id}")).json()
         assert (run["dry_run"], run["policy"], run["max_items"]) == (False, "carts", 5)
+    # a deleting run, a run still publishing or none at all is no report to delete from
+    for other, status in ((run_id, 409), (999_999, 404), ("x", 404)):
+        answer = await browser.post(f"/runs/{other}/delete", confirmed)
+        assert answer.status_code == status, answer.text
     audit = (await browser.client.get("/console/audit")).text
     assert audit.count("run.trigger") == 2 and "quarterly retention" in audit
     assert f'"report_run_id": {report.rsplit("/", 1)[1]}' in audit

@@ -136,7 +136,9 @@ async def delete_reported(request: Request, run_id: str) -> Response:
     runtime = runtime_of(request)
     form = await checked_form(request, session, ("why", "confirm"))
     report = await progress.run_status(runtime.engine, _run_id(run_id), runtime.run_progress)
-    if report is None or not report["dry_run"] or report["state"] != "published":
+    if report is None:
+        raise ConsoleError(404, "No such run", f"there is no run {run_id}")
+    if not report["dry_run"] or report["state"] != "published":
         raise ConsoleError(409, "Not a finished report", "a deleting run starts from a "
                                                          "published report-only run")
     candidates = int(str(report["candidates"]))
