@@ -1,6 +1,7 @@
 """A TCP proxy on loopback that a drill puts between Sweeper's processes and PostgreSQL or the
 upstream, to fail the network the way networks fail: a link blackholed (nothing arrives and
-nothing is refused: no RST, no FIN), in one direction or both, then healed. Blackholed
+nothing is refused: no RST, no FIN), in one direction or both, then healed; or slow, each
+chunk held for a latency with jitter. Blackholed
 bytes are not lost, they wait (the proxy stops reading, so the sender's buffers fill as they
 would while TCP retransmits into the void) and flow again when the link heals, as TCP's
 retransmissions deliver them: a connection that outlives the cut carries on intact."""
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 from typing import Final
 
 CHUNK: Final = 65_536
@@ -29,6 +31,7 @@ class FaultProxy:
             flowing.set()
         self._pumps: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
+        self.delay: tuple[float, float] | None = None
         self.connections = 0
 
     async def start(self) -> int:
@@ -41,6 +44,11 @@ class FaultProxy:
             self._open["to_target"].clear()
         if from_target:
             self._open["from_target"].clear()
+
+    def slow(self, delay: tuple[float, float] | None) -> None:
+        """Hold each chunk, in each direction, for a time drawn from `delay` (seconds, low
+        and high: latency and its jitter) before passing it on, in order; None: at once."""
+        self.delay = delay
 
     def heal(self, *, reset: bool = False) -> None:
         """The link works again. `reset`: the connections across the cut are reset (a
@@ -81,6 +89,8 @@ class FaultProxy:
                 data = await reader.read(CHUNK)
                 if not data:
                     break
+                if self.delay is not None:
+                    await asyncio.sleep(random.uniform(*self.delay))
                 await flowing.wait()  # cut mid-read: the bytes wait for the link
                 writer.write(data)
                 await writer.drain()

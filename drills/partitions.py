@@ -105,14 +105,27 @@ async def replica_answers_lost(stage: Stage) -> Facts:
     return await replica_cut_from_database(stage, requests_lost=False)
 
 
-def _worker(stage: Stage, name: str, env: dict[str, str]) -> Proc:
+def _worker(stage: Stage, name: str, env: dict[str, str], *, metrics: bool = False) -> Proc:
     """A worker process calling the upstream under its own path prefix (`/name/...`)."""
     policies = stage.workdir / f"policies-{name}.toml"
     assert stage.policies_file is not None
     assert stage.upstream_url is not None
     policies.write_text(stage.policies_file.read_text(encoding="utf-8").replace(
         stage.upstream_url, f"{stage.upstream_url}/{name}"), encoding="utf-8")
-    return stage.start_worker(workers=8, env={"SWEEPER_POLICIES_FILE": str(policies), **env})
+    return stage.start_worker(workers=8, env={"SWEEPER_POLICIES_FILE": str(policies), **env},
+                              metrics=metrics)
+
+
+async def _late_tokens(procs: list[Proc]) -> int:
+    """Leases the workers handed back because their token's moment had passed."""
+    total = 0.0
+    async with httpx.AsyncClient(timeout=5) as client:
+        for proc in procs:
+            text = (await client.get(f"http://127.0.0.1:{proc.port}/metrics")).text
+            total += sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                         if line.startswith("sweeper_leases_returned_total{")
+                         and 'reason="late_token"' in line)
+    return int(total)
 
 
 async def database_blackholed(stage: Stage) -> Facts:
@@ -205,6 +218,52 @@ async def upstream_blackholed(stage: Stage) -> Facts:
           f"a call outlived its {timeout} s deadline: {facts['slowest_unknown_s']} s")
     check(facts["statuses"] == {"succeeded": n}, f"items {facts['statuses']}")
     await _stop_all(stage, [worker])
+    return facts
+
+
+LATENCY_S = (0.04, 0.08)  # added each way: 80-160 ms more per round trip
+LATENCY_FOR_S = 30.0
+
+
+async def database_latency(stage: Stage) -> Facts:
+    """PostgreSQL 80-160 ms further away (latency with jitter, each way) for every process
+    for LATENCY_FOR_S, then near again."""
+    rate, burst = 50.0, 5
+    upstream = stage.start_upstream()
+    stage.write_policies(rate=rate, burst=burst, lease=10, timeout=3)
+    n = 1500
+    keys = await stage.register([f"o{i}" for i in range(n)])
+    proxy = FaultProxy(*_server(stage.db_url))
+    direct = stage.db_url
+    stage.db_url = await _through(stage, proxy)
+    stage.cleanups.append(proxy.close)
+    workers = [_worker(stage, f"w{i}", {}, metrics=True) for i in (1, 2)]
+    await stage.wait_started(*workers)
+    stage.db_url = direct
+    await stage.release()
+
+    async def calling() -> bool:
+        return len(upstream.calls()) >= 100
+
+    await stage.wait_for("calls before the latency", calling, 30, 0.05)
+    late_before = await _late_tokens(workers)
+    proxy.slow(LATENCY_S)
+    slowed_at = time.time()
+    await asyncio.sleep(LATENCY_FOR_S)
+    proxy.slow(None)
+    late_while_slow = await _late_tokens(workers) - late_before
+    await stage.wait_all_finished(n, 120)
+    calls = upstream.calls()
+    facts = await judge(stage, calls, keys, rate=rate, burst=burst)
+    while_slow = [c for c in calls if slowed_at <= c.wall_time < slowed_at + LATENCY_FOR_S]
+    facts.update({"latency_each_way_ms": [int(x * 1000) for x in LATENCY_S],
+                  "calls_while_slow_per_s": round(len(while_slow) / LATENCY_FOR_S, 1),
+                  "late_tokens_returned_while_slow": late_while_slow})
+    stage.facts.update(facts)
+    check(facts["statuses"] == {"succeeded": n} and facts["called_twice"] == 0,
+          f"items {facts['statuses']}, {facts['called_twice']} called twice (a lease of 10 s "
+          "outlives any round trip here)")
+    await _stop_all(stage, workers)
     return facts
 
 
@@ -314,4 +373,12 @@ DRILLS = [
           "calls in flight never exceed the pool's concurrency, no second exceeds rate + "
           "burst, the worker's memory stays flat, every item succeeds once",
           upstream_slowed),
+    Drill(28, "database-latency",
+          "1,500 items at 50/s, two worker processes reaching PostgreSQL through the drill's "
+          "fault proxy",
+          f"PostgreSQL {int(LATENCY_S[0] * 1000)}-{int(LATENCY_S[1] * 1000)} ms further away "
+          f"each way (latency with jitter) for {LATENCY_FOR_S:.0f} s",
+          "no second over rate + burst, no lease lost (nothing called twice), every item "
+          "succeeds; the drill reports the calls per second the round trips allow",
+          database_latency),
 ]
