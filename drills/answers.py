@@ -6,26 +6,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import re
 import statistics
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
-from pathlib import Path
 
 from drills.base import Drill, Facts, check
-from drills.stage import Proc, Stage
+from drills.stage import Stage
 from drills.upstream import Call, Fault
 from service.budget.rules import LOOKAHEAD_S, late_tolerance
 
 
 async def _outcomes(stage: Stage, object_id: str) -> list[str]:
     return [outcome for outcome, _ in await stage.attempt_history(object_id)]
-
-
-async def _stop_all(stage: Stage, procs: list[Proc]) -> None:
-    for proc in procs:
-        check(await stage.stop(proc) == 0, f"{proc.name} did not stop cleanly")
 
 
 async def hang_drip_reset(stage: Stage) -> Facts:
@@ -50,7 +43,7 @@ async def hang_drip_reset(stage: Stage) -> Facts:
               f"{name}: two calls of the item were in flight at once")
     for name in others:
         check(len(upstream.calls_for_key(keys[name])) == 1, f"{name} was called twice")
-    await _stop_all(stage, workers)
+    await stage.stop_all(workers)
     return {"unknown_then_retried": len(faulty), "max_in_flight_per_key": 1,
             "calls": len(upstream.calls())}
 
@@ -109,19 +102,13 @@ async def server_errors(stage: Stage) -> Facts:
         gap = gaps[attempt][int(obj[1:])]
         check(gap >= delay - 0.05,
               f"{obj} retried {gap:.2f} s after attempt {attempt}, before its delay {delay:.2f}")
-    await _stop_all(stage, workers)
+    await stage.stop_all(workers)
     return {"calls": len(upstream.calls()), "dead": n,
             "mean_gap_s": [round(statistics.mean(gaps[k]), 2) for k in sorted(gaps)],
             "delays_observed": len(planned)}
 
 
 BODY_MIB = 24
-
-
-async def _peak_rss_kib(proc: Proc) -> int:
-    status = await asyncio.to_thread(Path(f"/proc/{proc.pid}/status").read_text)
-    match = re.search(r"VmHWM:\s+(\d+) kB", status)
-    return int(match.group(1)) if match else 0
 
 
 async def garbage_bodies(stage: Stage) -> Facts:
@@ -140,10 +127,10 @@ async def garbage_bodies(stage: Stage) -> Facts:
     worker = stage.start_worker(workers=4)
     await stage.wait_started(worker)
     await asyncio.sleep(1.0)  # let start-up allocations settle before the baseline
-    before = await _peak_rss_kib(worker)
+    before = await worker.peak_rss_kib()
     await stage.release()
     await stage.wait_all_finished(len(objects), 40)
-    after = await _peak_rss_kib(worker)
+    after = await worker.peak_rss_kib()
     expected = {"big-200": ("succeeded", None), "garbage-200": ("succeeded", None),
                 "garbage-500": ("dead", "max_attempts:http_500"),
                 "big-422": ("dead", "http_422"), "big-429": ("succeeded", None)}
@@ -157,7 +144,7 @@ async def garbage_bodies(stage: Stage) -> Facts:
     growth_mib = (after - before) / 1024
     check(growth_mib < BODY_MIB / 2,
           f"the worker's peak memory grew {growth_mib:.1f} MiB reading {BODY_MIB} MiB bodies")
-    await _stop_all(stage, [worker])
+    await stage.stop_all([worker])
     log = worker.log()
     check(marker.decode() not in log, "a response body reached the worker's log")
     longest = max((len(line) for line in log.splitlines()), default=0)
@@ -216,7 +203,7 @@ async def retry_after_forms(stage: Stage) -> Facts:
     facts["dispatched_before_closure"] = dispatched
     facts["steady_pace_per_s"] = round(_steady_pace([c.received_at for c in of("steady")],
                                                     rate), 1)
-    await _stop_all(stage, workers)
+    await stage.stop_all(workers)
     return facts
 
 
@@ -300,7 +287,7 @@ async def throttle_storm(stage: Stage) -> Facts:
           "the steady scope was throttled")
     pace = (len(quiet) - 1) / (max(quiet) - min(quiet))
     check(pace >= 0.8 * 20, f"the steady scope ran at {pace:.1f}/s, not 20/s")
-    await _stop_all(stage, workers)
+    await stage.stop_all(workers)
     return {"throttled": len(storm), "dead": 0, "max_429_gap_s": round(max(gaps), 2),
             "steady_pace_per_s": round(pace, 1)}
 

@@ -15,16 +15,10 @@ import httpx
 from drills.base import Drill, Facts, check
 from drills.pgserver import PrivateServer
 from drills.scratch import create_database
-from drills.stage import Proc, Stage, free_port
+from drills.stage import Stage, free_port
 
 OUTAGE_S = 4.0
 RECOVERY_LIMIT_S = 10.0
-
-
-async def _stop_all(stage: Stage, procs: list[Proc]) -> None:
-    for proc in procs:
-        if proc.alive():
-            check(await stage.stop(proc) == 0, f"{proc.name} did not stop cleanly")
 
 
 class Prober:
@@ -132,7 +126,7 @@ async def database_restart(stage: Stage) -> Facts:
     duplicates = sum(v - 1 for v in per_key.values())
     check(set(per_key) == set(keys), "an item was never called")
     check(duplicates == 0, f"{duplicates} duplicate calls (leases of 20 s outlived the outage)")
-    await _stop_all(stage, [*workers, api])
+    await stage.stop_all([*workers, api], exited_ok=True)
     facts.update({"lost": 0, "duplicates": duplicates})
     return facts
 
@@ -178,7 +172,7 @@ async def terminate_backends(stage: Stage) -> Facts:
     check(set(per_key) == set(keys), "an item was never called")
     facts["duplicates"] = sum(v - 1 for v in per_key.values())
     check(facts["duplicates"] == 0, f"{facts['duplicates']} duplicate calls")
-    await _stop_all(stage, [*workers, api])
+    await stage.stop_all([*workers, api], exited_ok=True)
     return facts
 
 
@@ -232,7 +226,7 @@ async def pool_exhaustion(stage: Stage) -> Facts:
     written = {r["object_id"] for r in await stage.fetch("SELECT object_id FROM items")}
     accepted = {f"o{i}" for i, w in enumerate(writes) if w.status_code == 200} | {"o100"}
     check(written == accepted, f"written {sorted(written)} but accepted {sorted(accepted)}")
-    await _stop_all(stage, [api])
+    await stage.stop_all([api], exited_ok=True)
     return facts
 
 

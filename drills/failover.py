@@ -105,8 +105,7 @@ async def failover(stage: Stage, synchronous: bool = True) -> Facts:
     check(reconnect_s <= RECONNECT_LIMIT_S,
           f"workers took {reconnect_s:.1f} s to call again after the loss")
     check(api_s <= RECONNECT_LIMIT_S, f"the API took {api_s:.1f} s to write again")
-    for proc in [*workers, api]:
-        check(await stage.stop(proc) == 0, f"{proc.name} did not stop cleanly")
+    await stage.stop_all([*workers, api])
     return facts
 
 

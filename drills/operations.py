@@ -10,7 +10,7 @@ from collections import Counter
 import httpx
 
 from drills.base import Drill, Facts, check
-from drills.stage import Proc, Stage, worst_window
+from drills.stage import Stage, worst_window
 from drills.upstream import FakeUpstream
 from service.budget.rules import LOOKAHEAD_S, late_tolerance
 
@@ -25,12 +25,6 @@ def pause_slack(rate: float) -> float:
 def starts_within(starts: list[float], after: float, until: float) -> list[float]:
     """The call starts in (after, until], as seconds after `after`."""
     return [round(t - after, 3) for t in starts if after < t <= until]
-
-
-async def _stop_all(stage: Stage, procs: list[Proc]) -> None:
-    for proc in procs:
-        if proc.alive():
-            check(await stage.stop(proc) == 0, f"{proc.name} did not stop cleanly")
 
 
 async def replicas_share_budget(stage: Stage) -> Facts:
@@ -74,7 +68,7 @@ async def replicas_share_budget(stage: Stage) -> Facts:
           f"worst 1-second window {worst_window(ok)} > rate + burst {rate + burst}")
     check(achieved >= 0.9 * rate, f"{achieved:.1f}/s is under 90% of the {rate}/s budget")
     check(owners == replicas, f"only {owners} of {replicas} replicas called the upstream")
-    await _stop_all(stage, [*workers, upstream.proc])
+    await stage.stop_all([*workers, upstream.proc], exited_ok=True)
     return facts
 
 
@@ -167,7 +161,7 @@ async def operator_controls(stage: Stage) -> Facts:
     per_key = Counter(c.idempotency_key for c in upstream.calls())
     check(set(per_key) == set(keys) and set(per_key.values()) == {1},
           f"calls per item {sorted(Counter(per_key.values()).items())}")
-    await _stop_all(stage, [*workers, api])
+    await stage.stop_all([*workers, api], exited_ok=True)
     facts.update({"calls": len(upstream.calls()), "lost": 0, "duplicates": 0,
                   "remaining_at_workers_pause": n - done_at_pause})
     return facts
@@ -205,7 +199,7 @@ async def concurrent_triggers(stage: Stage) -> Facts:
     in_batches = await stage.fetchval("SELECT coalesce(sum(item_count), 0) FROM batches")
     check(runs == 1 and released == n and in_batches == n,
           f"{runs} runs, {released} released, {in_batches} items in {batches} batches")
-    await _stop_all(stage, [api])
+    await stage.stop_all([api], exited_ok=True)
     return {"triggers": triggers + 1, "runs": runs, "released": released}
 
 

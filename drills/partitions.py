@@ -9,12 +9,11 @@ ledger's final state and the leases' length."""
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 import httpx
+from sqlalchemy.engine import make_url
 
 from drills.base import Drill, Facts, check
 from drills.faultproxy import FaultProxy
@@ -31,16 +30,12 @@ SLACK_S = 1.0  # a call started within a second of its lease's end is the call's
 def _server(url: str) -> tuple[str, int]:
     """Where the drill's PostgreSQL listens: its host and port, or its socket directory
     (an embedded server's `?host=/dir`) and port."""
-    from sqlalchemy.engine import make_url
-
     parsed = make_url(url)
     return str(parsed.host or parsed.query.get("host") or "127.0.0.1"), int(parsed.port or 5432)
 
 
 async def _through(stage: Stage, proxy: FaultProxy) -> str:
     """The drill database's URL through `proxy` (started here)."""
-    from sqlalchemy.engine import make_url
-
     await proxy.start()
     url = make_url(stage.db_url)
     query = {k: v for k, v in url.query.items() if k != "host"}  # not a socket any more
@@ -97,7 +92,7 @@ async def replica_cut_from_database(stage: Stage, *, requests_lost: bool = True)
           f"leases ({LEASE_S} s) could have expired")
     check(len(other_during) > 0, "the other replica did not take the items over")
     check(facts["statuses"] == {"succeeded": n}, f"items {facts['statuses']}")
-    await _stop_all(stage, [cut, other])
+    await stage.stop_all([cut, other])
     return facts
 
 
@@ -173,7 +168,7 @@ async def database_blackholed(stage: Stage) -> Facts:
     stage.facts.update(facts)
     check(facts["alive"], "a process died in the blackhole")
     check(facts["statuses"] == {"succeeded": n}, f"items {facts['statuses']}")
-    await _stop_all(stage, [*workers, api])
+    await stage.stop_all([*workers, api])
     return facts
 
 
@@ -217,7 +212,7 @@ async def upstream_blackholed(stage: Stage) -> Facts:
     check(facts["slowest_unknown_s"] <= timeout + SLACK_S,
           f"a call outlived its {timeout} s deadline: {facts['slowest_unknown_s']} s")
     check(facts["statuses"] == {"succeeded": n}, f"items {facts['statuses']}")
-    await _stop_all(stage, [worker])
+    await stage.stop_all([worker])
     return facts
 
 
@@ -263,7 +258,7 @@ async def database_latency(stage: Stage) -> Facts:
     check(facts["statuses"] == {"succeeded": n} and facts["called_twice"] == 0,
           f"items {facts['statuses']}, {facts['called_twice']} called twice (a lease of 10 s "
           "outlives any round trip here)")
-    await _stop_all(stage, workers)
+    await stage.stop_all(workers)
     return facts
 
 
@@ -285,12 +280,12 @@ async def upstream_slowed(stage: Stage) -> Facts:
         return len(upstream.calls()) >= 200
 
     await stage.wait_for("calls before the slowdown", calling, 30, 0.05)
-    rss_before = await _peak_rss_kib(worker)
+    rss_before = await worker.peak_rss_kib()
     upstream.set_latency((0.2, 0.4))
     slowed_at = time.time()
     await asyncio.sleep(SLOW_S)
     upstream.set_latency((0.04, 0.08))
-    rss_after = await _peak_rss_kib(worker)
+    rss_after = await worker.peak_rss_kib()
     await stage.wait_all_finished(n, 180)
     calls = upstream.calls()
     while_slow = [c.wall_time for c in calls if slowed_at <= c.wall_time < slowed_at + SLOW_S]
@@ -307,14 +302,8 @@ async def upstream_slowed(stage: Stage) -> Facts:
     check(facts["statuses"] == {"succeeded": n} and facts["called_twice"] == 0,
           f"items {facts['statuses']}, {facts['called_twice']} called twice (no lease "
           "should expire here)")
-    await _stop_all(stage, [worker])
+    await stage.stop_all([worker])
     return facts
-
-
-async def _peak_rss_kib(proc: Proc) -> int:
-    status = await asyncio.to_thread(Path(f"/proc/{proc.pid}/status").read_text)
-    match = re.search(r"VmHWM:\s+(\d+) kB", status)
-    return int(match.group(1)) if match else 0
 
 
 def _readiness(client: httpx.AsyncClient, ready: bool) -> Callable[[], Awaitable[bool]]:
@@ -326,11 +315,6 @@ def _readiness(client: httpx.AsyncClient, ready: bool) -> Callable[[], Awaitable
         return (answer.status_code == 200) is ready
 
     return probe
-
-
-async def _stop_all(stage: Stage, procs: list[Proc]) -> None:
-    for proc in procs:
-        check(await stage.stop(proc) == 0, f"{proc.name} did not stop cleanly")
 
 
 DRILLS = [

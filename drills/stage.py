@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import secrets
 import signal
 import socket
@@ -118,6 +119,12 @@ class Proc:
                 raise TimeoutError(f"{self.name} (pid {self.pid}) did not exit in {within} s")
             await asyncio.sleep(0.05)
         return int(self.popen.returncode)
+
+    async def peak_rss_kib(self) -> int:
+        """The process's peak resident memory so far (VmHWM), KiB; 0 when unreadable."""
+        status = await asyncio.to_thread(Path(f"/proc/{self.pid}/status").read_text)
+        match = re.search(r"VmHWM:\s+(\d+) kB", status)
+        return int(match.group(1)) if match else 0
 
     @property
     def base_url(self) -> str:
@@ -401,6 +408,14 @@ class Stage:
         except TimeoutError:
             proc.signal(signal.SIGKILL)
             return await proc.wait(5)
+
+    async def stop_all(self, procs: list[Proc], *, exited_ok: bool = False) -> None:
+        """Stop each process, failing the drill unless it exits cleanly; `exited_ok`: one
+        that has exited already (a drill's fault) is left alone."""
+        for proc in procs:
+            if exited_ok and not proc.alive():
+                continue
+            check(await self.stop(proc) == 0, f"{proc.name} did not stop cleanly")
 
     async def aclose(self) -> None:
         """Stop every process and the upstream."""
