@@ -83,7 +83,8 @@ def configure(environ: Mapping[str, str] = os.environ) -> bool:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    processors = [BatchSpanProcessor(_exporter(name)()) for name in exporter_names(environ)]
+    names = exporter_names(environ)
+    processors = [BatchSpanProcessor(_exporter(name)()) for name in names]
     # ours are defaults: OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES override them
     resource = Resource.create({
         "service.name": "sweeper", "service.version": service.__version__,
@@ -99,7 +100,7 @@ def configure(environ: Mapping[str, str] = os.environ) -> bool:
 
     AsyncPGInstrumentor(capture_parameters=False).instrument(  # type: ignore[no-untyped-call]
         tracer_provider=provider)
-    log.info("tracing on", extra={"exporters": exporter_names(environ)})
+    log.info("tracing on", extra={"exporters": names})
     return True
 
 
@@ -169,7 +170,8 @@ def _route_not_path(span: Any, scope: Mapping[str, Any]) -> None:
 
 def traceparent(span: trace.Span | None = None) -> str | None:
     """The W3C `traceparent` of `span` (default: the current one) to store in the ledger;
-    None when there is none to store (tracing off, or the span not sampled)."""
+    None when there is none (tracing off, or no span). An unsampled span's is stored too:
+    its flags tell the worker to make no spans for the items (`unsampled`)."""
     if _tracer is None:
         return None
     span = span or trace.get_current_span()

@@ -34,9 +34,9 @@ class PendingWrites:
 
     def __init__(self, completion: CompletionPort, signals: ScopeSignalPort,
                  counts: PipelineCounts, errors: InternalErrors, clock: Clock,
-                 traces: CallTraces | None = None) -> None:
+                 traces: CallTraces) -> None:
         self._port = completion
-        self._traces = traces or CallTraces(None)
+        self._traces = traces
         self._counts = counts
         self._clock = clock
         self.outcomes: FlushBuffer[Completion] = FlushBuffer(

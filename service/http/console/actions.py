@@ -24,7 +24,13 @@ from service.http.api import access
 from service.http.api.bodies import MAX_BIGINT
 from service.http.api.items import MAX_CHANGE
 from service.http.api.scopes import BudgetIn
-from service.http.console.pages import ITEM_FILTERS, item_filter, scope_view
+from service.http.console.pages import (
+    ITEM_FILTERS,
+    item_filter,
+    path_id,
+    run_or_404,
+    scope_view,
+)
 from service.http.console.render import ConsoleError, page
 from service.http.console.sessions import COOKIE, LOGIN_COOKIE, Session
 from service.http.console.web import (
@@ -40,7 +46,7 @@ from service.http.console.web import (
     whole_number,
 )
 from service.ledger import item_selection, operator_reads
-from service.runs import progress, trigger
+from service.runs import trigger
 
 router = APIRouter(prefix=PREFIX, route_class=ConsoleRoute, include_in_schema=False)
 
@@ -135,24 +141,19 @@ async def delete_reported(request: Request, run_id: str) -> Response:
     session = await signed_in(request)
     runtime = runtime_of(request)
     form = await checked_form(request, session, ("why", "confirm"))
-    report = await progress.run_status(runtime.engine, _run_id(run_id), runtime.run_progress)
-    if report is None:
-        raise ConsoleError(404, "No such run", f"there is no run {run_id}")
+    report = await run_or_404(request, path_id(run_id, "run"))
     if not report["dry_run"] or report["state"] != "published":
         raise ConsoleError(409, "Not a finished report", "a deleting run starts from a "
                                                          "published report-only run")
-    candidates = int(str(report["candidates"]))
-    why = form.reason("why")
-    if why is None or not why.strip():
-        raise ConsoleError(422, "Say why", "a reason is required: it is kept in the audit "
-                                           "trail with the run")
+    candidates = int(report["candidates"])
+    why = _required(form.reason("why"), "the run")
     if candidates == 0 or form.get("confirm") != str(candidates):
         raise ConsoleError(422, "Type the count to confirm",
                            f"type {candidates} (the candidates this report found) to start "
                            "a run deleting at most that many items")
     deleting, _created = await trigger.create_run(
         runtime.engine, trigger.RunRequest(
-            _text(report["policy"]), _text(report["tenant_id"]), report["cutoff"],
+            report["policy"], report["tenant_id"], report["cutoff"],
             False, candidates),
         f"console:delete-reported:{report['id']}", actor=_actor(session), reason=why,
         details={"report_run_id": report["id"]})
@@ -160,15 +161,12 @@ async def delete_reported(request: Request, run_id: str) -> Response:
     return _see_other(f"/runs/{deleting}")
 
 
-def _text(value: object) -> str | None:
-    return None if value is None else str(value)
-
-
-def _run_id(value: str) -> int:
-    number = whole_number(value)
-    if number is None or not 1 <= number <= MAX_BIGINT:
-        raise ConsoleError(404, "No such run", "run ids are whole numbers from 1")
-    return number
+def _required(why: str | None, what: str) -> str:
+    """A change's reason, which the console requires (the API does not)."""
+    if why is None or not why.strip():
+        raise ConsoleError(422, "Say why", "a reason is required: it is kept in the audit "
+                                           f"trail with {what}")
+    return why
 
 
 @router.post("/items/action")
@@ -199,9 +197,7 @@ async def item_action(request: Request) -> Response:
     why = form.reason("why")
     fields = {"action": action, "target": target, "why": why or "", **{
         k: v or "" for k, v in shown.items()}}
-    if why is None or not why.strip():
-        raise ConsoleError(422, "Say why", "a reason is required: it is kept in the audit "
-                                           "trail with the change")
+    why = _required(why, "the change")
     if form.get("step") != "confirm":
         count = await operator_reads.selection_size(runtime.engine, status, chosen, cap=MAX_CHANGE)
         return page("confirm.html", {

@@ -5,7 +5,7 @@ keyset. The forms they show post to service/http/console/actions.py."""
 from __future__ import annotations
 
 import math
-from typing import Final
+from typing import Any, Final
 
 from fastapi import APIRouter
 from starlette.requests import Request
@@ -81,14 +81,15 @@ async def run_list(request: Request) -> Response:
         "next_before": rows[-1]["id"] if len(rows) == PAGE_SIZE else None})
 
 
-def _path_id(value: str, what: str) -> int:
+def path_id(value: str, what: str) -> int:
+    """A path's id: a whole number from 1, else a 404 page naming `what`."""
     number = whole_number(value)
     if number is None or not 1 <= number <= MAX_BIGINT:
         raise ConsoleError(404, f"No such {what}", f"{what} ids are whole numbers from 1")
     return number
 
 
-async def _run_or_404(request: Request, run_id: int) -> dict[str, object]:
+async def run_or_404(request: Request, run_id: int) -> dict[str, Any]:
     runtime = runtime_of(request)
     run = await progress.run_status(runtime.engine, run_id, runtime.run_progress)
     if run is None:
@@ -100,7 +101,7 @@ async def _run_or_404(request: Request, run_id: int) -> dict[str, object]:
 async def run_page(request: Request, run_id: str) -> Response:
     session = await signed_in(request)
     Params(request, ())
-    run = await _run_or_404(request, _path_id(run_id, "run"))
+    run = await run_or_404(request, path_id(run_id, "run"))
     found = await discovery.report(runtime_of(request).engine, int(str(run["id"])))
     return page("run.html", {**await context(request, session, "runs"), "run": run,
                              "discovery": found,
@@ -112,7 +113,7 @@ async def run_live(request: Request, run_id: str) -> Response:
     """A run's progress alone, which its page fetches every few seconds."""
     session = await signed_in(request)
     Params(request, ())
-    run = await _run_or_404(request, _path_id(run_id, "run"))
+    run = await run_or_404(request, path_id(run_id, "run"))
     return page("run_live.html", {**await context(request, session, "runs"), "run": run})
 
 
@@ -120,7 +121,7 @@ async def run_live(request: Request, run_id: str) -> Response:
 async def run_evidence(request: Request, run_id: str) -> Response:
     await signed_in(request)
     Params(request, ())
-    number = _path_id(run_id, "run")
+    number = path_id(run_id, "run")
     response = await evidence_export(runtime_of(request), number)
     if response is None:
         raise ConsoleError(404, "No such run", f"there is no run {number}")
@@ -174,7 +175,7 @@ async def item_list(request: Request) -> Response:
 async def item_page(request: Request, item_id: str) -> Response:
     session = await signed_in(request)
     Params(request, ())
-    number = _path_id(item_id, "item")
+    number = path_id(item_id, "item")
     engine = runtime_of(request).engine
     found = await operator_reads.item(engine, number)
     if found is None:
@@ -255,7 +256,7 @@ async def audit_action(request: Request, action_id: str) -> Response:
     session = await signed_in(request)
     page_no = Params(request, ("page",)).number("page") or 1
     found = await operator_reads.action(runtime_of(request).engine,
-                                        _path_id(action_id, "action"))
+                                        path_id(action_id, "action"))
     if found is None:
         raise ConsoleError(404, "No such action", f"the audit trail has no action {action_id}")
     ids = found["details"].get("item_ids") or []
