@@ -73,7 +73,7 @@ async def failover(stage: Stage, synchronous: bool = True) -> Facts:
 
     await stage.wait_for("calls before the failover", some_done, 30, 0.02)
     await primary.crash()
-    lost_at = time.monotonic()
+    lost_at, lost_wall = time.monotonic(), time.time()
     calls_at_loss = len(upstream.calls())
     await standby.promote()
     promoted_s = time.monotonic() - lost_at
@@ -93,7 +93,8 @@ async def failover(stage: Stage, synchronous: bool = True) -> Facts:
 
         api_s = promoted_s + await stage.wait_for("the API writing again", api_writes, 60)
     await stage.wait_all_finished(ITEMS, 120)
-    facts = await judge(stage, upstream.calls(), keys, rate=RATE, burst=BURST)
+    facts = await judge(stage, upstream.calls(), keys, rate=RATE, burst=BURST,
+                        lease_s=LEASE_S, failover_at=lost_wall)
     facts.update({"calls_before_loss": calls_at_loss, "promoted_after_s": round(promoted_s, 2),
                   "workers_calling_after_s": round(reconnect_s, 2),
                   "api_writing_after_s": round(api_s, 2)})

@@ -34,8 +34,9 @@ class FaultProxy:
         self.delay: tuple[float, float] | None = None
         self.connections = 0
 
-    async def start(self) -> int:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+    async def start(self, host: str = "127.0.0.1") -> int:
+        """Listen on `host` (loopback unless told), on a free port, which it returns."""
+        self._server = await asyncio.start_server(self._accept, host, 0)
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 

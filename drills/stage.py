@@ -28,6 +28,7 @@ import httpx
 
 from drills.base import Facts, check
 from drills.ledger_reads import ATTEMPT_HISTORY_SQL, CALL_STARTS_SQL, STATUSES_SQL
+from drills.netns import Namespace
 from drills.upstream import Call, FakeUpstream
 from service.config.policies import Policies, load_policies
 from service.config.settings import Settings, async_url
@@ -335,9 +336,11 @@ class Stage:
         return proc
 
     def start_worker(self, *, workers: int = 2, env: Mapping[str, str] | None = None,
-                     agent: Mapping[str, str] | None = None, metrics: bool = False) -> Proc:
+                     agent: Mapping[str, str] | None = None, metrics: bool = False,
+                     host: Namespace | None = None) -> Proc:
         """`sweeper worker` as its own OS process. With `agent`, the same command runs under
-        drills.agent, which installs the named faults (crash points, clock shift)."""
+        drills.agent, which installs the named faults (crash points, clock shift); with
+        `host`, in that network namespace."""
         extra = {"SWEEPER_WORKERS": str(workers), **(env or {})}
         port = free_port() if metrics else 0
         if metrics:
@@ -347,8 +350,8 @@ class Stage:
             module = "drills.agent"
             extra.update(agent)
         name = f"worker{sum(p.name.startswith('worker') for p in self.procs) + 1}"
-        return self._spawn(name, [sys.executable, "-m", module, "worker"], self._env(extra),
-                           port)
+        argv = [sys.executable, "-m", module, "worker"]
+        return self._spawn(name, host.argv(argv) if host else argv, self._env(extra), port)
 
     async def wait_started(self, *procs: Proc) -> None:
         """Wait until each worker logged its start (imports done, pool about to run)."""
