@@ -30,6 +30,7 @@ from service.db.engine import make_engine
 from service.db.migrate import head_revision
 from service.errors import DatabaseUnavailable
 from service.evidence import chain
+from service.history import sampler
 from service.http.api import credentials as credentials_routes
 from service.http.api import evidence as evidence_routes
 from service.http.api import health, items
@@ -72,7 +73,8 @@ class State(TypedDict):
 def leader_duties(runtime: Runtime) -> dict[str, Duty]:
     """The loops that must run once in the cluster, on the leader only (service/cluster/leader.py):
     publication, holds maintenance (expired holds released, unfinished markings finished),
-    the evidence log's periodic checkpoints and retention. Each is started with the
+    the evidence log's periodic checkpoints, the backlog's samples for the console's charts
+    and retention. Each is started with the
     leader's term and cancelled when it ends."""
     settings, engine = runtime.settings, runtime.engine
     duties: dict[str, Duty] = {
@@ -81,6 +83,8 @@ def leader_duties(runtime: Runtime) -> dict[str, Duty]:
             settings.batch_size, term, runtime.publisher_wake).run(),
         "holds": lambda _term: holds.maintenance_loop(engine),
         "evidence-checkpoints": lambda _term: chain.checkpoint_loop(engine, runtime.signer),
+        "minutes": lambda _term: sampler.sampling_loop(
+            engine, runtime.exporter.collector, list(runtime.policies.policies)),
     }
     if settings.retention_days > 0:
         duties["retention"] = lambda _term: retention.retention_loop(

@@ -337,3 +337,38 @@ leader = Table(
     _ts("elected_at"),
     _ts("expires_at"),
 )
+
+
+def _counts(*names: str) -> list[Column[object]]:
+    return [Column(name, Integer, nullable=False) for name in names]
+
+
+# the console's minutes (0026): counts added by upserts, the backlog sampled by the leader
+policy_minutes = Table(
+    "policy_minutes",
+    metadata,
+    Column("minute", DateTime(timezone=True), primary_key=True),
+    Column("policy", Text, primary_key=True),
+    *_counts("succeeded", "throttled", "transient", "unknown", "permanent", "unauthorized",
+             "skipped", "dead", "fenced", "reclaimed", "closures"),
+    Column("eligible", Integer),
+    Column("oldest_eligible_s", Float),
+)
+
+scope_minutes = Table(
+    "scope_minutes",
+    metadata,
+    Column("scope", Text, primary_key=True),
+    Column("minute", DateTime(timezone=True), primary_key=True),
+    Column("policy", Text, primary_key=True),
+    *_counts("calls", "succeeded", "throttled", "closures", "reclaimed"),
+)
+
+batch_minutes = Table(
+    "batch_minutes",
+    metadata,
+    Column("batch_id", BigInteger, ForeignKey("batches.id", ondelete="CASCADE"),
+           primary_key=True),
+    Column("minute", DateTime(timezone=True), primary_key=True),
+    *_counts("succeeded", "dead", "skipped"),
+)

@@ -227,6 +227,7 @@ class Where(StrEnum):
     MAINTENANCE = "maintenance"        # holds maintenance, retention (service/db/engine.repeat)
     WAITS = "waits"                    # the waiting scopes' checks
     TRACING = "tracing"                # a span of a claim, call or completion not made
+    MINUTES = "minutes"                # a process's tally added to the ledger's minutes
 
 
 INTERNAL_ERRORS: Final = Counter(

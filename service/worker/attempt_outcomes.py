@@ -68,7 +68,7 @@ class AttemptOutcomes:
             result.answer, now=finished, ruled=_ruled(reading.verdict, lease, cfg),
             absent_means_deleted=bool(cfg and cfg.absent_means_deleted))
         if cfg is not None and reason_override is None:
-            self._effects(lease.scope, answer_effects.effects_of(
+            self._effects(lease, answer_effects.effects_of(
                 verdict, result.answer, cfg, finished, reading.costs))
         failed = reading.failed if verdict.outcome is Outcome.SUCCEEDED else None
         own = result.verdicts
@@ -97,9 +97,10 @@ class AttemptOutcomes:
             self._errors.caught(Where.ANSWER_RULES, exc, policy=policy.name)
             return NOTHING_READ
 
-    def _effects(self, scope: str, effects: answer_effects.ScopeEffects) -> None:
+    def _effects(self, lease: Lease, effects: answer_effects.ScopeEffects) -> None:
         """Note an answer's effects on its scope, and hold the scope back here at once."""
-        self._signals.note(scope, effects)
+        scope = lease.scope
+        self._signals.note(lease.policy, scope, effects)
         if effects.hold_seconds is not None:
             self._holds.hold(scope, self._clock.monotonic() + effects.hold_seconds)
 
@@ -113,7 +114,7 @@ class AttemptOutcomes:
         confirm = cfg.confirm
         absent = confirm.absent if confirm is not None else ()
         verdict = classify_confirmation(result.answer, absent=absent, now=finished)
-        self._effects(lease.scope, answer_effects.effects_of(verdict, result.answer, cfg,
+        self._effects(lease, answer_effects.effects_of(verdict, result.answer, cfg,
                                                              finished))
         done = self._completion(lease, cfg, result, verdict, started, finished, None, None,
                                 False)

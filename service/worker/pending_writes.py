@@ -4,6 +4,10 @@
 signals (signals.py). A flush writes them in that order, each in its own statements; what a
 write could not take waits for the next flush, and a buffer whose write failed rests
 FLUSH_RETRY_S. Why writes are grouped: bench/reports/design-notes.md, "The worker pool".
+
+Beside them, the tally of what this process saw (service/history/tally.py) is added to the
+ledger's minutes every WRITE_EVERY_S: for the console's charts, never an obligation, so its
+failure holds nothing else back and a flush is written without it.
 """
 
 from __future__ import annotations
@@ -12,14 +16,15 @@ import logging
 from collections import Counter
 from typing import Final
 
+from service.history.tally import WRITE_EVERY_S, Tally
 from service.ledger.completions import Completion
-from service.observability.failures import InternalErrors
+from service.observability.failures import InternalErrors, expected
 from service.observability.metrics import LeaseReturn, Where
 from service.worker.call_traces import CallTraces
 from service.worker.calls import Call
 from service.worker.flush_buffer import FlushBuffer
 from service.worker.pipeline_metrics import PipelineCounts
-from service.worker.ports import Clock, CompletionPort, ScopeSignalPort
+from service.worker.ports import Clock, CompletionPort, MinutesPort, ScopeSignalPort
 from service.worker.signals import SignalBuffer
 
 log = logging.getLogger("service.worker")
@@ -34,8 +39,12 @@ class PendingWrites:
 
     def __init__(self, completion: CompletionPort, signals: ScopeSignalPort,
                  counts: PipelineCounts, errors: InternalErrors, clock: Clock,
-                 traces: CallTraces) -> None:
+                 traces: CallTraces, minutes: MinutesPort) -> None:
         self._port = completion
+        self._minutes = minutes
+        self._errors = errors
+        self.tally = Tally()
+        self._tally_at = clock.monotonic() + WRITE_EVERY_S  # its next write
         self._traces = traces
         self._counts = counts
         self._clock = clock
@@ -45,7 +54,7 @@ class PendingWrites:
         self.unstarted: FlushBuffer[tuple[Call, LeaseReturn]] = FlushBuffer(
             self._hand_back, max_batch=WRITES_PER_FLUSH, where=Where.HAND_BACK,
             errors=errors, logger=log)
-        self.signals = SignalBuffer(signals, errors)
+        self.signals = SignalBuffer(signals, errors, self.tally, clock)
         self._retry_at: dict[Where, float] = {}  # a failed buffer's next try (monotonic)
         self.completed = 0
         self.fenced = 0
@@ -63,7 +72,24 @@ class PendingWrites:
                 else:
                     self._retry_at[buffer.where] = self._clock.monotonic() + FLUSH_RETRY_S
             written = written and not len(buffer)
+        if force or self._clock.monotonic() >= self._tally_at:
+            await self._write_tally()
         return written
+
+    async def _write_tally(self) -> None:
+        """Add the tally to the ledger's minutes; on failure it is kept for the next try."""
+        self._tally_at = self._clock.monotonic() + WRITE_EVERY_S
+        if not self.tally:
+            return
+        taken = self.tally.take()
+        try:
+            await self._minutes.add_minutes(taken)
+        except Exception as exc:
+            self.tally.merge(taken)
+            if expected(exc):
+                log.warning("minutes: database unavailable or busy; kept for the next flush")
+            else:
+                self._errors.caught(Where.MINUTES, exc)
 
     async def _complete(self, batch: list[Completion]) -> None:
         with self._traces.flush(len(batch)) as flush:
@@ -72,6 +98,7 @@ class PendingWrites:
         self.completed += len(batch) - len(fenced)
         self.fenced += len(fenced)
         self._counts.completed(batch, set(fenced))
+        self.tally.completed(batch, set(fenced))
 
     async def _hand_back(self, calls: list[tuple[Call, LeaseReturn]]) -> None:
         """Return the leases of calls that were never made, without an attempt, in one

@@ -100,7 +100,7 @@ class WorkerPool:
         self._counts = PipelineCounts()
         self._traces = CallTraces(tracing.tracer())
         self._writes = PendingWrites(ports.completion, ports.signals, self._counts,
-                                     self._errors, self._clock, self._traces)
+                                     self._errors, self._clock, self._traces, ports.minutes)
         self._db_clock = DatabaseClock()
         self._cursor = ""
         self._per_call: dict[str, int] = {}  # scopes whose calls carry many items, as granted
@@ -163,6 +163,7 @@ class WorkerPool:
         if not self._granted(admitted, calls) or not admitted.leases:
             return 0
         self.reclaimed += self._counts.claimed(admitted.leases)
+        self._writes.tally.claimed(admitted.leases, self._clock.now())
         if self._stopping.is_set():
             # stop() arrived while the claim was committing: nothing was called yet, so the
             # leases and their tokens go back without counting an attempt

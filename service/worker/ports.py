@@ -18,6 +18,7 @@ from typing import Protocol
 
 from service.budget.rules import Closure
 from service.config.policies import Policy
+from service.history.tally import Tally
 from service.ledger.claims import Admission, Lease
 from service.ledger.completions import Completion
 from service.protocols.transport import SendGate
@@ -130,6 +131,13 @@ class HoldPort(Protocol):
         ...
 
 
+class MinutesPort(Protocol):
+    """Where a process's tally of what it saw goes: the ledger's minutes, which the
+    console's charts read (service/history/)."""
+
+    async def add_minutes(self, tally: Tally) -> None: ...
+
+
 @dataclass(frozen=True)
 class Ports:
     """The pool's ports. `hold` keeps what a running pool reuses (the ledger's
@@ -143,3 +151,4 @@ class Ports:
     wakeups: WakeupPort
     hold: Callable[[], AbstractAsyncContextManager[None]]
     holds: HoldPort
+    minutes: MinutesPort

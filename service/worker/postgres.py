@@ -24,6 +24,8 @@ from service.budget.rules import Closure
 from service.config.policies import Policies
 from service.db import wakeups
 from service.db.statements import Database, HeldConnection
+from service.history import minutes
+from service.history.tally import Tally
 from service.ledger import claims, completions, hold_acks
 from service.ledger.claims import Admission, Lease
 from service.ledger.completions import Completion
@@ -118,6 +120,9 @@ class PostgresLedger:
 
     # -- scope signals ---------------------------------------------------------------
 
+    async def add_minutes(self, tally: Tally) -> None:
+        await minutes.add(self.engine, tally)
+
     async def close(self, closures: Mapping[str, Closure]) -> None:
         await buckets.close(self.engine, closures, self._rng)
 
@@ -200,4 +205,4 @@ def database_ports(engine: AsyncEngine, policies: Policies, upstreams: Upstreams
                  calls=UpstreamCalls(upstreams, credentials, StoreTargets(stores, engine)
                                      if stores is not None else None), clock=SystemClock(),
                  wakeups=Listener(listen_url) if listen_url else NoWakeups(),
-                 hold=ledger.hold, holds=ledger)
+                 hold=ledger.hold, holds=ledger, minutes=ledger)

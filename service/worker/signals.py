@@ -18,10 +18,11 @@ from typing import Final
 from service.budget import answer_effects
 from service.budget.answer_effects import ScopeEffects
 from service.budget.rules import Closure
+from service.history.tally import Tally
 from service.observability.failures import InternalErrors
 from service.observability.metrics import SCOPE_SIGNALS, Where
 from service.worker.flush_buffer import FlushBuffer, Unwritten
-from service.worker.ports import ScopeSignalPort
+from service.worker.ports import Clock, ScopeSignalPort
 
 log = logging.getLogger("service.worker")
 
@@ -54,8 +55,10 @@ class SignalBuffer:
     """Closures, pauses, refunds, caps and recoveries waiting to be applied through
     `port`; what fails to apply is kept for the next attempt."""
 
-    def __init__(self, port: ScopeSignalPort, errors: InternalErrors) -> None:
+    def __init__(self, port: ScopeSignalPort, errors: InternalErrors, tally: Tally,
+                 clock: Clock) -> None:
         self._port = port
+        self._tally, self._clock = tally, clock
         self._backed_off: set[str] = set()  # scopes this process saw back off
         self.buffer: FlushBuffer[Signal] = FlushBuffer(
             self._apply, max_batch=SIGNALS_PER_FLUSH, where=Where.SIGNALS, errors=errors,
@@ -66,7 +69,10 @@ class SignalBuffer:
         """A closure or pause waits: it must reach every replica's next round now."""
         return any(s.kind in (Kind.CLOSE, Kind.PAUSE) for s in self.buffer.waiting)
 
-    def note(self, scope: str, effects: ScopeEffects) -> None:
+    def note(self, policy: str, scope: str, effects: ScopeEffects) -> None:
+        """`policy`'s answer had these effects on `scope`."""
+        if effects.closure is not None:
+            self._tally.closed(policy, scope, self._clock.now())
         for signal in effects.signals:
             SCOPE_SIGNALS.labels(signal).inc()
         noted: list[Signal] = []

@@ -12,14 +12,18 @@ import asyncio
 import os
 import shutil
 import threading
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from selenium.common.exceptions import WebDriverException
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
 
 from service.config.policies import Policies
 from service.protocols.egress import public_roots
@@ -169,3 +173,54 @@ def axe_violations(driver: Any) -> list[dict[str, Any]]:
         ".then(r => done(r.violations), e => done([{id: 'axe-error', impact: 'critical', "
         "help: String(e), nodes: []}]));")
     return [v for v in result if v.get("impact") in ("serious", "critical")]
+
+
+def wait_for(check: Callable[[], Any], timeout: float = 20.0, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or check}")
+        time.sleep(0.1)
+
+
+def sign_in(driver: WebDriver, console: Console, token: str = TOKEN_A) -> None:
+    driver.delete_all_cookies()
+    driver.get(console.base_url + "/console/sign-in")
+    driver.find_element(By.ID, "token").send_keys(token)
+    submit(driver, By.CSS_SELECTOR, "form button[type=submit]")
+    wait_for(lambda: driver.find_elements(By.CSS_SELECTOR, "nav[aria-label=Console]"),
+             what="the signed-in layout")
+
+
+def submit(driver: WebDriver, by: str, value: str) -> None:
+    """Click a form's button and wait for the page it leads to."""
+    before = driver.current_url
+    for _ in range(3):
+        button = driver.find_element(by, value)
+        try:
+            button.click()
+            break
+        except WebDriverException:  # the document was still settling: click again if the
+            if driver.current_url != before:  # page did not move on
+                return
+            time.sleep(0.2)
+    wait_for(lambda: _gone(button), what="the page the click leads to")
+
+
+def _gone(element: Any) -> bool:
+    """Whether the element's page was replaced: chromedriver says so as a stale reference,
+    or, mid-navigation, as a node that no longer belongs to the document."""
+    try:
+        element.is_enabled()
+    except WebDriverException:
+        return True
+    return False
+
+
+@pytest.fixture
+def driver(browser: WebDriver) -> Iterator[WebDriver]:
+    yield browser
+    browser.delete_all_cookies()

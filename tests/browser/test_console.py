@@ -7,10 +7,7 @@ nothing; every page passes axe-core with no serious violation."""
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
 import httpx
 import pytest
@@ -20,33 +17,19 @@ from selenium.webdriver.remote.webdriver import WebDriver
 
 from drills.upstream import Fault
 from service.protocols.egress import public_roots
-from tests.browser.conftest import Console, axe_violations, screenshot
-from tests.conftest import TOKEN_A
+from tests.browser.conftest import (
+    Console,
+    axe_violations,
+    screenshot,
+    sign_in,
+    submit,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 
 HOSTILE = ["<script>alert(1)</script>", '"><img src=x onerror=alert(1)>',
            "abc\u202edcba.exe", "x' onmouseover='alert(1)"]
-
-
-def wait_for(check: Callable[[], Any], timeout: float = 20.0, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or check}")
-        time.sleep(0.1)
-
-
-def sign_in(driver: WebDriver, console: Console, token: str = TOKEN_A) -> None:
-    driver.delete_all_cookies()
-    driver.get(console.base_url + "/console/sign-in")
-    driver.find_element(By.ID, "token").send_keys(token)
-    submit(driver, By.CSS_SELECTOR, "form button[type=submit]")
-    wait_for(lambda: driver.find_elements(By.CSS_SELECTOR, "nav[aria-label=Console]"),
-             what="the signed-in layout")
 
 
 def no_alert(driver: WebDriver) -> bool:
@@ -70,37 +53,6 @@ def text_now(driver: WebDriver, css: str) -> str:
 def text_of(driver: WebDriver, css: str) -> str:
     """The text of an element that must be on the page (waiting for it to appear)."""
     return str(wait_for(lambda: driver.find_elements(By.CSS_SELECTOR, css), what=css)[0].text)
-
-
-def submit(driver: WebDriver, by: str, value: str) -> None:
-    """Click a form's button and wait for the page it leads to."""
-    before = driver.current_url
-    for _ in range(3):
-        button = driver.find_element(by, value)
-        try:
-            button.click()
-            break
-        except WebDriverException:  # the document was still settling: click again if the
-            if driver.current_url != before:  # page did not move on
-                return
-            time.sleep(0.2)
-    wait_for(lambda: _gone(button), what="the page the click leads to")
-
-
-def _gone(element: Any) -> bool:
-    """Whether the element's page was replaced: chromedriver says so as a stale reference,
-    or, mid-navigation, as a node that no longer belongs to the document."""
-    try:
-        element.is_enabled()
-    except WebDriverException:
-        return True
-    return False
-
-
-@pytest.fixture
-def driver(browser: WebDriver) -> Iterator[WebDriver]:
-    yield browser
-    browser.delete_all_cookies()
 
 
 def test_sign_in_trigger_a_run_and_watch_it_drain(driver: WebDriver, console: Console) -> None:

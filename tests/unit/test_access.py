@@ -47,7 +47,7 @@ def test_only_probes_metrics_docs_webhooks_and_sign_in_are_public() -> None:
     public = {path for (method, path), need in access.ROUTES.items() if need == access.PUBLIC}
     assert {p for p in public if p.startswith("/v1/")} == {"/v1/webhooks/{source}"}
     assert {p for p in public if p.startswith("/console")} == {
-        "/console/sign-in", "/console/static/{name}"}
+        "/console/sign-in", "/console/static/{name:path}"}
 
 
 def test_reads_are_for_viewers_and_admin_holds_the_irreversible() -> None:

@@ -17,11 +17,12 @@ import pytest
 
 from service.budget.answer_effects import ScopeEffects
 from service.budget.rules import Closure
+from service.history.tally import Tally
 from service.observability.failures import InternalErrors
 from service.observability.metrics import REGISTRY, Where
 from service.outcomes import Answer
 from service.worker.signals import SignalBuffer
-from tests.unit.test_worker_rounds import Rig, rig
+from tests.unit.test_worker_rounds import Rig, VirtualClock, rig
 
 SECRET = "acme-object-42"  # a request value: must never reach a log line
 
@@ -114,11 +115,15 @@ class Port:
 
 async def test_refunds_caps_and_recoveries_that_fail_are_kept_and_retried() -> None:
     port = Port()
-    signals = SignalBuffer(port, InternalErrors(logging.getLogger("tests")))
-    signals.note("tenant:a", ScopeEffects(backs_off=True))
-    signals.note("tenant:a", ScopeEffects(succeeded=True))  # recovered
-    signals.note("tenant:b", ScopeEffects(refund=2.0, cap=5.0))
-    signals.note("tenant:b", ScopeEffects(refund=1.0, cap=3.0))
+    tally = Tally()
+    signals = SignalBuffer(port, InternalErrors(logging.getLogger("tests")), tally,
+                           VirtualClock())
+    signals.note("carts", "tenant:a", ScopeEffects(backs_off=True))
+    signals.note("carts", "tenant:a", ScopeEffects(succeeded=True))  # recovered
+    signals.note("carts", "tenant:b", ScopeEffects(refund=2.0, cap=5.0))
+    signals.note("carts", "tenant:b", ScopeEffects(refund=1.0, cap=3.0))
+    signals.note("carts", "tenant:c", ScopeEffects(closure=Closure(1.0, 0.1, 1.0)))
+    assert [counts["closures"] for counts in tally.scopes.values()] == [1]  # tenant:c's
     assert not await signals.flush()
     assert port.adjusted == [] and port.recovered_scopes == []
     assert await signals.flush()
@@ -192,3 +197,18 @@ async def test_a_call_cancelled_before_its_first_step_hands_its_lease_back() -> 
     assert sorted(r.ledger.handed_back, key=lambda lease: lease.item_id) == sorted(
         items, key=lambda lease: lease.item_id)
     assert r.calls.calls == []
+
+
+async def test_a_tally_the_database_refused_is_written_with_the_next_one() -> None:
+    r = rig(concurrency=4, fail_minutes=1)
+    r.ledger.add("tenant:a", 4)
+    await r.pool.run_once()
+    assert await r.pool.drain()  # the outcomes are written; the tally is refused, kept
+    assert not r.ledger.minutes
+    r.ledger.add("tenant:a", 2)
+    await r.pool.run_once()
+    await r.pool.drain()
+    [counts] = r.ledger.minutes.policies.values()
+    assert counts["succeeded"] == 6  # both rounds' outcomes, each counted once
+    [scope] = r.ledger.minutes.scopes.values()
+    assert scope["calls"] == 6

@@ -29,6 +29,7 @@ from service.db.statements import (
     ready_item,
 )
 from service.evidence import audit_trail, chain, object_deletions
+from service.history import minutes
 from service.http.api import health
 from service.http.console import sessions
 from service.ledger import (
@@ -54,7 +55,7 @@ MODULES = (claims, completions, buckets, gauges, scope_controls, publication, re
            retention, audit_trail, health, migrate, embedded, tenant_credentials, holds,
            object_deletions, chain, discovery, store_databases, store_targets, list_pages,
            operator_reads, sessions, statements, tenant_spellings, leader, progress, reports,
-           trigger, wakeups, hold_acks, hold_marking, item_selection, receipts)
+           trigger, wakeups, hold_acks, hold_marking, item_selection, receipts, minutes)
 # Statements on a plain asyncpg connection, sent as `statement.text` (`$n` parameters):
 # webhook intake's receipts and wake-up (its own pool, one round trip per delivery) and
 # the embedded server's bootstrap (its admin database, before Sweeper's exists).
@@ -66,6 +67,9 @@ assert _SHOP.source is not None and _SHOP.target is not None and _SHOP.guard is 
 _GUARD = GuardConfig(store="shop", active_backends=True, max=20)
 BUILT = {"service/db/embedded.py": {"_create_database": embedded._create_database(
     embedded.DATABASE_NAME)},
+    # the minutes' upserts and their pruning: one per table, its name in the text
+    "service/history/minutes.py": {"_adding": minutes._ADD_POLICIES},
+    "service/cluster/retention.py": {"_prune_minutes": retention._PRUNE_MINUTES[0]},
     # a store's statements hold the policy's own SQL and its ledger table's name
     "service/sweeps/store_databases.py": {
         "page_statement": store_databases.page_statement(_SHOP.source, after=True, tenant=True),

@@ -23,6 +23,7 @@ import pytest
 from service.budget import rules
 from service.budget.rules import Closure, Grant
 from service.config.policies import Policies, Policy
+from service.history.tally import Tally
 from service.ledger.claims import Admission, Lease
 from service.ledger.completions import Completion
 from service.outcomes import Answer, Failure
@@ -130,6 +131,8 @@ class MemoryLedger:
     wants: list[dict[str, int]] = field(default_factory=list)
     completed: list[Completion] = field(default_factory=list)
     handed_back: list[Lease] = field(default_factory=list)
+    minutes: Tally = field(default_factory=Tally)  # the tallies the pool wrote, summed
+    fail_minutes: int = 0  # writes of the tally to refuse, as an outage would
     tokens_back: list[int] = field(default_factory=list)  # per lease handed back
     closures: list[dict[str, Closure]] = field(default_factory=list)
     paused: list[tuple[list[str], str]] = field(default_factory=list)
@@ -205,6 +208,12 @@ class MemoryLedger:
         if refunds or caps:
             self.adjusted.append((dict(refunds), dict(caps)))
 
+    async def add_minutes(self, tally: Tally) -> None:
+        if self.fail_minutes:
+            self.fail_minutes -= 1
+            raise ConnectionRefusedError()
+        self.minutes.merge(tally)
+
 
 @dataclass
 class ScriptedCalls:
@@ -276,7 +285,8 @@ def rig(concurrency: int = 8, policies: Policies | None = None, grace_seconds: f
     memory = MemoryLedger(clock, **ledger)  # type: ignore[arg-type]
     calls = ScriptedCalls(clock, memory.changes)
     ports = Ports(admission=memory, completion=memory, signals=memory, calls=calls,
-                  clock=clock, wakeups=NoWakeups(), hold=nothing_held, holds=NoHolds())
+                  clock=clock, wakeups=NoWakeups(), hold=nothing_held, holds=NoHolds(),
+                  minutes=memory)
     pool = WorkerPool(ports, policies or make_policies(), concurrency=concurrency,
                       name="unit-worker", grace_seconds=grace_seconds)
     return Rig(clock, memory, calls, pool)

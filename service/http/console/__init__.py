@@ -6,7 +6,9 @@ as the API, signed in with the API's bearer tokens (service/http/console/session
     overview.py  the overview's figures, read once per interval and shared by viewers
     pages.py     what operators read; actions.py what they change
     render.py    templates, escaping of ids, security headers
-    static/      console.css and console.js (no framework; served from here: CSP 'self')
+    charts.py    the charts' series, read from the ledger's minutes (service/history/)
+    static/      console.css and console.js (no framework; served from here: CSP 'self'),
+                 and uPlot, the charts' library, vendored from npm with its licence
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from service.http.console import actions, pages
+from service.http.console import actions, charts, pages
 from service.http.console.overview import OverviewCache
 from service.http.console.render import HERE, ConsoleError
 from service.http.console.sessions import Sessions
@@ -29,13 +31,14 @@ __all__ = ["ConsoleState", "console_state", "routers"]
 _TYPES: Final = {".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8",
                  ".png": "image/png"}
 # every static file, read once: the set is fixed at install time
-_STATIC: Final = {path.name: (path.read_bytes(), _TYPES[path.suffix])
-                  for path in (HERE / "static").iterdir() if path.suffix in _TYPES}
+_STATIC: Final = {path.relative_to(HERE / "static").as_posix(): (path.read_bytes(),
+                                                               _TYPES[path.suffix])
+                  for path in (HERE / "static").rglob("*") if path.suffix in _TYPES}
 
 static = APIRouter(prefix=PREFIX, route_class=ConsoleRoute, include_in_schema=False)
 
 
-@static.get("/static/{name}")
+@static.get("/static/{name:path}")
 async def static_file(request: Request, name: str) -> Response:
     found = _STATIC.get(name)
     if found is None:
@@ -54,4 +57,4 @@ def console_state(runtime: Runtime) -> ConsoleState:
         overview=OverviewCache())
 
 
-routers: Final = (pages.router, actions.router, static)
+routers: Final = (pages.router, charts.router, actions.router, static)

@@ -18,6 +18,7 @@ from service.http.api.runs import evidence_export
 from service.http.console.render import ConsoleError, page
 from service.http.console.sessions import Session
 from service.http.console.web import (
+    DEFAULT_WINDOW,
     PREFIX,
     ConsoleRoute,
     Form,
@@ -27,6 +28,7 @@ from service.http.console.web import (
     runtime_of,
     signed_in,
     whole_number,
+    window_of,
 )
 from service.ledger import item_selection, operator_reads
 from service.runs import discovery, progress
@@ -43,12 +45,12 @@ ITEM_FILTERS: Final = ("status", "policy", "tenant_id", "object_id", "reason")
 @router.get("")
 async def overview(request: Request) -> Response:
     session = await signed_in(request)
-    Params(request, ())
+    window = window_of(Params(request, ("window",)))
     runtime = runtime_of(request)
     return page("overview.html", {
         **await context(request, session, "overview"),
         "view": await console_of(request).overview.get(runtime),
-        "policies": sorted(runtime.policies.policies)})
+        "policies": sorted(runtime.policies.policies), "window": window})
 
 
 @router.get("/overview/live")
@@ -201,21 +203,25 @@ async def scope_list(request: Request) -> Response:
 async def scope_page(request: Request) -> Response:
     """One scope by name (a query parameter: names may hold '/')."""
     session = await signed_in(request)
-    name = Params(request, ("name",)).string("name", 1_000)
+    params = Params(request, ("name", "window"))
+    name = params.string("name", 1_000)
     if name is None:
         raise ConsoleError(422, "No scope named", "name the scope: ?name=...")
-    return await scope_view(request, session, name, {}, 200)
+    return await scope_view(request, session, name, {}, 200, window=window_of(params))
 
 
 async def scope_view(request: Request, session: Session, name: str,
                      form: dict[str, object], status: int,
-                     errors: list[str] | None = None) -> Response:
-    """A scope's page, with what a refused form held and why (the budget form)."""
+                     errors: list[str] | None = None, window: str = DEFAULT_WINDOW
+                     ) -> Response:
+    """A scope's page, with what a refused form held and why (the budget form), its
+    chart over `window`."""
     rows = await scope_controls.list_scopes(runtime_of(request).engine, name=name, limit=1)
     if not rows:
         raise ConsoleError(404, "No such scope", "there is no scope by that name")
     return page("scope.html", {**await context(request, session, "scopes"),
-                               "scope": rows[0], "form": form, "errors": errors or []},
+                               "scope": rows[0], "form": form, "errors": errors or [],
+                               "window": window},
                 status=status)
 
 

@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from service.config.tokens import Role
+from service.history.minutes import WINDOWS
 from service.http.api import access
 from service.http.api.bodies import MAX_BIGINT
 from service.http.api.gate import BodyRefused, read_body
@@ -117,6 +118,14 @@ class ConsoleRoute(APIRoute):
             return secure(response)
 
         return answer
+
+
+DEFAULT_WINDOW: Final = "hour"
+
+
+def window_of(params: Params) -> str:
+    """A chart page's `window` parameter: hour, day or week (hour when absent)."""
+    return params.choice("window", WINDOWS) or DEFAULT_WINDOW
 
 
 class Params:
