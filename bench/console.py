@@ -76,6 +76,7 @@ from bench.common import (
 from bench.server import TOKEN, sweeper_server
 from service.budget import scope_controls
 from service.db.statements import Statement
+from service.history import minutes
 from service.http.api.items import MAX_CHANGE
 from service.http.console.overview import OVERVIEW_MAX_AGE_S, RECENT_RUNS
 from service.http.console.pages import PAGE_SIZE
@@ -93,7 +94,7 @@ PAGE_SECONDS_DEFAULT: Final = 120.0
 # Pages whose figures the process shares between requests: the overview (its own reading,
 # and the metrics' ledger snapshot under it) and run progress. A request after the longest
 # of those ages finds nothing to share (a drained run's progress, 60 s, aside).
-CACHED_PAGES: Final = ("overview", "overview-live", "runs", "run")
+CACHED_PAGES: Final = ("overview", "overview-live", "runs", "run", "chart-run")
 COLD_GAP_S: Final = max(OVERVIEW_MAX_AGE_S, run_progress.PROGRESS_MAX_AGE_S,
                         gauges.LEDGER_CACHE_S) + 0.1
 # policy, share of the runs (and of the unpublished items)
@@ -348,6 +349,33 @@ _SEED_ACTIONS = text("""
                jsonb_build_object('tenant_id', 'tenant-' || lpad((g % 1000)::text, 4, '0')))
     FROM generate_series(1, CAST(:n AS bigint)) AS g
 """)
+# A week of the ledger's minutes (service/history/), as a busy service leaves them: every
+# policy every minute (outcomes and the sampled backlog), 50 scopes a minute (the big
+# tenant's in each), three minutes for each batch from its release.
+_SEED_POLICY_MINUTES = text("""
+    INSERT INTO policy_minutes (minute, policy, succeeded, throttled, transient, unknown,
+                                dead, reclaimed, closures, eligible, oldest_eligible_s)
+    SELECT date_trunc('minute', CAST(:t0 AS timestamptz)) - make_interval(mins => m), p,
+           600 + m % 300, m % 7, m % 5, m % 11 / 10, m % 13 / 12, m % 17 / 16, m % 7 / 6,
+           5000 + (m * 37) % 4000, 60.0 + m % 600
+    FROM generate_series(0, 10079) AS m CROSS JOIN unnest(CAST(:policies AS text[])) AS p
+""")
+_SEED_SCOPE_MINUTES = text("""
+    INSERT INTO scope_minutes (scope, minute, policy, calls, succeeded, throttled, closures,
+                               reclaimed)
+    SELECT 'tenant:tenant-' || lpad((CASE WHEN k = 0 THEN 0
+                                          ELSE (m * 7 + k * 20) % :tenants END)::text, 4, '0'),
+           date_trunc('minute', CAST(:t0 AS timestamptz)) - make_interval(mins => m), 'carts',
+           60 + k, 58 + k, m % 3, m % 7 / 6, 0
+    FROM generate_series(0, 10079) AS m CROSS JOIN generate_series(0, 49) AS k
+    ON CONFLICT DO NOTHING
+""")
+_SEED_BATCH_MINUTES = text("""
+    INSERT INTO batch_minutes (batch_id, minute, succeeded, dead, skipped)
+    SELECT b.id, date_trunc('minute', b.created_at) + make_interval(mins => k),
+           b.item_count / 3, 0, 0
+    FROM batches b CROSS JOIN generate_series(0, 2) AS k
+""")
 _SET_IDENTITIES = text("""
     SELECT setval(pg_get_serial_sequence('items', 'id'), CAST(:items AS bigint)),
            setval(pg_get_serial_sequence('runs', 'id'), CAST(:runs AS bigint)),
@@ -362,7 +390,8 @@ _SIZES = text("""
     ORDER BY c.relname
 """)
 SEEDED_TABLES: Final = ("items", "attempts", "runs", "batches", "scopes", "webhook_receipts",
-                        "operator_actions")
+                        "operator_actions", "policy_minutes", "scope_minutes",
+                        "batch_minutes")
 
 
 async def seed(engine: AsyncEngine, layout: Layout, webhooks: int, actions: int
@@ -412,6 +441,10 @@ async def seed(engine: AsyncEngine, layout: Layout, webhooks: int, actions: int
         await conn.execute(_SEED_RECEIPTS, {"t0": layout.t0, "n": webhooks,
                                             "items": layout.items})
         await conn.execute(_SEED_ACTIONS, {"t0": layout.t0, "n": actions})
+        await conn.execute(_SEED_POLICY_MINUTES, {"t0": layout.t0,
+                                                  "policies": [p for p, _ in POLICIES]})
+        await conn.execute(_SEED_SCOPE_MINUTES, {"t0": layout.t0, "tenants": layout.tenants})
+        await conn.execute(_SEED_BATCH_MINUTES)
         await conn.execute(_SET_IDENTITIES, {"items": layout.items, "runs": len(layout.runs),
                                              "batches": batches})
     inserted = time.perf_counter()
@@ -514,15 +547,15 @@ def pages(f: Facts) -> list[Page]:
                 (operator_reads._SUCCEEDED_RECENTLY,
                  {"window": operator_reads.THROUGHPUT_WINDOW_S}),
                 (run_progress._LIST, _runs_params(RECENT_RUNS)),
-                (run_progress._PROGRESS, {"ids": f.newest_runs[:RECENT_RUNS]}),
+                (run_progress._ITEM_PROGRESS, {"ids": f.newest_runs[:RECENT_RUNS]}),
                 (operator_reads._TROUBLED_SCOPES, {})]
     scope_name = f"tenant:{f.big_tenant}"
-    return [
+    return [*_chart_pages(f, scope_name),
         Page("overview", "/console", statements=overview),
         Page("overview-live", "/console/overview/live", statements=overview),
         Page("runs", "/console/runs", statements=[
             (run_progress._LIST, _runs_params(PAGE_SIZE)),
-            (run_progress._PROGRESS, {"ids": f.newest_runs[:PAGE_SIZE]})]),
+            (run_progress._ITEM_PROGRESS, {"ids": f.newest_runs[:PAGE_SIZE]})]),
         Page("run", f"/console/runs/{f.large_run}", statements=[
             (run_progress._RUN, {"id": f.large_run}),
             (run_progress._PROGRESS, {"ids": [f.large_run]})]),
@@ -563,6 +596,32 @@ def pages(f: Facts) -> list[Page]:
                  "status": "dead", "cap": MAX_CHANGE,
                  **item_selection.filter_params(item_selection.ItemFilter(
                      policy=POLICIES[0][0], tenant_id=f.big_tenant))})]),
+    ]
+
+
+def _chart_pages(f: Facts, scope_name: str) -> list[Page]:
+    """The console's charts, each over its longest window (a week: 168 hourly buckets)."""
+    now = time.time()
+
+    def window(name: str, **params: Any) -> dict[str, Any]:
+        _, bucket_s, starts = minutes.window(name, now)
+        return {"since": starts[0], "bucket_s": bucket_s, **params}
+
+    return [
+        Page("chart-outcomes-hour", "/console/charts/outcomes?window=hour",
+             statements=[(minutes._POLICY_TOTALS, window("hour", policy=None))]),
+        Page("chart-outcomes-week", "/console/charts/outcomes?window=week",
+             statements=[(minutes._POLICY_TOTALS, window("week", policy=None))]),
+        Page("chart-backlog-week", "/console/charts/backlog?window=week",
+             statements=[(minutes._BACKLOG, window("week"))]),
+        Page("chart-scope-week", "/console/charts/scope?" + urlencode(
+            {"name": scope_name, "window": "week"}), statements=[
+                (scope_controls._LIST, {"after": None, "name": scope_name, "limit": 1}),
+                (minutes._SCOPE, window("week", scope=scope_name))]),
+        Page("chart-run", f"/console/charts/runs/{f.large_run}", statements=[
+            (run_progress._RUN, {"id": f.large_run}),
+            (run_progress._PROGRESS, {"ids": [f.large_run]}),
+            (minutes._RUN, window("week", run_id=f.large_run))]),
     ]
 
 

@@ -57,9 +57,7 @@ def _version(run: dict[str, Any]) -> RunVersion:
 # them (a leased item is pending in status: its lease is in no index, migration 0024).
 # The oldest is raised to Python's earliest instant as in _RECORD_CANDIDATES (per row: none
 # is NULL).
-_PROGRESS = Statement("progress.progress", (
-    "Runs' items counted by status, attempts by outcome and oldest unfinished due_at, for "
-    "several runs at once (reads every item and attempt of those runs)."), f"""
+_ITEMS_PART: Final = """
     SELECT b.run_id, 'items' AS kind,
            CASE WHEN i.status = 'pending' AND i.hold_id IS NOT NULL THEN 'held'
                 ELSE i.status END AS key,
@@ -67,6 +65,8 @@ _PROGRESS = Statement("progress.progress", (
     FROM items i JOIN batches b ON b.id = i.batch_id
     WHERE b.run_id = ANY(CAST(:ids AS bigint[]))
     GROUP BY b.run_id, 3
+"""
+_ATTEMPTS_PART: Final = """
     UNION ALL
     SELECT b.run_id, 'attempts', a.outcome, count(*), NULL
     FROM attempts a JOIN items i ON i.id = a.item_id JOIN batches b ON b.id = i.batch_id
@@ -75,6 +75,8 @@ _PROGRESS = Statement("progress.progress", (
       AND NOT (a.outcome = 'succeeded' AND NOT a.fenced AND i.status = 'succeeded'
                AND i.last_started_at IS NULL AND a.attempt_no = i.attempts)
     GROUP BY b.run_id, a.outcome
+"""
+_REST_PART: Final = f"""
     UNION ALL
     SELECT u.run_id, v.kind, v.key, v.n, v.oldest FROM (
         SELECT b.run_id, min(greatest(i.due_at, '0001-01-01 00:00:00+00')) AS oldest,
@@ -89,21 +91,32 @@ _PROGRESS = Statement("progress.progress", (
         ('oldest', CAST(NULL AS text), CAST(0 AS bigint), u.oldest),
         ('leased', 'pending', u.leased_open, NULL),
         ('leased', 'held', u.leased_held, NULL)) AS v(kind, key, n, oldest)
-""")  # noqa: S608 - only a constant fragment is interpolated
+"""  # noqa: S608 - only a constant fragment is interpolated
+_PROGRESS = Statement("progress.progress", (
+    "Runs' items counted by status, attempts by outcome and oldest unfinished due_at, for "
+    "several runs at once (reads every item and attempt of those runs)."),
+    _ITEMS_PART + _ATTEMPTS_PART + _REST_PART)
+# the runs lists show no attempts: counting them probes every item's attempts one by one
+_ITEM_PROGRESS = Statement("progress.item_progress", (
+    "Runs' items counted by status and oldest unfinished due_at, for several runs at once "
+    "(the items through their batches' covering index; no attempt is read)."),
+    _ITEMS_PART + _REST_PART)
 
 
-async def runs_progress(engine: AsyncEngine, run_ids: Sequence[int]
-                        ) -> dict[int, dict[str, Any]]:
-    """Count each run's items by status and attempts by outcome, and find its oldest
-    remaining item, in one statement: every item and attempt of these runs is read. A run
-    with no items (or no such run) has empty counts."""
+async def runs_progress(engine: AsyncEngine, run_ids: Sequence[int], *,
+                        attempts: bool = True) -> dict[int, dict[str, Any]]:
+    """Count each run's items by status and attempts by outcome (without `attempts`: none
+    is read, and the succeeded items are all it says of them), and find its oldest
+    remaining item, in one statement. A run with no items (or no such run) has empty
+    counts."""
     progress: dict[int, dict[str, Any]] = {
         run_id: {"items": {}, "attempts": {}, "oldest_remaining_due_at": None}
         for run_id in run_ids}
     if not progress:
         return progress
     leased: list[Any] = []
-    for row in await fetch(engine, _PROGRESS, {"ids": list(progress)}):
+    statement = _PROGRESS if attempts else _ITEM_PROGRESS
+    for row in await fetch(engine, statement, {"ids": list(progress)}):
         counts = progress[row.run_id]
         if row.kind == "oldest":
             counts["oldest_remaining_due_at"] = row.oldest
@@ -123,8 +136,8 @@ async def runs_progress(engine: AsyncEngine, run_ids: Sequence[int]
         # that succeeded before migration 0024 had, and the statement leaves it out (an
         # item confirmed before 0024 counts the success of its deletion call once less)
         if done := counts["items"].get("succeeded", 0):
-            attempts = counts["attempts"]
-            attempts["succeeded"] = attempts.get("succeeded", 0) + done
+            by_outcome = counts["attempts"]
+            by_outcome["succeeded"] = by_outcome.get("succeeded", 0) + done
     return progress
 
 
@@ -195,35 +208,40 @@ class ProgressCache:
     # statements run and runs counted, since the process started
     statements: int = 0
     runs_counted: int = 0
-    _counts: dict[int, _Count] = field(default_factory=dict, repr=False)
+    # by run and whether the count has its attempts (one that has serves either)
+    _counts: dict[tuple[int, bool], _Count] = field(default_factory=dict, repr=False)
 
     async def get(self, engine: AsyncEngine, run_id: int, version: RunVersion
                   ) -> dict[str, Any]:
         """One run's progress."""
         return (await self.get_many(engine, {run_id: version}))[run_id]
 
-    async def get_many(self, engine: AsyncEngine, versions: Mapping[int, RunVersion]
-                       ) -> dict[int, dict[str, Any]]:
-        """Each run's progress, counting those without a count to share in one statement."""
+    async def get_many(self, engine: AsyncEngine, versions: Mapping[int, RunVersion], *,
+                       attempts: bool = True) -> dict[int, dict[str, Any]]:
+        """Each run's progress, counting those without a count to share in one statement;
+        without `attempts`, a count without them will do (the runs lists')."""
         now = self.monotonic()
         results: dict[int, asyncio.Future[dict[str, Any]]] = {}
         missing: list[int] = []
         for run_id, version in versions.items():
-            count = self._counts.get(run_id)
-            if count is not None and self._shareable(count, version, now):
+            keys = [(run_id, True)] if attempts else [(run_id, True), (run_id, False)]
+            count = next((c for key in keys if (c := self._counts.get(key)) is not None
+                          and self._shareable(c, version, now)), None)
+            if count is not None:
                 results[run_id] = count.result
             else:
                 missing.append(run_id)
         if missing:
             self.statements += 1
             self.runs_counted += len(missing)
-            batch = asyncio.ensure_future(runs_progress(engine, missing))
+            batch = asyncio.ensure_future(runs_progress(engine, missing, attempts=attempts))
             loop = asyncio.get_running_loop()
             for run_id in missing:
+                key = (run_id, attempts)
                 result: asyncio.Future[dict[str, Any]] = loop.create_future()
-                result.add_done_callback(functools.partial(self._forget_failure, run_id))
-                self._counts.pop(run_id, None)  # re-inserted: the dict stays oldest first
-                self._counts[run_id] = _Count(now, versions[run_id], result, batch)
+                result.add_done_callback(functools.partial(self._forget_failure, key))
+                self._counts.pop(key, None)  # re-inserted: the dict stays oldest first
+                self._counts[key] = _Count(now, versions[run_id], result, batch)
                 results[run_id] = result
             batch.add_done_callback(functools.partial(
                 _settle, {run_id: results[run_id] for run_id in missing}))
@@ -245,11 +263,12 @@ class ProgressCache:
         drained = _drained(version, count.result.result())
         return now - count.started <= (self.drained_max_age_s if drained else self.max_age_s)
 
-    def _forget_failure(self, run_id: int, result: asyncio.Future[dict[str, Any]]) -> None:
-        count = self._counts.get(run_id)
+    def _forget_failure(self, key: tuple[int, bool], result: asyncio.Future[dict[str, Any]]
+                        ) -> None:
+        count = self._counts.get(key)
         if (result.cancelled() or result.exception() is not None) and \
                 count is not None and count.result is result:
-            del self._counts[run_id]
+            del self._counts[key]
 
     def _evict(self) -> None:
         while len(self._counts) > self.max_runs:
@@ -293,13 +312,15 @@ _LIST = Statement("progress.list", (
 
 async def list_runs(engine: AsyncEngine, *, limit: int, before: int | None,
                     progress: ProgressCache, policy: str | None = None,
-                    state: str | None = None, dry_run: bool | None = None
-                    ) -> list[dict[str, Any]]:
+                    state: str | None = None, dry_run: bool | None = None,
+                    attempts: bool = True) -> list[dict[str, Any]]:
     """Newest first; `before` is the keyset cursor (a run id). Each run with its progress
-    as run_status gives it (through `progress`); the runs without a count to share are
-    counted together in one statement."""
+    as run_status gives it (through `progress`; without `attempts`, its attempts need not
+    be counted); the runs without a count to share are counted together in one
+    statement."""
     params = {"before": before, "limit": limit, "policy": policy, "state": state,
               "dry_run": dry_run}
     rows = [dict(r._mapping) for r in await fetch(engine, _LIST, params)]
-    counts = await progress.get_many(engine, {row["id"]: _version(row) for row in rows})
+    counts = await progress.get_many(engine, {row["id"]: _version(row) for row in rows},
+                                     attempts=attempts)
     return [{**row, **counts[row["id"]]} for row in rows]

@@ -29,9 +29,10 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls: list[int] = []
     real = progress.runs_progress
 
-    async def count(engine: AsyncEngine, run_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+    async def count(engine: AsyncEngine, run_ids: Sequence[int], *, attempts: bool = True
+                    ) -> dict[int, dict[str, Any]]:
         calls.extend(run_ids)
-        return await real(engine, run_ids)
+        return await real(engine, run_ids, attempts=attempts)
 
     monkeypatch.setattr(progress, "runs_progress", count)
     return calls
@@ -83,10 +84,11 @@ async def test_a_failed_count_is_not_kept(engine: AsyncEngine,
     run_id = await release_all(engine)
     real, failures = progress.runs_progress, [OSError("database went away")]
 
-    async def flaky(engine: AsyncEngine, run_ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+    async def flaky(engine: AsyncEngine, run_ids: Sequence[int], *, attempts: bool = True
+                    ) -> dict[int, dict[str, Any]]:
         if failures:
             raise failures.pop()
-        return await real(engine, run_ids)
+        return await real(engine, run_ids, attempts=attempts)
 
     monkeypatch.setattr(progress, "runs_progress", flaky)
     cache = progress.ProgressCache()
@@ -102,12 +104,12 @@ async def test_a_caller_that_leaves_does_not_cancel_the_others_count(
     real, begun, finish_count = progress.runs_progress, asyncio.Event(), asyncio.Event()
     counted: list[int] = []
 
-    async def held_count(engine: AsyncEngine, run_ids: Sequence[int]
-                         ) -> dict[int, dict[str, Any]]:
+    async def held_count(engine: AsyncEngine, run_ids: Sequence[int], *,
+                         attempts: bool = True) -> dict[int, dict[str, Any]]:
         counted.extend(run_ids)
         begun.set()
         await finish_count.wait()  # in progress until both callers wait for it
-        return await real(engine, run_ids)
+        return await real(engine, run_ids, attempts=attempts)
 
     monkeypatch.setattr(progress, "runs_progress", held_count)
     cache = progress.ProgressCache()
@@ -126,7 +128,7 @@ async def test_the_cache_holds_a_bounded_number_of_runs(engine: AsyncEngine) -> 
     cache = progress.ProgressCache(max_runs=3)
     for run_id in range(1, 6):
         await cache.get(engine, run_id, V)  # no such runs: empty counts, still cached
-    assert sorted(cache._counts) == [3, 4, 5]
+    assert sorted(cache._counts) == [(3, True), (4, True), (5, True)]
 
 
 async def finish(engine: AsyncEngine, run_id: int, n: int, status: str, outcome: str,
@@ -329,3 +331,19 @@ async def test_a_drained_runs_count_waits_for_an_operator_action_on_any_replica(
         seen = (await listing(one))[run_id]
         assert seen["items"] == {"pending": 3}
         assert seen["attempts"] == {"permanent": 3, "succeeded": 1}
+
+
+async def test_a_list_without_attempts_reads_none_and_shares_a_full_count(
+        engine: AsyncEngine, counted: list[int]) -> None:
+    await register(engine, make_policies("http://127.0.0.1:9"), 4)
+    run_id = await release_all(engine)
+    await finish(engine, run_id, 2, "dead", "permanent")
+    cache = progress.ProgressCache()
+    light = await cache.get_many(engine, {run_id: V}, attempts=False)
+    assert light[run_id]["items"] == {"pending": 2, "dead": 2}
+    assert light[run_id]["attempts"] == {}
+    full = await cache.get(engine, run_id, V)  # a page that shows attempts counts them
+    assert full["attempts"] == {"permanent": 2}
+    # a list after it shares the full count rather than counting again
+    assert (await cache.get_many(engine, {run_id: V}, attempts=False))[run_id] == full
+    assert counted == [run_id, run_id]

@@ -71,7 +71,7 @@ async def _read(runtime: Runtime, monotonic: Callable[[], float]) -> Overview:
                  "held": snap.held.get(name, 0),
                  "succeeded_per_second": rates.get(name, 0.0)} for name in names]
     recent = await progress.list_runs(runtime.engine, limit=RECENT_RUNS, before=None,
-                                      progress=runtime.run_progress)
+                                      progress=runtime.run_progress, attempts=False)
     return Overview(ledger=snap, policies=policies,
                     succeeded_per_second=sum(rates.values()),
                     scopes=await operator_reads.troubled_scopes(runtime.engine), runs=recent,

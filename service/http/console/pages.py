@@ -76,7 +76,8 @@ async def run_list(request: Request) -> Response:
     rows = await progress.list_runs(runtime.engine, limit=PAGE_SIZE, before=before,
                                     progress=runtime.run_progress, policy=filters["policy"],
                                     state=filters["state"],
-                                    dry_run=None if kind is None else kind == "report-only")
+                                    dry_run=None if kind is None else kind == "report-only",
+                                    attempts=False)
     return page("runs.html", {
         **await context(request, session, "runs"), "runs": rows, "filters": filters,
         "policies": sorted(runtime.policies.policies), "states": RUN_STATES,
