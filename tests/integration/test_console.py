@@ -26,7 +26,9 @@ from tests.fakes.clock import ManualClock
 from tests.integration.test_pipeline import make_policies
 
 PAGES = ["", "/runs", "/items", "/scopes", "/webhooks", "/audit", "/overview/live",
-         "/items?status=dead", "/runs?kind=report-only", "/scope?name=tenant%3Aacme"]
+         "/items?status=dead", "/runs?kind=report-only", "/scope?name=tenant%3Aacme",
+         "?window=week", "/charts/outcomes", "/charts/leases?window=day",
+         "/charts/backlog?window=week", "/charts/oldest", "/charts/outcomes?policy=carts"]
 
 
 @dataclass
@@ -159,7 +161,13 @@ async def test_forms_need_this_sessions_token_and_origin(browser: Browser) -> No
     ("/items?tenant_id=%ED%A0%80", 200), ("/runs/abc", 404), ("/runs/0", 404),
     ("/runs/99999999999999999999", 404), ("/items/1e3", 404), ("/scope", 422),
     ("/scope?name=nope", 404), ("/runs/777", 404), ("/items/777", 404),
-    ("/static/..%2Frender.py", 404), ("/static/nope.css", 404)])
+    ("/static/..%2Frender.py", 404), ("/static/nope.css", 404),
+    ("/static/vendor/uplot/LICENSE", 404), ("/static/vendor/uplot/uPlot.iife.min.js", 200),
+    ("?window=month", 422), ("/charts/outcomes?window=month", 422),
+    ("/charts/outcomes?windw=day", 422), ("/charts/outcomes?policy=nope", 422),
+    ("/charts/scope", 404), ("/charts/scope?name=nope", 404),
+    ("/charts/scope?name=nope&window=day&window=week", 422), ("/charts/runs/abc", 404),
+    ("/charts/runs/777", 404), ("/charts/runs/1?window=day", 422)])
 async def test_bad_parameters_get_a_clear_page_not_a_500(browser: Browser, path: str,
                                                          status: int) -> None:
     page = await browser.client.get("/console" + path)

@@ -6,7 +6,7 @@ width), so the hour, day and week windows read on one scale, against a scope's r
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final
 
 from fastapi import APIRouter
@@ -23,6 +23,7 @@ from service.http.console.web import (
     PREFIX,
     ConsoleRoute,
     Params,
+    console_of,
     runtime_of,
     signed_in,
     window_of,
@@ -72,9 +73,9 @@ def _per_second(series: Series, names: Sequence[str], *, keep: Sequence[str] = (
 
 
 def _chart(title: str, unit: str, series: Series, lines: list[dict[str, Any]]
-           ) -> Response:
-    return _json({"title": title, "unit": unit, "x": series.x, "bucket_s": series.bucket_s,
-                  "series": lines})
+           ) -> dict[str, Any]:
+    return {"title": title, "unit": unit, "x": series.x, "bucket_s": series.bucket_s,
+            "series": lines}
 
 
 async def _begin(request: Request, allowed: Sequence[str]) -> tuple[Params, str, float]:
@@ -83,23 +84,40 @@ async def _begin(request: Request, allowed: Sequence[str]) -> tuple[Params, str,
     return params, window_of(params), time.time()
 
 
+async def _shared(request: Request, read: Callable[[], Awaitable[dict[str, Any]]]
+                  ) -> Response:
+    """The chart `read` gives, shared with every viewer asking for the same chart within
+    a few seconds (service/http/console/overview.py ChartReadings)."""
+    key = f"{request.url.path}?{request.url.query}"
+    return _json(await console_of(request).charts.get(key, read))
+
+
 @router.get("/outcomes")
 async def outcomes_chart(request: Request) -> Response:
     params, window, now = await _begin(request, ("policy",))
     runtime = runtime_of(request)
     policy = params.choice("policy", runtime.policies.policies)
-    series = await minutes.outcomes(runtime.engine, window, now, policy)
-    return _chart("Outcomes", "items per second", series, _per_second(
-        series, OUTCOMES, keep=("succeeded",)))
+
+    async def read() -> dict[str, Any]:
+        series = await minutes.outcomes(runtime.engine, window, now, policy)
+        return _chart("Outcomes", "items per second", series, _per_second(
+            series, OUTCOMES, keep=("succeeded",)))
+
+    return await _shared(request, read)
 
 
 @router.get("/leases")
 async def leases_chart(request: Request) -> Response:
     _, window, now = await _begin(request, ())
-    series = await minutes.outcomes(runtime_of(request).engine, window, now)
-    return _chart("Expired leases, late completions, closures and dead items", "per second",
-                  series, _per_second(series, ("reclaimed", "fenced", "closures", "dead"),
-                                      keep=("reclaimed",)))
+
+    async def read() -> dict[str, Any]:
+        series = await minutes.outcomes(runtime_of(request).engine, window, now)
+        return _chart("Expired leases, late completions, closures and dead items",
+                      "per second", series, _per_second(
+                          series, ("reclaimed", "fenced", "closures", "dead"),
+                          keep=("reclaimed",)))
+
+    return await _shared(request, read)
 
 
 def _per_policy(series: Series, scale: Callable[[float], float] = float
@@ -112,16 +130,24 @@ def _per_policy(series: Series, scale: Callable[[float], float] = float
 @router.get("/backlog")
 async def backlog_chart(request: Request) -> Response:
     _, window, now = await _begin(request, ())
-    eligible, _oldest = await minutes.backlog(runtime_of(request).engine, window, now)
-    return _chart("Eligible items by policy", "items", eligible, _per_policy(eligible))
+
+    async def read() -> dict[str, Any]:
+        eligible, _oldest = await minutes.backlog(runtime_of(request).engine, window, now)
+        return _chart("Eligible items by policy", "items", eligible, _per_policy(eligible))
+
+    return await _shared(request, read)
 
 
 @router.get("/oldest")
 async def oldest_chart(request: Request) -> Response:
     _, window, now = await _begin(request, ())
-    _eligible, oldest = await minutes.backlog(runtime_of(request).engine, window, now)
-    return _chart("Oldest eligible item's age by policy", "seconds", oldest,
-                  _per_policy(oldest))
+
+    async def read() -> dict[str, Any]:
+        _eligible, oldest = await minutes.backlog(runtime_of(request).engine, window, now)
+        return _chart("Oldest eligible item's age by policy", "seconds", oldest,
+                      _per_policy(oldest))
+
+    return await _shared(request, read)
 
 
 @router.get("/scope")
@@ -130,15 +156,19 @@ async def scope_chart(request: Request) -> Response:
     params, window, now = await _begin(request, ("name",))
     name = params.string("name", 1_000)
     engine = runtime_of(request).engine
-    rows = await scope_controls.list_scopes(engine, name=name, limit=1) if name else []
-    if not rows:
-        raise ConsoleError(404, "No such scope", "name an existing scope: ?name=...")
-    series = await minutes.scope(engine, window, now, str(name))
-    lines = _per_second(series, ("calls", "succeeded", "throttled", "closures", "reclaimed"),
-                        keep=("calls",))
-    rate = float(rows[0]["rate_per_second"])  # today's: a change shows as a step nowhere
-    lines.insert(1, _line("budget", [rate] * len(series.x), dash=True))
-    return _chart("Calls against the budget", "per second", series, lines)
+
+    async def read() -> dict[str, Any]:
+        rows = await scope_controls.list_scopes(engine, name=name, limit=1) if name else []
+        if not rows:
+            raise ConsoleError(404, "No such scope", "name an existing scope: ?name=...")
+        series = await minutes.scope(engine, window, now, str(name))
+        lines = _per_second(series, ("calls", "succeeded", "throttled", "closures",
+                                     "reclaimed"), keep=("calls",))
+        rate = float(rows[0]["rate_per_second"])  # today's: a change shows as a step nowhere
+        lines.insert(1, _line("budget", [rate] * len(series.x), dash=True))
+        return _chart("Calls against the budget", "per second", series, lines)
+
+    return await _shared(request, read)
 
 
 def run_window(age_s: float) -> str:
@@ -152,8 +182,15 @@ async def run_chart(request: Request, run_id: str) -> Response:
     end), against those it released: its window the shortest that holds the run."""
     await signed_in(request)
     Params(request, ())
-    run = await run_or_404(request, path_id(run_id, "run"))
-    now = time.time()
+    number = path_id(run_id, "run")
+
+    async def read() -> dict[str, Any]:
+        return await _run_progress(request, await run_or_404(request, number), time.time())
+
+    return await _shared(request, read)
+
+
+async def _run_progress(request: Request, run: dict[str, Any], now: float) -> dict[str, Any]:
     created = run["created_at"].timestamp()
     series = await minutes.of_run(runtime_of(request).engine, run_window(now - created), now,
                                   int(run["id"]))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -21,6 +21,8 @@ from service.runtime import Runtime
 
 OVERVIEW_MAX_AGE_S: Final = 2.0
 RECENT_RUNS: Final = 8
+CHART_MAX_AGE_S: Final = 5.0  # the minutes change every 10 s (service/history/tally.py)
+CHART_KEYS: Final = 256
 
 
 @dataclass(frozen=True)
@@ -76,3 +78,30 @@ async def _read(runtime: Runtime, monotonic: Callable[[], float]) -> Overview:
                     succeeded_per_second=sum(rates.values()),
                     scopes=await operator_reads.troubled_scopes(runtime.engine), runs=recent,
                     read_at=monotonic())
+
+
+class ChartReadings:
+    """Each chart's series read at most once per `max_age_s` per process, whatever the
+    number of viewers polling it: a reading in progress is awaited by the others, a failed
+    one is not kept. At most CHART_KEYS charts (by path and query) are kept."""
+
+    def __init__(self, max_age_s: float = CHART_MAX_AGE_S,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.max_age_s = max_age_s
+        self.readings = 0  # since the process started
+        self._monotonic = monotonic
+        self._kept: dict[str, tuple[float, asyncio.Future[Any]]] = {}
+
+    async def get(self, key: str, read: Callable[[], Awaitable[Any]]) -> Any:
+        now = self._monotonic()
+        kept = self._kept.get(key)
+        if kept is None or now - kept[0] >= self.max_age_s or (
+                kept[1].done() and (kept[1].cancelled() or kept[1].exception() is not None)):
+            self.readings += 1
+            kept = (now, asyncio.ensure_future(read()))
+            self._kept.pop(key, None)
+            self._kept[key] = kept
+            while len(self._kept) > CHART_KEYS:
+                del self._kept[next(iter(self._kept))]
+        # shielded: a viewer that goes away does not cancel the reading the others await
+        return await asyncio.shield(kept[1])

@@ -25,7 +25,7 @@ from service.http.api import access
 from service.http.api.bodies import MAX_BIGINT
 from service.http.api.gate import BodyRefused, read_body
 from service.http.api.reasons import reason_problem
-from service.http.console.overview import OverviewCache
+from service.http.console.overview import ChartReadings, OverviewCache
 from service.http.console.render import ConsoleError, error_page, secure
 from service.http.console.sessions import COOKIE, Session, Sessions
 from service.runtime import Runtime
@@ -40,10 +40,11 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 @dataclass(frozen=True)
 class ConsoleState:
-    """What the console keeps per process: its sessions and the shared overview."""
+    """What the console keeps per process: its sessions, the shared overview and charts."""
 
     sessions: Sessions
     overview: OverviewCache
+    charts: ChartReadings
 
 
 class SignInRequired(Exception):
