@@ -78,7 +78,7 @@ from service.budget import scope_controls
 from service.db.statements import Statement
 from service.history import minutes
 from service.http.api.items import MAX_CHANGE
-from service.http.console.overview import OVERVIEW_MAX_AGE_S, RECENT_RUNS
+from service.http.console.overview import CHART_MAX_AGE_S, OVERVIEW_MAX_AGE_S, RECENT_RUNS
 from service.http.console.pages import PAGE_SIZE
 from service.ledger import gauges, item_selection, operator_reads
 from service.runs import progress as run_progress
@@ -92,11 +92,14 @@ DRY_RUN_EVERY: Final = 10  # one run in ten is report-only
 HORIZON_DAYS: Final = 20  # items were registered over this many days before the run
 PAGE_SECONDS_DEFAULT: Final = 120.0
 # Pages whose figures the process shares between requests: the overview (its own reading,
-# and the metrics' ledger snapshot under it) and run progress. A request after the longest
-# of those ages finds nothing to share (a drained run's progress, 60 s, aside).
-CACHED_PAGES: Final = ("overview", "overview-live", "runs", "run", "chart-run")
+# and the metrics' ledger snapshot under it), run progress and the charts' readings. A
+# request after the longest of those ages finds nothing to share (a drained run's
+# progress, 60 s, aside).
+CACHED_PAGES: Final = ("overview", "overview-live", "runs", "run", "chart-outcomes-hour",
+                       "chart-outcomes-week", "chart-backlog-week", "chart-scope-week",
+                       "chart-run")
 COLD_GAP_S: Final = max(OVERVIEW_MAX_AGE_S, run_progress.PROGRESS_MAX_AGE_S,
-                        gauges.LEDGER_CACHE_S) + 0.1
+                        gauges.LEDGER_CACHE_S, CHART_MAX_AGE_S) + 0.1
 # policy, share of the runs (and of the unpublished items)
 POLICIES: Final = (("carts", 0.50), ("sessions", 0.25), ("uploads", 0.15), ("exports", 0.10))
 POLICIES_TOML: Final = """

@@ -70,6 +70,10 @@ def make_engine(url: URL, settings: Settings, *,
                 "statement_timeout": str(settings.db_statement_timeout_ms),
                 # a session stuck idle in a transaction must not pin locks forever
                 "idle_in_transaction_session_timeout": "60000",
+                # every statement here is short: compiling one costs more than running it
+                # (hold subplans lift estimates over jit_above_cost; the bench's report
+                # 2026-12-05-console-charts)
+                "jit": "off",
             },
         },
     )

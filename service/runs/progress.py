@@ -66,14 +66,20 @@ _ITEMS_PART: Final = """
     WHERE b.run_id = ANY(CAST(:ids AS bigint[]))
     GROUP BY b.run_id, 3
 """
+# The run's item ids come from items_batch_cover alone and each item's attempts from
+# attempts_item; the item's row is read only for a success's attempt row (written before
+# 0024, when a success had one), which is counted with its item below instead. Reading
+# items' rows for every attempt walked the whole table (160 ms for a run of 50,000 among a
+# million items: bench/reports/2026-12-05-console-charts).
 _ATTEMPTS_PART: Final = """
     UNION ALL
     SELECT b.run_id, 'attempts', a.outcome, count(*), NULL
-    FROM attempts a JOIN items i ON i.id = a.item_id JOIN batches b ON b.id = i.batch_id
+    FROM batches b JOIN items i ON i.batch_id = b.id JOIN attempts a ON a.item_id = i.id
     WHERE b.run_id = ANY(CAST(:ids AS bigint[]))
-      -- a success before 0024 had a row, counted with its item below instead
-      AND NOT (a.outcome = 'succeeded' AND NOT a.fenced AND i.status = 'succeeded'
-               AND i.last_started_at IS NULL AND a.attempt_no = i.attempts)
+      AND (a.outcome <> 'succeeded' OR a.fenced OR NOT EXISTS (
+               SELECT FROM items s
+               WHERE s.id = a.item_id AND s.status = 'succeeded'
+                 AND s.last_started_at IS NULL AND s.attempts = a.attempt_no))
     GROUP BY b.run_id, a.outcome
 """
 _REST_PART: Final = f"""

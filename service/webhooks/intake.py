@@ -93,7 +93,8 @@ class Intake:
                         timeout=CONNECT_TIMEOUT_SECONDS, reset=_keep_session,
                         server_settings={
                             "application_name": INTAKE_APPLICATION_NAME,
-                            "statement_timeout": str(settings.db_statement_timeout_ms)})
+                            "statement_timeout": str(settings.db_statement_timeout_ms),
+                            "jit": "off"})  # as the ledger's (service/db/engine.py)
         return self._pool
 
     async def apply(self, url: URL, settings: Settings, delivery: Delivery) -> Receipt:

@@ -61,7 +61,7 @@ def test_charts_draw_the_drain_as_it_happens(driver: WebDriver, console: Console
     wait_for(lambda: (total(driver, "chart-outcomes", "succeeded") or 0) >= 30,
              what="the week's chart")
     src = driver.find_element(By.ID, "chart-outcomes").get_attribute("data-chart")
-    assert src.endswith("window=week")
+    assert src is not None and src.endswith("window=week")
 
     driver.get(console.base_url + "/console/scope?name=tenant%3Ashop-c")
     wait_for(lambda: (total(driver, "chart-scope", "calls") or 0) >= 34,

@@ -6,6 +6,7 @@ nothing; every page passes axe-core with no serious violation."""
 
 from __future__ import annotations
 
+import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -303,3 +304,37 @@ def test_every_page_passes_axe(driver: WebDriver, console: Console) -> None:
     found = {name: [(v["id"], v["help"], len(v["nodes"])) for v in violations]
              for name, violations in problems.items() if violations}
     assert not found
+
+
+def test_the_small_things_read_right_in_the_browser(driver: WebDriver,
+                                                    console: Console) -> None:
+    """As an operator reads them in Chromium: a report-only run releases nothing; a run of
+    one batch says "1 batch"; a run that finished with a dead item is not shown as done and
+    names its tenant; dates read alike; unsigned evidence says so. (A negative token count's
+    note: tests/integration/test_console.py, where no worker refills the bucket.)"""
+    console.register([{"tenant_id": "shop-s", "object_id": f"s-{i}"} for i in range(3)])
+    with console.api() as api:
+        report = api.post("/v1/runs", json={"policy": "carts", "dry_run": True,
+                                            "tenant_id": "shop-s"}).json()
+        console.upstream.inject(Fault.STATUS, status=422)  # one item's answer: permanent
+        run = api.post("/v1/runs", json={"policy": "carts", "tenant_id": "shop-s"}).json()
+
+        def finished() -> bool:
+            items = api.get(f"/v1/runs/{run['id']}").json()["items"]
+            return bool(items.get("succeeded", 0) + items.get("dead", 0) == 3)
+
+        wait_for(finished, timeout=30, what="the run finished")
+    sign_in(driver, console)
+    driver.get(f"{console.base_url}/console/runs/{report['id']}")
+    assert "A report-only run releases nothing" in text_of(driver, "#report-only")
+    assert "None yet" not in driver.find_element(By.TAG_NAME, "main").text
+    driver.get(f"{console.base_url}/console/runs/{run['id']}")
+    main = driver.find_element(By.TAG_NAME, "main").text
+    assert "3 released in 1 batch," in main
+    assert "JSON lines, unsigned: this server has no signing key" in main
+    for label in ("Cutoff", "Created"):  # every date in one format
+        assert re.search(label + r"\n\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ", main), main
+    driver.get(f"{console.base_url}/console/runs")
+    row = text_of(driver, f"tr[data-run='{run['id']}']")
+    assert "finished, 1 dead" in row and "done" not in row and "shop-s" in row
+    screenshot(driver, "small-things-runs")

@@ -80,3 +80,15 @@ async def test_a_held_connection_whose_backend_ended_is_dropped_and_replaced(
     assert status == "succeeded"
     # the dead connection was discarded, not reset and pooled
     assert not [r for r in caplog.records if r.name.startswith("sqlalchemy.pool")]
+
+
+async def test_ledger_sessions_run_without_jit_and_with_their_timeouts(engine: AsyncEngine
+                                                                        ) -> None:
+    """Every statement on the ledger is short: JIT compiling the gauges' reading cost ten
+    times its execution (bench/reports/2026-12-05-console-charts)."""
+    async with engine.connect() as conn:
+        settings = {name: (await conn.execute(text(f"SHOW {name}"))).scalar_one()
+                    for name in ("jit", "idle_in_transaction_session_timeout",
+                                 "application_name")}
+    assert settings == {"jit": "off", "idle_in_transaction_session_timeout": "1min",
+                        "application_name": "sweeper"}
