@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Final, TypeVar
 
 from service.ledger.claims import Lease
@@ -20,6 +20,7 @@ from service.ledger.completions import Completion
 from service.outcomes import UNKNOWN_POLICY_VERSION
 
 WRITE_EVERY_S: Final = 10.0  # between a process's writes of its counts
+_MINUTE: Final = timedelta(minutes=1)
 
 # the outcome classes policy_minutes counts in columns of their names (migration 0026)
 OUTCOMES: Final = ("succeeded", "throttled", "transient", "unknown", "permanent",
@@ -49,23 +50,33 @@ class Tally:
 
     def completed(self, batch: Iterable[Completion], fenced: set[int]) -> None:
         """A flush's outcomes, committed; `fenced`: the items whose lease was no longer
-        ours (their calls were made, their outcomes not written)."""
+        ours (their calls were made, their outcomes not written). Grouped first, then
+        counted once per group: a flush's completions share a few minutes and scopes."""
+        groups: Counter[tuple[datetime, str, str, int | None, str, str, bool, bool]] = Counter()
+        start = end = None  # the minute of the last completion seen, and its end
         for c in batch:
-            lease, minute = c.lease, minute_of(c.finished_at)
-            by_policy = self._policy(minute, lease.policy)
-            by_scope = self._scope(minute, lease.scope, lease.policy)
-            if c.reason != UNKNOWN_POLICY_VERSION:  # that one was never called
-                by_scope["calls"] += 1
-            if lease.item_id in fenced:
-                by_policy["fenced"] += 1
+            moment, lease = c.finished_at, c.lease
+            if start is None or end is None or not start <= moment < end:
+                start = minute_of(moment)
+                end = start + _MINUTE
+            groups[start, lease.policy, lease.scope, lease.batch_id, c.outcome, c.status,
+                   lease.item_id in fenced, c.reason != UNKNOWN_POLICY_VERSION] += 1
+        for (minute, policy, scope, batch_id, outcome, status, was_fenced, called), n \
+                in groups.items():
+            by_policy = self._policy(minute, policy)
+            by_scope = self._scope(minute, scope, policy)
+            if called:  # a completion for an unknown policy version was never called
+                by_scope["calls"] += n
+            if was_fenced:
+                by_policy["fenced"] += n
                 continue
-            by_policy[c.outcome] += 1
-            if c.outcome in ("succeeded", "throttled"):
-                by_scope[c.outcome] += 1
-            if c.status == "dead":
-                by_policy["dead"] += 1
-            if c.status in FINISHED and lease.batch_id is not None:
-                self._batch(minute, lease.batch_id)[c.status] += 1
+            by_policy[outcome] += n
+            if outcome in ("succeeded", "throttled"):
+                by_scope[outcome] += n
+            if status == "dead":
+                by_policy["dead"] += n
+            if status in FINISHED and batch_id is not None:
+                self._batch(minute, batch_id)[status] += n
 
     def claimed(self, leases: Iterable[Lease], at: datetime) -> None:
         """A claim's leases, committed at `at`: those that took over an expired lease."""
