@@ -66,21 +66,28 @@ _ITEMS_PART: Final = """
     WHERE b.run_id = ANY(CAST(:ids AS bigint[]))
     GROUP BY b.run_id, 3
 """
-# The run's item ids come from items_batch_cover alone and each item's attempts from
-# attempts_item; the item's row is read only for a success's attempt row (written before
-# 0024, when a success had one), which is counted with its item below instead. Reading
-# items' rows for every attempt walked the whole table (160 ms for a run of 50,000 among a
-# million items: bench/reports/2026-12-05-console-charts).
+# The runs' attempts are gathered first, on their own (MATERIALIZED: item ids and
+# statuses from items_batch_cover, each item's attempts from attempts_item), and only then
+# is a success's attempt row written before 0024 (when a success had one; it is counted
+# with its item below) looked up, one probe of its item per such row (OFFSET 0: PostgreSQL
+# 18 would otherwise hash every item). Planned as one join, PostgreSQL walked the whole
+# items or attempts table for a run of 50,000 among a million items (160 ms to 3 s:
+# bench/reports/2026-12-05-console-charts).
+_RUN_ATTEMPTS: Final = """
+    WITH run_attempts AS MATERIALIZED (
+        SELECT b.run_id, i.id, i.status, a.outcome, a.fenced, a.attempt_no
+        FROM batches b JOIN items i ON i.batch_id = b.id JOIN attempts a ON a.item_id = i.id
+        WHERE b.run_id = ANY(CAST(:ids AS bigint[])))
+"""
 _ATTEMPTS_PART: Final = """
     UNION ALL
-    SELECT b.run_id, 'attempts', a.outcome, count(*), NULL
-    FROM batches b JOIN items i ON i.batch_id = b.id JOIN attempts a ON a.item_id = i.id
-    WHERE b.run_id = ANY(CAST(:ids AS bigint[]))
-      AND (a.outcome <> 'succeeded' OR a.fenced OR NOT EXISTS (
-               SELECT FROM items s
-               WHERE s.id = a.item_id AND s.status = 'succeeded'
-                 AND s.last_started_at IS NULL AND s.attempts = a.attempt_no))
-    GROUP BY b.run_id, a.outcome
+    SELECT ra.run_id, 'attempts', ra.outcome, count(*), NULL
+    FROM run_attempts ra
+    WHERE ra.outcome <> 'succeeded' OR ra.fenced OR ra.status <> 'succeeded' OR NOT EXISTS (
+        SELECT FROM items s
+        WHERE s.id = ra.id AND s.last_started_at IS NULL AND s.attempts = ra.attempt_no
+        OFFSET 0)
+    GROUP BY ra.run_id, ra.outcome
 """
 _REST_PART: Final = f"""
     UNION ALL
@@ -101,7 +108,7 @@ _REST_PART: Final = f"""
 _PROGRESS = Statement("progress.progress", (
     "Runs' items counted by status, attempts by outcome and oldest unfinished due_at, for "
     "several runs at once (reads every item and attempt of those runs)."),
-    _ITEMS_PART + _ATTEMPTS_PART + _REST_PART)
+    _RUN_ATTEMPTS + _ITEMS_PART + _ATTEMPTS_PART + _REST_PART)
 # the runs lists show no attempts: counting them probes every item's attempts one by one
 _ITEM_PROGRESS = Statement("progress.item_progress", (
     "Runs' items counted by status and oldest unfinished due_at, for several runs at once "

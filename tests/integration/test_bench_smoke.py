@@ -366,6 +366,7 @@ def test_console_benchmark_smoke(pg_server_url: str, tmp_path: Path,
     assert seeding["rows"]["attempts"] > 0 and seeding["rows"]["batches"] > 0
     assert seeding["rows"]["webhook_receipts"] == 200
     assert seeding["rows"]["operator_actions"] == 50
+    assert seeding["rows"]["policy_minutes"] == 4 * 7 * 24 * 60  # a week, every policy
     assert seeding["report_only_runs"] >= 1
     facts = section["facts"]
     assert facts["big_tenant_items"] > facts["small_tenant_items"] > 0
@@ -374,7 +375,8 @@ def test_console_benchmark_smoke(pg_server_url: str, tmp_path: Path,
         "overview", "overview-live", "runs", "run", "items", "items-dead", "items-pending",
         "items-pending-policy", "items-big-tenant", "items-small-tenant",
         "items-tenant-object", "item", "scopes", "scope", "webhooks", "audit",
-        "redrive-preview"}
+        "redrive-preview", "chart-outcomes-hour", "chart-outcomes-week", "chart-backlog-week",
+        "chart-scope-week", "chart-run"}
     for name, page in section["pages"].items():
         assert page["all_200"], (name, page["repetitions"])
         [rep] = page["repetitions"]
@@ -385,7 +387,8 @@ def test_console_benchmark_smoke(pg_server_url: str, tmp_path: Path,
         plans = section["explain"][name]
         assert plans and all(p["custom"]["plan"] for p in plans), name
     assert section["pages"]["redrive-preview"]["method"] == "POST"
-    for name in ("overview", "overview-live", "runs", "run"):  # their figures are shared
+    for name in ("overview", "overview-live", "runs", "run", "chart-outcomes-week",
+                 "chart-run"):  # their figures are shared
         [rep] = section["pages"][name]["repetitions"]
         assert rep["cold"]["statuses"] == {"200": 1} and rep["cold"]["gap_s"] > 5
         assert isinstance(section["pages"][name]["cold"]["p95_below_target"], bool)
