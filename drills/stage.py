@@ -398,9 +398,8 @@ class Stage:
         return proc
 
     def api_client(self, proc: Proc, timeout: float = 10) -> httpx.AsyncClient:
-        # a connection idle for uvicorn's keep-alive timeout (5 s) may be closed by the
-        # server just as the client reuses it ("Server disconnected without sending a
-        # response"): this client lets its idle connections go well before that
+        # uvicorn closes a connection idle 5 s, maybe just as the client reuses it
+        # ("Server disconnected without sending a response"): let them go before that
         return httpx.AsyncClient(base_url=proc.base_url, timeout=timeout,
                                  headers={"Authorization": f"Bearer {self.api_token}"},
                                  limits=httpx.Limits(keepalive_expiry=1.0))
