@@ -26,14 +26,16 @@ LinkName = Literal["database", "upstream"]
 _SECOND_OCTET: Final = 128 + os.getpid() % 64
 
 
-def _run(*argv: str) -> None:
-    done = subprocess.run(argv, capture_output=True, text=True, check=False)  # noqa: S603
-    if done.returncode != 0:
+def _run(argv: tuple[str, ...], stdin: str | None, check: bool) -> None:
+    done = subprocess.run(argv, input=stdin, capture_output=True, text=True,  # noqa: S603
+                          check=False)
+    if check and done.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)}: {done.stderr.strip() or done.stdout.strip()}")
 
 
-async def _sh(*argv: str) -> None:
-    await asyncio.to_thread(_run, *argv)
+async def _sh(*argv: str, stdin: str | None = None, check: bool = True) -> None:
+    """Run `argv` off the event loop; with `check`, a failure raises with its stderr."""
+    await asyncio.to_thread(_run, argv, stdin, check)
 
 
 async def _nftables() -> None:
@@ -83,10 +85,7 @@ class Namespace:
             self.relays[link] = relay
         # a cut link is its relay's port in a set: requests (arriving from the namespace)
         # and answers (leaving for it) are dropped by these two rules
-        await asyncio.to_thread(self._ruleset)
-
-    def _ruleset(self) -> None:
-        rules = f"""
+        await _sh("nft", "-f", "-", stdin=f"""
 table inet {self.table} {{
   set requests_cut {{ type inet_service; }}
   set answers_cut {{ type inet_service; }}
@@ -99,11 +98,7 @@ table inet {self.table} {{
     oifname "{self.host_if}" tcp sport @answers_cut drop
   }}
 }}
-"""
-        done = subprocess.run(["nft", "-f", "-"], input=rules, capture_output=True,  # noqa: S607
-                              text=True, check=False)
-        if done.returncode != 0:
-            raise RuntimeError(f"nft: {done.stderr.strip()}")
+""")
 
     def address(self, link: LinkName) -> tuple[str, int]:
         """Where a process in the namespace reaches `link`'s target."""
@@ -124,9 +119,8 @@ table inet {self.table} {{
         port = str(self.relays[link].port)
         for cut in ("requests_cut", "answers_cut"):
             # deleting an element the set does not hold fails: that direction was not cut
-            await asyncio.to_thread(
-                subprocess.run, ["nft", "delete", "element", "inet", self.table, cut,
-                                 f"{{ {port} }}"], capture_output=True, check=False)
+            await _sh("nft", "delete", "element", "inet", self.table, cut, f"{{ {port} }}",
+                      check=False)
 
     async def close(self) -> None:
         """Remove the rules, the namespace (its end of the pair goes with it) and the
@@ -138,4 +132,4 @@ table inet {self.table} {{
         for argv in (("nft", "delete", "table", "inet", self.table),
                      ("ip", "link", "delete", self.host_if),
                      ("ip", "netns", "delete", self.name)):
-            await asyncio.to_thread(subprocess.run, argv, capture_output=True, check=False)
+            await _sh(*argv, check=False)

@@ -19,7 +19,7 @@ from drills.base import Drill, Facts, check
 from drills.faultproxy import FaultProxy
 from drills.history import judge
 from drills.links import by_worker, server, through, upstream_at, url_at, worker
-from drills.netns import Namespace
+from drills.netns import LinkName, Namespace
 from drills.stage import Proc, Stage, worst_window
 from drills.upstream import FakeUpstream
 
@@ -30,14 +30,16 @@ SLACK_S = 1.0  # a call started within a second of its lease's end is the call's
 
 
 class _CutLink:
-    """The cut replica's link to PostgreSQL: through the drill's fault proxy, or (`host`)
-    from its own network namespace, cut in the kernel."""
+    """A replica's link to PostgreSQL or its upstream (`name`, reaching `target`): through
+    the drill's fault proxy, or (`host`) from its own network namespace, cut in the kernel."""
 
-    def __init__(self, stage: Stage, host: Namespace | None) -> None:
-        self.stage, self.host = stage, host
-        self.proxy = FaultProxy(*server(stage.db_url))
+    def __init__(self, stage: Stage, host: Namespace | None, name: LinkName,
+                 target: tuple[str, int]) -> None:
+        self.stage, self.host, self.name = stage, host, name
+        self.proxy = FaultProxy(*target)
 
     async def worker(self, upstream: FakeUpstream) -> Proc:
+        """The replica whose link to PostgreSQL this is."""
         if self.host is None:
             url = await through(self.stage, self.proxy)
             self.stage.cleanups.append(self.proxy.close)
@@ -50,17 +52,19 @@ class _CutLink:
         return worker(self.stage, "cut", {"SWEEPER_DATABASE_URL": url}, host=self.host,
                        upstream_url=f"http://{relay}:{port}")
 
-    async def cut(self, *, requests: bool) -> None:
+    async def cut(self, *, requests: bool = True) -> None:
         if self.host is None:
             self.proxy.cut(to_target=requests)
         else:
-            await self.host.cut("database", requests=requests)
+            await self.host.cut(self.name, requests=requests)
 
-    async def heal(self) -> None:
+    async def heal(self, *, reset: bool = False) -> None:
+        """`reset`: the proxy forgets the connections across the cut (the kernel does not:
+        in a namespace they carry on)."""
         if self.host is None:
-            self.proxy.heal()
+            self.proxy.heal(reset=reset)
         else:
-            await self.host.heal("database")
+            await self.host.heal(self.name)
 
 
 async def replica_cut_from_database(stage: Stage, *, requests_lost: bool = True,
@@ -73,7 +77,7 @@ async def replica_cut_from_database(stage: Stage, *, requests_lost: bool = True,
     stage.write_policies(rate=80, burst=5, lease=LEASE_S, timeout=3)
     n = 1500
     keys = await stage.register([f"o{i}" for i in range(n)])
-    link = _CutLink(stage, host)
+    link = _CutLink(stage, host, "database", server(stage.db_url))
     cut = await link.worker(upstream)
     other = worker(stage, "other", {})
     await stage.wait_started(cut, other)
@@ -181,12 +185,12 @@ async def upstream_blackholed(stage: Stage, host: Namespace | None = None) -> Fa
     dropped in the kernel, so that the bytes it sent into the cut arrive when it heals."""
     rate, burst, timeout = 40.0, 5, 3.0
     upstream = stage.start_upstream()
-    proxy = FaultProxy(*upstream_at(upstream))
+    link = _CutLink(stage, host, "upstream", upstream_at(upstream))
     env: dict[str, str] = {}
     if host is None:
-        await proxy.start()
-        stage.cleanups.append(proxy.close)
-        stage.upstream_url = f"http://127.0.0.1:{proxy.port}"  # the worker calls through it
+        await link.proxy.start()
+        stage.cleanups.append(link.proxy.close)
+        stage.upstream_url = f"http://127.0.0.1:{link.proxy.port}"  # the worker calls through it
     else:
         stage.cleanups.append(host.close)
         await host.open({"database": server(stage.db_url), "upstream": upstream_at(upstream)})
@@ -205,15 +209,9 @@ async def upstream_blackholed(stage: Stage, host: Namespace | None = None) -> Fa
         return len(upstream.calls()) >= 100
 
     await stage.wait_for("calls before the blackhole", calling, 30, 0.05)
-    if host is None:
-        proxy.cut()
-    else:
-        await host.cut("upstream")
-    await asyncio.sleep(CUT_S)
-    if host is None:
-        proxy.heal(reset=True)
-    else:
-        await host.heal("upstream")
+    await link.cut()
+    await asyncio.sleep(CUT_S)  # the fault's length, not a wait for an event
+    await link.heal(reset=True)
     healed_at = time.time()
     await stage.wait_all_finished(n, 120)
     timed_out = await stage.fetch(
