@@ -607,7 +607,7 @@ def _chart_pages(f: Facts, scope_name: str) -> list[Page]:
     now = time.time()
 
     def window(name: str, **params: Any) -> dict[str, Any]:
-        _, bucket_s, starts = minutes.window(name, now)
+        bucket_s, starts = minutes.window(name, now)
         return {"since": starts[0], "bucket_s": bucket_s, **params}
 
     return [

@@ -144,12 +144,12 @@ _RUN = Statement("minutes.run", (
     ", ".join(f"sum(m.{c}) AS {c}" for c in _BATCH_COLUMNS)))
 
 
-def window(name: str, now: float) -> tuple[int, int, list[float]]:
-    """The window's span and bucket width in seconds, and its bucket starts up to `now`."""
+def window(name: str, now: float) -> tuple[int, list[float]]:
+    """The window's bucket width in seconds, and its bucket starts up to `now`."""
     span_s, bucket_s = WINDOWS[name]
     last = now - now % bucket_s
     first = last - (span_s // bucket_s - 1) * bucket_s
-    return span_s, bucket_s, [first + i * bucket_s for i in range(span_s // bucket_s)]
+    return bucket_s, [first + i * bucket_s for i in range(span_s // bucket_s)]
 
 
 def _series(rows: Sequence[Any], starts: list[float], columns: Sequence[str],
@@ -162,7 +162,7 @@ def _series(rows: Sequence[Any], starts: list[float], columns: Sequence[str],
 
 async def _read(engine: AsyncEngine, statement: Statement, name: str, now: float,
                 **params: Any) -> tuple[Sequence[Any], list[float], int]:
-    _, bucket_s, starts = window(name, now)
+    bucket_s, starts = window(name, now)
     rows = await fetch(engine, statement, {"since": starts[0], "bucket_s": bucket_s, **params})
     return rows, starts, bucket_s
 

@@ -461,3 +461,16 @@ async def test_the_small_things_read_right(browser: Browser, live: LiveServer,
     scope = (await browser.client.get("/console/scope?name=tenant%3Aacme")).text
     assert "-2.40 <span" in scope and "granted ahead" in scope
     assert "granted ahead" in (await browser.client.get("/console/scopes")).text
+
+
+async def test_charts_of_one_series_share_one_reading(browser: Browser, live: LiveServer
+                                                      ) -> None:
+    """The outcomes and leases charts draw one series, the backlog and oldest-age charts
+    another: each is read once per few seconds per process, not once per chart."""
+    charts = live.server.lifespan.state["console"].charts
+    charts.max_age_s = 3600.0  # however slow the machine, these requests fall in one age
+    before = charts.readings
+    for path in ("/charts/outcomes", "/charts/leases", "/charts/backlog", "/charts/oldest",
+                 "/charts/outcomes", "/charts/outcomes?window=day"):
+        assert (await browser.client.get("/console" + path)).status_code == 200, path
+    assert charts.readings - before == 3  # outcomes (hour), backlog (hour), outcomes (day)

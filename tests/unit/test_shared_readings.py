@@ -1,6 +1,6 @@
-"""The console's charts are read once per few seconds per process, whatever the number of
-viewers: concurrent viewers share one reading, a failed reading is not kept, and the kept
-charts are bounded."""
+"""The console's charts and overview are read once per few seconds per process, whatever the
+number of viewers: concurrent viewers share one reading, a failed reading is not kept, and
+the kept readings are bounded."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from service.http.console import overview
-from service.http.console.overview import ChartReadings
+from service.http.console.overview import SharedReadings
 
 
 class Clock:
@@ -30,7 +30,7 @@ async def test_viewers_share_a_reading_until_it_is_too_old() -> None:
         await gate.wait()
         return {"reading": reads}
 
-    charts = ChartReadings(max_age_s=5.0, monotonic=clock)
+    charts = SharedReadings(max_age_s=5.0, monotonic=clock)
     viewers = [asyncio.create_task(charts.get("/c/outcomes?window=hour", read))
                for _ in range(8)]
     await asyncio.sleep(0)
@@ -53,11 +53,11 @@ async def test_a_failed_reading_is_read_again_and_the_kept_are_bounded(
             raise failures.pop()
         return "ok"
 
-    charts = ChartReadings(monotonic=Clock())
+    charts = SharedReadings(5.0, monotonic=Clock())
     with pytest.raises(OSError, match="went away"):
         await charts.get("k", read)
     assert await charts.get("k", read) == "ok"
-    monkeypatch.setattr(overview, "CHART_KEYS", 3)
+    monkeypatch.setattr(overview, "READING_KEYS", 3)
     for i in range(5):
         await charts.get(f"k{i}", read)
     assert len(charts._kept) == 3

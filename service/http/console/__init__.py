@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from service.http.console import actions, charts, pages
-from service.http.console.overview import ChartReadings, OverviewCache
+from service.http.console.overview import CHART_MAX_AGE_S, OverviewCache, SharedReadings
 from service.http.console.render import HERE, ConsoleError
 from service.http.console.sessions import Sessions
 from service.http.console.web import PREFIX, ConsoleRoute, ConsoleState
@@ -54,7 +54,7 @@ def console_state(runtime: Runtime) -> ConsoleState:
     return ConsoleState(
         sessions=Sessions(runtime.engine, runtime.tokens,
                           lifetime_s=runtime.settings.console_session_seconds),
-        overview=OverviewCache(), charts=ChartReadings())
+        overview=OverviewCache(), charts=SharedReadings(CHART_MAX_AGE_S))
 
 
 routers: Final = (pages.router, charts.router, actions.router, static)

@@ -84,12 +84,11 @@ async def _begin(request: Request, allowed: Sequence[str]) -> tuple[Params, str,
     return params, window_of(params), time.time()
 
 
-async def _shared(request: Request, read: Callable[[], Awaitable[dict[str, Any]]]
-                  ) -> Response:
-    """The chart `read` gives, shared with every viewer asking for the same chart within
-    a few seconds (service/http/console/overview.py ChartReadings)."""
-    key = f"{request.url.path}?{request.url.query}"
-    return _json(await console_of(request).charts.get(key, read))
+async def _shared(request: Request, key: str, read: Callable[[], Awaitable[Any]]) -> Any:
+    """What `read` gives, shared with every viewer (and chart) asking for the same `key`
+    within a few seconds (service/http/console/overview.py SharedReadings): the outcomes
+    chart and the leases chart read one series, the backlog and the oldest age another."""
+    return await console_of(request).charts.get(key, read)
 
 
 @router.get("/outcomes")
@@ -97,57 +96,49 @@ async def outcomes_chart(request: Request) -> Response:
     params, window, now = await _begin(request, ("policy",))
     runtime = runtime_of(request)
     policy = params.choice("policy", runtime.policies.policies)
-
-    async def read() -> dict[str, Any]:
-        series = await minutes.outcomes(runtime.engine, window, now, policy)
-        return _chart("Outcomes", "items per second", series, _per_second(
-            series, OUTCOMES, keep=("succeeded",)))
-
-    return await _shared(request, read)
+    series = await _shared(request, f"outcomes:{window}:{policy or ''}",
+                           lambda: minutes.outcomes(runtime.engine, window, now, policy))
+    return _json(_chart("Outcomes", "items per second", series, _per_second(
+        series, OUTCOMES, keep=("succeeded",))))
 
 
 @router.get("/leases")
 async def leases_chart(request: Request) -> Response:
     _, window, now = await _begin(request, ())
-
-    async def read() -> dict[str, Any]:
-        series = await minutes.outcomes(runtime_of(request).engine, window, now)
-        return _chart("Expired leases, late completions, closures and dead items",
-                      "per second", series, _per_second(
-                          series, ("reclaimed", "fenced", "closures", "dead"),
-                          keep=("reclaimed",)))
-
-    return await _shared(request, read)
+    engine = runtime_of(request).engine
+    series = await _shared(request, f"outcomes:{window}:",
+                           lambda: minutes.outcomes(engine, window, now))
+    return _json(_chart("Expired leases, late completions, closures and dead items",
+                        "per second", series, _per_second(
+                            series, ("reclaimed", "fenced", "closures", "dead"),
+                            keep=("reclaimed",))))
 
 
-def _per_policy(series: Series, scale: Callable[[float], float] = float
-                ) -> list[dict[str, Any]]:
-    return [_line(name, [None if v is None else scale(v) for v in values],
-                  PALETTE[i % len(PALETTE)])
+def _per_policy(series: Series) -> list[dict[str, Any]]:
+    return [_line(name, values, PALETTE[i % len(PALETTE)])
             for i, (name, values) in enumerate(series.ys.items())]
+
+
+async def _backlog(request: Request, window: str, now: float) -> tuple[Series, Series]:
+    engine = runtime_of(request).engine
+    backlog: tuple[Series, Series] = await _shared(
+        request, f"backlog:{window}", lambda: minutes.backlog(engine, window, now))
+    return backlog
 
 
 @router.get("/backlog")
 async def backlog_chart(request: Request) -> Response:
     _, window, now = await _begin(request, ())
-
-    async def read() -> dict[str, Any]:
-        eligible, _oldest = await minutes.backlog(runtime_of(request).engine, window, now)
-        return _chart("Eligible items by policy", "items", eligible, _per_policy(eligible))
-
-    return await _shared(request, read)
+    eligible, _oldest = await _backlog(request, window, now)
+    return _json(_chart("Eligible items by policy", "items", eligible, _per_policy(eligible)))
 
 
 @router.get("/oldest")
 async def oldest_chart(request: Request) -> Response:
     _, window, now = await _begin(request, ())
-
-    async def read() -> dict[str, Any]:
-        _eligible, oldest = await minutes.backlog(runtime_of(request).engine, window, now)
-        return _chart("Oldest eligible item's age by policy", "seconds", oldest,
-                      _per_policy(oldest))
-
-    return await _shared(request, read)
+    _eligible, oldest = await _backlog(request, window, now)
+    return _json(_chart("Oldest eligible item's age by policy", "seconds", oldest,
+                        _per_policy(oldest)))
 
 
 @router.get("/scope")
@@ -168,7 +159,7 @@ async def scope_chart(request: Request) -> Response:
         lines.insert(1, _line("budget", [rate] * len(series.x), dash=True))
         return _chart("Calls against the budget", "per second", series, lines)
 
-    return await _shared(request, read)
+    return _json(await _shared(request, f"scope:{window}:{name}", read))
 
 
 def run_window(age_s: float) -> str:
@@ -187,7 +178,7 @@ async def run_chart(request: Request, run_id: str) -> Response:
     async def read() -> dict[str, Any]:
         return await _run_progress(request, await run_or_404(request, number), time.time())
 
-    return await _shared(request, read)
+    return _json(await _shared(request, f"run:{number}", read))
 
 
 async def _run_progress(request: Request, run: dict[str, Any], now: float) -> dict[str, Any]:

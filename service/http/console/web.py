@@ -25,7 +25,7 @@ from service.http.api import access
 from service.http.api.bodies import MAX_BIGINT
 from service.http.api.gate import BodyRefused, read_body
 from service.http.api.reasons import reason_problem
-from service.http.console.overview import ChartReadings, OverviewCache
+from service.http.console.overview import OverviewCache, SharedReadings
 from service.http.console.render import ConsoleError, error_page, secure
 from service.http.console.sessions import COOKIE, Session, Sessions
 from service.runtime import Runtime
@@ -44,7 +44,7 @@ class ConsoleState:
 
     sessions: Sessions
     overview: OverviewCache
-    charts: ChartReadings
+    charts: SharedReadings
 
 
 class SignInRequired(Exception):

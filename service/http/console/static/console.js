@@ -16,13 +16,18 @@
     });
   }
 
-  function refresh(section) {
-    var url = section.getAttribute("data-live");
-    fetch(url, { credentials: "same-origin", headers: { "Accept": "text/html" } })
+  // a signed-out session is redirected to sign in: that answer is no refresh either
+  function fetched(url, accept) {
+    return fetch(url, { credentials: "same-origin", headers: { "Accept": accept } })
       .then(function (response) {
         if (response.redirected || !response.ok) { throw new Error("status " + response.status); }
-        return response.text();
-      })
+        return response;
+      });
+  }
+
+  function refresh(section) {
+    fetched(section.getAttribute("data-live"), "text/html")
+      .then(function (response) { return response.text(); })
       .then(function (html) {
         // the server escapes everything it renders; parse into an inert document first
         var parsed = new DOMParser().parseFromString(html, "text/html");
@@ -59,12 +64,8 @@
   }
 
   function draw(figure) {
-    var url = figure.getAttribute("data-chart");
-    fetch(url, { credentials: "same-origin", headers: { "Accept": "application/json" } })
-      .then(function (response) {
-        if (response.redirected || !response.ok) { throw new Error("status " + response.status); }
-        return response.json();
-      })
+    fetched(figure.getAttribute("data-chart"), "application/json")
+      .then(function (response) { return response.json(); })
       .then(function (spec) {
         var data = [spec.x].concat(spec.series.map(function (line) { return line.values; }));
         var empty = !spec.series.some(function (line) {
