@@ -31,6 +31,7 @@ from bench import (
     drain,
     history,
     holds,
+    itemcost,
     memory,
     peers,
     points,
@@ -55,7 +56,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (drain.BENCHMARK, budget.BENCHMARK, registra
                                       history.BENCHMARK, backlog.BENCHMARK, memory.BENCHMARK,
                                       points.BENCHMARK, bulk.BENCHMARK, peers.BENCHMARK,
                                       stores.BENCHMARK, console.BENCHMARK, holds.BENCHMARK,
-                                      realistic.BENCHMARK)
+                                      realistic.BENCHMARK, itemcost.BENCHMARK)
 
 
 def add_common(parser: argparse.ArgumentParser) -> None:

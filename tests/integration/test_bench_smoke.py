@@ -398,3 +398,28 @@ def test_console_benchmark_smoke(pg_server_url: str, tmp_path: Path,
     assert set(section["target"]) == {"p95_ms_below", "met", "missed", "met_cold",
                                       "missed_cold"}
     assert (folder / "console.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_itemcost_benchmark_smoke(pg_server_url: str, tmp_path: Path,
+                                  restore_logging: None) -> None:
+    """`python -m bench itemcost`: every variant drains every item through the worker's two
+    statements at two round sizes; the fit and each guarantee's cost are reported."""
+    out = tmp_path / "itemcost.json"
+    assert bench_main(["itemcost", "--items", "300", "--round", "16,64", "--repeat", "1",
+                       "--variants", "shipped,no-evidence", "--database-url", pg_server_url,
+                       "--json-out", str(out)]) == 0
+    section = json.loads(out.read_text(encoding="utf-8"))["benchmarks"]["itemcost"]
+    for variant in ("shipped", "no-evidence"):
+        for size in ("16", "64"):
+            [rep] = section["variants"][variant][size]["repetitions"]
+            assert rep["items"] == 300 and rep["round"] == int(size)
+            assert rep["admissions"] >= 300 // int(size)
+            assert rep["db_us_per_item"]["total"] >= 0
+            assert rep["counts"]["per_item"]["wal_bytes"] > 0
+            # the shipped completion appends every deletion to the evidence log; the
+            # variant without it appends nothing
+            assert (rep["evidence_segments"] > 0) == (variant == "shipped")
+    fit = section["fit"]["shipped"]
+    assert fit["from_rounds"] == [16, 64] and fit["admit_us_per_item"] is not None
+    assert set(section["guarantee_costs"]["no-evidence"]) == {"16", "64"}
