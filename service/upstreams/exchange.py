@@ -22,7 +22,6 @@ never in part.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Collection
 from typing import Final
 
@@ -31,6 +30,7 @@ import httpx
 from service.outcomes import Answer, Failure
 from service.protocols.egress import AddressRefused
 from service.protocols.transport import Http1Transport, SentTooLate, Withheld
+from service.upstreams.deadlines import deadlines
 
 BODY_CAP_BYTES: Final = 4096  # of a body nobody reads, drained so its connection is reused
 
@@ -62,7 +62,7 @@ async def send(transport: httpx.AsyncBaseTransport, request: httpx.Request,
     value this request sent in it), an answer with a status in `echoed` (one that could
     record a deletion) without that value is ECHO_MISMATCH: it may be another request's."""
     try:
-        async with asyncio.timeout(deadline_seconds):
+        with deadlines().within(deadline_seconds):
             response, body = await _exchange(transport, request, wants_body, cap)
     except TimeoutError:
         return Answer(failure=Failure.TIMEOUT_AFTER_SEND)
