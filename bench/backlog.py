@@ -36,7 +36,6 @@ import random
 import time
 from typing import Any
 
-import httpx
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -48,7 +47,15 @@ from bench.common import (
     progress,
     summarize,
 )
-from bench.drain import MOCK_BASE_URL, POLICY, bench_policies, no_op_answer, seed, status_counts
+from bench.drain import (
+    MOCK_BASE_URL,
+    POLICY,
+    InProcessUpstream,
+    bench_policies,
+    no_op_answer,
+    seed,
+    status_counts,
+)
 from service.upstreams.deletion_api import Upstreams
 from service.worker import WorkerPool, database_pool
 
@@ -206,7 +213,7 @@ async def one_run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]
         async with db.engine.connect() as conn:
             autovacuum = (await conn.execute(text("SHOW autovacuum"))).scalar_one()
         upstreams = Upstreams(policies.upstreams,
-                              transport=httpx.MockTransport(no_op_answer))
+                              transport=InProcessUpstream(no_op_answer))
         pool = database_pool(db.engine, policies, upstreams, concurrency=args.concurrency,
                           name="bench-backlog", rng=random.Random(7))
         try:

@@ -13,8 +13,13 @@ the HOT share of items updates, WAL bytes; statements and buffers dirtied where
 pg_stat_statements is preloaded): counts per item that do not drift with the machine's load.
 
 Upstream modes:
-  mock      in-process `httpx.MockTransport` answering an empty streamed 204: the cost of
-            Sweeper (and httpx's client machinery) alone.
+  mock      the service's own transport (service/protocols/transport.py) up to the socket:
+            each request built as production builds it (its origin's URL parsed once, the
+            target as bytes), serialized to the bytes it would write, passed through the
+            send gate, then answered in-process with an empty streamed 204
+            (`InProcessUpstream`): the cost of Sweeper alone, on production's request path.
+            (An `httpx.MockTransport` would take httpx's URL parse of every request, which
+            the service's transport never does: 4-20 us more per item.)
   loopback  the fake upstream (drills/upstream, no rate limit) over loopback TCP, in
             its own process by default (`--fake-upstream inline` runs it in this event loop).
             At most 2000 items per repetition unless --loopback-items says otherwise.
@@ -67,6 +72,8 @@ from bench.plans import PlanCatcher, StatementKind
 from service.commands.startup import settle_heap
 from service.config.policies import Policies, Policy, resolve_policies
 from service.ledger import registration
+from service.protocols.http1_requests import SEND_BY, SEND_GATE, serialized
+from service.protocols.transport import Http1Transport, SentTooLate, Withheld
 from service.runs import publication, trigger
 from service.upstreams.deletion_api import Upstreams
 from service.worker import database_pool
@@ -149,6 +156,27 @@ def bench_policies(base_url: str, max_connections: int) -> Policies:
     }, {}, source="<bench>")
 
 
+class InProcessUpstream(Http1Transport):
+    """The service's transport with the socket taken out: a request is serialized to the
+    bytes production would write (its TARGET extension read, headers checked), refused
+    past its SEND_BY or by its SEND_GATE as production refuses it, then answered by
+    `answer` in this process. UrlMaker builds requests for it as for production's."""
+
+    def __init__(self, answer: Callable[[httpx.Request], httpx.Response]) -> None:
+        super().__init__(max_connections=1)
+        self._answer = answer
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        await serialized(request)
+        send_by = request.extensions.get(SEND_BY)
+        if send_by is not None and time.monotonic() > send_by:
+            raise SentTooLate("the request's moment passed before it could be written")
+        gate = request.extensions.get(SEND_GATE)
+        if gate is not None and not gate():
+            raise Withheld("the request was withheld just before it was written")
+        return self._answer(request)
+
+
 def no_op_answer(request: httpx.Request) -> httpx.Response:
     """An empty 204, *streamed* like a real transport's answer.
 
@@ -190,7 +218,7 @@ async def upstream_for(mode: str, how: str, repo_root: Path) -> AsyncIterator[Up
         async def mock_calls() -> int:
             return count[0]
 
-        yield UpstreamHandle(MOCK_BASE_URL, httpx.MockTransport(answer), mock_calls)
+        yield UpstreamHandle(MOCK_BASE_URL, InProcessUpstream(answer), mock_calls)
     elif how == "inline":
         from drills.upstream import FakeUpstream
 
@@ -600,7 +628,7 @@ async def explain_section(ctx: BenchContext, args: argparse.Namespace, concurren
         await seed(db.engine, policies.policies[POLICY], args.items)
         doc: dict[str, Any] = {"concurrency": concurrency, "items": args.items,
                                "table_at_start": await table_stats(db.engine)}
-        upstreams = Upstreams(policies.upstreams, transport=httpx.MockTransport(no_op_answer))
+        upstreams = Upstreams(policies.upstreams, transport=InProcessUpstream(no_op_answer))
         half = args.items // 2
         try:
             with catcher.listening(db.engine):

@@ -30,7 +30,6 @@ import contextlib
 import time
 from typing import Any
 
-import httpx
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -48,6 +47,7 @@ from bench.drain import (
     MOCK_BASE_URL,
     POLICY,
     TENANTS,
+    InProcessUpstream,
     bench_policies,
     drain,
     no_op_answer,
@@ -187,7 +187,7 @@ async def one_drain(engine: AsyncEngine, items: int, concurrency: int, deadline_
                     ) -> dict[str, Any]:
     policies = bench_policies(MOCK_BASE_URL, max(100, concurrency))
     await seed(engine, policies.policies[POLICY], items)
-    upstreams = Upstreams(policies.upstreams, transport=httpx.MockTransport(no_op_answer))
+    upstreams = Upstreams(policies.upstreams, transport=InProcessUpstream(no_op_answer))
     try:
         result = await drain(engine, policies, upstreams, target=items,
                              concurrency=concurrency, deadline_s=deadline_s)

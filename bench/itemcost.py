@@ -19,6 +19,9 @@ difference from `shipped` is what that guarantee costs in µs and bytes:
   no-operator-indexes  without the seven indexes only operators, runs and retention read
                        (items_batch_cover, _finished, _listed, _dead, _skipped, _held,
                        _unreleased): every write maintains them, no claim reads them
+  no-progress-index    without items_batch_cover alone (a run's progress by status)
+  no-retention-index   without items_finished alone (retention's walk of finished items)
+  no-listing-index     without items_listed alone (operators' pages of pending items)
   no-identity-checks   without the CHECKs on tenant_id, object_id, scope, policy and
                        operation_key (evaluated on every update of the row, though only
                        an insert can change those columns)
@@ -83,6 +86,9 @@ VARIANTS: Final[dict[str, tuple[tuple[str, ...], bool]]] = {
     "shipped": ((), False),
     "no-evidence": ((), True),
     "no-operator-indexes": ((f"DROP INDEX {', '.join(_OPERATOR_INDEXES)}",), False),
+    "no-progress-index": (("DROP INDEX items_batch_cover",), False),
+    "no-retention-index": (("DROP INDEX items_finished",), False),
+    "no-listing-index": (("DROP INDEX items_listed",), False),
     "no-identity-checks": ((
         "ALTER TABLE items " + ", ".join(f"DROP CONSTRAINT {c}" for c in _IDENTITY_CHECKS),),
         False),

@@ -14,10 +14,11 @@ What each side does per item:
 
   Sweeper  bench/drain.py's mock mode, one WorkerPool: an admission statement takes tokens
            from the scope's budget bucket and leases items under a fresh lease token, in one
-           statement per batch; the DELETE goes through httpx to an in-process no-op
-           upstream (an empty 204); a fenced completion (the item changes only while it is
-           still leased under that token) marks it succeeded and appends its attempt row,
-           in one statement per batch; at INFO (the default, as deployed) two JSON log
+           statement per batch; the DELETE is built and serialized as the service's own
+           transport writes it, then answered in-process (an empty 204, no socket); a
+           fenced completion (the item changes only while it is still leased under that
+           token) marks it succeeded and appends the deletion to the evidence log, in one
+           statement per batch; at INFO (the default, as deployed) two JSON log
            lines per attempt go to /dev/null.
   PgQueuer QueueManager.run with a no-op async entrypoint: a dequeue statement per batch
            (FOR UPDATE SKIP LOCKED on the queued rows, UPDATE them to `picked` with this
@@ -88,7 +89,7 @@ from bench.common import (
 )
 from service.commands.startup import settle_heap
 
-TARGET_RATIO = 1.5
+TARGET_RATIO = 1.0
 DEFAULT_CONCURRENCY = (64,)
 DEFAULT_PGQUEUER = "1x10,1x100,1x1000,5x10,5x100,5x1000"
 ENTRYPOINT = "noop"
