@@ -25,6 +25,7 @@ difference from `shipped` is what that guarantee costs in µs and bytes:
   no-identity-checks   without the CHECKs on tenant_id, object_id, scope, policy and
                        operation_key (evaluated on every update of the row, though only
                        an insert can change those columns)
+  fillfactor-65        items' pages a third empty (shipped: a fifth, fillfactor 80)
   fillfactor-50        items' pages half empty, so more claims find room for a HOT update
 
 `--round` sweeps the items an admission claims (the worker's rounds claim at most 64):
@@ -92,6 +93,7 @@ VARIANTS: Final[dict[str, tuple[tuple[str, ...], bool]]] = {
     "no-identity-checks": ((
         "ALTER TABLE items " + ", ".join(f"DROP CONSTRAINT {c}" for c in _IDENTITY_CHECKS),),
         False),
+    "fillfactor-65": (("ALTER TABLE items SET (fillfactor = 65)",), False),
     "fillfactor-50": (("ALTER TABLE items SET (fillfactor = 50)",), False),
 }
 
@@ -195,12 +197,14 @@ async def measure(ctx: BenchContext, variant: str, items: int, per_round: int
                 "SELECT count(*) FROM items WHERE status = 'succeeded'"))).scalar_one()
             segments = (await conn.execute(text("SELECT count(*) FROM evidence_log"))
                         ).scalar_one()
+            heap = (await conn.execute(text("SELECT pg_relation_size('items')"))).scalar_one()
         await db.engine.dispose()
     if succeeded != items:
         raise RuntimeError(f"{variant}: {succeeded} of {items} items succeeded")
     return {"variant": variant, "round": per_round, "items": items,
             "admissions": admissions, "completions_statements": flushes,
             "evidence_segments": segments,
+            "items_heap_bytes_per_item": round(heap / items),
             "db_us_per_item": {k: round(v / items * 1e6, 2) for k, v in spent.items()}
             | {"total": round(sum(spent.values()) / items * 1e6, 2)},
             "db_us_per_statement": {
