@@ -74,6 +74,13 @@ from pgqueuer.types import JOB_STATUS
 from sqlalchemy.engine import make_url
 
 from bench import counts, drain
+from bench.celery_peer import (
+    DEFAULT_BROKER,
+    DEFAULT_CELERY,
+    CeleryConfig,
+    celery_configs,
+    celery_repetition,
+)
 from bench.common import (
     DATABASE_PREFIX,
     BenchContext,
@@ -143,6 +150,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pgqueuer", type=_pgq_configs, default=_pgq_configs(DEFAULT_PGQUEUER),
                         help="PgQueuer configurations MANAGERSxBATCH[xMAX_TASKS], "
                              f"comma-separated (default {DEFAULT_PGQUEUER})")
+    parser.add_argument("--celery", type=celery_configs, default=celery_configs(DEFAULT_CELERY),
+                        help="Celery configurations POOL:CONCURRENCY:PREFETCH on RabbitMQ, "
+                             f"comma-separated (default {DEFAULT_CELERY}; bench/celery_peer.py)")
+    parser.add_argument("--no-celery", dest="celery", action="store_const", const=[],
+                        help="leave Celery out")
+    parser.add_argument("--broker-url", default=os.environ.get("SWEEPER_BENCH_AMQP_URL",
+                                                               DEFAULT_BROKER),
+                        help="Celery's RabbitMQ (default SWEEPER_BENCH_AMQP_URL, else "
+                             f"{DEFAULT_BROKER})")
     parser.add_argument("--log-level", choices=("INFO", "WARNING"), default="INFO",
                         help="service log level (JSON to /dev/null; default INFO, as "
                              "deployed); PgQueuer logs nothing per job at either")
@@ -331,13 +347,19 @@ async def run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
     version = importlib.metadata.version("pgqueuer")
     concurrency = sorted(set(args.concurrency))
     configs: list[PgqConfig] = list(dict.fromkeys(args.pgqueuer))
+    celeries: list[CeleryConfig] = list(dict.fromkeys(args.celery))
     # drain.repetition takes its options as a namespace; the mock upstream needs no fake one
     drain_args = argparse.Namespace(drain_timeout=args.drain_timeout, fake_upstream="inline")
     parameters = {
         "items": args.items, "repeat": args.repeat, "event_loop": args.loop,
         "sweeper": {"mode": "mock", "concurrency": concurrency, "log_level": args.log_level,
-                    "per_item": "lease + budget token, no-op HTTP call through httpx, fenced "
-                                "completion + attempt row"},
+                    "per_item": "lease + budget token, a no-op call built and serialized as "
+                                "the service's transport writes it, fenced completion + "
+                                "evidence record"},
+        "celery": {"configurations": [c.label for c in celeries],
+                   "configuration_format": "POOL:CONCURRENCY:PREFETCH_MULTIPLIER",
+                   "per_item": "a persistent message on a durable queue, a no-op task, "
+                               "acked after it ran (late acks), no result backend"},
         "pgqueuer": {"version": version, "configurations": [c.label for c in configs],
                      "configuration_format": "MANAGERSxBATCH[xMAX_CONCURRENT_TASKS]",
                      "queue_managers": "in this process, one asyncpg connection each "
@@ -345,17 +367,21 @@ async def run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
                      "entrypoint_concurrency_limit": 0, "run_mode": "continuous",
                      "per_item": "dequeue (pick + log row), no-op task, buffered completion "
                                  "(delete + log row)"},
-        "order": "per repetition: Sweeper then every PgQueuer configuration, reversed "
-                 "on odd repetitions",
+        "order": "per repetition: Sweeper, every PgQueuer then every Celery configuration, "
+                 "reversed on odd repetitions",
     }
     configure_service_logging(args.log_level)  # also for PgQueuer drains that come first
     sweeper: dict[str, list[dict[str, Any]]] = {str(c): [] for c in concurrency}
     pgqueuer: dict[str, list[dict[str, Any]]] = {c.label: [] for c in configs}
+    celery: dict[str, list[dict[str, Any]]] = {c.label: [] for c in celeries}
     for rep in range(args.repeat):
         label = f"rep {rep + 1}/{args.repeat}"
-        sides: list[int | PgqConfig] = [*concurrency, *configs]
+        sides: list[int | PgqConfig | CeleryConfig] = [*concurrency, *configs, *celeries]
         for side in sides if rep % 2 == 0 else reversed(sides):
-            if isinstance(side, PgqConfig):
+            if isinstance(side, CeleryConfig):
+                celery[side.label].append(await celery_repetition(
+                    args.broker_url, side, args.items, args.drain_timeout, label))
+            elif isinstance(side, PgqConfig):
                 pgqueuer[side.label].append(await pgqueuer_repetition(
                     ctx, side, args.items, args.drain_timeout, label))
             else:
@@ -385,6 +411,18 @@ async def run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
             "target": TARGET_RATIO, "met": ratio >= TARGET_RATIO},
         "elapsed_seconds": round(time.perf_counter() - started, 1),
     }
+    if celeries:
+        cells: dict[str, dict[str, Any]] = {
+                 c: {"jobs_per_s": summarize([r["jobs_per_s"] for r in rows]),
+                     "cpu_us_per_job": summarize([r["cpu_us_per_job"] for r in rows]),
+                     "broker_cpu_us_per_job": summarize(
+                         [r["broker_cpu_us_per_job"] for r in rows
+                          if r["broker_cpu_us_per_job"] is not None]),
+                     "repetitions": rows} for c, rows in celery.items()}
+        best_c = _best(cells)
+        doc["celery"], doc["best"]["celery_configuration"] = cells, best_c
+        doc["ratio"]["sweeper_over_best_celery"] = round(
+            s_median / cells[best_c]["jobs_per_s"]["median"], 3)
     print_summary(doc)
     return doc
 
@@ -399,12 +437,20 @@ def print_summary(doc: dict[str, Any]) -> None:
                          f"{s['max']:.0f})  cpu {cpu['median']} us/job, database "
                          f"{cell['database_cpu_us_per_job']['median']}")
             lines.append(f"  {'':8} {'':10} {counts.summary_line(cell['counts_per_item'])}")
+    for key, cell in doc.get("celery", {}).items():
+        s, cpu = cell["jobs_per_s"], cell["cpu_us_per_job"]
+        lines.append(f"  {'celery':8} {key:10} {s['median']:>9.1f}  ({s['min']:.0f}-"
+                     f"{s['max']:.0f})  cpu {cpu['median']} us/job, broker "
+                     f"{cell['broker_cpu_us_per_job']['median']}")
     best, ratio = doc["best"], doc["ratio"]
     lines.append(f"  ratio Sweeper c={best['sweeper_concurrency']} / PgQueuer "
                  f"{best['pgqueuer_configuration']} (best): "
                  f"{ratio['sweeper_over_best_pgqueuer']} (per repetition "
                  f"{', '.join(map(str, ratio['per_repetition']))}); target >= "
                  f"{ratio['target']}: {'met' if ratio['met'] else 'NOT met'}")
+    if "sweeper_over_best_celery" in ratio:
+        lines.append(f"  ratio Sweeper / Celery {best['celery_configuration']} (best): "
+                     f"{ratio['sweeper_over_best_celery']}")
     progress("\n".join(lines))
 
 

@@ -272,13 +272,14 @@ def test_backlog_benchmark_smoke(pg_server_url: str, tmp_path: Path,
 @pytest.mark.slow
 def test_peers_benchmark_smoke(pg_server_url: str, tmp_path: Path,
                                restore_logging: None) -> None:
-    """`python -m bench peers`: Sweeper's mock drain and two PgQueuer configurations (one
-    with max_concurrent_tasks) each drain every item, and the ratio is reported."""
+    """`python -m bench peers`: Sweeper's mock drain, two PgQueuer configurations (one
+    with max_concurrent_tasks) and two Celery ones (on the machine's RabbitMQ) each drain
+    every item, and the ratios are reported."""
     out = tmp_path / "peers.json"
     assert bench_main([
         "peers", "--items", str(ITEMS), "--repeat", "1", "--concurrency", str(CONCURRENCY),
-        "--pgqueuer", "1x10,2x50x100", "--database-url", pg_server_url,
-        "--json-out", str(out)]) == 0
+        "--pgqueuer", "1x10,2x50x100", "--celery", "prefork:2:1,solo:1:100",
+        "--database-url", pg_server_url, "--json-out", str(out)]) == 0
     section = json.loads(out.read_text(encoding="utf-8"))["benchmarks"]["peers"]
     assert section["pgqueuer_version"] == section["parameters"]["pgqueuer"]["version"]
     assert section["parameters"]["pgqueuer"]["configurations"] == ["1x10", "2x50x100"]
@@ -312,7 +313,20 @@ def test_peers_benchmark_smoke(pg_server_url: str, tmp_path: Path,
     assert ratio["sweeper_over_best_pgqueuer"] == pytest.approx(
         best["sweeper_jobs_per_s"] / best["pgqueuer_jobs_per_s"], rel=0.01)
     assert len(ratio["per_repetition"]) == 1
-    assert set(ratio) == {"sweeper_over_best_pgqueuer", "per_repetition", "target", "met"}
+    assert set(ratio) == {"sweeper_over_best_pgqueuer", "per_repetition", "target", "met",
+                          "sweeper_over_best_celery"}
+    for label, (pool, concurrency, prefetch) in (("prefork:2:1", ("prefork", 2, 1)),
+                                                ("solo:1:100", ("solo", 1, 100))):
+        [rep] = section["celery"][label]["repetitions"]
+        assert (rep["pool"], rep["concurrency"], rep["prefetch_multiplier"]) == (
+            pool, concurrency, prefetch)
+        # every task ran, none twice (the queue is empty after the worker shut down warm)
+        assert rep["all_done"] is True and rep["finished"] == ITEMS
+        assert rep["queued_before"] == ITEMS and rep["left_in_queue"] == 0
+        assert rep["jobs_per_s"] > 0 and rep["cpu_us_per_job"] > 0
+    best_celery = section["celery"][best["celery_configuration"]]
+    assert ratio["sweeper_over_best_celery"] == pytest.approx(
+        best["sweeper_jobs_per_s"] / best_celery["jobs_per_s"]["median"], rel=0.01)
 
 
 @pytest.mark.slow
