@@ -8,7 +8,9 @@ completion (`completions.complete`: the outcome recorded, the deletion appended 
 evidence log), as the worker sends them, from one connection, one statement after the
 other, with no upstream and nothing else running. What it reports per item: the backend's
 CPU (from /proc; its one backend is the only one), split by statement; and bench/counts.py's
-counts (WAL bytes, rows written, statements, buffers dirtied), which do not drift.
+counts (WAL bytes, rows written, statements, buffers dirtied), which do not drift. What
+comes before the drain is counted the same way, each in its own window: the registration
+(bulk, 10,000 items a statement) and the run's publication that releases the items.
 
 Each **variant** takes one guarantee's cost away, on a database of its own, so the
 difference from `shipped` is what that guarantee costs in µs and bytes:
@@ -40,9 +42,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from sqlalchemy import text
@@ -52,17 +54,29 @@ from bench import counts
 from bench.common import (
     BenchContext,
     Benchmark,
+    FreshDatabase,
+    backend_cpu,
     cpu_seconds,
+    cpu_spent,
     fresh_database,
     int_list,
     patched,
     progress,
     summarize,
+    vacuum_analyze,
 )
-from bench.drain import MOCK_BASE_URL, POLICY, TENANTS, bench_policies, seed
+from bench.drain import (
+    BATCH_SIZE,
+    MOCK_BASE_URL,
+    POLICY,
+    REGISTER_CHUNK,
+    TENANTS,
+    bench_policies,
+)
 from service.config.policies import Policy
 from service.db.statements import Statement
-from service.ledger import claims, completions
+from service.ledger import claims, completions, registration
+from service.runs import publication, trigger
 
 FLUSH: Final = 256  # completions per statement (the worker flushes what finished, up to 1,000)
 OWNER: Final = "bench-itemcost"
@@ -183,8 +197,7 @@ async def measure(ctx: BenchContext, variant: str, items: int, per_round: int
                 await c.execute(text(sql))
         policies = bench_policies(MOCK_BASE_URL, 100)
         policy = policies.policies[POLICY]
-        await seed(db.engine, policy, items)
-        await db.engine.dispose()
+        before = await _stages(ctx, db, policy, items)
         window = counts.Window(ctx.server_url, db.url, "items")
         await window.open()
         with _statements(variant):
@@ -202,7 +215,7 @@ async def measure(ctx: BenchContext, variant: str, items: int, per_round: int
         await db.engine.dispose()
     if succeeded != items:
         raise RuntimeError(f"{variant}: {succeeded} of {items} items succeeded")
-    return {"variant": variant, "round": per_round, "items": items,
+    return {"variant": variant, "round": per_round, "items": items, **before,
             "admissions": admissions, "completions_statements": flushes,
             "evidence_segments": segments,
             "items_heap_bytes_per_item": round(heap / items),
@@ -212,6 +225,50 @@ async def measure(ctx: BenchContext, variant: str, items: int, per_round: int
                 "admit": round(spent["admit"] / admissions * 1e6, 1),
                 "complete": round(spent["complete"] / flushes * 1e6, 1)},
             "counts": counted}
+
+
+async def _counted(ctx: BenchContext, db: FreshDatabase, items: int,
+                   step: Callable[[], Awaitable[object]]) -> dict[str, Any]:
+    """`step` (on db.engine) inside a counts window, with its backends' CPU."""
+    await db.engine.dispose()
+    window = counts.Window(ctx.server_url, db.url, "items")
+    await window.open()
+    async with db.engine.connect() as conn:  # its backend exists before the first reading
+        await conn.execute(text("SELECT 1"))
+    cpu_before = await backend_cpu(db.url, db.name)
+    await step()
+    spent = cpu_spent(cpu_before, await backend_cpu(db.url, db.name))
+    await db.engine.dispose()
+    counted = await window.close(items)
+    return {"db_us_per_item": None if spent is None else round(spent / items * 1e6, 2),
+            "counts": counted}
+
+
+async def _stages(ctx: BenchContext, db: FreshDatabase, policy: Policy, items: int
+                  ) -> dict[str, Any]:
+    """What comes before the drain, each counted: the items registered (bulk, as `POST
+    /v1/items` or a store's walk registers them), then released by one run's publication
+    (batches of 500); then VACUUM (ANALYZE), outside any window."""
+    due = datetime.now(UTC) - timedelta(days=1)
+
+    async def register() -> None:
+        for start in range(0, items, REGISTER_CHUNK):
+            await registration.register(db.engine, [
+                registration.Registration(TENANTS[i % len(TENANTS)], f"cart-{i:08d}",
+                                          policy, due)
+                for i in range(start, min(items, start + REGISTER_CHUNK))])
+
+    async def publish() -> None:
+        run_id, _ = await trigger.create_run(
+            db.engine, trigger.RunRequest(None, None, None, False, None), None)
+        if not await publication.publish(db.engine, run_id, batch_size=BATCH_SIZE):
+            raise RuntimeError("publication was taken by another publisher")
+
+    registered = await _counted(ctx, db, items, register)
+    published = await _counted(ctx, db, items, publish)
+    await vacuum_analyze(db.engine, "items")
+    await db.engine.dispose()
+    return {"registration": registered, "publication": published}
 
 
 def _cell(reps: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -224,6 +281,10 @@ def _cell(reps: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "db_us_per_statement": {k: series("db_us_per_statement", k)
                                 for k in ("admit", "complete")},
         "counts": counts.summarize_counts([r["counts"] for r in reps]),
+        **{stage: {"db_us_per_item": summarize([r[stage]["db_us_per_item"] for r in reps
+                                                if r[stage]["db_us_per_item"] is not None]),
+                   "counts": counts.summarize_counts([r[stage]["counts"] for r in reps])}
+           for stage in ("registration", "publication")},
         "repetitions": list(reps)}
 
 
@@ -307,6 +368,9 @@ def _print(doc: dict[str, Any]) -> None:
                 f"({t['total']['min']}-{t['total']['max']}; admit {t['admit']['median']}, "
                 f"complete {t['complete']['median']})")
             lines.append("      " + counts.summary_line(cell["counts"]))
+            for stage in ("registration", "publication"):
+                lines.append(f"      before it, {stage}: {cell[stage]['db_us_per_item']['median']}"
+                             f" us; {counts.summary_line(cell[stage]['counts'])}")
     for variant, fit in doc["fit"].items():
         if fit:
             lines.append(f"  {variant}: admission = {fit['admit_us_per_statement']} us per "

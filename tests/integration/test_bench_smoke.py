@@ -434,6 +434,13 @@ def test_itemcost_benchmark_smoke(pg_server_url: str, tmp_path: Path,
             # the shipped completion appends every deletion to the evidence log; the
             # variant without it appends nothing
             assert (rep["evidence_segments"] > 0) == (variant == "shipped")
+            # before the drain, each in its window: one insert per item registered (and its
+            # scope's row once), one update per item released
+            registered = rep["registration"]["counts"]["per_item"]
+            published = rep["publication"]["counts"]["per_item"]
+            assert 1 <= registered["rows_inserted"] < 1.1 and registered["rows_updated"] == 0
+            assert published["rows_updated"] >= 1 and published["rows_inserted"] < 0.1
+            assert rep["registration"]["db_us_per_item"] is not None
     fit = section["fit"]["shipped"]
     assert fit["from_rounds"] == [16, 64] and fit["admit_us_per_item"] is not None
     assert set(section["guarantee_costs"]["no-evidence"]) == {"16", "64"}
