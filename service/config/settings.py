@@ -375,6 +375,7 @@ OTHER_VARIABLES: Mapping[str, str] = {
     "SWEEPER_TEST_DATABASE_URL": "the test suite's PostgreSQL server",
     "SWEEPER_REQUIRE_TOOLS": "the test suite fails rather than skips without its tools",
     "SWEEPER_BENCH_DATABASE_URL": "the benchmarks' PostgreSQL server",
+    "SWEEPER_BENCH_AMQP_URL": "the RabbitMQ `bench peers` drains Celery tasks on",
 }
 OTHER_PREFIXES = ("SWEEPER_DRILL_",)  # faults of a drill's own processes
 
