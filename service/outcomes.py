@@ -44,13 +44,15 @@ import dataclasses
 import math
 import re
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from enum import StrEnum
 from typing import Final
 
 import http_sf
+
+from service.values import value
 
 _DELAY_SECONDS = re.compile(r"[0-9]+", re.ASCII)  # RFC 9110: 1*DIGIT, ASCII digits only
 MAX_BACKOFF_EXPONENT = 60  # 2**60 s is beyond any policy's max_seconds
@@ -104,7 +106,7 @@ class Failure(StrEnum):
     LEDGER_UNAVAILABLE = "ledger_unavailable"  # the run's cutoff could not be read: nothing ran
 
 
-@dataclass(frozen=True)
+@value
 class Answer:
     """What the upstream client observed: a status and headers, or a failure."""
 
@@ -120,7 +122,7 @@ class Answer:
     detail: str | None = None  # what a PRIVATE_ADDRESS failure refused (host and address)
 
 
-@dataclass(frozen=True)
+@value
 class Classified:
     """An outcome with the reason code recorded in the ledger and, for throttling, the
     upstream's requested delay (seconds, unclamped; the limiter bounds it). `version` is the
@@ -286,7 +288,7 @@ def redirect_reason(status: int, location: str | None) -> str:
     return f"http_{status}:redirect" + (f":{shown}" if shown else "")
 
 
-@dataclass(frozen=True)
+@value
 class Plan:
     """What the ledger does with an item after an attempt (applied by completions.complete)."""
 

@@ -31,6 +31,7 @@ from service.db.statements import (
     fetch_records,
     ready_item,
 )
+from service.values import value
 
 # A claim reads a scope's released items from its claim position: after the last item its
 # last claim took (scopes.ready_after_batch, ready_after_id). Claimed items leave their
@@ -43,7 +44,7 @@ from service.db.statements import (
 FRONT_SCAN_EVERY_S: Final = 1
 
 
-@dataclass(frozen=True)
+@value
 class Lease:
     """A claimed item: what the worker needs to call the upstream and to complete."""
 

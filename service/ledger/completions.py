@@ -17,15 +17,15 @@ rules stated here are in bench/reports/design-notes.md ("Claims and completion")
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
 
 from service.db.statements import Database, Statement, fetch_records
 from service.evidence.deletion_records import canonical_sql
 from service.ledger.claims import Lease
+from service.values import value
 
 
-@dataclass(frozen=True)
+@value
 class Completion:
     """The outcome of one attempt, as the ledger applies it.
 

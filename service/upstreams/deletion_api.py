@@ -19,7 +19,7 @@ import base64
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Final
 
 import httpx
@@ -32,12 +32,13 @@ from service.outcomes import Answer, Classified, Failure
 from service.protocols.transport import SEND_BY, SEND_GATE, TARGET, Http1Transport, SendGate
 from service.upstreams.exchange import SUCCESS_STATUSES, send
 from service.upstreams.request_urls import PROBE_HOST, UrlMaker
+from service.values import value
 
 USER_AGENT: Final = "sweeper/0.1"
 JSON_CONTENT_TYPE: Final = "application/json"
 
 
-@dataclass(frozen=True)
+@value
 class CallResult:
     """What happened on the wire, and how long it took. A store target's statement
     (service/sweeps/store_targets.py) reads its own result: `verdict` is its outcome when the
