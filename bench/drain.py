@@ -72,8 +72,8 @@ from bench.plans import PlanCatcher, StatementKind
 from service.commands.startup import settle_heap
 from service.config.policies import Policies, Policy, resolve_policies
 from service.ledger import registration
-from service.protocols.http1_requests import SEND_BY, SEND_GATE, serialized
-from service.protocols.transport import Http1Transport, SentTooLate, Withheld
+from service.protocols.http1_requests import serialized
+from service.protocols.transport import Http1Transport, refuse_unsendable
 from service.runs import publication, trigger
 from service.upstreams.deletion_api import Upstreams
 from service.worker import database_pool
@@ -168,12 +168,7 @@ class InProcessUpstream(Http1Transport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         await serialized(request)
-        send_by = request.extensions.get(SEND_BY)
-        if send_by is not None and time.monotonic() > send_by:
-            raise SentTooLate("the request's moment passed before it could be written")
-        gate = request.extensions.get(SEND_GATE)
-        if gate is not None and not gate():
-            raise Withheld("the request was withheld just before it was written")
+        refuse_unsendable(request.extensions)
         return self._answer(request)
 
 
@@ -267,20 +262,33 @@ async def fake_upstream_process(repo_root: Path, *options: str
 # -- seeding -------------------------------------------------------------------------------
 
 
-async def seed(engine: AsyncEngine, policy: Policy, n: int) -> dict[str, Any]:
-    """Register N due items over a few tenants, publish them with one run, VACUUM ANALYZE."""
-    started = time.perf_counter()
+async def register_items(engine: AsyncEngine, policy: Policy, n: int, prefix: str = "cart"
+                         ) -> None:
+    """Register N items due a day ago over a few tenants, 10,000 a statement."""
     due = datetime.now(UTC) - timedelta(days=1)
     for start in range(0, n, REGISTER_CHUNK):
         await registration.register(engine, [
-            registration.Registration(TENANTS[i % len(TENANTS)], f"cart-{i:08d}", policy, due)
+            registration.Registration(TENANTS[i % len(TENANTS)], f"{prefix}-{i:08d}", policy,
+                                      due)
             for i in range(start, min(n, start + REGISTER_CHUNK))])
-    registered = time.perf_counter()
+
+
+async def release_due(engine: AsyncEngine) -> int:
+    """One run, published: every due item released in batches of BATCH_SIZE. Its id."""
     run_id, _ = await trigger.create_run(engine, trigger.RunRequest(None, None, None,
                                                                     False, None),
                                          None)
     if not await publication.publish(engine, run_id, batch_size=BATCH_SIZE):
         raise RuntimeError("publication was taken by another publisher")
+    return run_id
+
+
+async def seed(engine: AsyncEngine, policy: Policy, n: int) -> dict[str, Any]:
+    """Register N due items over a few tenants, publish them with one run, VACUUM ANALYZE."""
+    started = time.perf_counter()
+    await register_items(engine, policy, n)
+    registered = time.perf_counter()
+    run_id = await release_due(engine)
     published = time.perf_counter()
     await vacuum_analyze(engine, "items")
     async with engine.connect() as conn:
@@ -297,10 +305,7 @@ async def seed(engine: AsyncEngine, policy: Policy, n: int) -> dict[str, Any]:
 
 async def top_up(engine: AsyncEngine, policy: Policy, n: int) -> None:
     """Register and release N more due items (ids apart from seed's)."""
-    due = datetime.now(UTC) - timedelta(days=1)
-    await registration.register(engine, [
-        registration.Registration(TENANTS[i % len(TENANTS)], f"extra-{i:08d}", policy, due)
-        for i in range(n)])
+    await register_items(engine, policy, n, prefix="extra")
     run_id, _ = await trigger.create_run(engine, trigger.RunRequest(None, None, None,
                                                                     False, None),
                                          None)

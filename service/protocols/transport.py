@@ -45,7 +45,7 @@ import collections
 import ssl
 import time
 from collections.abc import Callable, Mapping
-from typing import Final, cast
+from typing import Any, Final, cast
 
 import httpx
 
@@ -75,7 +75,7 @@ from service.protocols.http1_requests import (
 )
 
 __all__ = ["SEND_BY", "SEND_GATE", "TARGET", "Http1Transport", "SendGate", "SentTooLate",
-           "Withheld"]
+           "Withheld", "refuse_unsendable"]
 
 _DEFAULT_PORTS: Final = {"http": 80, "https": 443}
 _NO_TIMEOUTS: Final[Mapping[str, float | None]] = {}
@@ -93,6 +93,17 @@ class SentTooLate(httpx.TransportError):
 
 class Withheld(httpx.TransportError):
     """Not sent: the request's SEND_GATE said no just before it would have been written."""
+
+
+def refuse_unsendable(extensions: Mapping[str, Any]) -> None:
+    """The last step before a request is written: SentTooLate once its SEND_BY moment has
+    passed, Withheld when its SEND_GATE says no (the gate marks it started otherwise)."""
+    send_by: float | None = extensions.get(SEND_BY)
+    if send_by is not None and time.monotonic() > send_by:
+        raise SentTooLate("the request's moment passed before it could be written")
+    gate: SendGate | None = extensions.get(SEND_GATE)
+    if gate is not None and not gate():
+        raise Withheld("the request was withheld just before it was written")
 
 
 class Http1Transport(httpx.AsyncBaseTransport):
@@ -147,13 +158,11 @@ class Http1Transport(httpx.AsyncBaseTransport):
         conn = (self._pooled(key) if reuse else None) or await self._opened(
             key, timeouts, proxy, send_by)
         read_timeout = timeouts.get("read")
-        if send_by is not None and time.monotonic() > send_by:
+        try:
+            refuse_unsendable(extensions)
+        except (SentTooLate, Withheld):
             self._unused(conn)
-            raise SentTooLate("the request's moment passed before it could be written")
-        gate: SendGate | None = extensions.get(SEND_GATE)
-        if gate is not None and not gate():
-            self._unused(conn)
-            raise Withheld("the request was withheld just before it was written")
+            raise
         try:
             conn.send(data)
             while not conn.headers_done:

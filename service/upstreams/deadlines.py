@@ -72,10 +72,6 @@ class Deadlines:
             call.expired = True
             call.task.cancel()
 
-    def pending(self) -> int:
-        """Calls inside a deadline now."""
-        return sum(len(calls) for calls in self._ticks.values())
-
 
 _BY_LOOP: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Deadlines] = \
     weakref.WeakKeyDictionary()
