@@ -12,6 +12,7 @@ warm: messages it prefetched and did not run go back to the queue.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
@@ -24,22 +25,23 @@ from typing import Any
 
 from celery import Celery, signals  # type: ignore[import-untyped]
 
+from bench.common import cpu_seconds
+
 DONE = multiprocessing.Value("q", 0, lock=True)  # created before the pool forks
 
 
 def tree_cpu(pid: int) -> float:
-    """CPU seconds of `pid` and its children alive now, from /proc (Linux)."""
-    total = 0.0
-    tick = os.sysconf("SC_CLK_TCK")
+    """CPU seconds of `pid` and its children alive now (a prefork pool's), from /proc."""
+    tree = [pid]
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(entry.name) == pid or int(fields[1]) == pid:
-            total += (int(fields[11]) + int(fields[12])) / tick
+        with contextlib.suppress(OSError, IndexError):
+            if entry.name.isdigit() and int(
+                    (entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                tree.append(int(entry.name))
+    total = 0.0
+    for member in tree:
+        with contextlib.suppress(OSError):  # a child that exited meanwhile
+            total += cpu_seconds(member)
     return total
 
 

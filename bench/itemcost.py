@@ -44,8 +44,8 @@ import argparse
 import statistics
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
-from typing import Any, Final
+from datetime import UTC, datetime
+from typing import Any, Final, TypeVar
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -66,20 +66,20 @@ from bench.common import (
     vacuum_analyze,
 )
 from bench.drain import (
-    BATCH_SIZE,
     MOCK_BASE_URL,
     POLICY,
-    REGISTER_CHUNK,
     TENANTS,
     bench_policies,
+    register_items,
+    release_due,
 )
 from service.config.policies import Policy
 from service.db.statements import Statement
-from service.ledger import claims, completions, registration
-from service.runs import publication, trigger
+from service.ledger import claims, completions
 
 FLUSH: Final = 256  # completions per statement (the worker flushes what finished, up to 1,000)
 OWNER: Final = "bench-itemcost"
+R = TypeVar("R")
 
 _OPERATOR_INDEXES = ("items_batch_cover", "items_finished", "items_listed", "items_dead",
                      "items_skipped", "items_held", "items_unreleased")
@@ -198,14 +198,14 @@ async def measure(ctx: BenchContext, variant: str, items: int, per_round: int
         policies = bench_policies(MOCK_BASE_URL, 100)
         policy = policies.policies[POLICY]
         before = await _stages(ctx, db, policy, items)
-        window = counts.Window(ctx.server_url, db.url, "items")
-        await window.open()
-        with _statements(variant):
-            async with db.engine.connect() as conn:
-                await conn.execution_options(isolation_level="AUTOCOMMIT")
-                spent, admissions, flushes = await _drain(conn, policy, items, per_round)
-        await db.engine.dispose()
-        counted = await window.close(items)
+
+        async def drained() -> tuple[dict[str, float], int, int]:
+            with _statements(variant):
+                async with db.engine.connect() as conn:
+                    await conn.execution_options(isolation_level="AUTOCOMMIT")
+                    return await _drain(conn, policy, items, per_round)
+
+        (spent, admissions, flushes), counted = await _counted(ctx, db, items, drained)
         async with db.engine.connect() as conn:
             succeeded = (await conn.execute(text(
                 "SELECT count(*) FROM items WHERE status = 'succeeded'"))).scalar_one()
@@ -228,47 +228,38 @@ async def measure(ctx: BenchContext, variant: str, items: int, per_round: int
 
 
 async def _counted(ctx: BenchContext, db: FreshDatabase, items: int,
-                   step: Callable[[], Awaitable[object]]) -> dict[str, Any]:
-    """`step` (on db.engine) inside a counts window, with its backends' CPU."""
+                   step: Callable[[], Awaitable[R]]) -> tuple[R, dict[str, Any]]:
+    """`step` (on db.engine) inside a counts window: what it returned, and the counts."""
     await db.engine.dispose()
     window = counts.Window(ctx.server_url, db.url, "items")
     await window.open()
-    async with db.engine.connect() as conn:  # its backend exists before the first reading
-        await conn.execute(text("SELECT 1"))
-    cpu_before = await backend_cpu(db.url, db.name)
-    await step()
-    spent = cpu_spent(cpu_before, await backend_cpu(db.url, db.name))
+    result = await step()
     await db.engine.dispose()
-    counted = await window.close(items)
-    return {"db_us_per_item": None if spent is None else round(spent / items * 1e6, 2),
-            "counts": counted}
+    return result, await window.close(items)
 
 
 async def _stages(ctx: BenchContext, db: FreshDatabase, policy: Policy, items: int
                   ) -> dict[str, Any]:
-    """What comes before the drain, each counted: the items registered (bulk, as `POST
-    /v1/items` or a store's walk registers them), then released by one run's publication
-    (batches of 500); then VACUUM (ANALYZE), outside any window."""
-    due = datetime.now(UTC) - timedelta(days=1)
+    """What comes before the drain, each counted with its backends' CPU: the items
+    registered (bulk, as `POST /v1/items` or a store's walk registers them), then released
+    by one run's publication (batches of 500); then VACUUM (ANALYZE), outside any window."""
 
-    async def register() -> None:
-        for start in range(0, items, REGISTER_CHUNK):
-            await registration.register(db.engine, [
-                registration.Registration(TENANTS[i % len(TENANTS)], f"cart-{i:08d}",
-                                          policy, due)
-                for i in range(start, min(items, start + REGISTER_CHUNK))])
+    async def cpu_of(step: Awaitable[object]) -> float | None:
+        async with db.engine.connect() as conn:  # its backend exists before the reading
+            await conn.execute(text("SELECT 1"))
+        before = await backend_cpu(db.url, db.name)
+        await step
+        spent = cpu_spent(before, await backend_cpu(db.url, db.name))
+        return None if spent is None else round(spent / items * 1e6, 2)
 
-    async def publish() -> None:
-        run_id, _ = await trigger.create_run(
-            db.engine, trigger.RunRequest(None, None, None, False, None), None)
-        if not await publication.publish(db.engine, run_id, batch_size=BATCH_SIZE):
-            raise RuntimeError("publication was taken by another publisher")
-
-    registered = await _counted(ctx, db, items, register)
-    published = await _counted(ctx, db, items, publish)
+    registered = await _counted(
+        ctx, db, items, lambda: cpu_of(register_items(db.engine, policy, items)))
+    published = await _counted(ctx, db, items, lambda: cpu_of(release_due(db.engine)))
     await vacuum_analyze(db.engine, "items")
     await db.engine.dispose()
-    return {"registration": registered, "publication": published}
+    return {stage: {"db_us_per_item": spent, "counts": counted}
+            for stage, (spent, counted) in (("registration", registered),
+                                            ("publication", published))}
 
 
 def _cell(reps: Sequence[dict[str, Any]]) -> dict[str, Any]:
