@@ -6,6 +6,8 @@ Which module owns what (each imports only the ones listed before it):
 
 - `wire`:    HTTP/1.1 framing on asyncio streams (stdlib only: the faults need raw socket
              control): parsing a request, writing a response.
+- `arrivals`: `ArrivalSocket`: each request timed by the kernel's stamp of its arrival,
+             not by when the fake's loop got to it.
 - `calls`:   `Call`, one recorded deletion call, and the counters read back (throttled
              calls, calls in flight).
 - `limits`:  rate limits per scope: token bucket or sliding window, the 429's Retry-After.

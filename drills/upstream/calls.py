@@ -9,7 +9,9 @@ from typing import Any
 @dataclass(frozen=True)
 class Call:
     """One deletion call as the fake saw it; ``outcome`` is "ok", "throttled" or a fault name,
-    ``body`` the request body as text (UTF-8, undecodable bytes replaced)."""
+    ``body`` the request body as text (UTF-8, undecodable bytes replaced). ``wall_time``
+    (epoch) and ``received_at`` (monotonic) are when the request arrived, by the kernel's
+    stamp (drills/upstream/arrivals.py), not when the fake's loop got to it."""
 
     method: str
     path: str

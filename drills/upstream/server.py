@@ -18,11 +18,13 @@ import contextlib
 import dataclasses
 import logging
 import random
+import socket
 import ssl
 import threading
 import time
 from types import TracebackType
 
+from drills.upstream.arrivals import ArrivalSocket
 from drills.upstream.calls import Call
 from drills.upstream.control import Controls, is_control
 from drills.upstream.faults import Fault, apply
@@ -50,7 +52,8 @@ class FakeUpstream(Controls):
         self._latency = latency
         self._success_status = success_status
         self._scope_fn = scope_fn or default_scope
-        self._server: asyncio.Server | None = None
+        self._listener: socket.socket | None = None
+        self._accepting: asyncio.Task[None] | None = None
         self._conns: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
         self._hanging: set[asyncio.StreamWriter] = set()  # calls in a `hang` fault now
         self._accepted = 0  # connections ever accepted: keep-alive reuse shows here
@@ -66,23 +69,43 @@ class FakeUpstream(Controls):
 
     # ----------------------------------------------------------------- lifecycle
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, self._host, self._port,
-                                                  limit=64 * 1024, ssl=self._tls)
-        self._port = self._server.sockets[0].getsockname()[1]
+        listener = socket.create_server((self._host, self._port), backlog=1024)
+        listener.setblocking(False)
+        self._listener, self._port = listener, listener.getsockname()[1]
+        self._accepting = asyncio.create_task(self._accept(listener))
+
+    async def _accept(self, listener: socket.socket) -> None:
+        """Accept connections on our own loop rather than `asyncio.start_server`'s, so
+        each is read through an `ArrivalSocket` (a call's time is when it arrived)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            conn, _ = await loop.sock_accept(listener)
+            task = asyncio.create_task(self._connect(ArrivalSocket.adopt(conn)))
+            task.add_done_callback(_quiet)  # a failed TLS handshake ends only that peer
+
+    async def _connect(self, sock: ArrivalSocket) -> None:
+        """Serve one accepted connection (after its TLS handshake, with `tls`)."""
+        reader = asyncio.StreamReader(limit=64 * 1024)
+        protocol = asyncio.StreamReaderProtocol(
+            reader, lambda r, w: self._handle(r, w, sock))
+        await asyncio.get_running_loop().connect_accepted_socket(
+            lambda: protocol, sock, ssl=self._tls)
 
     async def close(self) -> None:
-        server, self._server = self._server, None
-        if server is None:
+        listener, self._listener = self._listener, None
+        if listener is None:
             return
-        server.close()
+        if self._accepting is not None:
+            self._accepting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._accepting
+        listener.close()
         tasks = list(self._conns)
         for task, writer in list(self._conns.items()):
             writer.transport.abort()
             task.cancel()
         if tasks:
             await asyncio.wait(tasks, timeout=1.0)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(server.wait_closed(), 1.0)
 
     def start_in_thread(self) -> None:
         ready = threading.Event()
@@ -158,7 +181,8 @@ class FakeUpstream(Controls):
         return self._accepted
 
     # ----------------------------------------------------------------- connections
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                      sock: ArrivalSocket) -> None:
         task = asyncio.current_task()
         assert task is not None
         self._conns[task] = writer
@@ -181,7 +205,7 @@ class FakeUpstream(Controls):
                     writer.write(response(status, ctype, body, keep=keep))
                     await writer.drain()
                 else:
-                    keep = await self._deletion(req, reader, writer)
+                    keep = await self._deletion(req, reader, writer, sock.last_arrival)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         except asyncio.CancelledError:
@@ -193,13 +217,17 @@ class FakeUpstream(Controls):
             writer.close()
 
     async def _deletion(self, req: Request, reader: asyncio.StreamReader,
-                        writer: asyncio.StreamWriter) -> bool:
-        """Record, limit and answer one deletion call; returns whether to keep the connection."""
+                        writer: asyncio.StreamWriter, arrived: float) -> bool:
+        """Record, limit and answer one deletion call (`arrived`: when its last bytes reached
+        the kernel, epoch seconds); returns whether to keep the connection. The call is
+        timed by its arrival, limited by when the fake takes it, as a real upstream would."""
         now = time.monotonic()
+        arrived = min(arrived, time.time())
         scope = self._scope_fn(req.method, req.path, req.headers)
         key = req.headers.get("idempotency-key")
-        call = Call(req.method, req.path, req.query, key, scope, dict(req.headers), now,
-                    time.time(), "", req.body.decode("utf-8", "replace") if req.body else "")
+        call = Call(req.method, req.path, req.query, key, scope, dict(req.headers),
+                    now - (time.time() - arrived), arrived, "",
+                    req.body.decode("utf-8", "replace") if req.body else "")
         with self._lock:
             retry_after = self._limits.take(scope, now)
             fault = None if retry_after is not None else self._faults.pop(call)
@@ -231,3 +259,9 @@ class FakeUpstream(Controls):
         finally:
             with self._lock:
                 self._log.enter(key, -1)
+
+
+def _quiet(task: asyncio.Task[object]) -> None:
+    """Retrieve a connection setup's failure (a peer gone, a bad TLS handshake)."""
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("fake upstream: connection setup failed", exc_info=task.exception())

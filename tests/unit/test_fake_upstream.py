@@ -5,9 +5,13 @@ from __future__ import annotations
 import ast
 import asyncio
 import base64
+import fcntl
 import signal
+import struct
 import subprocess
 import sys
+import termios
+import threading
 import time
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
@@ -529,3 +533,44 @@ async def test_a_route_answers_its_calls_after_limits_and_faults(
     up.reset()
     assert (await client.get("/list/c")).status_code == 200  # a route stays through reset
     assert [c.outcome for c in up.calls()] == ["ok"]
+
+
+def test_a_call_is_timed_by_its_arrival_not_by_the_fake_loop() -> None:
+    """The fake's loop is blocked while a request arrives: the call's time is still when
+    it arrived (the kernel's stamp), not when the loop got to it. Otherwise a busy fake
+    stamps calls in bunches and a drill sees more calls in a second than were sent."""
+    with FakeUpstream() as up:
+        assert up._loop is not None
+        blocked, release = threading.Event(), threading.Event()
+
+        def block() -> None:
+            blocked.set()
+            release.wait(10)
+
+        # a first call opens the connection, so the second needs no accept
+        with httpx.Client(base_url=up.base_url, timeout=10) as client:
+            assert client.delete("/t/a/o1").status_code == 204
+            up._loop.call_soon_threadsafe(block)
+            assert blocked.wait(10)
+            sent = time.time()
+            pending = threading.Thread(target=client.delete, args=("/t/a/o2",))
+            pending.start()
+            # the request is in the kernel's buffer once the fake's socket has bytes queued
+            deadline = time.monotonic() + 10
+            while not _queued_bytes(up):
+                assert time.monotonic() < deadline, "the request never reached the fake"
+            unblocked = time.time()
+            release.set()
+            pending.join(10)
+        second = up.calls()[1]
+        assert sent <= second.wall_time <= unblocked, (sent, second.wall_time, unblocked)
+
+
+def _queued_bytes(up: FakeUpstream) -> bool:
+    """Whether any of the fake's accepted connections has unread bytes in the kernel."""
+    for writer in list(up._conns.values()):
+        sock = writer.get_extra_info("socket")
+        out = fcntl.ioctl(sock.fileno(), termios.FIONREAD, struct.pack("i", 0))
+        if struct.unpack("i", out)[0] > 0:
+            return True
+    return False
