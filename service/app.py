@@ -30,6 +30,7 @@ from service.db.engine import make_engine
 from service.db.migrate import head_revision
 from service.errors import DatabaseUnavailable
 from service.evidence import chain
+from service.execution.relay import Relay
 from service.history import sampler
 from service.http.api import credentials as credentials_routes
 from service.http.api import evidence as evidence_routes
@@ -57,6 +58,7 @@ from service.sweeps.store_databases import Stores
 from service.sweeps.store_targets import ledger_tables
 from service.upstreams.deletion_api import Upstreams
 from service.worker import database_pool
+from service.worker.broker_ports import open_broker
 from service.worker.pool import WorkerPool, worker_name
 from service.worker.scope_resumption import waiting_loop
 
@@ -73,9 +75,9 @@ class State(TypedDict):
 def leader_duties(runtime: Runtime) -> dict[str, Duty]:
     """The loops that must run once in the cluster, on the leader only (service/cluster/leader.py):
     publication, holds maintenance (expired holds released, unfinished markings finished),
-    the evidence log's periodic checkpoints, the backlog's samples for the console's charts
-    and retention. Each is started with the
-    leader's term and cancelled when it ends."""
+    the evidence log's periodic checkpoints, the backlog's samples for the console's charts,
+    retention and, in broker mode, the relay handing the outbox to the broker. Each is
+    started with the leader's term and cancelled when it ends."""
     settings, engine = runtime.settings, runtime.engine
     duties: dict[str, Duty] = {
         "publisher": lambda term: Publisher(
@@ -86,6 +88,9 @@ def leader_duties(runtime: Runtime) -> dict[str, Duty]:
         "minutes": lambda _term: sampler.sampling_loop(
             engine, runtime.exporter.collector, list(runtime.policies.policies)),
     }
+    if runtime.broker is not None:  # broker mode: the outbox goes to the broker
+        broker = runtime.broker
+        duties["relay"] = lambda _term: Relay(engine, broker).run()
     if settings.retention_days > 0:
         duties["retention"] = lambda _term: retention.retention_loop(
             engine, keep_seconds=settings.retention_days * 86_400,
@@ -110,7 +115,8 @@ def open_runtime(settings: Settings, policies: Policies, database_url: URL) -> R
                                                    signing=signer is not None),
                    keyring=keyring, credentials=store,
                    tenant_credentials=Credentials.of(policies, engine, keyring, store),
-                   signer=signer, stores=Stores(policies.stores))
+                   signer=signer, stores=Stores(policies.stores),
+                   broker=open_broker(settings))
 
 
 @dataclass
@@ -135,7 +141,8 @@ class Background:
         pool = database_pool(engine, policies, upstreams, concurrency=settings.workers,
                              listen_url=plain_url(database_url),
                              grace_seconds=settings.shutdown_grace_seconds,
-                             credentials=runtime.tenant_credentials, stores=runtime.stores)
+                             credentials=runtime.tenant_credentials, stores=runtime.stores,
+                             broker=runtime.broker, prefetch=settings.broker_prefetch)
         # before the first claim: holds on an old tenant spelling cover its items
         workers = asyncio.create_task(pool.run(
             first=lambda: tenant_spellings.reconcile(engine, policies)), name="workers")
@@ -209,6 +216,8 @@ def create_app(
             if upstreams is not None:
                 await upstreams.aclose()
             await runtime.stores.aclose()
+            if runtime.broker is not None:
+                await runtime.broker.close()
             await runtime.engine.dispose()
 
     app = FastAPI(

@@ -13,6 +13,7 @@ from service.config.settings import Settings
 from service.config.signing_keys import Signer
 from service.config.tokens import TokenSet
 from service.credentials import CredentialStore, Keyring
+from service.execution.ports import Broker
 from service.ledger.gauges import Exporter
 from service.runs.progress import ProgressCache
 from service.sweeps.store_databases import Stores
@@ -49,6 +50,8 @@ class Runtime:
     # the stores' databases: discovery reads their sources, the workers run their targets
     stores: Stores = field(default_factory=lambda: Stores({}))
     schema: SchemaSeen = field(default_factory=SchemaSeen)
+    # SWEEPER_EXECUTION=rabbitmq: the broker the relay publishes to and workers consume
+    broker: Broker | None = None
 
     def credential_upstreams(self) -> frozenset[str]:
         """The upstreams whose credentials operators may store through the API: those the

@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, Final
 
+import aio_pika
 import asyncpg
 import httpx
 import pytest
@@ -35,6 +36,7 @@ from service.config.policies import Policies, resolve_policies
 from service.config.settings import Settings, async_url
 from service.db import migrate
 from service.db.engine import make_engine
+from service.execution.rabbitmq import RabbitBroker
 from service.http.serving import server_config
 from service.observability.metrics import POOL_WAIT
 from service.protocols.egress import public_roots
@@ -562,3 +564,39 @@ async def wait_for_lock_waits(engine: AsyncEngine, sessions: int, timeout_s: flo
                 "AND wait_event_type = 'Lock'"))).scalar_one()) >= sessions
 
     await eventually(waiting, f"{sessions} sessions waiting on a lock", timeout_s)
+
+
+# -- RabbitMQ (SWEEPER_EXECUTION=rabbitmq) ------------------------------------------------
+
+AMQP_URL: Final = "amqp://guest:guest@127.0.0.1:5672/"
+
+
+def rabbitmq_reachable(host: str = "127.0.0.1", port: int = 5672) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=2):
+        return True
+    return False
+
+
+def require_rabbitmq() -> str:
+    """The machine's RabbitMQ URL; the test skips without it (fails under
+    SWEEPER_REQUIRE_TOOLS, as .ci/run sets, which starts it)."""
+    if not rabbitmq_reachable():
+        if os.environ.get("SWEEPER_REQUIRE_TOOLS"):
+            pytest.fail("RabbitMQ is not answering on 127.0.0.1:5672")
+        pytest.skip("no RabbitMQ on 127.0.0.1:5672")
+    return AMQP_URL
+
+
+@pytest.fixture
+async def broker() -> AsyncIterator[RabbitBroker]:
+    """A RabbitBroker of a region of this test's own (its queues deleted after)."""
+    made = RabbitBroker(require_rabbitmq(), region=f"t{uuid.uuid4().hex[:12]}")
+    try:
+        yield made
+    finally:
+        await made.close()
+        connection = await aio_pika.connect(AMQP_URL)
+        async with connection:
+            channel = await connection.channel()
+            for name in made.names.values():
+                await channel.queue_delete(name)

@@ -17,7 +17,7 @@ from typing import Annotated, Final
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import NoDecode, SettingsConfigDict
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
@@ -27,6 +27,7 @@ from service.config import signing_keys
 from service.config.database_urls import async_url as async_url
 from service.config.database_urls import plain_url as plain_url
 from service.config.database_urls import sqlalchemy_hosts
+from service.config.execution import ExecutionSettings
 from service.config.tokens import ROLE_SETTINGS, Role, token_problems
 from service.errors import ConfigError
 
@@ -48,8 +49,9 @@ class LogFormat(StrEnum):
     CONSOLE = "console"
 
 
-class Settings(BaseSettings):
-    """All process-level configuration. Policies live in the TOML file it names."""
+class Settings(ExecutionSettings):
+    """All process-level configuration. Policies live in the TOML file it names; the
+    execution fields are ExecutionSettings'."""
 
     # An empty variable (`SWEEPER_POLICIES_FILE=`) means "not set", as in most shells' idiom.
     # No error shows the value it refused: several are secrets (tokens, keys, the URL's
@@ -348,6 +350,7 @@ RULES: Final[dict[str, tuple[frozenset[str], Callable[[Settings], list[str]]]]] 
                         Settings._credential_key_problems),
     "one_role_per_token": (_TOKENS, lambda settings: token_problems(settings.role_tokens())),
     "production": (_TOKENS | {"environment", "database_url"}, Settings._production_problems),
+    "execution": (frozenset({"execution", "broker_url"}), Settings._execution_problems),
 }
 
 

@@ -121,6 +121,7 @@ batches = Table(
     Column("policy_version", Integer, nullable=False),
     Column("item_count", Integer, nullable=False),
     _ts("created_at"),
+    _ts("enqueued_at", nullable=True),  # handed to the broker (migration 0028)
     UniqueConstraint("run_id", "seq"),
 )
 
@@ -189,6 +190,7 @@ webhook_receipts = Table(
     Column("result", Text, nullable=False),
     Column("item_ids", ARRAY(BigInteger), nullable=False),
     _ts("received_at"),
+    _ts("enqueued_at", nullable=True),  # handed to the broker (migration 0028)
     UniqueConstraint("source", "webhook_id", name="webhook_receipts_once"),
 )
 

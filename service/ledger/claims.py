@@ -74,6 +74,36 @@ def _lease(r: asyncpg.Record) -> Lease:
                  r["confirming"], r["trace_parent"])
 
 
+# The scope's claimable items from its claim position, in batch order (database mode).
+_FROM_POSITION: Final = f"""
+            SELECT i.id, coalesce(i.batch_id, 0) AS batch_key,
+                   i.lease_token IS NOT NULL AS reclaimed,
+                   i.attempts >= coalesce(
+                       (SELECT m.n FROM attempt_limits m WHERE m.policy = i.policy),
+                       2147483647) AS used_up
+            FROM items i
+            WHERE i.scope = g.scope AND {ready_item("clock.now")}
+              AND (coalesce(i.batch_id, 0), i.id) > (g.after_batch, g.after_id)
+            ORDER BY coalesce(i.batch_id, 0), i.id
+            LIMIT g.n * g.per_call
+            FOR UPDATE OF i SKIP LOCKED"""  # noqa: S608 - only constant fragments
+
+# The same, of only the items a broker delivered (:only, by id; broker mode): the scope's
+# position is neither read nor needed, the ids bound the rows read.
+_DELIVERED: Final = f"""
+            SELECT i.id, coalesce(i.batch_id, 0) AS batch_key,
+                   i.lease_token IS NOT NULL AS reclaimed,
+                   i.attempts >= coalesce(
+                       (SELECT m.n FROM attempt_limits m WHERE m.policy = i.policy),
+                       2147483647) AS used_up
+            FROM items i
+            WHERE i.id = ANY(CAST(:only AS bigint[])) AND i.scope = g.scope
+              AND {ready_item("clock.now")}
+            ORDER BY i.id
+            LIMIT g.n * g.per_call
+            FOR UPDATE OF i SKIP LOCKED"""  # noqa: S608 - only constant fragments
+
+
 # Admission in one statement: take tokens and claim at most that many items per scope.
 #  1. `bucket`, `grants` (buckets.GRANTS_SQL): the scopes' rows locked in name order
 #     (concurrent admitters never deadlock) and refilled from the database clock; whole
@@ -87,7 +117,8 @@ def _lease(r: asyncpg.Record) -> Lease:
 #     items too: a lease that ran out is claimable (its worker died or stalled), one that
 #     runs is not. SKIP LOCKED so concurrent claimers take disjoint rows, and the LIMIT sits
 #     inside the subquery so it bounds the rows locked. A row another claim leased after
-#     this statement's snapshot is re-checked under its lock, and skipped.
+#     this statement's snapshot is re-checked under its lock, and skipped. In broker mode
+#     (claims.admit_delivered) the same, of the delivered ids alone, by primary key.
 #  4. `exhausted`: a lease that ran out on an item that has used up its policy's attempts
 #     is not leased again: its worker died or stalled on the last allowed attempt (an item
 #     that crashes every worker that calls it would otherwise loop forever), so it goes
@@ -105,9 +136,8 @@ def _lease(r: asyncpg.Record) -> Lease:
 # started group of them; the worker sends each group as one call).
 # One row per lease with its scope's grant, plus one row (id NULL) per scope that was
 # granted tokens but got no item, or was granted none (with the wait for its next token).
-_ADMIT = Statement("claims.admit", (
-    "Take tokens and lease at most that many calls' worth of claimable items per scope in "
-    "one statement, charging each bucket only for the calls the items leased make."), f"""
+# (`ready` reads a scope's items by PICK: _FROM_POSITION or _DELIVERED)
+_ADMISSION: Final = f"""
     WITH clock AS (SELECT now() AS now),  -- one instant to read and lease the items at
     {GRANTS_SQL},
     starts AS (
@@ -126,18 +156,7 @@ _ADMIT = Statement("claims.admit", (
     ),
     ready AS (
         SELECT r.id, r.batch_key, g.scope, r.reclaimed, r.reclaimed AND r.used_up AS exhausted
-        FROM starts g, clock CROSS JOIN LATERAL (
-            SELECT i.id, coalesce(i.batch_id, 0) AS batch_key,
-                   i.lease_token IS NOT NULL AS reclaimed,
-                   i.attempts >= coalesce(
-                       (SELECT m.n FROM attempt_limits m WHERE m.policy = i.policy),
-                       2147483647) AS used_up
-            FROM items i
-            WHERE i.scope = g.scope AND {ready_item("clock.now")}
-              AND (coalesce(i.batch_id, 0), i.id) > (g.after_batch, g.after_id)
-            ORDER BY coalesce(i.batch_id, 0), i.id
-            LIMIT g.n * g.per_call
-            FOR UPDATE OF i SKIP LOCKED
+        FROM starts g, clock CROSS JOIN LATERAL (PICK
         ) r
         WHERE g.n > 0
     ),
@@ -206,7 +225,17 @@ _ADMIT = Statement("claims.admit", (
            extract(epoch FROM clock_timestamp())::double precision AS claimed_at,
            sp.wait_seconds, c.*
     FROM spent sp LEFT JOIN claimed c ON c.scope = sp.name
-""")  # noqa: S608 - only constant fragments are interpolated
+"""  # noqa: S608 - only constant fragments are interpolated
+
+
+_ADMIT = Statement("claims.admit", (
+    "Take tokens and lease at most that many calls' worth of claimable items per scope in "
+    "one statement, charging each bucket only for the calls the items leased make."),
+    _ADMISSION.replace("PICK", _FROM_POSITION))
+_ADMIT_DELIVERED = Statement("claims.admit_delivered", (
+    "Take tokens and lease at most that many calls' worth of the claimable items among "
+    "those a broker delivered, per scope, as claims.admit does."),
+    _ADMISSION.replace("PICK", _DELIVERED))
 
 
 @dataclass(frozen=True)
@@ -225,15 +254,18 @@ class Admission:
 async def admit(db: Database, *, owner: str, wants: Mapping[str, int],
                 lease_seconds: Mapping[str, int], default_lease_seconds: int = 60,
                 max_attempts: Mapping[str, int] | None = None,
-                lookahead_s: float = LOOKAHEAD_S) -> Admission:
+                lookahead_s: float = LOOKAHEAD_S, only: Sequence[int] | None = None
+                ) -> Admission:
     """Take up to wants[scope] tokens per scope and lease at most that many items of each
     for `owner`, charging the buckets only for the items leased; committed on return. An
-    expired lease of an item with `max_attempts[policy]` attempts used goes `dead`."""
+    expired lease of an item with `max_attempts[policy]` attempts used goes `dead`. With
+    `only` (broker mode), the items are leased from among those ids alone."""
     wanted = {scope: n for scope, n in wants.items() if n > 0}
     if not wanted:
         return Admission(grants=[], leases=[])
     names = sorted(wanted)
-    rows = await fetch_records(db, _ADMIT, {
+    rows = await fetch_records(db, _ADMIT if only is None else _ADMIT_DELIVERED, {
+        **({} if only is None else {"only": list(only)}),
         "names": names, "wants": [wanted[n] for n in names], "owner": owner,
         "lookahead": lookahead_s, "policy_names": list(lease_seconds),
         "lease_seconds": list(lease_seconds.values()), "default_lease": default_lease_seconds,

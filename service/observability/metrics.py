@@ -228,6 +228,8 @@ class Where(StrEnum):
     WAITS = "waits"                    # the waiting scopes' checks
     TRACING = "tracing"                # a span of a claim, call or completion not made
     MINUTES = "minutes"                # a process's tally added to the ledger's minutes
+    RELAY = "relay"                    # the outbox handed to the broker (broker mode)
+    DELIVERIES = "deliveries"          # a broker's deliveries sorted, settled or deferred
 
 
 INTERNAL_ERRORS: Final = Counter(

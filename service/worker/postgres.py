@@ -24,6 +24,8 @@ from service.budget.rules import Closure
 from service.config.policies import Policies
 from service.db import wakeups
 from service.db.statements import Database, HeldConnection
+from service.execution import outbox, sorting
+from service.execution.sorting import Sorted
 from service.history import minutes
 from service.history.tally import Tally
 from service.ledger import claims, completions, hold_acks
@@ -92,6 +94,23 @@ class PostgresLedger:
 
     async def database_time(self) -> float:
         return await buckets.database_time(self.engine)
+
+    # -- admission in broker mode (service/execution/deliveries.py) --------------------
+
+    async def admit_delivered(self, wants: Mapping[str, int], only: Sequence[int]
+                              ) -> Admission:
+        async with self._on(self._admitting) as db:
+            return await claims.admit(db, owner=self.owner, wants=wants,
+                                      lease_seconds=self._lease_seconds,
+                                      max_attempts=self._max_attempts, only=only)
+
+    async def sort_delivered(self, item_ids: Sequence[int]) -> dict[int, Sorted]:
+        async with self._on(self._admitting) as db:
+            return await sorting.sort(db, item_ids)
+
+    async def end_dead(self, item_ids: Sequence[int], reason: str) -> list[int]:
+        async with self._on(self._completing) as db:
+            return await outbox.end_dead(db, item_ids, reason)
 
     # -- completion ------------------------------------------------------------------
 

@@ -26,10 +26,12 @@ from service.config.policies import Policies
 from service.config.settings import Settings, plain_url
 from service.credentials import Keyring
 from service.db.engine import make_engine
+from service.execution.ports import Broker
 from service.ledger import tenant_spellings
 from service.observability.metrics import POOL_WAIT, initialise_series
 from service.sweeps.store_databases import Stores
 from service.upstreams.deletion_api import Upstreams
+from service.worker.broker_ports import broker_ports, open_broker
 from service.worker.health import WorkerHealth
 from service.worker.pool import WorkerPool, worker_name
 from service.worker.ports import Ports
@@ -43,15 +45,21 @@ def database_pool(engine: AsyncEngine, policies: Policies, upstreams: Upstreams,
                   concurrency: int, listen_url: str | None = None,
                   grace_seconds: float = 20.0, name: str | None = None,
                   rng: random.Random | None = None, credentials: Credentials | None = None,
-                  stores: Stores | None = None) -> WorkerPool:
-    """A pool claiming from `engine`'s ledger and calling `upstreams` with `credentials`
-    (default: the policies' sources; the API's store needs the keyring)."""
+                  stores: Stores | None = None, broker: Broker | None = None,
+                  prefetch: int = 16) -> WorkerPool:
+    """A pool claiming from `engine`'s ledger (with `broker`: from among the items its
+    deliveries name, `prefetch` messages at most in hand) and calling `upstreams` with
+    `credentials` (default: the policies' sources; the API's store needs the keyring)."""
     name = name or worker_name()
     rng = rng or random.Random()
     if credentials is None:
         credentials = Credentials.of(policies, engine, None)
-    ports = database_ports(engine, policies, upstreams, owner=name, listen_url=listen_url,
-                           rng=rng, credentials=credentials, stores=stores)
+    ports = (database_ports(engine, policies, upstreams, owner=name, listen_url=listen_url,
+                            rng=rng, credentials=credentials, stores=stores)
+             if broker is None else
+             broker_ports(engine, policies, upstreams, broker, owner=name, prefetch=prefetch,
+                          listen_url=listen_url, rng=rng, credentials=credentials,
+                          stores=stores))
     return WorkerPool(ports, policies, concurrency=concurrency, name=name,
                       grace_seconds=grace_seconds, rng=rng)
 
@@ -67,11 +75,17 @@ class WorkerProcess:
     upstreams: Upstreams
     stores: Stores
     credentials: Credentials
+    broker: Broker | None = None  # SWEEPER_EXECUTION=rabbitmq
     name: str = field(default_factory=worker_name)  # the lease owner, in attempts too
     rng: random.Random = field(default_factory=random.Random)
 
     def ports(self) -> Ports:
-        """The pool's ports on this process's database, upstreams and stores."""
+        """The pool's ports on this process's database (or broker), upstreams and stores."""
+        if self.broker is not None:
+            return broker_ports(self.engine, self.policies, self.upstreams, self.broker,
+                                owner=self.name, prefetch=self.settings.broker_prefetch,
+                                listen_url=self.listen_url, rng=self.rng,
+                                credentials=self.credentials, stores=self.stores)
         return database_ports(self.engine, self.policies, self.upstreams, owner=self.name,
                               listen_url=self.listen_url, rng=self.rng,
                               credentials=self.credentials, stores=self.stores)
@@ -117,10 +131,13 @@ async def open_worker_process(settings: Settings, policies: Policies, url: URL
     upstreams = Upstreams(policies.upstreams)
     stores = Stores(policies.stores)
     credentials = Credentials.of(policies, engine, Keyring.from_settings(settings))
+    broker = open_broker(settings)
     try:
         yield WorkerProcess(settings, policies, engine, plain_url(url), upstreams, stores,
-                            credentials)
+                            credentials, broker)
     finally:
+        if broker is not None:
+            await broker.close()
         await upstreams.aclose()
         await stores.aclose()
         await engine.dispose()

@@ -5,13 +5,11 @@ drain every item."""
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import logging
 import os
 import shutil
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,7 @@ from typing import Any
 import pytest
 
 from bench.__main__ import main as bench_main
+from tests.conftest import require_rabbitmq
 
 ITEMS = 200
 LOOPBACK_ITEMS = 100
@@ -318,22 +317,13 @@ def test_peers_benchmark_smoke(pg_server_url: str, tmp_path: Path,
     assert "celery" not in section
 
 
-def broker_reachable(host: str = "127.0.0.1", port: int = 5672) -> bool:
-    with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=2):
-        return True
-    return False
-
-
 @pytest.mark.slow
 def test_peers_benchmark_with_celery_smoke(pg_server_url: str, tmp_path: Path,
                                            restore_logging: None) -> None:
     """`python -m bench peers` with Celery on the machine's RabbitMQ: two configurations
     each run every task exactly once (the queue is empty after a warm shutdown), and the
     ratio to Celery's best is reported."""
-    if not broker_reachable():
-        if os.environ.get("SWEEPER_REQUIRE_TOOLS"):
-            pytest.fail("RabbitMQ is not answering on 127.0.0.1:5672")
-        pytest.skip("no RabbitMQ on 127.0.0.1:5672")
+    require_rabbitmq()
     out = tmp_path / "peers.json"
     assert bench_main([
         "peers", "--items", str(ITEMS), "--repeat", "1", "--concurrency", str(CONCURRENCY),

@@ -29,6 +29,7 @@ from service.db.statements import (
     ready_item,
 )
 from service.evidence import audit_trail, chain, object_deletions
+from service.execution import outbox, sorting
 from service.history import minutes
 from service.http.api import health
 from service.http.console import sessions
@@ -55,7 +56,8 @@ MODULES = (claims, completions, buckets, gauges, scope_controls, publication, re
            retention, audit_trail, health, migrate, embedded, tenant_credentials, holds,
            object_deletions, chain, discovery, store_databases, store_targets, list_pages,
            operator_reads, sessions, statements, tenant_spellings, leader, progress, reports,
-           trigger, wakeups, hold_acks, hold_marking, item_selection, receipts, minutes)
+           trigger, wakeups, hold_acks, hold_marking, item_selection, receipts, minutes,
+           outbox, sorting)
 # Statements on a plain asyncpg connection, sent as `statement.text` (`$n` parameters):
 # webhook intake's receipts and wake-up (its own pool, one round trip per delivery) and
 # the embedded server's bootstrap (its admin database, before Sweeper's exists).

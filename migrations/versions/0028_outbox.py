@@ -1,0 +1,36 @@
+"""The broker's outbox: batches, and webhook deliveries that released items, not yet handed
+to a broker. With SWEEPER_EXECUTION=rabbitmq the leader's relay publishes each one's pending
+items once it is committed here and marks it `enqueued_at` once the broker confirmed it
+(service/execution/relay.py). In database mode nothing reads the column (the ledger is the
+queue), so a ledger moved to broker mode hands over what database mode released and left
+unfinished, and nothing is lost in the switch.
+
+Locks: ACCESS EXCLUSIVE on batches and webhook_receipts for a moment (a nullable column, no
+rewrite); each index then takes a SHARE lock while it scans its table. On a large ledger
+create them by hand first (`CREATE INDEX CONCURRENTLY IF NOT EXISTS ...` as below); this
+migration then skips them.
+
+Revision ID: 0028
+Revises: 0027
+Create Date: 2026-12-05
+"""
+
+from alembic import op
+
+revision = "0028"
+down_revision = "0027"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    for table in ("batches", "webhook_receipts"):
+        op.execute(f"ALTER TABLE {table} ADD COLUMN enqueued_at timestamptz")
+        op.execute(f"CREATE INDEX IF NOT EXISTS {table}_to_enqueue ON {table} (id) "
+                   "WHERE enqueued_at IS NULL")
+
+
+def downgrade() -> None:
+    for table in ("batches", "webhook_receipts"):
+        op.execute(f"DROP INDEX IF EXISTS {table}_to_enqueue")
+        op.execute(f"ALTER TABLE {table} DROP COLUMN enqueued_at")

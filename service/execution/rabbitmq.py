@@ -1,0 +1,180 @@
+"""The executor port on RabbitMQ (aio-pika): quorum queues, publisher confirms, manual acks.
+
+Queues, per region (`sweeper.work`, or `sweeper.<region>.work`):
+- `work`: what consumers take. A quorum queue (replicated, survives a node's loss) with a
+  delivery limit: a message delivered more times than that is dead-lettered to `dead`,
+  at least once (the source queue rejects publishes when full rather than dropping).
+- `wait.<n>s`: deferred work. Each holds its messages n seconds (a queue TTL), then
+  dead-letters them back to `work`, at least once. RabbitMQ 3.10 has no delayed delivery
+  of its own; a few fixed delays keep each queue's messages in TTL order (a per-message
+  TTL expires only at a queue's head).
+- `dead`: messages past the delivery limit, which the relay ends in the ledger as dead
+  (service/execution/relay.py): never only here.
+
+A message's body is `Work` (work.py); its message id is the work's origin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Final
+
+import aio_pika
+from aio_pika.abc import (
+    AbstractChannel,
+    AbstractIncomingMessage,
+    AbstractQueue,
+    AbstractRobustConnection,
+)
+
+from service.execution.ports import Delivery
+from service.execution.work import BadWork, Work
+
+log = logging.getLogger("service.execution")
+
+WAITS_S: Final = (1, 2, 5, 10, 30, 60, 300)  # the delays `defer` rounds up to (longer: 300)
+# Redeliveries allowed after the first delivery: a message whose consumer died this many
+# times with it is poison, and its items end dead in the ledger.
+REDELIVERIES: Final = 10
+CONNECT_TIMEOUT_S: Final = 10.0
+PUBLISH_TIMEOUT_S: Final = 30.0
+
+
+def queue_names(region: str | None) -> dict[str, str]:
+    """The queues of a region (None: the only one), by role."""
+    prefix = "sweeper" if region is None else f"sweeper.{region}"
+    return {"work": f"{prefix}.work", "dead": f"{prefix}.dead",
+            **{f"wait.{s}": f"{prefix}.wait.{s}s" for s in WAITS_S}}
+
+
+def wait_for(seconds: float) -> int:
+    """The shortest fixed delay at least `seconds` long (the longest when none is)."""
+    return next((s for s in WAITS_S if s >= seconds), WAITS_S[-1])
+
+
+class RabbitDelivery:
+    """A message delivered to this consumer (the `Delivery` of ports.py)."""
+
+    def __init__(self, message: AbstractIncomingMessage, work: Work) -> None:
+        self._message = message
+        self._work = work
+
+    @property
+    def work(self) -> Work:
+        return self._work
+
+    @property
+    def delivered_before(self) -> int:
+        count = (self._message.headers or {}).get("x-delivery-count", 0)
+        return count if isinstance(count, int) else 0
+
+    async def settle(self) -> None:
+        await self._message.ack()
+
+
+class RabbitBroker:
+    """The `Broker` of ports.py on one RabbitMQ (a cluster's URL), for one region."""
+
+    def __init__(self, url: str, *, region: str | None = None) -> None:
+        self._url = url
+        self.names = queue_names(region)
+        self._connection: AbstractRobustConnection | None = None
+        self._publishing: AbstractChannel | None = None
+        self._lock = asyncio.Lock()
+
+    @property
+    def delivery_limit(self) -> int:
+        return REDELIVERIES + 1
+
+    async def _channel(self) -> AbstractChannel:
+        """The publishing channel (confirms on), the queues declared once connected."""
+        async with self._lock:
+            if self._connection is None or self._connection.is_closed:
+                self._connection = await aio_pika.connect_robust(
+                    self._url, timeout=CONNECT_TIMEOUT_S,
+                    client_properties={"connection_name": "sweeper"})
+                self._publishing = None
+            if self._publishing is None or self._publishing.is_closed:
+                self._publishing = await self._connection.channel(publisher_confirms=True)
+                await declare(self._publishing, self.names)
+            return self._publishing
+
+    async def publish(self, works: Sequence[Work]) -> None:
+        await self._send(works, self.names["work"])
+
+    async def defer(self, works: Sequence[Work], seconds: float) -> None:
+        await self._send(works, self.names[f"wait.{wait_for(seconds)}"])
+
+    async def _send(self, works: Sequence[Work], queue: str) -> None:
+        """Publish each to `queue`, all in flight at once; returns when every one is
+        confirmed, raises if any is refused (unroutable, nacked) or not confirmed in time."""
+        if not works:
+            return
+        exchange = (await self._channel()).default_exchange
+        await asyncio.gather(*(exchange.publish(
+            aio_pika.Message(w.encode(), message_id=w.origin, content_type="application/json",
+                             delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
+            routing_key=queue, mandatory=True, timeout=PUBLISH_TIMEOUT_S) for w in works))
+
+    async def consume(self, prefetch: int, deliver: Callable[[Delivery], None]) -> None:
+        await self._consume(self.names["work"], prefetch, deliver)
+
+    async def consume_dead(self, deliver: Callable[[Delivery], None]) -> None:
+        """The dead-lettered messages, as `consume` delivers work (relay.py ends them)."""
+        await self._consume(self.names["dead"], 16, deliver)
+
+    async def _consume(self, queue_name: str, prefetch: int,
+                       deliver: Callable[[Delivery], None]) -> None:
+        await self._channel()
+        assert self._connection is not None
+        channel = await self._connection.channel()
+        try:
+            await channel.set_qos(prefetch_count=prefetch)
+            queue = await channel.get_queue(queue_name, ensure=True)
+            await queue.consume(_receiver(deliver))
+            await asyncio.Future()  # until cancelled; the robust channel consumes again
+        finally:
+            if not channel.is_closed:
+                await channel.close()
+
+    async def close(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None and not connection.is_closed:
+            await connection.close()
+
+
+def _receiver(deliver: Callable[[Delivery], None]
+              ) -> Callable[[AbstractIncomingMessage], Awaitable[None]]:
+    async def receive(message: AbstractIncomingMessage) -> None:
+        try:
+            work = Work.decode(message.body)
+        except BadWork as exc:
+            # not ours (we publish only Work): nothing in the ledger to end; dropped loudly
+            log.error("broker: a message that is not work was dropped",
+                      extra={"reason": str(exc), "message_id": message.message_id})
+            await message.reject(requeue=False)
+            return
+        deliver(RabbitDelivery(message, work))
+    return receive
+
+
+async def declare(channel: AbstractChannel, names: dict[str, str]) -> dict[str, AbstractQueue]:
+    """Declare a region's queues (idempotent; the same arguments every time, or RabbitMQ
+    refuses the declaration)."""
+    at_least_once: dict[str, Any] = {"x-queue-type": "quorum",
+                                     "x-dead-letter-strategy": "at-least-once",
+                                     "x-overflow": "reject-publish",
+                                     "x-dead-letter-exchange": ""}
+    queues = {"dead": await channel.declare_queue(
+        names["dead"], durable=True, arguments={"x-queue-type": "quorum"})}
+    queues["work"] = await channel.declare_queue(names["work"], durable=True, arguments={
+        **at_least_once, "x-delivery-limit": REDELIVERIES,
+        "x-dead-letter-routing-key": names["dead"]})
+    for s in WAITS_S:
+        queues[f"wait.{s}"] = await channel.declare_queue(
+            names[f"wait.{s}"], durable=True, arguments={
+                **at_least_once, "x-message-ttl": s * 1000,
+                "x-dead-letter-routing-key": names["work"]})
+    return queues

@@ -1,0 +1,119 @@
+"""The relay: the leader's duty that hands the outbox to the broker, and ends in the ledger
+what the broker gave up on.
+
+A pass reads what waits (outbox.py), publishes each row's pending items as one `Work`
+message (its origin, `batch:<id>` or `receipt:<id>`, is the message id), waits for the
+broker's confirms, then marks the rows enqueued. A crash or a lost connection between the
+confirm and the mark publishes the same rows again on the next pass: the same message
+twice, which consumers fence in the ledger (a finished item is never called again, a
+leased one waits for its lease). Nothing is lost: a row is marked only once confirmed.
+
+Messages dead-lettered by the broker (delivered more times than its limit: every consumer
+that held them died) end here: their items that no running lease holds go `dead` with the
+reason `broker_delivery_limit`, those a lease holds are handed back to the broker to come
+back after it, and only then is the dead letter settled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Final
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.execution import outbox
+from service.execution.ports import Broker, Delivery
+from service.execution.work import MAX_IDS, Work
+from service.observability.failures import InternalErrors, expected
+from service.observability.metrics import Where
+
+log = logging.getLogger("service.execution")
+
+POLL_S: Final = 0.1  # between passes that found nothing (a pass on an empty outbox is an
+#                      index probe of two empty partial indexes)
+ERROR_BACKOFF_MAX_S: Final = 5.0
+DEAD_REASON: Final = "broker_delivery_limit"
+LEASE_RECHECK_S: Final = 30.0  # a dead letter's leased items come back after this
+
+
+def works_of(kind: str, row_id: int, item_ids: list[int]) -> list[Work]:
+    """An outbox row's messages: its pending items, MAX_IDS at most per message."""
+    return [Work.of(f"{kind}:{row_id}", item_ids[i:i + MAX_IDS])
+            for i in range(0, len(item_ids), MAX_IDS)]
+
+
+async def relay_once(engine: AsyncEngine, broker: Broker) -> int:
+    """One pass: publish what waits, confirmed, then mark it. The rows handed over."""
+    rows = await outbox.waiting(engine)
+    if not rows:
+        return 0
+    await broker.publish([w for kind, row_id, ids in rows for w in works_of(kind, row_id, ids)])
+    await outbox.mark(engine, batches=[r for kind, r, _ in rows if kind == "batch"],
+                      receipts=[r for kind, r, _ in rows if kind == "receipt"])
+    return len(rows)
+
+
+async def end_dead_letter(engine: AsyncEngine, broker: Broker, delivery: Delivery) -> None:
+    """End a dead letter's items in the ledger (or defer those a lease holds), then settle."""
+    leased = await outbox.end_dead(engine, delivery.work.item_ids, DEAD_REASON)
+    if leased:
+        await broker.defer([delivery.work.part(leased)], LEASE_RECHECK_S)
+    log.warning("broker: a message reached its delivery limit; its items end dead",
+                extra={"origin": delivery.work.origin,
+                       "items": len(delivery.work.item_ids) - len(leased)})
+    await delivery.settle()
+
+
+class Relay:
+    """The duty: `run()` passes until cancelled, and ends dead letters as they come."""
+
+    def __init__(self, engine: AsyncEngine, broker: Broker, *, poll_s: float = POLL_S
+                 ) -> None:
+        self.engine, self.broker, self.poll_s = engine, broker, poll_s
+        self._dead: asyncio.Queue[Delivery] = asyncio.Queue()
+        self._errors = InternalErrors(log)
+
+    async def run(self) -> None:
+        consumer = asyncio.create_task(self.broker.consume_dead(self._dead.put_nowait))
+        ender = asyncio.create_task(self._end_dead())
+        try:
+            await self._relay()
+        finally:
+            for task in (consumer, ender):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+
+    async def _relay(self) -> None:
+        backoff = 0.1
+        while True:
+            try:
+                handed = await relay_once(self.engine, self.broker)
+                backoff = 0.1
+            except Exception as exc:
+                self._failed(exc)
+                await asyncio.sleep(backoff)
+                backoff = min(ERROR_BACKOFF_MAX_S, backoff * 2)
+                continue
+            if not handed:
+                await asyncio.sleep(self.poll_s)
+
+    async def _end_dead(self) -> None:
+        while True:
+            delivery = await self._dead.get()
+            while True:
+                try:
+                    await end_dead_letter(self.engine, self.broker, delivery)
+                    break
+                except Exception as exc:
+                    self._failed(exc)
+                    await asyncio.sleep(1.0)
+
+    def _failed(self, exc: Exception) -> None:
+        if expected(exc) or isinstance(exc, (ConnectionError, OSError, TimeoutError)):
+            log.warning("relay: database or broker unavailable; retrying",
+                        extra={"error_type": type(exc).__name__})
+        else:
+            self._errors.caught(Where.RELAY, exc)

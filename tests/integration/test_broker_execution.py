@@ -1,0 +1,240 @@
+"""Broker mode end to end (SWEEPER_EXECUTION=rabbitmq) on the machine's RabbitMQ, a real
+database and the fake upstream: the relay hands the outbox to quorum queues, workers
+consume, and the ledger fences every claim and outcome, so a message published or
+delivered twice calls nothing twice, and a poison message ends its items dead in the
+ledger. Each test has queues of its own (the `broker` fixture's region)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import aio_pika
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.config.policies import Policies
+from service.execution import outbox
+from service.execution.rabbitmq import REDELIVERIES, RabbitBroker
+from service.execution.relay import Relay, relay_once, works_of
+from service.execution.work import Work
+from service.upstreams.deletion_api import Upstreams
+from service.webhooks import intake
+from service.worker import WorkerPool, database_pool
+from tests.conftest import AMQP_URL, test_settings
+from tests.fakes.upstream import FakeUpstream
+from tests.integration.test_pipeline import make_policies, register, release_all, statuses
+from tests.integration.test_webhooks import make_policies as webhook_policies
+from tests.integration.test_webhooks import shopify, verified
+
+WAIT_S = 30.0
+
+
+async def until(what: str, check: Callable[[], Awaitable[bool]], seconds: float = WAIT_S
+                ) -> None:
+    """Wait for `check` to hold (polled), failing with `what` after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not await check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
+async def queue_depth(broker: RabbitBroker, role: str = "work") -> int:
+    """Messages ready in one of the broker's queues (not those delivered and unsettled)."""
+    connection = await aio_pika.connect(AMQP_URL)
+    async with connection:
+        channel = await connection.channel()
+        queue = await channel.declare_queue(broker.names[role], passive=True)
+        return int(queue.declaration_result.message_count or 0)
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[FakeUpstream]:
+    async with FakeUpstream() as up:
+        yield up
+
+
+class Running:
+    """A pool in broker mode, running as the worker process runs it."""
+
+    def __init__(self, engine: AsyncEngine, policies: Policies, broker: RabbitBroker) -> None:
+        self.upstreams = Upstreams(policies.upstreams)
+        self.pool: WorkerPool = database_pool(engine, policies, self.upstreams,
+                                              concurrency=8, broker=broker, prefetch=4)
+        self.task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> WorkerPool:
+        self.task = asyncio.create_task(self.pool.run())
+        return self.pool
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.pool.stop()
+        assert self.task is not None
+        await self.task
+        await self.upstreams.aclose()
+
+
+def all_succeeded(engine: AsyncEngine, n: int) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return await statuses(engine) == {"succeeded": n}
+    return check
+
+
+async def test_a_run_drains_through_the_broker_each_item_once(
+        engine: AsyncEngine, broker: RabbitBroker, upstream: FakeUpstream) -> None:
+    policies = make_policies(upstream.base_url)
+    await register(engine, policies, 120)
+    await release_all(engine)  # three batches of 50, 50 and 20
+    assert await relay_once(engine, broker) == 3
+    assert await outbox.waiting(engine) == []  # marked once confirmed
+    assert await queue_depth(broker) == 3
+    async with Running(engine, policies, broker):
+        await until("every item succeeded", all_succeeded(engine, 120))
+    keys = [c.idempotency_key for c in upstream.calls()]
+    assert len(keys) == 120 and len(set(keys)) == 120
+    assert await queue_depth(broker) == 0  # every message settled, none dead-lettered
+    assert await queue_depth(broker, "dead") == 0
+
+
+async def test_a_message_carries_ledger_ids_and_its_batch_only(
+        engine: AsyncEngine, broker: RabbitBroker, upstream: FakeUpstream) -> None:
+    policies = make_policies(upstream.base_url)
+    await register(engine, policies, 5, tenant="acme-secret-tenant")
+    await release_all(engine)
+    await relay_once(engine, broker)
+    async with engine.connect() as conn:
+        batch, ids = (await conn.execute(text(
+            "SELECT min(batch_id), array_agg(id ORDER BY id) FROM items"))).one()
+    connection = await aio_pika.connect(AMQP_URL)
+    async with connection:
+        channel = await connection.channel()
+        queue = await channel.declare_queue(broker.names["work"], passive=True)
+        message = await queue.get(timeout=5)
+        assert message is not None
+        await message.reject(requeue=True)
+    assert message.message_id == f"batch:{batch}"
+    assert Work.decode(message.body) == Work(f"batch:{batch}", tuple(ids))
+    body = message.body.decode()
+    assert "acme" not in body and "cart" not in body  # no tenant, no object id
+    assert message.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
+
+
+async def test_a_batch_published_twice_is_called_once(
+        engine: AsyncEngine, broker: RabbitBroker, upstream: FakeUpstream) -> None:
+    """The relay crashed between the broker's confirm and its mark: the next pass publishes
+    the same batches again, and the ledger's fencing calls each item once."""
+    policies = make_policies(upstream.base_url)
+    await register(engine, policies, 60)
+    await release_all(engine)
+    waiting = await outbox.waiting(engine)
+    await broker.publish([w for kind, i, ids in waiting for w in works_of(kind, i, ids)])
+    assert await relay_once(engine, broker) == 2  # unmarked: handed over again
+    assert await queue_depth(broker) == 4
+    async with Running(engine, policies, broker):
+        await until("every item succeeded", all_succeeded(engine, 60))
+        await until("every message settled", lambda: _settled(broker))
+    keys = [c.idempotency_key for c in upstream.calls()]
+    assert len(keys) == 60 and len(set(keys)) == 60
+
+
+async def _settled(broker: RabbitBroker) -> bool:
+    return await queue_depth(broker) == 0
+
+
+async def test_a_message_of_finished_items_calls_nothing(
+        engine: AsyncEngine, broker: RabbitBroker, upstream: FakeUpstream) -> None:
+    policies = make_policies(upstream.base_url)
+    await register(engine, policies, 10)
+    await release_all(engine)
+    await relay_once(engine, broker)
+    async with Running(engine, policies, broker) as pool:
+        await until("every item succeeded", all_succeeded(engine, 10))
+        calls = len(upstream.calls())
+        settled = pool.ports.completion.settled  # type: ignore[attr-defined]
+        async with engine.connect() as conn:
+            ids = (await conn.execute(text("SELECT array_agg(id ORDER BY id) FROM items"))
+                   ).scalar_one()
+        await broker.publish([Work.of("batch:1", ids)])  # a stray copy, delivered again
+
+        async def copy_settled() -> bool:
+            return pool.ports.completion.settled > settled  # type: ignore[attr-defined]
+        await until("the copy settled", copy_settled)
+    assert len(upstream.calls()) == calls == 10
+    assert await queue_depth(broker) == 0
+
+
+async def test_a_message_past_its_delivery_limit_ends_its_items_dead_in_the_ledger(
+        engine: AsyncEngine, broker: RabbitBroker, upstream: FakeUpstream) -> None:
+    """Every consumer that took the message died with it: on its last allowed delivery its
+    items end `dead` with the reason, uncalled, and the message is settled."""
+    policies = make_policies(upstream.base_url)
+    await register(engine, policies, 3)
+    await release_all(engine)
+    await relay_once(engine, broker)
+    for _ in range(REDELIVERIES):  # a consumer takes it and its channel dies
+        connection = await aio_pika.connect(AMQP_URL)
+        async with connection:
+            channel = await connection.channel()
+            queue = await channel.declare_queue(broker.names["work"], passive=True)
+            assert await queue.get(timeout=5) is not None
+    async with Running(engine, policies, broker):
+        async def ended() -> bool:
+            return await statuses(engine) == {"dead": 3}
+        await until("the items ended dead", ended)
+        await until("the message settled", lambda: _settled(broker))
+    async with engine.connect() as conn:
+        reasons = (await conn.execute(text("SELECT DISTINCT dead_reason FROM items"))).all()
+    assert reasons == [("broker_delivery_limit",)]
+    assert upstream.calls() == []
+
+
+async def test_the_relay_hands_over_webhook_releases_and_ends_dead_letters(
+        db_url: str, engine: AsyncEngine, broker: RabbitBroker) -> None:
+    """The relay as the leader runs it: a webhook delivery that released an item reaches
+    the broker (its receipt marked), and a message the broker dead-lettered ends its items
+    dead in the ledger."""
+    policies = webhook_policies()
+    box = intake.Intake()
+    try:
+        receipt = await box.apply(engine.url, test_settings(db_url), verified(
+            policies, shopify("orders/cancelled", {"id": 5})))
+    finally:
+        await box.aclose()
+    assert receipt.released == 1
+    relay = asyncio.create_task(Relay(engine, broker, poll_s=0.01).run())
+    try:
+        async def handed() -> bool:
+            return await outbox.waiting(engine) == []
+        await until("the outbox handed over", handed)
+        async with _taken(broker) as message:
+            assert message.message_id == f"receipt:{await _receipt_id(engine)}"
+            assert Work.decode(message.body).item_ids == receipt.item_ids
+            await message.reject(requeue=False)  # dead-lettered, as past the delivery limit
+
+        async def ended() -> bool:
+            return await statuses(engine) == {"dead": 1}
+        await until("the dead letter's item ended", ended)
+    finally:
+        relay.cancel()
+        await asyncio.gather(relay, return_exceptions=True)
+    assert await queue_depth(broker, "dead") == 0
+
+
+@contextlib.asynccontextmanager
+async def _taken(broker: RabbitBroker) -> AsyncIterator[aio_pika.abc.AbstractIncomingMessage]:
+    """The next message of the work queue, its channel open until the block ends."""
+    connection = await aio_pika.connect(AMQP_URL)
+    async with connection:
+        channel = await connection.channel()
+        queue = await channel.declare_queue(broker.names["work"], passive=True)
+        message = await queue.get(timeout=5)
+        assert message is not None
+        yield message
+
+
+async def _receipt_id(engine: AsyncEngine) -> int:
+    async with engine.connect() as conn:
+        return int((await conn.execute(text("SELECT id FROM webhook_receipts"))).scalar_one())
