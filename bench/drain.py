@@ -39,14 +39,19 @@ import importlib
 import os
 import pstats
 import random
+import re
+import subprocess
 import sys
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, NamedTuple
+from urllib.parse import urlsplit
 
+import aio_pika
 import httpx
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -71,6 +76,8 @@ from bench.common import (
 from bench.plans import PlanCatcher, StatementKind
 from service.commands.startup import settle_heap
 from service.config.policies import Policies, Policy, resolve_policies
+from service.execution.rabbitmq import RabbitBroker
+from service.execution.relay import Relay
 from service.ledger import registration
 from service.protocols.http1_requests import serialized
 from service.protocols.transport import Http1Transport, refuse_unsendable
@@ -79,6 +86,8 @@ from service.upstreams.deletion_api import Upstreams
 from service.worker import database_pool
 
 MODES = ("mock", "loopback")
+EXECUTIONS = ("database", "rabbitmq")
+BROKER_PREFETCH = 16  # SWEEPER_BROKER_PREFETCH's default
 DEFAULT_CONCURRENCY = (16, 64, 256)
 POLICY = "bench-carts"
 UPSTREAM = "bench"
@@ -104,6 +113,13 @@ def _mode_list(value: str) -> list[str]:
     return modes
 
 
+def _execution_list(value: str) -> list[str]:
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    if not names or any(n not in EXECUTIONS for n in names):
+        raise argparse.ArgumentTypeError(f"a comma-separated list of {', '.join(EXECUTIONS)}")
+    return names
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--items", type=int, default=20_000,
                         help="items released and drained per repetition (default 20000)")
@@ -119,6 +135,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default 16,64,256)")
     parser.add_argument("--modes", type=_mode_list, default=list(MODES),
                         help="upstream modes: mock, loopback (default both)")
+    parser.add_argument("--execution", type=_execution_list, default=["database"],
+                        help="where the workers take items from, side by side: database "
+                             "and/or rabbitmq (SWEEPER_EXECUTION; RabbitMQ at "
+                             "--broker-url); each cell is labelled mode or mode+rabbitmq")
+    parser.add_argument("--broker-url", default=os.environ.get(
+                            "SWEEPER_BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
+                        help="RabbitMQ for --execution rabbitmq (default "
+                             "SWEEPER_BENCH_AMQP_URL or the machine's on 5672)")
     parser.add_argument("--log-level", choices=("INFO", "WARNING"), default="INFO",
                         help="service log level during the sweep (JSON to /dev/null; "
                              "default INFO, as deployed)")
@@ -347,14 +371,52 @@ def _leases_of(_args: Sequence[Any], result: Any) -> int:
     return len(getattr(result, "leases", ()))
 
 
+def cell_name(mode: str, execution: str) -> str:
+    """A result cell's label: the upstream mode, and `+rabbitmq` in broker mode."""
+    return mode if execution == "database" else f"{mode}+{execution}"
+
+
+@contextlib.asynccontextmanager
+async def fresh_queues(url: str | None) -> AsyncIterator[RabbitBroker | None]:
+    """A broker of queues of its own (a region named for this drain), deleted after; None
+    without a URL (database mode)."""
+    if url is None:
+        yield None
+        return
+    broker = RabbitBroker(url, region=f"bench{os.getpid()}x{uuid.uuid4().hex[:8]}")
+    try:
+        yield broker
+    finally:
+        await broker.close()
+        connection = await aio_pika.connect(url)
+        async with connection:
+            channel = await connection.channel()
+            for name in broker.names.values():
+                await channel.queue_delete(name)
+
+
+def listener_pid(port: int) -> int | None:
+    """The pid of the process listening on `port` on this machine (RabbitMQ's node), from
+    `ss`; None when it is not found (a remote broker)."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        out = subprocess.run(["ss", "-Hltnp", f"sport = :{port}"], capture_output=True,
+                             text=True, timeout=10, check=True).stdout
+        found = re.search(r"pid=(\d+)", out)
+        return int(found.group(1)) if found else None
+    return None
+
+
 async def drain(engine: AsyncEngine, policies: Policies, upstreams: Upstreams, *, target: int,
                 concurrency: int, deadline_s: float, profiler: cProfile.Profile | None = None,
                 upstream_cpu: Callable[[], float | None] = lambda: None,
-                server_url: str | None = None) -> dict[str, Any]:
+                server_url: str | None = None, broker: RabbitBroker | None = None,
+                broker_port: int = 5672) -> dict[str, Any]:
     """Run one WorkerPool until `target` items reached a terminal state, then stop it.
     With `server_url` (the maintenance database), also count what the drain made the
     database do (bench/counts.py): the engine's connections are closed before and after,
-    so every connection of the drain is opened and closed inside the window."""
+    so every connection of the drain is opened and closed inside the window. With `broker`
+    (broker mode), the leader's relay runs beside the pool inside the window and hands the
+    seeded batches over, as `sweeper serve` does, and RabbitMQ's CPU is counted too."""
     window = None
     if server_url is not None:
         window = counts.Window(server_url, engine.url.render_as_string(hide_password=False),
@@ -362,7 +424,9 @@ async def drain(engine: AsyncEngine, policies: Policies, upstreams: Upstreams, *
         await engine.dispose()  # the setup's connections publish their counters on exit
         await window.open()
     pool = database_pool(engine, policies, upstreams, concurrency=concurrency,
-                      name=f"bench-worker-{os.getpid()}", rng=random.Random(7))
+                         name=f"bench-worker-{os.getpid()}", rng=random.Random(7),
+                         broker=broker, prefetch=BROKER_PREFETCH)
+    broker_pid = None if broker is None else listener_pid(broker_port)
     finished = {"succeeded": 0, "dead": 0}
 
     def completions_of(args: Sequence[Any], result: Any) -> int:
@@ -396,11 +460,13 @@ async def drain(engine: AsyncEngine, policies: Policies, upstreams: Upstreams, *
         monitor_url = server_url or db_url
         db_before = await backend_cpu(monitor_url, str(db_name))
         up_before = upstream_cpu()
+        broker_before = None if broker_pid is None else cpu_seconds(broker_pid)
         load = os.getloadavg()[0]
         cpu_started = time.process_time()
         started = time.perf_counter()
         if profiler is not None:
             profiler.enable()
+        relay = None if broker is None else asyncio.create_task(Relay(engine, broker).run())
         task = asyncio.create_task(pool.run())
         last, last_change = 0, started
         try:
@@ -419,10 +485,14 @@ async def drain(engine: AsyncEngine, policies: Policies, upstreams: Upstreams, *
             elapsed = time.perf_counter() - started
             cpu = time.process_time() - cpu_started
             up_after = upstream_cpu()
+            broker_after = None if broker_pid is None else cpu_seconds(broker_pid)
             db_cpu = cpu_spent(db_before, await backend_cpu(monitor_url, str(db_name)))
         finally:
             pool.stop()
             await asyncio.wait_for(task, 60)
+            if relay is not None:
+                relay.cancel()
+                await asyncio.gather(relay, return_exceptions=True)
             if profiler is not None:
                 profiler.disable()
     measured = None
@@ -441,6 +511,9 @@ async def drain(engine: AsyncEngine, policies: Policies, upstreams: Upstreams, *
         # the fake upstream's process (loopback mode; None when it answers in this process)
         "upstream_cpu_us_per_item": None if up_before is None or up_after is None
         else round(1e6 * (up_after - up_before) / target, 1),
+        # RabbitMQ's node (broker mode, a node on this machine; None otherwise)
+        "broker_cpu_us_per_item": None if broker_before is None or broker_after is None
+        else round(1e6 * (broker_after - broker_before) / target, 1),
         "load_average_1m_at_start": load,
         "completed": pool.completed, "fenced": pool.fenced, "reclaimed": pool.reclaimed,
         "succeeded_commits": finished["succeeded"], "dead_commits": finished["dead"],
@@ -456,12 +529,13 @@ async def drain(engine: AsyncEngine, policies: Policies, upstreams: Upstreams, *
 
 async def repetition(ctx: BenchContext, args: argparse.Namespace, *, mode: str, items: int,
                      concurrency: int, log_level: str, label: str,
-                     quiet: Sequence[str] = (), profiler: cProfile.Profile | None = None
-                     ) -> dict[str, Any]:
-    """Fresh database, seed, drain once, verify."""
+                     quiet: Sequence[str] = (), profiler: cProfile.Profile | None = None,
+                     execution: str = "database") -> dict[str, Any]:
+    """Fresh database (and, in broker mode, fresh queues), seed, drain once, verify."""
     configure_service_logging(log_level, quiet=quiet)
     async with (fresh_database(ctx.server_url, f"drain_{mode}") as db,
-                upstream_for(mode, args.fake_upstream, ctx.repo_root) as up):
+                upstream_for(mode, args.fake_upstream, ctx.repo_root) as up,
+                fresh_queues(args.broker_url if execution == "rabbitmq" else None) as broker):
         policies = bench_policies(up.base_url, max(100, concurrency))
         seeding = await seed(db.engine, policies.policies[POLICY], items)
         upstreams = Upstreams(policies.upstreams, transport=up.transport)
@@ -469,7 +543,8 @@ async def repetition(ctx: BenchContext, args: argparse.Namespace, *, mode: str, 
             result = await drain(db.engine, policies, upstreams, target=items,
                                  concurrency=concurrency, deadline_s=args.drain_timeout,
                                  profiler=profiler, upstream_cpu=up.cpu,
-                                 server_url=ctx.server_url)
+                                 server_url=ctx.server_url, broker=broker,
+                                 broker_port=urlsplit(args.broker_url).port or 5672)
         finally:
             await upstreams.aclose()
         statuses = await status_counts(db.engine)
@@ -480,14 +555,15 @@ async def repetition(ctx: BenchContext, args: argparse.Namespace, *, mode: str, 
     # writes an attempt row (the item row and the evidence log record it either way)
     failed = {k: n for k, n in by_outcome.items() if k != "succeeded"}
     ok = statuses == {"succeeded": items} and not failed
-    doc = {"mode": mode, "concurrency": concurrency, "log_level": log_level,
+    doc = {"mode": mode, "execution": execution, "concurrency": concurrency,
+           "log_level": log_level,
            "quieted_loggers": list(quiet), "items": items, **result,
            "db_status": statuses, "attempt_rows": attempts, "attempts_by_outcome": by_outcome,
            "failed_attempt_rows": sum(failed.values()),
            "upstream_calls": calls, "all_succeeded": ok,
            "setup": {"create_and_migrate_seconds": round(db.create_seconds, 3), **seeding}}
     shown = log_level + ("/quiet " + ",".join(quiet) if quiet else "")
-    progress(f"{label}: {mode:8} c={concurrency:<4} log={shown:7} "
+    progress(f"{label}: {cell_name(mode, execution):17} c={concurrency:<4} log={shown:7} "
              f"{doc['items_per_s']:>8.0f} items/s  ({doc['seconds']:.2f}s, "
              f"cpu {doc['process_cpu_share']:.0%}, claims {doc['claim']['calls']}, "
              f"{'ok' if ok else 'MISMATCH ' + str(statuses)}"
@@ -679,7 +755,8 @@ async def run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
     side_items = min(args.side_items, args.items)
     parameters = {
         "items": items, "side_items": side_items, "repeat": args.repeat,
-        "concurrency": sweep, "modes": args.modes,
+        "concurrency": sweep, "modes": args.modes, "execution": args.execution,
+        "broker_prefetch": BROKER_PREFETCH,
         "log_level": args.log_level, "log_format": "json to /dev/null",
         "fake_upstream": args.fake_upstream, "tenants": len(TENANTS),
         "register_chunk": REGISTER_CHUNK, "batch_size": BATCH_SIZE, "policies": 1,
@@ -689,14 +766,16 @@ async def run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
         "order": "interleaved: for each repetition, every mode and concurrency",
     }
     # the sweep, interleaved so slow drift on a shared machine hits every cell alike
-    reps: dict[str, dict[str, list[dict[str, Any]]]] = {m: {str(c): [] for c in sweep}
-                                                        for m in args.modes}
+    cells = [(m, e) for m in args.modes for e in args.execution]
+    reps: dict[str, dict[str, list[dict[str, Any]]]] = {
+        cell_name(m, e): {str(c): [] for c in sweep} for m, e in cells}
     for rep in range(args.repeat):
-        for mode in args.modes:
+        for mode, execution in cells:
             for c in sweep:
-                reps[mode][str(c)].append(await repetition(
+                reps[cell_name(mode, execution)][str(c)].append(await repetition(
                     ctx, args, mode=mode, items=items[mode], concurrency=c,
-                    log_level=args.log_level, label=f"rep {rep + 1}/{args.repeat}"))
+                    log_level=args.log_level, label=f"rep {rep + 1}/{args.repeat}",
+                    execution=execution))
     results: dict[str, dict[str, Any]] = {}
     for mode, cells in reps.items():
         results[mode] = {}
@@ -706,7 +785,8 @@ async def run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
                 "seconds": summarize([r["seconds"] for r in rows]),
                 "cpu_us_per_item": summarize([r["cpu_us_per_item"] for r in rows]),
                 **{key: summarize([r[key] for r in rows if r[key] is not None])
-                   for key in ("database_cpu_us_per_item", "upstream_cpu_us_per_item")},
+                   for key in ("database_cpu_us_per_item", "upstream_cpu_us_per_item",
+                               "broker_cpu_us_per_item")},
                 "claim_rows_per_call": summarize([r["claim"]["rows_per_call"] or 0
                                                   for r in rows]),
                 "claim_wall_ms_mean": summarize([r["claim"]["wall_ms_mean"] or 0

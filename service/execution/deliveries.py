@@ -47,8 +47,8 @@ DEAD_REASON: Final = "broker_delivery_limit"
 class DeliveredLedger(Protocol):
     """The ledger statements a worker in broker mode runs (service/worker/postgres.py)."""
 
-    async def admit_delivered(self, wants: Mapping[str, int], only: Sequence[int]
-                              ) -> Admission: ...
+    async def admit_delivered(self, wants: Mapping[str, int],
+                              only: Sequence[tuple[int, str]]) -> Admission: ...
 
     async def sort_delivered(self, item_ids: Sequence[int]) -> dict[int, Sorted]: ...
 
@@ -135,7 +135,7 @@ class DeliveredWork:
 
     async def admit(self, wants: Mapping[str, int]) -> Admission:
         """Tokens and leases as claims.admit, from among the items in hand only."""
-        only = [i for scope, n in wants.items()
+        only = [(i, scope) for scope, n in wants.items()
                 for i in list(self._ready.get(scope, {}))[:n * self._per_call.get(scope, 1)]]
         admitted = await self.ledger.admit_delivered(wants, only)
         now = time.monotonic()
@@ -159,7 +159,7 @@ class DeliveredWork:
             if used[scope] < grant.granted * grant.per_call:
                 # granted but fewer leased than offered: those offered and not leased are
                 # no longer ready (leased elsewhere, not due, held): read them again
-                for item_id in [i for i in only if i in ready]:
+                for item_id in [i for i, _ in only if i in ready]:
                     self._resort[item_id] = ready.pop(item_id)
         await self._starved(now)
         await self._finish_settled()

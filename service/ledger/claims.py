@@ -88,16 +88,19 @@ _FROM_POSITION: Final = f"""
             LIMIT g.n * g.per_call
             FOR UPDATE OF i SKIP LOCKED"""  # noqa: S608 - only constant fragments
 
-# The same, of only the items a broker delivered (:only, by id; broker mode): the scope's
-# position is neither read nor needed, the ids bound the rows read.
+# The same, of only the items a broker delivered (:only, by id, each with its scope in
+# :only_scopes; broker mode): each scope probes its own ids by primary key; the scope's
+# position is neither read nor needed.
 _DELIVERED: Final = f"""
             SELECT i.id, coalesce(i.batch_id, 0) AS batch_key,
                    i.lease_token IS NOT NULL AS reclaimed,
                    i.attempts >= coalesce(
                        (SELECT m.n FROM attempt_limits m WHERE m.policy = i.policy),
                        2147483647) AS used_up
-            FROM items i
-            WHERE i.id = ANY(CAST(:only AS bigint[])) AND i.scope = g.scope
+            FROM unnest(CAST(:only AS bigint[]), CAST(:only_scopes AS text[]))
+                 AS d(id, scope)
+                 JOIN items i ON i.id = d.id
+            WHERE d.scope = g.scope AND i.scope = g.scope
               AND {ready_item("clock.now")}
             ORDER BY i.id
             LIMIT g.n * g.per_call
@@ -254,18 +257,20 @@ class Admission:
 async def admit(db: Database, *, owner: str, wants: Mapping[str, int],
                 lease_seconds: Mapping[str, int], default_lease_seconds: int = 60,
                 max_attempts: Mapping[str, int] | None = None,
-                lookahead_s: float = LOOKAHEAD_S, only: Sequence[int] | None = None
-                ) -> Admission:
+                lookahead_s: float = LOOKAHEAD_S,
+                only: Sequence[tuple[int, str]] | None = None) -> Admission:
     """Take up to wants[scope] tokens per scope and lease at most that many items of each
     for `owner`, charging the buckets only for the items leased; committed on return. An
     expired lease of an item with `max_attempts[policy]` attempts used goes `dead`. With
-    `only` (broker mode), the items are leased from among those ids alone."""
+    `only` (broker mode: (item id, its scope) pairs), the items are leased from among
+    those alone."""
     wanted = {scope: n for scope, n in wants.items() if n > 0}
     if not wanted:
         return Admission(grants=[], leases=[])
     names = sorted(wanted)
     rows = await fetch_records(db, _ADMIT if only is None else _ADMIT_DELIVERED, {
-        **({} if only is None else {"only": list(only)}),
+        **({} if only is None else {"only": [i for i, _ in only],
+                                    "only_scopes": [scope for _, scope in only]}),
         "names": names, "wants": [wanted[n] for n in names], "owner": owner,
         "lookahead": lookahead_s, "policy_names": list(lease_seconds),
         "lease_seconds": list(lease_seconds.values()), "default_lease": default_lease_seconds,

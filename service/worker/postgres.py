@@ -97,8 +97,8 @@ class PostgresLedger:
 
     # -- admission in broker mode (service/execution/deliveries.py) --------------------
 
-    async def admit_delivered(self, wants: Mapping[str, int], only: Sequence[int]
-                              ) -> Admission:
+    async def admit_delivered(self, wants: Mapping[str, int],
+                              only: Sequence[tuple[int, str]]) -> Admission:
         async with self._on(self._admitting) as db:
             return await claims.admit(db, owner=self.owner, wants=wants,
                                       lease_seconds=self._lease_seconds,

@@ -117,6 +117,28 @@ def assert_drain_counts(counts: dict[str, Any], n: int) -> None:
         assert all(counts[k] is None and per_item[k] is None for k in pgss)
 
 
+def test_drain_benchmark_in_both_executions(pg_server_url: str, tmp_path: Path,
+                                            restore_logging: None) -> None:
+    """`--execution database,rabbitmq`: the same drain through the ledger's queue and
+    through RabbitMQ, side by side, each item once, the broker's node's CPU counted."""
+    amqp = require_rabbitmq()
+    out = tmp_path / "bench.json"
+    assert bench_main([
+        "drain", "--items", str(ITEMS), "--repeat", "1", "--concurrency", str(CONCURRENCY),
+        "--modes", "mock", "--execution", "database,rabbitmq", "--broker-url", amqp,
+        "--no-log-compare", "--no-profile", "--no-explain",
+        "--database-url", pg_server_url, "--json-out", str(out)]) == 0
+    drain = json.loads(out.read_text(encoding="utf-8"))["benchmarks"]["drain"]
+    assert drain["parameters"]["execution"] == ["database", "rabbitmq"]
+    for cell_name, execution in (("mock", "database"), ("mock+rabbitmq", "rabbitmq")):
+        [rep] = drain["results"][cell_name][str(CONCURRENCY)]["repetitions"]
+        assert rep["execution"] == execution and rep["all_succeeded"] is True
+        assert rep["db_status"] == {"succeeded": ITEMS} and rep["upstream_calls"] == ITEMS
+        assert_drain_counts(rep["counts"], ITEMS)
+        # RabbitMQ runs on this machine: its node's CPU is read from /proc
+        assert (rep["broker_cpu_us_per_item"] is None) == (execution == "database")
+
+
 @pytest.mark.slow
 def test_drain_counts_with_pg_stat_statements(tmp_path: Path, restore_logging: None,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
