@@ -13,6 +13,7 @@ import gc
 import inspect
 import os
 import queue
+import shutil
 import socket
 import tempfile
 import threading
@@ -600,3 +601,30 @@ async def broker() -> AsyncIterator[RabbitBroker]:
             channel = await connection.channel()
             for name in made.names.values():
                 await channel.queue_delete(name)
+
+
+async def _rabbitmqctl(*args: str) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        "rabbitmqctl", *args, stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE)
+    _, err = await proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"rabbitmqctl {args[0]}: {err.decode(errors='replace')[-500:]}")
+
+
+@pytest.fixture
+async def broker_url() -> AsyncIterator[str]:
+    """An AMQP URL of a vhost of this test's own on the machine's RabbitMQ, deleted after:
+    the URL a Sweeper deployment is given (its queues are `sweeper.*` in that vhost)."""
+    require_rabbitmq()
+    if shutil.which("rabbitmqctl") is None:
+        if os.environ.get("SWEEPER_REQUIRE_TOOLS"):
+            pytest.fail("rabbitmqctl is missing (it makes each test's vhost)")
+        pytest.skip("no rabbitmqctl to make a vhost")
+    vhost = f"sweeper_test_{uuid.uuid4().hex[:12]}"
+    await _rabbitmqctl("add_vhost", vhost)
+    try:
+        await _rabbitmqctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
+        yield f"{AMQP_URL}{vhost}"
+    finally:
+        await _rabbitmqctl("delete_vhost", vhost)

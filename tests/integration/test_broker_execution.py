@@ -9,23 +9,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aio_pika
+import httpx
 import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config.policies import Policies
 from service.execution import outbox
-from service.execution.rabbitmq import REDELIVERIES, RabbitBroker
+from service.execution.rabbitmq import REDELIVERIES, RabbitBroker, queue_names
 from service.execution.relay import Relay, relay_once, works_of
 from service.execution.work import Work
 from service.upstreams.deletion_api import Upstreams
 from service.webhooks import intake
 from service.worker import WorkerPool, database_pool
-from tests.conftest import AMQP_URL, test_settings
-from tests.fakes.upstream import FakeUpstream
+from tests.conftest import AMQP_URL, LiveServer, test_settings
+from tests.fakes.upstream import FakeUpstream, Fault
 from tests.integration.test_pipeline import make_policies, register, release_all, statuses
 from tests.integration.test_webhooks import make_policies as webhook_policies
 from tests.integration.test_webhooks import shopify, verified
@@ -238,3 +240,86 @@ async def _taken(broker: RabbitBroker) -> AsyncIterator[aio_pika.abc.AbstractInc
 async def _receipt_id(engine: AsyncEngine) -> int:
     async with engine.connect() as conn:
         return int((await conn.execute(text("SELECT id FROM webhook_receipts"))).scalar_one())
+
+
+# -- the service as deployed: `sweeper serve` with SWEEPER_EXECUTION=rabbitmq -------------
+
+def _carts(tenants: tuple[str, ...], n: int) -> list[dict[str, str]]:
+    return [{"tenant_id": t, "object_id": f"o{i}", "policy": "carts",
+             "due_at": "2026-01-01T00:00:00Z"} for t in tenants for i in range(n)]
+
+
+async def _run_items(api: httpx.AsyncClient, run_id: int) -> dict[str, int]:
+    response = await api.get(f"/v1/runs/{run_id}")
+    assert response.status_code == 200, response.text
+    items: dict[str, int] = response.json()["items"]
+    return items
+
+
+async def test_the_service_runs_a_run_through_the_broker(
+        db_url: str, broker_url: str, upstream: FakeUpstream) -> None:
+    """Items registered and a run triggered over the API: the leader's relay hands the
+    batches to the broker, the replica's workers consume them, each item is called once,
+    and the queues are empty after."""
+    policies = make_policies(upstream.base_url)
+    settings = test_settings(db_url, workers=8, execution="rabbitmq", broker_url=broker_url)
+    async with LiveServer(settings, policies, db_url) as live, live.client() as api:
+        live.count_progress_afresh()
+        assert (await api.post("/v1/items", json={"items": _carts(("a", "b"), 40)})
+                ).status_code == 200
+        run = (await api.post("/v1/runs", json={})).json()
+
+        async def drained() -> bool:
+            return await _run_items(api, run["id"]) == {"succeeded": 80}
+        await until("the run drained", drained)
+    keys = [c.idempotency_key for c in upstream.calls()]
+    assert len(keys) == 80 and len(set(keys)) == 80
+    assert await _depths(broker_url) == {}
+
+
+async def _depths(url: str) -> dict[str, int]:
+    """Messages ready in each of the vhost's sweeper queues, those not empty."""
+    found: dict[str, int] = {}
+    connection = await aio_pika.connect(url)
+    async with connection:
+        channel = await connection.channel()
+        for name in queue_names(None).values():
+            queue = await channel.declare_queue(name, passive=True)
+            if queue.declaration_result.message_count:
+                found[name] = int(queue.declaration_result.message_count)
+    return found
+
+
+@pytest.mark.slow
+async def test_a_paused_scope_waits_in_the_broker_and_others_go_on(
+        db_url: str, broker_url: str) -> None:
+    """A tenant whose upstream answers 401 is paused: its items go back to the broker to
+    wait (never blocking the other tenant's, which finish), and once the scope is resumed
+    they come back and finish too, each item called at most twice (its 401, then its
+    success)."""
+    async with FakeUpstream(scope_fn=lambda _m, path, _h: path.split("/")[2]) as upstream:
+        policies = make_policies(upstream.base_url, path="/t/{tenant_id}/{object_id}")
+        upstream.inject(Fault.STATUS, status=401, times=None,
+                        match=lambda c: c.scope == "bad")
+        settings = test_settings(db_url, workers=4, execution="rabbitmq",
+                                 broker_url=broker_url, broker_prefetch=2)
+        async with LiveServer(settings, policies, db_url) as live, live.client() as api:
+            live.count_progress_afresh()
+            await api.post("/v1/items", json={"items": _carts(("bad", "good"), 5)})
+            run = (await api.post("/v1/runs", json={})).json()
+
+            async def good_done() -> bool:
+                return (await _run_items(api, run["id"])).get("succeeded") == 5
+            await until("the good tenant's items finished", good_done)
+            scopes = {s["name"]: s for s in (await api.get("/v1/scopes")).json()["scopes"]}
+            assert scopes["tenant:bad"]["paused"] is True
+            upstream.clear_faults()
+            assert (await api.post("/v1/scopes/tenant:bad/resume", json={
+                "reason": "credential rotated"})).status_code == 200
+
+            async def all_done() -> bool:
+                return await _run_items(api, run["id"]) == {"succeeded": 10}
+            await until("the paused tenant's items finished after the resume", all_done)
+    per_key = Counter(c.idempotency_key for c in upstream.calls())
+    assert len(per_key) == 10 and max(per_key.values()) <= 2
+    assert await _depths(broker_url) == {}
