@@ -1,11 +1,12 @@
-"""The broker's outbox: batches, and webhook deliveries that released items, not yet handed
-to a broker. With SWEEPER_EXECUTION=rabbitmq the leader's relay publishes each one's pending
+"""The broker's outbox: batches, webhook deliveries that released items, and released legal
+holds, not yet handed to a broker. With SWEEPER_EXECUTION=rabbitmq the leader's relay publishes each one's pending
 items once it is committed here and marks it `enqueued_at` once the broker confirmed it
-(service/execution/relay.py). In database mode nothing reads the column (the ledger is the
+(service/execution/relay.py); a released hold hands over its tenant's items it may have
+kept waiting. In database mode nothing reads the column (the ledger is the
 queue), so a ledger moved to broker mode hands over what database mode released and left
 unfinished, and nothing is lost in the switch.
 
-Locks: ACCESS EXCLUSIVE on batches and webhook_receipts for a moment (a nullable column, no
+Locks: ACCESS EXCLUSIVE on batches, webhook_receipts and holds for a moment (a nullable column, no
 rewrite); each index then takes a SHARE lock while it scans its table. On a large ledger
 create them by hand first (`CREATE INDEX CONCURRENTLY IF NOT EXISTS ...` as below); this
 migration then skips them.
@@ -28,9 +29,14 @@ def upgrade() -> None:
         op.execute(f"ALTER TABLE {table} ADD COLUMN enqueued_at timestamptz")
         op.execute(f"CREATE INDEX IF NOT EXISTS {table}_to_enqueue ON {table} (id) "
                    "WHERE enqueued_at IS NULL")
+    op.execute("ALTER TABLE holds ADD COLUMN enqueued_at timestamptz")
+    op.execute("CREATE INDEX IF NOT EXISTS holds_to_enqueue ON holds (id) "
+               "WHERE released_at IS NOT NULL AND enqueued_at IS NULL")
 
 
 def downgrade() -> None:
+    op.execute("DROP INDEX IF EXISTS holds_to_enqueue")
+    op.execute("ALTER TABLE holds DROP COLUMN enqueued_at")
     for table in ("batches", "webhook_receipts"):
         op.execute(f"DROP INDEX IF EXISTS {table}_to_enqueue")
         op.execute(f"ALTER TABLE {table} DROP COLUMN enqueued_at")

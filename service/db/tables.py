@@ -214,6 +214,7 @@ holds = Table(
     _ts("released_at", nullable=True),
     Column("released_by", Text),
     Column("release_why", Text),
+    _ts("enqueued_at", nullable=True),  # its items handed to the broker (migration 0028)
 )
 
 hold_objects = Table(

@@ -1,6 +1,10 @@
-"""The ledger's side of the broker: the outbox the relay hands over (batches, and webhook
-deliveries that released items, not yet `enqueued_at`: migration 0028), and the items of a
-message the broker gave up on, ended here as dead.
+"""The ledger's side of the broker: the outbox the relay hands over (batches, webhook
+deliveries that released items, and released legal holds, not yet `enqueued_at`: migration
+0028), and the items of a message the broker gave up on, ended here as dead.
+
+A held item's message is deferred for minutes at a time (service/execution/deliveries.py);
+the hold's release hands its tenant's claimable items over at once, as database mode makes
+them claimable at once (copies of items already in the broker are fenced).
 
 Every statement is one short transaction of its own: none is open while the broker is
 called.
@@ -15,7 +19,8 @@ from service.db.statements import LEASED, Database, Statement, expired_lease, fe
 
 # What is waiting, oldest first: each row's items that are still pending (the rest finished
 # in database mode, or by an earlier delivery, and need no message). A batch's items come by
-# items_batch_cover; a receipt lists its own.
+# items_batch_cover; a receipt lists its own; a released hold's are its tenant's (and
+# policy's) released items no hold marks (by items_obligation, which leads with the tenant).
 _WAITING = Statement("outbox.waiting", (
     "Batches and webhook deliveries not yet handed to the broker, with their pending "
     "items."), """
@@ -29,13 +34,24 @@ _WAITING = Statement("outbox.waiting", (
          WHERE i.id = ANY(r.item_ids) AND i.status = 'pending'
            AND i.released_at IS NOT NULL ORDER BY i.id)
      FROM webhook_receipts r WHERE r.enqueued_at IS NULL ORDER BY r.id LIMIT :limit)
+    UNION ALL
+    (SELECT 'hold', h.id, ARRAY(
+         SELECT i.id FROM items i
+         WHERE i.tenant_id = h.tenant_id AND (h.policy IS NULL OR i.policy = h.policy)
+           AND i.status = 'pending' AND i.released_at IS NOT NULL AND i.hold_id IS NULL
+         ORDER BY i.id)
+     FROM holds h WHERE h.released_at IS NOT NULL AND h.enqueued_at IS NULL
+     ORDER BY h.id LIMIT :limit)
 """)
 
 _MARK = Statement("outbox.mark", (
-    "Record that the broker confirmed these batches and webhook deliveries."), """
+    "Record that the broker confirmed these batches, webhook deliveries and holds."), """
     WITH b AS (
         UPDATE batches SET enqueued_at = now()
         WHERE id = ANY(CAST(:batches AS bigint[])) AND enqueued_at IS NULL
+    ), h AS (
+        UPDATE holds SET enqueued_at = now()
+        WHERE id = ANY(CAST(:holds AS bigint[])) AND enqueued_at IS NULL
     )
     UPDATE webhook_receipts SET enqueued_at = now()
     WHERE id = ANY(CAST(:receipts AS bigint[])) AND enqueued_at IS NULL
@@ -66,13 +82,16 @@ WAITING_LIMIT: Final = 64  # outbox rows per pass, of each kind
 
 async def waiting(db: Database, limit: int = WAITING_LIMIT
                   ) -> list[tuple[str, int, list[int]]]:
-    """(kind, id, pending item ids) of each outbox row waiting, batches first."""
+    """(kind, id, pending item ids) of each outbox row waiting: batches, then webhook
+    deliveries (`receipt`), then released holds (`hold`)."""
     return [(r.kind, int(r.id), list(r.item_ids))
             for r in await fetch(db, _WAITING, {"limit": limit})]
 
 
-async def mark(db: Database, *, batches: Sequence[int], receipts: Sequence[int]) -> None:
-    await fetch_none(db, _MARK, {"batches": list(batches), "receipts": list(receipts)})
+async def mark(db: Database, rows: Sequence[tuple[str, int]]) -> None:
+    """Mark these (kind, id) outbox rows enqueued."""
+    await fetch_none(db, _MARK, {param: [i for k, i in rows if k == kind] for kind, param in (
+        ("batch", "batches"), ("receipt", "receipts"), ("hold", "holds"))})
 
 
 async def end_dead(db: Database, item_ids: Sequence[int], reason: str) -> list[int]:

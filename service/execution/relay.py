@@ -2,7 +2,7 @@
 what the broker gave up on.
 
 A pass reads what waits (outbox.py), publishes each row's pending items as one `Work`
-message (its origin, `batch:<id>` or `receipt:<id>`, is the message id), waits for the
+message (its origin, `batch:<id>`, `receipt:<id>` or `hold:<id>`, is the message id), waits for the
 broker's confirms, then marks the rows enqueued. A crash or a lost connection between the
 confirm and the mark publishes the same rows again on the next pass: the same message
 twice, which consumers fence in the ledger (a finished item is never called again, a
@@ -39,7 +39,8 @@ LEASE_RECHECK_S: Final = 30.0  # a dead letter's leased items come back after th
 
 
 def works_of(kind: str, row_id: int, item_ids: list[int]) -> list[Work]:
-    """An outbox row's messages: its pending items, MAX_IDS at most per message."""
+    """An outbox row's messages: its pending items, MAX_IDS at most per message (none when
+    none is pending: the row is marked all the same)."""
     return [Work.of(f"{kind}:{row_id}", item_ids[i:i + MAX_IDS])
             for i in range(0, len(item_ids), MAX_IDS)]
 
@@ -50,8 +51,7 @@ async def relay_once(engine: AsyncEngine, broker: Broker) -> int:
     if not rows:
         return 0
     await broker.publish([w for kind, row_id, ids in rows for w in works_of(kind, row_id, ids)])
-    await outbox.mark(engine, batches=[r for kind, r, _ in rows if kind == "batch"],
-                      receipts=[r for kind, r, _ in rows if kind == "receipt"])
+    await outbox.mark(engine, [(kind, row_id) for kind, row_id, _ in rows])
     return len(rows)
 
 

@@ -23,6 +23,7 @@ from service.execution import outbox
 from service.execution.rabbitmq import REDELIVERIES, RabbitBroker, queue_names
 from service.execution.relay import Relay, relay_once, works_of
 from service.execution.work import Work
+from service.ledger.registration import operation_key
 from service.upstreams.deletion_api import Upstreams
 from service.webhooks import intake
 from service.worker import WorkerPool, database_pool
@@ -323,3 +324,36 @@ async def test_a_paused_scope_waits_in_the_broker_and_others_go_on(
     per_key = Counter(c.idempotency_key for c in upstream.calls())
     assert len(per_key) == 10 and max(per_key.values()) <= 2
     assert await _depths(broker_url) == {}
+
+
+async def test_a_held_tenant_is_never_called_and_its_release_hands_it_over_at_once(
+        db_url: str, broker_url: str, upstream: FakeUpstream) -> None:
+    """A legal hold on one tenant: its items are never called while the hold stands (their
+    message goes back to the broker for minutes), the other tenant's finish; releasing the
+    hold hands its items to the broker at once (the relay's outbox), not minutes later."""
+    policies = make_policies(upstream.base_url)
+    settings = test_settings(db_url, workers=4, execution="rabbitmq", broker_url=broker_url)
+    async with LiveServer(settings, policies, db_url) as live, live.client() as api:
+        live.count_progress_afresh()
+        hold = (await api.post("/v1/holds", json={"tenant_id": "held", "reason": "litigation",
+                                                   "reference": "CASE-7"})).json()
+        await api.post("/v1/items", json={"items": _carts(("held", "free"), 6)})
+        run = (await api.post("/v1/runs", json={})).json()
+
+        async def free_done() -> bool:
+            return (await _run_items(api, run["id"])).get("succeeded") == 6
+        await until("the free tenant's items finished", free_done)
+
+        async def held_deferred() -> bool:  # the held items' message waits in the broker
+            return sum(n for name, n in (await _depths(broker_url)).items()
+                       if ".wait." in name) == 1
+        await until("the held items deferred", held_deferred)
+        held_keys = {operation_key("held", f"o{i}", "carts", 1) for i in range(6)}
+        assert not [c for c in upstream.calls() if c.idempotency_key in held_keys]
+        released = await api.post(f"/v1/holds/{hold['id']}/release", json={"why": "settled"})
+        assert released.status_code == 200, released.text
+
+        async def all_done() -> bool:
+            return await _run_items(api, run["id"]) == {"succeeded": 12}
+        await until("the released tenant's items finished", all_done, seconds=20)
+    assert len({c.idempotency_key for c in upstream.calls()}) == 12
