@@ -33,7 +33,12 @@ from service.execution.sorting import Sorted, Standing
 from service.ledger.claims import Admission, Lease
 from service.ledger.completions import Completion
 from service.observability.failures import InternalErrors
-from service.observability.metrics import Where
+from service.observability.metrics import (
+    BROKER_IN_HAND,
+    BROKER_MESSAGES,
+    BrokerEvent,
+    Where,
+)
 
 log = logging.getLogger("service.execution")
 
@@ -174,6 +179,7 @@ class DeliveredWork:
         for delivery in arrived:
             hand = _InHand(delivery, set(delivery.work.item_ids))
             self._hands.add(hand)
+            BROKER_IN_HAND.inc()
             if delivery.delivered_before >= self.broker.delivery_limit - 1:
                 await self._end_poison(hand)
                 continue
@@ -218,6 +224,7 @@ class DeliveredWork:
         leased = await self.ledger.end_dead(work.item_ids, DEAD_REASON)
         log.warning("broker: a message on its last allowed delivery; its items end dead",
                     extra={"origin": work.origin, "items": len(work.item_ids) - len(leased)})
+        BROKER_MESSAGES.labels(BrokerEvent.DEAD).inc()
         hand.open.clear()
         if leased:
             hand.later[HELD_RECHECK_S / 10].update(leased)
@@ -247,10 +254,13 @@ class DeliveredWork:
         unsettled: the broker delivers it again, and the ledger fences what it finds."""
         for hand in [h for h in self._hands if not h.open]:
             self._hands.discard(hand)
+            BROKER_IN_HAND.dec()
             try:
                 for seconds, ids in sorted(hand.later.items()):
                     await self.broker.defer([hand.delivery.work.part(sorted(ids))], seconds)
+                    BROKER_MESSAGES.labels(BrokerEvent.DEFERRED).inc()
                 await hand.delivery.settle()
+                BROKER_MESSAGES.labels(BrokerEvent.SETTLED).inc()
                 self.settled += 1
             except Exception as exc:
                 log.warning("broker: a message could not be settled; it comes again",

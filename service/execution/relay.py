@@ -27,7 +27,7 @@ from service.execution import outbox
 from service.execution.ports import Broker, Delivery
 from service.execution.work import MAX_IDS, Work
 from service.observability.failures import InternalErrors, expected
-from service.observability.metrics import Where
+from service.observability.metrics import BROKER_MESSAGES, BrokerEvent, Where
 
 log = logging.getLogger("service.execution")
 
@@ -50,8 +50,10 @@ async def relay_once(engine: AsyncEngine, broker: Broker) -> int:
     rows = await outbox.waiting(engine)
     if not rows:
         return 0
-    await broker.publish([w for kind, row_id, ids in rows for w in works_of(kind, row_id, ids)])
+    works = [w for kind, row_id, ids in rows for w in works_of(kind, row_id, ids)]
+    await broker.publish(works)
     await outbox.mark(engine, [(kind, row_id) for kind, row_id, _ in rows])
+    BROKER_MESSAGES.labels(BrokerEvent.PUBLISHED).inc(len(works))
     return len(rows)
 
 
@@ -64,6 +66,7 @@ async def end_dead_letter(engine: AsyncEngine, broker: Broker, delivery: Deliver
                 extra={"origin": delivery.work.origin,
                        "items": len(delivery.work.item_ids) - len(leased)})
     await delivery.settle()
+    BROKER_MESSAGES.labels(BrokerEvent.DEAD).inc()
 
 
 class Relay:

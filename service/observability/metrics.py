@@ -147,6 +147,26 @@ LIMITER_WAITS: Final = Counter(
     registry=REGISTRY)
 
 
+# --- broker mode (service/execution) ------------------------------------------------------
+class BrokerEvent(StrEnum):
+    """What became of a message (SWEEPER_EXECUTION=rabbitmq)."""
+
+    PUBLISHED = "published"  # the relay handed an outbox row's items over (confirmed)
+    SETTLED = "settled"      # a worker acked it: its items' outcomes committed or handed on
+    DEFERRED = "deferred"    # a worker handed items back to come later (confirmed)
+    DEAD = "dead"            # past the delivery limit: its items ended dead in the ledger
+
+
+BROKER_MESSAGES: Final = Counter(
+    "sweeper_broker_messages_total",
+    "Broker messages by what became of them: published by the relay, settled, deferred, "
+    "ended dead past the delivery limit", ["event"], registry=REGISTRY)
+BROKER_IN_HAND: Final = Gauge(
+    "sweeper_broker_messages_in_hand",
+    "Messages this process holds unsettled (at most SWEEPER_BROKER_PREFETCH)",
+    registry=REGISTRY)
+
+
 class ScopeSignal(StrEnum):
     """Upstream answers that close or pause a scope: the closed set of `reason` on
     sweeper_scope_signals_total."""
@@ -270,5 +290,7 @@ def initialise_series(policies: Iterable[str]) -> None:
         LEASES_RETURNED.labels(returned)
     for signal in ScopeSignal:
         SCOPE_SIGNALS.labels(signal)
+    for event in BrokerEvent:
+        BROKER_MESSAGES.labels(event)
     for where in Where:
         INTERNAL_ERRORS.labels(where)

@@ -24,6 +24,7 @@ from service.execution.rabbitmq import REDELIVERIES, RabbitBroker, queue_names
 from service.execution.relay import Relay, relay_once, works_of
 from service.execution.work import Work
 from service.ledger.registration import operation_key
+from service.observability.metrics import REGISTRY, BrokerEvent
 from service.upstreams.deletion_api import Upstreams
 from service.webhooks import intake
 from service.worker import WorkerPool, database_pool
@@ -91,6 +92,7 @@ async def test_a_run_drains_through_the_broker_each_item_once(
     policies = make_policies(upstream.base_url)
     await register(engine, policies, 120)
     await release_all(engine)  # three batches of 50, 50 and 20
+    before = {e: _messages(e) for e in BrokerEvent}
     assert await relay_once(engine, broker) == 3
     assert await outbox.waiting(engine) == []  # marked once confirmed
     assert await queue_depth(broker) == 3
@@ -100,6 +102,14 @@ async def test_a_run_drains_through_the_broker_each_item_once(
     assert len(keys) == 120 and len(set(keys)) == 120
     assert await queue_depth(broker) == 0  # every message settled, none dead-lettered
     assert await queue_depth(broker, "dead") == 0
+    assert {e: _messages(e) - before[e] for e in BrokerEvent} == {
+        BrokerEvent.PUBLISHED: 3, BrokerEvent.SETTLED: 3, BrokerEvent.DEFERRED: 0,
+        BrokerEvent.DEAD: 0}
+
+
+def _messages(event: BrokerEvent) -> float:
+    value = REGISTRY.get_sample_value("sweeper_broker_messages_total", {"event": event})
+    return value or 0.0
 
 
 async def test_a_message_carries_ledger_ids_and_its_batch_only(
