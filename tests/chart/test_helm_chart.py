@@ -11,8 +11,9 @@ name `helm_python`; it bundles libhelm_c, a C ABI over Helm's Go packages, and n
 CLI). When that package is absent but a `helm` executable is on PATH, the CLI is used. With
 neither, or without kubernetes-validate, the tests fail: CI installs both.
 
-ServiceMonitor (monitoring.coreos.com/v1) is a CRD that the Kubernetes schemas do not
-cover; it is exempted from schema validation by name and checked structurally below.
+ServiceMonitor and PrometheusRule (monitoring.coreos.com/v1) and RabbitmqCluster
+(rabbitmq.com/v1beta1) are CRDs that the Kubernetes schemas do not cover; they are exempted
+from schema validation by name and checked structurally below.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import annotated_types
 import pytest
 from pydantic import ValidationError
 
+from service.config.execution import Execution, ExecutionSettings
 from service.config.policies import resolve_policies
 from service.config.settings import Settings
 
@@ -54,7 +56,8 @@ FULLNAME = "demo-sweeper"
 KUBE_VERSIONS = ("1.27.0", "1.37.0")
 # Custom resources the Kubernetes schemas cannot know; checked structurally instead.
 CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor"),
-             ("monitoring.coreos.com/v1", "PrometheusRule")}
+             ("monitoring.coreos.com/v1", "PrometheusRule"),
+             ("rabbitmq.com/v1beta1", "RabbitmqCluster")}
 
 Doc = dict[str, Any]
 
@@ -323,8 +326,9 @@ def test_all_on_values_switch_everything_on() -> None:
     values = load_values(ALL_ON)
     for section in ("ingress", "autoscaling", "serviceMonitor", "cronjob", "worker", "tls",
                     "migration", "podDisruptionBudget", "grafanaDashboard", "prometheusRule",
-                    "networkPolicy"):
+                    "networkPolicy", "rabbitmqCluster"):
         assert values[section]["enabled"] is True, section
+    assert values["broker"]["execution"] == "rabbitmq"
     assert values["worker"]["autoscaling"]["enabled"] is True
     assert values["serviceAccount"]["create"] is True
     assert values["ingress"]["tls"]
@@ -650,6 +654,8 @@ def settings_from(c: Doc, monkeypatch: pytest.MonkeyPatch) -> Settings:
             monkeypatch.setenv(name, entry["value"])
     monkeypatch.setenv("SWEEPER_DATABASE_URL", "postgresql://sweeper:pw@db:5432/sweeper")
     monkeypatch.setenv("SWEEPER_API_TOKENS", "t" * 16)
+    if "SWEEPER_BROKER_URL" in env_of(c):  # shaped like the operator's connection_string
+        monkeypatch.setenv("SWEEPER_BROKER_URL", OPERATOR_URL)
     return Settings()
 
 
@@ -806,9 +812,12 @@ def test_network_policies_open_only_what_each_pod_serves(rendered: Rendered) -> 
         selecting = [name for name, p in policies.items() if _selects(p["podSelector"], labels)]
         assert len(selecting) == 1, (labels, selecting)
     egress = values["networkPolicy"]["egress"]
-    for spec in policies.values():
+    for name, spec in policies.items():
         assert ("Egress" in spec["policyTypes"]) == bool(egress)
-        assert spec.get("egress", []) == egress
+        # the API and worker pods also reach the broker; the CronJob's and migration's never
+        broker = values["broker"]["execution"] == "rabbitmq" and name != f"{FULLNAME}-jobs"
+        assert spec.get("egress", []) == ([*egress, broker_egress(values)] if egress and broker
+                                          else egress), name
 
 
 def _selects(selector: Doc, labels: dict[str, str]) -> bool:
@@ -987,9 +996,195 @@ def test_notes(engine: HelmEngine, default: Rendered, all_on: Rendered) -> None:
     assert f"create secret generic {FULLNAME}" in default.notes
     assert "POST /v1/runs" in default.notes
     assert all_on.notes is not None and f"cronjob/{FULLNAME}-run" in all_on.notes
+    assert "RabbitMQ" not in default.notes
+    assert 'key "connection_string" of the Secret "sweeper-mq-default-user"' in all_on.notes
 
 
 def test_rendering_is_deterministic(engine: HelmEngine, all_on: Rendered) -> None:
     docs, _ = engine.render(all_on.values)
     digest = hashlib.sha256(json.dumps(docs, sort_keys=True).encode()).hexdigest()
     assert digest == hashlib.sha256(json.dumps(all_on.docs, sort_keys=True).encode()).hexdigest()
+
+
+# --- execution on a broker (broker, rabbitmqCluster) ---------------------------------------
+
+BROKER_VARIABLES = {"SWEEPER_EXECUTION", "SWEEPER_BROKER_URL", "SWEEPER_BROKER_PREFETCH"}
+# What the RabbitMQ Cluster Operator (2.11.0 on) writes under connection_string in the
+# "<cluster>-default-user" Secret: amqp://<user>:<password>@<cluster>.<namespace>.svc:<port>/
+# (internal/resource/default_user_secret.go); the user is "default_user_" and URL-safe base64.
+OPERATOR_URL = f"amqp://default_user_Ab-c_D:pw_Z-9=@sweeper-mq.{NAMESPACE}.svc:5672/"
+RABBITMQ = {"broker": {"execution": "rabbitmq", "existingSecret": "sweeper-broker",
+                       "urlKey": "url", "prefetch": 64}}
+
+
+def broker_egress(values: Mapping[str, Any]) -> Doc:
+    """The egress rule the API and worker policies get in execution rabbitmq."""
+    rule: Doc = {"ports": [{"port": 5672, "protocol": "TCP"}, {"port": 5671, "protocol": "TCP"}]}
+    cluster = values.get("rabbitmqCluster", {})
+    if values["networkPolicy"].get("brokerTo"):
+        rule["to"] = values["networkPolicy"]["brokerTo"]
+    elif cluster.get("enabled") and not values["broker"].get("existingSecret"):
+        rule["to"] = [{"podSelector": {"matchLabels": {
+            "app.kubernetes.io/name": cluster.get("name") or f"{FULLNAME}-rabbitmq",
+            "app.kubernetes.io/component": "rabbitmq"}}}]
+    return rule
+
+
+def test_database_execution_by_default_sets_no_broker(default: Rendered) -> None:
+    """Today's installs render as before: no broker variable anywhere, no RabbitmqCluster."""
+    for name, c in sweeper_containers(default).items():
+        assert not BROKER_VARIABLES & set(env_of(c)), name
+    assert not default.of_kind("RabbitmqCluster")
+    defaults = load_values(CHART / "values.yaml")
+    assert defaults["broker"]["execution"] == ExecutionSettings.model_fields["execution"].default
+    assert (defaults["broker"]["prefetch"]
+            == ExecutionSettings.model_fields["broker_prefetch"].default)
+    assert defaults["rabbitmqCluster"]["enabled"] is False
+
+
+@pytest.mark.parametrize("workers_apart", [False, True], ids=["api-workers", "worker-pods"])
+def test_rabbitmq_execution_reads_the_url_from_its_secret(
+        engine: HelmEngine, monkeypatch: pytest.MonkeyPatch, workers_apart: bool) -> None:
+    """Both the API pods (the leader's relay, and their workers) and the worker pods get the
+    three variables, the URL from the Secret only; the migration Job gets none."""
+    values = merged(RABBITMQ, {"worker": {"enabled": workers_apart}})
+    r = Rendered(*engine.render(values), values)
+    containers = sweeper_containers(r)
+    runtime = [API, WORKER] if workers_apart else [API]
+    assert sorted(containers) == sorted([*runtime, MIGRATE])
+    for name in runtime:
+        c = containers[name]
+        env = env_of(c)
+        assert env["SWEEPER_EXECUTION"] == {"name": "SWEEPER_EXECUTION", "value": "rabbitmq"}
+        assert_secret_ref(c, "SWEEPER_BROKER_URL", "sweeper-broker", "url")
+        assert env["SWEEPER_BROKER_PREFETCH"] == {"name": "SWEEPER_BROKER_PREFETCH",
+                                                  "value": "64"}
+        settings = settings_from(c, monkeypatch)  # what the process starts with
+        assert settings.execution is Execution.RABBITMQ, name
+        assert settings.broker_prefetch == 64, name
+        assert settings.broker_url is not None
+    assert not BROKER_VARIABLES & set(env_of(containers[MIGRATE]))
+    assert not r.of_kind("RabbitmqCluster")
+    assert not r.of_kind("Secret"), "the chart must not create Secrets"
+    # egress stays open (no rules given), so no broker rule either
+    for policy in r.of_kind("NetworkPolicy"):
+        assert "egress" not in policy["spec"] and policy["spec"]["policyTypes"] == ["Ingress"]
+
+
+def test_rabbitmq_execution_without_a_url_source_is_refused(engine: HelmEngine) -> None:
+    with pytest.raises(RenderError, match=r"broker\.execution=rabbitmq needs the broker URL "
+                                          r"\(SWEEPER_BROKER_URL\) from a Secret: set "
+                                          r"broker\.existingSecret"):
+        engine.render({"broker": {"execution": "rabbitmq"}})
+    with pytest.raises(RenderError, match=r"rabbitmqCluster\.enabled=true"):
+        engine.render({"broker": {"execution": "rabbitmq"}, "worker": {"enabled": True}})
+    # (`helm lint` only logs a template's `fail`; install, upgrade and template refuse it)
+
+
+@pytest.mark.parametrize(("values", "key"), [
+    ({"broker": {"execution": "kafka"}}, "execution"),
+    ({"broker": {"prefetch": 0}}, "prefetch"),
+    ({"broker": {"prefetch": 1001}}, "prefetch"),
+    ({"broker": {"prefetch": 16.5}}, "prefetch"),
+    ({"broker": {"urlKey": ""}}, "urlKey"),
+    ({"broker": {"url": "amqp://sweeper:pw@mq:5672/sweeper"}}, "url"),  # never inline
+    ({"broker": {"existingSecret": "Not_A_Name"}}, "existingSecret"),
+    ({"rabbitmqCluster": {"enabled": True, "replicas": 0}}, "replicas"),
+    ({"rabbitmqCluster": {"enabled": True, "name": "m" * 43}}, "name"),
+    ({"rabbitmqCluster": {"enabled": True, "persistence": {"size": "5Gi"}}}, "size"),
+    ({"rabbitmqCluster": {"enabled": True, "storage": "5Gi"}}, "storage"),
+])
+def test_broker_values_outside_the_schema_are_refused(engine: HelmEngine,
+                                                      values: dict[str, Any], key: str) -> None:
+    with pytest.raises(RenderError, match=key):
+        engine.render(values)
+
+
+def test_broker_schema_matches_the_service_settings() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text(encoding="utf-8"))
+    broker = schema["properties"]["broker"]
+    assert broker["additionalProperties"] is False
+    assert broker["properties"]["execution"]["enum"] == [e.value for e in Execution]
+    prefetch = broker["properties"]["prefetch"]
+    expected: dict[str, Any] = {"type": "integer"}
+    for bound in ExecutionSettings.model_fields["broker_prefetch"].metadata:
+        if isinstance(bound, annotated_types.Ge):
+            expected["minimum"] = bound.ge
+        elif isinstance(bound, annotated_types.Le):
+            expected["maximum"] = bound.le
+    assert {k: prefetch[k] for k in ("type", "minimum", "maximum")} == expected
+    # the service draws the line at the same place
+    for outside in (expected["minimum"] - 1, expected["maximum"] + 1):
+        with pytest.raises(ValidationError):
+            ExecutionSettings(broker_prefetch=outside)
+    assert schema["properties"]["rabbitmqCluster"]["additionalProperties"] is False
+
+
+def test_rabbitmq_cluster_operator_example(all_on: Rendered) -> None:
+    """Structural checks for the CRD the Kubernetes schemas do not cover, and Sweeper wired to
+    the Secret the operator writes for it."""
+    example = all_on.values["rabbitmqCluster"]
+    cluster = all_on.get("RabbitmqCluster", "sweeper-mq")
+    assert cluster["apiVersion"] == "rabbitmq.com/v1beta1"
+    assert cluster["metadata"]["labels"]["app.kubernetes.io/instance"] == RELEASE
+    assert "namespace" not in cluster["metadata"]  # the release's, beside the pods
+    assert cluster["spec"] == {"replicas": 3, "image": example["image"],
+                               "resources": example["resources"],
+                               "persistence": {"storageClassName": "gp3", "storage": "20Gi"},
+                               **example["extraSpec"]}
+    containers = sweeper_containers(all_on)
+    for name in (API, WORKER):
+        assert_secret_ref(containers[name], "SWEEPER_BROKER_URL", "sweeper-mq-default-user",
+                          "connection_string")
+        assert env_of(containers[name])["SWEEPER_BROKER_PREFETCH"]["value"] == "32"
+    assert not BROKER_VARIABLES & set(env_of(containers[MIGRATE]))
+    # the URL the operator writes there is one Sweeper accepts (vhost "/")
+    parsed = ExecutionSettings(execution="rabbitmq", broker_url=OPERATOR_URL)
+    assert parsed.broker_url is not None
+    assert not all_on.of_kind("Secret"), "the Secret is the operator's, not the chart's"
+
+
+def test_rabbitmq_cluster_defaults(engine: HelmEngine) -> None:
+    values = {"broker": {"execution": "rabbitmq"}, "rabbitmqCluster": {"enabled": True}}
+    r = Rendered(*engine.render(values), values)
+    cluster = r.get("RabbitmqCluster", f"{FULLNAME}-rabbitmq")
+    # three nodes (quorum queues survive one lost); resources and image: the operator's
+    assert cluster["spec"] == {"replicas": 3, "persistence": {"storage": "10Gi"}}
+    assert_secret_ref(sweeper_containers(r)[API], "SWEEPER_BROKER_URL",
+                      f"{FULLNAME}-rabbitmq-default-user", "connection_string")
+    # a Secret of one's own wins over the operator's (another user or vhost)
+    own = merged(values, {"broker": {"existingSecret": "sweeper-broker"}})
+    api = sweeper_containers(Rendered(*engine.render(own), own))[API]
+    assert_secret_ref(api, "SWEEPER_BROKER_URL", "sweeper-broker", "broker-url")
+    # the name leaves room for what the operator derives from it
+    long = merged(values, {"fullnameOverride": "s" * 55})
+    [cluster] = Rendered(*engine.render(long), long).of_kind("RabbitmqCluster")
+    assert len(cluster["metadata"]["name"]) <= 42
+    assert not cluster["metadata"]["name"].endswith("-")
+
+
+@pytest.mark.parametrize("case", ["existing-secret", "broker-to", "operator", "database"])
+def test_closed_egress_lets_the_runtime_pods_reach_the_broker(engine: HelmEngine,
+                                                              case: str) -> None:
+    dns = [{"ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]}]
+    peer = [{"ipBlock": {"cidr": "10.20.0.0/16"}}]
+    values = merged(RABBITMQ, {"worker": {"enabled": True}, "networkPolicy": {"egress": dns}})
+    if case == "broker-to":
+        values["networkPolicy"]["brokerTo"] = peer
+    elif case == "operator":
+        values = merged(values, {"broker": {"existingSecret": ""},
+                                 "rabbitmqCluster": {"enabled": True}})
+    elif case == "database":
+        values["broker"]["execution"] = "database"
+    r = Rendered(*engine.render(values), values)
+    policies = {p["metadata"]["name"]: p["spec"] for p in r.of_kind("NetworkPolicy")}
+    rule = broker_egress(merged(load_values(CHART / "values.yaml"), values))
+    expected_to = {"existing-secret": None, "broker-to": peer, "database": None,
+                   "operator": [{"podSelector": {"matchLabels": {
+                       "app.kubernetes.io/name": f"{FULLNAME}-rabbitmq",
+                       "app.kubernetes.io/component": "rabbitmq"}}}]}[case]
+    assert rule.get("to") == expected_to
+    for name in (API, WORKER):
+        assert policies[f"{name}-api" if name == API else name]["egress"] == (
+            dns if case == "database" else [*dns, rule]), name
+    assert policies[f"{FULLNAME}-jobs"]["egress"] == dns

@@ -65,6 +65,57 @@ app.kubernetes.io/component: {{ .component }}
 {{- default (include "sweeper.fullname" .) .Values.existingSecret }}
 {{- end }}
 
+{{/*
+Name of the example RabbitmqCluster: rabbitmqCluster.name or "<fullname>-rabbitmq", at most
+42 characters (the operator derives e.g. the StatefulSet "<name>-server" and its pods'
+revision-hash label from it, which must fit 63).
+*/}}
+{{- define "sweeper.rabbitmqClusterName" -}}
+{{- default (printf "%s-rabbitmq" (include "sweeper.fullname" .) | trunc 42 | trimSuffix "-") .Values.rabbitmqCluster.name }}
+{{- end }}
+
+{{/*
+Where SWEEPER_BROKER_URL comes from, as YAML {name, key}: broker.existingSecret and
+broker.urlKey; else, with rabbitmqCluster.enabled, the Secret the RabbitMQ Cluster Operator
+writes for the cluster's default user, whose connection_string key (operator 2.11.0 on) is
+the whole amqp(s):// URL. Execution rabbitmq with neither fails the render.
+*/}}
+{{- define "sweeper.brokerUrlSecret" -}}
+{{- if .Values.broker.existingSecret }}
+name: {{ .Values.broker.existingSecret | quote }}
+key: {{ .Values.broker.urlKey | quote }}
+{{- else if .Values.rabbitmqCluster.enabled }}
+name: {{ printf "%s-default-user" (include "sweeper.rabbitmqClusterName" .) | quote }}
+key: connection_string
+{{- else }}
+{{- fail "broker.execution=rabbitmq needs the broker URL (SWEEPER_BROKER_URL) from a Secret: set broker.existingSecret (and broker.urlKey) to an existing Secret with the amqp:// or amqps:// URL, or rabbitmqCluster.enabled=true to use the RabbitMQ Cluster Operator's Secret" }}
+{{- end }}
+{{- end }}
+
+{{/*
+The egress rule to the broker (AMQP 5672, AMQPS 5671) of the API and worker policies, in
+execution rabbitmq when networkPolicy.egress closes egress: to networkPolicy.brokerTo; else
+to the RabbitmqCluster's pods (the operator labels them with its name and component
+rabbitmq) when Sweeper reads the operator's Secret; else to any destination on those ports.
+*/}}
+{{- define "sweeper.brokerEgress" -}}
+- ports:
+    - port: 5672
+      protocol: TCP
+    - port: 5671
+      protocol: TCP
+  {{- if .Values.networkPolicy.brokerTo }}
+  to:
+    {{- toYaml .Values.networkPolicy.brokerTo | nindent 4 }}
+  {{- else if and .Values.rabbitmqCluster.enabled (not .Values.broker.existingSecret) }}
+  to:
+    - podSelector:
+        matchLabels:
+          app.kubernetes.io/name: {{ include "sweeper.rabbitmqClusterName" . }}
+          app.kubernetes.io/component: rabbitmq
+  {{- end }}
+{{- end }}
+
 {{- define "sweeper.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
 {{- default (include "sweeper.fullname" .) .Values.serviceAccount.name }}
@@ -163,14 +214,27 @@ older integer settings here stay below that).
 {{- end }}
 
 {{/*
-Settings of the long-running processes (API and worker): the policies file, batching, and
-the credentials key (the API stores credentials with it, the workers read them).
+Settings of the long-running processes (API and worker): the policies file, batching, the
+credentials key (the API stores credentials with it, the workers read them) and, in execution
+rabbitmq, the broker (the API pods run the leader's relay, the workers consume).
 */}}
 {{- define "sweeper.runtimeEnv" -}}
 - name: SWEEPER_POLICIES_FILE
   value: {{ include "sweeper.policiesFile" . }}
 - name: SWEEPER_BATCH_SIZE
   value: {{ .Values.config.batchSize | quote }}
+{{- if eq .Values.broker.execution "rabbitmq" }}
+{{- $url := include "sweeper.brokerUrlSecret" . | fromYaml }}
+- name: SWEEPER_EXECUTION
+  value: "rabbitmq"
+- name: SWEEPER_BROKER_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ $url.name | quote }}
+      key: {{ $url.key | quote }}
+- name: SWEEPER_BROKER_PREFETCH
+  value: {{ .Values.broker.prefetch | int64 | quote }}
+{{- end }}
 {{- with .Values.credentialsKey }}
 {{- if .secretName }}
 - name: SWEEPER_CREDENTIALS_KEY
