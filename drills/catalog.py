@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
-from drills import answers, crashes, database, failover, intake, operations, partitions, slowness
+from drills import (
+    answers,
+    brokers,
+    crashes,
+    database,
+    failover,
+    intake,
+    operations,
+    partitions,
+    slowness,
+)
 from drills.base import Drill
 
 DRILLS: list[Drill] = sorted(
     [*crashes.DRILLS, *answers.DRILLS, *operations.DRILLS, *database.DRILLS,
-     *intake.DRILLS, *failover.DRILLS, *partitions.DRILLS, *slowness.DRILLS],
+     *intake.DRILLS, *failover.DRILLS, *partitions.DRILLS, *slowness.DRILLS,
+     *brokers.DRILLS],
     key=lambda d: d.number)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+from collections.abc import Sequence
 from typing import Final
 
 CHUNK: Final = 65_536
@@ -20,10 +21,14 @@ class FaultProxy:
     """Forwards every connection to `target`; `cut()` blackholes the link (`to_target`:
     the requests; `from_target`: the answers), `heal()` restores it."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, *,
+                 fallbacks: Sequence[tuple[str, int]] = ()) -> None:
         """`host` a name or address, or a socket directory (`/...`: PostgreSQL's socket
-        `.s.PGSQL.<port>` in it)."""
+        `.s.PGSQL.<port>` in it). With `fallbacks`, a new connection goes to the first of
+        target and fallbacks that accepts it, as a cluster's Service in front of its nodes
+        does (a connection to a node that dies ends with it)."""
         self.target = (host, port)
+        self.fallbacks = list(fallbacks)
         self.port = 0
         self._server: asyncio.Server | None = None
         self._open = {"to_target": asyncio.Event(), "from_target": asyncio.Event()}
@@ -64,14 +69,17 @@ class FaultProxy:
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
                       ) -> None:
         self.connections += 1
-        host, port = self.target
-        try:
-            if host.startswith("/"):
-                target_reader, target_writer = await asyncio.open_unix_connection(
-                    f"{host}/.s.PGSQL.{port}")
-            else:
-                target_reader, target_writer = await asyncio.open_connection(host, port)
-        except OSError:
+        for host, port in (self.target, *self.fallbacks):
+            try:
+                if host.startswith("/"):
+                    target_reader, target_writer = await asyncio.open_unix_connection(
+                        f"{host}/.s.PGSQL.{port}")
+                else:
+                    target_reader, target_writer = await asyncio.open_connection(host, port)
+                break
+            except OSError:
+                continue
+        else:
             writer.close()
             return
         self._writers.update((writer, target_writer))
