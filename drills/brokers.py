@@ -17,10 +17,13 @@ from drills.broker_stage import BrokerStage
 from drills.faultproxy import FaultProxy
 from drills.history import judge
 from drills.links import by_worker, worker
-from drills.stage import Stage
+from drills.pgserver import PrivateServer
+from drills.scratch import create_database
+from drills.stage import Stage, free_port
 from drills.upstream import FakeUpstream
 
 LEASE_S = 6
+OUTAGE_S = 4.0
 RATE, BURST = 80, 5
 ITEMS = 1200
 
@@ -131,6 +134,28 @@ async def replica_cut_from_broker(stage: Stage) -> Facts:
     return await _finish(stage, upstream, broker, keys, facts)
 
 
+async def database_restarted(stage: Stage) -> Facts:
+    """PostgreSQL stopped mid-drain for OUTAGE_S and started again: the workers keep their
+    messages in hand (none is settled before its outcome is committed, none is lost from
+    their books while the ledger cannot sort it), and go on once it is back."""
+    server = PrivateServer(stage.workdir / "pg", free_port())
+    stage.cleanups.append(server.destroy)
+    await server.start()
+    stage.db_url = await create_database(server.url, "sweeper")
+    upstream, broker, keys = await _drain_start(stage)
+    await server.stop()
+    await asyncio.sleep(OUTAGE_S)  # the outage the drill injects
+    calls_at_restart = len(upstream.calls())
+    await server.start()
+
+    async def calling_again() -> bool:
+        return len(upstream.calls()) > calls_at_restart
+
+    recovery = await stage.wait_for("workers calling again", calling_again, 60, 0.05)
+    facts: Facts = {"outage_s": OUTAGE_S, "recovery_s": round(recovery, 2)}
+    return await _finish(stage, upstream, broker, keys, facts)
+
+
 DRILLS = [
     Drill(32, "broker-replica-killed",
           "broker mode: 1,200 items at 80/s, two worker replicas consuming one RabbitMQ",
@@ -153,4 +178,9 @@ DRILLS = [
           "blackhole that link (no reset) for three lease lengths, then heal it",
           "as broker-replica-killed; the cut replica's unsettled messages go to the other",
           replica_cut_from_broker),
+    Drill(36, "broker-database-restart",
+          "broker mode: as broker-replica-killed, on a PostgreSQL server of the drill's own",
+          f"stop PostgreSQL (fast shutdown) mid-drain for {OUTAGE_S:.0f} s, then start it",
+          "as broker-replica-killed; the workers call again once it is back",
+          database_restarted),
 ]

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
-from service.execution.ports import Broker, Delivery
+from service.execution.ports import Broker, Delivery, DeliveryGone
 from service.execution.sorting import Sorted, Standing
 from service.ledger.claims import Admission, Lease
 from service.ledger.completions import Completion
@@ -82,15 +82,17 @@ class _InHand:
     delivery: Delivery
     open: set[int]
     later: dict[float, set[int]] = field(default_factory=lambda: defaultdict(set))
-    since: float = field(default_factory=time.monotonic)  # waiting on tokens since
+    since: float = 0.0  # waiting on tokens since (the pool's monotonic clock)
 
 
 class DeliveredWork:
     """The pool's AdmissionPort, CompletionPort and WakeupPort in broker mode."""
 
     def __init__(self, broker: Broker, ledger: DeliveredLedger, *, prefetch: int,
-                 holds: Listens | None = None) -> None:
+                 holds: Listens | None = None,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.broker, self.ledger, self.prefetch = broker, ledger, prefetch
+        self._monotonic = monotonic
         self._inbox: list[Delivery] = []
         self._ready: dict[str, dict[int, _InHand]] = defaultdict(dict)  # by scope, by id
         self._weights: dict[str, int] = {}
@@ -143,7 +145,7 @@ class DeliveredWork:
         only = [(i, scope) for scope, n in wants.items()
                 for i in list(self._ready.get(scope, {}))[:n * self._per_call.get(scope, 1)]]
         admitted = await self.ledger.admit_delivered(wants, only)
-        now = time.monotonic()
+        now = self._monotonic()
         for lease in admitted.leases:
             hand = self._ready[lease.scope].pop(lease.item_id, None)
             if hand is not None:
@@ -172,30 +174,47 @@ class DeliveredWork:
 
     async def _sort_arrivals(self) -> None:
         """Sort the items of the messages that arrived (and of those to read again): one
-        ledger read for all. A message on its last allowed delivery ends its items dead."""
-        arrived, self._inbox = self._inbox, []
-        again, self._resort = self._resort, {}
-        fresh: dict[int, _InHand] = dict(again)
-        for delivery in arrived:
-            hand = _InHand(delivery, set(delivery.work.item_ids))
-            self._hands.add(hand)
-            BROKER_IN_HAND.inc()
-            if delivery.delivered_before >= self.broker.delivery_limit - 1:
-                await self._end_poison(hand)
-                continue
-            for item_id in delivery.work.item_ids:
-                if item_id in fresh or item_id in self._flight or self._in_hand(item_id):
-                    hand.open.discard(item_id)  # a copy of one in hand (a message twice)
-                else:
-                    fresh[item_id] = hand
-        if not fresh:
+        ledger read for all. A message on its last allowed delivery ends its items dead.
+        Nothing is taken into hand until the ledger answered: if it did not, every message
+        waits for the next round as it was."""
+        arrived, again = self._inbox, self._resort
+        if not arrived and not again:
             return
-        standings = await self.ledger.sort_delivered(list(fresh))
+        self._inbox, self._resort = [], {}
+        try:
+            hands, poison, fresh = self._unpack(arrived, again)
+            for hand in poison:
+                await self._end_poison(hand)
+            standings = await self.ledger.sort_delivered(list(fresh)) if fresh else {}
+        except BaseException:
+            self._inbox[:0] = arrived
+            self._resort.update(again)
+            raise
+        self._hands.update(hands)
+        BROKER_IN_HAND.inc(len(hands))
         for item_id, hand in fresh.items():
             self._place(hand, item_id, standings.get(item_id))
 
-    def _in_hand(self, item_id: int) -> bool:
-        return any(item_id in ready for ready in self._ready.values())
+    def _unpack(self, arrived: list[Delivery], again: dict[int, _InHand]
+                ) -> tuple[list[_InHand], list[_InHand], dict[int, _InHand]]:
+        """The arrived messages in hand, those of them on their last allowed delivery, and
+        every item to sort (with its message); a copy of an item already in hand (the same
+        message published twice) is done with at once."""
+        held = {i for ready in self._ready.values() for i in ready} | set(self._flight)
+        fresh: dict[int, _InHand] = dict(again)
+        hands, poison = [], []
+        for delivery in arrived:
+            hand = _InHand(delivery, set(delivery.work.item_ids), since=self._monotonic())
+            hands.append(hand)
+            if delivery.delivered_before >= self.broker.delivery_limit - 1:
+                poison.append(hand)
+                continue
+            for item_id in delivery.work.item_ids:
+                if item_id in fresh or item_id in held:
+                    hand.open.discard(item_id)
+                else:
+                    fresh[item_id] = hand
+        return hands, poison, fresh
 
     def _place(self, hand: _InHand, item_id: int, standing: Sorted | None) -> None:
         """Put a sorted item where its standing says: in hand, deferred, or done."""
@@ -250,22 +269,27 @@ class DeliveredWork:
 
     async def _finish_settled(self) -> None:
         """Settle each message whose items are all done with, after handing the broker
-        those that come back later (confirmed). A broker error leaves the message
-        unsettled: the broker delivers it again, and the ledger fences what it finds."""
+        those that come back later (confirmed). A message whose channel closed is the
+        broker's again (it delivers it anew, and the ledger fences what it finds); any
+        other failure keeps it in hand, to be tried again next round."""
         for hand in [h for h in self._hands if not h.open]:
-            self._hands.discard(hand)
-            BROKER_IN_HAND.dec()
             try:
-                for seconds, ids in sorted(hand.later.items()):
+                for seconds in sorted(hand.later):
+                    ids = hand.later.pop(seconds)
                     await self.broker.defer([hand.delivery.work.part(sorted(ids))], seconds)
                     BROKER_MESSAGES.labels(BrokerEvent.DEFERRED).inc()
                 await hand.delivery.settle()
                 BROKER_MESSAGES.labels(BrokerEvent.SETTLED).inc()
                 self.settled += 1
+            except DeliveryGone:
+                pass  # redelivered elsewhere; its deferred parts went out already
             except Exception as exc:
-                log.warning("broker: a message could not be settled; it comes again",
+                log.warning("broker: a message could not be settled yet; tried again",
                             extra={"origin": hand.delivery.work.origin,
                                    "error_type": type(exc).__name__})
+                continue
+            self._hands.discard(hand)
+            BROKER_IN_HAND.dec()
 
     # -- completion ----------------------------------------------------------------------
 
@@ -281,7 +305,7 @@ class DeliveredWork:
             if item_id in refused or done.status != "pending":
                 hand.open.discard(item_id)  # finished, or another lease has it
             elif done.retry_in_seconds <= BACK_IN_HAND_S:
-                hand.since = time.monotonic()
+                hand.since = self._monotonic()
                 self._ready[done.lease.scope][item_id] = hand  # due at once: kept in hand
             else:
                 self._later(hand, item_id, done.retry_in_seconds)

@@ -17,6 +17,11 @@ from typing import Protocol
 from service.execution.work import Work
 
 
+class DeliveryGone(Exception):
+    """The delivery's channel closed before it was settled: the broker delivers the message
+    again (to this consumer or another), so there is nothing left to settle."""
+
+
 class Delivery(Protocol):
     """One delivery of a message to this consumer, until settled."""
 
@@ -30,7 +35,8 @@ class Delivery(Protocol):
 
     async def settle(self) -> None:
         """Done with it: the broker forgets the message (AMQP ack). Called only once its
-        items' outcomes are committed, or the rest handed on by `Broker.defer`."""
+        items' outcomes are committed, or the rest handed on by `Broker.defer`. Raises
+        DeliveryGone when the delivery's channel closed meanwhile."""
         ...
 
 

@@ -28,8 +28,9 @@ from aio_pika.abc import (
     AbstractQueue,
     AbstractRobustConnection,
 )
+from aio_pika.exceptions import ChannelClosed, ChannelInvalidStateError
 
-from service.execution.ports import Delivery
+from service.execution.ports import Delivery, DeliveryGone
 from service.execution.work import BadWork, Work
 
 log = logging.getLogger("service.execution")
@@ -71,7 +72,12 @@ class RabbitDelivery:
         return count if isinstance(count, int) else 0
 
     async def settle(self) -> None:
-        await self._message.ack()
+        if self._message.channel.is_closed:
+            raise DeliveryGone(self._work.origin)
+        try:
+            await self._message.ack()
+        except (ChannelInvalidStateError, ChannelClosed) as exc:
+            raise DeliveryGone(self._work.origin) from exc
 
 
 class RabbitBroker:

@@ -31,7 +31,7 @@ def broker_ports(engine: AsyncEngine, policies: Policies, upstreams: Upstreams,
                            credentials=credentials, stores=stores)
     ledger = ports.completion
     assert isinstance(ledger, PostgresLedger)
-    delivered = DeliveredWork(broker, ledger, prefetch=prefetch,
+    delivered = DeliveredWork(broker, ledger, prefetch=prefetch, monotonic=ports.clock.monotonic,
                               holds=Listener(listen_url) if listen_url else None)
     return dataclasses.replace(ports, admission=delivered, completion=delivered,
                                wakeups=delivered)
