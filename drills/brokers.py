@@ -12,6 +12,7 @@ import asyncio
 import signal
 import time
 
+from drills import partitions
 from drills.base import Drill, Facts, check
 from drills.broker_stage import BrokerStage
 from drills.faultproxy import FaultProxy
@@ -156,6 +157,20 @@ async def database_restarted(stage: Stage) -> Facts:
     return await _finish(stage, upstream, broker, keys, facts)
 
 
+async def replica_cut_from_database(stage: Stage) -> Facts:
+    """The reverse of broker-replica-partitioned: one replica loses PostgreSQL (both
+    directions, no reset) for longer than its leases while it still reaches the broker
+    and the upstream (drills/partitions.py's scenario, in broker mode)."""
+    broker = await BrokerStage.open(stage)
+    facts = await partitions.replica_cut_from_database(stage, env=broker.env)
+
+    async def settled() -> bool:
+        return not await broker.depths()
+
+    await stage.wait_for("every message settled", settled, 60, 0.2)
+    return facts
+
+
 DRILLS = [
     Drill(32, "broker-replica-killed",
           "broker mode: 1,200 items at 80/s, two worker replicas consuming one RabbitMQ",
@@ -183,4 +198,12 @@ DRILLS = [
           f"stop PostgreSQL (fast shutdown) mid-drain for {OUTAGE_S:.0f} s, then start it",
           "as broker-replica-killed; the workers call again once it is back",
           database_restarted),
+    Drill(37, "broker-replica-cut-from-database",
+          "broker mode: 1,500 items at 80/s, two worker replicas, one reaching PostgreSQL "
+          "through the drill's proxy",
+          "blackhole that replica's link to PostgreSQL for 2.5 lease lengths (it still "
+          "reaches the broker and the upstream), then heal it",
+          "as replica-cut-from-database: no call later than its leases into the cut, the "
+          "other replica takes its items over; every message settled",
+          replica_cut_from_database),
 ]

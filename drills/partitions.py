@@ -38,19 +38,19 @@ class _CutLink:
         self.stage, self.host, self.name = stage, host, name
         self.proxy = FaultProxy(*target)
 
-    async def worker(self, upstream: FakeUpstream) -> Proc:
-        """The replica whose link to PostgreSQL this is."""
+    async def worker(self, upstream: FakeUpstream, env: dict[str, str]) -> Proc:
+        """The replica whose link to PostgreSQL this is (with `env` besides)."""
         if self.host is None:
             url = await through(self.stage, self.proxy)
             self.stage.cleanups.append(self.proxy.close)
-            return worker(self.stage, "cut", {"SWEEPER_DATABASE_URL": url})
+            return worker(self.stage, "cut", {**env, "SWEEPER_DATABASE_URL": url})
         self.stage.cleanups.append(self.host.close)
         await self.host.open({"database": server(self.stage.db_url),
                               "upstream": upstream_at(upstream)})
         url = url_at(self.stage.db_url, *self.host.address("database"))
         relay, port = self.host.address("upstream")
-        return worker(self.stage, "cut", {"SWEEPER_DATABASE_URL": url}, host=self.host,
-                       upstream_url=f"http://{relay}:{port}")
+        return worker(self.stage, "cut", {**env, "SWEEPER_DATABASE_URL": url}, host=self.host,
+                      upstream_url=f"http://{relay}:{port}")
 
     async def cut(self, *, requests: bool = True) -> None:
         if self.host is None:
@@ -68,18 +68,20 @@ class _CutLink:
 
 
 async def replica_cut_from_database(stage: Stage, *, requests_lost: bool = True,
-                                    host: Namespace | None = None) -> Facts:
+                                    host: Namespace | None = None,
+                                    env: dict[str, str] | None = None) -> Facts:
     """Scenario 1: one replica loses PostgreSQL for longer than its leases while its
     upstream link stays up: both directions, or (`requests_lost` False) only the answers,
     so its statements still commit and it never learns so. With `host`, that replica runs
-    in its own network namespace and the link is cut in the kernel."""
+    in its own network namespace and the link is cut in the kernel; `env` for both
+    replicas (broker mode's, drills/brokers.py)."""
     upstream = stage.start_upstream()
     stage.write_policies(rate=80, burst=5, lease=LEASE_S, timeout=3)
     n = 1500
     keys = await stage.register([f"o{i}" for i in range(n)])
     link = _CutLink(stage, host, "database", server(stage.db_url))
-    cut = await link.worker(upstream)
-    other = worker(stage, "other", {})
+    cut = await link.worker(upstream, env or {})
+    other = worker(stage, "other", env or {})
     await stage.wait_started(cut, other)
     await stage.release()
 
