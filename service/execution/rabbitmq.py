@@ -28,7 +28,13 @@ from aio_pika.abc import (
     AbstractQueue,
     AbstractRobustConnection,
 )
-from aio_pika.exceptions import ChannelClosed, ChannelInvalidStateError
+from aio_pika.exceptions import (
+    AMQPError,
+    AuthenticationError,
+    ChannelClosed,
+    ChannelInvalidStateError,
+    ProbableAuthenticationError,
+)
 
 from service.execution.ports import Delivery, DeliveryGone
 from service.execution.work import BadWork, Work
@@ -40,6 +46,8 @@ WAITS_S: Final = (1, 2, 5, 10, 30, 60, 300)  # the delays `defer` rounds up to (
 # times with it is poison, and its items end dead in the ledger.
 REDELIVERIES: Final = 10
 CONNECT_TIMEOUT_S: Final = 10.0
+RETRY_MIN_S: Final = 0.5  # between tries to start consuming, doubling to RETRY_MAX_S
+RETRY_MAX_S: Final = 10.0
 PUBLISH_TIMEOUT_S: Final = 30.0
 
 
@@ -133,6 +141,28 @@ class RabbitBroker:
 
     async def _consume(self, queue_name: str, prefetch: int,
                        deliver: Callable[[Delivery], None]) -> None:
+        """Consume until cancelled. A broker out of reach when consuming starts (the robust
+        connection recovers only connections it once had) is tried again with backoff, a
+        warning once per outage; refused credentials are an error each time they are."""
+        backoff, outage = RETRY_MIN_S, ""
+        while True:
+            try:
+                await self._consume_once(queue_name, prefetch, deliver)
+            except asyncio.CancelledError:
+                raise
+            except (AuthenticationError, ProbableAuthenticationError) as exc:
+                log.error("broker: credentials refused; consuming stops until they are "
+                          "accepted", extra={"error_type": type(exc).__name__})
+            except (AMQPError, OSError, TimeoutError) as exc:
+                if outage != type(exc).__name__:
+                    log.warning("broker: cannot consume; retrying",
+                                extra={"error_type": type(exc).__name__, "queue": queue_name})
+                outage = type(exc).__name__
+            await asyncio.sleep(backoff)
+            backoff = min(RETRY_MAX_S, backoff * 2)
+
+    async def _consume_once(self, queue_name: str, prefetch: int,
+                            deliver: Callable[[Delivery], None]) -> None:
         await self._channel()
         assert self._connection is not None
         channel = await self._connection.channel()

@@ -18,6 +18,8 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from drills.faultproxy import FaultProxy
+from drills.stage import free_port
 from service.config.policies import Policies
 from service.execution import outbox
 from service.execution.rabbitmq import REDELIVERIES, RabbitBroker, queue_names
@@ -367,3 +369,34 @@ async def test_a_held_tenant_is_never_called_and_its_release_hands_it_over_at_on
             return await _run_items(api, run["id"]) == {"succeeded": 12}
         await until("the released tenant's items finished", all_done, seconds=20)
     assert len({c.idempotency_key for c in upstream.calls()}) == 12
+
+
+async def test_a_worker_started_while_the_broker_is_out_of_reach_consumes_once_it_is_back(
+        engine: AsyncEngine, broker_url: str, upstream: FakeUpstream,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Consuming retries until the broker answers (the robust connection alone recovers
+    only a connection it once had): the items are called once it is back."""
+    dead_end = FaultProxy("127.0.0.1", free_port())  # refuses: nothing listens there
+    await dead_end.start()
+    try:
+        url = broker_url.replace(":5672/", f":{dead_end.port}/")
+        policies = make_policies(upstream.base_url)
+        await register(engine, policies, 20)
+        await release_all(engine)
+        async with contextlib.AsyncExitStack() as stack:
+            worker = RabbitBroker(url)
+            stack.push_async_callback(worker.close)
+            running = Running(engine, policies, worker)
+            await stack.enter_async_context(running)
+
+            async def warned() -> bool:
+                return "broker: cannot consume; retrying" in caplog.text
+            await until("the worker's warning", warned)
+            relay = RabbitBroker(broker_url)  # the leader reaches the broker
+            stack.push_async_callback(relay.close)
+            assert await relay_once(engine, relay) == 1
+            dead_end.target = ("127.0.0.1", 5672)  # the broker is back
+            await until("every item succeeded", all_succeeded(engine, 20))
+    finally:
+        await dead_end.close()
+    assert len({c.idempotency_key for c in upstream.calls()}) == 20
