@@ -10,6 +10,7 @@ in seconds on both sides, as a deployment that cares about partitions configures
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Final
 
 import aio_pika
@@ -61,6 +62,10 @@ class BrokerStage:
                 "SWEEPER_BROKER_PREFETCH": str(PREFETCH)}
 
     def _start_relay(self) -> None:
+        # the drill's own broker clients, as a service process's (observability/logs.py):
+        # a killed node is the drill's fault, not an error to print per channel
+        for broker_client in ("aiormq", "aio_pika"):
+            logging.getLogger(broker_client).setLevel(logging.CRITICAL)
         engine = make_engine(async_url(self.stage.db_url),
                              Settings(database_url=self.stage.db_url, workers=0))
         relay = RabbitBroker(self.url)

