@@ -544,7 +544,8 @@ async def repetition(ctx: BenchContext, args: argparse.Namespace, *, mode: str, 
                                  concurrency=concurrency, deadline_s=args.drain_timeout,
                                  profiler=profiler, upstream_cpu=up.cpu,
                                  server_url=ctx.server_url, broker=broker,
-                                 broker_port=urlsplit(args.broker_url).port or 5672)
+                                 broker_port=5672 if broker is None
+                                 else urlsplit(args.broker_url).port or 5672)
         finally:
             await upstreams.aclose()
         statuses = await status_counts(db.engine)

@@ -22,6 +22,7 @@ from service.config.settings import Settings, async_url
 from service.db.engine import make_engine
 from service.execution.rabbitmq import RabbitBroker, queue_names
 from service.execution.relay import Relay
+from service.execution.work import Work
 
 HEARTBEAT_S: Final = 5
 PREFETCH: Final = 4
@@ -90,6 +91,20 @@ class BrokerStage:
                 if queue.declaration_result.message_count:
                     found[name] = int(queue.declaration_result.message_count)
         return found
+
+
+    async def take_all(self) -> list[Work]:
+        """Every message left in any queue, taken (acked) and read."""
+        taken: list[Work] = []
+        connection = await aio_pika.connect(self.url, timeout=10)
+        async with connection:
+            channel = await connection.channel()
+            for name in queue_names(None).values():
+                queue = await channel.declare_queue(name, passive=True)
+                while (message := await queue.get(fail=False, timeout=10)) is not None:
+                    taken.append(Work.decode(message.body))
+                    await message.ack()
+        return taken
 
 
 async def _close_all(nodes: list[RabbitNode]) -> None:

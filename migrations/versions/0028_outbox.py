@@ -1,5 +1,5 @@
-"""The broker's outbox: batches, webhook deliveries that released items, and released legal
-holds, not yet handed to a broker. With SWEEPER_EXECUTION=rabbitmq the leader's relay publishes each one's pending
+"""The broker's outbox: batches, webhook deliveries that released items, released legal
+holds and operators' re-drives (`requeues`, a new table), not yet handed to a broker. With SWEEPER_EXECUTION=rabbitmq the leader's relay publishes each one's pending
 items once it is committed here and marks it `enqueued_at` once the broker confirmed it
 (service/execution/relay.py); a released hold hands over its tenant's items it may have
 kept waiting. In database mode nothing reads the column (the ledger is the
@@ -29,12 +29,21 @@ def upgrade() -> None:
         op.execute(f"ALTER TABLE {table} ADD COLUMN enqueued_at timestamptz")
         op.execute(f"CREATE INDEX IF NOT EXISTS {table}_to_enqueue ON {table} (id) "
                    "WHERE enqueued_at IS NULL")
+    op.execute("""
+        CREATE TABLE requeues (
+            id bigserial PRIMARY KEY,
+            item_ids bigint[] NOT NULL,
+            created_at timestamptz NOT NULL DEFAULT now(),
+            enqueued_at timestamptz
+        )""")
+    op.execute("CREATE INDEX requeues_to_enqueue ON requeues (id) WHERE enqueued_at IS NULL")
     op.execute("ALTER TABLE holds ADD COLUMN enqueued_at timestamptz")
     op.execute("CREATE INDEX IF NOT EXISTS holds_to_enqueue ON holds (id) "
                "WHERE released_at IS NOT NULL AND enqueued_at IS NULL")
 
 
 def downgrade() -> None:
+    op.execute("DROP TABLE requeues")
     op.execute("DROP INDEX IF EXISTS holds_to_enqueue")
     op.execute("ALTER TABLE holds DROP COLUMN enqueued_at")
     for table in ("batches", "webhook_receipts"):

@@ -194,6 +194,16 @@ webhook_receipts = Table(
     UniqueConstraint("source", "webhook_id", name="webhook_receipts_once"),
 )
 
+# operators' re-drives waiting for the broker (migration 0028: service/execution/outbox.py)
+requeues = Table(
+    "requeues",
+    metadata,
+    Column("id", BigInteger, primary_key=True),
+    Column("item_ids", ARRAY(BigInteger), nullable=False),
+    _ts("created_at"),
+    _ts("enqueued_at", nullable=True),
+)
+
 holds = Table(
     "holds",
     metadata,

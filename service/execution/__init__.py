@@ -9,5 +9,6 @@ Which module owns what:
   items of messages the broker gave up on, ended dead.
 - `relay`: the leader's duty handing the outbox to the broker.
 - `sorting`: where each delivered item stands in the ledger.
+- `in_hand`: the books of the messages a worker holds unsettled and where their items are.
 - `deliveries`: a worker's admissions from the messages in hand (the pool's ports).
 """

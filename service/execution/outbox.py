@@ -1,6 +1,7 @@
 """The ledger's side of the broker: the outbox the relay hands over (batches, webhook
-deliveries that released items, and released legal holds, not yet `enqueued_at`: migration
-0028), and the items of a message the broker gave up on, ended here as dead.
+deliveries that released items, released legal holds and operators' re-drives, not yet
+`enqueued_at`: migration 0028), and the items of a message the broker gave up on, ended
+here as dead.
 
 A held item's message is deferred for minutes at a time (service/execution/deliveries.py);
 the hold's release hands its tenant's claimable items over at once, as database mode makes
@@ -42,16 +43,26 @@ _WAITING = Statement("outbox.waiting", (
          ORDER BY i.id)
      FROM holds h WHERE h.released_at IS NOT NULL AND h.enqueued_at IS NULL
      ORDER BY h.id LIMIT :limit)
+    UNION ALL
+    (SELECT 'requeue', q.id, ARRAY(
+         SELECT i.id FROM items i
+         WHERE i.id = ANY(q.item_ids) AND i.status = 'pending'
+           AND i.released_at IS NOT NULL ORDER BY i.id)
+     FROM requeues q WHERE q.enqueued_at IS NULL ORDER BY q.id LIMIT :limit)
 """)
 
 _MARK = Statement("outbox.mark", (
-    "Record that the broker confirmed these batches, webhook deliveries and holds."), """
+    "Record that the broker confirmed these batches, webhook deliveries, holds and "
+    "re-drives."), """
     WITH b AS (
         UPDATE batches SET enqueued_at = now()
         WHERE id = ANY(CAST(:batches AS bigint[])) AND enqueued_at IS NULL
     ), h AS (
         UPDATE holds SET enqueued_at = now()
         WHERE id = ANY(CAST(:holds AS bigint[])) AND enqueued_at IS NULL
+    ), q AS (
+        UPDATE requeues SET enqueued_at = now()
+        WHERE id = ANY(CAST(:requeues AS bigint[])) AND enqueued_at IS NULL
     )
     UPDATE webhook_receipts SET enqueued_at = now()
     WHERE id = ANY(CAST(:receipts AS bigint[])) AND enqueued_at IS NULL
@@ -83,7 +94,7 @@ WAITING_LIMIT: Final = 64  # outbox rows per pass, of each kind
 async def waiting(db: Database, limit: int = WAITING_LIMIT
                   ) -> list[tuple[str, int, list[int]]]:
     """(kind, id, pending item ids) of each outbox row waiting: batches, then webhook
-    deliveries (`receipt`), then released holds (`hold`)."""
+    deliveries (`receipt`), released holds (`hold`) and re-drives (`requeue`)."""
     return [(r.kind, int(r.id), list(r.item_ids))
             for r in await fetch(db, _WAITING, {"limit": limit})]
 
@@ -91,7 +102,8 @@ async def waiting(db: Database, limit: int = WAITING_LIMIT
 async def mark(db: Database, rows: Sequence[tuple[str, int]]) -> None:
     """Mark these (kind, id) outbox rows enqueued."""
     await fetch_none(db, _MARK, {param: [i for k, i in rows if k == kind] for kind, param in (
-        ("batch", "batches"), ("receipt", "receipts"), ("hold", "holds"))})
+        ("batch", "batches"), ("receipt", "receipts"), ("hold", "holds"),
+        ("requeue", "requeues"))})
 
 
 async def end_dead(db: Database, item_ids: Sequence[int], reason: str) -> list[int]:

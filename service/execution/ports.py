@@ -29,6 +29,11 @@ class Delivery(Protocol):
     def work(self) -> Work: ...
 
     @property
+    def live(self) -> bool:
+        """Whether it can still be settled (its channel is open)."""
+        ...
+
+    @property
     def delivered_before(self) -> int:
         """How many times the broker delivered this message before (0: the first time)."""
         ...
@@ -47,6 +52,11 @@ class Broker(Protocol):
     def delivery_limit(self) -> int:
         """Deliveries of one message the broker allows; the last one ends its items in the
         ledger as dead (never only in a dead-letter queue)."""
+        ...
+
+    def delay_for(self, seconds: float) -> float:
+        """The delay `defer` gives a wait of `seconds` (a broker may have fixed delays):
+        items handed back together with one delay go as one message."""
         ...
 
     async def publish(self, works: Sequence[Work]) -> None:

@@ -17,6 +17,7 @@ A message's body is `Work` (work.py); its message id is the work's origin.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
@@ -35,6 +36,7 @@ from aio_pika.exceptions import (
     ChannelInvalidStateError,
     ProbableAuthenticationError,
 )
+from pamqp.commands import Basic
 
 from service.execution.ports import Delivery, DeliveryGone
 from service.execution.work import BadWork, Work
@@ -75,14 +77,21 @@ class RabbitDelivery:
         return self._work
 
     @property
+    def live(self) -> bool:
+        try:
+            return not self._message.channel.is_closed
+        except ChannelInvalidStateError:  # aio-pika's way of saying it is closed
+            return False
+
+    @property
     def delivered_before(self) -> int:
         count = (self._message.headers or {}).get("x-delivery-count", 0)
         return count if isinstance(count, int) else 0
 
     async def settle(self) -> None:
-        if self._message.channel.is_closed:
-            raise DeliveryGone(self._work.origin)
         try:
+            if self._message.channel.is_closed:  # raises too, once closed
+                raise DeliveryGone(self._work.origin)
             await self._message.ack()
         except (ChannelInvalidStateError, ChannelClosed) as exc:
             raise DeliveryGone(self._work.origin) from exc
@@ -96,6 +105,7 @@ class RabbitBroker:
         self.names = queue_names(region)
         self._connection: AbstractRobustConnection | None = None
         self._publishing: AbstractChannel | None = None
+        self._consuming: list[AbstractChannel] = []  # closed by close(), not by a cancel
         self._lock = asyncio.Lock()
 
     @property
@@ -111,9 +121,14 @@ class RabbitBroker:
                     client_properties={"connection_name": "sweeper"})
                 self._publishing = None
             if self._publishing is None or self._publishing.is_closed:
-                self._publishing = await self._connection.channel(publisher_confirms=True)
+                # a message no queue took is returned: raise, never count it confirmed
+                self._publishing = await self._connection.channel(publisher_confirms=True,
+                                                                  on_return_raises=True)
                 await declare(self._publishing, self.names)
             return self._publishing
+
+    def delay_for(self, seconds: float) -> float:
+        return float(wait_for(seconds))
 
     async def publish(self, works: Sequence[Work]) -> None:
         await self._send(works, self.names["work"])
@@ -127,10 +142,14 @@ class RabbitBroker:
         if not works:
             return
         exchange = (await self._channel()).default_exchange
-        await asyncio.gather(*(exchange.publish(
+        answers = await asyncio.gather(*(exchange.publish(
             aio_pika.Message(w.encode(), message_id=w.origin, content_type="application/json",
                              delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
             routing_key=queue, mandatory=True, timeout=PUBLISH_TIMEOUT_S) for w in works))
+        refused = [a for a in answers if not isinstance(a, Basic.Ack)]
+        if refused:
+            raise RuntimeError(f"the broker did not confirm {len(refused)} of {len(works)} "
+                               f"messages to {queue}")
 
     async def consume(self, prefetch: int, deliver: Callable[[Delivery], None]) -> None:
         await self._consume(self.names["work"], prefetch, deliver)
@@ -163,22 +182,41 @@ class RabbitBroker:
 
     async def _consume_once(self, queue_name: str, prefetch: int,
                             deliver: Callable[[Delivery], None]) -> None:
+        """Consume on a channel of its own. Cancelled, it stops the deliveries but leaves
+        the channel open until `close()`, so what is in hand can still be settled (acks
+        travel on the channel that delivered)."""
         await self._channel()
         assert self._connection is not None
         channel = await self._connection.channel()
         try:
             await channel.set_qos(prefetch_count=prefetch)
             queue = await channel.get_queue(queue_name, ensure=True)
-            await queue.consume(_receiver(deliver))
+            tag = await queue.consume(_receiver(deliver))
+        except BaseException:
+            await _closed(channel)
+            raise
+        try:
             await asyncio.Future()  # until cancelled; the robust channel consumes again
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await queue.cancel(tag)
+            raise
         finally:
-            if not channel.is_closed:
-                await channel.close()
+            self._consuming.append(channel)
 
     async def close(self) -> None:
+        for channel in self._consuming:
+            await _closed(channel)
+        self._consuming.clear()
         connection, self._connection = self._connection, None
         if connection is not None and not connection.is_closed:
             await connection.close()
+
+
+async def _closed(channel: AbstractChannel) -> None:
+    if not channel.is_closed:
+        with contextlib.suppress(Exception):
+            await channel.close()
 
 
 def _receiver(deliver: Callable[[Delivery], None]

@@ -24,8 +24,8 @@ from typing import Final
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.execution import outbox
-from service.execution.ports import Broker, Delivery
-from service.execution.work import MAX_IDS, Work
+from service.execution.ports import Broker, Delivery, DeliveryGone
+from service.execution.work import Work
 from service.observability.failures import InternalErrors, expected
 from service.observability.metrics import BROKER_MESSAGES, BrokerEvent, Where
 
@@ -34,26 +34,30 @@ log = logging.getLogger("service.execution")
 POLL_S: Final = 0.1  # between passes that found nothing (a pass on an empty outbox is an
 #                      index probe of two empty partial indexes)
 ERROR_BACKOFF_MAX_S: Final = 5.0
+# Items per message: a batch (500 by default) goes as several, so the consumers share it
+# and one that stalls holds back few items; far fewer messages than items all the same.
+IDS_PER_MESSAGE: Final = 100
 DEAD_REASON: Final = "broker_delivery_limit"
 LEASE_RECHECK_S: Final = 30.0  # a dead letter's leased items come back after this
+DEAD_TRIES: Final = 30  # then the dead letter is left unsettled, delivered again later
 
 
 def works_of(kind: str, row_id: int, item_ids: list[int]) -> list[Work]:
-    """An outbox row's messages: its pending items, MAX_IDS at most per message (none when
-    none is pending: the row is marked all the same)."""
-    return [Work.of(f"{kind}:{row_id}", item_ids[i:i + MAX_IDS])
-            for i in range(0, len(item_ids), MAX_IDS)]
+    """An outbox row's messages: its pending items, IDS_PER_MESSAGE at most per message
+    (none when none is pending: the row is marked all the same)."""
+    return [Work.of(f"{kind}:{row_id}", item_ids[i:i + IDS_PER_MESSAGE])
+            for i in range(0, len(item_ids), IDS_PER_MESSAGE)]
 
 
 async def relay_once(engine: AsyncEngine, broker: Broker) -> int:
-    """One pass: publish what waits, confirmed, then mark it. The rows handed over."""
+    """One pass: publish what waits, each row confirmed and then marked, so a failure part
+    way publishes again only what was not marked. The rows handed over."""
     rows = await outbox.waiting(engine)
-    if not rows:
-        return 0
-    works = [w for kind, row_id, ids in rows for w in works_of(kind, row_id, ids)]
-    await broker.publish(works)
-    await outbox.mark(engine, [(kind, row_id) for kind, row_id, _ in rows])
-    BROKER_MESSAGES.labels(BrokerEvent.PUBLISHED).inc(len(works))
+    for kind, row_id, ids in rows:
+        works = works_of(kind, row_id, ids)
+        await broker.publish(works)
+        await outbox.mark(engine, [(kind, row_id)])
+        BROKER_MESSAGES.labels(BrokerEvent.PUBLISHED).inc(len(works))
     return len(rows)
 
 
@@ -106,10 +110,12 @@ class Relay:
     async def _end_dead(self) -> None:
         while True:
             delivery = await self._dead.get()
-            while True:
+            for _ in range(DEAD_TRIES):
                 try:
                     await end_dead_letter(self.engine, self.broker, delivery)
                     break
+                except DeliveryGone:
+                    break  # the broker delivers it again: ended then
                 except Exception as exc:
                     self._failed(exc)
                     await asyncio.sleep(1.0)

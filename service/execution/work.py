@@ -4,7 +4,7 @@ customer data, and a message read from it names nothing outside the ledger).
 
 A message body is `{"v": 1, "origin": "batch:42", "items": [1, 2, 3]}`. The origin is the
 outbox row's identity (a batch, `batch:<id>`; a webhook delivery, `receipt:<id>`; a released
-hold, `hold:<id>`) and is the
+hold, `hold:<id>`; an operator's re-drive, `requeue:<id>`) and is the
 AMQP message id: a message published twice (a relay that crashed between the broker's
 confirm and its mark) is the same message twice, and the ledger fences the second.
 """
@@ -24,7 +24,7 @@ VERSION: Final = 1
 # about 110 KB of JSON at the largest ids.
 MAX_IDS: Final = 10_000
 MAX_BODY_BYTES: Final = 16 + 22 * MAX_IDS + 256
-_ORIGIN = re.compile(r"(batch|receipt|hold):[1-9][0-9]{0,18}")
+_ORIGIN = re.compile(r"(batch|receipt|hold|requeue):[1-9][0-9]{0,18}")
 MAX_ID: Final = 2**63 - 1  # PostgreSQL's bigint
 
 
@@ -41,7 +41,7 @@ class Work:
 
     def __post_init__(self) -> None:
         if not _ORIGIN.fullmatch(self.origin):
-            raise BadWork("the origin is not batch:<id>, receipt:<id> or hold:<id>")
+            raise BadWork("the origin is not batch:, receipt:, hold: or requeue:<id>")
         if not 0 < len(self.item_ids) <= MAX_IDS:
             raise BadWork(f"a message carries 1 to {MAX_IDS} item ids")
         if any(not 0 < i <= MAX_ID for i in self.item_ids) or any(

@@ -86,18 +86,27 @@ async def list_items(engine: AsyncEngine, *, status: str | None, item_filter: It
 
 
 # Operator changes: bounded by :limit, each in one transaction together with its audit row.
+# A re-drive is also a row of the broker's outbox (`requeues`): in broker mode the leader's
+# relay hands the items over (their messages were settled when they died).
 _REDRIVE = Statement("item_selection.redrive", (
     "Dead items matching an operator's filter back to pending with their attempts reset, "
-    "at most :limit, skipping rows another change holds."), f"""
+    "at most :limit, skipping rows another change holds; queued for the broker."), f"""
     WITH chosen AS (
         SELECT id FROM items WHERE status = 'dead' {FILTER_SQL}
         ORDER BY id LIMIT :limit FOR UPDATE SKIP LOCKED
+    ),
+    redriven AS (
+        UPDATE items i
+        SET status = 'pending', attempts = 0, dead_reason = NULL, completed_at = NULL,
+            next_attempt_at = now(), updated_at = now()
+        FROM chosen WHERE i.id = chosen.id
+        RETURNING i.id
+    ),
+    queued AS (
+        INSERT INTO requeues (item_ids)
+        SELECT array_agg(id ORDER BY id) FROM redriven HAVING count(*) > 0
     )
-    UPDATE items i
-    SET status = 'pending', attempts = 0, dead_reason = NULL, completed_at = NULL,
-        next_attempt_at = now(), updated_at = now()
-    FROM chosen WHERE i.id = chosen.id
-    RETURNING i.id
+    SELECT id FROM redriven
 """)  # noqa: S608 - only constant fragments are interpolated
 
 _CANCEL = Statement("item_selection.cancel", (

@@ -4,8 +4,10 @@ in database mode (postgres.py). The pool itself does not know which mode it runs
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import random
+from collections.abc import AsyncIterator
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -33,8 +35,18 @@ def broker_ports(engine: AsyncEngine, policies: Policies, upstreams: Upstreams,
     assert isinstance(ledger, PostgresLedger)
     delivered = DeliveredWork(broker, ledger, prefetch=prefetch, monotonic=ports.clock.monotonic,
                               holds=Listener(listen_url) if listen_url else None)
+    @contextlib.asynccontextmanager
+    async def hold() -> AsyncIterator[None]:
+        """The ledger's connections while the pool runs; at its end (its last outcomes
+        written), the messages still in hand go back to the broker whole."""
+        try:
+            async with ledger.hold():
+                yield
+        finally:
+            await delivered.hand_over()
+
     return dataclasses.replace(ports, admission=delivered, completion=delivered,
-                               wakeups=delivered)
+                               wakeups=delivered, hold=hold)
 
 
 def open_broker(settings: Settings) -> Broker | None:

@@ -25,6 +25,7 @@ from service.execution import outbox
 from service.execution.rabbitmq import REDELIVERIES, RabbitBroker, queue_names
 from service.execution.relay import Relay, relay_once, works_of
 from service.execution.work import Work
+from service.ledger import item_selection
 from service.ledger.registration import operation_key
 from service.observability.metrics import REGISTRY, BrokerEvent
 from service.upstreams.deletion_api import Upstreams
@@ -148,15 +149,15 @@ async def test_a_batch_published_twice_is_called_once(
     await broker.publish([w for kind, i, ids in waiting for w in works_of(kind, i, ids)])
     assert await relay_once(engine, broker) == 2  # unmarked: handed over again
     assert await queue_depth(broker) == 4
-    async with Running(engine, policies, broker):
+    async with Running(engine, policies, broker) as pool:
         await until("every item succeeded", all_succeeded(engine, 60))
-        await until("every message settled", lambda: _settled(broker))
+
+        async def four_settled() -> bool:
+            return pool.ports.completion.settled == 4  # type: ignore[attr-defined]
+        await until("every message settled", four_settled)
     keys = [c.idempotency_key for c in upstream.calls()]
     assert len(keys) == 60 and len(set(keys)) == 60
-
-
-async def _settled(broker: RabbitBroker) -> bool:
-    return await queue_depth(broker) == 0
+    assert await queue_depth(broker) == 0  # nothing went back unsettled at the stop
 
 
 async def test_a_message_of_finished_items_calls_nothing(
@@ -181,10 +182,11 @@ async def test_a_message_of_finished_items_calls_nothing(
     assert await queue_depth(broker) == 0
 
 
-async def test_a_message_past_its_delivery_limit_ends_its_items_dead_in_the_ledger(
+async def test_a_message_past_its_delivery_limit_ends_its_items_dead_and_a_redrive_calls_them(
         engine: AsyncEngine, broker: RabbitBroker, upstream: FakeUpstream) -> None:
     """Every consumer that took the message died with it: on its last allowed delivery its
-    items end `dead` with the reason, uncalled, and the message is settled."""
+    items end `dead` with the reason, uncalled, and the message is settled. An operator's
+    re-drive reaches the broker (the outbox's requeues) and they are called."""
     policies = make_policies(upstream.base_url)
     await register(engine, policies, 3)
     await release_all(engine)
@@ -199,11 +201,19 @@ async def test_a_message_past_its_delivery_limit_ends_its_items_dead_in_the_ledg
         async def ended() -> bool:
             return await statuses(engine) == {"dead": 3}
         await until("the items ended dead", ended)
-        await until("the message settled", lambda: _settled(broker))
+    assert await queue_depth(broker) == 0  # settled, not handed back at the stop
     async with engine.connect() as conn:
         reasons = (await conn.execute(text("SELECT DISTINCT dead_reason FROM items"))).all()
     assert reasons == [("broker_delivery_limit",)]
     assert upstream.calls() == []
+    # an operator re-drives them: the re-drive is handed to the broker, and they are called
+    redriven = await item_selection.redrive(engine, item_selection.ItemFilter(
+        reason="broker_delivery_limit"), actor="test", reason="after the fix", limit=10)
+    assert len(redriven) == 3
+    assert await relay_once(engine, broker) == 1
+    async with Running(engine, policies, broker):
+        await until("the re-driven items succeeded", all_succeeded(engine, 3))
+    assert len({c.idempotency_key for c in upstream.calls()}) == 3
 
 
 async def test_the_relay_hands_over_webhook_releases_and_ends_dead_letters(

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from service.execution.rabbitmq import WAITS_S, queue_names, wait_for
-from service.execution.relay import works_of
+from service.execution.relay import IDS_PER_MESSAGE, works_of
 from service.execution.work import MAX_BODY_BYTES, MAX_IDS, BadWork, Work
 
 
@@ -52,10 +52,11 @@ def test_the_largest_work_fits_its_body_bound() -> None:
         Work.of("batch:1", list(range(1, MAX_IDS + 2)))
 
 
-def test_an_outbox_row_larger_than_a_message_is_split() -> None:
-    works = works_of("batch", 7, list(range(1, MAX_IDS + 3)))
-    assert [len(w.item_ids) for w in works] == [MAX_IDS, 2]
+def test_an_outbox_row_goes_as_messages_of_at_most_ids_per_message() -> None:
+    works = works_of("batch", 7, list(range(1, 2 * IDS_PER_MESSAGE + 3)))
+    assert [len(w.item_ids) for w in works] == [IDS_PER_MESSAGE, IDS_PER_MESSAGE, 2]
     assert {w.origin for w in works} == {"batch:7"}
+    assert works_of("batch", 8, []) == []
 
 
 def test_a_deferral_rounds_up_to_a_fixed_delay() -> None:
