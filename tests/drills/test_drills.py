@@ -1,7 +1,11 @@
 """The release suite: every drill against a fresh database, real `sweeper` processes and the
-fake upstream. A drill that cannot run here fails (it never skips in CI)."""
+fake upstream. A drill that cannot run here (no root for a network namespace, no RabbitMQ
+installation for broker mode's nodes) skips, and fails under SWEEPER_REQUIRE_TOOLS, as CI
+runs it: it never skips in CI."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -15,4 +19,6 @@ from drills.runner import run_drill
 async def test_drill(drill: Drill, db_url: str) -> None:
     verdict = await run_drill(drill, db_url)
     print(verdict.line())
+    if verdict.status == "skip" and not os.environ.get("SWEEPER_REQUIRE_TOOLS"):
+        pytest.skip(verdict.line())
     assert verdict.status == "pass", f"{verdict.line()}\n{verdict.details()}"
