@@ -65,7 +65,8 @@ class Broker(Protocol):
 
     async def defer(self, works: Sequence[Work], seconds: float) -> None:
         """Publish each to come back to the consumers after about `seconds` (at least that,
-        at most a few times that), confirmed like `publish`."""
+        at most a few times that, up to the broker's longest delay: a longer wait comes
+        back sooner and is deferred again), confirmed like `publish`."""
         ...
 
     async def consume(self, prefetch: int, deliver: Callable[[Delivery], None]) -> None:
