@@ -159,6 +159,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                                DEFAULT_BROKER),
                         help="Celery's RabbitMQ (default SWEEPER_BENCH_AMQP_URL, else "
                              f"{DEFAULT_BROKER})")
+    parser.add_argument("--sweeper-broker", action="store_true",
+                        help="also drain Sweeper in broker mode (SWEEPER_EXECUTION=rabbitmq) "
+                             "on --broker-url at each --concurrency: the ratio to Celery on "
+                             "the same RabbitMQ")
     parser.add_argument("--log-level", choices=("INFO", "WARNING"), default="INFO",
                         help="service log level (JSON to /dev/null; default INFO, as "
                              "deployed); PgQueuer logs nothing per job at either")
@@ -349,7 +353,9 @@ async def run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
     configs: list[PgqConfig] = list(dict.fromkeys(args.pgqueuer))
     celeries: list[CeleryConfig] = list(dict.fromkeys(args.celery))
     # drain.repetition takes its options as a namespace; the mock upstream needs no fake one
-    drain_args = argparse.Namespace(drain_timeout=args.drain_timeout, fake_upstream="inline")
+    drain_args = argparse.Namespace(drain_timeout=args.drain_timeout, fake_upstream="inline",
+                                    broker_url=args.broker_url)
+    brokered = list(concurrency) if args.sweeper_broker else []
     parameters = {
         "items": args.items, "repeat": args.repeat, "event_loop": args.loop,
         "sweeper": {"mode": "mock", "concurrency": concurrency, "log_level": args.log_level,
@@ -367,18 +373,28 @@ async def run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
                      "entrypoint_concurrency_limit": 0, "run_mode": "continuous",
                      "per_item": "dequeue (pick + log row), no-op task, buffered completion "
                                  "(delete + log row)"},
-        "order": "per repetition: Sweeper, every PgQueuer then every Celery configuration, "
-                 "reversed on odd repetitions",
+        "order": "per repetition: Sweeper, every PgQueuer then every Celery configuration "
+                 "(then Sweeper in broker mode, with --sweeper-broker), reversed on odd "
+                 "repetitions",
+        "sweeper_broker": {"concurrency": brokered, "broker_url": "the Celery side's",
+                           "prefetch": drain.BROKER_PREFETCH} if brokered else None,
     }
     configure_service_logging(args.log_level)  # also for PgQueuer drains that come first
     sweeper: dict[str, list[dict[str, Any]]] = {str(c): [] for c in concurrency}
     pgqueuer: dict[str, list[dict[str, Any]]] = {c.label: [] for c in configs}
     celery: dict[str, list[dict[str, Any]]] = {c.label: [] for c in celeries}
+    sweeper_broker: dict[str, list[dict[str, Any]]] = {str(c): [] for c in brokered}
     for rep in range(args.repeat):
         label = f"rep {rep + 1}/{args.repeat}"
-        sides: list[int | PgqConfig | CeleryConfig] = [*concurrency, *configs, *celeries]
+        sides: list[int | str | PgqConfig | CeleryConfig] = [
+            *concurrency, *configs, *celeries, *(f"{c}+rabbitmq" for c in brokered)]
         for side in sides if rep % 2 == 0 else reversed(sides):
-            if isinstance(side, CeleryConfig):
+            if isinstance(side, str):  # Sweeper in broker mode
+                c = int(side.split("+")[0])
+                sweeper_broker[str(c)].append(await drain.repetition(
+                    ctx, drain_args, mode="mock", items=args.items, concurrency=c,
+                    log_level=args.log_level, label=label, execution="rabbitmq"))
+            elif isinstance(side, CeleryConfig):
                 celery[side.label].append(await celery_repetition(
                     args.broker_url, side, args.items, args.drain_timeout, label))
             elif isinstance(side, PgqConfig):
@@ -423,17 +439,28 @@ async def run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
         doc["celery"], doc["best"]["celery_configuration"] = cells, best_c
         doc["ratio"]["sweeper_over_best_celery"] = round(
             s_median / cells[best_c]["jobs_per_s"]["median"], 3)
+    if sweeper_broker:
+        broker_cells = {c: _cell(rows, "items_per_s", "cpu_us_per_item",
+                                 "database_cpu_us_per_item") for c, rows in sweeper_broker.items()}
+        best_b = _best(broker_cells)
+        doc["sweeper_broker"] = broker_cells
+        doc["best"]["sweeper_broker_concurrency"] = int(best_b)
+        if celeries:
+            doc["ratio"]["sweeper_broker_over_best_celery"] = round(
+                broker_cells[best_b]["jobs_per_s"]["median"]
+                / doc["celery"][doc["best"]["celery_configuration"]]["jobs_per_s"]["median"], 3)
     print_summary(doc)
     return doc
 
 
 def print_summary(doc: dict[str, Any]) -> None:
     lines = ["peers: median jobs/s (min-max), CPU us/job of this process and of the database"]
-    for side in ("sweeper", "pgqueuer"):
-        for key, cell in doc[side].items():
+    for side in ("sweeper", "pgqueuer", "sweeper_broker"):
+        for key, cell in doc.get(side, {}).items():
             s, cpu = cell["jobs_per_s"], cell["cpu_us_per_job"]
-            name = f"c={key}" if side == "sweeper" else key
-            lines.append(f"  {side:8} {name:10} {s['median']:>9.1f}  ({s['min']:.0f}-"
+            name = key if side == "pgqueuer" else f"c={key}"
+            shown = "sweeper+rabbitmq" if side == "sweeper_broker" else side
+            lines.append(f"  {shown:8} {name:10} {s['median']:>9.1f}  ({s['min']:.0f}-"
                          f"{s['max']:.0f})  cpu {cpu['median']} us/job, database "
                          f"{cell['database_cpu_us_per_job']['median']}")
             lines.append(f"  {'':8} {'':10} {counts.summary_line(cell['counts_per_item'])}")
@@ -451,6 +478,10 @@ def print_summary(doc: dict[str, Any]) -> None:
     if "sweeper_over_best_celery" in ratio:
         lines.append(f"  ratio Sweeper / Celery {best['celery_configuration']} (best): "
                      f"{ratio['sweeper_over_best_celery']}")
+    if "sweeper_broker_over_best_celery" in ratio:
+        lines.append(f"  ratio Sweeper in broker mode c={best['sweeper_broker_concurrency']} "
+                     f"/ Celery {best['celery_configuration']} (best), one RabbitMQ: "
+                     f"{ratio['sweeper_broker_over_best_celery']}")
     progress("\n".join(lines))
 
 

@@ -344,12 +344,13 @@ def test_peers_benchmark_with_celery_smoke(pg_server_url: str, tmp_path: Path,
                                            restore_logging: None) -> None:
     """`python -m bench peers` with Celery on the machine's RabbitMQ: two configurations
     each run every task exactly once (the queue is empty after a warm shutdown), and the
-    ratio to Celery's best is reported."""
+    ratio to Celery's best is reported; with --sweeper-broker, Sweeper drains in broker
+    mode on the same RabbitMQ too, with its own ratio to Celery."""
     require_rabbitmq()
     out = tmp_path / "peers.json"
     assert bench_main([
         "peers", "--items", str(ITEMS), "--repeat", "1", "--concurrency", str(CONCURRENCY),
-        "--pgqueuer", "1x100", "--celery", "prefork:2:1,solo:1:100",
+        "--pgqueuer", "1x100", "--celery", "prefork:2:1,solo:1:100", "--sweeper-broker",
         "--database-url", pg_server_url, "--json-out", str(out)]) == 0
     section = json.loads(out.read_text(encoding="utf-8"))["benchmarks"]["peers"]
     for label, (pool, concurrency, prefetch) in (("prefork:2:1", ("prefork", 2, 1)),
@@ -365,6 +366,12 @@ def test_peers_benchmark_with_celery_smoke(pg_server_url: str, tmp_path: Path,
     best_celery = section["celery"][best["celery_configuration"]]
     assert ratio["sweeper_over_best_celery"] == pytest.approx(
         best["sweeper_jobs_per_s"] / best_celery["jobs_per_s"]["median"], rel=0.01)
+    [brokered] = section["sweeper_broker"][str(CONCURRENCY)]["repetitions"]
+    assert brokered["execution"] == "rabbitmq" and brokered["all_succeeded"] is True
+    assert brokered["upstream_calls"] == ITEMS
+    assert ratio["sweeper_broker_over_best_celery"] == pytest.approx(
+        section["sweeper_broker"][str(CONCURRENCY)]["jobs_per_s"]["median"]
+        / best_celery["jobs_per_s"]["median"], rel=0.01)
 
 
 @pytest.mark.slow
