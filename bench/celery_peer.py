@@ -28,13 +28,12 @@ import os
 import sys
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 from kombu import Connection  # type: ignore[import-untyped]
 
 from bench.celery_worker import make_app
-from bench.common import cpu_seconds, progress
+from bench.common import broker_pid, cpu_seconds, progress
 
 DEFAULT_CELERY = "prefork:2:1,solo:1:100,threads:8:100"
 DEFAULT_BROKER = "amqp://guest:guest@127.0.0.1:5672//"
@@ -68,20 +67,6 @@ def celery_configs(value: str) -> list[CeleryConfig]:
     return configs
 
 
-def broker_pid() -> int | None:
-    """The local RabbitMQ node's Erlang VM, if one runs on this machine."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if cmdline and cmdline[0].endswith(b"beam.smp") and b"rabbit" in cmdline:
-            return int(entry.name)
-    return None
-
-
 def _ready_messages(broker: str, queue: str) -> int:
     with Connection(broker) as conn:
         return int(conn.default_channel.queue_declare(queue, passive=True).message_count)
@@ -113,7 +98,7 @@ async def celery_repetition(broker: str, config: CeleryConfig, items: int, deadl
     try:
         queued = await asyncio.to_thread(_enqueue, broker, queue, items)
         enqueued = time.perf_counter()
-        beam = broker_pid()
+        beam = broker_pid(broker)
         beam_before = cpu_seconds(beam) if beam else None
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "bench.celery_worker", broker, queue, config.pool,

@@ -12,7 +12,9 @@ import io
 import logging
 import os
 import platform
+import re
 import statistics
+import subprocess
 import sys
 import sysconfig
 import tempfile
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
+from urllib.parse import urlsplit
 
 import asyncpg
 from sqlalchemy import text
@@ -169,6 +172,28 @@ async def fresh_database(server_url: str, label: str) -> AsyncIterator[FreshData
     finally:
         await engine.dispose()
         await admin(server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def broker_pid(url: str) -> int | None:
+    """The RabbitMQ node at `url` when it runs on this machine: the process listening on the
+    URL's port (`ss`), so a drill's own nodes are never taken for it; without `ss`, the first
+    RabbitMQ Erlang VM found in /proc. None when there is none (a remote broker)."""
+    port = urlsplit(url).port or 5672
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        out = subprocess.run(["ss", "-Hltnp", f"sport = :{port}"], capture_output=True,
+                             text=True, timeout=10, check=True).stdout
+        found = re.search(r"pid=(\d+)", out)
+        return int(found.group(1)) if found else None
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if cmdline and cmdline[0].endswith(b"beam.smp") and b"rabbit" in cmdline:
+            return int(entry.name)
+    return None
 
 
 def cpu_seconds(pid: int) -> float:

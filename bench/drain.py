@@ -39,19 +39,14 @@ import importlib
 import os
 import pstats
 import random
-import re
-import subprocess
 import sys
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, NamedTuple
-from urllib.parse import urlsplit
 
-import aio_pika
 import httpx
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -62,6 +57,7 @@ from bench.common import (
     Benchmark,
     CallTimer,
     backend_cpu,
+    broker_pid,
     configure_service_logging,
     cpu_seconds,
     cpu_spent,
@@ -74,6 +70,7 @@ from bench.common import (
     vacuum_analyze,
 )
 from bench.plans import PlanCatcher, StatementKind
+from drills.broker_stage import scratch_queues
 from service.commands.startup import settle_heap
 from service.config.policies import Policies, Policy, resolve_policies
 from service.execution.rabbitmq import RabbitBroker
@@ -383,40 +380,22 @@ async def fresh_queues(url: str | None) -> AsyncIterator[RabbitBroker | None]:
     if url is None:
         yield None
         return
-    broker = RabbitBroker(url, region=f"bench{os.getpid()}x{uuid.uuid4().hex[:8]}")
-    try:
+    async with scratch_queues(url, f"bench{os.getpid()}x") as broker:
         yield broker
-    finally:
-        await broker.close()
-        connection = await aio_pika.connect(url)
-        async with connection:
-            channel = await connection.channel()
-            for name in broker.names.values():
-                await channel.queue_delete(name)
-
-
-def listener_pid(port: int) -> int | None:
-    """The pid of the process listening on `port` on this machine (RabbitMQ's node), from
-    `ss`; None when it is not found (a remote broker)."""
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        out = subprocess.run(["ss", "-Hltnp", f"sport = :{port}"], capture_output=True,
-                             text=True, timeout=10, check=True).stdout
-        found = re.search(r"pid=(\d+)", out)
-        return int(found.group(1)) if found else None
-    return None
 
 
 async def drain(engine: AsyncEngine, policies: Policies, upstreams: Upstreams, *, target: int,
                 concurrency: int, deadline_s: float, profiler: cProfile.Profile | None = None,
                 upstream_cpu: Callable[[], float | None] = lambda: None,
                 server_url: str | None = None, broker: RabbitBroker | None = None,
-                broker_port: int = 5672) -> dict[str, Any]:
+                broker_url: str | None = None) -> dict[str, Any]:
     """Run one WorkerPool until `target` items reached a terminal state, then stop it.
     With `server_url` (the maintenance database), also count what the drain made the
     database do (bench/counts.py): the engine's connections are closed before and after,
     so every connection of the drain is opened and closed inside the window. With `broker`
-    (broker mode), the leader's relay runs beside the pool inside the window and hands the
-    seeded batches over, as `sweeper serve` does, and RabbitMQ's CPU is counted too."""
+    (broker mode, at `broker_url`), the leader's relay runs beside the pool inside the window
+    and hands the seeded batches over, as `sweeper serve` does, and RabbitMQ's CPU is
+    counted too."""
     window = None
     if server_url is not None:
         window = counts.Window(server_url, engine.url.render_as_string(hide_password=False),
@@ -426,7 +405,7 @@ async def drain(engine: AsyncEngine, policies: Policies, upstreams: Upstreams, *
     pool = database_pool(engine, policies, upstreams, concurrency=concurrency,
                          name=f"bench-worker-{os.getpid()}", rng=random.Random(7),
                          broker=broker, prefetch=BROKER_PREFETCH)
-    broker_pid = None if broker is None else listener_pid(broker_port)
+    beam = None if broker is None or broker_url is None else broker_pid(broker_url)
     finished = {"succeeded": 0, "dead": 0}
 
     def completions_of(args: Sequence[Any], result: Any) -> int:
@@ -460,7 +439,7 @@ async def drain(engine: AsyncEngine, policies: Policies, upstreams: Upstreams, *
         monitor_url = server_url or db_url
         db_before = await backend_cpu(monitor_url, str(db_name))
         up_before = upstream_cpu()
-        broker_before = None if broker_pid is None else cpu_seconds(broker_pid)
+        broker_before = None if beam is None else cpu_seconds(beam)
         load = os.getloadavg()[0]
         cpu_started = time.process_time()
         started = time.perf_counter()
@@ -485,7 +464,7 @@ async def drain(engine: AsyncEngine, policies: Policies, upstreams: Upstreams, *
             elapsed = time.perf_counter() - started
             cpu = time.process_time() - cpu_started
             up_after = upstream_cpu()
-            broker_after = None if broker_pid is None else cpu_seconds(broker_pid)
+            broker_after = None if beam is None else cpu_seconds(beam)
             db_cpu = cpu_spent(db_before, await backend_cpu(monitor_url, str(db_name)))
         finally:
             pool.stop()
@@ -544,8 +523,7 @@ async def repetition(ctx: BenchContext, args: argparse.Namespace, *, mode: str, 
                                  concurrency=concurrency, deadline_s=args.drain_timeout,
                                  profiler=profiler, upstream_cpu=up.cpu,
                                  server_url=ctx.server_url, broker=broker,
-                                 broker_port=5672 if broker is None
-                                 else urlsplit(args.broker_url).port or 5672)
+                                 broker_url=args.broker_url if broker is not None else None)
         finally:
             await upstreams.aclose()
         statuses = await status_counts(db.engine)
@@ -767,11 +745,11 @@ async def run(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
         "order": "interleaved: for each repetition, every mode and concurrency",
     }
     # the sweep, interleaved so slow drift on a shared machine hits every cell alike
-    cells = [(m, e) for m in args.modes for e in args.execution]
+    grid = [(m, e) for m in args.modes for e in args.execution]
     reps: dict[str, dict[str, list[dict[str, Any]]]] = {
-        cell_name(m, e): {str(c): [] for c in sweep} for m, e in cells}
+        cell_name(m, e): {str(c): [] for c in sweep} for m, e in grid}
     for rep in range(args.repeat):
-        for mode, execution in cells:
+        for mode, execution in grid:
             for c in sweep:
                 reps[cell_name(mode, execution)][str(c)].append(await repetition(
                     ctx, args, mode=mode, items=items[mode], concurrency=c,

@@ -10,7 +10,10 @@ in seconds on both sides, as a deployment that cares about partitions configures
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import uuid
+from collections.abc import AsyncIterator, Iterable
 from typing import Final
 
 import aio_pika
@@ -79,19 +82,9 @@ class BrokerStage:
             await engine.dispose()
         self.stage.cleanups.append(stop)
 
-    async def depths(self, node: RabbitNode | None = None) -> dict[str, int]:
-        """Messages ready in each queue that holds any, read on `node` (default: through
-        the proxy)."""
-        found: dict[str, int] = {}
-        connection = await aio_pika.connect(node.url if node else self.url, timeout=10)
-        async with connection:
-            channel = await connection.channel()
-            for name in queue_names(None).values():
-                queue = await channel.declare_queue(name, passive=True)
-                if queue.declaration_result.message_count:
-                    found[name] = int(queue.declaration_result.message_count)
-        return found
-
+    async def depths(self) -> dict[str, int]:
+        """Messages ready in each of the drill's queues that holds any."""
+        return await queue_depths(self.url, queue_names(None).values())
 
     async def take_all(self) -> list[Work]:
         """Every message left in any queue, taken (acked) and read."""
@@ -105,6 +98,36 @@ class BrokerStage:
                     taken.append(Work.decode(message.body))
                     await message.ack()
         return taken
+
+
+async def queue_depths(url: str, names: Iterable[str]) -> dict[str, int]:
+    """Messages ready (not those delivered and unsettled) in each of the queues `names`
+    that holds any, on the broker at `url`."""
+    found: dict[str, int] = {}
+    connection = await aio_pika.connect(url, timeout=10)
+    async with connection:
+        channel = await connection.channel()
+        for name in names:
+            queue = await channel.declare_queue(name, passive=True)
+            if queue.declaration_result.message_count:
+                found[name] = int(queue.declaration_result.message_count)
+    return found
+
+
+@contextlib.asynccontextmanager
+async def scratch_queues(url: str, label: str) -> AsyncIterator[RabbitBroker]:
+    """A RabbitBroker on queues of its own (a region named `label` and a random part) on
+    the broker at `url`, its queues deleted after: a test's or a benchmark's."""
+    broker = RabbitBroker(url, region=f"{label}{uuid.uuid4().hex[:12]}")
+    try:
+        yield broker
+    finally:
+        await broker.close()
+        connection = await aio_pika.connect(url)
+        async with connection:
+            channel = await connection.channel()
+            for name in broker.names.values():
+                await channel.queue_delete(name)
 
 
 async def _close_all(nodes: list[RabbitNode]) -> None:

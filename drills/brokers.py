@@ -40,13 +40,17 @@ async def _drain_start(stage: Stage, nodes: int = 1) -> tuple[FakeUpstream, Brok
     procs = [worker(stage, name, broker.env) for name in ("a", "b")]
     await stage.wait_started(*procs)
     await stage.release()
+    await _both_calling(stage, upstream)
+    return upstream, broker, keys
 
-    async def both_calling() -> bool:
+
+async def _both_calling(stage: Stage, upstream: FakeUpstream) -> None:
+    """Wait until replicas `a` and `b` have each made 50 calls."""
+    async def both() -> bool:
         seen = by_worker(upstream.calls())
         return len(seen.get("a", [])) >= 50 and len(seen.get("b", [])) >= 50
 
-    await stage.wait_for("both replicas calling", both_calling, 60, 0.05)
-    return upstream, broker, keys
+    await stage.wait_for("both replicas calling", both, 60, 0.05)
 
 
 async def _finish(stage: Stage, upstream: FakeUpstream, broker: BrokerStage,
@@ -132,12 +136,7 @@ async def replica_cut_from_broker(stage: Stage) -> Facts:
     procs = [worker(stage, "a", cut_env), worker(stage, "b", broker.env)]
     await stage.wait_started(*procs)
     await stage.release()
-
-    async def both_calling() -> bool:
-        seen = by_worker(upstream.calls())
-        return len(seen.get("a", [])) >= 50 and len(seen.get("b", [])) >= 50
-
-    await stage.wait_for("both replicas calling", both_calling, 60, 0.05)
+    await _both_calling(stage, upstream)
     link.cut()
     await asyncio.sleep(3 * LEASE_S)  # past the heartbeat (the broker requeues) and leases
     link.heal(reset=True)

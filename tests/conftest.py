@@ -23,7 +23,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, Final
 
-import aio_pika
 import asyncpg
 import httpx
 import pytest
@@ -32,6 +31,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from drills.broker_stage import scratch_queues
 from service.app import create_app
 from service.config.policies import Policies, resolve_policies
 from service.config.settings import Settings, async_url
@@ -591,16 +591,8 @@ def require_rabbitmq() -> str:
 @pytest.fixture
 async def broker() -> AsyncIterator[RabbitBroker]:
     """A RabbitBroker of a region of this test's own (its queues deleted after)."""
-    made = RabbitBroker(require_rabbitmq(), region=f"t{uuid.uuid4().hex[:12]}")
-    try:
+    async with scratch_queues(require_rabbitmq(), "t") as made:
         yield made
-    finally:
-        await made.close()
-        connection = await aio_pika.connect(AMQP_URL)
-        async with connection:
-            channel = await connection.channel()
-            for name in made.names.values():
-                await channel.queue_delete(name)
 
 
 async def _rabbitmqctl(*args: str) -> None:

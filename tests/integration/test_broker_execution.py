@@ -18,6 +18,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from drills.broker_stage import queue_depths
 from drills.faultproxy import FaultProxy
 from drills.stage import free_port
 from service.config.policies import Policies
@@ -51,11 +52,8 @@ async def until(what: str, check: Callable[[], Awaitable[bool]], seconds: float 
 
 async def queue_depth(broker: RabbitBroker, role: str = "work") -> int:
     """Messages ready in one of the broker's queues (not those delivered and unsettled)."""
-    connection = await aio_pika.connect(AMQP_URL)
-    async with connection:
-        channel = await connection.channel()
-        queue = await channel.declare_queue(broker.names[role], passive=True)
-        return int(queue.declaration_result.message_count or 0)
+    name = broker.names[role]
+    return (await queue_depths(AMQP_URL, [name])).get(name, 0)
 
 
 @pytest.fixture
@@ -124,12 +122,7 @@ async def test_a_message_carries_ledger_ids_and_its_batch_only(
     async with engine.connect() as conn:
         batch, ids = (await conn.execute(text(
             "SELECT min(batch_id), array_agg(id ORDER BY id) FROM items"))).one()
-    connection = await aio_pika.connect(AMQP_URL)
-    async with connection:
-        channel = await connection.channel()
-        queue = await channel.declare_queue(broker.names["work"], passive=True)
-        message = await queue.get(timeout=5)
-        assert message is not None
+    async with _taken(broker) as message:
         await message.reject(requeue=True)
     assert message.message_id == f"batch:{batch}"
     assert Work.decode(message.body) == Work(f"batch:{batch}", tuple(ids))
@@ -302,15 +295,7 @@ async def test_the_service_runs_a_run_through_the_broker(
 
 async def _depths(url: str) -> dict[str, int]:
     """Messages ready in each of the vhost's sweeper queues, those not empty."""
-    found: dict[str, int] = {}
-    connection = await aio_pika.connect(url)
-    async with connection:
-        channel = await connection.channel()
-        for name in queue_names(None).values():
-            queue = await channel.declare_queue(name, passive=True)
-            if queue.declaration_result.message_count:
-                found[name] = int(queue.declaration_result.message_count)
-    return found
+    return await queue_depths(url, queue_names(None).values())
 
 
 @pytest.mark.slow
