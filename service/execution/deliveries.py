@@ -283,8 +283,9 @@ class DeliveredWork:
         now = self._monotonic()
         fresh = dict(self.books.resort)
         self.books.resort.clear()
+        held = self.books.held()
         for n, delivery in enumerate(arrived):
-            hand = self.books.unpack(delivery, now, {} if n in poison else fresh)
+            hand = self.books.unpack(delivery, now, {} if n in poison else fresh, held)
             self._adopt(hand)
             if n in poison:
                 self._end_poison(hand, leased[n])

@@ -48,18 +48,21 @@ class InHand:
         self.rates: dict[str, float] = {}
         self.starved_since: dict[str, float] = {}
 
-    def holder(self, item_id: int) -> Hand | None:
-        for where in (self.flight, self.resort, *self.ready.values()):
-            if item_id in where:
-                return where[item_id]
-        return None
+    def held(self) -> dict[int, Hand]:
+        """Every item in flight, to be read again or ready, with the message holding it."""
+        held = {**self.flight, **self.resort}
+        for ready in self.ready.values():
+            held.update(ready)
+        return held
 
-    def unpack(self, delivery: Delivery, now: float, fresh: dict[int, Hand]) -> Hand:
+    def unpack(self, delivery: Delivery, now: float, fresh: dict[int, Hand],
+               held: dict[int, Hand]) -> Hand:
         """A new message in hand; its items to sort go into `fresh`. A copy of an item held
-        by a live delivery is done with; one held by a gone delivery is taken over."""
+        (`held`, kept up to date here) by a live delivery is done with; one held by a gone
+        delivery is taken over."""
         hand = Hand(delivery, set(delivery.work.item_ids), now)
         for item_id in delivery.work.item_ids:
-            old = fresh.get(item_id) or self.holder(item_id)
+            old = fresh.get(item_id) or held.get(item_id)
             if old is None:
                 fresh[item_id] = hand
             elif old.delivery.live:
@@ -67,6 +70,7 @@ class InHand:
             else:
                 old.open.discard(item_id)
                 self._rehome(item_id, old, hand, fresh)
+                held[item_id] = hand
         return hand
 
     def _rehome(self, item_id: int, old: Hand, new: Hand, fresh: dict[int, Hand]) -> None:
@@ -122,4 +126,5 @@ class InHand:
         return hands > 1 and self.backlog_s(scope) > HOLD_AHEAD_S
 
     def scope_of(self, ids: Iterable[int]) -> dict[int, str]:
-        return {i: s for s, ready in self.ready.items() for i in ready if i in set(ids)}
+        wanted = set(ids)
+        return {i: s for s, ready in self.ready.items() for i in ready if i in wanted}

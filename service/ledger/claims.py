@@ -74,13 +74,16 @@ def _lease(r: asyncpg.Record) -> Lease:
                  r["confirming"], r["trace_parent"])
 
 
-# The scope's claimable items from its claim position, in batch order (database mode).
-_FROM_POSITION: Final = f"""
-            SELECT i.id, coalesce(i.batch_id, 0) AS batch_key,
+# What `ready` reads of each item it picks, whichever way it picks them (below).
+_PICKED: Final = """i.id, coalesce(i.batch_id, 0) AS batch_key,
                    i.lease_token IS NOT NULL AS reclaimed,
                    i.attempts >= coalesce(
                        (SELECT m.n FROM attempt_limits m WHERE m.policy = i.policy),
-                       2147483647) AS used_up
+                       2147483647) AS used_up"""
+
+# The scope's claimable items from its claim position, in batch order (database mode).
+_FROM_POSITION: Final = f"""
+            SELECT {_PICKED}
             FROM items i
             WHERE i.scope = g.scope AND {ready_item("clock.now")}
               AND (coalesce(i.batch_id, 0), i.id) > (g.after_batch, g.after_id)
@@ -92,11 +95,7 @@ _FROM_POSITION: Final = f"""
 # :only_scopes; broker mode): each scope probes its own ids by primary key; the scope's
 # position is neither read nor needed.
 _DELIVERED: Final = f"""
-            SELECT i.id, coalesce(i.batch_id, 0) AS batch_key,
-                   i.lease_token IS NOT NULL AS reclaimed,
-                   i.attempts >= coalesce(
-                       (SELECT m.n FROM attempt_limits m WHERE m.policy = i.policy),
-                       2147483647) AS used_up
+            SELECT {_PICKED}
             FROM unnest(CAST(:only AS bigint[]), CAST(:only_scopes AS text[]))
                  AS d(id, scope)
                  JOIN items i ON i.id = d.id
