@@ -1188,3 +1188,92 @@ def test_closed_egress_lets_the_runtime_pods_reach_the_broker(engine: HelmEngine
         assert policies[f"{name}-api" if name == API else name]["egress"] == (
             dns if case == "database" else [*dns, rule]), name
     assert policies[f"{FULLNAME}-jobs"]["egress"] == dns
+
+
+# --- regions (region) ----------------------------------------------------------------------
+
+# What the service accepts as SWEEPER_REGION; the values schema must draw the same line.
+REGION_NAME = re.compile(r"[a-z]([a-z0-9-]{0,30}[a-z0-9])?")
+GOOD_REGIONS = ["eu", "e", "us-east-1", "ap-2", "a" * 32, "a" + "-" * 30 + "z"]
+BAD_REGIONS = ["EU", "Eu", "-eu", "eu-", "a" * 33, "e u", "1eu", "eu_west", "eu.west",
+               "eü", " eu", "eu\n", "-"]
+
+
+def region_env(c: Doc) -> Doc | None:
+    return env_of(c).get("SWEEPER_REGION")
+
+
+def test_no_region_by_default(default: Rendered, all_on: Rendered) -> None:
+    """Unset: no SWEEPER_REGION in any container, so the workers serve the unpinned tenants."""
+    assert load_values(CHART / "values.yaml")["region"] == ""
+    for r in (default, all_on):
+        for owner, spec in r.pod_specs():
+            for c in [*spec["containers"], *spec.get("initContainers", [])]:
+                assert region_env(c) is None, owner
+    assert default.notes is None or "SWEEPER_REGION" not in default.notes
+
+
+@pytest.mark.parametrize("execution", ["database", "rabbitmq"])
+@pytest.mark.parametrize("workers_apart", [False, True], ids=["api-workers", "worker-pods"])
+def test_region_reaches_the_api_and_worker_pods(engine: HelmEngine, execution: str,
+                                               workers_apart: bool) -> None:
+    values = merged(RABBITMQ if execution == "rabbitmq" else {},
+                    {"region": "eu", "worker": {"enabled": workers_apart}})
+    assert engine.lint(values) == []
+    r = Rendered(*engine.render(values), values)
+    containers = sweeper_containers(r)
+    runtime = [API, WORKER] if workers_apart else [API]
+    assert sorted(containers) == sorted([*runtime, MIGRATE])
+    for name in runtime:
+        entries = [e for e in containers[name]["env"] if e["name"] == "SWEEPER_REGION"]
+        assert entries == [{"name": "SWEEPER_REGION", "value": "eu"}], name
+        # beside the execution mode it selects the queues of
+        assert (env_of(containers[name]).get("SWEEPER_EXECUTION", {}).get("value", "database")
+                == execution), name
+    # the migration Job reads no region (the schema is the ledger's, shared by all regions)
+    assert region_env(containers[MIGRATE]) is None
+    if r.notes is not None:
+        assert 'Region "eu" (SWEEPER_REGION)' in r.notes
+
+
+def test_region_value_is_passed_as_a_string(engine: HelmEngine) -> None:
+    """A name YAML would read as something else still reaches the pods verbatim."""
+    for name in ("no", "on", "null", "true"):
+        values = {"region": name, "worker": {"enabled": True}}
+        containers = sweeper_containers(Rendered(*engine.render(values), values))
+        for c in (containers[API], containers[WORKER]):
+            assert region_env(c) == {"name": "SWEEPER_REGION", "value": name}
+
+
+@pytest.mark.parametrize("name", GOOD_REGIONS)
+def test_region_names_the_service_accepts_render(engine: HelmEngine, name: str) -> None:
+    assert REGION_NAME.fullmatch(name)
+    api = sweeper_containers(Rendered(*engine.render({"region": name}), {}))[API]
+    assert region_env(api) == {"name": "SWEEPER_REGION", "value": name}
+
+
+@pytest.mark.parametrize("name", BAD_REGIONS)
+def test_region_names_outside_the_pattern_are_refused(engine: HelmEngine, name: str) -> None:
+    assert not REGION_NAME.fullmatch(name)
+    with pytest.raises(RenderError, match="region"):
+        engine.render({"region": name})
+
+
+@pytest.mark.parametrize("value", [7, True, ["eu"], {"name": "eu"}])
+def test_region_must_be_a_string(engine: HelmEngine, value: Any) -> None:
+    with pytest.raises(RenderError, match="region"):
+        engine.render({"region": value})
+
+
+def test_region_schema() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text(encoding="utf-8"))
+    region = schema["properties"]["region"]
+    assert region["type"] == "string"
+    assert region["description"]
+    # the schema's pattern, read as JSON Schema does (a search), takes "" and the names
+    pattern = re.compile(region["pattern"])
+    for name in ["", *GOOD_REGIONS]:
+        assert pattern.search(name), name
+    for name in BAD_REGIONS:
+        if not name.endswith("\n"):  # Python's $ matches before a final newline, Go's does not
+            assert not pattern.search(name), name

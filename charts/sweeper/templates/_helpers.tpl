@@ -215,6 +215,7 @@ older integer settings here stay below that).
 
 {{/*
 Settings of the long-running processes (API and worker): the policies file, batching, the
+region (only when set: unset, the workers serve the tenants pinned to no region), the
 credentials key (the API stores credentials with it, the workers read them) and, in execution
 rabbitmq, the broker (the API pods run the leader's relay, the workers consume).
 */}}
@@ -223,6 +224,10 @@ rabbitmq, the broker (the API pods run the leader's relay, the workers consume).
   value: {{ include "sweeper.policiesFile" . }}
 - name: SWEEPER_BATCH_SIZE
   value: {{ .Values.config.batchSize | quote }}
+{{- with .Values.region }}
+- name: SWEEPER_REGION
+  value: {{ . | quote }}
+{{- end }}
 {{- if eq .Values.broker.execution "rabbitmq" }}
 {{- $url := include "sweeper.brokerUrlSecret" . | fromYaml }}
 - name: SWEEPER_EXECUTION
