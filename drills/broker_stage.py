@@ -116,9 +116,11 @@ async def queue_depths(url: str, names: Iterable[str]) -> dict[str, int]:
 
 @contextlib.asynccontextmanager
 async def scratch_queues(url: str, label: str) -> AsyncIterator[RabbitBroker]:
-    """A RabbitBroker on queues of its own (a region named `label` and a random part) on
-    the broker at `url`, its queues deleted after: a test's or a benchmark's."""
-    broker = RabbitBroker(url, region=f"{label}{uuid.uuid4().hex[:12]}")
+    """A RabbitBroker on queues of its own (a prefix of `label` and a random part) on the
+    broker at `url`, its queues deleted after (every region's it used): a test's or a
+    benchmark's."""
+    prefix = f"{label}{uuid.uuid4().hex[:12]}"
+    broker = RabbitBroker(url, prefix=prefix)
     try:
         yield broker
     finally:
@@ -126,7 +128,7 @@ async def scratch_queues(url: str, label: str) -> AsyncIterator[RabbitBroker]:
         connection = await aio_pika.connect(url)
         async with connection:
             channel = await connection.channel()
-            for name in broker.names.values():
+            for name in {*broker.names.values(), *broker.queues}:
                 await channel.queue_delete(name)
 
 

@@ -49,7 +49,7 @@ from service.http.api.problems import install_problem_handlers
 from service.http.console import ConsoleState, console_state
 from service.http.console import routers as console_routers
 from service.http.request_log import RequestLog
-from service.ledger import gauges, holds, tenant_spellings
+from service.ledger import gauges, holds
 from service.observability import metrics, tracing
 from service.runs.discovery import Discovery
 from service.runs.publisher import Publisher
@@ -60,6 +60,7 @@ from service.upstreams.deletion_api import Upstreams
 from service.worker import database_pool
 from service.worker.broker_ports import open_broker
 from service.worker.pool import WorkerPool, worker_name
+from service.worker.process import agree_with_policies
 from service.worker.scope_resumption import waiting_loop
 
 log = logging.getLogger("service.http")
@@ -90,7 +91,8 @@ def leader_duties(runtime: Runtime) -> dict[str, Duty]:
     }
     if runtime.broker is not None:  # broker mode: the outbox goes to the broker
         broker = runtime.broker
-        duties["relay"] = lambda _term: Relay(engine, broker).run()
+        regions = (None, *sorted(runtime.policies.regions.names))
+        duties["relay"] = lambda _term: Relay(engine, broker, regions=regions).run()
     if settings.retention_days > 0:
         duties["retention"] = lambda _term: retention.retention_loop(
             engine, keep_seconds=settings.retention_days * 86_400,
@@ -142,10 +144,10 @@ class Background:
                              listen_url=plain_url(database_url),
                              grace_seconds=settings.shutdown_grace_seconds,
                              credentials=runtime.tenant_credentials, stores=runtime.stores,
-                             broker=runtime.broker, prefetch=settings.broker_prefetch)
-        # before the first claim: holds on an old tenant spelling cover its items
+                             broker=runtime.broker, prefetch=settings.broker_prefetch,
+                             region=settings.region)
         workers = asyncio.create_task(pool.run(
-            first=lambda: tenant_spellings.reconcile(engine, policies)), name="workers")
+            first=lambda: agree_with_policies(engine, policies)), name="workers")
         # always: a scope paused before the policies file changed must resume too
         waits = asyncio.create_task(waiting_loop(
             engine, policies, runtime.tenant_credentials, runtime.stores), name="waits")

@@ -590,7 +590,7 @@ def require_rabbitmq() -> str:
 
 @pytest.fixture
 async def broker() -> AsyncIterator[RabbitBroker]:
-    """A RabbitBroker of a region of this test's own (its queues deleted after)."""
+    """A RabbitBroker on queues of this test's own (every region's, deleted after)."""
     async with scratch_queues(require_rabbitmq(), "t") as made:
         yield made
 

@@ -30,7 +30,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from service.budget.rules import LATE_TOLERANCE_MIN_S, Budget, Closure, jitter_for
 from service.db.statements import (
     CLOSURE_OVER,
+    IN_REGION,
     OPEN_SCOPE,
+    UNPINNED,
     Database,
     Statement,
     fetch,
@@ -113,28 +115,38 @@ async def ensure_scopes(conn: AsyncConnection, budgets: Mapping[str, Budget]) ->
 _WITH_WORK: Final = f"""{OPEN_SCOPE}
           AND NOT (SELECT workers_paused FROM control)
           AND ((SELECT i.id FROM items i
-                WHERE i.scope = s.name AND {ready_item("now()")}
+                WHERE i.scope = s.name AND {ready_item("now()")} AND REGION
                   AND (coalesce(i.batch_id, 0), i.id) > (s.ready_after_batch,
                                                          s.ready_after_id)
                 ORDER BY i.scope, coalesce(i.batch_id, 0), i.id LIMIT 1) IS NOT NULL
                OR (s.ready_after_id > 0 AND (SELECT i.id FROM items i
-                   WHERE i.scope = s.name AND {ready_item("now()")}
+                   WHERE i.scope = s.name AND {ready_item("now()")} AND REGION
                    ORDER BY i.scope, coalesce(i.batch_id, 0), i.id LIMIT 1) IS NOT NULL))"""  # noqa: S608
-_ELIGIBLE = Statement("buckets.eligible_scopes", (
-    "Scopes with an open bucket and claimable work, round-robin after a cursor: where a "
-    "worker's next admission asks for tokens."), f"""
+_ELIGIBLE_SQL: Final = f"""
     (SELECT s.name, s.weight FROM scopes s WHERE s.name > :cursor AND {_WITH_WORK}
      ORDER BY s.name LIMIT :limit)
     UNION ALL
     (SELECT s.name, s.weight FROM scopes s WHERE s.name <= :cursor AND {_WITH_WORK}
      ORDER BY s.name LIMIT :limit)
-""")  # noqa: S608 - only constant fragments are interpolated
+"""  # noqa: S608 - only constant fragments are interpolated
+_ELIGIBLE = Statement("buckets.eligible_scopes", (
+    "Scopes with an open bucket and claimable work of tenants pinned to no region, "
+    "round-robin after a cursor: where a worker's next admission asks for tokens."),
+    _ELIGIBLE_SQL.replace("REGION", UNPINNED))
+_ELIGIBLE_IN_REGION = Statement("buckets.eligible_scopes_in_region", (
+    "Scopes with an open bucket and claimable work of one region's tenants, as "
+    "buckets.eligible_scopes."), _ELIGIBLE_SQL.replace("REGION", IN_REGION))
 
 
-async def eligible_scopes(db: Database, *, cursor: str, limit: int
-                          ) -> list[tuple[str, int]]:
-    """Up to `limit` scopes with work, starting after `cursor` and wrapping around."""
-    rows = await fetch(db, _ELIGIBLE, {"cursor": cursor, "limit": limit})
+async def eligible_scopes(db: Database, *, cursor: str, limit: int,
+                          region: str | None = None) -> list[tuple[str, int]]:
+    """Up to `limit` scopes with work of `region` (None: of tenants pinned nowhere),
+    starting after `cursor` and wrapping around."""
+    if region is None:
+        rows = await fetch(db, _ELIGIBLE, {"cursor": cursor, "limit": limit})
+    else:
+        rows = await fetch(db, _ELIGIBLE_IN_REGION, {"cursor": cursor, "limit": limit,
+                                                     "region": region})
     return [(r.name, int(r.weight)) for r in rows[:limit]]
 
 

@@ -29,6 +29,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     report_warnings(_warnings(policies_file))
     if settings is not None:
         problems += _missing_keys(settings, policies)
+        problems += policies.regions.serving_problems(settings.region)
     statements = _check_stores(policies, problems, explain=args.explain)
     database, down = "", None  # what is said of the database; why it cannot be reached
     try:

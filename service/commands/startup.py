@@ -42,7 +42,8 @@ def load_config() -> tuple[Settings, Policies]:
 
     settings = load_settings()
     policies = load_policies(settings.policies_file)
-    problems = missing_key(policies, Keyring.from_settings(settings))
+    problems = [*missing_key(policies, Keyring.from_settings(settings)),
+                *policies.regions.serving_problems(settings.region)]
     if problems:
         raise ConfigError(*problems)
     configure_logging(settings)

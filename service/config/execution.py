@@ -10,6 +10,8 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings
 
+from service.config.regions import region_problem
+
 
 class Execution(StrEnum):
     DATABASE = "database"  # workers claim from the ledger (FOR UPDATE SKIP LOCKED)
@@ -27,6 +29,19 @@ class ExecutionSettings(BaseSettings):
     broker_prefetch: int = Field(
         default=16, ge=1, le=1_000,
         description="messages a worker holds unsettled at once (execution rabbitmq)")
+
+    region: str | None = Field(
+        default=None, description=(
+            "the region this process serves (one the policies file's [regions] declares): "
+            "its workers take only that region's tenants' items; unset, only the items of "
+            "tenants pinned to no region"))
+
+    @field_validator("region")
+    @classmethod
+    def _region_name(cls, value: str | None) -> str | None:
+        if value is not None and (problem := region_problem(value)) is not None:
+            raise ValueError(problem)
+        return value
 
     @field_validator("broker_url")
     @classmethod

@@ -40,7 +40,8 @@ def validate_entries(raw: Mapping[str, Any], r: Resolution) -> tuple[PoliciesFil
                 for key, message in schema_problems(exc):
                     r.fail(key, message)
             else:
-                valid[section].update(getattr(one, section))
+                # a section of named entries, or one checked whole (`regions`)
+                valid.setdefault(section, {}).update(getattr(one, section))
     # validated already: the models are taken as they are
     return PoliciesFile.model_validate(valid), written
 

@@ -33,6 +33,7 @@ from service.config.file_entries import (
     rule_problems,
     validate_entries,
 )
+from service.config.regions import Regions
 from service.config.resolution import Resolution
 from service.config.retention_policies import Policy, resolve_policy
 from service.config.stores import Store, resolve_store
@@ -54,6 +55,7 @@ class Policies:
     webhooks: Mapping[str, WebhookSource]
     source: str = "<none>"
     stores: Mapping[str, Store] = field(default_factory=dict)
+    regions: Regions = field(default_factory=Regions)  # where tenants' items may be processed
 
     @classmethod
     def empty(cls) -> Policies:
@@ -153,13 +155,16 @@ def resolve_checked(raw: Mapping[str, Any], env: Mapping[str, str], *, source: s
     upstreams, troubled = resolve_upstreams(parsed.upstreams, r)
     stores = {name: store for name, config in parsed.stores.items()
               if (store := resolve_store(name, config, r)) is not None}
+    regions, region_problems = Regions.of(parsed.regions)
+    for key, message in region_problems:
+        r.fail(key, message)
     policies: dict[str, Policy] = {}
     # every entry as written: one that does not fit the schema still has its names checked
     for name in written["policies"]:
         reference_problems(name, written, r)
         pol = parsed.policies.get(name)
         if pol is not None and (policy := resolve_policy(name, pol, upstreams, r)) is not None:
-            policies[name] = policy
+            policies[name] = replace(policy, regions=regions)
     webhooks: dict[str, WebhookSource] = {}
     for name in written["webhooks"]:
         rule_problems(name, written, r)
@@ -168,7 +173,8 @@ def resolve_checked(raw: Mapping[str, Any], env: Mapping[str, str], *, source: s
             webhooks[name] = webhook
     upstreams = {name: upstream for name, upstream in upstreams.items() if name not in troubled}
     return _resolved(Policies(upstreams=upstreams, policies=policies, webhooks=webhooks,
-                              source=source, stores=stores), written), r.problems
+                              source=source, stores=stores, regions=regions),
+                     written), r.problems
 
 
 def _resolved(found: Policies, written: Written) -> Policies:

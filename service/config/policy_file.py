@@ -36,6 +36,7 @@ from service.config.policy_tables import (
     CostConfig,
     TracingConfig,
 )
+from service.config.regions import MAX_TENANTS_PER_REGION
 
 SCOPE_FIELDS = frozenset({"tenant_id", "upstream", "policy"})
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
@@ -397,3 +398,6 @@ class PoliciesFile(_Strict):
     stores: dict[str, StoreConfig] = Field(default_factory=dict)
     policies: dict[str, PolicyConfig] = Field(default_factory=dict)
     webhooks: dict[str, WebhookSourceConfig] = Field(default_factory=dict)
+    # region -> tenant ids pinned to it (service/config/regions.py checks both)
+    regions: dict[str, Annotated[list[str], Field(max_length=MAX_TENANTS_PER_REGION)]] = Field(
+        default_factory=dict, max_length=64)

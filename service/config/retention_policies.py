@@ -17,6 +17,7 @@ from service.config.answer_rules import NO_RULES, AnswerRules, compile_rules
 from service.config.list_sources import ListRequest, ListSourceConfig, compile_list_request
 from service.config.placeholders import TemplateProblems, template_fields
 from service.config.policy_file import PolicyConfig, SourceConfig, parse_duration
+from service.config.regions import Regions
 from service.config.request_templates import RequestTemplate, compile_request
 from service.config.resolution import Resolution
 from service.config.stores import store_problems
@@ -38,6 +39,12 @@ class Policy:
     list_answers: AnswerRules = field(default=NO_RULES, repr=False, compare=False)
     # the confirmation read's call (None: the policy's deletions are not confirmed)
     confirm_request: RequestTemplate | None = field(default=None, repr=False, compare=False)
+    # the file's regions (the same for every policy): where its items may be processed
+    regions: Regions = field(default_factory=Regions, repr=False, compare=False)
+
+    def region(self, tenant_id: str) -> str | None:
+        """The region this tenant's items are pinned to (None: none)."""
+        return self.regions.of_tenant(tenant_id)
 
     def confirms(self, operation_key: str) -> bool:
         """Whether the deletion of the item with `operation_key` is confirmed by a read:

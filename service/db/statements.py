@@ -163,6 +163,15 @@ def ready_item(now: str = "now()") -> str:
             f" AND (i.lease_token IS NULL OR i.lease_expires_at <= {now})")
 
 
+# Item `i` may be processed by the claimer: its region (service/config/regions.py) is the
+# claimer's, :region (NULL for both: a tenant pinned nowhere, a worker without a region).
+IN_REGION: Final = "i.region IS NOT DISTINCT FROM CAST(:region AS text)"
+# The same for a claimer of no region, as the claims that walk a scope's items in index
+# order spell it: the planner estimates `IS NULL` from the column's statistics, where it
+# takes `IS NOT DISTINCT FROM NULL` to match no row and sorts a scope's whole backlog.
+UNPINNED: Final = "i.region IS NULL"
+
+
 # Item `i` is under a lease (its worker's call may be in flight, or its lease ran out and
 # no claim took it over yet). A leased item stays `pending`: a claim writes only columns no
 # index reads, so its update can be HOT (migration 0024).

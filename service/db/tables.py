@@ -158,6 +158,7 @@ items = Table(
     # when the last attempt's call started: a success has no attempt row (0024)
     _ts("last_started_at", nullable=True),
     Column("trace_parent", Text),  # what released it: its batch's or delivery's (0025)
+    Column("region", Text),  # where it may be processed; NULL: anywhere unpinned (0029)
     UniqueConstraint("tenant_id", "object_id", "policy", "policy_version",
                      name="items_obligation"),
 )

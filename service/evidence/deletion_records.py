@@ -4,16 +4,19 @@ The canonical bytes are what the log stores and what its chain hashes, built the
 in the database (`canonical_sql`, inside the completion statement) and here (`canonical`,
 by the verifier from an export's JSON): the record's format, then each of its fields on
 its own line: an integer in decimal, a null as nothing, a text as its UTF-8 length, a
-colon and the text (so no byte of one field can pass for another's: the encoding is
-injective whatever the ids hold), a time as microseconds since 1970 UTC, a flag as 1 or 0.
-Identifiers and classified outcomes only, never a payload.
+colon and the text, an absent optional text as nothing (so no byte of one field can pass
+for another's: the encoding is injective whatever the ids hold), a time as microseconds
+since 1970 UTC, a flag as 1 or 0. Identifiers and classified outcomes only, never a payload.
 
-Two record formats, told apart by their first line (so by their bytes and their leaf):
-FORMAT's records (RECORD_FIELDS_V1, written before confirmation reads existed) and
-RECORD_FORMAT's (RECORD_FIELDS: the same fields, then `confirmed`, whether a read found the
-object absent after its deletion). The log itself (its genesis, its checkpoints) keeps
-FORMAT, so every export written before verifies as it did; an export's record carries
-`confirmed` exactly when it is of the newer format.
+Three record formats, told apart by their first line (so by their bytes and their leaf):
+FORMAT's records (RECORD_FIELDS_V1, written before confirmation reads existed),
+"sweeper-evidence-record/2" (RECORD_FIELDS_V2: the same fields, then `confirmed`, whether a
+read found the object absent after its deletion, written before regions existed) and
+RECORD_FORMAT's (RECORD_FIELDS: those, then `region`, the region of the worker that deleted
+it, null for a worker serving the tenants pinned nowhere: service/config/regions.py). The
+log itself (its genesis, its checkpoints) keeps FORMAT, so every export written before
+verifies as it did; an export's record carries `confirmed` from format 2 on and `region`
+exactly when it is of format 3.
 
     leaf = SHA-256(canonical bytes)
     segment hash = SHA-256(hash before the segment || leaf of each entry, in order)
@@ -30,7 +33,8 @@ from typing import Any, Final
 
 FORMAT: Final = "sweeper-evidence-log/1"  # the log's, and its first records'
 GENESIS: Final = hashlib.sha256(f"{FORMAT} genesis".encode()).digest()  # as 0019 stores it
-RECORD_FORMAT: Final = "sweeper-evidence-record/2"  # the records written since 0023
+RECORD_FORMAT_V2: Final = "sweeper-evidence-record/2"  # the records written 0023-0028
+RECORD_FORMAT: Final = "sweeper-evidence-record/3"  # the records written since 0029
 
 # A record, in its canonical order: name and kind ("int", "int?", "text", "time", "flag").
 RECORD_FIELDS_V1: Final = (
@@ -39,9 +43,11 @@ RECORD_FIELDS_V1: Final = (
     ("operation_key", "text"), ("outcome", "text"), ("upstream_status", "int?"),
     ("attempts", "int"), ("completed_at", "time"),
 )
-RECORD_FIELDS: Final = (*RECORD_FIELDS_V1, ("confirmed", "flag"))
+RECORD_FIELDS_V2: Final = (*RECORD_FIELDS_V1, ("confirmed", "flag"))
+RECORD_FIELDS: Final = (*RECORD_FIELDS_V2, ("region", "text?"))
 # each record format's first line and fields
-_FORMATS: Final = ((RECORD_FORMAT, RECORD_FIELDS), (FORMAT, RECORD_FIELDS_V1))
+_FORMATS: Final = ((RECORD_FORMAT, RECORD_FIELDS), (RECORD_FORMAT_V2, RECORD_FIELDS_V2),
+                   (FORMAT, RECORD_FIELDS_V1))
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND: Final = timedelta(microseconds=1)
 FRAME_BYTES: Final = 4  # each stored record is preceded by its length, big-endian
@@ -52,8 +58,16 @@ class RecordProblem(ValueError):
 
 
 def fields_of(record: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
-    """The fields of `record`'s format: the newer one's exactly when it has `confirmed`."""
-    return RECORD_FIELDS if "confirmed" in record else RECORD_FIELDS_V1
+    """The fields of `record`'s format: the newest's exactly when it has `region`, format
+    2's when it has `confirmed` but no `region`, else the first's."""
+    if "region" in record:
+        return RECORD_FIELDS
+    return RECORD_FIELDS_V2 if "confirmed" in record else RECORD_FIELDS_V1
+
+
+def format_of(fields: tuple[tuple[str, str], ...]) -> str:
+    """The first line of the records of `fields`' format."""
+    return next(name for name, known in _FORMATS if known is fields)
 
 
 def _flag(value: object) -> str:
@@ -89,16 +103,21 @@ def _optional_int(value: object) -> str:
     return "" if value is None else _int(value)
 
 
+def _optional_text(value: object) -> str:
+    return "" if value is None else _text(value)
+
+
 # Each kind of field's line in the canonical bytes (the module docstring)
 _PARTS: Final[Mapping[str, Callable[[object], str]]] = {
     "flag": _flag, "time": _time, "text": _text, "int": _int, "int?": _optional_int,
+    "text?": _optional_text,
 }
 
 
 def canonical(record: Mapping[str, Any]) -> bytes:
     """A record's canonical bytes (the module docstring), in the format its fields name."""
     fields = fields_of(record)
-    parts = [RECORD_FORMAT if fields is RECORD_FIELDS else FORMAT]
+    parts = [format_of(fields)]
     for name, kind in fields:
         try:
             parts.append(_PARTS[kind](record[name]))
@@ -120,7 +139,10 @@ def parse(data: bytes) -> dict[str, Any]:
     try:
         for number, (name, kind) in enumerate(fields):
             last = number == len(fields) - 1
-            if kind == "text":
+            if kind == "text?" and data[pos:pos + 1] in (b"\n", b""):  # a null
+                record[name] = None
+                end = pos
+            elif kind in ("text", "text?"):
                 colon = data.index(b":", pos)
                 start = colon + 1
                 end = start + int(data[pos:colon])
@@ -179,6 +201,7 @@ def canonical_sql(row: str) -> str:
             "int": f"{column}::text",
             "int?": f"coalesce({column}::text, '')",
             "text": f"octet_length({column})::text || ':' || {column}",
+            "text?": f"coalesce(octet_length({column})::text || ':' || {column}, '')",
             "time": f"trunc(extract(epoch FROM {column}) * 1000000)::bigint::text",
             "flag": f"CASE WHEN {column} THEN '1' ELSE '0' END",
         }[kind])

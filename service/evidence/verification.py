@@ -42,6 +42,7 @@ from service.evidence.deletion_records import (
     GENESIS,
     RECORD_FIELDS,
     RECORD_FIELDS_V1,
+    RECORD_FIELDS_V2,
     RecordProblem,
     leaf,
     segment_hash,
@@ -50,9 +51,9 @@ from service.evidence.export_slices import EXPORT_FORMAT
 from service.evidence.signed_exports import ExportLines, VerificationFailed, check_signed
 
 _HEX64: Final = re.compile(r"[0-9a-f]{64}")
-# a record's keys in either record format (evidence_records.py): older exports verify still
-_RECORD_KEYS: Final = (frozenset({"seq", *(name for name, _ in RECORD_FIELDS)}),
-                       frozenset({"seq", *(name for name, _ in RECORD_FIELDS_V1)}))
+# a record's keys in each record format (deletion_records.py): older exports verify still
+_RECORD_KEYS: Final = tuple(frozenset({"seq", *(name for name, _ in fields)})
+                            for fields in (RECORD_FIELDS, RECORD_FIELDS_V2, RECORD_FIELDS_V1))
 _ELIDED_KEYS: Final = frozenset({"seq", "leaf"})
 
 

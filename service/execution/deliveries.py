@@ -57,6 +57,8 @@ class DeliveredLedger(Protocol):
 
     async def sort_delivered(self, item_ids: Sequence[int]) -> dict[int, Sorted]: ...
 
+    async def reroute(self, item_ids: Sequence[int]) -> None: ...
+
     async def end_dead(self, item_ids: Sequence[int], reason: str) -> list[int]: ...
 
     async def complete(self, batch: Sequence[Completion]) -> list[int]: ...
@@ -279,6 +281,11 @@ class DeliveredWork:
         leased = {n: await self._ledger(self.ledger.end_dead(arrived[n].work.item_ids,
                                                              DEAD_REASON)) for n in poison}
         standings = await self._ledger(self.ledger.sort_delivered(sorted(ids)))
+        # another region's (re-pinned since published): the relay takes them to its queues
+        elsewhere = [i for i, s in standings.items() if s.standing is Standing.ELSEWHERE]
+        if elsewhere:
+            await self._ledger(self.ledger.reroute(elsewhere))
+            BROKER_MESSAGES.labels(BrokerEvent.REROUTED).inc()
         self._inbox = self._inbox[len(arrived):]
         now = self._monotonic()
         fresh = dict(self.books.resort)
@@ -295,7 +302,7 @@ class DeliveredWork:
 
     def _place(self, hand: Hand, item_id: int, standing: Sorted | None) -> None:
         """Put a sorted item where its standing says: in hand, deferred, or done."""
-        if standing is None or standing.standing is Standing.DONE:
+        if standing is None or standing.standing in (Standing.DONE, Standing.ELSEWHERE):
             hand.open.discard(item_id)
         elif standing.standing is Standing.READY:
             self._weights[standing.scope] = standing.weight

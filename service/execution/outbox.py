@@ -14,42 +14,50 @@ called.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Final
 
 from service.db.statements import LEASED, Database, Statement, expired_lease, fetch, fetch_none
 
+
 # What is waiting, oldest first: each row's items that are still pending (the rest finished
-# in database mode, or by an earlier delivery, and need no message). A batch's items come by
-# items_batch_cover; a receipt lists its own; a released hold's are its tenant's (and
-# policy's) released items no hold marks (by items_obligation, which leads with the tenant).
+# in database mode, or by an earlier delivery, and need no message), by region (each goes
+# to its region's queues; one row with no region and no ids when none is pending). A
+# batch's items come by items_batch_cover; a receipt lists its own; a released hold's are
+# its tenant's (and policy's) released items no hold marks (by items_obligation, which
+# leads with the tenant).
+def _by_region(rows: str, alias: str, items: str) -> str:
+    """One outbox branch: the `rows` waiting (as `alias`), each with its `items` by region."""
+    return f"""(SELECT {alias}.kind, {alias}.id, g.region, g.item_ids
+     FROM ({rows}) {alias}
+     LEFT JOIN LATERAL (
+         SELECT i.region, array_agg(i.id ORDER BY i.id) AS item_ids FROM items i
+         WHERE {items} GROUP BY i.region
+     ) g ON true
+     ORDER BY {alias}.id, g.region NULLS FIRST)"""  # noqa: S608 - constant fragments only
+
+
 _WAITING = Statement("outbox.waiting", (
-    "Batches and webhook deliveries not yet handed to the broker, with their pending "
-    "items."), """
-    (SELECT 'batch' AS kind, b.id, ARRAY(
-         SELECT i.id FROM items i WHERE i.batch_id = b.id AND i.status = 'pending'
-         ORDER BY i.id) AS item_ids
-     FROM batches b WHERE b.enqueued_at IS NULL ORDER BY b.id LIMIT :limit)
-    UNION ALL
-    (SELECT 'receipt', r.id, ARRAY(
-         SELECT i.id FROM items i
-         WHERE i.id = ANY(r.item_ids) AND i.status = 'pending'
-           AND i.released_at IS NOT NULL ORDER BY i.id)
-     FROM webhook_receipts r WHERE r.enqueued_at IS NULL ORDER BY r.id LIMIT :limit)
-    UNION ALL
-    (SELECT 'hold', h.id, ARRAY(
-         SELECT i.id FROM items i
-         WHERE i.tenant_id = h.tenant_id AND (h.policy IS NULL OR i.policy = h.policy)
-           AND i.status = 'pending' AND i.released_at IS NOT NULL AND i.hold_id IS NULL
-         ORDER BY i.id)
-     FROM holds h WHERE h.released_at IS NOT NULL AND h.enqueued_at IS NULL
-     ORDER BY h.id LIMIT :limit)
-    UNION ALL
-    (SELECT 'requeue', q.id, ARRAY(
-         SELECT i.id FROM items i
-         WHERE i.id = ANY(q.item_ids) AND i.status = 'pending'
-           AND i.released_at IS NOT NULL ORDER BY i.id)
-     FROM requeues q WHERE q.enqueued_at IS NULL ORDER BY q.id LIMIT :limit)
-""")
+    "Batches, webhook deliveries, released holds and re-drives not yet handed to the "
+    "broker, with their pending items by region."), "\n    UNION ALL\n    ".join((
+        _by_region("SELECT 'batch' AS kind, id FROM batches WHERE enqueued_at IS NULL "
+                   "ORDER BY id LIMIT :limit", "b",
+                   "i.batch_id = b.id AND i.status = 'pending'"),
+        _by_region("SELECT 'receipt' AS kind, id, item_ids FROM webhook_receipts "
+                   "WHERE enqueued_at IS NULL ORDER BY id LIMIT :limit", "r",
+                   "i.id = ANY(r.item_ids) AND i.status = 'pending' "
+                   "AND i.released_at IS NOT NULL"),
+        _by_region("SELECT 'hold' AS kind, id, tenant_id, policy FROM holds "
+                   "WHERE released_at IS NOT NULL AND enqueued_at IS NULL "
+                   "ORDER BY id LIMIT :limit", "h",
+                   "i.tenant_id = h.tenant_id AND (h.policy IS NULL OR i.policy = h.policy) "
+                   "AND i.status = 'pending' AND i.released_at IS NOT NULL "
+                   "AND i.hold_id IS NULL"),
+        _by_region("SELECT 'requeue' AS kind, id, item_ids FROM requeues "
+                   "WHERE enqueued_at IS NULL ORDER BY id LIMIT :limit", "q",
+                   "i.id = ANY(q.item_ids) AND i.status = 'pending' "
+                   "AND i.released_at IS NOT NULL"),
+    )))
 
 _MARK = Statement("outbox.mark", (
     "Record that the broker confirmed these batches, webhook deliveries, holds and "
@@ -88,15 +96,36 @@ _END_DEAD = Statement("outbox.end_dead", (
       AND i.id NOT IN (SELECT id FROM ended)
 """)  # noqa: S608 - only constant fragments are interpolated
 
+# Items delivered to a worker of another region (re-pinned after they were published): a
+# re-drive of its own, which the relay publishes to each item's region's queues.
+_REROUTE = Statement("outbox.reroute", (
+    "Hand items delivered to the wrong region's queues back to the relay, to publish to "
+    "their own region's."), """
+    INSERT INTO requeues (item_ids) VALUES (CAST(:ids AS bigint[]))
+""")
+
 WAITING_LIMIT: Final = 64  # outbox rows per pass, of each kind
 
 
-async def waiting(db: Database, limit: int = WAITING_LIMIT
-                  ) -> list[tuple[str, int, list[int]]]:
-    """(kind, id, pending item ids) of each outbox row waiting: batches, then webhook
-    deliveries (`receipt`), released holds (`hold`) and re-drives (`requeue`)."""
-    return [(r.kind, int(r.id), list(r.item_ids))
-            for r in await fetch(db, _WAITING, {"limit": limit})]
+@dataclass(frozen=True)
+class Waiting:
+    """An outbox row waiting: its kind and id, and its pending items by region (None: the
+    tenants pinned nowhere); none when no item is pending (the row is marked all the same)."""
+
+    kind: str
+    row_id: int
+    by_region: dict[str | None, list[int]] = field(default_factory=dict)
+
+
+async def waiting(db: Database, limit: int = WAITING_LIMIT) -> list[Waiting]:
+    """Each outbox row waiting: batches, then webhook deliveries (`receipt`), released
+    holds (`hold`) and re-drives (`requeue`), oldest first."""
+    rows: dict[tuple[str, int], Waiting] = {}
+    for r in await fetch(db, _WAITING, {"limit": limit}):
+        row = rows.setdefault((r.kind, int(r.id)), Waiting(r.kind, int(r.id)))
+        if r.item_ids is not None:
+            row.by_region[r.region] = list(r.item_ids)
+    return list(rows.values())
 
 
 async def mark(db: Database, rows: Sequence[tuple[str, int]]) -> None:
@@ -111,3 +140,9 @@ async def end_dead(db: Database, item_ids: Sequence[int], reason: str) -> list[i
     because a lease on them still runs."""
     return [int(r.id) for r in await fetch(db, _END_DEAD, {"ids": list(item_ids),
                                                          "reason": reason})]
+
+
+async def reroute(db: Database, item_ids: Sequence[int]) -> None:
+    """Hand `item_ids` to the relay again: it publishes them to their region's queues."""
+    if item_ids:
+        await fetch_none(db, _REROUTE, {"ids": sorted(item_ids)})

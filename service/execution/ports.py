@@ -46,7 +46,18 @@ class Delivery(Protocol):
 
 
 class Broker(Protocol):
-    """A broker's queues for one ledger (and region)."""
+    """A broker's queues for one ledger and one region (service/config/regions.py): each
+    region has queues of its own, and the tenants pinned nowhere theirs."""
+
+    @property
+    def region(self) -> str | None:
+        """The region whose queues these are (None: the tenants pinned nowhere)."""
+        ...
+
+    def routed(self, region: str | None) -> Broker:
+        """The same broker on `region`'s queues (the relay publishes to every region's),
+        sharing this one's connection; closed with it."""
+        ...
 
     @property
     def delivery_limit(self) -> int:

@@ -53,9 +53,10 @@ RETRY_MAX_S: Final = 10.0
 PUBLISH_TIMEOUT_S: Final = 30.0
 
 
-def queue_names(region: str | None) -> dict[str, str]:
-    """The queues of a region (None: the only one), by role."""
-    prefix = "sweeper" if region is None else f"sweeper.{region}"
+def queue_names(region: str | None, prefix: str = "sweeper") -> dict[str, str]:
+    """The queues of a region (None: the tenants pinned nowhere), by role; under `prefix`
+    (a ledger's: tests and benchmarks use throw-away ones)."""
+    prefix = prefix if region is None else f"{prefix}.{region}"
     return {"work": f"{prefix}.work", "dead": f"{prefix}.dead",
             **{f"wait.{s}": f"{prefix}.wait.{s}s" for s in WAITS_S}}
 
@@ -97,35 +98,68 @@ class RabbitDelivery:
             raise DeliveryGone(self._work.origin) from exc
 
 
+class _Link:
+    """One connection to RabbitMQ and its publishing channel, shared by the region views
+    of one RabbitBroker (`routed`)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.connection: AbstractRobustConnection | None = None
+        self.publishing: AbstractChannel | None = None
+        self.declared: set[str | None] = set()  # regions whose queues `publishing` declared
+        self.regions: set[str | None] = set()  # every region whose queues were declared
+        self.consuming: list[AbstractChannel] = []  # closed by close(), not by a cancel
+        self.lock = asyncio.Lock()
+
+
 class RabbitBroker:
     """The `Broker` of ports.py on one RabbitMQ (a cluster's URL), for one region."""
 
-    def __init__(self, url: str, *, region: str | None = None) -> None:
-        self._url = url
-        self.names = queue_names(region)
-        self._connection: AbstractRobustConnection | None = None
-        self._publishing: AbstractChannel | None = None
-        self._consuming: list[AbstractChannel] = []  # closed by close(), not by a cancel
-        self._lock = asyncio.Lock()
+    def __init__(self, url: str, *, region: str | None = None, prefix: str = "sweeper",
+                 link: _Link | None = None) -> None:
+        self._link = link or _Link(url)
+        self._region, self._prefix = region, prefix
+        self.names = queue_names(region, prefix)
+
+    @property
+    def region(self) -> str | None:
+        return self._region
+
+    def routed(self, region: str | None) -> RabbitBroker:
+        if region == self._region:
+            return self
+        return RabbitBroker(self._link.url, region=region, prefix=self._prefix,
+                            link=self._link)
 
     @property
     def delivery_limit(self) -> int:
         return REDELIVERIES + 1
 
+    @property
+    def queues(self) -> list[str]:
+        """Every queue this broker (and its region views) declared, by name."""
+        return [name for region in self._link.regions
+                for name in queue_names(region, self._prefix).values()]
+
     async def _channel(self) -> AbstractChannel:
-        """The publishing channel (confirms on), the queues declared once connected."""
-        async with self._lock:
-            if self._connection is None or self._connection.is_closed:
-                self._connection = await aio_pika.connect_robust(
-                    self._url, timeout=CONNECT_TIMEOUT_S,
+        """The publishing channel (confirms on), this region's queues declared on it."""
+        link = self._link
+        async with link.lock:
+            if link.connection is None or link.connection.is_closed:
+                link.connection = await aio_pika.connect_robust(
+                    link.url, timeout=CONNECT_TIMEOUT_S,
                     client_properties={"connection_name": "sweeper"})
-                self._publishing = None
-            if self._publishing is None or self._publishing.is_closed:
+                link.publishing = None
+            if link.publishing is None or link.publishing.is_closed:
                 # a message no queue took is returned: raise, never count it confirmed
-                self._publishing = await self._connection.channel(publisher_confirms=True,
-                                                                  on_return_raises=True)
-                await declare(self._publishing, self.names)
-            return self._publishing
+                link.publishing = await link.connection.channel(publisher_confirms=True,
+                                                                on_return_raises=True)
+                link.declared.clear()
+            if self._region not in link.declared:
+                await declare(link.publishing, self.names)
+                link.declared.add(self._region)
+                link.regions.add(self._region)
+            return link.publishing
 
     def delay_for(self, seconds: float) -> float:
         return float(wait_for(seconds))
@@ -186,8 +220,8 @@ class RabbitBroker:
         the channel open until `close()`, so what is in hand can still be settled (acks
         travel on the channel that delivered)."""
         await self._channel()
-        assert self._connection is not None
-        channel = await self._connection.channel()
+        assert self._link.connection is not None
+        channel = await self._link.connection.channel()
         try:
             await channel.set_qos(prefetch_count=prefetch)
             queue = await channel.get_queue(queue_name, ensure=True)
@@ -202,13 +236,15 @@ class RabbitBroker:
                 await queue.cancel(tag)
             raise
         finally:
-            self._consuming.append(channel)
+            self._link.consuming.append(channel)
 
     async def close(self) -> None:
-        for channel in self._consuming:
+        """Close the connection, with every region view's channels."""
+        link = self._link
+        for channel in link.consuming:
             await _closed(channel)
-        self._consuming.clear()
-        connection, self._connection = self._connection, None
+        link.consuming.clear()
+        connection, link.connection = link.connection, None
         if connection is not None and not connection.is_closed:
             await connection.close()
 

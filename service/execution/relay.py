@@ -1,17 +1,18 @@
 """The relay: the leader's duty that hands the outbox to the broker, and ends in the ledger
 what the broker gave up on.
 
-A pass reads what waits (outbox.py), publishes each row's pending items as one `Work`
-message (its origin, `batch:<id>`, `receipt:<id>` or `hold:<id>`, is the message id), waits for the
-broker's confirms, then marks the rows enqueued. A crash or a lost connection between the
+A pass reads what waits (outbox.py), publishes each row's pending items as `Work` messages
+(its origin, `batch:<id>`, `receipt:<id>`, `hold:<id>` or `requeue:<id>`, is the message
+id) to the queues of each item's region, waits for the broker's confirms, then marks the
+rows enqueued. A crash or a lost connection between the
 confirm and the mark publishes the same rows again on the next pass: the same message
 twice, which consumers fence in the ledger (a finished item is never called again, a
 leased one waits for its lease). Nothing is lost: a row is marked only once confirmed.
 
 Messages dead-lettered by the broker (delivered more times than its limit: every consumer
-that held them died) end here: their items that no running lease holds go `dead` with the
-reason `broker_delivery_limit`, those a lease holds are handed back to the broker to come
-back after it, and only then is the dead letter settled.
+that held them died), in any region's queues, end here: their items that no running lease
+holds go `dead` with the reason `broker_delivery_limit`, those a lease holds are handed
+back to the broker to come back after it, and only then is the dead letter settled.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Iterable
 from typing import Final
 
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -53,16 +55,20 @@ async def relay_once(engine: AsyncEngine, broker: Broker) -> int:
     """One pass: publish what waits, each row confirmed and then marked, so a failure part
     way publishes again only what was not marked. The rows handed over."""
     rows = await outbox.waiting(engine)
-    for kind, row_id, ids in rows:
-        works = works_of(kind, row_id, ids)
-        await broker.publish(works)
-        await outbox.mark(engine, [(kind, row_id)])
-        BROKER_MESSAGES.labels(BrokerEvent.PUBLISHED).inc(len(works))
+    for row in rows:
+        published = 0
+        for region, ids in row.by_region.items():
+            works = works_of(row.kind, row.row_id, ids)
+            await broker.routed(region).publish(works)
+            published += len(works)
+        await outbox.mark(engine, [(row.kind, row.row_id)])
+        BROKER_MESSAGES.labels(BrokerEvent.PUBLISHED).inc(published)
     return len(rows)
 
 
 async def end_dead_letter(engine: AsyncEngine, broker: Broker, delivery: Delivery) -> None:
-    """End a dead letter's items in the ledger (or defer those a lease holds), then settle."""
+    """End a dead letter's items in the ledger (or defer those a lease holds, in `broker`'s
+    region, whose dead queue delivered it), then settle."""
     leased = await outbox.end_dead(engine, delivery.work.item_ids, DEAD_REASON)
     if leased:
         await broker.defer([delivery.work.part(leased)], LEASE_RECHECK_S)
@@ -74,21 +80,24 @@ async def end_dead_letter(engine: AsyncEngine, broker: Broker, delivery: Deliver
 
 
 class Relay:
-    """The duty: `run()` passes until cancelled, and ends dead letters as they come."""
+    """The duty: `run()` passes until cancelled, and ends dead letters as they come, from
+    the dead queues of `regions` (the policies file's, and None: the unpinned tenants')."""
 
-    def __init__(self, engine: AsyncEngine, broker: Broker, *, poll_s: float = POLL_S
-                 ) -> None:
+    def __init__(self, engine: AsyncEngine, broker: Broker, *,
+                 regions: Iterable[str | None] = (None,), poll_s: float = POLL_S) -> None:
         self.engine, self.broker, self.poll_s = engine, broker, poll_s
-        self._dead: asyncio.Queue[Delivery] = asyncio.Queue()
+        self.regions = list(dict.fromkeys(regions))
+        self._dead: asyncio.Queue[tuple[Broker, Delivery]] = asyncio.Queue()
         self._errors = InternalErrors(log)
 
     async def run(self) -> None:
-        consumer = asyncio.create_task(self.broker.consume_dead(self._dead.put_nowait))
+        consumers = [asyncio.create_task(self._consume_dead(self.broker.routed(region)))
+                     for region in self.regions]
         ender = asyncio.create_task(self._end_dead())
         try:
             await self._relay()
         finally:
-            for task in (consumer, ender):
+            for task in (*consumers, ender):
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
@@ -107,12 +116,15 @@ class Relay:
             if not handed:
                 await asyncio.sleep(self.poll_s)
 
+    async def _consume_dead(self, broker: Broker) -> None:
+        await broker.consume_dead(lambda delivery: self._dead.put_nowait((broker, delivery)))
+
     async def _end_dead(self) -> None:
         while True:
-            delivery = await self._dead.get()
+            broker, delivery = await self._dead.get()
             for _ in range(DEAD_TRIES):
                 try:
-                    await end_dead_letter(self.engine, self.broker, delivery)
+                    await end_dead_letter(self.engine, broker, delivery)
                     break
                 except DeliveryGone:
                     break  # the broker delivers it again: ended then

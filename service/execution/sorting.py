@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from enum import StrEnum
 
-from service.db.statements import Database, Statement, fetch_records, not_held
+from service.db.statements import IN_REGION, Database, Statement, fetch_records, not_held
 from service.values import value
 
 
@@ -20,6 +20,7 @@ class Standing(StrEnum):
     LATER = "later"            # its next attempt is not due yet (a backoff)
     HELD = "held"              # under a legal hold: looked at again later, never called
     DONE = "done"              # finished, unreleased or gone: nothing to call for it
+    ELSEWHERE = "elsewhere"    # pinned to another region: handed to that region's queues
 
 
 @value
@@ -32,9 +33,11 @@ class Sorted:
 
 
 _SORT = Statement("sorting.standings", (
-    "Where each delivered item stands: ready, leased, not yet due, held, or done."), f"""
+    "Where each delivered item stands: ready, leased, not yet due, held, done, or pinned "
+    "to another region."), f"""
     SELECT i.id, i.scope, s.weight,
            CASE WHEN i.status <> 'pending' OR i.released_at IS NULL THEN 'done'
+                WHEN NOT ({IN_REGION}) THEN 'elsewhere'
                 WHEN NOT ({not_held()}) THEN 'held'
                 WHEN i.lease_token IS NOT NULL AND i.lease_expires_at > now() THEN 'leased'
                 WHEN i.next_attempt_at > now() THEN 'later'
@@ -50,10 +53,13 @@ _SORT = Statement("sorting.standings", (
 """)  # noqa: S608 - only a constant fragment is interpolated
 
 
-async def sort(db: Database, item_ids: Sequence[int]) -> dict[int, Sorted]:
-    """Each item's standing by id; an id missing was pruned (done)."""
+async def sort(db: Database, item_ids: Sequence[int], region: str | None = None
+               ) -> dict[int, Sorted]:
+    """Each item's standing by id, for a worker of `region`; an id missing was pruned
+    (done)."""
     if not item_ids:
         return {}
     return {r["id"]: Sorted(r["id"], r["scope"], int(r["weight"]), Standing(r["standing"]),
                             float(r["wait_s"]))
-            for r in await fetch_records(db, _SORT, {"ids": list(item_ids)})}
+            for r in await fetch_records(db, _SORT, {"ids": list(item_ids),
+                                                     "region": region})}

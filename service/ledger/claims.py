@@ -25,6 +25,8 @@ import asyncpg
 from service.budget.buckets import GRANTS_SQL
 from service.budget.rules import LOOKAHEAD_S, Grant
 from service.db.statements import (
+    IN_REGION,
+    UNPINNED,
     Database,
     Statement,
     fetch_none,
@@ -81,11 +83,12 @@ _PICKED: Final = """i.id, coalesce(i.batch_id, 0) AS batch_key,
                        (SELECT m.n FROM attempt_limits m WHERE m.policy = i.policy),
                        2147483647) AS used_up"""
 
-# The scope's claimable items from its claim position, in batch order (database mode).
+# The scope's claimable items of the claimer's region (REGION: UNPINNED or IN_REGION)
+# from its claim position, in batch order (database mode).
 _FROM_POSITION: Final = f"""
             SELECT {_PICKED}
             FROM items i
-            WHERE i.scope = g.scope AND {ready_item("clock.now")}
+            WHERE i.scope = g.scope AND {ready_item("clock.now")} AND REGION
               AND (coalesce(i.batch_id, 0), i.id) > (g.after_batch, g.after_id)
             ORDER BY coalesce(i.batch_id, 0), i.id
             LIMIT g.n * g.per_call
@@ -100,7 +103,7 @@ _DELIVERED: Final = f"""
                  AS d(id, scope)
                  JOIN items i ON i.id = d.id
             WHERE d.scope = g.scope AND i.scope = g.scope
-              AND {ready_item("clock.now")}
+              AND {ready_item("clock.now")} AND {IN_REGION}
             ORDER BY i.id
             LIMIT g.n * g.per_call
             FOR UPDATE OF i SKIP LOCKED"""  # noqa: S608 - only constant fragments
@@ -232,8 +235,12 @@ _ADMISSION: Final = f"""
 
 _ADMIT = Statement("claims.admit", (
     "Take tokens and lease at most that many calls' worth of claimable items per scope in "
-    "one statement, charging each bucket only for the calls the items leased make."),
-    _ADMISSION.replace("PICK", _FROM_POSITION))
+    "one statement, charging each bucket only for the calls the items leased make; items "
+    "of tenants pinned to no region only."),
+    _ADMISSION.replace("PICK", _FROM_POSITION.replace("REGION", UNPINNED)))
+_ADMIT_IN_REGION = Statement("claims.admit_in_region", (
+    "Take tokens and lease claimable items as claims.admit does, of one region's tenants."),
+    _ADMISSION.replace("PICK", _FROM_POSITION.replace("REGION", IN_REGION)))
 _ADMIT_DELIVERED = Statement("claims.admit_delivered", (
     "Take tokens and lease at most that many calls' worth of the claimable items among "
     "those a broker delivered, per scope, as claims.admit does."),
@@ -257,19 +264,23 @@ async def admit(db: Database, *, owner: str, wants: Mapping[str, int],
                 lease_seconds: Mapping[str, int], default_lease_seconds: int = 60,
                 max_attempts: Mapping[str, int] | None = None,
                 lookahead_s: float = LOOKAHEAD_S,
-                only: Sequence[tuple[int, str]] | None = None) -> Admission:
+                only: Sequence[tuple[int, str]] | None = None,
+                region: str | None = None) -> Admission:
     """Take up to wants[scope] tokens per scope and lease at most that many items of each
     for `owner`, charging the buckets only for the items leased; committed on return. An
     expired lease of an item with `max_attempts[policy]` attempts used goes `dead`. With
     `only` (broker mode: (item id, its scope) pairs), the items are leased from among
-    those alone."""
+    those alone. Only items of `region` are leased (None: of tenants pinned nowhere)."""
     wanted = {scope: n for scope, n in wants.items() if n > 0}
     if not wanted:
         return Admission(grants=[], leases=[])
     names = sorted(wanted)
-    rows = await fetch_records(db, _ADMIT if only is None else _ADMIT_DELIVERED, {
+    statement = (_ADMIT_DELIVERED if only is not None else
+                 _ADMIT if region is None else _ADMIT_IN_REGION)
+    rows = await fetch_records(db, statement, {
         **({} if only is None else {"only": [i for i, _ in only],
                                     "only_scopes": [scope for _, scope in only]}),
+        **({} if statement is _ADMIT else {"region": region}),
         "names": names, "wants": [wanted[n] for n in names], "owner": owner,
         "lookahead": lookahead_s, "policy_names": list(lease_seconds),
         "lease_seconds": list(lease_seconds.values()), "default_lease": default_lease_seconds,

@@ -114,7 +114,8 @@ _COMPLETE = Statement("completions.complete", (
                CASE WHEN a.batch_id IS NULL THEN 'webhook' ELSE 'run' END AS released_by,
                a.tenant_id, a.object_id, a.policy, a.policy_version, a.operation_key,
                a.last_outcome AS outcome, a.last_status_code AS upstream_status, a.attempts,
-               a.completed_at, a.confirmed
+               a.completed_at, a.confirmed,
+               CAST(:region AS text) AS region  -- where it was processed: the worker's
         FROM applied a LEFT JOIN batches b ON b.id = a.batch_id
         WHERE a.status = 'succeeded'
     ),
@@ -158,9 +159,11 @@ _COMPLETE = Statement("completions.complete", (
 """)  # noqa: S608 - only constant fragments are interpolated
 
 
-async def complete(db: Database, completions: Sequence[Completion]) -> list[int]:
+async def complete(db: Database, completions: Sequence[Completion], *,
+                   region: str | None = None) -> list[int]:
     """Apply outcomes and append the attempts that did not succeed in one statement;
-    returns the ids that were fenced out (their lease had moved on)."""
+    returns the ids that were fenced out (their lease had moved on). The evidence of each
+    deletion names `region`, the completing worker's (None: it has none)."""
     if not completions:
         return []
     c = completions
@@ -175,6 +178,7 @@ async def complete(db: Database, completions: Sequence[Completion]) -> list[int]
         "latency": [x.latency_ms for x in c],
         "versions": [x.object_version for x in c],
         "to_confirm": [x.to_confirm for x in c], "confirmed": [x.confirmed for x in c],
+        "region": region,
     }
     rows = await fetch_records(db, _COMPLETE, params)
     return [r["item_id"] for r in rows if r["fenced"]]

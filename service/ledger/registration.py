@@ -262,16 +262,20 @@ _REGISTER = Statement("registration.register", (
     f"""
     WITH changed AS (
         INSERT INTO items AS i (tenant_id, object_id, policy, policy_version, operation_key,
-                                scope, due_at, hold_id)
-        SELECT u.*, {covering_hold("u")}
+                                scope, due_at, region, hold_id)
+        SELECT u.tenant_id, u.object_id, u.policy, u.policy_version, u.operation_key,
+               u.scope, u.due_at, nullif(u.region, ''), {covering_hold("u")}
         FROM unnest(string_to_array(:tenants, chr(31)),
                     string_to_array(:objects, chr(31)),
                     string_to_array(:policies, chr(31)),
                     CAST(:versions AS integer[]),
                     string_to_array(:keys, chr(31)),
                     string_to_array(:scopes, chr(31)),
-                    CAST(string_to_array(:dues, chr(31)) AS timestamptz[]))
-             AS u(tenant_id, object_id, policy, policy_version, operation_key, scope, due_at)
+                    CAST(string_to_array(:dues, chr(31)) AS timestamptz[]),
+                    -- '' when no tenant is pinned: an empty array, NULL for every row
+                    string_to_array(:regions, chr(31)))
+             AS u(tenant_id, object_id, policy, policy_version, operation_key, scope, due_at,
+                  region)
         ON CONFLICT (tenant_id, object_id, policy, policy_version) DO UPDATE
             SET due_at = EXCLUDED.due_at, updated_at = now(), status = 'pending',
                 released_at = CASE WHEN i.status = 'skipped' THEN NULL ELSE i.released_at END,
@@ -300,6 +304,15 @@ def _column(values: Sequence[str]) -> str:
     if joined.count(_SEPARATOR) != max(len(values) - 1, 0):
         raise ValueError("a registered value contains U+001F")
     return joined
+
+
+def _regions(rows: Obligations, pairs: Sequence[tuple[str, str]]) -> str:
+    """The regions column (service/config/regions.py): each row's region, '' for a tenant
+    pinned nowhere; '' for the whole column when no tenant is pinned."""
+    region_of = {pair: rows.policies[pair[0]].region(pair[1]) or "" for pair in set(pairs)}
+    if not any(region_of.values()):
+        return ""
+    return _column([region_of[pair] for pair in pairs])
 
 
 async def register(engine: AsyncEngine, obligations: Obligations | Sequence[Registration]
@@ -345,6 +358,7 @@ async def register_in(conn: AsyncConnection,
                                        versions)),
         "scopes": _column([scope_of[pair] for pair in pairs]),
         "dues": _column(_TIMESTAMPS.dump_python(list(rows.due_ats), mode="json")),
+        "regions": _regions(rows, pairs),
     }
     await buckets.ensure_scopes(conn, budgets)
     counts = (await run(conn, _REGISTER, params)).one()

@@ -155,12 +155,14 @@ class BrokerEvent(StrEnum):
     SETTLED = "settled"      # a worker acked it: its items' outcomes committed or handed on
     DEFERRED = "deferred"    # a worker handed items back to come later (confirmed)
     DEAD = "dead"            # past the delivery limit: its items ended dead in the ledger
+    REROUTED = "rerouted"    # items of another region's tenants went back to the relay
 
 
 BROKER_MESSAGES: Final = Counter(
     "sweeper_broker_messages_total",
     "Broker messages by what became of them: published by the relay, settled, deferred, "
-    "ended dead past the delivery limit", ["event"], registry=REGISTRY)
+    "ended dead past the delivery limit, rerouted to another region", ["event"],
+    registry=REGISTRY)
 BROKER_IN_HAND: Final = Gauge(
     "sweeper_broker_messages_in_hand",
     "Messages this process holds unsettled (at most SWEEPER_BROKER_PREFETCH)",

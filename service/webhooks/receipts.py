@@ -43,10 +43,10 @@ class Receipt:
 # for every statement (no deadlocks). Shared by _RECORD and _RECORD_GROUP.
 _TOUCH_ITEMS_SQL: Final = f"""touched AS (
         INSERT INTO items AS i (tenant_id, object_id, policy, policy_version, operation_key,
-                                scope, due_at, released_at, hold_id, trace_parent)
+                                scope, due_at, released_at, hold_id, trace_parent, region)
         SELECT tenant_id, object_id, policy, policy_version, operation_key, scope, due_at,
                CASE WHEN due_at <= now() THEN now() END, {covering_hold("hints")},
-               CASE WHEN due_at <= now() THEN trace_parent END
+               CASE WHEN due_at <= now() THEN trace_parent END, region
         FROM hints
         ORDER BY operation_key  -- one lock order for every delivery (no deadlocks)
         ON CONFLICT (tenant_id, object_id, policy, policy_version) DO UPDATE
@@ -85,22 +85,23 @@ _RECORD = Statement("receipts.record", (
         WHERE source = $1 AND webhook_id = $2
     ),
     hints AS (
-        SELECT h.*, CAST($17 AS text) AS trace_parent,
+        SELECT h.*, CAST($18 AS text) AS trace_parent,
                CASE WHEN h.delay IS NULL THEN now()
                     ELSE coalesce(to_timestamp(CAST($4 AS double precision)), now())
                          + make_interval(secs => h.delay) END AS due_at
         FROM unnest(CAST($6 AS text[]), CAST($7 AS text[]),
                     CAST($8 AS text[]), CAST($9 AS integer[]),
                     CAST($10 AS text[]), CAST($11 AS text[]),
-                    CAST($12 AS double precision[]))
-             AS h(tenant_id, object_id, policy, policy_version, operation_key, scope, delay)
+                    CAST($12 AS double precision[]), CAST($13 AS text[]))
+             AS h(tenant_id, object_id, policy, policy_version, operation_key, scope, delay,
+                  region)
         WHERE NOT EXISTS (SELECT 1 FROM existing)
     ),
     new_scopes AS (
         INSERT INTO scopes (name, rate_per_second, burst, tokens, objects_per_call)
         SELECT b.name, b.rate, b.burst, b.burst, b.per_call
-        FROM unnest(CAST($13 AS text[]), CAST($14 AS double precision[]),
-                    CAST($15 AS integer[]), CAST($16 AS integer[]))
+        FROM unnest(CAST($14 AS text[]), CAST($15 AS double precision[]),
+                    CAST($16 AS integer[]), CAST($17 AS integer[]))
              AS b(name, rate, burst, per_call)
         WHERE NOT EXISTS (SELECT 1 FROM existing)
           AND NOT EXISTS (SELECT 1 FROM scopes s WHERE s.name = b.name)
@@ -124,7 +125,7 @@ _RECORD = Statement("receipts.record", (
 # its budgets'
 _DELIVERY_COLUMNS: Final = ("source", "webhook_id", "event_type", "event_at", "result")
 _HINT_COLUMNS: Final = ("tenants", "objects", "policies", "versions", "keys", "scopes",
-                        "delays")
+                        "delays", "regions")
 _BUDGET_COLUMNS: Final = ("budget_scopes", "rates", "bursts", "per_call")
 # and last, the request's trace context (tracing on), kept on the items it releases
 _RECORD_PARAMS: Final = (*_DELIVERY_COLUMNS, *_HINT_COLUMNS, *_BUDGET_COLUMNS, "trace_parent")
@@ -149,7 +150,7 @@ _RECORD_GROUP = Statement("receipts.record_group", (
     WITH deliveries AS (
         SELECT * FROM unnest(CAST($1 AS integer[]), CAST($2 AS text[]), CAST($3 AS text[]),
                              CAST($4 AS text[]), CAST($5 AS double precision[]),
-                             CAST($6 AS text[]), CAST($20 AS text[]))
+                             CAST($6 AS text[]), CAST($21 AS text[]))
              AS d(n, source, webhook_id, event_type, event_at, result, trace_parent)
     ),
     existing AS (
@@ -165,17 +166,18 @@ _RECORD_GROUP = Statement("receipts.record_group", (
         FROM unnest(CAST($7 AS integer[]), CAST($8 AS text[]), CAST($9 AS text[]),
                     CAST($10 AS text[]), CAST($11 AS integer[]),
                     CAST($12 AS text[]), CAST($13 AS text[]),
-                    CAST($14 AS double precision[]))
-             AS h(n, tenant_id, object_id, policy, policy_version, operation_key, scope, delay)
+                    CAST($14 AS double precision[]), CAST($15 AS text[]))
+             AS h(n, tenant_id, object_id, policy, policy_version, operation_key, scope, delay,
+                  region)
         JOIN deliveries d ON d.n = h.n
         WHERE NOT EXISTS (SELECT 1 FROM existing e WHERE e.n = h.n)
     ),
     new_scopes AS (
         INSERT INTO scopes (name, rate_per_second, burst, tokens, objects_per_call)
         SELECT DISTINCT ON (b.name) b.name, b.rate, b.burst, b.burst, b.per_call
-        FROM unnest(CAST($15 AS integer[]), CAST($16 AS text[]),
-                    CAST($17 AS double precision[]), CAST($18 AS integer[]),
-                    CAST($19 AS integer[]))
+        FROM unnest(CAST($16 AS integer[]), CAST($17 AS text[]),
+                    CAST($18 AS double precision[]), CAST($19 AS integer[]),
+                    CAST($20 AS integer[]))
              AS b(n, name, rate, burst, per_call)
         WHERE NOT EXISTS (SELECT 1 FROM existing e WHERE e.n = b.n)
           AND NOT EXISTS (SELECT 1 FROM scopes s WHERE s.name = b.name)
@@ -249,6 +251,8 @@ def delivery_params(delivery: Delivery) -> dict[str, Any]:
                                             h.policy.version) for h in hints],
         "scopes": hint_scopes,
         "delays": [h.delay_seconds for h in hints],
+        # where each item may be processed (service/config/regions.py)
+        "regions": [h.policy.region(h.tenant_id) for h in hints],
         "budget_scopes": scopes, "rates": [budgets[s][0] for s in scopes],
         "bursts": [budgets[s][1] for s in scopes],
         "per_call": [budgets[s][2] for s in scopes],

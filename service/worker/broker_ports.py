@@ -28,9 +28,9 @@ def broker_ports(engine: AsyncEngine, policies: Policies, upstreams: Upstreams,
                  broker: Broker, *, owner: str, prefetch: int, listen_url: str | None = None,
                  rng: random.Random | None = None, credentials: Credentials | None = None,
                  stores: Stores | None = None) -> Ports:
-    """The ports of a pool taking its items from `broker`'s deliveries."""
+    """The ports of a pool taking its items from `broker`'s deliveries (its region's)."""
     ports = database_ports(engine, policies, upstreams, owner=owner, listen_url=None, rng=rng,
-                           credentials=credentials, stores=stores)
+                           credentials=credentials, stores=stores, region=broker.region)
     ledger = ports.completion
     assert isinstance(ledger, PostgresLedger)
     delivered = DeliveredWork(broker, ledger, prefetch=prefetch, monotonic=ports.clock.monotonic,
@@ -53,4 +53,4 @@ def open_broker(settings: Settings) -> Broker | None:
     """The broker of SWEEPER_EXECUTION (None: database mode); it connects on first use."""
     if settings.execution is not Execution.RABBITMQ or settings.broker_url is None:
         return None
-    return RabbitBroker(settings.broker_url.get_secret_value())
+    return RabbitBroker(settings.broker_url.get_secret_value(), region=settings.region)

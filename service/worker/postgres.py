@@ -51,9 +51,10 @@ class PostgresLedger:
     """Admission, completion and scope signals for one pool (`owner`) on `engine`."""
 
     def __init__(self, engine: AsyncEngine, policies: Policies, *, owner: str,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, region: str | None = None) -> None:
         self.engine = engine
         self.owner = owner
+        self.region = region  # it claims only this region's items (None: the unpinned)
         self._rng = rng or random.Random()
         self._lease_seconds = {n: p.config.lease_seconds for n, p in policies.policies.items()}
         self._max_attempts = {n: p.config.max_attempts for n, p in policies.policies.items()}
@@ -84,13 +85,14 @@ class PostgresLedger:
 
     async def eligible_scopes(self, cursor: str, limit: int) -> list[tuple[str, int]]:
         async with self._on(self._admitting) as db:
-            return await buckets.eligible_scopes(db, cursor=cursor, limit=limit)
+            return await buckets.eligible_scopes(db, cursor=cursor, limit=limit,
+                                                 region=self.region)
 
     async def admit(self, wants: Mapping[str, int]) -> Admission:
         async with self._on(self._admitting) as db:
             return await claims.admit(db, owner=self.owner, wants=wants,
                                       lease_seconds=self._lease_seconds,
-                                      max_attempts=self._max_attempts)
+                                      max_attempts=self._max_attempts, region=self.region)
 
     async def database_time(self) -> float:
         return await buckets.database_time(self.engine)
@@ -102,11 +104,16 @@ class PostgresLedger:
         async with self._on(self._admitting) as db:
             return await claims.admit(db, owner=self.owner, wants=wants,
                                       lease_seconds=self._lease_seconds,
-                                      max_attempts=self._max_attempts, only=only)
+                                      max_attempts=self._max_attempts, only=only,
+                                      region=self.region)
 
     async def sort_delivered(self, item_ids: Sequence[int]) -> dict[int, Sorted]:
         async with self._on(self._admitting) as db:
-            return await sorting.sort(db, item_ids)
+            return await sorting.sort(db, item_ids, self.region)
+
+    async def reroute(self, item_ids: Sequence[int]) -> None:
+        async with self._on(self._admitting) as db:
+            await outbox.reroute(db, item_ids)
 
     async def end_dead(self, item_ids: Sequence[int], reason: str) -> list[int]:
         async with self._on(self._completing) as db:
@@ -116,7 +123,7 @@ class PostgresLedger:
 
     async def complete(self, batch: Sequence[Completion]) -> list[int]:
         async with self._on(self._completing) as db:
-            return await completions.complete(db, batch)
+            return await completions.complete(db, batch, region=self.region)
 
     async def hand_back(self, leases: Sequence[Lease], tokens: Sequence[int] | None = None
                         ) -> None:
@@ -215,11 +222,12 @@ class Listener:
 def database_ports(engine: AsyncEngine, policies: Policies, upstreams: Upstreams, *,
                    owner: str, listen_url: str | None = None,
                    rng: random.Random | None = None,
-                   credentials: Credentials | None = None, stores: Stores | None = None
-                   ) -> Ports:
+                   credentials: Credentials | None = None, stores: Stores | None = None,
+                   region: str | None = None) -> Ports:
     """The ports of a pool on this database, calling these upstreams with these tenants'
-    credentials and running store targets' statements on `stores`, on the real clock."""
-    ledger = PostgresLedger(engine, policies, owner=owner, rng=rng)
+    credentials and running store targets' statements on `stores`, on the real clock,
+    claiming `region`'s items (None: those of tenants pinned nowhere)."""
+    ledger = PostgresLedger(engine, policies, owner=owner, rng=rng, region=region)
     return Ports(admission=ledger, completion=ledger, signals=ledger,
                  calls=UpstreamCalls(upstreams, credentials, StoreTargets(stores, engine)
                                      if stores is not None else None), clock=SystemClock(),

@@ -27,7 +27,7 @@ from service.config.settings import Settings, plain_url
 from service.credentials import Keyring
 from service.db.engine import make_engine
 from service.execution.ports import Broker
-from service.ledger import tenant_spellings
+from service.ledger import region_pins, tenant_spellings
 from service.observability.metrics import POOL_WAIT, initialise_series
 from service.sweeps.store_databases import Stores
 from service.upstreams.deletion_api import Upstreams
@@ -46,22 +46,30 @@ def database_pool(engine: AsyncEngine, policies: Policies, upstreams: Upstreams,
                   grace_seconds: float = 20.0, name: str | None = None,
                   rng: random.Random | None = None, credentials: Credentials | None = None,
                   stores: Stores | None = None, broker: Broker | None = None,
-                  prefetch: int = 16) -> WorkerPool:
-    """A pool claiming from `engine`'s ledger (with `broker`: from among the items its
-    deliveries name, `prefetch` messages at most in hand) and calling `upstreams` with
+                  prefetch: int = 16, region: str | None = None) -> WorkerPool:
+    """A pool claiming `region`'s items (None: those of tenants pinned nowhere) from
+    `engine`'s ledger (with `broker`: from among the items its deliveries name, `prefetch`
+    messages at most in hand; the broker's region) and calling `upstreams` with
     `credentials` (default: the policies' sources; the API's store needs the keyring)."""
     name = name or worker_name()
     rng = rng or random.Random()
     if credentials is None:
         credentials = Credentials.of(policies, engine, None)
     ports = (database_ports(engine, policies, upstreams, owner=name, listen_url=listen_url,
-                            rng=rng, credentials=credentials, stores=stores)
+                            rng=rng, credentials=credentials, stores=stores, region=region)
              if broker is None else
              broker_ports(engine, policies, upstreams, broker, owner=name, prefetch=prefetch,
                           listen_url=listen_url, rng=rng, credentials=credentials,
                           stores=stores))
     return WorkerPool(ports, policies, concurrency=concurrency, name=name,
                       grace_seconds=grace_seconds, rng=rng)
+
+
+async def agree_with_policies(engine: AsyncEngine, policies: Policies) -> None:
+    """Before a pool's first claim: holds on an old tenant spelling cover its items, and
+    items stand in the regions their tenants are pinned to now."""
+    await tenant_spellings.reconcile(engine, policies)
+    await region_pins.reconcile(engine, policies.regions)
 
 
 @dataclass(frozen=True)
@@ -88,7 +96,8 @@ class WorkerProcess:
                                 credentials=self.credentials, stores=self.stores)
         return database_ports(self.engine, self.policies, self.upstreams, owner=self.name,
                               listen_url=self.listen_url, rng=self.rng,
-                              credentials=self.credentials, stores=self.stores)
+                              credentials=self.credentials, stores=self.stores,
+                              region=self.settings.region)
 
     def pool(self, ports: Ports) -> WorkerPool:
         """A pool of the settings' size on `ports`, owning leases as this process."""
@@ -110,9 +119,7 @@ class WorkerProcess:
         log.info("worker started", extra={"worker": pool.name,
                                           "concurrency": pool.concurrency})
         try:
-            # before the first claim: holds on an old tenant spelling cover its items
-            await pool.run(first=lambda: tenant_spellings.reconcile(self.engine,
-                                                                    self.policies))
+            await pool.run(first=lambda: agree_with_policies(self.engine, self.policies))
         finally:
             waits.cancel()
             with contextlib.suppress(asyncio.CancelledError):

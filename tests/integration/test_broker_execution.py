@@ -105,7 +105,7 @@ async def test_a_run_drains_through_the_broker_each_item_once(
     assert await queue_depth(broker, "dead") == 0
     assert {e: _messages(e) - before[e] for e in BrokerEvent} == {
         BrokerEvent.PUBLISHED: 3, BrokerEvent.SETTLED: 3, BrokerEvent.DEFERRED: 0,
-        BrokerEvent.DEAD: 0}
+        BrokerEvent.DEAD: 0, BrokerEvent.REROUTED: 0}
 
 
 def _messages(event: BrokerEvent) -> float:
@@ -139,7 +139,8 @@ async def test_a_batch_published_twice_is_called_once(
     await register(engine, policies, 60)
     await release_all(engine)
     waiting = await outbox.waiting(engine)
-    await broker.publish([w for kind, i, ids in waiting for w in works_of(kind, i, ids)])
+    await broker.publish([w for row in waiting for ids in row.by_region.values()
+                          for w in works_of(row.kind, row.row_id, ids)])
     assert await relay_once(engine, broker) == 2  # unmarked: handed over again
     assert await queue_depth(broker) == 4
     async with Running(engine, policies, broker) as pool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -163,33 +164,43 @@ async def test_hold_checks_probe_one_index_whatever_the_number_of_holds(
             "EXPLAIN " + str(ledger._REGISTER.text)), {
                 "tenants": "acme", "objects": "cart-new", "policies": "carts",
                 "versions": [1], "keys": "k" * 64, "scopes": "tenant:acme",
-                "dues": "2026-01-01T00:00:00Z"}))
+                "dues": "2026-01-01T00:00:00Z", "regions": ""}))
     admission = await plan_of_admission(engine, ["tenant:acme"])
     for plan in (registration, admission):
         assert "hold_objects_pkey" in plan, plan
         assert "Seq Scan on hold_objects" not in plan, plan
 
 
-async def test_a_generic_admission_plan_stops_at_its_limit_in_a_large_scope(
-        engine: AsyncEngine) -> None:
+@pytest.mark.parametrize("cache_mode", ["force_generic_plan", "force_custom_plan"])
+@pytest.mark.parametrize("region", [None, "eu"])
+async def test_an_admission_plan_stops_at_its_limit_in_a_large_scope(
+        engine: AsyncEngine, cache_mode: str, region: str | None) -> None:
     """The worker's admission runs as a prepared statement, whose plan turns generic after
     five runs: its hold checks must stay filters on the rows it reads in index order, never
-    joins that sort a scope's whole backlog (a 200,000-item scope took 300 ms a claim)."""
+    joins that sort a scope's whole backlog (a 200,000-item scope took 300 ms a claim). So
+    must its region's (a worker of no region's too, whose NULL the planner once took to
+    match no row), in a ledger where half the items are another region's."""
     policies = make_policies("http://127.0.0.1:9")
     await register(engine, policies, 5)
     await release_all(engine)
+    other = "us" if region is not None else "eu"
     async with engine.begin() as conn:
         await conn.execute(text("""
             INSERT INTO items (tenant_id, object_id, policy, policy_version, operation_key,
-                               scope, due_at, released_at)
-            SELECT 'acme', 'r-' || g, 'carts', 1, encode(sha256(('r' || g)::bytea), 'hex'),
-                   'tenant:acme', now() - interval '1 day', now()
-            FROM generate_series(1, 20000) g"""))
+                               scope, due_at, released_at, region)
+            SELECT t, 'r-' || g, 'carts', 1, encode(sha256((t || g)::bytea), 'hex'),
+                   'tenant:' || t, now() - interval '1 day', now(),
+                   CASE WHEN t = 'acme' THEN CAST(:mine AS text) ELSE :other END
+            FROM generate_series(1, 20000) g, unnest(ARRAY['acme', 'globex']) t"""),
+            {"mine": region, "other": other})
         await conn.execute(text("ANALYZE"))
+    statement, params = ((claims._ADMIT, admission_params(["tenant:acme"]))
+                         if region is None else
+                         (claims._ADMIT_IN_REGION,
+                          {**admission_params(["tenant:acme"]), "region": region}))
     async with engine.connect() as conn:
-        await conn.execute(text("SET plan_cache_mode = force_generic_plan"))
-        rows = await conn.execute(text("EXPLAIN " + str(claims._ADMIT.text)),
-                                  admission_params(["tenant:acme"]))
+        await conn.execute(text(f"SET plan_cache_mode = {cache_mode}"))
+        rows = await conn.execute(text("EXPLAIN " + str(statement.text)), params)
         plan = "\n".join(r[0] for r in rows)
         await conn.rollback()
     assert "Anti Join" not in plan, plan

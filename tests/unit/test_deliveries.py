@@ -56,6 +56,10 @@ class Broker:
     published: list[Work] = field(default_factory=list)
     delivery_limit: int = 11
     fail_defers: int = 0
+    region: str | None = None
+
+    def routed(self, region: str | None) -> Broker:
+        raise AssertionError("a worker publishes to its own region's queues only")
 
     def delay_for(self, seconds: float) -> float:
         return seconds
@@ -86,6 +90,7 @@ class Ledger:
     completed: list[int] = field(default_factory=list)
     dead: list[int] = field(default_factory=list)
     fence: set[int] = field(default_factory=set)  # completions refused (lease not theirs)
+    rerouted: list[int] = field(default_factory=list)
 
     async def sort_delivered(self, item_ids: Sequence[int]) -> dict[int, Sorted]:
         if self.down:
@@ -109,6 +114,11 @@ class Ledger:
     async def end_dead(self, item_ids: Sequence[int], reason: str) -> list[int]:
         self.dead += item_ids
         return []
+
+    async def reroute(self, item_ids: Sequence[int]) -> None:
+        if self.down:
+            raise OSError("database unavailable")
+        self.rerouted += item_ids
 
     async def complete(self, batch: Sequence[Completion]) -> list[int]:
         self.completed += [c.lease.item_id for c in batch]
@@ -186,6 +196,25 @@ async def test_items_not_claimable_now_go_back_to_the_broker_when_due() -> None:
     assert message.settled
     assert sorted((w.item_ids, s) for w, s in broker.deferred) == [
         ((1,), 4.0), ((2,), HELD_RECHECK_S), ((4,), 12.0)]
+
+
+async def test_another_regions_items_go_to_the_relay_and_are_never_admitted() -> None:
+    ledger = Ledger({1: ("s", Standing.ELSEWHERE, 0), 2: ("s", Standing.READY, 0)})
+    work, _ = _work(ledger, Broker(region="us"))
+    message = Message(Work.of("batch:1", [1, 2]))
+    work._deliver(message)
+    ledger.down = True  # the reroute not written: the message stays as it came, unsorted
+    with pytest.raises(OSError, match="database unavailable"):
+        await work.eligible_scopes("", 10)
+    assert not ledger.rerouted and not work.books.hands
+    ledger.down = False
+    assert await work.eligible_scopes("", 10) == [("s", 1)]
+    assert ledger.rerouted == [1]
+    admitted = await work.admit({"s": 2})
+    assert [x.item_id for x in admitted.leases] == [2]  # item 1 is not in hand
+    await work.complete([_done(admitted.leases[0])])
+    await work.settle_pending()
+    assert message.settled
 
 
 async def test_a_closed_scope_goes_back_and_the_other_goes_on() -> None:

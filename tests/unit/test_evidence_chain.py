@@ -243,9 +243,55 @@ def test_records_say_whether_a_read_confirmed_the_deletion_and_old_ones_read_as_
     for bad in ({**record(1), "confirmed": 1}, {**record(1), "confirmed": None}):
         with pytest.raises(deletion_records.RecordProblem):
             deletion_records.canonical(bad)
-    for bad_bytes in (data[:-1] + b"2", data[:-2], data.replace(b"record/2", b"record/3")):
+    for bad_bytes in (data[:-1] + b"2", data[:-2], data.replace(b"record/2", b"record/9")):
         with pytest.raises(deletion_records.RecordProblem):
             deletion_records.parse(bad_bytes)
+
+
+def regional_record(seq: int, region: str | None) -> dict[str, Any]:
+    """Entry `seq` in the record format written since regions (0029)."""
+    return {**confirmed_record(seq, False), "region": region}
+
+
+def test_records_say_where_the_deletion_was_made_and_older_ones_read_as_before() -> None:
+    # format 3: `region` last, a text, or nothing for a worker of no region; formats 1 and
+    # 2 (pinned above) are untouched
+    data = deletion_records.canonical(regional_record(1, "eu"))
+    assert data == (b"sweeper-evidence-record/3\n1\n7\n3:run\n4:acme\n6:cart-1\n5:carts\n1\n"
+                    b"64:" + b"k" * 64 + b"\n9:succeeded\n204\n1\n1796126400000000\n0\n2:eu")
+    unpinned = deletion_records.canonical(regional_record(1, None))
+    assert unpinned == data.removesuffix(b"2:eu")
+    for region in ("eu", None, ""):
+        assert deletion_records.parse(deletion_records.canonical(
+            regional_record(1, region))) == regional_record(1, region)
+    assert len({leaf(regional_record(1, r)) for r in ("eu", "us", None, "")} | {
+        leaf(confirmed_record(1, False))}) == 5
+    assert "region" not in deletion_records.parse(
+        deletion_records.canonical(confirmed_record(1, False)))
+    with pytest.raises(deletion_records.RecordProblem):
+        deletion_records.canonical(regional_record(1, 3))  # type: ignore[arg-type]
+    for bad_bytes in (data + b"\n", data[:-1], data.replace(b"2:eu", b"3:eu")):
+        with pytest.raises(deletion_records.RecordProblem):
+            deletion_records.parse(bad_bytes)
+
+
+def test_an_export_of_all_three_formats_verifies_and_a_changed_region_fails() -> None:
+    records = [record(1), confirmed_record(2, True), regional_record(3, "eu"),
+               regional_record(4, None)]
+    slices = Slices(SIGNER)
+    head = segment_hash(GENESIS, map(leaf, records))
+    segment = Segment(1, 4, records, head)
+    lines = [slices.checkpoint(GENESIS_CHECKPOINT),
+             *(slices.entry(n + 1, r) for n, r in enumerate(records)),
+             slices.segment(segment), slices.checkpoint(checkpoint(segment)),
+             slices.manifest(next_after=None, exported_at=AT)]
+    assert verify(lines, PUBLISHED).records == 4
+    assert json.loads(lines[3])["region"] == "eu" and json.loads(lines[4])["region"] is None
+    moved = [*lines]
+    moved[3] = lines[3].replace(b'"region":"eu"', b'"region":"us"')
+    assert moved[3] != lines[3]
+    assert "do not hash to their segment's stored hash" in failure(
+        [line.rstrip(b"\n") for line in moved]).reason
 
 
 def test_an_export_mixing_both_record_formats_verifies_and_a_flipped_flag_fails() -> None:

@@ -42,6 +42,7 @@ from service.ledger import (
     holds,
     item_selection,
     operator_reads,
+    region_pins,
     registration,
     tenant_spellings,
 )
@@ -57,7 +58,7 @@ MODULES = (claims, completions, buckets, gauges, scope_controls, publication, re
            object_deletions, chain, discovery, store_databases, store_targets, list_pages,
            operator_reads, sessions, statements, tenant_spellings, leader, progress, reports,
            trigger, wakeups, hold_acks, hold_marking, item_selection, receipts, minutes,
-           outbox, sorting)
+           outbox, sorting, region_pins)
 # Statements on a plain asyncpg connection, sent as `statement.text` (`$n` parameters):
 # webhook intake's receipts and wake-up (its own pool, one round trip per delivery) and
 # the embedded server's bootstrap (its admin database, before Sweeper's exists).
