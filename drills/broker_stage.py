@@ -73,7 +73,8 @@ class BrokerStage:
         engine = make_engine(async_url(self.stage.db_url),
                              Settings(database_url=self.stage.db_url, workers=0))
         relay = RabbitBroker(self.url)
-        task = asyncio.create_task(Relay(engine, relay).run(), name="drill-relay")
+        task = asyncio.create_task(Relay(engine, relay, regions=self.regions).run(),
+                                   name="drill-relay")
 
         async def stop() -> None:
             task.cancel()
@@ -82,9 +83,18 @@ class BrokerStage:
             await engine.dispose()
         self.stage.cleanups.append(stop)
 
+    @property
+    def regions(self) -> list[str | None]:
+        """The regions the drill's policies declare, and None (the tenants pinned nowhere)."""
+        declared = self.stage.policies.regions.names if self.stage.policies else ()
+        return [None, *sorted(declared)]
+
+    def _queues(self) -> list[str]:
+        return [name for region in self.regions for name in queue_names(region).values()]
+
     async def depths(self) -> dict[str, int]:
         """Messages ready in each of the drill's queues that holds any."""
-        return await queue_depths(self.url, queue_names(None).values())
+        return await queue_depths(self.url, self._queues())
 
     async def take_all(self) -> list[Work]:
         """Every message left in any queue, taken (acked) and read."""
@@ -92,7 +102,7 @@ class BrokerStage:
         connection = await aio_pika.connect(self.url, timeout=10)
         async with connection:
             channel = await connection.channel()
-            for name in queue_names(None).values():
+            for name in self._queues():
                 queue = await channel.declare_queue(name, passive=True)
                 while (message := await queue.get(fail=False, timeout=10)) is not None:
                     taken.append(Work.decode(message.body))

@@ -11,6 +11,7 @@ from drills import (
     intake,
     operations,
     partitions,
+    regions,
     slowness,
 )
 from drills.base import Drill
@@ -18,7 +19,7 @@ from drills.base import Drill
 DRILLS: list[Drill] = sorted(
     [*crashes.DRILLS, *answers.DRILLS, *operations.DRILLS, *database.DRILLS,
      *intake.DRILLS, *failover.DRILLS, *partitions.DRILLS, *slowness.DRILLS,
-     *brokers.DRILLS],
+     *brokers.DRILLS, *regions.DRILLS],
     key=lambda d: d.number)
 
 
