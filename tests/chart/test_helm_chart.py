@@ -37,7 +37,7 @@ import pytest
 from pydantic import ValidationError
 
 from service.config.execution import Execution, ExecutionSettings
-from service.config.policies import resolve_policies
+from service.config.policies import Policies, resolve_policies
 from service.config.settings import Settings
 
 try:
@@ -434,15 +434,49 @@ def test_policies_configmap_is_mounted_and_named(rendered: Rendered) -> None:
         assert len(annotations["checksum/policies"]) == 64
 
 
-def test_all_on_policies_load_in_sweeper(all_on: Rendered) -> None:
-    """The example policies are what Sweeper's own loader accepts."""
+def all_on_policies(all_on: Rendered) -> Policies:
+    """The all-on example's policies file as Sweeper's own loader reads it (every variable
+    it names set to a stand-in)."""
     class AnyEnv(dict[str, str]):
         def get(self, key: str, default: Any = None) -> str:  # type: ignore[override]
             return f"value-of-{key}"
 
     raw = tomllib.loads(all_on.get("ConfigMap", f"{FULLNAME}-policies")["data"]["policies.toml"])
-    policies = resolve_policies(raw, AnyEnv(), source="all-on-values.yaml")
+    return resolve_policies(raw, AnyEnv(), source="all-on-values.yaml")
+
+
+def test_all_on_policies_load_in_sweeper(all_on: Rendered) -> None:
+    """The example policies are what Sweeper's own loader accepts, and they declare the
+    example's region: a release of the example would start (start-up refuses a
+    SWEEPER_REGION the policies file does not declare)."""
+    policies = all_on_policies(all_on)
     assert "cart-retention" in policies.policies
+    region = all_on.values["region"]
+    assert region == "eu"
+    assert policies.regions.serving_problems(region) == []
+    # a tenant of the example's webhook (X-Shopify-Shop-Domain) is pinned to it
+    assert policies.regions.of_tenant("acme.myshopify.com") == region
+
+
+def test_all_on_pods_serve_the_declared_region(all_on: Rendered) -> None:
+    """The API and worker pods of the all-on example start with SWEEPER_REGION=eu, which its
+    policies file declares; the migration Job and the CronJob's trigger get no region."""
+    regions = all_on_policies(all_on).regions
+    containers = sweeper_containers(all_on)
+    assert sorted(containers) == sorted([API, WORKER, MIGRATE])
+    for name in (API, WORKER):
+        entries = [e for e in containers[name]["env"] if e["name"] == "SWEEPER_REGION"]
+        assert entries == [{"name": "SWEEPER_REGION", "value": "eu"}], name
+        # the value as the service's settings read it, declared by the example's file
+        region = ExecutionSettings(region=entries[0]["value"]).region
+        assert region == "eu", name
+        assert regions.serving_problems(region) == [], name
+    assert region_env(containers[MIGRATE]) is None
+    cron = all_on.get("CronJob", f"{FULLNAME}-run")
+    trigger = container(cron["spec"]["jobTemplate"]["spec"]["template"]["spec"], "trigger")
+    assert region_env(trigger) is None
+    if all_on.notes is not None:
+        assert 'Region "eu" (SWEEPER_REGION)' in all_on.notes
 
 
 def test_policies_change_rolls_the_pods(engine: HelmEngine, default: Rendered) -> None:
@@ -1203,13 +1237,13 @@ def region_env(c: Doc) -> Doc | None:
     return env_of(c).get("SWEEPER_REGION")
 
 
-def test_no_region_by_default(default: Rendered, all_on: Rendered) -> None:
-    """Unset: no SWEEPER_REGION in any container, so the workers serve the unpinned tenants."""
+def test_no_region_by_default(default: Rendered) -> None:
+    """Unset: no SWEEPER_REGION in any container, so the workers serve the unpinned tenants.
+    (The all-on example sets one: test_all_on_pods_serve_the_declared_region.)"""
     assert load_values(CHART / "values.yaml")["region"] == ""
-    for r in (default, all_on):
-        for owner, spec in r.pod_specs():
-            for c in [*spec["containers"], *spec.get("initContainers", [])]:
-                assert region_env(c) is None, owner
+    for owner, spec in default.pod_specs():
+        for c in [*spec["containers"], *spec.get("initContainers", [])]:
+            assert region_env(c) is None, owner
     assert default.notes is None or "SWEEPER_REGION" not in default.notes
 
 
