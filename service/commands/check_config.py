@@ -127,9 +127,11 @@ def _print_found(settings: Settings, policies: Policies, database: str,
 def checked_summary(policies: Policies) -> str:
     """What check-config found in the policies file, counted."""
     stores = f"{len(policies.stores)} store(s), " if policies.stores else ""
+    regions = (f", {len(policies.regions.names)} region(s) pinning "
+               f"{len(policies.regions.pins)} tenant(s)" if policies.regions.names else "")
     return (f"{len(policies.upstreams)} upstream(s), {stores}"
             f"{len(policies.policies)} policy(ies), "
-            f"{len(policies.webhooks)} webhook source(s) from {policies.source}")
+            f"{len(policies.webhooks)} webhook source(s){regions} from {policies.source}")
 
 
 def signing_said(settings: Settings) -> str:

@@ -7,6 +7,10 @@ is the file. The open items (pending, or skipped and so re-armable) of each tena
 region differs from its items' are moved, found by the spellings of tenant ids the ledger
 holds (a pin covers every spelling a host name shares: service/config/regions.py). A lease
 running on a moved item finishes where it started, once; its next claim is the region's.
+In broker mode the moved items that were released go to their new region's queues: each
+statement writes them to the outbox as a re-drive (`requeues`), since their messages wait
+in the old region's queues, which no worker may read any more (in database mode the row
+waits unread, as an operator's re-drive does).
 """
 
 from __future__ import annotations
@@ -38,29 +42,39 @@ _TENANTS = Statement("region_pins.tenants", (
     SELECT tenant_id FROM t WHERE tenant_id IS NOT NULL
 """)
 
+# The moved items that were released, handed to the relay as one re-drive (none: no row).
+_HAND_OVER: Final = """
+    handed AS (
+        INSERT INTO requeues (item_ids)
+        SELECT array_agg(id ORDER BY id) FROM moved
+        WHERE status = 'pending' AND released_at IS NOT NULL
+        HAVING count(*) > 0
+    )
+    SELECT count(*) AS n FROM moved"""
+
 # The open items of these tenant spellings (all pinned to :region) not in it yet.
 _PIN = Statement("region_pins.pin", (
-    "Move the open items of tenants pinned to a region into it."), f"""
+    "Move the open items of tenants pinned to a region into it, and hand the released "
+    "ones to the relay."), f"""
     WITH moved AS (
         UPDATE items i SET region = :region, updated_at = now()
         WHERE i.tenant_id = ANY(CAST(:tenants AS text[])) AND {_OPEN}
           AND i.region IS DISTINCT FROM CAST(:region AS text)
-        RETURNING 1
-    )
-    SELECT count(*) AS n FROM moved
-""")  # noqa: S608 - only a constant fragment is interpolated
+        RETURNING i.id, i.status, i.released_at
+    ),{_HAND_OVER}
+""")  # noqa: S608 - only constant fragments are interpolated
 
 # The open items pinned to a region whose tenant is pinned nowhere now (by items_pinned).
 _UNPIN = Statement("region_pins.unpin", (
-    "Release the open items of tenants no longer pinned to any region."), f"""
+    "Release the open items of tenants no longer pinned to any region, and hand the "
+    "released ones to the relay."), f"""
     WITH moved AS (
         UPDATE items i SET region = NULL, updated_at = now()
         WHERE i.region IS NOT NULL AND {_OPEN}
           AND NOT (i.tenant_id = ANY(CAST(:pinned AS text[])))
-        RETURNING 1
-    )
-    SELECT count(*) AS n FROM moved
-""")  # noqa: S608 - only a constant fragment is interpolated
+        RETURNING i.id, i.status, i.released_at
+    ),{_HAND_OVER}
+""")  # noqa: S608 - only constant fragments are interpolated
 
 
 async def reconcile(engine: AsyncEngine, regions: Regions) -> int:

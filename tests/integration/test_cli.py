@@ -49,6 +49,19 @@ def test_check_config_accepts_the_example() -> None:
     assert "3 policy(ies), 1 webhook source(s)" in result.stdout
 
 
+def test_check_config_names_a_region_the_file_does_not_declare(tmp_path: Path) -> None:
+    regional = tmp_path / "policies.toml"
+    regional.write_text(EXAMPLE.read_text() + '\n[regions]\neu = ["acme.myshopify.com"]\n')
+    env = {"SWEEPER_POLICIES_FILE": str(regional), **GOOD_ENV}
+    result = sweeper("check-config", env={**env, "SWEEPER_REGION": "eu"})
+    assert result.returncode == 0, result.stderr
+    assert "1 region(s) pinning 1 tenant(s)" in result.stdout
+    result = sweeper("check-config", env={**env, "SWEEPER_REGION": "us"})
+    assert_one_clean_line(result, 2, "SWEEPER_REGION=us", "(declared: eu)")
+    result = sweeper("worker", env={**env, "SWEEPER_REGION": "us"})
+    assert_one_clean_line(result, 2, "SWEEPER_REGION=us", "(declared: eu)")
+
+
 def test_malformed_policies_file(tmp_path: Path) -> None:
     bad = tmp_path / "policies.toml"
     bad.write_text(EXAMPLE.read_text().replace("max_attempts = 8", "max_attempts = 'eight'"))

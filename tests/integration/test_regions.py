@@ -205,6 +205,13 @@ async def test_items_pinned_after_their_message_was_sent_go_to_their_region(
     assert called(upstream) == {"initech": 10, "acme": 10, "globex": 10}
 
 
+async def requeued(engine: AsyncEngine) -> list[list[int]]:
+    """The re-drives waiting for the relay, oldest first."""
+    async with engine.connect() as conn:
+        return [list(r.item_ids) for r in (await conn.execute(text(
+            "SELECT item_ids FROM requeues WHERE enqueued_at IS NULL ORDER BY id"))).all()]
+
+
 async def test_a_changed_pin_moves_open_items_at_start(
         engine: AsyncEngine, upstream: FakeUpstream) -> None:
     await register(engine, regional_policies(upstream.base_url, regions={}), 2)
@@ -218,6 +225,7 @@ async def test_a_changed_pin_moves_open_items_at_start(
                                        ("ACME", "eu", "pending"): 1,
                                        ("globex", None, "pending"): 2,
                                        ("initech", "eu", "pending"): 2}
+    assert await requeued(engine) == []  # none released: no message waits anywhere
     assert await region_pins.reconcile(engine, moved.regions) == 0  # nothing left to move
     swapped = regional_policies(upstream.base_url, regions={"us": ["acme"]})
     assert await region_pins.reconcile(engine, swapped.regions) == 3
@@ -240,3 +248,25 @@ async def test_a_webhook_writes_its_items_with_their_region(
     assert await by_tenant(engine) == {("ACME", "eu", "pending"): 1,
                                        ("globex", "us", "pending"): 1,
                                        ("initech", None, "pending"): 1}
+
+
+async def test_a_regions_items_are_handed_on_when_it_is_dropped_from_the_file(
+        engine: AsyncEngine, broker: RabbitBroker, upstream: FakeUpstream) -> None:
+    """Published to eu's queues, then eu dropped from the file and no eu worker left to
+    read them: the start-up that unpins the items hands them to the relay, which sends
+    them to the unpinned tenants' queues."""
+    pinned = regional_policies(upstream.base_url, regions={"eu": ["acme"]})
+    await register(engine, pinned, 10)
+    await release_all(engine)
+    await relay_once(engine, broker)
+    assert (await queue_depths(AMQP_URL, [broker.routed("eu").names["work"]])) == {
+        broker.routed("eu").names["work"]: 1}
+    dropped = regional_policies(upstream.base_url, regions={})
+    assert await region_pins.reconcile(engine, dropped.regions) == 10
+    assert len(await requeued(engine)) == 1
+    await relay_once(engine, broker)
+    async with Workers(engine, dropped, None, broker):
+        await until("acme's items succeeded", succeeded(engine, "ACME", 10))
+        await until("initech's items succeeded", succeeded(engine, "initech", 10))
+        await until("globex's items succeeded", succeeded(engine, "globex", 10))
+    assert called(upstream) == {"acme": 10, "globex": 10, "initech": 10}
