@@ -64,7 +64,7 @@ ITEM_COLUMNS = ("id, tenant_id, object_id, policy, policy_version, operation_key
                 "attempts, released_at, batch_id, "
                 "last_outcome, last_status_code, last_started_at, last_error, dead_reason, "
                 "created_at, "
-                "updated_at, completed_at, hold_id")
+                "updated_at, completed_at, hold_id, region")
 
 
 _LIST = Statement("item_selection.list_items", (

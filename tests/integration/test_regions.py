@@ -22,7 +22,8 @@ from service.evidence import deletion_records
 from service.execution import outbox
 from service.execution.rabbitmq import RabbitBroker
 from service.execution.relay import relay_once
-from service.ledger import region_pins, registration
+from service.ledger import item_selection, region_pins, registration
+from service.ledger.item_selection import ItemFilter
 from service.upstreams.deletion_api import Upstreams
 from service.webhooks import receipts
 from service.webhooks.deliveries import Delivery, Hint
@@ -137,6 +138,9 @@ async def test_items_are_written_with_their_tenants_region(
     assert await by_tenant(engine) == {("ACME", "eu", "pending"): 3,
                                        ("globex", "us", "pending"): 3,
                                        ("initech", None, "pending"): 3}
+    page = await item_selection.list_items(engine, status=None, item_filter=ItemFilter(),
+                                           after=0, limit=10)
+    assert {(item["tenant_id"], item["region"]) for item in page} == set(TENANTS.items())
 
 
 async def drain_by_region(engine: AsyncEngine, policies: Policies, upstream: FakeUpstream,

@@ -222,6 +222,9 @@ class ItemOut(BaseModel):
     completed_at: datetime | None
     hold_id: int | None = Field(description=(
         "the legal hold that keeps it from being deleted (GET /v1/holds/{id}); null: none"))
+    region: str | None = Field(default=None, description=(
+        "the region whose workers alone may process it (its tenant's pin in the policies "
+        "file's [regions]); null: its tenant is pinned to none"))
 
 
 class ItemPage(BaseModel):
