@@ -147,7 +147,9 @@ class Background:
                              broker=runtime.broker, prefetch=settings.broker_prefetch,
                              region=settings.region)
         workers = asyncio.create_task(pool.run(
-            first=lambda: agree_with_policies(engine, policies)), name="workers")
+            first=lambda: agree_with_policies(engine, policies,
+                                              broker=runtime.broker is not None)),
+            name="workers")
         # always: a scope paused before the policies file changed must resume too
         waits = asyncio.create_task(waiting_loop(
             engine, policies, runtime.tenant_credentials, runtime.stores), name="waits")

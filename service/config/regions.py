@@ -12,9 +12,12 @@ a spelling are refused.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Final
 
 from service.config.tenants import host_form
@@ -40,6 +43,9 @@ def tenant_problem(tenant_id: str) -> str | None:
         return f"a tenant id is 1-{MAX_TENANT_CHARS} characters"
     if _CONTROL.search(tenant_id):
         return "a tenant id holds no control character"
+    if tenant_id != tenant_id.strip():
+        # a typo that would pin a tenant nobody registers, and leave the real one unpinned
+        return "a tenant id neither starts nor ends with a space"
     return None
 
 
@@ -75,6 +81,11 @@ class Regions:
                 written.setdefault(key, tenant)
         names = frozenset(r for r in declared if region_problem(r) is None)
         return cls(pins=pins, names=names), problems
+
+    @cached_property
+    def digest(self) -> str:
+        """A digest of the pins: the ledger records the last it moved items to."""
+        return hashlib.sha256(json.dumps(sorted(self.pins.items())).encode()).hexdigest()
 
     def of_tenant(self, tenant_id: str) -> str | None:
         """The region `tenant_id` is pinned to, in any of its spellings (None: none)."""

@@ -303,6 +303,15 @@ operator_actions = Table(
     Column("details", JSONB, nullable=False),
 )
 
+# the pins items were last moved to (migration 0029: service/ledger/region_pins.py)
+region_pins = Table(
+    "region_pins",
+    metadata,
+    Column("id", SmallInteger, primary_key=True),
+    Column("digest", Text, nullable=False),
+    _ts("applied_at"),
+)
+
 control = Table(
     "control",
     metadata,

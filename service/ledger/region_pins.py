@@ -1,32 +1,38 @@
-"""Items re-pinned when the policies file's regions change, at start-up (every process that
-runs workers, before its first claim), so an item registered before its tenant was pinned
-is never processed outside the region it is pinned to now.
+"""Items kept in the regions the policies file pins their tenants to (service/config/
+regions.py), whatever wrote them and whenever the file changed.
 
-Items are written with their tenant's region (registration, webhooks); what changes later
-is the file. The open items (pending, or skipped and so re-armable) of each tenant whose
-region differs from its items' are moved, found by the spellings of tenant ids the ledger
-holds (a pin covers every spelling a host name shares: service/config/regions.py). A lease
-running on a moved item finishes where it started, once; its next claim is the region's.
-In broker mode the moved items that were released go to their new region's queues: each
-statement writes them to the outbox as a re-drive (`requeues`), since their messages wait
-in the old region's queues, which no worker may read any more (in database mode the row
-waits unread, as an operator's re-drive does).
+- At start-up (every process that runs workers, before its first claim) each item of a
+  tenant whose region changed since the pins last applied is moved (`reconcile`), whatever
+  its status, so a later re-drive or re-arm keeps to the pins too; skipped when the pins
+  are those applied last (their digest is in `region_pins`). Moved items that were
+  released go to their new region's queues in broker mode: their messages wait in the old
+  region's, which no worker may read any more.
+- At every claim the worker compares each lease's tenant with its own file
+  (`service/worker/postgres.py`): an item written by a process with another file (a
+  rollout in progress), or moved since it was claimed, is never called outside its
+  tenant's region: its lease is handed back and its region corrected (`correct`).
+
+A lease running on a moved item finishes where it started, once: that worker's file
+pinned the tenant to its region when it claimed it.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import Final
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config.regions import Regions
-from service.db.statements import Statement, fetch
+from service.db.statements import Database, Statement, fetch, fetch_none
+from service.ledger.claims import Lease
 
 log = logging.getLogger(__name__)
 
-_OPEN: Final = "i.status IN ('pending', 'skipped')"  # items_pinned's predicate, with region
+HAND_OVER_CHUNK: Final = 10_000  # item ids per re-drive row the relay publishes
+MISPLACED_DELAY_S: Final = 5  # an item corrected at its claim waits this long (a rollout)
 
 # Every tenant id the ledger holds, one index probe each on items_obligation (which leads
 # with the tenant): a loose index scan, as PostgreSQL 15 has no skip scan of its own.
@@ -42,58 +48,107 @@ _TENANTS = Statement("region_pins.tenants", (
     SELECT tenant_id FROM t WHERE tenant_id IS NOT NULL
 """)
 
-# The moved items that were released, handed to the relay as one re-drive (none: no row).
-_HAND_OVER: Final = """
+# The same, of the tenants with items in some region (by items_pinned).
+_PINNED_TENANTS = Statement("region_pins.pinned_tenants", (
+    "Every distinct tenant id with items in a region, by a loose scan of items_pinned."), """
+    WITH RECURSIVE t AS (
+        (SELECT tenant_id FROM items WHERE region IS NOT NULL ORDER BY tenant_id LIMIT 1)
+        UNION ALL
+        SELECT (SELECT i.tenant_id FROM items i
+                WHERE i.region IS NOT NULL AND i.tenant_id > t.tenant_id
+                ORDER BY i.tenant_id LIMIT 1)
+        FROM t WHERE t.tenant_id IS NOT NULL
+    )
+    SELECT tenant_id FROM t WHERE tenant_id IS NOT NULL
+""")
+
+# The moved items that were released and are pending, handed to the relay as re-drives of
+# HAND_OVER_CHUNK ids at most (:hand_over: broker mode; none: no row).
+_HAND_OVER: Final = f"""
     handed AS (
         INSERT INTO requeues (item_ids)
-        SELECT array_agg(id ORDER BY id) FROM moved
-        WHERE status = 'pending' AND released_at IS NOT NULL
-        HAVING count(*) > 0
+        SELECT array_agg(id ORDER BY id) FROM (
+            SELECT id, (row_number() OVER (ORDER BY id) - 1) / {HAND_OVER_CHUNK} AS chunk
+            FROM moved
+            WHERE CAST(:hand_over AS boolean) AND status = 'pending'
+              AND released_at IS NOT NULL
+        ) c
+        GROUP BY chunk
     )
-    SELECT count(*) AS n FROM moved"""
+    SELECT count(*) AS n FROM moved"""  # noqa: S608 - only a constant is interpolated
 
-# The open items of these tenant spellings (all pinned to :region) not in it yet.
-_PIN = Statement("region_pins.pin", (
-    "Move the open items of tenants pinned to a region into it, and hand the released "
-    "ones to the relay."), f"""
+# Every item of these tenant spellings (all pinned to :region, or to none) not in it yet.
+_MOVE = Statement("region_pins.move", (
+    "Move every item of these tenants into a region (or none), and hand the released "
+    "pending ones to the relay."), f"""
     WITH moved AS (
-        UPDATE items i SET region = :region, updated_at = now()
-        WHERE i.tenant_id = ANY(CAST(:tenants AS text[])) AND {_OPEN}
+        UPDATE items i SET region = CAST(:region AS text), updated_at = now()
+        WHERE i.tenant_id = ANY(CAST(:tenants AS text[]))
           AND i.region IS DISTINCT FROM CAST(:region AS text)
         RETURNING i.id, i.status, i.released_at
     ),{_HAND_OVER}
 """)  # noqa: S608 - only constant fragments are interpolated
 
-# The open items pinned to a region whose tenant is pinned nowhere now (by items_pinned).
-_UNPIN = Statement("region_pins.unpin", (
-    "Release the open items of tenants no longer pinned to any region, and hand the "
-    "released ones to the relay."), f"""
-    WITH moved AS (
-        UPDATE items i SET region = NULL, updated_at = now()
-        WHERE i.region IS NOT NULL AND {_OPEN}
-          AND NOT (i.tenant_id = ANY(CAST(:pinned AS text[])))
-        RETURNING i.id, i.status, i.released_at
-    ),{_HAND_OVER}
-""")  # noqa: S608 - only constant fragments are interpolated
+_APPLIED = Statement("region_pins.applied", (
+    "The digest of the pins the ledger's items were last moved to."),
+    "SELECT digest FROM region_pins WHERE id = 1")
+_RECORD = Statement("region_pins.record", "Record the pins the items were moved to.", """
+    INSERT INTO region_pins (id, digest, applied_at) VALUES (1, :digest, now())
+    ON CONFLICT (id) DO UPDATE SET digest = EXCLUDED.digest, applied_at = EXCLUDED.applied_at
+""")
+
+# Leases claimed by a worker whose file pins their tenant elsewhere: the item takes that
+# region (fenced on the lease; the caller hands the lease back) and waits a little, so two
+# files that disagree during a rollout pass it back and forth slowly, never call it.
+_CORRECT = Statement("region_pins.correct", (
+    "Give items claimed outside their tenant's region that region, fenced on the lease."),
+    f"""
+    UPDATE items i
+    SET region = r.region, updated_at = now(),
+        next_attempt_at = greatest(i.next_attempt_at,
+                                   now() + interval '{MISPLACED_DELAY_S} seconds')
+    FROM unnest(CAST(:ids AS bigint[]), CAST(:tokens AS uuid[]), CAST(:regions AS text[]))
+         AS r(id, token, region)
+    WHERE i.id = r.id AND i.lease_token = r.token
+""")  # noqa: S608 - only a constant is interpolated
 
 
-async def reconcile(engine: AsyncEngine, regions: Regions) -> int:
-    """Move each open item into its tenant's region as `regions` pins it now; the number
-    of items moved."""
-    by_region: defaultdict[str, list[str]] = defaultdict(list)
+async def reconcile(engine: AsyncEngine, regions: Regions, *, hand_over: bool) -> int:
+    """Move every item into its tenant's region as `regions` pins it, unless these pins
+    were applied last; released pending items moved are handed to the relay when
+    `hand_over` (broker mode). The number of items moved."""
+    applied = await fetch(engine, _APPLIED, {})
+    if applied and applied[0].digest == regions.digest:
+        return 0
+    by_region: defaultdict[str | None, list[str]] = defaultdict(list)
     if regions.pins:
         for row in await fetch(engine, _TENANTS, {}):
-            region = regions.of_tenant(row.tenant_id)
-            if region is not None:
+            if (region := regions.of_tenant(row.tenant_id)) is not None:
                 by_region[region].append(row.tenant_id)
+    # unpinned by name, never as "not seen above": a tenant first written since is written
+    # with its region already, and must keep it
+    for row in await fetch(engine, _PINNED_TENANTS, {}):
+        if regions.of_tenant(row.tenant_id) is None:
+            by_region[None].append(row.tenant_id)
     moved = 0
-    for region, tenants in sorted(by_region.items()):
-        [row] = await fetch(engine, _PIN, {"region": region, "tenants": tenants})
+    for region, tenants in sorted(by_region.items(), key=lambda r: r[0] or ""):
+        [row] = await fetch(engine, _MOVE, {"region": region, "tenants": tenants,
+                                            "hand_over": hand_over})
         moved += int(row.n)
-    pinned = [tenant for tenants in by_region.values() for tenant in tenants]
-    [row] = await fetch(engine, _UNPIN, {"pinned": pinned})
-    moved += int(row.n)
+    await fetch_none(engine, _RECORD, {"digest": regions.digest})
     if moved:
-        log.warning("open items moved to the regions their tenants are pinned to now",
+        log.warning("items moved to the regions their tenants are pinned to now",
                     extra={"items": moved})
     return moved
+
+
+async def correct(db: Database, misplaced: Sequence[tuple[Lease, str | None]]) -> None:
+    """Give each leased item the region its tenant is pinned to (`(lease, region)`), if
+    its lease is still this one; the caller hands the leases back."""
+    if misplaced:
+        await fetch_none(db, _CORRECT, {"ids": [lease.item_id for lease, _ in misplaced],
+                                        "tokens": [lease.lease_token for lease, _ in misplaced],
+                                        "regions": [region for _, region in misplaced]})
+        log.warning("items claimed outside their tenants' regions were handed back (the "
+                    "processes' policies files disagree on [regions])",
+                    extra={"items": len(misplaced)})

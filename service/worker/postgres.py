@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import random
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -28,7 +29,7 @@ from service.execution import outbox, sorting
 from service.execution.sorting import Sorted
 from service.history import minutes
 from service.history.tally import Tally
-from service.ledger import claims, completions, hold_acks
+from service.ledger import claims, completions, hold_acks, region_pins
 from service.ledger.claims import Admission, Lease
 from service.ledger.completions import Completion
 from service.observability.failures import InternalErrors, expected
@@ -55,6 +56,7 @@ class PostgresLedger:
         self.engine = engine
         self.owner = owner
         self.region = region  # it claims only this region's items (None: the unpinned)
+        self._regions = policies.regions
         self._rng = rng or random.Random()
         self._lease_seconds = {n: p.config.lease_seconds for n, p in policies.policies.items()}
         self._max_attempts = {n: p.config.max_attempts for n, p in policies.policies.items()}
@@ -90,9 +92,25 @@ class PostgresLedger:
 
     async def admit(self, wants: Mapping[str, int]) -> Admission:
         async with self._on(self._admitting) as db:
-            return await claims.admit(db, owner=self.owner, wants=wants,
-                                      lease_seconds=self._lease_seconds,
-                                      max_attempts=self._max_attempts, region=self.region)
+            return await self._in_region(db, await claims.admit(
+                db, owner=self.owner, wants=wants, lease_seconds=self._lease_seconds,
+                max_attempts=self._max_attempts, region=self.region))
+
+    async def _in_region(self, db: Database, admitted: Admission) -> Admission:
+        """The admission less the leases whose tenant this process's file pins to another
+        region than its own (an item written under another file): handed back, their
+        region corrected (service/ledger/region_pins.py). Never called here."""
+        if not admitted.leases or (self.region is None and not self._regions.pins):
+            return admitted
+        misplaced = [(lease, region) for lease in admitted.leases
+                     if (region := self._regions.of_tenant(lease.tenant_id)) != self.region]
+        if not misplaced:
+            return admitted
+        await region_pins.correct(db, misplaced)
+        await claims.hand_back(db, [lease for lease, _ in misplaced])
+        gone = {lease.item_id for lease, _ in misplaced}
+        return dataclasses.replace(admitted, leases=[
+            lease for lease in admitted.leases if lease.item_id not in gone])
 
     async def database_time(self) -> float:
         return await buckets.database_time(self.engine)
@@ -102,10 +120,9 @@ class PostgresLedger:
     async def admit_delivered(self, wants: Mapping[str, int],
                               only: Sequence[tuple[int, str]]) -> Admission:
         async with self._on(self._admitting) as db:
-            return await claims.admit(db, owner=self.owner, wants=wants,
-                                      lease_seconds=self._lease_seconds,
-                                      max_attempts=self._max_attempts, only=only,
-                                      region=self.region)
+            return await self._in_region(db, await claims.admit(
+                db, owner=self.owner, wants=wants, lease_seconds=self._lease_seconds,
+                max_attempts=self._max_attempts, only=only, region=self.region))
 
     async def sort_delivered(self, item_ids: Sequence[int]) -> dict[int, Sorted]:
         async with self._on(self._admitting) as db:

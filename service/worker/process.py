@@ -65,11 +65,13 @@ def database_pool(engine: AsyncEngine, policies: Policies, upstreams: Upstreams,
                       grace_seconds=grace_seconds, rng=rng)
 
 
-async def agree_with_policies(engine: AsyncEngine, policies: Policies) -> None:
+async def agree_with_policies(engine: AsyncEngine, policies: Policies, *,
+                              broker: bool) -> None:
     """Before a pool's first claim: holds on an old tenant spelling cover its items, and
-    items stand in the regions their tenants are pinned to now."""
+    items stand in the regions their tenants are pinned to now (with `broker`, the
+    released ones moved handed to the relay for their new region's queues)."""
     await tenant_spellings.reconcile(engine, policies)
-    await region_pins.reconcile(engine, policies.regions)
+    await region_pins.reconcile(engine, policies.regions, hand_over=broker)
 
 
 @dataclass(frozen=True)
@@ -119,7 +121,8 @@ class WorkerProcess:
         log.info("worker started", extra={"worker": pool.name,
                                           "concurrency": pool.concurrency})
         try:
-            await pool.run(first=lambda: agree_with_policies(self.engine, self.policies))
+            await pool.run(first=lambda: agree_with_policies(
+                self.engine, self.policies, broker=self.broker is not None))
         finally:
             waits.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -109,14 +109,15 @@ class Workers:
                  broker: RabbitBroker | None = None) -> None:
         self.engine, self.policies = engine, policies
         self.upstreams = Upstreams(policies.upstreams)
+        self.broker = broker is not None
         self.pool = database_pool(engine, policies, self.upstreams, concurrency=8,
                                   region=region, prefetch=4,
                                   broker=None if broker is None else broker.routed(region))
         self.task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Workers:
-        self.task = asyncio.create_task(self.pool.run(
-            first=lambda: agree_with_policies(self.engine, self.policies)))
+        self.task = asyncio.create_task(self.pool.run(first=lambda: agree_with_policies(
+            self.engine, self.policies, broker=self.broker)))
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -216,27 +217,57 @@ async def requeued(engine: AsyncEngine) -> list[list[int]]:
             "SELECT item_ids FROM requeues WHERE enqueued_at IS NULL ORDER BY id"))).all()]
 
 
-async def test_a_changed_pin_moves_open_items_at_start(
+async def test_a_changed_pin_moves_every_item_at_start(
         engine: AsyncEngine, upstream: FakeUpstream) -> None:
     await register(engine, regional_policies(upstream.base_url, regions={}), 2)
-    async with engine.begin() as conn:  # one of acme's already deleted: it stays as it was
+    async with engine.begin() as conn:  # deleted already: a re-drive would keep the pin too
         await conn.execute(text(
             "UPDATE items SET status = 'succeeded', completed_at = now() "
             "WHERE object_id = 'acme-0'"))
     moved = regional_policies(upstream.base_url, regions={"eu": ["acme", "INITECH"]})
-    assert await region_pins.reconcile(engine, moved.regions) == 3
-    assert await by_tenant(engine) == {("ACME", None, "succeeded"): 1,
+    assert await region_pins.reconcile(engine, moved.regions, hand_over=True) == 4
+    assert await by_tenant(engine) == {("ACME", "eu", "succeeded"): 1,
                                        ("ACME", "eu", "pending"): 1,
                                        ("globex", None, "pending"): 2,
                                        ("initech", "eu", "pending"): 2}
     assert await requeued(engine) == []  # none released: no message waits anywhere
-    assert await region_pins.reconcile(engine, moved.regions) == 0  # nothing left to move
+    async with engine.begin() as conn:  # written since by a process with another file
+        await conn.execute(text("UPDATE items SET region = NULL WHERE object_id = 'acme-1'"))
+    # the same pins again: applied already, nothing read (the claims correct that item)
+    assert await region_pins.reconcile(engine, moved.regions, hand_over=True) == 0
     swapped = regional_policies(upstream.base_url, regions={"us": ["acme"]})
-    assert await region_pins.reconcile(engine, swapped.regions) == 3
-    assert await by_tenant(engine) == {("ACME", None, "succeeded"): 1,
+    assert await region_pins.reconcile(engine, swapped.regions, hand_over=True) == 4
+    assert await by_tenant(engine) == {("ACME", "us", "succeeded"): 1,
                                        ("ACME", "us", "pending"): 1,
                                        ("globex", None, "pending"): 2,
                                        ("initech", None, "pending"): 2}
+
+
+async def test_a_worker_never_calls_an_item_its_file_pins_elsewhere(
+        engine: AsyncEngine, upstream: FakeUpstream) -> None:
+    """Items written by processes with a file that pinned nothing (a rollout in progress),
+    after the new pins were applied: a worker of no region claims them, hands back those
+    its own file pins to eu or us, and gives them that region; their region's workers
+    delete them."""
+    await register(engine, regional_policies(upstream.base_url, regions={}), 10)
+    await release_all(engine)
+    pinned = regional_policies(upstream.base_url)
+    async with engine.begin() as conn:
+        await conn.execute(text("INSERT INTO region_pins VALUES (1, :digest, now())"),
+                           {"digest": pinned.regions.digest})
+    async with Workers(engine, pinned, None):
+        await until("initech's items succeeded", succeeded(engine, "initech", 10))
+
+        async def corrected() -> bool:
+            found = await by_tenant(engine)
+            return found.get(("ACME", "eu", "pending")) == found.get(
+                ("globex", "us", "pending")) == 10
+        await until("the others' items given their regions", corrected)
+    assert called(upstream) == {"initech": 10}
+    async with Workers(engine, pinned, "eu"), Workers(engine, pinned, "us"):
+        await until("acme's items succeeded", succeeded(engine, "ACME", 10))
+        await until("globex's items succeeded", succeeded(engine, "globex", 10))
+    assert called(upstream) == {"initech": 10, "acme": 10, "globex": 10}
 
 
 async def test_a_webhook_writes_its_items_with_their_region(
@@ -266,7 +297,7 @@ async def test_a_regions_items_are_handed_on_when_it_is_dropped_from_the_file(
     assert (await queue_depths(AMQP_URL, [broker.routed("eu").names["work"]])) == {
         broker.routed("eu").names["work"]: 1}
     dropped = regional_policies(upstream.base_url, regions={})
-    assert await region_pins.reconcile(engine, dropped.regions) == 10
+    assert await region_pins.reconcile(engine, dropped.regions, hand_over=True) == 10
     assert len(await requeued(engine)) == 1
     await relay_once(engine, broker)
     async with Workers(engine, dropped, None, broker):

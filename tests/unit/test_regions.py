@@ -43,12 +43,14 @@ def test_plain_region_names_are_taken(name: str) -> None:
 def test_every_problem_of_the_regions_table_is_listed_with_its_key() -> None:
     with pytest.raises(ConfigError) as caught:
         policies_from({"upstreams": UPSTREAMS, "regions": {
-            "EU": ["acme"], "eu": ["Globex", "bad\u0007id", ""], "us": ["globex."],
+            "EU": ["acme"], "eu": ["Globex", "bad\u0007id", "", "initech "],
+            "us": ["globex."],
             "ap": ["x" * 513]}})
     problems = "\n".join(caught.value.problems)
     assert "regions.EU: a region's name is" in problems
     assert "regions.eu: a tenant id holds no control character" in problems
     assert "regions.eu: a tenant id is 1-512 characters" in problems
+    assert "regions.eu: a tenant id neither starts nor ends with a space" in problems
     assert "regions.ap: a tenant id is 1-512 characters" in problems
     assert ("regions.us: tenant 'globex.' is pinned to region 'eu' too (as 'Globex'); "
             "a tenant has one region") in problems
@@ -65,3 +67,10 @@ def test_a_process_serves_only_a_declared_region() -> None:
         "SWEEPER_REGION=ap names a region the policies file does not declare in [regions] "
         "(declared: eu, us)"]
     assert "(declared: none)" in policies_from({}).regions.serving_problems("eu")[0]
+
+
+def test_the_digest_names_the_pins_not_how_they_were_written() -> None:
+    one, _ = Regions.of({"eu": ["Acme", "globex"], "us": []})
+    same, _ = Regions.of({"eu": ["globex", "acme."]})
+    moved, _ = Regions.of({"us": ["acme", "globex"]})
+    assert one.digest == same.digest != moved.digest != Regions().digest
