@@ -52,7 +52,7 @@ APPEND_SEGMENT = f"""
         SELECT i.id AS item_id, b.run_id, 'run' AS released_by, i.tenant_id, i.object_id,
                i.policy, i.policy_version, i.operation_key, i.last_outcome AS outcome,
                i.last_status_code AS upstream_status, i.attempts, i.completed_at,
-               false AS confirmed
+               false AS confirmed, CAST(NULL AS text) AS region
         FROM items i JOIN batches b ON b.id = i.batch_id
         WHERE i.status = 'succeeded' AND i.id > $1 AND i.id <= $2
     ),
@@ -221,7 +221,8 @@ async def test_a_complete_read_has_every_record_once_in_id_order(
     assert [r["item_id"] for r in records] == expected  # pages of 1,000: many seams crossed
     assert set(records[0]) == {"item_id", "tenant_id", "object_id", "policy", "policy_version",
                                "operation_key", "outcome", "upstream_status", "attempts",
-                               "completed_at", "run_id", "released_by", "confirmed", "seq"}
+                               "completed_at", "run_id", "released_by", "confirmed", "region",
+                               "seq"}
     assert json.loads(response.content.splitlines()[-1])["manifest"]["records"] == len(expected)
     # the spans of the log that hold the run's entries, each between checkpoints, verify
     verified = verification.verify(response.content.splitlines(keepends=True), [PUBLIC])

@@ -58,6 +58,9 @@ class EntryLine(_Line):
     confirmed: bool | None = Field(default=None, description=(
         "a confirmation read found the object gone (records written since format 2; absent "
         "in older ones)"))
+    region: str | None = Field(default=None, description=(
+        "the region of the worker that completed the deletion, null for a worker of no "
+        "region (records written since format 3; absent in older ones)"))
 
 
 class LeafLine(_Line):
