@@ -2,7 +2,8 @@
 policies file (its schema and its resolution), request templates, answer rules, list requests,
 store statement text, tenant spellings, API tokens and the evidence signing keys.
 
-- process: `settings` (SWEEPER_*), `tokens` (API tokens and roles), `signing_keys`;
+- process: `settings` (SWEEPER_*; the execution fields in `execution`), `tokens` (API
+  tokens and roles), `signing_keys`;
 - the policies file as written: `policy_file` (its tables and keys), `policy_tables` (a
   policy's cost, backoff, batch and confirm tables), `file_entries` (each entry validated on
   its own, and the names entries give one another);
@@ -13,7 +14,7 @@ store statement text, tenant spellings, API tokens and the evidence signing keys
   host an item's ids may make), `body_templates` (JSON bodies), `request_templates` (the
   deletion call), `list_sources` (the list call), `answer_rules` (how an answer is read);
 - `store_statements` (a store's SQL, from its text alone), `tenants` (a tenant id's one
-  spelling as a host).
+  spelling as a host), `regions` (the tenants pinned to each region).
 
 Imports only `protocols`, `errors` and `outcomes`: nothing here touches the database.
 """
