@@ -115,11 +115,22 @@ async def sql(engine: AsyncEngine, *statements: str) -> None:
 
 
 # An edit of stored bytes in place: entry 3's object id (same length, so still well formed).
-EDIT_ENTRY_3 = """
-    UPDATE evidence_log SET records = decode(replace(encode(records, 'hex'),
-        encode(convert_to('cart-2', 'UTF8'), 'hex'), encode(convert_to('cart-9', 'UTF8'), 'hex')),
-        'hex')
-    WHERE seq_start <= 3 AND seq_end >= 3"""
+async def edit_entry_3(engine: AsyncEngine) -> None:
+    """Entry 3's object id changed in place, in its canonical form and length, its
+    segment's hash left as it was. (Entry 3 is whichever item completed third: a 'cart-2'
+    replaced in its segment's bytes missed it whenever completions ran in another order.)"""
+    async with engine.begin() as conn:
+        row = (await conn.execute(text(
+            "SELECT seq_start, records FROM evidence_log"
+            " WHERE seq_start <= 3 AND seq_end >= 3"))).one()
+        records = deletion_records.frames(bytes(row.records))
+        entry = deletion_records.parse(records[3 - row.seq_start])
+        other = entry["object_id"][:-1] + ("8" if entry["object_id"].endswith("9") else "9")
+        records[3 - row.seq_start] = deletion_records.canonical({**entry, "object_id": other})
+        await conn.execute(text(
+            "UPDATE evidence_log SET records = :records WHERE seq_start = :start"),
+            {"records": b"".join(len(r).to_bytes(4, "big") + r for r in records),
+             "start": row.seq_start})
 
 
 async def stored_segments(engine: AsyncEngine) -> list[list[bytes]]:
@@ -155,7 +166,7 @@ async def rewrite_log(engine: AsyncEngine, segments: list[list[bytes]]) -> None:
 
 async def edited_and_rehashed(engine: AsyncEngine) -> None:
     """Entry 3's object id changed, and the log re-chained after it."""
-    await sql(engine, EDIT_ENTRY_3)
+    await edit_entry_3(engine)
     await rewrite_log(engine, await stored_segments(engine))
 
 
@@ -218,7 +229,7 @@ async def test_a_row_changed_in_sql_is_caught(logged: Setup, tamper: str,
             "SELECT seq_start, seq_end FROM evidence_log"
             " WHERE seq_start <= 3 AND seq_end >= 3"))).one()
     if tamper == "edited":
-        await sql(engine, EDIT_ENTRY_3)
+        await edit_entry_3(engine)
     elif tamper == "edited-and-rehashed":
         await edited_and_rehashed(engine)
     elif tamper == "deleted":
