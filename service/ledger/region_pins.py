@@ -32,6 +32,7 @@ from service.ledger.claims import Lease
 log = logging.getLogger(__name__)
 
 HAND_OVER_CHUNK: Final = 10_000  # item ids per re-drive row the relay publishes
+MOVE_CHUNK: Final = 10_000  # items moved per statement: each well inside the statement timeout
 MISPLACED_DELAY_S: Final = 5  # an item corrected at its claim waits this long (a rollout)
 
 # Every tenant id the ledger holds, one index probe each on items_obligation (which leads
@@ -77,14 +78,20 @@ _HAND_OVER: Final = f"""
     )
     SELECT count(*) AS n FROM moved"""  # noqa: S608 - only a constant is interpolated
 
-# Every item of these tenant spellings (all pinned to :region, or to none) not in it yet.
+# Up to MOVE_CHUNK items of these tenant spellings (all pinned to :region, or to none)
+# not in it yet; the caller repeats it until it moves fewer.
 _MOVE = Statement("region_pins.move", (
-    "Move every item of these tenants into a region (or none), and hand the released "
-    "pending ones to the relay."), f"""
-    WITH moved AS (
+    "Move items of these tenants into a region (or none), a chunk at a time, and hand the "
+    "released pending ones to the relay."), f"""
+    WITH chunk AS (
+        SELECT id FROM items
+        WHERE tenant_id = ANY(CAST(:tenants AS text[]))
+          AND region IS DISTINCT FROM CAST(:region AS text)
+        LIMIT {MOVE_CHUNK}
+    ),
+    moved AS (
         UPDATE items i SET region = CAST(:region AS text), updated_at = now()
-        WHERE i.tenant_id = ANY(CAST(:tenants AS text[]))
-          AND i.region IS DISTINCT FROM CAST(:region AS text)
+        FROM chunk WHERE i.id = chunk.id
         RETURNING i.id, i.status, i.released_at
     ),{_HAND_OVER}
 """)  # noqa: S608 - only constant fragments are interpolated
@@ -132,14 +139,24 @@ async def reconcile(engine: AsyncEngine, regions: Regions, *, hand_over: bool) -
             by_region[None].append(row.tenant_id)
     moved = 0
     for region, tenants in sorted(by_region.items(), key=lambda r: r[0] or ""):
-        [row] = await fetch(engine, _MOVE, {"region": region, "tenants": tenants,
-                                            "hand_over": hand_over})
-        moved += int(row.n)
+        moved += await _move(engine, region, tenants, hand_over=hand_over)
     await fetch_none(engine, _RECORD, {"digest": regions.digest})
     if moved:
         log.warning("items moved to the regions their tenants are pinned to now",
                     extra={"items": moved})
     return moved
+
+
+async def _move(engine: AsyncEngine, region: str | None, tenants: list[str], *,
+                hand_over: bool) -> int:
+    """Move the items of `tenants` into `region`, a chunk per statement; how many."""
+    moved = 0
+    while True:
+        [row] = await fetch(engine, _MOVE, {"region": region, "tenants": tenants,
+                                            "hand_over": hand_over})
+        moved += int(row.n)
+        if int(row.n) < MOVE_CHUNK:
+            return moved
 
 
 async def correct(db: Database, misplaced: Sequence[tuple[Lease, str | None]]) -> None:

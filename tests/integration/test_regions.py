@@ -243,6 +243,19 @@ async def test_a_changed_pin_moves_every_item_at_start(
                                        ("initech", None, "pending"): 2}
 
 
+async def test_a_tenant_of_more_items_than_a_chunk_moves_whole(
+        engine: AsyncEngine, upstream: FakeUpstream) -> None:
+    """Items move MOVE_CHUNK a statement (each well inside the statement timeout), until
+    a statement moves fewer."""
+    policy = regional_policies(upstream.base_url, regions={}).policies["carts"]
+    n = region_pins.MOVE_CHUNK + 1
+    await registration.register(engine, [registration.Registration(
+        "acme", f"acme-{i}", policy, PAST) for i in range(n)])
+    moved = regional_policies(upstream.base_url, regions={"eu": ["acme"]})
+    assert await region_pins.reconcile(engine, moved.regions, hand_over=False) == n
+    assert await by_tenant(engine) == {("acme", "eu", "pending"): n}
+
+
 async def test_a_worker_never_calls_an_item_its_file_pins_elsewhere(
         engine: AsyncEngine, upstream: FakeUpstream) -> None:
     """Items written by processes with a file that pinned nothing (a rollout in progress),
