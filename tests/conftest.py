@@ -32,6 +32,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from drills.broker_stage import scratch_queues
+from drills.upstream import FakeUpstream
 from service.app import create_app
 from service.config.policies import Policies, resolve_policies
 from service.config.settings import Settings, async_url
@@ -586,6 +587,13 @@ def require_rabbitmq() -> str:
             pytest.fail("RabbitMQ is not answering on 127.0.0.1:5672")
         pytest.skip("no RabbitMQ on 127.0.0.1:5672")
     return AMQP_URL
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[FakeUpstream]:
+    """The fake deletion API on loopback (rate limiting and fault injection), for one test."""
+    async with FakeUpstream() as up:
+        yield up
 
 
 @pytest.fixture

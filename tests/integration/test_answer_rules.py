@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import AsyncIterator
 from typing import Any
 
-import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -53,11 +51,6 @@ def graphql_answer(payload: Any) -> dict[str, Any]:
     return {"status": 200, "headers": {"Content-Type": "application/json"},
             "body": json.dumps(payload).encode()}
 
-
-@pytest.fixture
-async def upstream() -> AsyncIterator[FakeUpstream]:
-    async with FakeUpstream() as up:
-        yield up
 
 
 class MidJitter(random.Random):

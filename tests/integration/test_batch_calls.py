@@ -5,7 +5,6 @@ its one token back, and a partial failure retries only the objects that failed."
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -76,11 +75,6 @@ async def test_a_token_is_a_call_of_up_to_max_objects(
     await claims.hand_back(engine, first, [1] + [0] * (len(first) - 1))
     assert await tokens(engine) == pytest.approx(5 - charged + 1, abs=0.01)
 
-
-@pytest.fixture
-async def upstream() -> AsyncIterator[FakeUpstream]:
-    async with FakeUpstream() as up:
-        yield up
 
 
 async def test_a_partial_failure_retries_only_the_objects_that_failed(

@@ -56,11 +56,6 @@ async def queue_depth(broker: RabbitBroker, role: str = "work") -> int:
     return (await queue_depths(AMQP_URL, [name])).get(name, 0)
 
 
-@pytest.fixture
-async def upstream() -> AsyncIterator[FakeUpstream]:
-    async with FakeUpstream() as up:
-        yield up
-
 
 class Running:
     """A pool in broker mode, running as the worker process runs it."""

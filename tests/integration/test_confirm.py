@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -26,11 +25,6 @@ from tests.integration.test_pipeline import (
 
 CONFIRM = {"path": "/carts/{object_id}", "absent": [404, 410], "share": 1.0}
 
-
-@pytest.fixture
-async def upstream() -> Any:
-    async with FakeUpstream() as up:
-        yield up
 
 
 async def evidence(engine: AsyncEngine) -> dict[str, dict[str, Any]]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +36,6 @@ def public_of(private: str) -> str:
     key = Ed25519PrivateKey.from_private_bytes(base64.b64decode(private))
     return signing_keys.PublicKey(key.public_key()).base64
 
-
-@pytest.fixture
-async def upstream() -> AsyncIterator[FakeUpstream]:
-    async with FakeUpstream() as up:
-        yield up
 
 
 async def drained_run(engine: AsyncEngine, upstream: FakeUpstream, n: int) -> int:

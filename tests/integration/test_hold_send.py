@@ -7,7 +7,6 @@ the call that had started. Through HTTP, a real database and the fake upstream o
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -38,11 +37,6 @@ def one_connection(base_url: str) -> Policies:
             "scope": "tenant:{tenant_id}", "rate": {"per_second": 0.2, "burst": 10},
             "lease_seconds": 60, "max_attempts": 3}}})
 
-
-@pytest.fixture
-async def upstream() -> AsyncIterator[FakeUpstream]:
-    async with FakeUpstream() as up:
-        yield up
 
 
 async def leased(engine: AsyncEngine) -> dict[str, Any]:

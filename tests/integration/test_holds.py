@@ -90,11 +90,6 @@ async def drain(pools: list[WorkerPool], engine: AsyncEngine, *, leave: int = 0,
     raise AssertionError("the drain did not finish")
 
 
-@pytest.fixture
-async def upstream() -> AsyncIterator[FakeUpstream]:
-    async with FakeUpstream() as up:
-        yield up
-
 
 async def test_held_items_wait_unpunished_and_drain_after_the_release(
         engine: AsyncEngine, upstream: FakeUpstream, db_url: str) -> None:

@@ -86,11 +86,6 @@ async def drain(pool: WorkerPool, engine: AsyncEngine, rounds: int = 200) -> Non
             await asyncio.sleep(min(max(due_in or 0.0, pool.token_wait or 0.0, PAUSE_S), 0.05))
 
 
-@pytest.fixture
-async def upstream() -> Any:
-    async with FakeUpstream() as up:
-        yield up
-
 
 async def test_register_run_drain_each_item_once(engine: AsyncEngine, upstream: FakeUpstream
                                                  ) -> None:

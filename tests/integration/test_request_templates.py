@@ -63,11 +63,6 @@ def make_policies(port: int, pattern: str = LOOPBACK) -> Policies:
     }, {"TOKEN": "shpat-secret", "PLAIN": SECRET})
 
 
-@pytest.fixture
-async def upstream() -> AsyncIterator[FakeUpstream]:
-    async with FakeUpstream() as up:
-        yield up
-
 
 @pytest.fixture
 async def live(db_url: str, upstream: FakeUpstream) -> AsyncIterator[httpx.AsyncClient]:

@@ -32,12 +32,6 @@ from tests.integration.test_request_templates import SECRET, item, make_policies
 
 
 @pytest.fixture
-async def upstream() -> AsyncIterator[FakeUpstream]:
-    async with FakeUpstream() as up:
-        yield up
-
-
-@pytest.fixture
 async def live(db_url: str, upstream: FakeUpstream) -> AsyncIterator[httpx.AsyncClient]:
     async with LiveServer(test_settings(db_url), make_policies(upstream.port), db_url) as server:
         async with server.client() as client:

@@ -11,7 +11,7 @@ import re
 import socket
 import ssl
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
@@ -36,11 +36,6 @@ from tests.conftest import eventually
 
 KEY = "op-key-0123456789"
 
-
-@pytest.fixture
-async def upstream() -> AsyncIterator[FakeUpstream]:
-    async with FakeUpstream() as fake:
-        yield fake
 
 
 def policies_for(base_url: str, *, timeout: float = 2.0, max_connections: int = 100,
