@@ -84,10 +84,9 @@ class BrokerStage:
         self.stage.cleanups.append(stop)
 
     @property
-    def regions(self) -> list[str | None]:
+    def regions(self) -> tuple[str | None, ...]:
         """The regions the drill's policies declare, and None (the tenants pinned nowhere)."""
-        declared = self.stage.policies.regions.names if self.stage.policies else ()
-        return [None, *sorted(declared)]
+        return self.stage.policies.regions.served if self.stage.policies else (None,)
 
     def _queues(self) -> list[str]:
         return [name for region in self.regions for name in queue_names(region).values()]

@@ -91,7 +91,7 @@ def leader_duties(runtime: Runtime) -> dict[str, Duty]:
     }
     if runtime.broker is not None:  # broker mode: the outbox goes to the broker
         broker = runtime.broker
-        regions = (None, *sorted(runtime.policies.regions.names))
+        regions = runtime.policies.regions.served
         duties["relay"] = lambda _term: Relay(engine, broker, regions=regions).run()
     if settings.retention_days > 0:
         duties["retention"] = lambda _term: retention.retention_loop(

@@ -87,19 +87,17 @@ class Regions:
         """A digest of the pins: the ledger records the last it moved items to."""
         return hashlib.sha256(json.dumps(sorted(self.pins.items())).encode()).hexdigest()
 
+    @property
+    def served(self) -> tuple[str | None, ...]:
+        """Every region a worker may serve: None (the tenants pinned nowhere), then each
+        declared one, in name order (the relay reads each one's dead-letter queue)."""
+        return (None, *sorted(self.names))
+
     def of_tenant(self, tenant_id: str) -> str | None:
         """The region `tenant_id` is pinned to, in any of its spellings (None: none)."""
         if not self.pins:
             return None
         return self.pins.get(host_form(tenant_id))
-
-    def of_tenants(self, tenant_ids: Iterable[str]) -> list[str | None]:
-        """`of_tenant` of each, looked up once per distinct id."""
-        if not self.pins:
-            return [None for _ in tenant_ids]
-        found: dict[str, str | None] = {}
-        return [found[t] if t in found else found.setdefault(t, self.of_tenant(t))
-                for t in tenant_ids]
 
     def serving_problems(self, region: str | None) -> list[str]:
         """Why a process may not serve `region` (SWEEPER_REGION) under these regions."""
