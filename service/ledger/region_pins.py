@@ -35,33 +35,30 @@ HAND_OVER_CHUNK: Final = 10_000  # item ids per re-drive row the relay publishes
 MOVE_CHUNK: Final = 10_000  # items moved per statement: each well inside the statement timeout
 MISPLACED_DELAY_S: Final = 5  # an item corrected at its claim waits this long (a rollout)
 
-# Every tenant id the ledger holds, one index probe each on items_obligation (which leads
-# with the tenant): a loose index scan, as PostgreSQL 15 has no skip scan of its own.
-_TENANTS = Statement("region_pins.tenants", (
-    "Every distinct tenant id in the ledger, by a loose scan of items_obligation."), """
+def _distinct_tenants(where: str) -> str:
+    """SQL for the distinct tenant ids of the items matching `where` (on `i`), one index
+    probe each (a loose index scan: PostgreSQL 15 has no skip scan of its own)."""
+    return f"""
     WITH RECURSIVE t AS (
-        (SELECT tenant_id FROM items ORDER BY tenant_id LIMIT 1)
-        UNION ALL
-        SELECT (SELECT i.tenant_id FROM items i WHERE i.tenant_id > t.tenant_id
-                ORDER BY i.tenant_id LIMIT 1)
-        FROM t WHERE t.tenant_id IS NOT NULL
-    )
-    SELECT tenant_id FROM t WHERE tenant_id IS NOT NULL
-""")
-
-# The same, of the tenants with items in some region (by items_pinned).
-_PINNED_TENANTS = Statement("region_pins.pinned_tenants", (
-    "Every distinct tenant id with items in a region, by a loose scan of items_pinned."), """
-    WITH RECURSIVE t AS (
-        (SELECT tenant_id FROM items WHERE region IS NOT NULL ORDER BY tenant_id LIMIT 1)
+        (SELECT i.tenant_id FROM items i WHERE {where} ORDER BY i.tenant_id LIMIT 1)
         UNION ALL
         SELECT (SELECT i.tenant_id FROM items i
-                WHERE i.region IS NOT NULL AND i.tenant_id > t.tenant_id
+                WHERE {where} AND i.tenant_id > t.tenant_id
                 ORDER BY i.tenant_id LIMIT 1)
         FROM t WHERE t.tenant_id IS NOT NULL
     )
     SELECT tenant_id FROM t WHERE tenant_id IS NOT NULL
-""")
+"""  # noqa: S608 - only constant fragments are interpolated
+
+
+# Every tenant id the ledger holds (by items_obligation, which leads with the tenant), and
+# those with items in some region (by items_pinned).
+_TENANTS = Statement("region_pins.tenants", (
+    "Every distinct tenant id in the ledger, by a loose scan of items_obligation."),
+    _distinct_tenants("true"))
+_PINNED_TENANTS = Statement("region_pins.pinned_tenants", (
+    "Every distinct tenant id with items in a region, by a loose scan of items_pinned."),
+    _distinct_tenants("i.region IS NOT NULL"))
 
 # The moved items that were released and are pending, handed to the relay as re-drives of
 # HAND_OVER_CHUNK ids at most (:hand_over: broker mode; none: no row).
