@@ -7,7 +7,6 @@ mode) the machine's RabbitMQ on queues of each test's own."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 
@@ -30,9 +29,9 @@ from service.worker import database_pool
 from service.worker.process import agree_with_policies
 from tests.conftest import AMQP_URL, policies_from
 from tests.fakes.upstream import FakeUpstream
+from tests.integration.test_broker_execution import until
 from tests.integration.test_pipeline import PAST, release_all
 
-WAIT_S = 30.0
 TENANTS = {"ACME": "eu", "globex": "us", "initech": None}  # as registered: region pinned
 
 
@@ -56,13 +55,6 @@ async def register(engine: AsyncEngine, policies: Policies, n: int) -> None:
     await registration.register(engine, [
         registration.Registration(tenant, f"{tenant.lower()}-{i}", policy, PAST)
         for tenant in TENANTS for i in range(n)])
-
-
-async def until(what: str, check: Callable[[], Awaitable[bool]]) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not await check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
 
 
 async def by_tenant(engine: AsyncEngine) -> dict[tuple[str, str | None, str], int]:
