@@ -34,6 +34,7 @@ RUN_ITEMS = 36_000
 # read to a crawl (a window of a few segments per delayed acknowledgement).
 READER_RCVBUF_BYTES = 64 * 1024
 STALLED_READERS = 5  # more than the pool's connections
+STREAMS_FILLED_S = 60.0  # until every stalled reader's stream waits on its send
 POOL_SIZE = 2
 # A request that needed one of the readers' connections would wait out the pool's timeout;
 # answering well within it shows the readers hold none (a loaded machine takes seconds).
@@ -185,8 +186,10 @@ async def test_stalled_readers_hold_no_connection(live: tuple[str, int, list[int
         readers = [await stalled_reader(stack, base_url, run_id)
                    for _ in range(STALLED_READERS)]
         # the server fills each reader's buffers, then waits on its send: from then on no
-        # session is left inside a transaction (a server-side cursor held one per reader)
-        async with asyncio.timeout(5):
+        # session is left inside a transaction (a server-side cursor held one per reader).
+        # Filling five readers' buffers from 72,000 records took over 5 s once on a slow,
+        # loaded machine: this is a guard against a hang, not the promptness (PROMPT_S).
+        async with asyncio.timeout(STREAMS_FILLED_S):
             while await transactions_held(db_url):
                 await asyncio.sleep(0.1)
 
